@@ -1,0 +1,62 @@
+"""pgleaderlock: leader election on PostgreSQL session-level advisory locks.
+
+Quick start::
+
+    from pgleaderlock import LeaderLock
+
+    lock = LeaderLock.from_name("billing-scheduler", dsn="postgresql://...")
+
+    @lock.on_acquired
+    def started():
+        print("I am the leader now")
+
+    async with lock:
+        await lock.wait_for_leadership()
+        ...
+"""
+
+from __future__ import annotations
+
+from .core.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    ConnectionError,
+    LockError,
+    LockNotHeldError,
+    PgLeaderLockError,
+    SessionNotDedicatedError,
+    ShutdownError,
+)
+from .core.keys import lock_keys
+from .core.lock import LeaderLock
+from .core.models import Callback, ErrorCallback, LockState, RetryContext, StateChangeCallback
+from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
+from .core.session import Backend, ConnectOptions, LockSession
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "Callback",
+    "ConfigurationError",
+    "ConnectOptions",
+    "ConnectionError",
+    "DecorrelatedJitter",
+    "ErrorCallback",
+    "ExponentialBackoff",
+    "FixedInterval",
+    "LeaderLock",
+    "LockError",
+    "LockNotHeldError",
+    "LockSession",
+    "LockState",
+    "PgLeaderLockError",
+    "RetryContext",
+    "RetryStrategy",
+    "SessionNotDedicatedError",
+    "ShutdownError",
+    "StateChangeCallback",
+    "__version__",
+    "lock_keys",
+]

@@ -1,0 +1,140 @@
+"""The psycopg 3 backend: one dedicated ``psycopg.AsyncConnection`` in autocommit.
+
+Thin I/O only: no retries, no timers. The core bounds every call with a timeout and
+decides what a failure means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from ..core._logging import mask_dsn
+from ..core.errors import ConfigurationError, ConnectionError, LockError
+from ..core.session import Backend, ConnectOptions, LockSession
+from . import _sql
+
+__all__ = ["PsycopgSession", "backend", "check_dsn", "connect", "wrap"]
+
+
+def _translate(exc: psycopg.Error, what: str) -> Exception:
+    """Map a driver error onto the library's hierarchy (the driver error is the cause)."""
+    message = mask_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+    cls = (
+        ConnectionError
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        else LockError
+    )
+    err = cls(f"{what}: {type(exc).__name__}: {message}")
+    err.__cause__ = exc
+    return err
+
+
+class PsycopgSession:
+    """A :class:`~pgleaderlock.LockSession` over one psycopg ``AsyncConnection``.
+
+    Args:
+        conn: a dedicated connection; it must not come from a pool. It is switched to
+            autocommit before its first statement.
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[object]) -> None:
+        self._conn = conn
+        self._pid: int | None = None
+        self._ready = conn.autocommit
+
+    @property
+    def connection(self) -> psycopg.AsyncConnection[object]:
+        """The underlying driver connection."""
+        return self._conn
+
+    @property
+    def backend_pid(self) -> int | None:
+        return self._pid
+
+    async def _row(self, query: str, what: str) -> tuple[object, int]:
+        try:
+            if not self._ready:
+                await self._conn.set_autocommit(True)
+                self._ready = True
+            cur = await self._conn.execute(query.encode())
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise _translate(exc, what) from exc
+        if not isinstance(row, tuple) or len(row) != 2 or not isinstance(row[1], int):
+            raise ConnectionError(f"{what}: unexpected result {row!r}")
+        value, pid = row
+        _sql.check_pid(self._pid, pid)
+        self._pid = pid
+        return value, pid
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        value, _ = await self._row(_sql.TRY_LOCK.format(k1=key1, k2=key2), "try_lock")
+        return bool(value)
+
+    async def unlock(self, key1: int, key2: int) -> bool:
+        value, _ = await self._row(_sql.UNLOCK.format(k1=key1, k2=key2), "unlock")
+        return bool(value)
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        query = _sql.HOLDS.format(c=_sql.oid(key1), o=_sql.oid(key2))
+        value, _ = await self._row(query, "health check")
+        return bool(value)
+
+    async def close(self) -> None:
+        # AsyncConnection.close() does no network wait (libpq's PQfinish on a
+        # non-blocking socket), so a stuck network cannot hold it up.
+        with contextlib.suppress(Exception):
+            await self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"<PsycopgSession backend_pid={self._pid} closed={self._conn.closed}>"
+
+
+def _options(existing: str | None, settings: Mapping[str, str]) -> str:
+    extra = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    return f"{existing} {extra}".strip() if existing else extra
+
+
+def check_dsn(dsn: str) -> None:
+    """Raise :class:`~pgleaderlock.ConfigurationError` if libpq cannot parse ``dsn``."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {mask_dsn(str(exc))}") from None
+
+
+async def connect(dsn: str, options: ConnectOptions) -> LockSession:
+    """Open a new dedicated session (autocommit, ``application_name``, server settings)."""
+    params = conninfo_to_dict(dsn)
+    existing = params.get("options")
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            dsn,
+            autocommit=True,
+            application_name=options.application_name,
+            connect_timeout=max(2, math.ceil(options.connect_timeout_s)),
+            options=_options(str(existing) if existing else None, options.server_settings),
+        )
+    except psycopg.Error as exc:
+        raise _translate(exc, "connect") from exc
+    return PsycopgSession(conn)
+
+
+def wrap(obj: object) -> LockSession | None:
+    """Adapt a psycopg ``AsyncConnection`` returned by ``connect_fn``."""
+    if not isinstance(obj, psycopg.AsyncConnection):
+        return None
+    if getattr(obj, "_pool", None) is not None:
+        raise ConfigurationError(
+            "connect_fn returned a connection that belongs to a pool; a session-level "
+            "lock needs a dedicated connection that no pool can hand to someone else"
+        )
+    return PsycopgSession(obj)
+
+
+backend = Backend(name="psycopg", connect=connect, wrap=wrap, check_dsn=check_dsn)

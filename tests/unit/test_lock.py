@@ -1,0 +1,608 @@
+"""LeaderLock's lifecycle on the in-memory FakeServer: every path of the machine as a
+user sees it (states, callbacks, sessions), without a database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from pgleaderlock import (
+    ConfigurationError,
+    ConnectionError,
+    FixedInterval,
+    LeaderLock,
+    LockNotHeldError,
+    LockState,
+    SessionNotDedicatedError,
+    ShutdownError,
+)
+
+S = LockState
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_single_lock_becomes_leader(make_lock, recorder, server):
+    lock = make_lock()
+    rec = recorder(lock)
+    assert lock.state is S.STOPPED
+    await lock.start()
+    assert lock.state is not S.STOPPED
+    assert await lock.wait_for_leadership(5)
+    assert lock.is_leader
+    assert lock.leader_since is not None
+    assert server.holder(1, 2) is not None
+    assert rec.states() == [S.FOLLOWER, S.ACQUIRING, S.LEADER]
+    assert rec.names() == ["acquired"]
+    await lock.shutdown()
+    assert lock.state is S.STOPPED
+    assert server.holder(1, 2) is None
+    assert rec.names() == ["acquired", "released", "stopped"]
+    assert rec.states()[-2:] == [S.RELEASING, S.STOPPED]
+
+
+async def test_two_locks_one_leader(make_lock, recorder, server):
+    a, b = make_lock(), make_lock()
+    rec_b = recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    await rec_b.wait_event("acquire_failed", count=3)
+    assert a.is_leader
+    assert not b.is_leader
+    assert "acquired" not in rec_b.names()
+    assert server.hold_count(1, 2) == 1
+
+
+async def test_health_probes_never_reacquire(make_lock, server):
+    """Spec §2.3: the lock is held once, however long the leadership lasts."""
+    lock = make_lock()
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    before = server.calls["holds"]
+    while server.calls["holds"] < before + 10:
+        await asyncio.sleep(0.01)
+    assert server.hold_count(1, 2) == 1
+    assert server.calls["try_lock"] == 1
+
+
+async def test_terminated_leader_loses_and_follower_takes_over(make_lock, recorder, server):
+    a, b = make_lock(), make_lock()
+    rec_a, rec_b = recorder(a), recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    await rec_b.wait_event("acquire_failed")
+    server.terminate()
+    await rec_a.wait_event("lost")
+    assert not a.is_leader
+    await rec_b.wait_event("acquired")
+    assert b.is_leader
+    assert rec_a.names()[:2] == ["acquired", "lost"]
+    assert S.RECONNECTING not in rec_a.states()
+
+
+async def test_probe_checks_this_session_holds_the_lock(make_lock, recorder, server):
+    """A session that answers but no longer holds the lock is not a leader."""
+    lock = make_lock(auto_reacquire=False)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    session = server.holder(1, 2)
+    server._free(session)  # the lock vanished; the session itself is fine
+    await rec.wait_event("lost")
+    assert lock.state is S.STOPPED
+    assert not session.killed
+
+
+async def test_flap_damping_recovers_silently(make_lock, recorder, server):
+    lock = make_lock(reconnect_grace_s=5.0)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    first = server.holder(1, 2)
+    server.terminate()
+    await rec.wait(lambda: S.RECONNECTING in rec.states())
+    await rec.wait(lambda: rec.states()[-1] is S.LEADER)
+    assert server.holder(1, 2) is not first
+    assert rec.names() == ["acquired"]  # no on_lost, no second on_acquired
+    assert rec.states()[-2:] == [S.RECONNECTING, S.LEADER]
+
+
+async def test_is_leader_false_during_reconnecting(make_lock, recorder, server):
+    lock = make_lock(reconnect_grace_s=5.0)
+    rec = recorder(lock)
+    seen: list[bool] = []
+    lock.on_state_change(
+        lambda old, new: seen.append(lock.is_leader) if new is S.RECONNECTING else None
+    )
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    server.refuse_connections = ConnectionError("server down")
+    server.terminate()
+    await rec.wait_state(S.RECONNECTING)
+    assert seen == [False]
+    assert not lock.is_leader
+    server.refuse_connections = None
+    await rec.wait_state(S.LEADER)
+
+
+async def test_grace_reacquire_failed_when_someone_else_got_it(make_lock, recorder, server):
+    a = make_lock(reconnect_grace_s=5.0)
+    rec = recorder(a)
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    server.refuse_connections = ConnectionError("down")
+    server.terminate()
+    await rec.wait_state(S.RECONNECTING)
+    server.refuse_connections = None
+    intruder = await server.connect()
+    assert await intruder.try_lock(1, 2)
+    await rec.wait_event("lost")
+    assert a.state in (S.FOLLOWER, S.ACQUIRING)
+    await intruder.close()
+    await rec.wait_event("acquired", count=2)
+
+
+async def test_grace_expires(make_lock, recorder, server):
+    lock = make_lock(reconnect_grace_s=0.2)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    server.refuse_connections = ConnectionError("down")
+    server.terminate()
+    await rec.wait_event("lost")
+    states = rec.states()
+    assert states[states.index(S.RECONNECTING) + 1] is S.FOLLOWER
+    server.refuse_connections = None
+    await rec.wait_event("acquired", count=2)
+
+
+async def test_no_auto_reacquire_stops_after_loss(make_lock, recorder, server):
+    lock = make_lock(auto_reacquire=False)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    server.terminate()
+    await rec.wait_state(S.STOPPED)
+    assert rec.names() == ["acquired", "lost", "stopped"]
+
+
+async def test_step_down_hands_over(make_lock, recorder, server):
+    a, b = make_lock(retry_strategy=FixedInterval(0.3)), make_lock()
+    rec_a, rec_b = recorder(a), recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    await rec_b.wait_event("acquire_failed")
+    await a.step_down()
+    assert a.state in (S.FOLLOWER, S.ACQUIRING)
+    assert rec_a.names() == ["acquired", "released"]
+    await rec_b.wait_event("acquired")
+    assert b.is_leader
+    await b.shutdown()
+    await rec_a.wait_event("acquired", count=2)
+
+
+async def test_step_down_without_auto_reacquire_stops(make_lock, recorder):
+    lock = make_lock(auto_reacquire=False)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await lock.step_down()
+    assert lock.state is S.STOPPED
+    assert rec.names() == ["acquired", "released", "stopped"]
+
+
+async def test_step_down_when_not_leader_returns_at_once(make_lock, server):
+    a, b = make_lock(), make_lock()
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    async with asyncio.timeout(1):
+        await b.step_down()
+    assert a.is_leader
+    await LeaderLock(None, 1, 2, connect_fn=server.connect).step_down()  # never started
+
+
+async def test_step_down_timeout_cycles_the_connection(make_lock, recorder, server):
+    lock = make_lock(command_timeout_s=30)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    session = server.holder(1, 2)
+    server.hang("unlock")
+    async with asyncio.timeout(5):
+        await lock.step_down(timeout_s=0.1)
+    assert session.closed
+    assert server.holder(1, 2) is not session
+    assert any(isinstance(e, ConnectionError) for e in rec.errors())
+    assert lock.state in (S.FOLLOWER, S.ACQUIRING, S.LEADER)
+
+
+async def test_failed_unlock_in_step_down_continues_as_follower(make_lock, recorder, server):
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    server.fail_calls["unlock"] = ConnectionError("boom")
+    await lock.step_down()
+    assert rec.names()[:2] == ["acquired", "error"]
+    assert lock.state is not S.STOPPED
+    await rec.wait_event("acquired", count=2)
+
+
+async def test_shutdown_is_idempotent_and_releases(make_lock, recorder, server):
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.shutdown()  # never started: nothing to do
+    await lock.start()
+    await lock.start()  # idempotent
+    assert await lock.wait_for_leadership(5)
+    assert len(server.sessions) == 1
+    await lock.shutdown()
+    await lock.shutdown()
+    assert rec.names().count("stopped") == 1
+    assert server.calls["unlock"] == 1
+    assert server.open_sessions == []
+
+
+async def test_restart_after_shutdown(make_lock, recorder):
+    lock = make_lock()
+    rec = recorder(lock)
+    for _ in range(2):
+        await lock.start()
+        assert await lock.wait_for_leadership(5)
+        await lock.shutdown()
+    assert rec.names() == ["acquired", "released", "stopped"] * 2
+
+
+async def test_context_manager(make_lock, server):
+    lock = make_lock()
+    async with lock as entered:
+        assert entered is lock
+        assert await lock.wait_for_leadership(5)
+    assert lock.state is S.STOPPED
+    assert server.holder(1, 2) is None
+
+
+async def test_context_manager_shuts_down_on_exception(make_lock, server):
+    lock = make_lock()
+    with pytest.raises(RuntimeError, match="user code failed"):
+        async with lock:
+            assert await lock.wait_for_leadership(5)
+            raise RuntimeError("user code failed")
+    assert lock.state is S.STOPPED
+    assert server.holder(1, 2) is None
+
+
+async def test_callbacks_order_sync_async_and_errors(make_lock, recorder):
+    lock = make_lock()
+    rec = recorder(lock)
+    calls: list[str] = []
+
+    @lock.on_acquired
+    def first() -> None:
+        calls.append("first")
+
+    @lock.on_acquired
+    async def second() -> None:
+        await asyncio.sleep(0)
+        calls.append("second")
+
+    @lock.on_acquired
+    def broken() -> None:
+        raise ValueError("callback bug")
+
+    @lock.on_acquired
+    def fourth() -> None:
+        calls.append("fourth")
+
+    assert first.__name__ == "first"  # decorators return the function unchanged
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await rec.wait_event("error")
+    assert calls == ["first", "second", "fourth"]
+    errors = rec.errors()
+    assert len(errors) == 1
+    assert isinstance(errors[0], ValueError)
+    assert lock.is_leader  # never fatal
+
+
+async def test_failing_error_callback_is_only_logged(make_lock, caplog):
+    lock = make_lock()
+    seen: list[BaseException] = []
+
+    @lock.on_error
+    def bad_handler(exc: Exception) -> None:
+        seen.append(exc)
+        raise RuntimeError("handler bug")
+
+    @lock.on_acquired
+    def boom() -> None:
+        raise ValueError("x")
+
+    with caplog.at_level(logging.ERROR, logger="pgleaderlock"):
+        await lock.start()
+        assert await lock.wait_for_leadership(5)
+    assert len(seen) == 1
+    assert "callback_failed" in caplog.text
+    assert lock.is_leader
+
+
+async def test_connection_refused_is_retried_with_on_error(make_lock, recorder, server):
+    server.refuse_connections = ConnectionError("could not connect")
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("error", count=3)
+    assert lock.state in (S.FOLLOWER,)
+    assert all(isinstance(e, ConnectionError) for e in rec.errors())
+    assert "lost" not in rec.names()
+    server.refuse_connections = None
+    assert await lock.wait_for_leadership(5)
+
+
+async def test_db_error_while_acquiring_reports_error_not_lost(make_lock, recorder, server):
+    lock = make_lock()
+    rec = recorder(lock)
+    server.fail_calls["try_lock"] = ConnectionError("reset by peer")
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    assert rec.names() == ["error", "acquired"]
+    assert len(server.sessions) == 2  # the failed session was closed and replaced
+
+
+async def test_db_error_while_acquiring_without_auto_reacquire_stops(make_lock, recorder, server):
+    lock = make_lock(auto_reacquire=False)
+    rec = recorder(lock)
+    server.fail_calls["try_lock"] = ConnectionError("reset by peer")
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert rec.names() == ["error", "stopped"]
+
+
+async def test_retry_strategy_giving_up_stops(make_lock, recorder, server):
+    class TwoTries:
+        def __init__(self) -> None:
+            self.contexts = []
+
+        def next_delay_s(self, ctx):
+            self.contexts.append(ctx)
+            return 0.01 if ctx.attempt < 2 else None
+
+    strategy = TwoTries()
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    lock = make_lock(retry_strategy=strategy)
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert [c.attempt for c in strategy.contexts] == [1, 2]
+    assert strategy.contexts[1].elapsed_s >= strategy.contexts[0].elapsed_s
+    assert rec.names() == ["acquire_failed", "acquire_failed", "stopped"]
+    await holder.close()
+
+
+async def test_non_retryable_error_stops(make_lock, recorder, server):
+    lock = make_lock()
+    rec = recorder(lock)
+    server.fail_calls["try_lock"] = SessionNotDedicatedError("pooler")
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert isinstance(rec.errors()[0], SessionNotDedicatedError)
+
+
+async def test_interrupted_try_lock_closes_the_session(make_lock, recorder, server):
+    """A try_lock whose reply never came may have been granted: never reuse that session."""
+    server.hang("try_lock", grant_first=True)
+    lock = make_lock(command_timeout_s=0.1)
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("error")
+    first = server.sessions[0]
+    assert first.closed
+    assert server.holder(1, 2) is not first  # closing freed the lock it was granted
+    server.release_hangs()
+    assert await lock.wait_for_leadership(5)
+    assert server.holder(1, 2) is not first
+
+
+async def test_shutdown_interrupts_a_hanging_try_lock(make_lock, server):
+    server.hang("try_lock", grant_first=True)
+    lock = make_lock(command_timeout_s=60)
+    await lock.start()
+    while server.calls["try_lock"] == 0:
+        await asyncio.sleep(0.005)
+    async with asyncio.timeout(2):
+        await lock.shutdown()
+    assert lock.state is S.STOPPED
+    assert server.holder(1, 2) is None
+    assert server.open_sessions == []
+
+
+async def test_shutdown_interrupts_a_hanging_connect(make_lock, server):
+    server.hang("connect")
+    lock = make_lock(connect_timeout_s=60)
+    await lock.start()
+    while server.calls["connect"] == 0:
+        await asyncio.sleep(0.005)
+    async with asyncio.timeout(2):
+        await lock.shutdown()
+    assert lock.state is S.STOPPED
+
+
+async def test_shutdown_timeout_raises_and_cleans_up(make_lock, server):
+    lock = make_lock()
+    gate = asyncio.Event()
+
+    @lock.on_released
+    async def stuck() -> None:
+        await gate.wait()
+
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    with pytest.raises(ShutdownError):
+        await lock.shutdown(timeout_s=0.1)
+    assert lock.state is S.STOPPED
+    assert server.open_sessions == []
+
+
+async def test_shutdown_from_a_callback_does_not_deadlock(make_lock, recorder):
+    lock = make_lock()
+    rec = recorder(lock)
+
+    @lock.on_acquired
+    async def stop_now() -> None:
+        await lock.shutdown()
+
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert rec.names() == ["acquired", "released", "stopped"]
+
+
+async def test_external_shutdown_event(make_lock, recorder):
+    event = asyncio.Event()
+    lock = make_lock(shutdown_event=event)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    event.set()
+    await rec.wait_state(S.STOPPED)
+    assert rec.names() == ["acquired", "released", "stopped"]
+
+
+async def test_external_shutdown_event_while_following(make_lock, recorder, server):
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    event = asyncio.Event()
+    lock = make_lock(shutdown_event=event, retry_strategy=FixedInterval(30))
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("acquire_failed")
+    event.set()
+    await rec.wait_state(S.STOPPED, timeout=2)
+    await holder.close()
+
+
+async def test_wait_for_leadership(make_lock, server):
+    lock = make_lock()
+    assert await lock.wait_for_leadership(0.05) is False  # not started
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    await lock.start()
+    assert await lock.wait_for_leadership(0.1) is False
+    await holder.close()
+    assert await lock.wait_for_leadership(5) is True
+
+
+async def test_wait_for_leadership_returns_false_when_stopped(make_lock, server):
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    lock = make_lock()
+    await lock.start()
+    waiter = asyncio.create_task(lock.wait_for_leadership())
+    await asyncio.sleep(0.05)
+    await lock.shutdown()
+    assert await asyncio.wait_for(waiter, 2) is False
+    await holder.close()
+
+
+async def test_concurrent_start_shutdown_step_down(make_lock, server):
+    locks = [make_lock() for _ in range(3)]
+    for _ in range(5):
+        await asyncio.gather(*(lock.start() for lock in locks), *(lock.start() for lock in locks))
+        await asyncio.sleep(0.02)
+        await asyncio.gather(
+            *(lock.step_down(timeout_s=1) for lock in locks),
+            *(lock.shutdown() for lock in locks),
+            *(lock.step_down() for lock in locks),
+        )
+        assert all(lock.state is S.STOPPED for lock in locks)
+        assert server.holder(1, 2) is None
+        assert server.open_sessions == []
+
+
+async def test_step_down_racing_shutdown(make_lock, server):
+    lock = make_lock()
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await asyncio.gather(lock.step_down(), lock.shutdown())
+    assert lock.state is S.STOPPED
+    assert server.open_sessions == []
+
+
+async def test_mutual_exclusion_among_many(make_lock, server):
+    locks = [make_lock() for _ in range(5)]
+    leaders_seen: list[int] = []
+    for i, lock in enumerate(locks):
+        lock.on_acquired(lambda i=i: leaders_seen.append(i))
+    await asyncio.gather(*(lock.start() for lock in locks))
+    for _ in range(4):
+        await asyncio.sleep(0.05)
+        assert sum(lock.is_leader for lock in locks) <= 1
+        leader = next(lock for lock in locks if lock.is_leader)
+        await leader.step_down()
+    assert len(leaders_seen) >= 4
+
+
+async def test_repr_shows_state(make_lock):
+    lock = make_lock()
+    assert repr(lock) == "<LeaderLock keys=(1, 2) state=stopped>"
+    named = LeaderLock.from_name("jobs", dsn="postgresql://x@h/db")
+    assert repr(named).startswith("<LeaderLock name='jobs' keys=(")
+
+
+async def test_lock_not_held_error_reported_when_flap_damping_off(
+    make_lock, recorder, server, caplog
+):
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
+        server._free(server.holder(1, 2))
+        await rec.wait_event("lost")
+    assert "health_check_failed" in caplog.text
+    assert LockNotHeldError.__name__ in caplog.text
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"key1": 2**31}, "key1=2147483648 is outside the signed 32-bit range"),
+        ({"key2": -(2**31) - 1}, "key2=.* is outside"),
+        ({"key1": True}, "key1 must be an int"),
+        ({"key1": "1"}, "key1 must be an int"),
+        ({"health_interval_s": 0}, "health_interval_s must be a positive"),
+        ({"health_interval_s": -1}, "health_interval_s"),
+        ({"health_timeout_s": float("nan")}, "health_timeout_s"),
+        ({"reconnect_grace_s": 0}, "reconnect_grace_s"),
+        ({"connect_timeout_s": -5}, "connect_timeout_s"),
+        ({"command_timeout_s": 0}, "command_timeout_s"),
+        ({"tcp_user_timeout_s": 6.0}, "must exceed health_interval_s \\+ health_timeout_s = 7"),
+        ({"auto_reacquire": "yes"}, "auto_reacquire must be a bool"),
+        ({"retry_strategy": object()}, "next_delay_s"),
+        ({"dsn": None}, "a DSN is required"),
+        ({"dsn": "   "}, "a DSN is required"),
+    ],
+)
+def test_bad_input_is_rejected_before_io(kwargs, match):
+    args = {"dsn": "postgresql://u@localhost/db", "key1": 1, "key2": 2, **kwargs}
+    with pytest.raises(ConfigurationError, match=match):
+        LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **args)
+
+
+def test_malformed_dsn_is_rejected_and_masked():
+    with pytest.raises(ConfigurationError, match="malformed DSN") as info:
+        LeaderLock("host=h password=s3cret port=5432 nonsense", 1, 2)
+    assert "s3cret" not in str(info.value)
+
+
+def test_configuration_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        LeaderLock("postgresql://h/db", 1, 2**40)
