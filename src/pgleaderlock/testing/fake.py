@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Iterable
 
 from ..core.errors import ConnectionError
 
@@ -68,12 +67,8 @@ class FakeServer:
 
     def terminate(self, session: FakeSession | None = None) -> None:
         """Like ``pg_terminate_backend``: kill ``session`` (default: the lock holder)."""
-        targets: Iterable[FakeSession]
-        if session is None:
-            targets = [s for s, _ in self._holds.values()]
-        else:
-            targets = [session]
-        for target in list(targets):
+        targets = [s for s, _ in self._holds.values()] if session is None else [session]
+        for target in targets:
             target._kill()
 
     def holder(self, key1: int, key2: int) -> FakeSession | None:
