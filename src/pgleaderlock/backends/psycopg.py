@@ -6,6 +6,7 @@ decides what a failure means.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 from collections.abc import Mapping
@@ -56,13 +57,40 @@ class PsycopgSession:
     def backend_pid(self) -> int | None:
         return self._pid
 
+    async def _execute(self, query: str) -> tuple[object, ...] | None:
+        if not self._ready:
+            await self._conn.set_autocommit(True)
+            self._ready = True
+        cur = await self._conn.execute(query.encode())
+        return await cur.fetchone()
+
+    def _abort(self) -> None:
+        """Drop the connection at once, with no network wait.
+
+        psycopg answers the cancellation of a running query by cancelling it on the
+        server and waiting for that, up to 10 s: far too long when the network is
+        stuck. The core closes a session after any interrupted call anyway, so close
+        the socket first (taking psycopg's reader off the event loop before the fd
+        number can be reused) and let the query task end right away.
+        """
+        if self._conn.closed:
+            return
+        pgconn = self._conn.pgconn
+        with contextlib.suppress(Exception):
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(pgconn.socket)
+            loop.remove_writer(pgconn.socket)
+        pgconn.finish()
+
     async def _row(self, query: str, what: str) -> tuple[object, int]:
+        task = asyncio.get_running_loop().create_task(self._execute(query))
         try:
-            if not self._ready:
-                await self._conn.set_autocommit(True)
-                self._ready = True
-            cur = await self._conn.execute(query.encode())
-            row = await cur.fetchone()
+            row = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._abort()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         except psycopg.Error as exc:
             raise _translate(exc, what) from exc
         if not isinstance(row, tuple) or len(row) != 2 or not isinstance(row[1], int):
