@@ -185,7 +185,10 @@ class Demo:
             self.spawn()
         self.wait_until(lambda: bool(self.acquired), "a first leader")
         cid, ts = self.acquired[0]
-        print(f"==> first leader: {self.candidates[cid]}, {ms(ts - self.t0)} after start")
+        took = ms(ts - self.t0)
+        print(
+            f"==> first leader: {self.candidates[cid]}, {took} after start (with Python start-up)"
+        )
         self.wait_until(lambda: all("started" in c.seen for c in self.live()), "the followers")
         self.pause(1.0)
         self.check_overlap(since=self.t0)
@@ -316,13 +319,15 @@ class Demo:
         if mode == "terminate":
             self.wait_until(lambda: old.seen.get("lost", 0) > killed_at, "the old leader to notice")
             noticed = old.seen["lost"] - killed_at
-            print(f"==> old leader noticed the loss {ms(noticed)} after the kill (health probe)")
+            print(
+                f"==> old leader noticed the loss {ms(noticed)} after the kill (its health probe)"
+            )
         else:
             self.wait_until(lambda: old.gone, "the old leader's process to end")
             old.proc.wait(TIMEOUT_S)
             if mode == "sigterm":
-                print(f"==> old leader released the lock {ms(old.seen['released'] - killed_at)} "
-                      "after SIGTERM")  # fmt: skip
+                released = ms(old.seen["released"] - killed_at)
+                print(f"==> old leader released the lock {released} after SIGTERM")
             replacement = self.spawn()
             self.log(time.time(), "parent", f"started replacement {replacement}")
         self.pause(1.0)
@@ -348,9 +353,11 @@ class Demo:
             old, new = self.candidates[a.cid], self.candidates[b.cid]
             if terminated is old and a.end and a.end - since <= STALE_BOUND_S:
                 result = f"stale {ms(length)}"
-                print(f"==> overlap: {old} still believed it led for {ms(length)} after {new} "
-                      f"took over: a stale belief (the lock was already free), within the "
-                      f"bound of {STALE_BOUND_S:g} s")  # fmt: skip
+                print(f"==> overlap: {old} still believed it led for {ms(length)} after {new}")
+                print("    took over: a stale belief (the server had freed the lock at the kill),")
+                print(
+                    f"    ended within health_interval_s + health_timeout_s = {STALE_BOUND_S:g} s"
+                )
             else:
                 result, self.failed = f"{ms(length)} (!)", True
                 print(f"==> overlap: {old} and {new} both believed they led for {ms(length)}")
@@ -404,8 +411,8 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m pgleaderlock.demo``."""
     parser = argparse.ArgumentParser(prog="python -m pgleaderlock.demo", description=__doc__)
-    parser.add_argument("--dsn", default=os.environ.get("PG_DSN"), help="default: $PG_DSN, "
-                        "else a throwaway PostgreSQL is started")  # fmt: skip
+    dsn_help = "default: $PG_DSN, else a throwaway PostgreSQL is started"
+    parser.add_argument("--dsn", default=os.environ.get("PG_DSN"), help=dsn_help)
     parser.add_argument("--candidates", type=int, default=3, help="processes (default 3)")
     parser.add_argument("--rounds", type=int, default=2, help="leaders to kill (default 2)")
     parser.add_argument("--kill", choices=list(KILL_MESSAGES), default="sigkill")
@@ -424,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             args.dsn = pg.dsn
         return Demo(args.dsn, args).run()
     except KeyboardInterrupt:
-        print("\nInterrupted: every candidate has been stopped.")
+        print("\nInterrupted: cleaned up.")
         return 130
     except (RuntimeError, psycopg.Error) as exc:
         print(f"FAILED: {exc}")

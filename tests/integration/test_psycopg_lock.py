@@ -9,7 +9,6 @@ import time
 
 import psycopg
 import pytest
-from conftest import holders, terminate
 
 from pgleaderlock import (
     ConfigurationError,
@@ -39,7 +38,7 @@ def make(pg_dsn: str, keys: tuple[int, int], **kwargs: object) -> LeaderLock:
     return LeaderLock(pg_dsn, *keys, **{**FAST, **kwargs})  # type: ignore[arg-type]
 
 
-async def test_mutual_exclusion_among_five(pg_dsn, keys, admin, recorder):
+async def test_mutual_exclusion_among_five(pg_dsn, keys, admin, recorder, holders):
     locks = [make(pg_dsn, keys) for _ in range(5)]
     recs = [recorder(lock) for lock in locks]
     try:
@@ -53,7 +52,7 @@ async def test_mutual_exclusion_among_five(pg_dsn, keys, admin, recorder):
             for _ in range(5):  # sample: one leader, one holder in pg_locks
                 assert sum(lock.is_leader for lock in locks) == 1
                 leader = next(lock for lock in locks if lock.is_leader)
-                assert await holders(admin, *keys) == [leader.backend_pid]
+                assert await holders(*keys) == [leader.backend_pid]
                 await asyncio.sleep(0.02)
             seen_leaders.add(id(leader))
             await leader.step_down()
@@ -61,10 +60,12 @@ async def test_mutual_exclusion_among_five(pg_dsn, keys, admin, recorder):
         assert sum(r.names().count("acquired") for r in recs) >= 6
     finally:
         await asyncio.gather(*(lock.shutdown() for lock in locks))
-    assert await holders(admin, *keys) == []
+    assert await holders(*keys) == []
 
 
-async def test_terminated_leader_is_lost_and_follower_takes_over(pg_dsn, keys, admin, recorder):
+async def test_terminated_leader_is_lost_and_follower_takes_over(
+    pg_dsn, keys, admin, recorder, holders, terminate
+):
     a, b = make(pg_dsn, keys), make(pg_dsn, keys)
     rec_a, rec_b = recorder(a), recorder(b)
     async with a, b:
@@ -74,17 +75,17 @@ async def test_terminated_leader_is_lost_and_follower_takes_over(pg_dsn, keys, a
         assert await a.wait_for_leadership(10)
         await rec_b.wait_event("acquire_failed")
         old_pid = a.backend_pid
-        await terminate(admin, old_pid)
+        await terminate(old_pid)
         await rec_a.wait_event("lost", timeout=10)
         assert await b.wait_for_leadership(10)
-        assert await holders(admin, *keys) == [b.backend_pid]
+        assert await holders(*keys) == [b.backend_pid]
         assert b.backend_pid != old_pid
         assert rec_a.names()[:2] == ["acquired", "lost"]
         await rec_a.wait_event("acquire_failed", timeout=10)  # a rejoined as follower
         assert not a.is_leader
 
 
-async def test_step_down_hands_over(pg_dsn, keys, admin, recorder):
+async def test_step_down_hands_over(pg_dsn, keys, admin, recorder, holders):
     a = make(pg_dsn, keys, retry_strategy=FixedInterval(0.5))
     b = make(pg_dsn, keys)
     rec_a, rec_b = recorder(a), recorder(b)
@@ -95,26 +96,26 @@ async def test_step_down_hands_over(pg_dsn, keys, admin, recorder):
         await a.step_down()
         assert rec_a.names() == ["acquired", "released"]
         assert await b.wait_for_leadership(10)
-        assert await holders(admin, *keys) == [b.backend_pid]
+        assert await holders(*keys) == [b.backend_pid]
         assert "acquired" not in rec_a.names()[1:]
         await b.shutdown()
 
 
-async def test_flap_damping_recovers_silently(pg_dsn, keys, admin, recorder):
+async def test_flap_damping_recovers_silently(pg_dsn, keys, admin, recorder, holders, terminate):
     lock = make(pg_dsn, keys, reconnect_grace_s=10.0)
     rec = recorder(lock)
     async with lock:
         assert await lock.wait_for_leadership(10)
         old_pid = lock.backend_pid
-        await terminate(admin, old_pid)
+        await terminate(old_pid)
         await rec.wait(lambda: S.RECONNECTING in rec.states(), timeout=10)
         await rec.wait(lambda: rec.states()[-1] is S.LEADER, timeout=10)
         assert rec.names() == ["acquired"]  # no on_lost, no second on_acquired
         assert lock.backend_pid != old_pid
-        assert await holders(admin, *keys) == [lock.backend_pid]
+        assert await holders(*keys) == [lock.backend_pid]
 
 
-async def test_one_hold_after_long_leadership(pg_dsn, keys, admin):
+async def test_one_hold_after_long_leadership(pg_dsn, keys, admin, holders):
     """Health probes never re-acquire: one unlock frees the lock after many probes."""
     lock = make(pg_dsn, keys, health_interval_s=0.01, auto_reacquire=False)
     async with lock:
@@ -123,21 +124,21 @@ async def test_one_hold_after_long_leadership(pg_dsn, keys, admin):
         cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
         assert await cur.fetchone() == (1,)
         await asyncio.sleep(1.0)  # about a hundred probes
-        assert await holders(admin, *keys) == [pid]
+        assert await holders(*keys) == [pid]
         await lock.step_down()  # exactly one pg_advisory_unlock
-        assert await holders(admin, *keys) == []
+        assert await holders(*keys) == []
         cur = await admin.execute("SELECT pg_try_advisory_lock(%s, %s)", keys)
         assert await cur.fetchone() == (True,)
         await admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
 
 
-async def test_shutdown_releases_and_closes(pg_dsn, keys, admin):
+async def test_shutdown_releases_and_closes(pg_dsn, keys, admin, holders):
     lock = make(pg_dsn, keys)
     await lock.start()
     assert await lock.wait_for_leadership(10)
     app = lock.application_name
     await lock.shutdown()
-    assert await holders(admin, *keys) == []
+    assert await holders(*keys) == []
     cur = await admin.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
     )
@@ -206,19 +207,19 @@ async def test_dsn_options_are_kept(pg_dsn):
         await session.close()
 
 
-async def test_connect_fn_may_return_a_psycopg_connection(pg_dsn, keys, admin):
+async def test_connect_fn_may_return_a_psycopg_connection(pg_dsn, keys, admin, holders):
     async def connect() -> psycopg.AsyncConnection:
         return await psycopg.AsyncConnection.connect(pg_dsn)  # not autocommit: adapted
 
     lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
     async with lock:
         assert await lock.wait_for_leadership(10)
-        assert await holders(admin, *keys) == [lock.backend_pid]
+        assert await holders(*keys) == [lock.backend_pid]
         cur = await admin.execute(
             "SELECT state FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
         )
         assert await cur.fetchone() == ("idle",)  # autocommit: never idle in transaction
-    assert await holders(admin, *keys) == []
+    assert await holders(*keys) == []
 
 
 async def test_pooled_connection_is_refused(pg_dsn, keys, recorder):
@@ -317,7 +318,7 @@ async def test_silent_server_is_bounded_by_connect_timeout(keys, recorder):
         await server.wait_closed()
 
 
-async def test_stuck_network_does_not_hang_shutdown(pg_dsn, keys, admin):
+async def test_stuck_network_does_not_hang_shutdown(pg_dsn, keys, admin, holders):
     """Leader behind a proxy that stops forwarding: shutdown stays bounded and the lock
     is freed once the connection is gone."""
     info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
@@ -337,7 +338,7 @@ async def test_stuck_network_does_not_hang_shutdown(pg_dsn, keys, admin):
         assert lock.state is S.STOPPED
         await proxy.cut()
         deadline = time.monotonic() + 10
-        while await holders(admin, *keys):
+        while await holders(*keys):
             assert time.monotonic() < deadline, "lock not freed after the connection closed"
             await asyncio.sleep(0.05)
 

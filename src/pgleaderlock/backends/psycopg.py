@@ -57,7 +57,7 @@ class PsycopgSession:
     def backend_pid(self) -> int | None:
         return self._pid
 
-    async def _execute(self, query: str) -> tuple[object, ...] | None:
+    async def _execute(self, query: str) -> object:
         if not self._ready:
             await self._conn.set_autocommit(True)
             self._ready = True
@@ -93,9 +93,11 @@ class PsycopgSession:
             raise
         except psycopg.Error as exc:
             raise _translate(exc, what) from exc
-        if not isinstance(row, tuple) or len(row) != 2 or not isinstance(row[1], int):
-            raise ConnectionError(f"{what}: unexpected result {row!r}")
-        value, pid = row
+        match row:
+            case (value, int(pid)):
+                pass
+            case _:
+                raise ConnectionError(f"{what}: unexpected result {row!r}")
         _sql.check_pid(self._pid, pid)
         self._pid = pid
         return value, pid
