@@ -13,7 +13,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Backend", "ConnectOptions", "LockSession", "SessionFactory"]
+__all__ = [
+    "Backend",
+    "ConnectOptions",
+    "LockSession",
+    "SessionFactory",
+    "WaitingSession",
+    "WatchableSession",
+]
 
 
 @runtime_checkable
@@ -50,6 +57,43 @@ class LockSession(Protocol):
         """Close the session (which frees its locks). Idempotent, bounded, never raises.
 
         It must drop the connection even if the awaiting task is cancelled.
+        """
+        ...
+
+
+@runtime_checkable
+class WaitingSession(Protocol):
+    """Optional capability: wait on the server for the lock (fast failover).
+
+    A follower that waits in ``pg_advisory_lock`` is granted the lock the instant the
+    holder's session ends, instead of at its next poll.
+    """
+
+    async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
+        """Wait on the server until the lock is granted (True) or ``timeout_s`` passes.
+
+        One round trip: ``SELECT set_config('lock_timeout', '<ms>', true),
+        pg_advisory_lock(key1, key2), pg_backend_pid()``; a ``lock_not_available``
+        error (SQLSTATE 55P03) means the wait timed out and returns False. ``timeout_s``
+        is always > 0 (a zero lock_timeout would mean "wait forever").
+        """
+        ...
+
+
+@runtime_checkable
+class WatchableSession(Protocol):
+    """Optional capability: notice at once that the server ended an idle session.
+
+    A terminated backend or a server shutdown sends a FATAL message and closes the
+    socket; watching the idle socket turns that into a wake-up within milliseconds
+    instead of at the next health probe.
+    """
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once, as soon as the idle session's socket becomes readable
+        (data or EOF). ``None`` removes the watch. The watch must not interfere with
+        the session's own queries (remove it while a query runs, restore it after);
+        the core re-arms it after each probe.
         """
         ...
 
