@@ -168,6 +168,8 @@ class Demo:
             return 1
         finally:
             self.stop_all()
+        if self.failed:
+            print("\nFAILED: two candidates believed they were leader at the same time")
         return 1 if self.failed else 0
 
     def main(self) -> None:

@@ -91,9 +91,12 @@ class WatchableSession(Protocol):
 
     def watch(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` once, as soon as the idle session's socket becomes readable
-        (data or EOF). ``None`` removes the watch. The watch must not interfere with
-        the session's own queries (remove it while a query runs, restore it after);
-        the core re-arms it after each probe.
+        (data or EOF). ``None`` removes the watch.
+
+        Any other call on the session (a query, ``close()``) removes the watch first, so
+        that it never competes with the driver for the socket; the core arms it again
+        after each successful probe. ``callback`` runs in the event loop and must only
+        set a flag or an event.
         """
         ...
 
