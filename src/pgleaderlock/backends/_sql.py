@@ -10,11 +10,28 @@ from __future__ import annotations
 
 from ..core.errors import SessionNotDedicatedError
 
-__all__ = ["BACKEND_PID", "HOLDS", "TRY_LOCK", "UNLOCK", "check_pid", "oid"]
+__all__ = [
+    "BACKEND_PID",
+    "HOLDS",
+    "TRY_LOCK",
+    "UNLOCK",
+    "WAIT_LOCK",
+    "check_pid",
+    "lock_timeout_ms",
+    "oid",
+]
 
 BACKEND_PID = "SELECT pg_backend_pid()"
 TRY_LOCK = "SELECT pg_try_advisory_lock({k1}::int4, {k2}::int4), pg_backend_pid()"
 UNLOCK = "SELECT pg_advisory_unlock({k1}::int4, {k2}::int4), pg_backend_pid()"
+# One round trip: the lock_timeout is local to this statement's implicit transaction and
+# is set before pg_advisory_lock starts waiting (the target list runs left to right).
+# A timeout raises lock_not_available (SQLSTATE 55P03).
+WAIT_LOCK = (
+    "SELECT set_config('lock_timeout', '{ms}', true),"
+    " pg_advisory_lock({k1}::int4, {k2}::int4), pg_backend_pid()"
+)
+LOCK_NOT_AVAILABLE = "55P03"
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by oid().
 HOLDS = (
@@ -23,6 +40,11 @@ HOLDS = (
     " AND classid = {c}::int8::oid AND objid = {o}::int8::oid AND objsubid = 2),"
     " pg_backend_pid()"
 )
+
+
+def lock_timeout_ms(timeout_s: float) -> int:
+    """``lock_timeout`` in ms for a wait of ``timeout_s``; never 0 (0 disables it)."""
+    return max(1, round(timeout_s * 1000))
 
 
 def oid(key: int) -> int:

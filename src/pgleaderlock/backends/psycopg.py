@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -47,6 +47,7 @@ class PsycopgSession:
         self._conn = conn
         self._pid: int | None = None
         self._ready = conn.autocommit
+        self._watch: Callable[[], None] | None = None
 
     @property
     def connection(self) -> psycopg.AsyncConnection[object]:
@@ -58,6 +59,7 @@ class PsycopgSession:
         return self._pid
 
     async def _execute(self, query: str) -> object:
+        self.watch(None)  # psycopg waits on the same fd; asyncio keeps one reader per fd
         if not self._ready:
             await self._conn.set_autocommit(True)
             self._ready = True
@@ -73,6 +75,7 @@ class PsycopgSession:
         the socket first (taking psycopg's reader off the event loop before the fd
         number can be reused) and let the query task end right away.
         """
+        self.watch(None)
         if self._conn.closed:
             return
         pgconn = self._conn.pgconn
@@ -83,6 +86,7 @@ class PsycopgSession:
         pgconn.finish()
 
     async def _row(self, query: str, what: str) -> tuple[object, int]:
+        """Run ``query``; its first column is the value, its last ``pg_backend_pid()``."""
         task = asyncio.get_running_loop().create_task(self._execute(query))
         try:
             row = await asyncio.shield(task)
@@ -94,7 +98,7 @@ class PsycopgSession:
         except psycopg.Error as exc:
             raise _translate(exc, what) from exc
         match row:
-            case (value, int(pid)):
+            case (value, *_, int(pid)):
                 pass
             case _:
                 raise ConnectionError(f"{what}: unexpected result {row!r}")
@@ -110,6 +114,32 @@ class PsycopgSession:
         value, _ = await self._row(_sql.UNLOCK.format(k1=key1, k2=key2), "unlock")
         return bool(value)
 
+    async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
+        query = _sql.WAIT_LOCK.format(k1=key1, k2=key2, ms=_sql.lock_timeout_ms(timeout_s))
+        try:
+            await self._row(query, "wait_lock")
+        except (ConnectionError, LockError) as exc:
+            cause = exc.__cause__
+            if isinstance(cause, psycopg.Error) and cause.sqlstate == _sql.LOCK_NOT_AVAILABLE:
+                return False  # lock_timeout: the wait ended without the lock
+            raise
+        return True
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        if self._watch is not None:
+            self._watch = None
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._conn.pgconn.socket)
+        if callback is not None and not self._conn.closed:
+            self._watch = callback
+            asyncio.get_running_loop().add_reader(self._conn.pgconn.socket, self._readable)
+
+    def _readable(self) -> None:
+        callback = self._watch
+        self.watch(None)
+        if callback is not None:
+            callback()
+
     async def holds(self, key1: int, key2: int) -> bool:
         query = _sql.HOLDS.format(c=_sql.oid(key1), o=_sql.oid(key2))
         value, _ = await self._row(query, "health check")
@@ -118,6 +148,7 @@ class PsycopgSession:
     async def close(self) -> None:
         # AsyncConnection.close() does no network wait (libpq's PQfinish on a
         # non-blocking socket), so a stuck network cannot hold it up.
+        self.watch(None)
         with contextlib.suppress(Exception):
             await self._conn.close()
 

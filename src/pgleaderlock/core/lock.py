@@ -25,6 +25,7 @@ from ._logging import get_logger, mask_dsn
 from .errors import (
     ConfigurationError,
     ConnectionError,
+    LockError,
     LockNotHeldError,
     PgLeaderLockError,
     SessionNotDedicatedError,
@@ -41,7 +42,13 @@ from .models import (
     StateChangeCallback,
 )
 from .retry import ExponentialBackoff, RetryStrategy
-from .session import ConnectOptions, LockSession, SessionFactory
+from .session import (
+    ConnectOptions,
+    LockSession,
+    SessionFactory,
+    WaitingSession,
+    WatchableSession,
+)
 
 __all__ = ["LeaderLock"]
 
@@ -49,6 +56,8 @@ log = get_logger()
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+
+FollowerMode = Literal["wait", "poll"]
 
 EventName = Literal[
     "acquired", "released", "lost", "acquire_failed", "state_change", "error", "stopped"
@@ -83,6 +92,19 @@ def _default_application_name(label: str) -> str:
     name = f"pgleaderlock:{label}@{socket.gethostname()}:{os.getpid()}"
     encoded = name.encode("utf-8")[:_APPLICATION_NAME_MAX]
     return encoded.decode("utf-8", errors="ignore")
+
+
+def session_settings(
+    demotion_bound_s: float, tcp_user_timeout_s: float, follower_mode: str
+) -> dict[str, str]:
+    """Everything a lock's session sets at connect time."""
+    settings = partition_settings(demotion_bound_s, tcp_user_timeout_s)
+    if follower_mode == "wait":
+        # A backend waiting in pg_advisory_lock does not read its socket: without this
+        # (PostgreSQL >= 14) a follower that went away would stay queued for the lock
+        # until its lock_timeout, and could even be granted it.
+        settings["client_connection_check_interval"] = "500"
+    return settings
 
 
 def partition_settings(demotion_bound_s: float, tcp_user_timeout_s: float) -> dict[str, str]:
@@ -139,6 +161,15 @@ class LeaderLock:
         backend: driver backend name (``"psycopg"``, ...); default from the DSN scheme,
             else psycopg.
         name: a label for logs and ``application_name`` (set by :meth:`from_name`).
+        follower_mode: ``"wait"`` (default): after an attempt finds the lock taken, the
+            follower waits *on the server* (``pg_advisory_lock`` under ``lock_timeout``)
+            for as long as the retry strategy's delay, and is granted the lock the
+            instant the holder's session ends. ``"poll"``: the spec's behaviour, sleep
+            for the delay and try again with ``pg_try_advisory_lock``. Each wait that
+            ends without the lock counts as one failed attempt (``on_acquire_failed``,
+            then the strategy is asked). A waiting follower keeps one server backend
+            busy, and the server may log the wait when ``log_lock_waits`` is on.
+            Backends that cannot wait fall back to polling.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -165,6 +196,7 @@ class LeaderLock:
         application_name: str | None = None,
         backend: str | None = None,
         name: str | None = None,
+        follower_mode: FollowerMode = "wait",
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -196,13 +228,18 @@ class LeaderLock:
                 f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
             )
         self._retry: RetryStrategy = retry_strategy or ExponentialBackoff()
+        if follower_mode not in ("wait", "poll"):
+            raise ConfigurationError(
+                f"follower_mode must be 'wait' or 'poll', got {follower_mode!r}"
+            )
+        self._follower_mode: FollowerMode = follower_mode
         self._external_stop = shutdown_event
         label = name if name is not None else f"{self._key1},{self._key2}"
         self._application_name = application_name or _default_application_name(label)
         self._connect_options = ConnectOptions(
             application_name=self._application_name,
             connect_timeout_s=self._connect_timeout_s,
-            server_settings=partition_settings(demotion_bound, user_timeout),
+            server_settings=session_settings(demotion_bound, user_timeout, follower_mode),
         )
         self._dsn = dsn
         self._connect_fn = connect_fn
@@ -241,6 +278,8 @@ class LeaderLock:
         self._interruptible: Literal["stop", "force"] | None = None
         self._interrupting = False
         self._attempt_at: float | None = None
+        self._wait_budget_s = 0.0  # wait mode: how long the next attempt waits on the server
+        self._session_alarm = False  # the watched idle session became readable
         self._grace_deadline: float | None = None
         self._attempt = 0
         self._cycle_start: float | None = None
@@ -291,6 +330,17 @@ class LeaderLock:
     def application_name(self) -> str:
         """The ``application_name`` of this lock's sessions."""
         return self._application_name
+
+    @property
+    def connect_options(self) -> ConnectOptions:
+        """What every session of this lock is opened with (``application_name``, the
+        partition-bound server settings). A ``connect_fn`` should apply them too."""
+        return self._connect_options
+
+    @property
+    def follower_mode(self) -> FollowerMode:
+        """``"wait"`` or ``"poll"``."""
+        return self._follower_mode
 
     @property
     def leader_since(self) -> float | None:
@@ -446,8 +496,8 @@ class LeaderLock:
         """Wait until this lock is LEADER.
 
         Returns:
-            True once LEADER; False if ``timeout_s`` elapsed first, or if the lock is
-            stopped (or stops while waiting), since it cannot become leader then.
+            True once LEADER; False if ``timeout_s`` elapsed first, or if the lock
+                is stopped (or stops while waiting), since it cannot lead then.
         """
         loop = asyncio.get_running_loop()
         try:
@@ -610,6 +660,12 @@ class LeaderLock:
                 assert self._grace_s is not None
                 self._grace_deadline = now + self._grace_s
             case Action.SCHEDULE_ATTEMPT:
+                if isinstance(self._last_error, NON_RETRYABLE):
+                    log.error(
+                        "giving_up", reason="non-retryable error", error=_describe(self._last_error)
+                    )
+                    self._give_up = True
+                self._wait_budget_s = 0.0
                 self._attempt_at = now
             case Action.BACKOFF:
                 self._backoff(now)
@@ -659,6 +715,7 @@ class LeaderLock:
 
     def _backoff(self, now: float) -> None:
         self._attempt += 1
+        self._wait_budget_s = 0.0
         if self._cycle_start is None:
             self._cycle_start = now
         error = self._last_error
@@ -678,6 +735,17 @@ class LeaderLock:
             self._give_up = True
             return
         delay = max(0.0, float(delay)) if math.isfinite(delay) else 0.0
+        if (
+            error is None
+            and self._follower_mode == "wait"
+            and isinstance(self._session, WaitingSession)
+        ):
+            # The lock is taken: spend the delay waiting on the server, so the lock is
+            # ours the instant its holder's session ends. A failed connection sleeps.
+            log.debug("wait_scheduled", wait_s=round(delay, 3), attempt=self._attempt)
+            self._wait_budget_s = delay
+            self._attempt_at = now
+            return
         log.debug("retry_scheduled", delay_s=round(delay, 3), attempt=self._attempt)
         self._attempt_at = now + delay
 
@@ -735,10 +803,17 @@ class LeaderLock:
     async def _acquiring_step(self) -> Input:
         session = self._session
         assert session is not None
+        wait_s, self._wait_budget_s = self._wait_budget_s, 0.0
         try:
-            granted = await self._interruptible_call(
-                session.try_lock(self._key1, self._key2), self._command_timeout_s
-            )
+            if wait_s > 0 and isinstance(session, WaitingSession):
+                granted = await self._interruptible_call(
+                    session.wait_lock(self._key1, self._key2, wait_s),
+                    wait_s + self._command_timeout_s,
+                )
+            else:
+                granted = await self._interruptible_call(
+                    session.try_lock(self._key1, self._key2), self._command_timeout_s
+                )
         except _Interrupted:
             return Input.STOP_REQUESTED  # the row closes the session: it may hold the lock
         except Exception as exc:
@@ -750,6 +825,11 @@ class LeaderLock:
         return Input.ACQUIRE_FAILED
 
     async def _leader_step(self) -> Input:
+        session = self._session
+        assert session is not None
+        if isinstance(session, WatchableSession):
+            self._session_alarm = False
+            session.watch(self._on_session_alarm)
         deadline = time.monotonic() + self._health_interval_s
         while True:
             if self._stop_requested:
@@ -757,11 +837,11 @@ class LeaderLock:
             if self._release_requested:
                 return Input.RELEASE_REQUESTED
             self._signal.clear()
-            if time.monotonic() >= deadline:
+            if self._session_alarm or time.monotonic() >= deadline:
                 break
             await self._sleep_until(deadline)
-        session = self._session
-        assert session is not None
+        if self._session_alarm:
+            log.debug("session_alarm", key1=self._key1, key2=self._key2)
         try:
             async with asyncio.timeout(self._health_timeout_s):
                 held = await session.holds(self._key1, self._key2)
@@ -774,6 +854,12 @@ class LeaderLock:
             )
             return Input.HEALTH_FAILED
         return Input.HEALTH_OK
+
+    def _on_session_alarm(self) -> None:
+        """The idle session's socket became readable: most likely the server ended it.
+        Probe at once instead of at the next interval."""
+        self._session_alarm = True
+        self._signal.set()
 
     async def _reconnecting_step(self) -> Input:
         assert self._grace_deadline is not None
@@ -845,7 +931,7 @@ class LeaderLock:
             self._interruptible = None
         if released:
             return Input.RELEASE_SUCCEEDED
-        self._last_error = ConnectionError(
+        self._last_error = LockError(
             "pg_advisory_unlock returned false: this session did not hold the lock"
         )
         return Input.RELEASE_FAILED
