@@ -367,3 +367,78 @@ async def test_interrupted_try_lock_never_reuses_the_session(pg_dsn, keys, admin
             proxy.resume()
             assert await lock.wait_for_leadership(10)
             assert proxy.connections >= 2  # a new session, never the interrupted one
+
+
+async def test_waiting_follower_is_granted_at_once(pg_dsn, keys, admin, recorder, holders):
+    a = make(pg_dsn, keys)
+    b = make(pg_dsn, keys, retry_strategy=FixedInterval(30))  # one 30 s wait on the server
+    rec_b = recorder(b)
+    async with a:
+        assert await a.wait_for_leadership(10)
+        async with b:
+            await rec_b.wait_event("acquire_failed")
+            deadline = time.monotonic() + 10
+            while True:  # b's backend is queued for the lock
+                cur = await admin.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    " AND pid = %s",
+                    (b.backend_pid,),
+                )
+                if (await cur.fetchone())[0] == 1:
+                    break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            await a.shutdown()
+            assert await b.wait_for_leadership(2)
+            assert await holders(*keys) == [b.backend_pid]
+
+
+async def test_stopped_waiter_leaves_no_backend_behind(pg_dsn, keys, admin, recorder):
+    a = make(pg_dsn, keys)
+    async with a:
+        assert await a.wait_for_leadership(10)
+        for how in ("shutdown", "terminate"):
+            b = make(pg_dsn, keys, retry_strategy=FixedInterval(60))
+            rec_b = recorder(b)
+            await b.start()
+            await rec_b.wait_event("acquire_failed")
+            pids = {b.backend_pid}
+            await asyncio.sleep(0.1)
+            if how == "shutdown":
+                await b.shutdown()
+            else:  # the waiting backend dies: the follower reconnects, the old one is gone
+                await admin.execute("SELECT pg_terminate_backend(%s)", (b.backend_pid,))
+                await rec_b.wait_event("error", timeout=5)
+                await b.shutdown()
+            # Right away, not after client_connection_check_interval: the wait was cancelled.
+            cur = await admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)"
+                " UNION SELECT pid FROM pg_locks WHERE pid = ANY(%s)",
+                (list(pids), list(pids)),
+            )
+            assert await cur.fetchall() == [], f"a backend stayed behind after {how}"
+        assert a.is_leader
+
+
+async def test_terminated_leader_notices_within_milliseconds(
+    pg_dsn, keys, admin, recorder, terminate
+):
+    lock = make(pg_dsn, keys, health_interval_s=60.0, auto_reacquire=False)
+    rec = recorder(lock)
+    async with lock:
+        assert await lock.wait_for_leadership(10)
+        await terminate(lock.backend_pid)
+        await rec.wait_event("lost", timeout=2)  # not 60 s: the idle socket told us
+        assert lock.state is S.STOPPED
+
+
+async def test_poll_mode_still_works(pg_dsn, keys, recorder, holders):
+    a = make(pg_dsn, keys, follower_mode="poll")
+    b = make(pg_dsn, keys, follower_mode="poll")
+    async with a:
+        assert await a.wait_for_leadership(10)
+        async with b:
+            await asyncio.sleep(0.1)
+            assert not b.is_leader
+            await a.step_down()
+            assert await b.wait_for_leadership(10)

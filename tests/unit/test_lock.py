@@ -606,3 +606,97 @@ def test_malformed_dsn_is_rejected_and_masked():
 def test_configuration_error_is_a_value_error():
     with pytest.raises(ValueError):
         LeaderLock("postgresql://h/db", 1, 2**40)
+
+
+# ---------------------------------------------------------------- follower modes
+
+
+async def test_waiting_follower_takes_over_at_once(make_lock, recorder, server):
+    a = make_lock()
+    b = make_lock(retry_strategy=FixedInterval(30))  # waits on the server for 30 s
+    rec_b = recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    await rec_b.wait_event("acquire_failed")
+    while server.calls["wait_lock"] == 0:
+        await asyncio.sleep(0.005)
+    await a.shutdown()
+    assert await b.wait_for_leadership(2)  # granted when freed, not 30 s later
+
+
+async def test_polling_follower_waits_for_its_next_attempt(make_lock, recorder, server):
+    a = make_lock()
+    b = make_lock(retry_strategy=FixedInterval(30), follower_mode="poll")
+    rec_b = recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    await rec_b.wait_event("acquire_failed")
+    await a.shutdown()
+    assert await b.wait_for_leadership(0.3) is False
+    assert server.calls["wait_lock"] == 0
+
+
+async def test_each_wait_without_the_lock_is_a_failed_attempt(make_lock, recorder, server):
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    contexts = []
+
+    class Recording:
+        def next_delay_s(self, ctx):
+            contexts.append(ctx)
+            return 0.02
+
+    lock = make_lock(retry_strategy=Recording())
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("acquire_failed", count=4)
+    assert server.calls["try_lock"] == 2  # the holder, then our first attempt: no wait
+    assert server.calls["wait_lock"] >= 3
+    assert [c.attempt for c in contexts[:4]] == [1, 2, 3, 4]
+    assert all(c.last_error is None for c in contexts)
+    await holder.close()
+    assert await lock.wait_for_leadership(2)
+
+
+async def test_connection_failures_sleep_instead_of_waiting(make_lock, recorder, server):
+    server.refuse_connections = ConnectionError("down")
+    lock = make_lock(retry_strategy=FixedInterval(0.05))
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("error", count=3)
+    assert server.calls["wait_lock"] == 0
+    assert server.calls["try_lock"] == 0
+
+
+async def test_shutdown_while_waiting_leaves_no_waiter(make_lock, recorder, server):
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    lock = make_lock(retry_strategy=FixedInterval(60))
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("acquire_failed")
+    while not server._waiters.get((1, 2)):
+        await asyncio.sleep(0.005)
+    async with asyncio.timeout(2):
+        await lock.shutdown()
+    assert server._waiters[(1, 2)] == []
+    assert lock.state is S.STOPPED
+    await holder.close()
+
+
+async def test_idle_session_watch_detects_termination_at_once(make_lock, recorder, server):
+    lock = make_lock(health_interval_s=60)  # the periodic probe would come far too late
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    probes = server.calls["holds"]
+    server.terminate()
+    await rec.wait_event("lost", timeout=2)
+    assert server.calls["holds"] == probes + 1  # one probe, triggered by the alarm
+
+
+def test_follower_mode_is_validated():
+    with pytest.raises(ConfigurationError, match="follower_mode"):
+        LeaderLock("postgresql://h/db", 1, 2, follower_mode="block")  # type: ignore[arg-type]

@@ -21,6 +21,8 @@ from . import _sql
 
 __all__ = ["PsycopgSession", "backend", "check_dsn", "connect", "wrap"]
 
+_CANCEL_TIMEOUT_S = 1.0
+
 
 def _translate(exc: psycopg.Error, what: str) -> Exception:
     """Map a driver error onto the library's hierarchy (the driver error is the cause)."""
@@ -85,15 +87,30 @@ class PsycopgSession:
             loop.remove_writer(pgconn.socket)
         pgconn.finish()
 
-    async def _row(self, query: str, what: str) -> tuple[object, int]:
-        """Run ``query``; its first column is the value, its last ``pg_backend_pid()``."""
+    async def _row(
+        self, query: str, what: str, *, cancel_on_server: bool = False
+    ) -> tuple[object, int]:
+        """Run ``query``; its first column is the value, its last ``pg_backend_pid()``.
+
+        With ``cancel_on_server``, an interrupted call first asks the server to cancel
+        the statement (bounded by ``_CANCEL_TIMEOUT_S``): a backend queued for a lock
+        would otherwise stay queued, and could be granted it, until it notices that its
+        client is gone.
+        """
         task = asyncio.get_running_loop().create_task(self._execute(query))
         try:
             row = await asyncio.shield(task)
         except asyncio.CancelledError:
-            self._abort()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            try:
+                if cancel_on_server:
+                    async with asyncio.timeout(_CANCEL_TIMEOUT_S):
+                        await self._conn.cancel_safe()
+            except BaseException:
+                pass
+            finally:
+                self._abort()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             raise
         except psycopg.Error as exc:
             raise _translate(exc, what) from exc
@@ -117,7 +134,7 @@ class PsycopgSession:
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         query = _sql.WAIT_LOCK.format(k1=key1, k2=key2, ms=_sql.lock_timeout_ms(timeout_s))
         try:
-            await self._row(query, "wait_lock")
+            await self._row(query, "wait_lock", cancel_on_server=True)
         except (ConnectionError, LockError) as exc:
             cause = exc.__cause__
             if isinstance(cause, psycopg.Error) and cause.sqlstate == _sql.LOCK_NOT_AVAILABLE:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
+from collections.abc import Callable
 
 from ..core.errors import ConnectionError
 
@@ -35,6 +36,7 @@ class FakeServer:
         self._grant_then_hang = False
         self._gate = asyncio.Event()
         self._holds: dict[Key, tuple[FakeSession, int]] = {}
+        self._waiters: dict[Key, list[tuple[FakeSession, asyncio.Future[bool]]]] = {}
         self._pids = itertools.count(1000)
         self.calls: Counter[str] = Counter()
 
@@ -99,6 +101,21 @@ class FakeServer:
         for key, (holder, _) in list(self._holds.items()):
             if holder is session:
                 del self._holds[key]
+                self._grant_next(key)
+        for queue in self._waiters.values():
+            for waiter, future in queue:
+                if waiter is session and not future.done():
+                    future.set_exception(ConnectionError("the connection is closed"))
+
+    def _grant_next(self, key: Key) -> None:
+        """Like PostgreSQL: a freed lock goes at once to the first waiter in the queue."""
+        queue = self._waiters.get(key, [])
+        while queue:
+            waiter, future = queue.pop(0)
+            if not future.done() and not (waiter.closed or waiter.killed):
+                self._holds[key] = (waiter, 1)
+                future.set_result(True)
+                return
 
 
 class FakeSession:
@@ -109,6 +126,7 @@ class FakeSession:
         self._pid = pid
         self.closed = False
         self.killed = False
+        self._watch: Callable[[], None] | None = None
 
     @property
     def backend_pid(self) -> int | None:
@@ -117,8 +135,16 @@ class FakeSession:
     def _kill(self) -> None:
         self.killed = True
         self._server._free(self)
+        callback, self._watch = self._watch, None
+        if callback is not None:  # the FATAL message arrives on the idle socket
+            callback()
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        """Called back when this session is terminated while idle."""
+        self._watch = callback
 
     async def _enter(self, method: str) -> None:
+        self._watch = None
         self._server.calls[method] += 1
         if method != "try_lock" or not self._server._grant_then_hang:
             await self._server._maybe_hang(method)
@@ -137,6 +163,28 @@ class FakeSession:
             await self._server._maybe_hang("try_lock")
         return granted
 
+    async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
+        """Queue for the lock like ``pg_advisory_lock`` under ``lock_timeout``."""
+        await self._enter("wait_lock")
+        server, key = self._server, (key1, key2)
+        holder = server._holds.get(key)
+        if holder is None or holder[0] is self:
+            server._holds[key] = (self, holder[1] + 1 if holder else 1)
+            return True
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        entry = (self, future)
+        server._waiters.setdefault(key, []).append(entry)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            # Granted in the same instant as the timeout: the server's answer wins.
+            return future.done() and not future.cancelled() and future.exception() is None
+        finally:
+            queue = server._waiters.get(key, [])
+            if entry in queue:
+                queue.remove(entry)
+
     async def unlock(self, key1: int, key2: int) -> bool:
         await self._enter("unlock")
         holds = self._server._holds
@@ -147,6 +195,7 @@ class FakeSession:
             holds[(key1, key2)] = (self, holder[1] - 1)
         else:
             del holds[(key1, key2)]
+            self._server._grant_next((key1, key2))
         return True
 
     async def holds(self, key1: int, key2: int) -> bool:
@@ -154,6 +203,7 @@ class FakeSession:
         return self._server.holder(key1, key2) is self
 
     async def close(self) -> None:
+        self._watch = None
         self._server.calls["close"] += 1
         self.closed = True
         self._server._free(self)
