@@ -89,20 +89,39 @@ def available() -> list[str]:
     return names
 
 
-def resolve(name: str | None, dsn: str) -> tuple[Backend, str]:
+def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
     """Pick the backend for ``dsn`` and return it with the DSN its driver understands.
 
     An explicit ``name`` wins; else a ``postgresql+DRIVER://`` scheme names the backend
-    (the ``+DRIVER`` part is removed); else the default, psycopg.
+    (the ``+DRIVER`` part is removed); else a backend that claims a non-string ``dsn``
+    (a SQLAlchemy ``AsyncEngine``); else the default, psycopg.
+
+    Raises:
+        ConfigurationError: no usable DSN.
+        BackendUnavailableError: unknown backend or missing driver.
     """
+    if name is not None and not isinstance(name, str):
+        raise ConfigurationError(f"backend must be a name (str), got {name!r}")
+    if dsn is None:
+        raise ConfigurationError("a DSN is required when connect_fn is not given")
+    if not isinstance(dsn, str):
+        for candidate in [name] if name is not None else available():
+            backend = get(candidate)
+            if backend.claims is not None and backend.claims(dsn):
+                return backend, dsn
+        raise ConfigurationError(
+            f"dsn must be a connection string (or an object a backend accepts, such as a "
+            f"SQLAlchemy AsyncEngine), got {type(dsn).__name__}; pass connect_fn= to "
+            "open sessions yourself"
+        )
+    if not dsn.strip():
+        raise ConfigurationError("a DSN is required when connect_fn is not given")
     match = _SCHEME.match(dsn)
     driver_dsn = dsn
     if match:
         driver_dsn = f"{match.group('base')}://{dsn[match.end() :]}"
         if name is None:
             name = match.group("driver").lower()
-    if name is not None and not isinstance(name, str):
-        raise ConfigurationError(f"backend must be a name (str), got {name!r}")
     return get(name or DEFAULT), driver_dsn
 
 

@@ -133,8 +133,9 @@ class LeaderLock:
     one of them is LEADER at any moment.
 
     Args:
-        dsn: PostgreSQL connection string (URL or key=value). May be ``None`` when
-            ``connect_fn`` is given. A ``postgresql+DRIVER://`` scheme selects a backend.
+        dsn: PostgreSQL connection string (URL or key=value), or an object a backend
+            accepts (a SQLAlchemy ``AsyncEngine``). May be ``None`` when ``connect_fn``
+            is given. A ``postgresql+DRIVER://`` scheme selects a backend.
         key1: first advisory lock key, a signed 32-bit integer.
         key2: second advisory lock key, a signed 32-bit integer.
         retry_strategy: delay between acquisition attempts and reconnections;
@@ -179,7 +180,7 @@ class LeaderLock:
 
     def __init__(
         self,
-        dsn: str | None,
+        dsn: str | Any | None,
         key1: int,
         key2: int,
         *,
@@ -244,8 +245,6 @@ class LeaderLock:
         self._dsn = dsn
         self._connect_fn = connect_fn
         if connect_fn is None:
-            if not isinstance(dsn, str) or not dsn.strip():
-                raise ConfigurationError("a DSN is required when connect_fn is not given")
             # The registry is not a driver: it imports the chosen backend lazily.
             from ..backends import resolve
 
@@ -292,7 +291,7 @@ class LeaderLock:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_name(cls, name: str, dsn: str | None = None, **kwargs: Any) -> Self:
+    def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
         """A lock whose keys are derived from ``name`` by :func:`~pgleaderlock.lock_keys`.
 
         Args:

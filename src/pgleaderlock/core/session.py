@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "Backend",
@@ -132,9 +132,12 @@ class Backend:
             ``None`` if the object is not one of this driver's connections.
         check_dsn: raises :class:`~pgleaderlock.ConfigurationError` for a DSN the driver
             cannot parse (called once, before any I/O).
+        claims: for backends that connect with something other than a DSN string
+            (a SQLAlchemy ``AsyncEngine``): True if this object is theirs.
     """
 
     name: str
-    connect: Callable[[str, ConnectOptions], Awaitable[LockSession]]
+    connect: Callable[[Any, ConnectOptions], Awaitable[LockSession]]
     wrap: Callable[[object], LockSession | None]
-    check_dsn: Callable[[str], None]
+    check_dsn: Callable[[Any], None]
+    claims: Callable[[object], bool] | None = None
