@@ -27,6 +27,7 @@ from .core.errors import (
     SessionNotDedicatedError,
     ShutdownError,
 )
+from .core.hooks import hookimpl
 from .core.keys import lock_keys
 from .core.lock import LeaderLock
 from .core.models import Callback, ErrorCallback, LockState, RetryContext, StateChangeCallback
@@ -58,5 +59,6 @@ __all__ = [
     "ShutdownError",
     "StateChangeCallback",
     "__version__",
+    "hookimpl",
     "lock_keys",
 ]

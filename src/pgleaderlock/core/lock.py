@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Self, TypeVar
 
+import pluggy
+
 from ._logging import get_logger, mask_dsn
 from .errors import (
     ConfigurationError,
@@ -31,6 +33,7 @@ from .errors import (
     SessionNotDedicatedError,
     ShutdownError,
 )
+from .hooks import callback_plugin, new_plugin_manager, ordered_impls
 from .keys import check_key, lock_keys
 from .machine import Action, Conditions, Transition, step
 from .models import (
@@ -65,6 +68,16 @@ EventName = Literal[
 
 NON_RETRYABLE: tuple[type[BaseException], ...] = (SessionNotDedicatedError, ConfigurationError)
 """Errors after which retrying cannot help: the lock stops (after ``on_error``)."""
+
+_HOOKS: dict[EventName, str] = {
+    "acquired": "pgleaderlock_acquired",
+    "released": "pgleaderlock_released",
+    "lost": "pgleaderlock_lost",
+    "acquire_failed": "pgleaderlock_acquire_failed",
+    "state_change": "pgleaderlock_state_change",
+    "error": "pgleaderlock_error",
+    "stopped": "pgleaderlock_stopped",
+}
 
 _NOT_LEADING = frozenset({LockState.FOLLOWER, LockState.ACQUIRING, LockState.STOPPED})
 _EXIT_TIMEOUT_S = 10.0
@@ -171,6 +184,8 @@ class LeaderLock:
             then the strategy is asked). A waiting follower keeps one server backend
             busy, and the server may log the wait when ``log_lock_waits`` is on.
             Backends that cannot wait fall back to polling.
+        load_plugins: register the plugins of the ``pgleaderlock.plugins`` entry-point
+            group (unless ``PGLEADERLOCK_DISABLE_PLUGIN_AUTOLOAD`` is set).
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -198,6 +213,7 @@ class LeaderLock:
         backend: str | None = None,
         name: str | None = None,
         follower_mode: FollowerMode = "wait",
+        load_plugins: bool = True,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -253,15 +269,8 @@ class LeaderLock:
         elif not callable(connect_fn):
             raise ConfigurationError(f"connect_fn must be callable, got {connect_fn!r}")
 
-        self._callbacks: dict[EventName, list[Callable[..., Any]]] = {
-            "acquired": [],
-            "released": [],
-            "lost": [],
-            "acquire_failed": [],
-            "state_change": [],
-            "error": [],
-            "stopped": [],
-        }
+        self.plugins: pluggy.PluginManager = new_plugin_manager(load_entry_points=load_plugins)
+        """This lock's plugin manager: ``lock.plugins.register(plugin)``."""
 
         # Lifecycle state, owned by the task.
         self._state = LockState.STOPPED
@@ -287,6 +296,7 @@ class LeaderLock:
         self._release_done: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._leader_since: float | None = None
+        self._leader_ready = False  # LEADER, and the transition's callbacks have run
 
     # ------------------------------------------------------------------ construction
 
@@ -360,7 +370,7 @@ class LeaderLock:
     def _register(self, event: EventName, fn: F) -> F:
         if not callable(fn):
             raise ConfigurationError(f"on_{event} needs a callable, got {fn!r}")
-        self._callbacks[event].append(fn)
+        self.plugins.register(callback_plugin(_HOOKS[event], fn))
         return fn
 
     def on_acquired(self, fn: Callback) -> Callback:
@@ -391,16 +401,18 @@ class LeaderLock:
         """Register a callback for the lock reaching STOPPED (decorator)."""
         return self._register("stopped", fn)
 
-    async def _emit(self, event: EventName, *args: Any) -> None:
-        for fn in list(self._callbacks[event]):
+    async def _emit(self, event: EventName, **data: Any) -> None:
+        """Run every implementation of the event's hook (callbacks included), in order."""
+        kwargs = {"lock": self, **data}
+        for impl in ordered_impls(getattr(self.plugins.hook, _HOOKS[event])):
             try:
-                result = fn(*args)
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:
                 log.error(
                     "callback_failed",
-                    callback=getattr(fn, "__qualname__", repr(fn)),
+                    callback=getattr(impl.function, "__qualname__", impl.plugin_name),
                     event=event,
                     error=repr(exc),
                     key1=self._key1,
@@ -408,7 +420,7 @@ class LeaderLock:
                     exc_info=True,
                 )
                 if event != "error":
-                    await self._emit("error", exc)
+                    await self._emit("error", error=exc)
 
     # ------------------------------------------------------------------ lifecycle API
 
@@ -492,7 +504,7 @@ class LeaderLock:
             await asyncio.gather(asyncio.shield(task), return_exceptions=True)
 
     async def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
-        """Wait until this lock is LEADER.
+        """Wait until this lock is LEADER (and its ``on_acquired`` callbacks have run).
 
         Returns:
             True once LEADER; False if ``timeout_s`` elapsed first, or if the lock
@@ -502,7 +514,7 @@ class LeaderLock:
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    if self.is_leader:
+                    if self._leader_ready:
                         return True
                     if self._task is None or self._task.done():
                         return False
@@ -581,7 +593,7 @@ class LeaderLock:
                 await self._fire(await self._next_input())
         except Exception as exc:  # a bug: report it, then clean up like a stop
             log.error("lifecycle_task_failed", error=repr(exc), exc_info=True)
-            await self._emit("error", exc)
+            await self._emit("error", error=exc)
         finally:
             if self._watcher is not None:
                 self._watcher.cancel()
@@ -607,16 +619,21 @@ class LeaderLock:
         log.debug("input", input=input_.value, state=self._state, key1=self._key1, key2=self._key2)
         if transition.changes_state:
             self._set_state(transition.target)
-            await self._emit("state_change", transition.source, transition.target)
+            await self._emit("state_change", old=transition.source, new=transition.target)
         if transition.source is LockState.RELEASING:
             self._releasing_for_step_down = False
         for action in transition.actions:
             await self._perform(action, transition)
         if self._state in _NOT_LEADING:
             self._resolve_release()  # a pending step_down() is over: we do not lead
+        if transition.changes_state:
+            # After the row's callbacks: wait_for_leadership() returns once on_acquired ran.
+            self._leader_ready = self._state is LockState.LEADER
+            self._wake_state_waiters()
 
     def _set_state(self, new: LockState) -> None:
         old, self._state = self._state, new
+        self._leader_ready = False
         if new is LockState.LEADER:
             self._leader_since = time.time()
         log.info(
@@ -626,7 +643,6 @@ class LeaderLock:
             key2=self._key2,
             name=self._name,
         )
-        self._wake_state_waiters()
 
     def _wake_state_waiters(self) -> None:
         for waiter in self._state_waiters:
@@ -691,7 +707,7 @@ class LeaderLock:
                 )
                 await self._emit("acquired")
             case Action.EMIT_ACQUIRE_FAILED:
-                await self._emit("acquire_failed")
+                await self._emit("acquire_failed", attempt=self._attempt + 1)
             case Action.EMIT_LOST:
                 log.warning("lock_lost", key1=self._key1, key2=self._key2)
                 await self._emit("lost")
@@ -707,7 +723,7 @@ class LeaderLock:
                     key1=self._key1,
                     key2=self._key2,
                 )
-                await self._emit("error", error)
+                await self._emit("error", error=error)
             case Action.EMIT_STOPPED:
                 log.info("lock_stopped", key1=self._key1, key2=self._key2)
                 await self._emit("stopped")
