@@ -3,6 +3,7 @@
 # Works on a fresh machine with Python >= 3.11; the tests find or start PostgreSQL
 # themselves (see docs/testing.md). Extra arguments go to pytest.
 set -euo pipefail
+export NO_MKDOCS_2_WARNING=1
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 
