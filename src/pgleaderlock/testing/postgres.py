@@ -679,20 +679,26 @@ class ThrowawayPostgres:
         return found
 
     def _reap_cluster(self, timeout_s: float = 5.0) -> None:
-        """Kill leftover processes of this cluster and wait until they are gone."""
+        """Kill leftover processes of this cluster and wait until they are gone.
+
+        Every pid seen once is followed until it is gone or a zombie: a process that is
+        still exiting may briefly be missed by the scan.
+        """
         if self._proc is not None:
             with contextlib.suppress(OSError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout_s
-        while True:
-            pids = self._cluster_pids()
-            if not pids:
-                return
-            for pid in pids:
+        seen: set[int] = set()
+        quiet_scans = 0
+        while quiet_scans < 2:
+            seen.update(self._cluster_pids())
+            alive = [pid for pid in seen if _pid_alive(pid)]
+            for pid in alive:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"could not kill leftover PostgreSQL processes {pids}")
+            quiet_scans = 0 if alive else quiet_scans + 1
+            if alive and time.monotonic() > deadline:
+                raise RuntimeError(f"could not kill leftover PostgreSQL processes {alive}")
             time.sleep(0.01)
 
 
