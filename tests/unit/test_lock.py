@@ -18,6 +18,7 @@ from pgleaderlock import (
     SessionNotDedicatedError,
     ShutdownError,
 )
+from pgleaderlock.testing import FakeServer
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
@@ -700,3 +701,37 @@ async def test_idle_session_watch_detects_termination_at_once(make_lock, recorde
 def test_follower_mode_is_validated():
     with pytest.raises(ConfigurationError, match="follower_mode"):
         LeaderLock("postgresql://h/db", 1, 2, follower_mode="block")  # type: ignore[arg-type]
+
+
+async def test_forced_shutdown_still_reports_the_stop(make_lock, recorder):
+    lock = make_lock()
+    rec = recorder(lock)
+    gate = asyncio.Event()
+
+    @lock.on_released
+    async def stuck() -> None:
+        await gate.wait()
+
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    with pytest.raises(ShutdownError):
+        await lock.shutdown(timeout_s=0.1)
+    assert rec.names()[-1] == "stopped"
+    assert rec.states()[-1] is S.STOPPED
+
+
+def test_restart_on_another_event_loop():
+    """A lock outlives its event loop: e.g. an app whose lifespan runs twice."""
+    server = FakeServer()
+    lock = LeaderLock(None, 1, 2, connect_fn=server.connect, retry_strategy=FixedInterval(0.01))
+    assert lock.retry_strategy is not None
+
+    async def cycle() -> bool:
+        await lock.start()
+        leader = await lock.wait_for_leadership(5)
+        await lock.shutdown()
+        return leader
+
+    assert asyncio.run(cycle())
+    assert asyncio.run(cycle())
+    assert server.open_sessions == []

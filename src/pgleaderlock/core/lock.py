@@ -81,6 +81,7 @@ _HOOKS: dict[EventName, str] = {
 
 _NOT_LEADING = frozenset({LockState.FOLLOWER, LockState.ACQUIRING, LockState.STOPPED})
 _EXIT_TIMEOUT_S = 10.0
+_ABNORMAL_STOP_CALLBACKS_S = 1.0
 _CLOSE_TIMEOUT_S = 5.0
 _APPLICATION_NAME_MAX = 63  # NAMEDATALEN - 1
 
@@ -347,6 +348,11 @@ class LeaderLock:
         return self._connect_options
 
     @property
+    def retry_strategy(self) -> RetryStrategy:
+        """The strategy asked for every delay (acquisition and reconnection)."""
+        return self._retry
+
+    @property
     def follower_mode(self) -> FollowerMode:
         """``"wait"`` or ``"poll"``."""
         return self._follower_mode
@@ -434,7 +440,7 @@ class LeaderLock:
             loop = asyncio.get_running_loop()
             self._stop_requested = self._release_requested = self._force_release = False
             self._give_up = False
-            self._signal.clear()
+            self._signal = asyncio.Event()  # a restart may run on another event loop
             self._started = loop.create_future()
             self._task = loop.create_task(
                 self._run(), name=f"pgleaderlock-{self._key1}-{self._key2}"
@@ -601,11 +607,26 @@ class LeaderLock:
                 self._watcher = None
             await self._close_session()
             if self._state is not LockState.STOPPED:
-                self._set_state(LockState.STOPPED)
+                await self._stop_abnormally()
             if not self._started.done():
                 self._started.set_result(None)
             self._resolve_release()
             self._wake_state_waiters()
+
+    async def _stop_abnormally(self) -> None:
+        """The task was cancelled (a forced shutdown) or crashed: still tell everyone.
+
+        The callbacks get a short, fixed time: one of them may be what blocked the
+        orderly stop in the first place.
+        """
+        old = self._state
+        self._set_state(LockState.STOPPED)
+        try:
+            async with asyncio.timeout(_ABNORMAL_STOP_CALLBACKS_S):
+                await self._emit("state_change", old=old, new=LockState.STOPPED)
+                await self._emit("stopped")
+        except (TimeoutError, asyncio.CancelledError):
+            log.warning("stop_callbacks_abandoned", key1=self._key1, key2=self._key2)
 
     def _conditions(self) -> Conditions:
         return Conditions(

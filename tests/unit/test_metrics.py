@@ -1,0 +1,250 @@
+"""The bundled Prometheus metrics plugin, on the in-memory FakeServer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from pgleaderlock import ConnectionError, LeaderLock, LockState
+from pgleaderlock.plugins.metrics import MetricsPlugin, lock_label
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def value(registry: CollectorRegistry, name: str, lock: str = "1,2", **labels: str) -> float:
+    sample = registry.get_sample_value(name, {"lock": lock, **labels})
+    assert sample is not None, f"no sample {name}{{lock={lock!r}, {labels}}}"
+    return sample
+
+
+def state_of(registry: CollectorRegistry, lock: str = "1,2") -> str:
+    current = [
+        s.value
+        for s in LockState
+        if value(registry, "pgleaderlock_state", lock, state=s.value) == 1
+    ]
+    assert len(current) == 1, current
+    return current[0]
+
+
+async def test_leader_lifecycle_is_counted(make_lock, registry):
+    lock = make_lock()
+    lock.plugins.register(MetricsPlugin(registry))
+    assert registry.get_sample_value("pgleaderlock_is_leader", {"lock": "1,2"}) is None
+
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    assert value(registry, "pgleaderlock_is_leader") == 1
+    assert state_of(registry) == "leader"
+    assert value(registry, "pgleaderlock_acquired_total") == 1
+    assert value(registry, "pgleaderlock_acquire_attempts_total") == 1
+    assert value(registry, "pgleaderlock_acquire_failures_total") == 0
+    assert value(registry, "pgleaderlock_released_total") == 0
+
+    await lock.shutdown()
+    assert value(registry, "pgleaderlock_is_leader") == 0
+    assert state_of(registry) == "stopped"
+    assert value(registry, "pgleaderlock_released_total") == 1
+    assert value(registry, "pgleaderlock_lost_total") == 0
+    transitions = {
+        (old, new): value(registry, "pgleaderlock_transitions_total", from_state=old, to_state=new)
+        for old, new in [
+            ("stopped", "follower"),
+            ("follower", "acquiring"),
+            ("acquiring", "leader"),
+            ("leader", "releasing"),
+            ("releasing", "stopped"),
+        ]
+    }
+    assert set(transitions.values()) == {1}
+
+
+async def test_time_as_leader_is_live_and_accumulates(make_lock, registry):
+    clock = FakeClock()
+    lock = make_lock()
+    lock.plugins.register(MetricsPlugin(registry, clock=clock))
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    assert value(registry, "pgleaderlock_leader_duration_seconds") == 0
+
+    clock.now += 7.5  # read at scrape time: no event needed
+    assert value(registry, "pgleaderlock_leader_duration_seconds") == 7.5
+    assert value(registry, "pgleaderlock_leader_seconds_total") == 7.5
+
+    await lock.step_down()
+    clock.now += 100  # not leader: the total does not grow
+    assert value(registry, "pgleaderlock_leader_duration_seconds") == 0
+    assert value(registry, "pgleaderlock_leader_seconds_total") == 7.5
+
+    assert await lock.wait_for_leadership(5)  # no competitor: it takes the lock back
+    clock.now += 2.5
+    assert value(registry, "pgleaderlock_leader_duration_seconds") == 2.5
+    assert value(registry, "pgleaderlock_leader_seconds_total") == 10.0
+    assert value(registry, "pgleaderlock_acquired_total") == 2
+    assert value(registry, "pgleaderlock_released_total") == 1
+
+
+async def test_attempts_and_failures_under_contention(make_lock, server, registry, recorder):
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    lock = make_lock()
+    rec = recorder(lock)
+    lock.plugins.register(MetricsPlugin(registry))
+    await lock.start()
+    await rec.wait_event("acquire_failed", count=3)
+
+    failures = value(registry, "pgleaderlock_acquire_failures_total")
+    attempts = value(registry, "pgleaderlock_acquire_attempts_total")
+    assert failures >= 3
+    assert attempts - failures in (0, 1)  # an attempt may be in flight
+    assert value(registry, "pgleaderlock_is_leader") == 0
+    assert value(registry, "pgleaderlock_acquired_total") == 0
+
+    await holder.close()  # the holder goes away: the follower takes over
+    assert await lock.wait_for_leadership(5)
+    assert value(registry, "pgleaderlock_acquired_total") == 1
+    assert value(registry, "pgleaderlock_is_leader") == 1
+
+
+async def test_loss_and_errors_are_counted(make_lock, server, registry, recorder):
+    lock = make_lock()
+    rec = recorder(lock)
+    lock.plugins.register(MetricsPlugin(registry))
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+
+    server.refuse_connections = ConnectionError("server down")
+    server.terminate()
+    await rec.wait_event("lost")
+    await rec.wait_event("error", count=2)
+    assert value(registry, "pgleaderlock_lost_total") == 1
+    assert value(registry, "pgleaderlock_is_leader") == 0
+    assert value(registry, "pgleaderlock_errors_total", error="ConnectionError") >= 2
+    assert value(registry, "pgleaderlock_leader_duration_seconds") == 0
+
+    server.refuse_connections = None
+    assert await lock.wait_for_leadership(5)
+    assert value(registry, "pgleaderlock_acquired_total") == 2
+    assert (
+        value(registry, "pgleaderlock_transitions_total", from_state="leader", to_state="follower")
+        == 1
+    )
+
+
+async def test_one_plugin_many_locks_labelled_by_name(make_lock, server, registry):
+    plugin = MetricsPlugin(registry)
+    named = make_lock(name="billing-scheduler")
+    by_keys = LeaderLock(None, 3, -4, connect_fn=server.connect, load_plugins=False)
+    assert lock_label(named) == "billing-scheduler"
+    assert lock_label(by_keys) == "3,-4"
+    named.plugins.register(plugin)
+    by_keys.plugins.register(plugin)
+    try:
+        await named.start()
+        await by_keys.start()
+        assert await named.wait_for_leadership(5)
+        assert await by_keys.wait_for_leadership(5)
+        await by_keys.shutdown()
+        assert value(registry, "pgleaderlock_is_leader", "billing-scheduler") == 1
+        assert value(registry, "pgleaderlock_is_leader", "3,-4") == 0
+        assert value(registry, "pgleaderlock_released_total", "billing-scheduler") == 0
+        assert value(registry, "pgleaderlock_released_total", "3,-4") == 1
+    finally:
+        await by_keys.shutdown()
+
+
+async def test_exposition_reads_well(make_lock, registry):
+    lock = make_lock(name="nightly-report")
+    lock.plugins.register(MetricsPlugin(registry))
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    text = generate_latest(registry).decode()
+    assert "# TYPE pgleaderlock_is_leader gauge" in text
+    assert 'pgleaderlock_is_leader{lock="nightly-report"} 1.0' in text
+    assert 'pgleaderlock_state{lock="nightly-report",state="leader"} 1.0' in text
+    assert 'pgleaderlock_state{lock="nightly-report",state="follower"} 0.0' in text
+    assert "# TYPE pgleaderlock_acquired_total counter" in text
+    assert 'pgleaderlock_acquired_total{lock="nightly-report"} 1.0' in text
+
+
+def test_plugins_share_a_registry_and_clashes_are_reported(registry):
+    first = MetricsPlugin(registry)
+    second = MetricsPlugin(registry)  # same metrics, no "Duplicated timeseries"
+    assert first._collector is second._collector
+    MetricsPlugin(registry, namespace="other")  # another namespace: its own collector
+
+    clashing = CollectorRegistry()
+    Counter("pgleaderlock_acquired", "someone else's metric", registry=clashing)
+    with pytest.raises(ValueError, match="pgleaderlock_acquired"):
+        MetricsPlugin(clashing)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_core_never_imports_prometheus_client():
+    result = run_python(
+        """
+        import sys
+        import pgleaderlock, pgleaderlock.plugins
+        from pgleaderlock import LeaderLock
+        LeaderLock("postgresql://u@h/db", 1, 2)
+        assert "prometheus_client" not in sys.modules, "core imported prometheus_client"
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_missing_prometheus_client_names_the_extra():
+    result = run_python(
+        """
+        import sys
+        sys.modules["prometheus_client"] = None  # as if it were not installed
+        import pgleaderlock.plugins.metrics
+        """
+    )
+    assert result.returncode == 1
+    assert "pip install 'pgleaderlock[metrics]'" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("ImportError:")
+
+
+def test_entry_point_object_is_one_shared_plugin_on_the_default_registry():
+    result = run_python(
+        """
+        from prometheus_client import REGISTRY
+        from pgleaderlock.plugins import metrics
+        assert metrics.plugin is metrics.plugin
+        assert metrics.plugin.registry is REGISTRY
+        try:
+            metrics.nothing
+        except AttributeError:
+            pass
+        else:
+            raise AssertionError("no AttributeError")
+        """
+    )
+    assert result.returncode == 0, result.stderr
