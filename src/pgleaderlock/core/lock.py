@@ -298,6 +298,7 @@ class LeaderLock:
         self._watcher: asyncio.Task[None] | None = None
         self._leader_since: float | None = None
         self._leader_ready = False  # LEADER, and the transition's callbacks have run
+        self._stop_reported = False  # on_stopped has run for this run of the task
 
     # ------------------------------------------------------------------ construction
 
@@ -440,6 +441,7 @@ class LeaderLock:
             loop = asyncio.get_running_loop()
             self._stop_requested = self._release_requested = self._force_release = False
             self._give_up = False
+            self._stop_reported = False
             self._signal = asyncio.Event()  # a restart may run on another event loop
             self._started = loop.create_future()
             self._task = loop.create_task(
@@ -606,7 +608,7 @@ class LeaderLock:
                 await asyncio.gather(self._watcher, return_exceptions=True)
                 self._watcher = None
             await self._close_session()
-            if self._state is not LockState.STOPPED:
+            if not self._stop_reported:
                 await self._stop_abnormally()
             if not self._started.done():
                 self._started.set_result(None)
@@ -620,13 +622,17 @@ class LeaderLock:
         orderly stop in the first place.
         """
         old = self._state
-        self._set_state(LockState.STOPPED)
+        self._stop_reported = True
         try:
             async with asyncio.timeout(_ABNORMAL_STOP_CALLBACKS_S):
-                await self._emit("state_change", old=old, new=LockState.STOPPED)
+                if old is not LockState.STOPPED:
+                    self._set_state(LockState.STOPPED)
+                    await self._emit("state_change", old=old, new=LockState.STOPPED)
                 await self._emit("stopped")
         except (TimeoutError, asyncio.CancelledError):
             log.warning("stop_callbacks_abandoned", key1=self._key1, key2=self._key2)
+        finally:
+            self._state = LockState.STOPPED
 
     def _conditions(self) -> Conditions:
         return Conditions(
@@ -748,6 +754,7 @@ class LeaderLock:
             case Action.EMIT_STOPPED:
                 log.info("lock_stopped", key1=self._key1, key2=self._key2)
                 await self._emit("stopped")
+                self._stop_reported = True
 
     def _backoff(self, now: float) -> None:
         self._attempt += 1
