@@ -1,0 +1,558 @@
+"""APScheduler 3.x integration: singleton jobs across replicas.
+
+Install with ``pip install 'pgleaderlock[apscheduler]'``. Every replica runs the same
+scheduler configuration; each job runs on the leader only. Two shapes:
+
+- :func:`leader_only` wraps one job: on a follower the run is skipped with a log line.
+  For a coroutine job, a run in progress is cancelled when leadership is lost.
+- :func:`bind_scheduler` binds a whole scheduler: it is paused on followers and resumed
+  on the leader, so jobs are not even submitted on followers, and within a leadership
+  term ``misfire_grace_time``, ``coalesce`` and ``max_instances`` behave as APScheduler
+  documents. On resume, run times that fell due while this replica was a follower are
+  not replayed: they belonged to the leader of that time.
+
+With ``AsyncIOScheduler`` use a :class:`~pgleaderlock.LeaderLock` on the same event loop.
+With ``BackgroundScheduler`` (threads, no event loop) wrap the lock in
+:class:`ThreadedLeaderLock`, which runs it on an event loop in a dedicated thread.
+
+Example::
+
+    lock = LeaderLock.from_name("reports", dsn=DSN)
+    scheduler = AsyncIOScheduler()
+    scheduler.add_job(send_report, "cron", minute="*/5")
+    bind_scheduler(scheduler, lock)
+    scheduler.start()
+    await lock.start()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, ParamSpec, Self, TypeVar, overload
+
+try:
+    from apscheduler.events import EVENT_SCHEDULER_STARTED
+    from apscheduler.schedulers import SchedulerNotRunningError
+    from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides apscheduler
+    raise ImportError(
+        "pgleaderlock.integrations.apscheduler needs APScheduler 3.x: "
+        "install it with pip install 'pgleaderlock[apscheduler]'"
+    ) from exc
+
+from ..core._logging import get_logger
+from ..core.errors import ConfigurationError, ShutdownError
+from ..core.lock import LeaderLock
+from ..core.models import LockState
+from . import follow_state, lock_label
+
+__all__ = ["SchedulerBinding", "ThreadedLeaderLock", "bind_scheduler", "leader_only"]
+
+log = get_logger("pgleaderlock.integrations.apscheduler")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+CANCEL_TIMEOUT_S = 10.0
+"""How long the lock waits for a cancelled coroutine run of a ``leader_only`` job to end."""
+
+
+# ---------------------------------------------------------------------- a lock in a thread
+
+
+class ThreadedLeaderLock:
+    """Runs a :class:`~pgleaderlock.LeaderLock` on its own event loop in a dedicated thread.
+
+    For code without an event loop, such as ``BackgroundScheduler`` jobs. The lock's
+    callbacks run in that thread. :attr:`is_leader` and :attr:`state` may be read from
+    any thread (each is one attribute read); :meth:`wait_for_leadership` blocks the
+    calling thread.
+
+    Args:
+        lock: a lock that is not started yet; this object starts and shuts it down.
+        start_timeout_s: how long :meth:`start` waits for the thread's loop to start the
+            lock.
+
+    Example::
+
+        lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN))
+        with lock:                      # start(), and shutdown() on exit
+            scheduler = BackgroundScheduler()
+            bind_scheduler(scheduler, lock)
+            ...
+    """
+
+    def __init__(self, lock: LeaderLock, *, start_timeout_s: float = 30.0) -> None:
+        if not isinstance(lock, LeaderLock):
+            raise ConfigurationError(f"ThreadedLeaderLock needs a LeaderLock, got {lock!r}")
+        self._lock = lock
+        self._start_timeout_s = start_timeout_s
+        self._mutex = threading.Lock()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_timeout_s: float | None = None
+        self._error: BaseException | None = None
+        follow_state(lock, self._notify, first=False)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def lock(self) -> LeaderLock:
+        """The wrapped lock. Call its coroutines only on :attr:`loop`."""
+        return self._lock
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The lock thread's event loop while running, else ``None``."""
+        return self._loop
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and the end of :meth:`shutdown`."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def is_leader(self) -> bool:
+        """True while the lock is LEADER (thread-safe)."""
+        return self._lock.is_leader
+
+    @property
+    def state(self) -> LockState:
+        """The lock's state (thread-safe)."""
+        return self._lock.state
+
+    @property
+    def leader_since(self) -> float | None:
+        """``time.time()`` when the current leadership began, or ``None``."""
+        return self._lock.leader_since
+
+    @property
+    def name(self) -> str | None:
+        """The lock's name."""
+        return self._lock.name
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the thread and, in it, the lock. Idempotent.
+
+        Returns once the lock has started (as ``LeaderLock.start()``: acquisition goes
+        on in the background).
+
+        Raises:
+            TimeoutError: the thread did not start the lock within ``start_timeout_s``.
+            RuntimeError: started again after :meth:`shutdown`: each start runs a new
+                event loop, and a ``LeaderLock`` is bound to its first one; make a new
+                ``ThreadedLeaderLock`` with a new lock instead.
+        """
+        with self._mutex:
+            if self.running:
+                return
+            ready = threading.Event()
+            self._error = None
+            self._thread = threading.Thread(
+                target=self._main,
+                args=(ready,),
+                name=f"pgleaderlock:{lock_label(self._lock)}",
+                daemon=True,
+            )
+            self._thread.start()
+        if not ready.wait(self._start_timeout_s):
+            raise TimeoutError(f"the lock thread did not start within {self._start_timeout_s} s")
+        if self._error is not None:
+            self._join()
+            raise self._error
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Shut the lock down (releasing it), stop the loop and join the thread.
+        Idempotent.
+
+        Args:
+            timeout_s: as for ``LeaderLock.shutdown()``.
+
+        Raises:
+            ShutdownError: as ``LeaderLock.shutdown()``; the thread has ended anyway.
+            RuntimeError: when called from the lock's own thread (a callback): await
+                ``lock.shutdown()`` there instead.
+        """
+        with self._mutex:
+            thread, loop, stop = self._thread, self._loop, self._stop
+            if thread is None:
+                return
+            if threading.current_thread() is thread:
+                raise RuntimeError(
+                    "ThreadedLeaderLock.shutdown() was called from the lock's own thread; "
+                    "await lock.shutdown() there instead"
+                )
+            self._stop_timeout_s = timeout_s
+            if loop is not None and stop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop has already closed
+                    loop.call_soon_threadsafe(stop.set)
+        self._join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def step_down(self, timeout_s: float | None = None) -> None:
+        """``LeaderLock.step_down()`` on the lock's loop; blocks until it returns."""
+        loop = self._loop
+        if loop is None or not self.running:
+            return
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("step_down() from the lock's own thread: await it there")
+        asyncio.run_coroutine_threadsafe(self._lock.step_down(timeout_s), loop).result()
+
+    def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
+        """Block until the lock is LEADER.
+
+        Returns:
+            True once LEADER; False after ``timeout_s``, or when the lock is not running.
+        """
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._lock.is_leader or not self.running, timeout=timeout_s
+            )
+            return self._lock.is_leader
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<ThreadedLeaderLock {self._lock!r} running={self.running}>"
+
+    # ------------------------------------------------------------------ the thread
+
+    def _notify(self, old: LockState, new: LockState) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _join(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._mutex:
+            self._thread = None
+        with self._changed:
+            self._changed.notify_all()
+
+    def _main(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._serve(ready))
+        except BaseException as exc:  # pragma: no cover - asyncio.run itself failed
+            self._error = exc
+        finally:
+            self._loop = self._stop = None
+            ready.set()
+            with self._changed:
+                self._changed.notify_all()
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        stop = self._stop = asyncio.Event()
+        try:
+            await self._lock.start()
+        except Exception as exc:
+            self._error = exc
+            ready.set()
+            return
+        ready.set()
+        await stop.wait()
+        try:
+            await self._lock.shutdown(timeout_s=self._stop_timeout_s)
+        except ShutdownError as exc:
+            self._error = exc
+
+
+Leadership = LeaderLock | ThreadedLeaderLock
+"""What the APScheduler helpers accept: a lock, or a lock running in its own thread."""
+
+
+def _lock_of(source: Leadership) -> LeaderLock:
+    if isinstance(source, ThreadedLeaderLock):
+        return source.lock
+    if isinstance(source, LeaderLock):
+        return source
+    raise ConfigurationError(f"expected a LeaderLock or ThreadedLeaderLock, got {source!r}")
+
+
+# ---------------------------------------------------------------------- leader_only
+
+
+@dataclass
+class _Run:
+    loop: asyncio.AbstractEventLoop
+    task: asyncio.Task[Any]
+    lost: bool = False
+
+
+class _LeaderOnly:
+    """The decorator returned by :func:`leader_only`."""
+
+    def __init__(self, lock: LeaderLock) -> None:
+        self._lock = lock
+        self._mutex = threading.Lock()
+        self._runs: dict[asyncio.Task[Any], _Run] = {}
+        follow_state(lock, self._on_state_change)
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R | None]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        if not callable(fn):
+            raise ConfigurationError(f"leader_only needs a callable, got {fn!r}")
+        if inspect.iscoroutinefunction(fn):
+            return self._wrap_async(fn)
+        return self._wrap_sync(fn)
+
+    def _skip(self, fn: Callable[..., Any]) -> None:
+        log.info(
+            "job_skipped",
+            job=getattr(fn, "__qualname__", repr(fn)),
+            reason="not leader",
+            state=self._lock.state,
+            lock=lock_label(self._lock),
+        )
+
+    def _wrap_sync(self, fn: Callable[P, R]) -> Callable[P, R | None]:
+        @functools.wraps(fn)
+        def run_if_leader(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            if not self._lock.is_leader:
+                self._skip(fn)
+                return None
+            return fn(*args, **kwargs)
+
+        return run_if_leader
+
+    def _wrap_async(
+        self, fn: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]:
+        @functools.wraps(fn)
+        async def run_if_leader(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            loop = asyncio.get_running_loop()
+            with self._mutex:  # against a state change in the lock's thread
+                if not self._lock.is_leader:
+                    run = None
+                else:
+                    run = _Run(loop, loop.create_task(fn(*args, **kwargs)))
+                    self._runs[run.task] = run
+            if run is None:
+                self._skip(fn)
+                return None
+            try:
+                result: R = await run.task
+                return result
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if run.lost and run.task.cancelled() and current and not current.cancelling():
+                    log.warning(
+                        "job_cancelled",
+                        job=getattr(fn, "__qualname__", repr(fn)),
+                        reason="leadership lost",
+                        lock=lock_label(self._lock),
+                    )
+                    return None
+                raise
+            finally:
+                with self._mutex:
+                    self._runs.pop(run.task, None)
+
+        return run_if_leader
+
+    async def _on_state_change(self, old: LockState, new: LockState) -> None:
+        if old is not LockState.LEADER or new is LockState.LEADER:
+            return
+        with self._mutex:
+            runs = list(self._runs.values())
+            self._runs.clear()
+        here = asyncio.get_running_loop()
+        local: list[asyncio.Task[Any]] = []
+        for run in runs:
+            run.lost = True
+            if run.loop is here:
+                run.task.cancel()
+                local.append(run.task)
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop has closed: run is over
+                    run.loop.call_soon_threadsafe(run.task.cancel)
+        if local:
+            _, pending = await asyncio.wait(local, timeout=CANCEL_TIMEOUT_S)
+            if pending:
+                log.error(
+                    "job_ignores_cancel",
+                    jobs=len(pending),
+                    lock=lock_label(self._lock),
+                    timeout_s=CANCEL_TIMEOUT_S,
+                )
+
+
+def leader_only(lock: Leadership) -> _LeaderOnly:
+    """Decorator: run the job only while ``lock`` is LEADER; skip it, with a log line
+    (``job_skipped``, level INFO, logger ``pgleaderlock.integrations.apscheduler``), on
+    a follower.
+
+    Works with sync and ``async def`` jobs, under ``AsyncIOScheduler`` (async jobs on
+    the loop, sync jobs in its thread pool) and ``BackgroundScheduler``. Leadership is
+    checked when the run starts. For an ``async def`` job, a run in progress is
+    cancelled the moment the lock leaves LEADER (the wrapper then returns ``None`` and
+    logs ``job_cancelled``); a sync job cannot be interrupted, so a run in progress
+    finishes: keep sync jobs short, or check ``lock.is_leader`` between steps.
+
+    Args:
+        lock: a :class:`~pgleaderlock.LeaderLock` (same event loop as the scheduler) or
+            a :class:`ThreadedLeaderLock`.
+
+    Returns:
+        A decorator; the wrapped function returns the job's result, or ``None`` when
+        the run was skipped or cancelled.
+
+    Example::
+
+        @leader_only(lock)
+        async def send_report() -> None: ...
+
+        scheduler.add_job(send_report, "interval", minutes=5)
+    """
+    return _LeaderOnly(_lock_of(lock))
+
+
+# ---------------------------------------------------------------------- bind_scheduler
+
+
+class SchedulerBinding:
+    """Keeps a scheduler paused while the lock is not LEADER, running while it is.
+
+    Made by :func:`bind_scheduler`; see there. :meth:`sync` is safe from any thread.
+    """
+
+    def __init__(self, scheduler: Any, lock: Leadership, *, catch_up_s: float = 0.0) -> None:
+        if isinstance(catch_up_s, bool) or not (
+            isinstance(catch_up_s, int | float) and catch_up_s >= 0
+        ):
+            raise ConfigurationError(f"catch_up_s must be a number >= 0, got {catch_up_s!r}")
+        if not callable(getattr(scheduler, "pause", None)) or not hasattr(scheduler, "state"):
+            raise ConfigurationError(f"expected an APScheduler 3.x scheduler, got {scheduler!r}")
+        self._scheduler = scheduler
+        self._lock = _lock_of(lock)
+        self._catch_up = dt.timedelta(seconds=catch_up_s)
+        self._mutex = threading.RLock()  # scheduler listeners may call sync() again
+        self._closed = False
+        self._plugin = follow_state(self._lock, self._on_state_change)
+        scheduler.add_listener(self._on_scheduler_started, EVENT_SCHEDULER_STARTED)
+        self.sync()
+
+    @property
+    def scheduler(self) -> Any:
+        """The bound scheduler."""
+        return self._scheduler
+
+    @property
+    def active(self) -> bool:
+        """True while the scheduler is running (not paused) under this binding."""
+        return bool(self._scheduler.state == STATE_RUNNING)
+
+    def close(self) -> None:
+        """Stop following the lock; the scheduler stays as it is."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+        if self._lock.plugins.is_registered(self._plugin):
+            self._lock.plugins.unregister(self._plugin)
+        self._scheduler.remove_listener(self._on_scheduler_started)
+
+    def _on_state_change(self, old: LockState, new: LockState) -> None:
+        if LockState.LEADER in (old, new):
+            self.sync()
+
+    def _on_scheduler_started(self, event: Any) -> None:
+        self.sync()
+
+    def sync(self) -> None:
+        """Pause or resume the scheduler to match the lock's state now."""
+        with self._mutex:
+            if self._closed:
+                return
+            scheduler = self._scheduler
+            try:
+                if self._lock.is_leader:
+                    if scheduler.state == STATE_PAUSED:
+                        self._skip_followers_runs()
+                        scheduler.resume()
+                        log.info("scheduler_resumed", lock=lock_label(self._lock))
+                elif scheduler.state == STATE_RUNNING:
+                    scheduler.pause()
+                    log.info("scheduler_paused", lock=lock_label(self._lock))
+            except SchedulerNotRunningError:
+                pass  # shut down meanwhile: nothing to pause or resume
+
+    def _skip_followers_runs(self) -> None:
+        """Move every job whose next run time lies before the hand-over to its first
+        fire time at or after it (or remove it if it has none, like a past date job)."""
+        cutoff = dt.datetime.now(getattr(self._scheduler, "timezone", None) or dt.UTC)
+        cutoff -= self._catch_up
+        for job in self._scheduler.get_jobs():
+            next_run = job.next_run_time
+            if next_run is None or next_run >= cutoff:
+                continue  # paused by the user, or not due yet
+            upcoming = job.trigger.get_next_fire_time(None, cutoff)
+            if upcoming is None or upcoming < cutoff:
+                log.info("job_expired", job=job.id, reason="its only run time passed earlier")
+                job.remove()
+                continue
+            log.debug("job_fast_forwarded", job=job.id, was=next_run, now=upcoming)
+            job.modify(next_run_time=upcoming)
+
+
+def bind_scheduler(
+    scheduler: Any, lock: Leadership, *, catch_up_s: float = 0.0
+) -> SchedulerBinding:
+    """Run ``scheduler``'s jobs only on the leader: paused on followers, resumed on it.
+
+    Call it before or after ``scheduler.start()``: a scheduler that starts while the lock
+    is not LEADER is paused before it processes any job (and a lock that is never
+    started keeps it paused). The binding owns ``pause()``/``resume()`` from then on.
+
+    When the lock leaves LEADER the scheduler is paused at once: no new run starts. A
+    run already in progress is not interrupted (APScheduler cannot cancel one); decorate
+    coroutine jobs with :func:`leader_only` too if they must stop at once.
+
+    When the lock becomes LEADER, every job whose next run time has already passed is
+    first moved to its first fire time at or after now (minus ``catch_up_s``): those
+    runs belonged to the previous leader, which may already have run them. Then the
+    scheduler resumes, and APScheduler's own rules (``misfire_grace_time``,
+    ``coalesce``, ``max_instances``) apply. Give interval triggers an explicit
+    ``start_date`` (or use cron triggers) so that every replica computes the same run
+    times.
+
+    Args:
+        scheduler: an APScheduler 3.x scheduler (``AsyncIOScheduler`` with a lock on the
+            same loop, ``BackgroundScheduler`` with a :class:`ThreadedLeaderLock`, ...).
+        lock: the lock, or a :class:`ThreadedLeaderLock`.
+        catch_up_s: run times up to this many seconds before the hand-over are left to
+            APScheduler's misfire handling instead of being skipped. That closes the gap
+            of a slow failover, at the price that such a run may execute on both the old
+            and the new leader. Default 0: each run time runs at most once.
+
+    Returns:
+        The binding (keep it to :meth:`~SchedulerBinding.close` it).
+    """
+    return SchedulerBinding(scheduler, lock, catch_up_s=catch_up_s)

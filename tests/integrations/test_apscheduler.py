@@ -1,0 +1,386 @@
+"""The APScheduler integration in one process: ``leader_only`` (skip on followers, cancel
+a coroutine run on loss), ``bind_scheduler`` (pause/resume, no replay of the previous
+leader's runs), ``ThreadedLeaderLock`` with ``BackgroundScheduler`` on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import importlib
+import inspect
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_SCHEDULER_PAUSED,
+    EVENT_SCHEDULER_RESUMED,
+)
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
+from apscheduler.triggers.interval import IntervalTrigger
+
+from pgleaderlock import ConfigurationError, FixedInterval, LeaderLock, LockState
+from pgleaderlock.integrations.apscheduler import (
+    ThreadedLeaderLock,
+    bind_scheduler,
+    leader_only,
+)
+
+S = LockState
+pytestmark = pytest.mark.timeout(60)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(event)]
+
+
+@pytest.fixture
+async def leader_and_follower(fake_lock):
+    a, b = fake_lock(), fake_lock()
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    await until(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
+    return a, b
+
+
+@pytest.fixture
+async def scheduler():
+    sched = AsyncIOScheduler()
+    yield sched
+    if sched.running:
+        sched.shutdown(wait=False)
+        await asyncio.sleep(0.01)  # its shutdown runs on the loop
+
+
+# ---------------------------------------------------------------------- leader_only
+
+
+async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(leader_and_follower, caplog):
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+    a, b = leader_and_follower
+
+    def sync_job(x: int) -> int:
+        return x * 2
+
+    async def async_job(x: int) -> int:
+        return x * 3
+
+    assert leader_only(a)(sync_job)(2) == 4
+    assert await leader_only(a)(async_job)(2) == 6
+    assert leader_only(b)(sync_job)(2) is None
+    assert await leader_only(b)(async_job)(2) is None
+    skipped = messages(caplog, "job_skipped")
+    assert len(skipped) == 2
+    assert 'reason="not leader"' in skipped[0]
+    wrapped = leader_only(a)(async_job)
+    assert inspect.iscoroutinefunction(wrapped)  # AsyncIOScheduler runs it on the loop
+    assert wrapped.__name__ == "async_job"
+    with pytest.raises(ConfigurationError):
+        leader_only(object())  # type: ignore[arg-type]
+
+
+async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
+    fake_lock, server, caplog
+):
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+    lock = fake_lock()
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    started = asyncio.Event()
+    state_at_cancel: list[LockState] = []
+
+    @leader_only(lock)
+    async def long_job() -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            state_at_cancel.append(lock.state)
+            raise
+        return "done"
+
+    run = asyncio.create_task(long_job())
+    await started.wait()
+    server.terminate()  # the server frees the lock behind our back
+    assert await asyncio.wait_for(run, 10) is None
+    assert state_at_cancel
+    assert state_at_cancel[0] is not S.LEADER
+    assert len(messages(caplog, "job_cancelled")) == 1
+
+
+async def test_leader_only_lets_the_schedulers_own_cancellation_through(fake_lock):
+    lock = fake_lock()
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @leader_only(lock)
+    async def long_job() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    run = asyncio.create_task(long_job())
+    await started.wait()
+    run.cancel()  # what AsyncIOExecutor.shutdown() does
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert cancelled.is_set()
+    assert lock.is_leader
+
+
+async def test_leader_only_job_cancelled_under_asyncio_scheduler_is_not_an_error(
+    fake_lock, server, scheduler
+):
+    lock = fake_lock()
+    errors, executed = [], []
+    scheduler.add_listener(errors.append, EVENT_JOB_ERROR)
+    scheduler.add_listener(executed.append, EVENT_JOB_EXECUTED)
+    started = asyncio.Event()
+
+    @leader_only(lock)
+    async def long_job() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    scheduler.add_job(long_job, "date", run_date=dt.datetime.now(dt.UTC))
+    scheduler.start()
+    async with asyncio.timeout(10):
+        await started.wait()
+    server.terminate()
+    await until(lambda: executed)
+    assert errors == []
+    assert executed[0].retval is None
+
+
+# ---------------------------------------------------------------------- bind_scheduler
+
+
+async def test_bound_scheduler_is_paused_on_a_follower_and_resumed_on_the_leader(
+    leader_and_follower, scheduler
+):
+    a, b = leader_and_follower
+    events: list[str] = []
+    scheduler.add_listener(lambda e: events.append("paused"), EVENT_SCHEDULER_PAUSED)
+    scheduler.add_listener(lambda e: events.append("resumed"), EVENT_SCHEDULER_RESUMED)
+    runs: list[float] = []
+    scheduler.add_job(lambda: runs.append(time.time()), "interval", seconds=0.05)
+    binding = bind_scheduler(scheduler, b)  # before start: it pauses on start
+    scheduler.start()
+    assert scheduler.state == STATE_PAUSED
+    assert not binding.active
+    await asyncio.sleep(0.3)
+    assert runs == []
+
+    await a.shutdown()  # b takes over
+    await until(lambda: len(runs) >= 3)
+    assert binding.active
+    assert events == ["paused", "resumed"]
+
+    await b.step_down()  # no competitor: b pauses, then leads again
+    await until(lambda: events.count("resumed") == 2)
+    assert events == ["paused", "resumed", "paused", "resumed"]
+    await b.shutdown()
+    assert scheduler.state == STATE_PAUSED
+
+
+async def test_bind_after_start_pauses_at_once(leader_and_follower, scheduler):
+    _, b = leader_and_follower
+    runs: list[float] = []
+    scheduler.add_job(lambda: runs.append(time.time()), "interval", seconds=0.05)
+    scheduler.start()
+    bind_scheduler(scheduler, b)
+    assert scheduler.state == STATE_PAUSED
+    await asyncio.sleep(0.2)
+    assert runs == []
+
+
+@pytest.mark.parametrize("catch_up_s", [0.0, 30.0])
+async def test_resume_does_not_replay_the_previous_leaders_runs(
+    leader_and_follower, scheduler, catch_up_s
+):
+    a, b = leader_and_follower
+    scheduled: list[dt.datetime] = []
+    scheduler.add_listener(lambda e: scheduled.append(e.scheduled_run_time), EVENT_JOB_EXECUTED)
+    trigger = IntervalTrigger(seconds=0.1, start_date=dt.datetime.now(dt.UTC))
+    # The settings that would replay every run time that fell due while paused:
+    scheduler.add_job(lambda: None, trigger, coalesce=False, misfire_grace_time=None)
+    scheduler.add_job(lambda: None, "cron", second="*", coalesce=False, misfire_grace_time=None)
+    bind_scheduler(scheduler, b, catch_up_s=catch_up_s)
+    scheduler.start()
+    await asyncio.sleep(0.6)  # ~6 run times fall due while b follows (a "runs" them)
+    assert scheduled == []
+
+    await a.shutdown()
+    assert await b.wait_for_leadership(5)
+    took_over = dt.datetime.fromtimestamp(b.leader_since, dt.UTC)
+    await until(lambda: len(scheduled) >= 3)
+    before = [t for t in scheduled if t < took_over]
+    if catch_up_s:
+        assert len(before) >= 4  # replayed, as misfire_grace_time=None asks
+    else:
+        assert before == []  # each of those belonged to the previous leader
+
+
+async def test_a_date_job_that_passed_while_following_is_dropped(leader_and_follower, scheduler):
+    a, b = leader_and_follower
+    runs: list[str] = []
+    scheduler.add_job(
+        lambda: runs.append("ran"),
+        "date",
+        run_date=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.1),
+        misfire_grace_time=None,
+        id="once",
+    )
+    bind_scheduler(scheduler, b)
+    scheduler.start()
+    await asyncio.sleep(0.3)
+    await a.shutdown()
+    assert await b.wait_for_leadership(5)
+    await asyncio.sleep(0.2)
+    assert runs == []
+    assert scheduler.get_job("once") is None
+
+
+async def test_binding_close_and_validation(leader_and_follower, scheduler):
+    _, b = leader_and_follower
+    binding = bind_scheduler(scheduler, b)
+    binding.close()
+    scheduler.start()
+    assert scheduler.state == STATE_RUNNING  # no longer bound
+    with pytest.raises(ConfigurationError):
+        bind_scheduler(scheduler, b, catch_up_s=-1)
+    with pytest.raises(ConfigurationError):
+        bind_scheduler(object(), b)
+
+
+def test_missing_apscheduler_names_the_extra(monkeypatch):
+    for name in [m for m in sys.modules if m == "apscheduler" or m.startswith("apscheduler.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "apscheduler", None)
+    monkeypatch.delitem(sys.modules, "pgleaderlock.integrations.apscheduler")
+    with pytest.raises(ImportError, match=r"pip install 'pgleaderlock\[apscheduler\]'"):
+        importlib.import_module("pgleaderlock.integrations.apscheduler")
+
+
+# ---------------------------------------------------------------------- threads, real server
+
+FAST_PG = {
+    "retry_strategy": FixedInterval(0.05),
+    "health_interval_s": 0.2,
+    "health_timeout_s": 1.0,
+    "connect_timeout_s": 3.0,
+    "command_timeout_s": 2.0,
+}
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def lock_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pgleaderlock:")]
+
+
+@pytest.mark.integration
+def test_threaded_locks_with_background_schedulers(pg_dsn, lock_name):
+    runs: list[tuple[str, str]] = []
+    replicas: dict[str, tuple[ThreadedLeaderLock, BackgroundScheduler]] = {}
+    try:
+        for label in ("a", "b"):
+            lock = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG))
+            assert lock.wait_for_leadership(0) is False  # not started
+            sched = BackgroundScheduler()
+
+            def bound_job(label: str = label) -> None:
+                runs.append(("bound", label))
+
+            def guarded_job(label: str = label, lock: ThreadedLeaderLock = lock) -> None:
+                runs.append(("leader_only", label))
+
+            sched.add_job(bound_job, "interval", seconds=0.05)
+            other = BackgroundScheduler()
+            other.add_job(leader_only(lock)(guarded_job), "interval", seconds=0.05)
+            bind_scheduler(sched, lock)
+            replicas[label] = (lock, sched)
+            lock.start()
+            lock.start()  # idempotent
+            sched.start()
+            other.start()
+            replicas[label + "-other"] = (lock, other)
+
+        a_lock, b_lock = replicas["a"][0], replicas["b"][0]
+        wait_until(lambda: a_lock.is_leader or b_lock.is_leader)
+        first, second = ("a", "b") if a_lock.is_leader else ("b", "a")
+        assert replicas[first][0].wait_for_leadership(5)
+        wait_until(lambda: len(runs) >= 10)
+        assert {label for _, label in runs} == {first}
+        assert {kind for kind, _ in runs} == {"bound", "leader_only"}
+
+        replicas[first][0].step_down(timeout_s=10)  # from the main thread
+        assert replicas[second][0].wait_for_leadership(20)
+        mark = len(runs)
+        wait_until(lambda: len({(k, lbl) for k, lbl in runs[mark + 2 :] if lbl == second}) == 2)
+        wait_until(lambda: len(runs) >= mark + 20)
+        assert {label for _, label in runs[-10:]} == {second}
+    finally:
+        for _, sched in replicas.values():
+            if sched.running:
+                sched.shutdown(wait=True)
+        for lock, _ in replicas.values():
+            lock.shutdown(timeout_s=10)
+            lock.shutdown()  # idempotent
+    for lock, _ in replicas.values():
+        assert lock.state is S.STOPPED
+        assert not lock.running
+        assert lock.wait_for_leadership(0) is False
+    assert lock_threads() == []
+
+
+@pytest.mark.integration
+def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn, lock_name):
+    threaded = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG))
+    errors: list[BaseException] = []
+
+    @threaded.lock.on_acquired
+    def acquired() -> None:
+        try:
+            threaded.shutdown()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    with threaded:
+        assert threaded.wait_for_leadership(20)
+        assert threaded.loop is not None
+        wait_until(lambda: bool(errors))
+    assert "own thread" in str(errors[0])
+    assert threaded.loop is None
+    assert lock_threads() == []
+    errors.clear()
+    with threaded:  # it starts again, on a new thread and event loop
+        assert threaded.wait_for_leadership(20)
+        wait_until(lambda: bool(errors))
+    assert not threaded.running
+    assert lock_threads() == []

@@ -1,0 +1,294 @@
+"""LeaderTasks on the in-memory FakeServer: tasks run only while LEADER, stop at once
+when the lock leaves LEADER (before an unlock), restart on re-acquisition and after
+crashes, and never outlive the lock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import pytest
+
+from pgleaderlock import ConfigurationError, FixedInterval, LockState, RetryContext
+from pgleaderlock.integrations import LeaderTasks
+
+S = LockState
+pytestmark = pytest.mark.timeout(30)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+class Probe:
+    """A leader task that records its runs and checks, on every step, that its lock is
+    LEADER; at its end it records whether the lock was still held on the server."""
+
+    def __init__(self, lock, server=None) -> None:
+        self.lock = lock
+        self.server = server
+        self.starts = 0
+        self.stops = 0
+        self.violations: list[LockState] = []
+        self.held_at_stop: list[bool] = []
+
+    async def run(self) -> None:
+        self.starts += 1
+        try:
+            while True:
+                if self.lock.state is not S.LEADER:
+                    self.violations.append(self.lock.state)
+                await asyncio.sleep(0.002)
+        finally:
+            self.stops += 1
+            if self.server is not None:
+                holder = self.server.holder(*self.lock.keys)
+                self.held_at_stop.append(
+                    holder is not None and holder.backend_pid == self.lock.backend_pid
+                )
+
+
+async def test_runs_while_leader_stops_before_unlock_and_restarts(fake_lock, server):
+    lock = fake_lock()
+    tasks = LeaderTasks(lock)
+    probe = Probe(lock, server)
+    tasks.add(probe.run, name="probe")
+    assert tasks.running == []
+    await lock.start()
+    await until(lambda: probe.starts == 1)
+    assert tasks.running == ["probe"]
+
+    await lock.step_down()
+    assert probe.stops == 1
+    assert probe.held_at_stop == [True], "the task must have ended before the unlock"
+    assert tasks.running == []
+
+    await until(lambda: probe.starts == 2)  # no competitor: the lock comes back
+    await lock.shutdown()
+    assert probe.stops == 2
+    assert probe.held_at_stop == [True, True]
+    assert probe.violations == []
+    await tasks.stop()
+
+
+async def test_tasks_stop_before_callbacks_registered_earlier_run(fake_lock):
+    lock = fake_lock()
+    probe = Probe(lock)
+    seen_by_callback: list[int] = []
+
+    @lock.on_state_change
+    def before_tasks(old: LockState, new: LockState) -> None:
+        if old is S.LEADER:
+            seen_by_callback.append(probe.stops)
+
+    tasks = LeaderTasks(lock)  # registered after the callback, runs before it
+    tasks.add(probe.run)
+    await lock.start()
+    await until(lambda: probe.starts == 1)
+    await lock.step_down()
+    assert seen_by_callback == [1]
+    await tasks.close()
+    await until(lambda: lock.is_leader)
+    await asyncio.sleep(0.05)
+    assert probe.starts == 1  # closed: never started again
+
+
+async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
+    fake_lock, server, recorder
+):
+    lock = fake_lock(reconnect_grace_s=10)
+    rec = recorder(lock)
+    tasks = LeaderTasks(lock)
+    probe = Probe(lock)
+    tasks.add(probe.run)
+    await lock.start()
+    await until(lambda: probe.starts == 1)
+
+    server.terminate()  # like pg_terminate_backend on the leader's session
+    await until(lambda: probe.starts == 2)
+    assert probe.stops == 1
+    assert S.RECONNECTING in rec.states()
+    assert "lost" not in rec.names()  # flap damping: leadership recovered silently
+    assert probe.violations == []
+    await lock.shutdown()
+    await tasks.stop()
+
+
+async def test_failover_between_two_locks(fake_lock, server):
+    a, b = fake_lock(), fake_lock()
+    probes = {}
+    for lock in (a, b):
+        probes[lock] = Probe(lock)
+        LeaderTasks(lock).add(probes[lock].run, name="work")
+    await a.start()
+    await until(lambda: probes[a].starts == 1)
+    await b.start()
+    await asyncio.sleep(0.1)
+    assert probes[b].starts == 0, "a follower ran a leader task"
+
+    server.terminate()
+    await until(lambda: probes[b].starts == 1 and probes[a].stops == 1)
+    await asyncio.sleep(0.1)
+    assert b.is_leader
+    assert probes[a].starts == 1  # a is a follower now
+    assert probes[a].violations == probes[b].violations == []
+
+
+async def test_crash_is_restarted_and_leadership_untouched(fake_lock, recorder, caplog):
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+    lock = fake_lock()
+    rec = recorder(lock)
+    tasks = LeaderTasks(lock, retry_strategy=FixedInterval(0.01))
+    calls = 0
+    running = asyncio.Event()
+
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise RuntimeError(f"boom {calls}")
+        running.set()
+        await asyncio.Event().wait()
+
+    tasks.add(flaky)
+    await lock.start()
+    async with asyncio.timeout(10):
+        await running.wait()
+    assert calls == 4
+    assert lock.is_leader
+    assert rec.names() == ["acquired"]
+    crashes = [r for r in caplog.records if r.getMessage().startswith("leader_task_crashed")]
+    assert len(crashes) == 3
+    assert "attempt=3" in crashes[-1].getMessage()
+    assert crashes[0].exc_info is not None
+
+
+async def test_retry_strategy_none_gives_the_task_up(fake_lock, caplog):
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+
+    class Never:
+        def next_delay_s(self, ctx: RetryContext) -> float | None:
+            assert isinstance(ctx.last_error, ValueError)
+            return None
+
+    lock = fake_lock()
+    tasks = LeaderTasks(lock, retry_strategy=Never())
+    calls = 0
+
+    async def broken() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("no")
+
+    tasks.add(broken)
+    await lock.start()
+    await until(lambda: any("leader_task_gave_up" in r.getMessage() for r in caplog.records))
+    await asyncio.sleep(0.05)
+    assert calls == 1
+    assert lock.is_leader
+    assert tasks.running == []
+
+
+async def test_finished_task_runs_once_per_term(fake_lock):
+    lock = fake_lock()
+    tasks = LeaderTasks(lock)
+    runs = 0
+
+    @tasks.task
+    async def once() -> None:
+        nonlocal runs
+        runs += 1
+
+    await lock.start()
+    await until(lambda: runs == 1)
+    await asyncio.sleep(0.1)
+    assert runs == 1
+    await lock.step_down()
+    await until(lambda: runs == 2)
+
+
+async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(fake_lock, caplog):
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+    lock = fake_lock()
+    tasks = LeaderTasks(lock, cancel_timeout_s=0.2)
+    release = asyncio.Event()
+    starts = 0
+
+    @tasks.task(name="stubborn")
+    async def stubborn() -> None:
+        nonlocal starts
+        starts += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # ignores the cancellation until released
+            raise
+
+    await lock.start()
+    await until(lambda: starts == 1)
+    await lock.step_down()  # returns after the bounded wait
+    assert any("leader_task_ignores_cancel" in r.getMessage() for r in caplog.records)
+    assert await lock.wait_for_leadership(5)
+    await until(lambda: any("leader_task_not_started" in r.getMessage() for r in caplog.records))
+    assert starts == 1, "a second copy started while the first was still running"
+
+    release.set()
+    await asyncio.sleep(0.05)
+    await lock.step_down()
+    await until(lambda: starts == 2)
+    await lock.shutdown()
+    release.set()
+    await tasks.stop()
+    assert tasks.running == []
+
+
+async def test_lock_task_ending_abnormally_cancels_the_tasks(fake_lock):
+    lock = fake_lock()
+    tasks = LeaderTasks(lock)
+    probe = Probe(lock)
+    tasks.add(probe.run)
+    await lock.start()
+    await until(lambda: probe.starts == 1)
+    lock._task.cancel()  # what shutdown(timeout_s) does when the task is stuck
+    await until(lambda: probe.stops == 1)
+    await tasks.stop()
+    assert tasks.running == []
+
+
+async def test_add_while_leading_starts_at_once(fake_lock):
+    lock = fake_lock()
+    tasks = LeaderTasks(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    probe = Probe(lock)
+    tasks.add(probe.run)
+    await until(lambda: probe.starts == 1)
+    await lock.shutdown()
+    assert probe.stops == 1
+
+
+async def test_registration_is_checked(fake_lock):
+    lock = fake_lock()
+    tasks = LeaderTasks(lock)
+
+    def not_async() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="coroutine function"):
+        tasks.add(not_async)  # type: ignore[arg-type]
+
+    async def job() -> None:
+        pass
+
+    tasks.add(job)
+    with pytest.raises(ConfigurationError, match="already registered"):
+        tasks.add(job)
+    tasks.add(job, name="job-2")
+    assert tasks.names == ["job", "job-2"]
+    with pytest.raises(ConfigurationError):
+        LeaderTasks(lock, cancel_timeout_s=0)
+    with pytest.raises(ConfigurationError):
+        LeaderTasks(object())  # type: ignore[arg-type]
