@@ -2,14 +2,26 @@
 ``pgleaderlock.backends``.
 
 A backend is a :class:`~pgleaderlock.core.session.Backend` object. The built-in ones
-are declared in pgleaderlock's own ``pyproject.toml``; a third-party distribution
-registers its own the same way::
+(``psycopg``, ``asyncpg``, ``sqlalchemy``) are declared in pgleaderlock's own
+``pyproject.toml``; a third-party distribution registers its own the same way::
 
     [project.entry-points."pgleaderlock.backends"]
     mydriver = "mypackage.pgleaderlock_backend:backend"
 
 Backends are imported lazily, when first asked for, so a missing optional driver only
 matters to the lock that wants it.
+
+How ``LeaderLock(dsn, ..., backend=None)`` picks one (:func:`resolve`):
+
+1. ``backend="name"`` wins. A DSN string is passed to it unchanged, except that a
+   ``+name`` in its scheme is removed (``postgresql+asyncpg://`` -> ``postgresql://``
+   for the asyncpg backend). A backend whose ``claims`` accepts the string (the
+   sqlalchemy backend with ``postgresql+asyncpg://``) gets it as it is.
+2. Else a ``postgresql+DRIVER://`` scheme names the backend (``+asyncpg`` -> asyncpg,
+   ``+psycopg`` -> psycopg).
+3. Else an object that is not a string goes to the backend that claims it (a
+   SQLAlchemy ``AsyncEngine`` -> sqlalchemy).
+4. Else psycopg.
 """
 
 from __future__ import annotations
@@ -21,7 +33,15 @@ from importlib.metadata import EntryPoint, entry_points
 from ..core.errors import BackendUnavailableError, ConfigurationError
 from ..core.session import Backend, LockSession
 
-__all__ = ["DEFAULT", "available", "get", "registered", "resolve", "wrap_connection"]
+__all__ = [
+    "DEFAULT",
+    "available",
+    "get",
+    "refresh",
+    "registered",
+    "resolve",
+    "wrap_connection",
+]
 
 GROUP = "pgleaderlock.backends"
 DEFAULT = "psycopg"
@@ -38,9 +58,23 @@ def _entry_points() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
+def refresh() -> None:
+    """Forget what was discovered and loaded, so that the next call reads the entry
+    points again (after installing a backend into a running interpreter, or in tests)."""
+    _load.cache_clear()
+    _entry_points.cache_clear()
+
+
 def registered() -> list[str]:
     """Names of every registered backend, importable here or not."""
     return sorted(_entry_points())
+
+
+def _install_hint(name: str, ep: EntryPoint) -> str:
+    hint = _EXTRAS.get(name)
+    if hint is None and ep.dist is not None:
+        hint = ep.dist.name
+    return hint or f"the package providing {name!r}"
 
 
 @cache
@@ -49,20 +83,28 @@ def _load(name: str) -> Backend:
     if name not in eps:
         raise BackendUnavailableError(
             f"unknown backend {name!r}; registered backends: {', '.join(registered()) or 'none'}"
+            f" (installed and importable: {', '.join(available()) or 'none'})"
         )
+    ep = eps[name]
     try:
-        backend = eps[name].load()
+        backend = ep.load()
     except ImportError as exc:
-        hint = _EXTRAS.get(name)
-        dist = eps[name].dist
-        install = hint or (dist.name if dist is not None else f"the package providing {name!r}")
         raise BackendUnavailableError(
             f"backend {name!r} needs a driver that is not installed ({exc}); "
-            f"install it with: pip install '{install}'"
+            f"install it with: pip install '{_install_hint(name, ep)}'"
+        ) from exc
+    except Exception as exc:  # a broken third-party backend must not break the others
+        raise BackendUnavailableError(
+            f"backend {name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(backend, Backend):
         raise BackendUnavailableError(
             f"entry point {name!r} of group {GROUP!r} gave {backend!r}, not a Backend"
+        )
+    if backend.name != name:
+        raise BackendUnavailableError(
+            f"entry point {name!r} of group {GROUP!r} gave a Backend named "
+            f"{backend.name!r}; the names must match"
         )
     return backend
 
@@ -94,10 +136,12 @@ def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
 
     An explicit ``name`` wins; else a ``postgresql+DRIVER://`` scheme names the backend
     (the ``+DRIVER`` part is removed); else a backend that claims a non-string ``dsn``
-    (a SQLAlchemy ``AsyncEngine``); else the default, psycopg.
+    (a SQLAlchemy ``AsyncEngine``); else the default, psycopg. See the module docstring
+    for the details.
 
     Raises:
-        ConfigurationError: no usable DSN.
+        ConfigurationError: no usable DSN, or a DSN scheme that names another backend
+            than ``name``.
         BackendUnavailableError: unknown backend or missing driver.
     """
     if name is not None and not isinstance(name, str):
@@ -117,16 +161,34 @@ def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
     if not dsn.strip():
         raise ConfigurationError("a DSN is required when connect_fn is not given")
     match = _SCHEME.match(dsn)
-    driver_dsn = dsn
-    if match:
-        driver_dsn = f"{match.group('base')}://{dsn[match.end() :]}"
-        if name is None:
-            name = match.group("driver").lower()
-    return get(name or DEFAULT), driver_dsn
+    if name is not None:
+        backend = get(name)
+        if backend.claims is not None and backend.claims(dsn):
+            return backend, dsn  # e.g. sqlalchemy with postgresql+asyncpg://
+        if match is None:
+            return backend, dsn
+        driver = match.group("driver").lower()
+        if driver != name.lower():
+            raise ConfigurationError(
+                f"the DSN scheme {match.group('base')}+{driver}:// asks for backend "
+                f"{driver!r}, but backend={name!r} was given; drop one of the two"
+            )
+        return backend, f"{match.group('base')}://{dsn[match.end() :]}"
+    if match is None:
+        return get(DEFAULT), dsn
+    driver = match.group("driver").lower()
+    if driver not in _entry_points():
+        raise BackendUnavailableError(
+            f"the DSN scheme {match.group('base')}+{driver}:// names backend {driver!r}, "
+            f"which is not registered; registered backends: {', '.join(registered())}"
+        )
+    return get(driver), f"{match.group('base')}://{dsn[match.end() :]}"
 
 
 def wrap_connection(obj: object) -> LockSession:
-    """Adapt what a ``connect_fn`` returned: a LockSession, or a raw driver connection."""
+    """Adapt what a ``connect_fn`` returned: a LockSession, or a raw driver connection
+    (psycopg ``AsyncConnection``, asyncpg ``Connection``, SQLAlchemy ``AsyncConnection``,
+    or whatever a third-party backend's ``wrap`` accepts)."""
     if isinstance(obj, LockSession):
         return obj
     for name in available():

@@ -663,9 +663,7 @@ class LeaderLock:
         self._leader_ready = False
         if new is LockState.LEADER:
             self._leader_since = time.time()
-        # A follower goes FOLLOWER <-> ACQUIRING once per attempt: not news.
-        routine = {old, new} == {LockState.FOLLOWER, LockState.ACQUIRING}
-        (log.debug if routine else log.info)(
+        log.info(
             "state_change",
             **{"from": old, "to": new},
             key1=self._key1,
