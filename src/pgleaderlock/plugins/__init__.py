@@ -1,0 +1,17 @@
+"""Plugins bundled with pgleaderlock.
+
+A plugin is an object whose methods implement the hookspecs of
+:class:`pgleaderlock.core.hooks.LockHookSpec`, marked with :func:`pgleaderlock.hookimpl`,
+and registered on a lock with ``lock.plugins.register(plugin)`` (or for every lock of
+the process through the ``pgleaderlock.plugins`` entry-point group).
+
+Bundled plugins, each in its own module so that importing this package imports no
+optional dependency:
+
+- :mod:`pgleaderlock.plugins.metrics`: Prometheus counters and gauges
+  (``pip install 'pgleaderlock[metrics]'``).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

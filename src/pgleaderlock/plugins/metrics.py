@@ -1,0 +1,302 @@
+"""Prometheus metrics for leader election: a plugin built on the lock's hooks.
+
+Install the extra, then register the plugin on each lock (one instance may serve any
+number of locks)::
+
+    pip install 'pgleaderlock[metrics]'
+
+    from prometheus_client import start_http_server
+    from pgleaderlock.plugins.metrics import MetricsPlugin
+
+    metrics = MetricsPlugin()              # the default prometheus_client registry
+    lock.plugins.register(metrics)
+    start_http_server(9100)
+
+Every series carries the label ``lock``: the lock's name (``LeaderLock.from_name``), or
+``"key1,key2"`` for a lock made from keys. The metrics, with the default namespace
+``pgleaderlock``:
+
+=========================================== ======= ==========================================
+``pgleaderlock_is_leader``                  gauge   1 while this process holds the lock
+``pgleaderlock_state{state=...}``           gauge   1 for the current state, 0 for the others
+``pgleaderlock_leader_duration_seconds``    gauge   length of the current leadership, 0 if none
+``pgleaderlock_leader_seconds_total``       counter total time spent as leader (live)
+``pgleaderlock_transitions_total``          counter state changes, by ``from_state`` and
+                                                    ``to_state``
+``pgleaderlock_acquired_total``             counter leadership acquired
+``pgleaderlock_lost_total``                 counter leadership lost involuntarily
+``pgleaderlock_released_total``             counter leadership given up (step_down/shutdown)
+``pgleaderlock_acquire_attempts_total``     counter acquisition attempts (entries into
+                                                    ACQUIRING)
+``pgleaderlock_acquire_failures_total``     counter attempts that found the lock held elsewhere
+``pgleaderlock_errors_total{error=...}``    counter errors reported to ``on_error``, by type
+=========================================== ======= ==========================================
+
+The values are computed when the registry is scraped, so the time metrics are current
+at every scrape. Importing this module needs ``prometheus_client``; the rest of
+pgleaderlock never imports it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError(
+        "pgleaderlock.plugins.metrics needs prometheus_client, which is not installed; "
+        "install it with: pip install 'pgleaderlock[metrics]'"
+    ) from exc
+
+from ..core.hooks import hookimpl
+from ..core.models import LockState
+
+if TYPE_CHECKING:
+    from ..core.lock import LeaderLock
+
+__all__ = ["MetricsPlugin", "lock_label"]
+
+DEFAULT_NAMESPACE = "pgleaderlock"
+
+_Family = CounterMetricFamily | GaugeMetricFamily
+
+
+def lock_label(lock: LeaderLock) -> str:
+    """The value of the ``lock`` label: the lock's name, else ``"key1,key2"``."""
+    if lock.name is not None:
+        return lock.name
+    key1, key2 = lock.keys
+    return f"{key1},{key2}"
+
+
+@dataclass
+class _Stats:
+    """What the plugin knows about one lock (one value of the ``lock`` label)."""
+
+    state: LockState = LockState.STOPPED
+    transitions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    acquired: int = 0
+    lost: int = 0
+    released: int = 0
+    attempts: int = 0
+    failures: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    leader_seconds: float = 0.0
+    leader_since: float | None = None  # clock() when the current leadership began
+
+
+class _LockCollector:
+    """One collector per (registry, namespace): every plugin on that registry shares it,
+    so registering several plugins, or one plugin on many locks, never duplicates a
+    time series."""
+
+    def __init__(self, namespace: str, clock: Callable[[], float]) -> None:
+        self.namespace = namespace
+        self.clock = clock
+        self._mutex = threading.Lock()  # scrapes run in the exporter's thread
+        self._stats: dict[str, _Stats] = {}
+
+    def update(self, label: str, change: Callable[[_Stats], None]) -> None:
+        with self._mutex:
+            stats = self._stats.get(label)
+            if stats is None:
+                stats = self._stats[label] = _Stats()
+            change(stats)
+
+    def _families(self) -> dict[str, _Family]:
+        ns = self.namespace
+
+        def counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{ns}_{name}", doc, labels=["lock", *labels])
+
+        def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{ns}_{name}", doc, labels=["lock", *labels])
+
+        return {
+            "is_leader": gauge("is_leader", "1 while this process holds the lock, else 0."),
+            "state": gauge(
+                "state", "The lock's state: 1 for the current state, 0 for the others.", "state"
+            ),
+            "duration": gauge(
+                "leader_duration_seconds",
+                "Seconds since the current leadership began; 0 when not leader.",
+            ),
+            "leader_seconds": counter(
+                "leader_seconds", "Total seconds this process has spent as leader."
+            ),
+            "transitions": counter(
+                "transitions", "State changes of the lock.", "from_state", "to_state"
+            ),
+            "acquired": counter("acquired", "Times leadership was acquired."),
+            "lost": counter("lost", "Times leadership was lost involuntarily."),
+            "released": counter(
+                "released", "Times leadership was given up voluntarily (step_down, shutdown)."
+            ),
+            "attempts": counter(
+                "acquire_attempts", "Acquisition attempts (transitions into ACQUIRING)."
+            ),
+            "failures": counter(
+                "acquire_failures", "Acquisition attempts that found the lock held elsewhere."
+            ),
+            "errors": counter(
+                "errors", "Errors reported to on_error (database or callback), by type.", "error"
+            ),
+        }
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric families, without samples (lets the registry detect clashes)."""
+        yield from self._families().values()
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families with one sample set per lock, computed now."""
+        fam = self._families()
+        with self._mutex:
+            now = self.clock()
+            for label, s in sorted(self._stats.items()):
+                current = now - s.leader_since if s.leader_since is not None else 0.0
+                fam["is_leader"].add_metric([label], float(s.state is LockState.LEADER))
+                for state in LockState:
+                    fam["state"].add_metric([label, state.value], float(state is s.state))
+                fam["duration"].add_metric([label], current)
+                fam["leader_seconds"].add_metric([label], s.leader_seconds + current)
+                for (old, new), count in sorted(s.transitions.items()):
+                    fam["transitions"].add_metric([label, old, new], count)
+                fam["acquired"].add_metric([label], s.acquired)
+                fam["lost"].add_metric([label], s.lost)
+                fam["released"].add_metric([label], s.released)
+                fam["attempts"].add_metric([label], s.attempts)
+                fam["failures"].add_metric([label], s.failures)
+                for error, count in sorted(s.errors.items()):
+                    fam["errors"].add_metric([label, error], count)
+        yield from fam.values()
+
+
+_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, _LockCollector]] = (
+    weakref.WeakKeyDictionary()
+)
+_COLLECTORS_MUTEX = threading.Lock()
+
+
+def _collector_for(
+    registry: CollectorRegistry, namespace: str, clock: Callable[[], float]
+) -> _LockCollector:
+    with _COLLECTORS_MUTEX:
+        by_namespace = _COLLECTORS.setdefault(registry, {})
+        collector = by_namespace.get(namespace)
+        if collector is None:
+            collector = _LockCollector(namespace, clock)
+            registry.register(collector)
+            by_namespace[namespace] = collector
+        return collector
+
+
+class MetricsPlugin:
+    """Prometheus counters and gauges for every lock it is registered on.
+
+    Register it per lock with ``lock.plugins.register(plugin)``; the same instance may
+    be registered on many locks (each lock is one value of the ``lock`` label). Several
+    instances on one registry share their metrics.
+
+    Args:
+        registry: the ``prometheus_client`` registry to expose the metrics in; default
+            the global ``prometheus_client.REGISTRY``.
+        namespace: prefix of every metric name.
+        clock: a monotonic clock in seconds, for the time metrics (tests inject one).
+            Only the first plugin on a (registry, namespace) pair sets it.
+
+    Raises:
+        ValueError: the registry already has other metrics with the same names.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry if registry is not None else REGISTRY
+        self._collector = _collector_for(self.registry, namespace, clock)
+
+    # ------------------------------------------------------------------ hooks
+
+    @hookimpl
+    def pgleaderlock_state_change(self, lock: LeaderLock, old: LockState, new: LockState) -> None:
+        """Track the state, the transition counts, attempts and the time as leader."""
+        now = self._collector.clock()
+
+        def change(s: _Stats) -> None:
+            s.state = new
+            s.transitions[(old.value, new.value)] += 1
+            if new is LockState.ACQUIRING:
+                s.attempts += 1
+            if old is LockState.LEADER and s.leader_since is not None:
+                s.leader_seconds += max(0.0, now - s.leader_since)
+                s.leader_since = None
+            if new is LockState.LEADER:
+                s.leader_since = now
+
+        self._collector.update(lock_label(lock), change)
+
+    @hookimpl
+    def pgleaderlock_acquired(self, lock: LeaderLock) -> None:
+        """Count an acquisition."""
+        self._collector.update(lock_label(lock), _increment("acquired"))
+
+    @hookimpl
+    def pgleaderlock_lost(self, lock: LeaderLock) -> None:
+        """Count an involuntary loss."""
+        self._collector.update(lock_label(lock), _increment("lost"))
+
+    @hookimpl
+    def pgleaderlock_released(self, lock: LeaderLock) -> None:
+        """Count a voluntary release."""
+        self._collector.update(lock_label(lock), _increment("released"))
+
+    @hookimpl
+    def pgleaderlock_acquire_failed(self, lock: LeaderLock) -> None:
+        """Count an attempt that found the lock held elsewhere."""
+        self._collector.update(lock_label(lock), _increment("failures"))
+
+    @hookimpl
+    def pgleaderlock_error(self, lock: LeaderLock, error: Exception) -> None:
+        """Count an error by its type name."""
+        kind = type(error).__name__
+
+        def change(s: _Stats) -> None:
+            s.errors[kind] += 1
+
+        self._collector.update(lock_label(lock), change)
+
+
+def _increment(attribute: str) -> Callable[[_Stats], None]:
+    def change(s: _Stats) -> None:
+        setattr(s, attribute, getattr(s, attribute) + 1)
+
+    return change
+
+
+_default_plugin: MetricsPlugin | None = None
+
+
+def __getattr__(name: str) -> MetricsPlugin:
+    """``plugin``: a shared :class:`MetricsPlugin` on the default registry, created on
+    first use, for the ``pgleaderlock.plugins`` entry-point group::
+
+        [project.entry-points."pgleaderlock.plugins"]
+        metrics = "pgleaderlock.plugins.metrics:plugin"
+    """
+    global _default_plugin
+    if name == "plugin":
+        if _default_plugin is None:
+            _default_plugin = MetricsPlugin()
+        return _default_plugin
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
