@@ -16,7 +16,6 @@ from pgleaderlock import (
     FixedInterval,
     LeaderLock,
     LockState,
-    SessionNotDedicatedError,
 )
 from pgleaderlock.backends import psycopg as psycopg_backend
 from pgleaderlock.core.session import ConnectOptions
@@ -242,22 +241,6 @@ async def test_pooled_connection_is_refused(pg_dsn, keys, recorder):
     assert "pool" in str(rec.errors()[0])
     for conn in conns:
         await conn.close()
-
-
-async def test_pooler_moving_the_session_is_refused(pg_dsn, keys):
-    """A session that changes server backend between statements is refused."""
-    session = await psycopg_backend.connect(pg_dsn, ConnectOptions("x", 3))
-    other = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-    try:
-        assert await session.try_lock(*keys)
-        original = session._conn  # type: ignore[attr-defined]
-        session._conn = other  # type: ignore[attr-defined]  # what a transaction pooler does
-        with pytest.raises(SessionNotDedicatedError, match="transaction-mode pooler"):
-            await session.holds(*keys)
-        session._conn = original  # type: ignore[attr-defined]
-    finally:
-        await session.close()
-        await other.close()
 
 
 async def test_unreachable_host_reports_errors_and_never_hangs(keys, recorder):

@@ -22,14 +22,15 @@ __all__ = [
 ]
 
 BACKEND_PID = "SELECT pg_backend_pid()"
-TRY_LOCK = "SELECT pg_try_advisory_lock({k1}::int4, {k2}::int4), pg_backend_pid()"
-UNLOCK = "SELECT pg_advisory_unlock({k1}::int4, {k2}::int4), pg_backend_pid()"
+# Keys are parenthesised: "-2147483648::int4" parses as -(2147483648::int4) and overflows.
+TRY_LOCK = "SELECT pg_try_advisory_lock(({k1})::int4, ({k2})::int4), pg_backend_pid()"
+UNLOCK = "SELECT pg_advisory_unlock(({k1})::int4, ({k2})::int4), pg_backend_pid()"
 # One round trip: the lock_timeout is local to this statement's implicit transaction and
 # is set before pg_advisory_lock starts waiting (the target list runs left to right).
 # A timeout raises lock_not_available (SQLSTATE 55P03).
 WAIT_LOCK = (
     "SELECT set_config('lock_timeout', '{ms}', true),"
-    " pg_advisory_lock({k1}::int4, {k2}::int4), pg_backend_pid()"
+    " pg_advisory_lock(({k1})::int4, ({k2})::int4), pg_backend_pid()"
 )
 LOCK_NOT_AVAILABLE = "55P03"
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -50,6 +51,8 @@ class PsycopgSession:
         self._pid: int | None = None
         self._ready = conn.autocommit
         self._watch: Callable[[], None] | None = None
+        self._cursor: psycopg.AsyncCursor[Any] | None = None
+        self._queries: dict[tuple[object, ...], bytes] = {}
 
     @property
     def connection(self) -> psycopg.AsyncConnection[object]:
@@ -60,22 +63,34 @@ class PsycopgSession:
     def backend_pid(self) -> int | None:
         return self._pid
 
-    async def _execute(self, query: str) -> object:
-        self.watch(None)  # psycopg waits on the same fd; asyncio keeps one reader per fd
-        if not self._ready:
-            await self._conn.set_autocommit(True)
-            self._ready = True
-        cur = await self._conn.execute(query.encode())
-        return await cur.fetchone()
+    async def _execute(self, query: bytes) -> object:
+        if self._watch is not None:
+            self.watch(None)  # psycopg waits on the same fd; asyncio keeps one reader per fd
+        cursor = self._cursor
+        if cursor is None:
+            if not self._ready:
+                await self._conn.set_autocommit(True)
+                self._ready = True
+            cursor = self._cursor = self._conn.cursor()
+        await cursor.execute(query)
+        return await cursor.fetchone()
 
-    def _abort(self) -> None:
-        """Drop the connection at once, with no network wait.
+    def _query(self, template: str, **fields: object) -> bytes:
+        """The statement for ``template`` and ``fields``, formatted once per session."""
+        key = (template, *fields.values())
+        query = self._queries.get(key)
+        if query is None:
+            query = self._queries[key] = template.format(**fields).encode()
+        return query
+
+    def abort(self) -> None:
+        """Drop the connection at once, with no network wait (see ``AbortableSession``).
 
         psycopg answers the cancellation of a running query by cancelling it on the
         server and waiting for that, up to 10 s: far too long when the network is
-        stuck. The core closes a session after any interrupted call anyway, so close
-        the socket first (taking psycopg's reader off the event loop before the fd
-        number can be reused) and let the query task end right away.
+        stuck. The core calls this before it cancels a call that timed out, so psycopg
+        finds no active query left to cancel. psycopg's reader comes off the event loop
+        before the fd is closed, so that the fd number cannot be reused under it.
         """
         self.watch(None)
         if self._conn.closed:
@@ -88,53 +103,63 @@ class PsycopgSession:
         pgconn.finish()
 
     async def _row(
-        self, query: str, what: str, *, cancel_on_server: bool = False
+        self, query: bytes, what: str, *, cancel_on_server: bool = False
     ) -> tuple[object, int]:
         """Run ``query``; its first column is the value, its last ``pg_backend_pid()``.
 
         With ``cancel_on_server``, an interrupted call first asks the server to cancel
         the statement (bounded by ``_CANCEL_TIMEOUT_S``): a backend queued for a lock
         would otherwise stay queued, and could be granted it, until it notices that its
-        client is gone.
+        client is gone. That needs the query in a task of its own, so it is kept for the
+        long server-side wait; every other call runs inline and is aborted if cancelled.
         """
-        task = asyncio.get_running_loop().create_task(self._execute(query))
         try:
-            row = await asyncio.shield(task)
+            if cancel_on_server:
+                row = await self._cancellable(query)
+            else:
+                row = await self._execute(query)
         except asyncio.CancelledError:
-            try:
-                if cancel_on_server:
-                    async with asyncio.timeout(_CANCEL_TIMEOUT_S):
-                        await self._conn.cancel_safe()
-            except BaseException:
-                pass
-            finally:
-                self._abort()
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            self.abort()
             raise
         except psycopg.Error as exc:
             raise _translate(exc, what) from exc
-        match row:
-            case (value, *_, int(pid)):
-                pass
-            case _:
-                raise ConnectionError(f"{what}: unexpected result {row!r}")
-        _sql.check_pid(self._pid, pid)
-        self._pid = pid
+        if not isinstance(row, tuple) or len(row) < 2 or not isinstance(row[-1], int):
+            raise ConnectionError(f"{what}: unexpected result {row!r}")
+        value, pid = row[0], row[-1]
+        if pid != self._pid:
+            _sql.check_pid(self._pid, pid)
+            self._pid = pid
         return value, pid
 
+    async def _cancellable(self, query: bytes) -> object:
+        task = asyncio.get_running_loop().create_task(self._execute(query))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            try:
+                async with asyncio.timeout(_CANCEL_TIMEOUT_S):
+                    await self._conn.cancel_safe()
+            except BaseException:  # best effort; CancelledError is re-raised below
+                pass
+            finally:
+                self.abort()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            raise
+
     async def try_lock(self, key1: int, key2: int) -> bool:
-        value, _ = await self._row(_sql.TRY_LOCK.format(k1=key1, k2=key2), "try_lock")
+        value, _ = await self._row(self._query(_sql.TRY_LOCK, k1=key1, k2=key2), "try_lock")
         return bool(value)
 
     async def unlock(self, key1: int, key2: int) -> bool:
-        value, _ = await self._row(_sql.UNLOCK.format(k1=key1, k2=key2), "unlock")
+        value, _ = await self._row(self._query(_sql.UNLOCK, k1=key1, k2=key2), "unlock")
         return bool(value)
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         query = _sql.WAIT_LOCK.format(k1=key1, k2=key2, ms=_sql.lock_timeout_ms(timeout_s))
+        query_bytes = query.encode()  # not cached: the timeout varies
         try:
-            await self._row(query, "wait_lock", cancel_on_server=True)
+            await self._row(query_bytes, "wait_lock", cancel_on_server=True)
         except (ConnectionError, LockError) as exc:
             cause = exc.__cause__
             if isinstance(cause, psycopg.Error) and cause.sqlstate == _sql.LOCK_NOT_AVAILABLE:
@@ -158,7 +183,7 @@ class PsycopgSession:
             callback()
 
     async def holds(self, key1: int, key2: int) -> bool:
-        query = _sql.HOLDS.format(c=_sql.oid(key1), o=_sql.oid(key2))
+        query = self._query(_sql.HOLDS, c=_sql.oid(key1), o=_sql.oid(key2))
         value, _ = await self._row(query, "health check")
         return bool(value)
 

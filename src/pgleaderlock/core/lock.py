@@ -18,12 +18,13 @@ import math
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Literal, Self, TypeVar
 
 import pluggy
 
 from ._logging import get_logger, mask_dsn
+from .calls import CallGuard, Interrupted
 from .errors import (
     ConfigurationError,
     ConnectionError,
@@ -46,6 +47,7 @@ from .models import (
 )
 from .retry import ExponentialBackoff, RetryStrategy
 from .session import (
+    AbortableSession,
     ConnectOptions,
     LockSession,
     SessionFactory,
@@ -84,10 +86,6 @@ _EXIT_TIMEOUT_S = 10.0
 _ABNORMAL_STOP_CALLBACKS_S = 1.0
 _CLOSE_TIMEOUT_S = 5.0
 _APPLICATION_NAME_MAX = 63  # NAMEDATALEN - 1
-
-
-class _Interrupted(Exception):
-    """An interruptible call was cut short by a stop request."""
 
 
 def _optional_positive(name: str, value: object) -> float | None:
@@ -284,8 +282,7 @@ class LeaderLock:
         self._force_release = False
         self._releasing_for_step_down = False
         self._give_up = False
-        self._interruptible: Literal["stop", "force"] | None = None
-        self._interrupting = False
+        self._call = CallGuard(self._abort_session)  # bounds every database call
         self._attempt_at: float | None = None
         self._wait_budget_s = 0.0  # wait mode: how long the next attempt waits on the server
         self._session_alarm = False  # the watched idle session became readable
@@ -471,6 +468,7 @@ class LeaderLock:
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(task)
         except TimeoutError:
+            self._abort_session()  # no driver may spend time cancelling on the server
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             raise ShutdownError(
@@ -506,7 +504,7 @@ class LeaderLock:
             log.warning("step_down_timeout", timeout_s=timeout_s, key1=self._key1, key2=self._key2)
             self._force_release = True
             self._signal.set()
-            self._interrupt("force")
+            self._call.interrupt("force")
             await asyncio.shield(done)
         if self._stop_requested:
             await asyncio.gather(asyncio.shield(task), return_exceptions=True)
@@ -554,32 +552,16 @@ class LeaderLock:
         if not self._stop_requested:
             self._stop_requested = True
             self._signal.set()
-            self._interrupt("stop")
+            self._call.interrupt("stop")
 
-    def _interrupt(self, reason: Literal["stop", "force"]) -> None:
-        """Cut short the call the task is waiting in, if that call may be cut short.
-
-        A stop may interrupt a connect or a try_lock (the session is then closed: the
-        lock may have been granted); only step_down's timeout interrupts an unlock.
-        """
-        if self._interruptible == reason and not self._interrupting and self._task is not None:
-            self._interrupting = True
-            self._task.cancel()
-
-    async def _interruptible_call(self, awaitable: Awaitable[T], timeout_s: float) -> T:
-        self._interruptible = "stop"
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await awaitable
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self._interrupting and task is not None:
-                self._interrupting = False
-                task.uncancel()
-                raise _Interrupted from None
-            raise
-        finally:
-            self._interruptible = None
+    def _abort_session(self) -> None:
+        """Drop the session's connection synchronously (see AbortableSession)."""
+        session = self._session
+        if isinstance(session, AbortableSession):
+            try:
+                session.abort()
+            except Exception as exc:  # abort() must not raise; be defensive anyway
+                log.warning("session_abort_failed", error=repr(exc))
 
     async def _watch_external(self, event: asyncio.Event) -> None:
         await event.wait()
@@ -607,6 +589,7 @@ class LeaderLock:
                 self._watcher.cancel()
                 await asyncio.gather(self._watcher, return_exceptions=True)
                 self._watcher = None
+            self._call.close()
             await self._close_session()
             if not self._stop_reported:
                 await self._stop_abnormally()
@@ -833,10 +816,10 @@ class LeaderLock:
         self._attempt_at = None
         if self._session is None:
             try:
-                self._session = await self._interruptible_call(
-                    self._open_session(), self._connect_timeout_s
+                self._session = await self._call(
+                    self._open_session(), self._connect_timeout_s, interruptible="stop"
                 )
-            except _Interrupted:
+            except Interrupted:
                 return Input.STOP_REQUESTED
             except Exception as exc:
                 self._last_error = _as_connection_error(exc, "connect", self._connect_timeout_s)
@@ -849,15 +832,21 @@ class LeaderLock:
         wait_s, self._wait_budget_s = self._wait_budget_s, 0.0
         try:
             if wait_s > 0 and isinstance(session, WaitingSession):
-                granted = await self._interruptible_call(
+                # On a stop, let the backend cancel the wait on the server first: the
+                # queued backend would otherwise linger until it notices we left.
+                granted = await self._call(
                     session.wait_lock(self._key1, self._key2, wait_s),
                     wait_s + self._command_timeout_s,
+                    interruptible="stop",
+                    abort_on_stop=False,
                 )
             else:
-                granted = await self._interruptible_call(
-                    session.try_lock(self._key1, self._key2), self._command_timeout_s
+                granted = await self._call(
+                    session.try_lock(self._key1, self._key2),
+                    self._command_timeout_s,
+                    interruptible="stop",
                 )
-        except _Interrupted:
+        except Interrupted:
             return Input.STOP_REQUESTED  # the row closes the session: it may hold the lock
         except Exception as exc:
             self._last_error = _as_connection_error(exc, "try_lock", self._command_timeout_s)
@@ -886,8 +875,7 @@ class LeaderLock:
         if self._session_alarm:
             log.debug("session_alarm", key1=self._key1, key2=self._key2)
         try:
-            async with asyncio.timeout(self._health_timeout_s):
-                held = await session.holds(self._key1, self._key2)
+            held = await self._call(session.holds(self._key1, self._key2), self._health_timeout_s)
         except Exception as exc:
             self._last_error = _as_connection_error(exc, "health check", self._health_timeout_s)
             return Input.HEALTH_FAILED
@@ -917,8 +905,8 @@ class LeaderLock:
                 return Input.GRACE_EXPIRED
             self._signal.clear()
             try:
-                granted = await self._interruptible_call(self._reacquire(), remaining)
-            except _Interrupted:
+                granted = await self._call(self._reacquire(), remaining, interruptible="stop")
+            except Interrupted:
                 return Input.STOP_REQUESTED
             except Exception as exc:
                 await self._close_session()
@@ -950,19 +938,16 @@ class LeaderLock:
     async def _releasing_step(self) -> Input:
         session = self._session
         assert session is not None
-        self._interruptible = "force"  # step_down's timeout may cut the unlock short
         try:
             if self._force_release:
-                raise _Interrupted
-            async with asyncio.timeout(self._command_timeout_s):
-                released = await session.unlock(self._key1, self._key2)
-        except (_Interrupted, asyncio.CancelledError) as exc:
-            task = asyncio.current_task()
-            if isinstance(exc, asyncio.CancelledError):
-                if not (self._interrupting and task is not None):
-                    raise
-                self._interrupting = False
-                task.uncancel()
+                raise Interrupted
+            # step_down's timeout may cut the unlock short (the session is then closed).
+            released = await self._call(
+                session.unlock(self._key1, self._key2),
+                self._command_timeout_s,
+                interruptible="force",
+            )
+        except Interrupted:
             self._last_error = ConnectionError(
                 "step_down timed out; closing the session to release the lock"
             )
@@ -970,8 +955,6 @@ class LeaderLock:
         except Exception as exc:
             self._last_error = _as_connection_error(exc, "unlock", self._command_timeout_s)
             return Input.DB_ERROR
-        finally:
-            self._interruptible = None
         if released:
             return Input.RELEASE_SUCCEEDED
         self._last_error = LockError(

@@ -17,6 +17,7 @@ __all__ = [
     "Backend",
     "ConnectOptions",
     "LockSession",
+    "AbortableSession",
     "SessionFactory",
     "WaitingSession",
     "WatchableSession",
@@ -98,6 +99,22 @@ class WatchableSession(Protocol):
         after each successful probe. ``callback`` runs in the event loop and must only
         set a flag or an event.
         """
+        ...
+
+
+@runtime_checkable
+class AbortableSession(Protocol):
+    """Optional capability: drop the connection at once, synchronously.
+
+    The core calls ``abort()`` right before it cancels a call that timed out or that a
+    stop request interrupts, so that the driver's own cancellation handling (psycopg
+    cancels the query on the server and waits for that, up to seconds) finds nothing
+    left to wait for. The server frees the session's locks when it sees the connection
+    close. ``close()`` is still called afterwards.
+    """
+
+    def abort(self) -> None:
+        """Close the socket now, with no network wait. Idempotent, never raises."""
         ...
 
 

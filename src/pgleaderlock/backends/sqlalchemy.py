@@ -1,0 +1,349 @@
+"""The SQLAlchemy backend: a dedicated driver connection obtained through SQLAlchemy.
+
+Give ``LeaderLock`` an ``AsyncEngine`` (``create_async_engine(...)``) as its ``dsn``, or
+a URL with ``backend="sqlalchemy"``; ``connect_fn`` may also return a started
+``AsyncConnection``. Both ``postgresql+asyncpg://`` and ``postgresql+psycopg://`` work
+(a URL without a driver uses psycopg).
+
+How the lock's connection is kept out of every pool: the backend checks a connection
+out of the engine's pool, takes the driver connection (``asyncpg.Connection`` or
+``psycopg.AsyncConnection``) and **detaches** it from the pool
+(``PoolProxiedConnection.detach()``). From then on the pool no longer knows the
+connection: it cannot hand it to anyone else, recycle it (``pool_recycle``), reset it
+on return, or close it on ``engine.dispose()``, and its slot in the pool is free again
+at once. The lock owns the connection and closes it itself; the same I/O adapters as
+the asyncpg and psycopg backends run on it. A URL gets an engine of its own with a
+``NullPool`` (one per URL, holding no connections), so nothing is ever pooled there.
+
+A connection from your engine's pool may carry session state from earlier use: the
+backend rolls back an open transaction, switches to autocommit, releases any
+session-level advisory lock the connection still holds (left behind by earlier use, it
+would otherwise stay held for as long as the lock's long-lived session lives) and sets
+``application_name`` and the lock's server settings (``set_config``), in one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Engine, make_url
+from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from ..core._logging import mask_dsn
+from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
+from ..core.session import Backend, ConnectOptions, LockSession
+from .psycopg import PsycopgSession
+
+__all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
+
+# SQLAlchemy driver name -> (adapter, pip extra that installs the driver)
+_DRIVERS = {
+    "asyncpg": ("asyncpg", "pgleaderlock[sqlalchemy]"),
+    "psycopg": ("psycopg", "pgleaderlock[sqlalchemy]"),
+    "psycopg_async": ("psycopg", "pgleaderlock[sqlalchemy]"),
+}
+_DEFAULT_DRIVER = "psycopg"
+_URL = re.compile(r"^postgres(?:ql)?(?:\+[A-Za-z0-9_]+)?://", re.I)
+
+# One round trip: free advisory locks left over from earlier use of a pooled connection,
+# then apply the session settings (set_config(..., false): for the whole session).
+_SETUP = (
+    "SELECT pg_advisory_unlock_all(), (SELECT count(set_config(s.name, s.value, false))"
+    " FROM unnest({names}::text[], {values}::text[]) AS s(name, value))"
+)
+_SETUP_ASYNCPG = _SETUP.format(names="$1", values="$2")
+_SETUP_PSYCOPG = _SETUP.format(names="%s", values="%s")
+
+_Inner = Any  # PsycopgSession or AsyncpgSession (asyncpg is optional, imported lazily)
+
+
+def _setup_error(exc: BaseException) -> ConnectionError:
+    text = str(exc).strip()
+    message = mask_dsn(text.splitlines()[0] if text else repr(exc))
+    err = ConnectionError(f"session setup: {type(exc).__name__}: {message}")
+    err.__cause__ = exc
+    return err
+
+
+def _connect_error(exc: BaseException, where: str) -> ConnectionError:
+    # SQLAlchemy wraps driver errors (DBAPIError, with the SQL and a link on later lines).
+    cause = getattr(exc, "orig", None) or exc
+    text = str(cause).strip() or str(exc).strip()
+    message = mask_dsn(text.splitlines()[0] if text else repr(exc))
+    err = ConnectionError(f"connect ({where}): {type(cause).__name__}: {message}")
+    err.__cause__ = exc
+    return err
+
+
+def _adapter(driver_connection: object) -> _Inner:
+    """The pgleaderlock I/O adapter for a driver connection taken from SQLAlchemy."""
+    if isinstance(driver_connection, psycopg.AsyncConnection):
+        return PsycopgSession(driver_connection)
+    asyncpg = sys.modules.get("asyncpg")  # a live asyncpg connection means it is imported
+    if asyncpg is not None and isinstance(driver_connection, asyncpg.Connection):
+        from .asyncpg import AsyncpgSession
+
+        return AsyncpgSession(driver_connection)
+    raise ConfigurationError(
+        f"SQLAlchemy gave a {type(driver_connection).__module__}."
+        f"{type(driver_connection).__qualname__} connection; pgleaderlock supports the "
+        "postgresql+asyncpg and postgresql+psycopg drivers"
+    )
+
+
+class SQLAlchemySession:
+    """A :class:`~pgleaderlock.LockSession` over a driver connection detached from a
+    SQLAlchemy pool.
+
+    The statements run through the asyncpg or psycopg adapter on the driver connection
+    (the same code as the ``asyncpg`` and ``psycopg`` backends).
+
+    Args:
+        driver_connection: an ``asyncpg.Connection`` or ``psycopg.AsyncConnection``
+            that no pool knows of any more.
+        origin: where it came from, for ``repr()`` (a masked URL).
+        settings: session settings to apply before the first statement (``None``: none,
+            and advisory locks the connection may hold are left alone).
+    """
+
+    def __init__(
+        self,
+        driver_connection: object,
+        *,
+        origin: str = "",
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
+        self._driver = driver_connection
+        self._inner: _Inner = _adapter(driver_connection)
+        self._origin = origin
+        self._settings = settings
+        self._prepared = False
+
+    @property
+    def connection(self) -> Any:
+        """The underlying driver connection (``asyncpg.Connection`` or
+        ``psycopg.AsyncConnection``)."""
+        return self._driver
+
+    @property
+    def backend_pid(self) -> int | None:
+        pid: int | None = self._inner.backend_pid
+        return pid
+
+    async def prepare(self) -> None:
+        """Roll back an open transaction, switch to autocommit and apply the settings.
+
+        Runs once, before the first statement; :func:`connect` calls it at once so that
+        connection errors surface there.
+
+        Raises:
+            ConnectionError: the session cannot be used.
+        """
+        if self._prepared:
+            return
+        conn: Any = self._driver
+        settings = self._settings
+        names, values = (list(settings), list(settings.values())) if settings else ([], [])
+        try:
+            if isinstance(conn, psycopg.AsyncConnection):
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    await conn.rollback()
+                if not conn.autocommit:
+                    await conn.set_autocommit(True)
+                if settings is not None:
+                    await conn.execute(_SETUP_PSYCOPG, (names, values))
+            else:
+                if conn.is_in_transaction():
+                    await conn.execute("ROLLBACK")
+                if settings is not None:
+                    await conn.execute(_SETUP_ASYNCPG, names, values)
+        except asyncio.CancelledError:
+            await self._inner.close()
+            raise
+        except Exception as exc:
+            raise _setup_error(exc) from exc
+        self._prepared = True
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        if not self._prepared:
+            await self.prepare()
+        granted: bool = await self._inner.try_lock(key1, key2)
+        return granted
+
+    async def unlock(self, key1: int, key2: int) -> bool:
+        if not self._prepared:
+            await self.prepare()
+        released: bool = await self._inner.unlock(key1, key2)
+        return released
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        if not self._prepared:
+            await self.prepare()
+        held: bool = await self._inner.holds(key1, key2)
+        return held
+
+    async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
+        if not self._prepared:
+            await self.prepare()
+        granted: bool = await self._inner.wait_lock(key1, key2, timeout_s)
+        return granted
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        self._inner.watch(callback)
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def __repr__(self) -> str:
+        return f"<SQLAlchemySession {self._origin} via {self._inner!r}>"
+
+
+def _check_dialect(dialect: Dialect) -> None:
+    if dialect.name != "postgresql":
+        raise ConfigurationError(
+            f"the sqlalchemy backend needs a PostgreSQL engine, got dialect {dialect.name!r}"
+        )
+    if not dialect.is_async or dialect.driver not in _DRIVERS:
+        raise ConfigurationError(
+            f"the sqlalchemy backend needs an asyncio driver, postgresql+asyncpg or "
+            f"postgresql+psycopg; got postgresql+{dialect.driver}"
+        )
+
+
+def _url(dsn: str) -> URL:
+    """Parse a URL; ``postgres``/``postgresql`` without a driver means psycopg."""
+    if not _URL.match(dsn):
+        raise ConfigurationError(
+            f"malformed DSN {mask_dsn(dsn)!r}: the sqlalchemy backend needs a URL such as "
+            "postgresql+asyncpg://user@host/dbname or an AsyncEngine"
+        )
+    try:
+        url = make_url(dsn)
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {mask_dsn(str(exc))}") from None
+    driver = url.get_driver_name() if "+" in url.drivername else _DEFAULT_DRIVER
+    if driver not in _DRIVERS:
+        raise ConfigurationError(
+            f"the sqlalchemy backend needs an asyncio driver, postgresql+asyncpg or "
+            f"postgresql+psycopg; got postgresql+{driver}"
+        )
+    return url.set(drivername=f"postgresql+{driver}")
+
+
+@functools.lru_cache(maxsize=32)
+def _engine(dsn: str) -> AsyncEngine:
+    """The NullPool engine for a URL: it never holds a connection, so one per URL is
+    shared by every lock (and every event loop)."""
+    url = _url(dsn)
+    try:
+        return create_async_engine(url, poolclass=NullPool)
+    except ImportError as exc:
+        _, extra = _DRIVERS[url.get_driver_name()]
+        raise BackendUnavailableError(
+            f"the SQLAlchemy URL {url.drivername}:// needs a driver that is not installed "
+            f"({exc}); install it with: pip install '{extra}'"
+        ) from exc
+
+
+def claims(obj: object) -> bool:
+    """True for a SQLAlchemy ``AsyncEngine`` (or ``Engine``, refused with a clear error by
+    :func:`check_dsn`), and for a ``postgresql[+driver]://`` URL when ``backend="sqlalchemy"``
+    is asked for by name."""
+    if isinstance(obj, AsyncEngine | Engine):
+        return True
+    return isinstance(obj, str) and bool(_URL.match(obj))
+
+
+def check_dsn(dsn: object) -> None:
+    """Raise unless ``dsn`` is an ``AsyncEngine`` or URL of a supported asyncio driver.
+
+    Raises:
+        ConfigurationError: not an ``AsyncEngine`` or a PostgreSQL URL, a synchronous
+            engine, or a driver other than asyncpg or psycopg.
+        BackendUnavailableError: the URL's driver is not installed.
+    """
+    if isinstance(dsn, AsyncEngine):
+        _check_dialect(dsn.dialect)
+    elif isinstance(dsn, Engine):
+        raise ConfigurationError(
+            "got a synchronous SQLAlchemy Engine; pass an AsyncEngine "
+            "(sqlalchemy.ext.asyncio.create_async_engine) or a URL"
+        )
+    elif isinstance(dsn, str):
+        _engine(dsn)
+    else:
+        raise ConfigurationError(
+            f"the sqlalchemy backend needs an AsyncEngine or a URL, got {type(dsn).__name__}"
+        )
+
+
+async def connect(dsn: AsyncEngine | str, options: ConnectOptions) -> LockSession:
+    """Open a dedicated session: a connection from the engine's pool, detached from it.
+
+    Args:
+        dsn: an ``AsyncEngine`` (its pool, connect arguments and events are used) or a
+            URL (an engine with a ``NullPool`` is made for it).
+        options: ``application_name`` and the server settings, applied with
+            ``set_config`` right after the connection is taken over.
+    """
+    engine = dsn if isinstance(dsn, AsyncEngine) else _engine(dsn)
+    _check_dialect(engine.dialect)
+    origin = mask_dsn(engine.url.render_as_string(hide_password=True))
+    try:
+        proxied = await engine.raw_connection()
+    except Exception as exc:
+        raise _connect_error(exc, origin) from exc
+    driver_connection = proxied.driver_connection  # read it first: detach() clears it
+    proxied.detach()
+    settings = {**options.server_settings, "application_name": options.application_name}
+    session = SQLAlchemySession(driver_connection, origin=origin, settings=settings)
+    try:
+        await session.prepare()
+    except BaseException:
+        await session.close()
+        raise
+    return session
+
+
+def wrap(obj: object) -> LockSession | None:
+    """Adapt a started SQLAlchemy ``AsyncConnection`` returned by ``connect_fn``.
+
+    Its driver connection is detached from the engine's pool and handed to the lock;
+    the ``AsyncConnection`` is invalidated (without I/O), so that closing it later does
+    not touch the lock's connection.
+
+    Raises:
+        ConfigurationError: the connection is not started, closed, or not of a
+            supported driver.
+    """
+    if not isinstance(obj, AsyncConnection):
+        return None
+    sync = obj.sync_connection
+    if sync is None or sync.closed or sync.invalidated:
+        raise ConfigurationError(
+            "connect_fn returned a SQLAlchemy AsyncConnection that is not started or "
+            "already closed; return `await engine.connect()`"
+        )
+    _check_dialect(sync.dialect)
+    proxied = sync.connection
+    driver_connection = proxied.driver_connection
+    proxied.detach()
+    sync.invalidate()  # no I/O: the pool entry is gone, so it only forgets the connection
+    origin = mask_dsn(sync.engine.url.render_as_string(hide_password=True))
+    return SQLAlchemySession(driver_connection, origin=origin)
+
+
+backend = Backend(name="sqlalchemy", connect=connect, wrap=wrap, check_dsn=check_dsn, claims=claims)

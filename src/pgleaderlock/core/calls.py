@@ -1,0 +1,130 @@
+"""Bounding the lifecycle task's database calls, and cutting them short on request.
+
+Every call the lifecycle task makes on its session goes through one :class:`CallGuard`:
+
+- it is bounded by a timeout (a single timer handle: cheaper than ``asyncio.timeout``);
+- on expiry the session is *aborted* (its socket closed, synchronously) before the task
+  is cancelled, so that no driver spends seconds cancelling the statement on a server
+  it cannot reach (psycopg does exactly that when a running query is cancelled);
+- a stop request (or ``step_down()``'s timeout) may cut short the calls that allow it.
+
+The caller learns why a call ended from the exception: :class:`TimeoutError` for the
+timeout, :class:`Interrupted` for a request, anything else from the call itself. After
+a cut-short call the session must be closed: a lock call cut short may still have been
+granted on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeVar
+
+__all__ = ["CallGuard", "Interrupted", "Reason"]
+
+T = TypeVar("T")
+Reason = Literal["stop", "force"]
+
+
+class Interrupted(Exception):
+    """A call was cut short by a request (stop, or step_down's timeout)."""
+
+
+class CallGuard:
+    """Runs one database call at a time under a timeout; see the module docstring.
+
+    Args:
+        abort: drops the current session's connection synchronously (no-op without
+            one); called before a call is cancelled.
+    """
+
+    def __init__(self, abort: Callable[[], None]) -> None:
+        self._abort = abort
+        self._task: asyncio.Task[object] | None = None
+        self._deadline: float | None = None  # loop time: when the call in flight expires
+        self._timer: asyncio.TimerHandle | None = None  # fires at or before the deadline
+        self._interruptible: Reason | None = None
+        self._abort_on_stop = True
+        self._cut: Literal["timeout", "stop", "force"] | None = None
+
+    async def __call__(
+        self,
+        awaitable: Awaitable[T],
+        timeout_s: float,
+        *,
+        interruptible: Reason | None = None,
+        abort_on_stop: bool = True,
+    ) -> T:
+        """Await ``awaitable``, bounded by ``timeout_s``.
+
+        Args:
+            awaitable: the call.
+            timeout_s: its bound.
+            interruptible: which request may cut it short, if any.
+            abort_on_stop: abort the session when a stop cuts the call short; False for
+                a call whose driver should first cancel it on the server (a lock wait).
+
+        Raises:
+            TimeoutError: the call took longer than ``timeout_s``.
+            Interrupted: a request cut it short.
+        """
+        task = asyncio.current_task()
+        assert task is not None, "calls run in a task"
+        assert self._task is None, "one call at a time"
+        self._task = task
+        self._interruptible = interruptible
+        self._abort_on_stop = abort_on_stop
+        loop = asyncio.get_running_loop()
+        self._deadline = deadline = loop.time() + timeout_s
+        # One timer, re-armed lazily: calls with the usual timeout reuse it, instead of
+        # adding (and cancelling) a timer per call to the loop's heap.
+        if self._timer is None or self._timer.when() > deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(deadline, self._on_timer)
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            reason = self._cut
+            if reason is None:
+                raise  # cancelled from outside: not ours to swallow
+            task.uncancel()
+            if reason == "timeout":
+                raise TimeoutError from None
+            raise Interrupted(reason) from None
+        finally:
+            self._deadline = None
+            self._task = None
+            self._interruptible = None
+            self._cut = None
+
+    def interrupt(self, reason: Reason) -> None:
+        """Cut short the call in flight, if it allows ``reason``; else do nothing."""
+        if self._interruptible == reason:
+            self._cut_short(reason, abort=reason != "stop" or self._abort_on_stop)
+
+    def close(self) -> None:
+        """Drop the timer (when the lock's task ends)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None:
+            return  # no call in flight: arm again with the next one
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            self._cut_short("timeout", abort=True)
+        else:  # the call in flight started after the timer was armed
+            self._timer = loop.call_at(deadline, self._on_timer)
+
+    def _cut_short(self, reason: Literal["timeout", "stop", "force"], *, abort: bool) -> None:
+        task = self._task
+        if task is None or self._cut is not None:
+            return
+        self._cut = reason
+        if abort:
+            self._abort()
+        task.cancel()

@@ -1,0 +1,331 @@
+"""The ``LockSession`` contract, the same on every backend, against a real server.
+
+These call the adapters the way the core does (``Backend.connect``, then the session's
+methods under ``asyncio.timeout``), one level below ``LeaderLock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pgleaderlock import ConnectionError, LockError, SessionNotDedicatedError
+from pgleaderlock.core.session import (
+    AbortableSession,
+    ConnectOptions,
+    WaitingSession,
+    WatchableSession,
+)
+from pgleaderlock.testing.proxy import TcpProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _not(awaitable) -> bool:
+    return not await awaitable
+
+
+async def _eq(awaitable, expected) -> bool:
+    return await awaitable == expected
+
+
+async def test_builtin_backends_have_every_capability(target):
+    if target.flavour.backend not in ("psycopg", "asyncpg", "sqlalchemy"):
+        pytest.skip("optional for third-party backends")
+    session = await target.session()
+    assert isinstance(session, WaitingSession)
+    assert isinstance(session, WatchableSession)
+
+
+async def test_try_lock_unlock_holds(target, keys, admin, holders):
+    a = await target.session()
+    b = await target.session()
+    assert await a.try_lock(*keys) is True
+    pid = a.backend_pid
+    assert pid is not None
+    assert await holders(*keys) == [pid]
+    assert await b.try_lock(*keys) is False
+    assert await a.holds(*keys) is True
+    assert await b.holds(*keys) is False
+    assert await b.unlock(*keys) is False  # b never held it (the server warns, no error)
+    assert await a.unlock(*keys) is True
+    assert await holders(*keys) == []
+    assert await a.holds(*keys) is False
+    assert await a.unlock(*keys) is False
+    cur = await admin.execute("SELECT backend_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+    assert await cur.fetchone() == ("client backend",)
+
+
+async def test_negative_and_extreme_keys(target, holders):
+    """Regression: "-2147483648::int4" parses as -(2147483648::int4) and overflowed."""
+    session = await target.session()
+    for keys in [(-(2**31), 2**31 - 1), (2**31 - 1, -(2**31)), (-1, -1), (0, 0)]:
+        assert await session.try_lock(*keys)
+        assert await holders(*keys) == [session.backend_pid]
+        assert await session.holds(*keys)
+        assert await session.unlock(*keys)
+
+
+async def test_application_name_and_server_settings(target, admin, run_sql):
+    options = ConnectOptions(
+        application_name=f"pgleaderlock-settings-{target.id}",
+        connect_timeout_s=3,
+        server_settings={
+            "tcp_user_timeout": "8750",
+            "tcp_keepalives_idle": "4",
+            "tcp_keepalives_interval": "1",
+            "tcp_keepalives_count": "6",
+            "client_connection_check_interval": "500",
+        },
+    )
+    session = await target.session(options)
+    assert await session.try_lock(1, 2)  # the pid is known after the first statement
+    await session.unlock(1, 2)
+    cur = await admin.execute(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (session.backend_pid,)
+    )
+    assert await cur.fetchone() == (options.application_name,)
+    row = await run_sql(
+        session,
+        "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'),"
+        " current_setting('tcp_keepalives_count'),"
+        " current_setting('client_connection_check_interval'), inet_client_addr() IS NULL",
+    )
+    user_timeout, idle, count, check_interval, unix_socket = row
+    assert check_interval == "500ms"
+    if not unix_socket:  # over TCP the keepalive settings are in force
+        assert (user_timeout, idle, count) == ("8750", "4", "6")
+
+
+async def test_wait_lock_times_out_then_is_granted(target, keys, holders, waiters):
+    await target.require(WaitingSession)
+    a = await target.session()
+    b = await target.session()
+    assert await a.try_lock(*keys)
+    assert await b.try_lock(*keys) is False  # as the core does: try first, then wait
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        assert await b.wait_lock(*keys, 0.2) is False  # lock_timeout: not an error
+    assert 0.15 < time.monotonic() - started < 2
+    assert await waiters(*keys) == []
+    wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
+    try:
+        await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+        started = time.monotonic()
+        assert await a.unlock(*keys)
+        async with asyncio.timeout(5):
+            assert await wait is True
+        assert time.monotonic() - started < 1
+    finally:
+        wait.cancel()
+        await asyncio.gather(wait, return_exceptions=True)
+    assert await holders(*keys) == [b.backend_pid]
+    assert await b.holds(*keys)
+    assert await b.try_lock(*keys)  # the session still works after a granted wait
+    assert await b.unlock(*keys)
+    assert await b.unlock(*keys)  # re-entrant on the server: two holds, two unlocks
+
+
+@pytest.mark.parametrize("method", ["try_lock", "unlock", "holds", "wait_lock"])
+async def test_terminated_session_raises_connection_error(target, keys, terminate, method):
+    """After pg_terminate_backend every method raises ConnectionError (whatever the
+    driver's own exception type), with the driver error as the cause."""
+    if method == "wait_lock":
+        await target.require(WaitingSession)
+    session = await target.session()
+    assert await session.try_lock(*keys)
+    await terminate(session.backend_pid)
+    await asyncio.sleep(0.05)
+    call = {
+        "try_lock": lambda: session.try_lock(*keys),
+        "unlock": lambda: session.unlock(*keys),
+        "holds": lambda: session.holds(*keys),
+        "wait_lock": lambda: session.wait_lock(*keys, 1.0),
+    }[method]
+    for _ in range(2):  # and again on the dead session
+        with pytest.raises(ConnectionError) as info:
+            async with asyncio.timeout(5):
+                await call()
+        assert not isinstance(info.value, LockError)
+        assert not isinstance(info.value, SessionNotDedicatedError)
+        assert info.value.__cause__ is not None
+    await session.close()
+    await session.close()  # idempotent
+
+
+async def test_terminated_during_wait_raises_connection_error(target, keys, terminate, waiters):
+    await target.require(WaitingSession)
+    a = await target.session()
+    b = await target.session()
+    assert await a.try_lock(*keys)
+    assert await b.try_lock(*keys) is False
+    wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
+    try:
+        await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+        await terminate(b.backend_pid)
+        with pytest.raises(ConnectionError) as info:
+            async with asyncio.timeout(5):
+                await wait
+        assert not isinstance(info.value, LockError)
+    finally:
+        wait.cancel()
+        await asyncio.gather(wait, return_exceptions=True)
+
+
+async def test_watch_reports_termination_at_once(target, keys, terminate):
+    await target.require(WatchableSession)
+    session = await target.session()
+    assert await session.try_lock(*keys)
+    fired = asyncio.Event()
+    calls: list[float] = []
+
+    def alarm() -> None:
+        calls.append(time.monotonic())
+        fired.set()
+
+    session.watch(alarm)
+    await asyncio.sleep(0.05)
+    assert calls == []  # an idle, healthy session stays quiet
+    started = time.monotonic()
+    await terminate(session.backend_pid)
+    async with asyncio.timeout(2):
+        await fired.wait()
+    assert calls[0] - started < 1.0
+    await asyncio.sleep(0.05)
+    assert len(calls) == 1  # once
+    with pytest.raises(ConnectionError):
+        await session.holds(*keys)
+
+
+async def test_watch_is_disarmed_by_none_by_calls_and_by_close(target, keys, terminate):
+    await target.require(WatchableSession)
+    calls: list[str] = []
+    session = await target.session()
+    assert await session.try_lock(*keys)
+    session.watch(lambda: calls.append("removed"))
+    session.watch(None)
+    session.watch(lambda: calls.append("replaced"))
+    session.watch(lambda: calls.append("armed"))
+    assert await session.holds(*keys)  # any call disarms the watch
+    await terminate(session.backend_pid)
+    await asyncio.sleep(0.3)
+    assert calls == []
+
+    other = await target.session()
+    await other.holds(*keys)
+    other.watch(lambda: calls.append("closed"))
+    await other.close()
+    await asyncio.sleep(0.1)
+    assert calls == []
+
+
+async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
+    target, keys, waiters, backend_alive
+):
+    await target.require(WaitingSession)
+    a = await target.session()
+    b = await target.session()
+    assert await a.try_lock(*keys)
+    assert await b.try_lock(*keys) is False
+    pid = b.backend_pid
+    assert pid is not None
+    wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
+    await wait_until(lambda: _eq(waiters(*keys), [pid]), 5, "b to queue")
+    started = time.monotonic()
+    wait.cancel()
+    await asyncio.gather(wait, return_exceptions=True)
+    assert wait.cancelled()
+    assert time.monotonic() - started < 0.5
+    # Cancelled on the server, not left queued until client_connection_check_interval
+    # (0.5 s) notices the closed socket.
+    await wait_until(lambda: _eq(waiters(*keys), []), 0.3, "the wait to be cancelled")
+    await b.close()
+    await wait_until(lambda: _not(backend_alive(pid)), 0.3, "the waiter's backend to go")
+
+
+async def bounded_like_the_core(session, call, timeout_s: float):
+    """What the core does when a call times out: abort() the session, then cancel."""
+    task = asyncio.current_task()
+
+    def expire() -> None:
+        if isinstance(session, AbortableSession):
+            session.abort()
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(timeout_s, expire)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task.uncancel()
+        raise TimeoutError from None
+    finally:
+        handle.cancel()
+
+
+async def test_sessions_can_abort(target):
+    await target.require(AbortableSession)
+    session = await target.session()
+    session.abort()
+    session.abort()  # idempotent
+    with pytest.raises(ConnectionError):
+        await session.try_lock(1, 2)
+    await session.close()
+
+
+async def test_timed_out_call_on_a_stuck_network_returns_at_once(target, keys):
+    async with TcpProxy(*target.server_address()) as proxy:
+        session = await target.session(host="127.0.0.1", port=proxy.port)
+        assert await session.try_lock(*keys)
+        proxy.stall()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await bounded_like_the_core(session, session.holds(*keys), 0.2)
+        assert time.monotonic() - started < 0.5  # no cancel request waited for
+        # The core closes a session after an interrupted call:
+        started = time.monotonic()
+        async with asyncio.timeout(2):
+            await session.close()
+            await session.close()
+        assert time.monotonic() - started < 0.5
+
+
+async def test_cancelled_wait_on_a_stuck_network_is_bounded(target, keys):
+    """The cancel request for a wait cannot get through: give up within ~1 s."""
+    await target.require(WaitingSession)
+    async with TcpProxy(*target.server_address()) as proxy:
+        holder = await target.session()
+        session = await target.session(host="127.0.0.1", port=proxy.port)
+        assert await holder.try_lock(*keys)
+        wait = asyncio.ensure_future(session.wait_lock(*keys, 30))
+        await asyncio.sleep(0.2)
+        proxy.stall()
+        started = time.monotonic()
+        wait.cancel()
+        await asyncio.gather(wait, return_exceptions=True)
+        assert time.monotonic() - started < 2.0
+        async with asyncio.timeout(2):
+            await session.close()
+        await proxy.cut()
+
+
+async def test_close_is_bounded_on_a_stuck_network(target, keys):
+    async with TcpProxy(*target.server_address()) as proxy:
+        session = await target.session(host="127.0.0.1", port=proxy.port)
+        assert await session.try_lock(*keys)
+        proxy.stall()
+        started = time.monotonic()
+        async with asyncio.timeout(2):
+            await session.close()
+        assert time.monotonic() - started < 0.5
+        with pytest.raises(ConnectionError):
+            async with asyncio.timeout(2):
+                await session.holds(*keys)
