@@ -779,16 +779,12 @@ async def _acquire(
     with _Signals() as signals:
         deadline.start()
         async with lock:
-            which, leader = await _first(leader=lock.wait_for_leadership(), signal=signals.wait())
-            if which == "signal":
-                sig = signals.take()[0]
-                _log("INFO", "signal_received", signal=sig.name, action="stop trying")
-                return _signal_exit(sig)
-            if not leader:
-                if tracker.held_elsewhere:
-                    _log("INFO", "not_acquired", lock=common.target.label, reason="held elsewhere")
-                    return EXIT_NOT_ACQUIRED
-                raise _not_acquired_error(common, tracker)
+            refused = await _lead(
+                common, lock, tracker, signals, held_exit_code=EXIT_NOT_ACQUIRED,
+                event="not_acquired", on_signal="stop trying",
+            )  # fmt: skip
+            if refused is not None:
+                return refused
             _log(
                 "INFO",
                 "acquired",
@@ -807,6 +803,40 @@ async def _acquire(
                     sig = signals.take()[0]
                     _log("INFO", "signal_received", signal=sig.name, action="release")
     return EXIT_OK
+
+
+async def _lead(
+    common: Common,
+    lock: LeaderLock,
+    tracker: _Tracker,
+    signals: _Signals,
+    *,
+    held_exit_code: int,
+    event: str,
+    on_signal: str,
+) -> int | None:
+    """Wait until ``lock`` leads: None then, else the exit code that says why not.
+
+    Raises:
+        CliError: the attempt failed for another reason than "held elsewhere".
+    """
+    which, leader = await _first(leader=lock.wait_for_leadership(), signal=signals.wait())
+    if which == "signal":
+        sig = signals.take()[0]
+        _log("INFO", "signal_received", signal=sig.name, action=on_signal)
+        return _signal_exit(sig)
+    if leader:
+        return None
+    if tracker.held_elsewhere:
+        _log(
+            "INFO",
+            event,
+            lock=common.target.label,
+            reason="the lock is held elsewhere",
+            exit_code=held_exit_code,
+        )
+        return held_exit_code
+    raise _not_acquired_error(common, tracker)
 
 
 # ---------------------------------------------------------------------- exec
@@ -921,22 +951,12 @@ async def _exec(
     with _Signals() as signals:
         deadline.start()
         async with lock:
-            which, leader = await _first(leader=lock.wait_for_leadership(), signal=signals.wait())
-            if which == "signal":
-                sig = signals.take()[0]
-                _log("INFO", "signal_received", signal=sig.name, action="not running COMMAND")
-                return _signal_exit(sig)
-            if not leader:
-                if tracker.held_elsewhere:
-                    _log(
-                        "INFO",
-                        "not_running",
-                        lock=common.target.label,
-                        reason="the lock is held elsewhere",
-                        exit_code=held_exit_code,
-                    )
-                    return held_exit_code
-                raise _not_acquired_error(common, tracker)
+            refused = await _lead(
+                common, lock, tracker, signals, held_exit_code=held_exit_code,
+                event="not_running", on_signal="not running COMMAND",
+            )  # fmt: skip
+            if refused is not None:
+                return refused
             return await _supervise(common, lock, tracker, signals, command, kill_after_s)
 
 
