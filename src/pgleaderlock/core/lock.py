@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, Literal, Self, TypeVar
@@ -25,6 +23,12 @@ import pluggy
 
 from ._logging import get_logger, mask_dsn
 from .calls import CallGuard, Interrupted
+from .config import (
+    default_application_name,
+    optional_positive,
+    positive,
+    session_settings,
+)
 from .errors import (
     ConfigurationError,
     ConnectionError,
@@ -85,56 +89,6 @@ _NOT_LEADING = frozenset({LockState.FOLLOWER, LockState.ACQUIRING, LockState.STO
 _EXIT_TIMEOUT_S = 10.0
 _ABNORMAL_STOP_CALLBACKS_S = 1.0
 _CLOSE_TIMEOUT_S = 5.0
-_APPLICATION_NAME_MAX = 63  # NAMEDATALEN - 1
-
-
-def _optional_positive(name: str, value: object) -> float | None:
-    return None if value is None else _positive(name, value)
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive, finite number, got {value!r}")
-    return float(value)
-
-
-def _default_application_name(label: str) -> str:
-    name = f"pgleaderlock:{label}@{socket.gethostname()}:{os.getpid()}"
-    encoded = name.encode("utf-8")[:_APPLICATION_NAME_MAX]
-    return encoded.decode("utf-8", errors="ignore")
-
-
-def session_settings(
-    demotion_bound_s: float, tcp_user_timeout_s: float, follower_mode: str
-) -> dict[str, str]:
-    """Everything a lock's session sets at connect time."""
-    settings = partition_settings(demotion_bound_s, tcp_user_timeout_s)
-    if follower_mode == "wait":
-        # A backend waiting in pg_advisory_lock does not read its socket: without this
-        # (PostgreSQL >= 14) a follower that went away would stay queued for the lock
-        # until its lock_timeout, and could even be granted it.
-        settings["client_connection_check_interval"] = "500"
-    return settings
-
-
-def partition_settings(demotion_bound_s: float, tcp_user_timeout_s: float) -> dict[str, str]:
-    """Server-side TCP settings that drop a silent session after ``tcp_user_timeout_s``.
-
-    ``tcp_user_timeout`` bounds both paths on Linux servers: unacknowledged data and
-    unanswered keepalive probes. Without it (a server OS that lacks TCP_USER_TIMEOUT)
-    the keepalive path alone still waits ``idle + interval * count`` seconds, which is
-    kept above the demotion bound too.
-    """
-    idle = max(1, math.ceil(demotion_bound_s / 2))
-    count = max(1, math.ceil(tcp_user_timeout_s - idle) + 1)
-    return {
-        "tcp_keepalives_idle": str(idle),
-        "tcp_keepalives_interval": "1",
-        "tcp_keepalives_count": str(count),
-        "tcp_user_timeout": str(math.ceil(tcp_user_timeout_s * 1000)),
-    }
 
 
 class LeaderLock:
@@ -217,15 +171,15 @@ class LeaderLock:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
         self._name = name
-        self._health_interval_s = _positive("health_interval_s", health_interval_s)
-        self._health_timeout_s = _positive("health_timeout_s", health_timeout_s)
-        self._grace_s = _optional_positive("reconnect_grace_s", reconnect_grace_s)
-        self._connect_timeout_s = _positive("connect_timeout_s", connect_timeout_s)
-        self._command_timeout_s = _positive("command_timeout_s", command_timeout_s)
+        self._health_interval_s = positive("health_interval_s", health_interval_s)
+        self._health_timeout_s = positive("health_timeout_s", health_timeout_s)
+        self._grace_s = optional_positive("reconnect_grace_s", reconnect_grace_s)
+        self._connect_timeout_s = positive("connect_timeout_s", connect_timeout_s)
+        self._command_timeout_s = positive("command_timeout_s", command_timeout_s)
         demotion_bound = self._health_interval_s + self._health_timeout_s
         if tcp_user_timeout_s is None:
             tcp_user_timeout_s = demotion_bound + max(1.0, demotion_bound / 4)
-        user_timeout = _positive("tcp_user_timeout_s", tcp_user_timeout_s)
+        user_timeout = positive("tcp_user_timeout_s", tcp_user_timeout_s)
         if user_timeout <= demotion_bound:
             raise ConfigurationError(
                 f"tcp_user_timeout_s={user_timeout:g} must exceed health_interval_s + "
@@ -251,7 +205,7 @@ class LeaderLock:
         self._follower_mode: FollowerMode = follower_mode
         self._external_stop = shutdown_event
         label = name if name is not None else f"{self._key1},{self._key2}"
-        self._application_name = application_name or _default_application_name(label)
+        self._application_name = application_name or default_application_name(label)
         self._connect_options = ConnectOptions(
             application_name=self._application_name,
             connect_timeout_s=self._connect_timeout_s,

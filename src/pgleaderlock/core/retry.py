@@ -11,6 +11,7 @@ import math
 import random
 from typing import Protocol, runtime_checkable
 
+from .config import positive
 from .errors import ConfigurationError
 from .models import RetryContext
 
@@ -32,14 +33,6 @@ class RetryStrategy(Protocol):
         ...
 
 
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive, finite number, got {value!r}")
-    return float(value)
-
-
 class ExponentialBackoff:
     """``min(base_s * multiplier ** (attempt - 1), max_s)``.
 
@@ -50,9 +43,9 @@ class ExponentialBackoff:
     """
 
     def __init__(self, base_s: float = 1.0, max_s: float = 30.0, multiplier: float = 2.0) -> None:
-        self.base_s = _positive("base_s", base_s)
-        self.max_s = _positive("max_s", max_s)
-        self.multiplier = _positive("multiplier", multiplier)
+        self.base_s = positive("base_s", base_s)
+        self.max_s = positive("max_s", max_s)
+        self.multiplier = positive("multiplier", multiplier)
         if self.multiplier < 1:
             raise ConfigurationError(f"multiplier must be >= 1, got {multiplier!r}")
         if self.max_s < self.base_s:
@@ -80,7 +73,7 @@ class FixedInterval:
     """
 
     def __init__(self, interval_s: float = 5.0) -> None:
-        self.interval_s = _positive("interval_s", interval_s)
+        self.interval_s = positive("interval_s", interval_s)
 
     def next_delay_s(self, ctx: RetryContext) -> float:
         return self.interval_s
@@ -103,8 +96,8 @@ class DecorrelatedJitter:
     def __init__(
         self, base_s: float = 1.0, max_s: float = 30.0, *, rng: random.Random | None = None
     ) -> None:
-        self.base_s = _positive("base_s", base_s)
-        self.max_s = _positive("max_s", max_s)
+        self.base_s = positive("base_s", base_s)
+        self.max_s = positive("max_s", max_s)
         if self.max_s < self.base_s:
             raise ConfigurationError(f"max_s ({max_s}) must be >= base_s ({base_s})")
         self._rng = rng if rng is not None else random.Random()
