@@ -442,6 +442,10 @@ class LeaderLock:
         task = self._task
         if task is None or task.done():
             return
+        if self._stop_requested:  # shutdown wins: return once the task has ended
+            if task is not asyncio.current_task():
+                await asyncio.wait({task}, timeout=timeout_s)
+            return
         if self._state is not LockState.LEADER and self._release_done is None:
             return
         if self._release_done is None:

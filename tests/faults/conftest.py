@@ -1,0 +1,142 @@
+"""Fixtures of the fault-injection suite, and the table of figures it prints at the end.
+
+Every test records the leadership beliefs of its candidates in a ``BeliefLog``
+(``beliefs`` fixture) and ends with ``beliefs.report().assert_safe()``: no two beliefs
+overlap, except right after an external ``pg_terminate_backend`` of the old leader, where
+the overlap must stay under ``TERMINATE_OVERLAP_LIMIT_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgleaderlock import FixedInterval, LeaderLock, ShutdownError
+from pgleaderlock.testing.faults import (
+    BeliefLog,
+    NetnsLink,
+    NetnsUnavailableError,
+    lock_holders,
+    netns_unavailable_reason,
+)
+
+Admin = psycopg.AsyncConnection[tuple[Any, ...]]
+
+FAST: dict[str, Any] = {
+    "retry_strategy": FixedInterval(0.05),
+    "health_interval_s": 0.5,
+    "health_timeout_s": 0.5,
+    "connect_timeout_s": 2.0,
+    "command_timeout_s": 2.0,
+    "load_plugins": False,
+}
+"""Short timings: demotion bound D = 1 s, tcp_user_timeout U = 2 s."""
+
+_FIGURES = pytest.StashKey[list[tuple[str, str, str]]]()
+
+
+@pytest.fixture
+def keys() -> tuple[int, int]:
+    """Keys no other test uses, so tests can share one server."""
+    return random.randint(1, 2**31 - 1), random.randint(-(2**31), 2**31 - 1)
+
+
+@pytest.fixture
+def beliefs() -> BeliefLog:
+    return BeliefLog()
+
+
+@pytest.fixture
+async def make_lock(beliefs: BeliefLog) -> AsyncIterator[Callable[..., LeaderLock]]:
+    """``make_lock(dsn, keys, name, **overrides)``: a LeaderLock with FAST timings whose
+    beliefs are recorded as ``name``. Every lock made is shut down at teardown."""
+    made: list[LeaderLock] = []
+
+    def make(dsn: str | None, keys: tuple[int, int], name: str, **kwargs: Any) -> LeaderLock:
+        lock = LeaderLock(dsn, *keys, **{**FAST, "name": name, **kwargs})
+        beliefs.attach(lock, name)
+        made.append(lock)
+        return lock
+
+    try:
+        yield make
+    finally:
+        results = await asyncio.gather(
+            *(lock.shutdown(timeout_s=15) for lock in made), return_exceptions=True
+        )
+        for lock, result in zip(made, results, strict=True):
+            if isinstance(result, ShutdownError):
+                beliefs.end(lock.name or "?", "stop")
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
+    """A separate session on the shared server for looking and terminating."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
+    """``await holders(key1, key2)``: backend pids holding the lock on the shared server."""
+
+    async def holders(key1: int, key2: int) -> list[int]:
+        return await lock_holders(admin, key1, key2)
+
+    return holders
+
+
+@pytest.fixture
+def figures(
+    request: pytest.FixtureRequest, record_property: Callable[[str, object], None]
+) -> Callable[[str, float, str], None]:
+    """``figures(metric, value, unit)``: a measured figure (``unit="ms"`` takes seconds and
+    shows milliseconds), shown in the test's output,
+    recorded as a JUnit property, and printed in the suite's final table."""
+    rows = request.config.stash.setdefault(_FIGURES, [])
+
+    def add(metric: str, value: float, unit: str = "s") -> None:
+        if unit == "ms":
+            shown = f"{value * 1000:.1f} ms"
+        elif float(value).is_integer():
+            shown = f"{int(value)} {unit}"
+        else:
+            shown = f"{value:.3f} {unit}"
+        rows.append((request.node.name, metric, shown))
+        record_property(metric, value)
+        print(f"{metric}: {shown}")
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    rows = terminalreporter.config.stash.get(_FIGURES, None)
+    if not rows:
+        return
+    terminalreporter.write_sep("-", "fault suite figures")
+    width_test = max(len(r[0]) for r in rows)
+    width_metric = max(len(r[1]) for r in rows)
+    for test, metric, value in rows:
+        terminalreporter.write_line(f"{test:<{width_test}}  {metric:<{width_metric}}  {value}")
+
+
+@pytest.fixture
+def netns_link() -> Iterator[NetnsLink]:
+    """A namespace + veth link on a private /30; skipped when netns cannot be used."""
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    link = NetnsLink()
+    try:
+        link.start()
+    except NetnsUnavailableError as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    try:
+        yield link
+    finally:
+        link.close()

@@ -1,0 +1,85 @@
+"""The belief-interval checker itself (pure, no server): it must catch what it is for."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgleaderlock.testing.faults import BeliefLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def log_with(*spans: tuple[str, float, float | None]) -> BeliefLog:
+    log = BeliefLog(clock=Clock())
+    for name, start, end in spans:
+        log.begin(name, start)
+        if end is not None:
+            log.end(name, "lost", end)
+    return log
+
+
+def test_disjoint_beliefs_are_safe() -> None:
+    log = log_with(("a", 100.0, 101.0), ("b", 101.0, 102.0), ("a", 102.5, 103.0))
+    report = log.report(until=104.0)
+    report.assert_safe()
+    assert report.leader_changes == 2
+    assert report.longest_gap is not None
+    assert report.longest_gap.size_s == pytest.approx(1.0)  # 103 .. 104, nobody leads
+    assert (report.longest_gap.start, report.longest_gap.end) == (103.0, 104.0)
+
+
+def test_any_overlap_without_a_terminate_fails() -> None:
+    log = log_with(("a", 100.0, 101.0001), ("b", 101.0, None))
+    report = log.report(until=102.0)
+    assert len(report.other_overlaps) == 1
+    assert report.other_overlaps[0].size_s == pytest.approx(0.0001)
+    with pytest.raises(AssertionError, match=r"OVERLAP 0\.100 ms: a"):
+        report.assert_safe()
+
+
+def test_open_belief_overlaps_until_the_end() -> None:
+    log = log_with(("a", 100.0, None), ("b", 101.0, None))
+    report = log.report(until=103.0)
+    assert report.other_overlaps[0].size_s == pytest.approx(2.0)
+
+
+def test_terminate_overlap_is_reported_separately_and_bounded() -> None:
+    log = log_with()
+    log.begin("a", 100.0)
+    log.fault("terminate", "a", 101.0)
+    log.begin("b", 101.001)
+    log.end("a", "lost", 101.003)
+    report = log.report(until=102.0)
+    assert report.other_overlaps == ()
+    assert len(report.terminate_overlaps) == 1
+    assert report.max_terminate_overlap_s == pytest.approx(0.002)
+    report.assert_safe()
+    with pytest.raises(AssertionError, match="terminate overlap"):
+        report.assert_safe(terminate_limit_s=0.001)
+
+
+def test_terminate_of_another_candidate_explains_nothing() -> None:
+    log = log_with()
+    log.begin("a", 100.0)
+    log.fault("terminate", "c", 101.0)
+    log.begin("b", 101.001)
+    log.end("a", "lost", 101.003)
+    report = log.report(until=102.0)
+    assert len(report.other_overlaps) == 1
+
+
+def test_begin_and_end_are_idempotent_and_the_earliest_wins() -> None:
+    log = log_with()
+    log.feed("a", "state", 100.0, old="acquiring", new="leader")
+    log.feed("a", "acquired", 100.001)
+    log.feed("a", "state", 101.0, old="leader", new="follower")
+    log.feed("a", "lost", 101.002)
+    log.feed("a", "stopped", 102.0)
+    [interval] = log.intervals()
+    assert (interval.start, interval.end, interval.end_reason) == (100.0, 101.0, "state:follower")

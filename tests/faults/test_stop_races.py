@@ -1,0 +1,247 @@
+"""Stops that race the lifecycle: an external shutdown_event set mid-acquire, and
+step_down() racing shutdown() (DESIGN decision 5: shutdown wins, step_down() returns once
+the task has ended)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from pgleaderlock import FixedInterval, LockState
+from pgleaderlock.testing.faults import eventually
+from pgleaderlock.testing.proxy import TcpProxy
+
+S = LockState
+pytestmark = pytest.mark.timeout(60)
+
+
+def tcp_target(pg_dsn: str) -> tuple[str, int]:
+    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+    host = str(info.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        pytest.skip("the test server is reachable only over a unix socket")
+    return host, int(info.get("port") or 5432)
+
+
+async def backend_gone(admin, pid: int, timeout_s: float = 5.0) -> None:
+    async def count() -> int:
+        cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return (await cur.fetchone())[0]
+
+    deadline = time.monotonic() + timeout_s
+    while await count():
+        assert time.monotonic() < deadline, f"backend {pid} is still there"
+        await asyncio.sleep(0.02)
+
+
+async def test_shutdown_event_while_waiting_on_the_server(
+    pg_dsn, keys, admin, make_lock, beliefs, recorder, holders
+):
+    """A follower queued in pg_advisory_lock for 30 s stops at once when its
+    shutdown_event is set; its server-side wait is cancelled, its backend is gone."""
+    a = make_lock(pg_dsn, keys, "a")
+    event = asyncio.Event()
+    b = make_lock(pg_dsn, keys, "b", shutdown_event=event, retry_strategy=FixedInterval(30.0))
+    rec_b = recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(10)
+    await b.start()
+    await rec_b.wait_event("acquire_failed", timeout=10)
+    pid = b.backend_pid
+
+    async def queued() -> bool:
+        cur = await admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND pid = %s",
+            (pid,),
+        )
+        return (await cur.fetchone())[0] == 1
+
+    deadline = time.monotonic() + 10
+    while not await queued():
+        assert time.monotonic() < deadline, "the follower never queued on the server"
+        await asyncio.sleep(0.01)
+    stopping = time.monotonic()
+    event.set()
+    await eventually(lambda: b.state is S.STOPPED, 5, "the follower stops")
+    assert time.monotonic() - stopping < 2.0
+    assert rec_b.names()[-1] == "stopped"
+    assert "acquired" not in rec_b.names()
+    await backend_gone(admin, pid, timeout_s=2.0)
+    assert a.is_leader
+    assert await holders(*keys) == [a.backend_pid]
+    beliefs.report().assert_safe()
+
+
+async def test_shutdown_event_while_connecting(keys, make_lock, beliefs, recorder):
+    """A connect to a server that accepts TCP but never answers (connect_timeout_s=30)
+    is interrupted by the shutdown_event: STOPPED at once, no error reported."""
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    event = asyncio.Event()
+    try:
+        lock = make_lock(
+            f"postgresql://postgres@127.0.0.1:{port}/postgres",
+            keys,
+            "a",
+            shutdown_event=event,
+            connect_timeout_s=30.0,
+        )
+        rec = recorder(lock)
+        await lock.start()
+        await eventually(lambda: bool(accepted), 5, "the connect reaches the server")
+        await asyncio.sleep(0.2)
+        assert lock.state is S.FOLLOWER  # still connecting
+        stopping = time.monotonic()
+        event.set()
+        await eventually(lambda: lock.state is S.STOPPED, 5, "the lock stops")
+        assert time.monotonic() - stopping < 2.0
+        assert rec.errors() == []
+        assert rec.names() == ["stopped"]
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    beliefs.report().assert_safe()
+
+
+async def test_shutdown_event_while_try_lock_is_on_the_wire(
+    pg_dsn, keys, make_lock, beliefs, recorder, holders
+):
+    """pg_try_advisory_lock sent into a proxy that stopped forwarding: the event stops
+    the lock at once; the session is closed, since the lock may have been granted; once
+    the proxy lets go, nothing is held."""
+    host, port = tcp_target(pg_dsn)
+    event = asyncio.Event()
+    async with TcpProxy(host, port) as proxy:
+        dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
+        lock = make_lock(
+            dsn, keys, "a", shutdown_event=event, command_timeout_s=30.0, follower_mode="poll"
+        )
+        rec = recorder(lock)
+
+        @lock.on_state_change
+        def stall_first_attempt(old, new):
+            if new is S.ACQUIRING and proxy.connections == 1:
+                proxy.stall()
+
+        await lock.start()
+        await rec.wait_state(S.ACQUIRING, timeout=10)
+        await asyncio.sleep(0.2)
+        assert lock.state is S.ACQUIRING
+        stopping = time.monotonic()
+        event.set()
+        await eventually(lambda: lock.state is S.STOPPED, 5, "the lock stops")
+        assert time.monotonic() - stopping < 2.0
+        assert "acquired" not in rec.names()
+        await proxy.cut()
+        proxy.resume()
+        deadline = time.monotonic() + 5
+        while await holders(*keys):
+            assert time.monotonic() < deadline, "the interrupted session kept the lock"
+            await asyncio.sleep(0.02)
+    beliefs.report().assert_safe()
+
+
+@pytest.mark.parametrize("delay", [None, 0.0, 0.002, 0.02], ids=["same-tick", "0", "2ms", "20ms"])
+@pytest.mark.parametrize("first", ["step_down", "shutdown"])
+async def test_step_down_racing_shutdown(
+    pg_dsn, keys, make_lock, beliefs, recorder, holders, first, delay
+):
+    """Both calls return; the lock ends STOPPED after exactly one release (no
+    re-acquisition in between); the follower takes over with no overlap. (When
+    step_down() must return is checked by the next test: the "0" cases hit it.)"""
+    a = make_lock(pg_dsn, keys, "a", retry_strategy=FixedInterval(0.5))
+    b = make_lock(pg_dsn, keys, "b")
+    rec_a, rec_b = recorder(a), recorder(b)
+    await a.start()
+    assert await a.wait_for_leadership(10)
+    await b.start()
+    await rec_b.wait_event("acquire_failed", timeout=10)
+    calls = {"step_down": a.step_down, "shutdown": a.shutdown}
+    second = "shutdown" if first == "step_down" else "step_down"
+    loop = asyncio.get_running_loop()
+    one = loop.create_task(calls[first]())
+    if delay is not None:
+        await asyncio.sleep(delay)
+    two = loop.create_task(calls[second]())
+    async with asyncio.timeout(10):
+        await asyncio.gather(one, two)
+    assert a.state is S.STOPPED
+    names = rec_a.names()
+    assert names.count("acquired") == 1
+    assert names.count("released") == 1
+    assert names[-1] == "stopped"
+    assert await b.wait_for_leadership(5)
+    assert await holders(*keys) == [b.backend_pid]
+    beliefs.report().assert_safe()
+
+
+async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
+    pg_dsn, keys, make_lock, beliefs, holders
+):
+    """DESIGN decision 5: shutdown() racing step_down(): shutdown wins and step_down()
+    returns when the task has ended. Here step_down() is called while shutdown()'s
+    release is in progress (held in RELEASING by a callback, deterministically)."""
+    a = make_lock(pg_dsn, keys, "a")
+    releasing = asyncio.Event()
+    gate = asyncio.Event()
+
+    @a.on_state_change
+    async def hold_in_releasing(old, new):
+        if new is S.RELEASING:
+            releasing.set()
+            await gate.wait()
+
+    await a.start()
+    assert await a.wait_for_leadership(10)
+    shutting_down = asyncio.ensure_future(a.shutdown())
+    await asyncio.wait_for(releasing.wait(), 5)
+    stepping_down = asyncio.ensure_future(a.step_down())
+    await asyncio.sleep(0.1)
+    returned_early = stepping_down.done()
+    state_then, holders_then = a.state, await holders(*keys)
+    gate.set()
+    async with asyncio.timeout(10):
+        await asyncio.gather(shutting_down, stepping_down)
+    assert a.state is S.STOPPED
+    assert await holders(*keys) == []
+    assert not returned_early, (
+        f"step_down() returned while the shutdown was still releasing "
+        f"(state {state_then.value}, lock holders {holders_then})"
+    )
+
+
+async def test_step_down_timeout_racing_shutdown_with_the_unlock_stuck(
+    pg_dsn, keys, make_lock, beliefs, recorder, holders
+):
+    """The unlock is stuck in a stalled proxy: step_down(timeout_s=0.3) gives up and
+    closes the session while shutdown() runs; both return within the timeouts and the
+    lock is freed once the proxy lets go of the connection."""
+    host, port = tcp_target(pg_dsn)
+    async with TcpProxy(host, port) as proxy:
+        dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
+        a = make_lock(dsn, keys, "a", command_timeout_s=5.0, health_interval_s=30.0)
+        b = make_lock(pg_dsn, keys, "b")
+        rec_a = recorder(a)
+        await a.start()
+        assert await a.wait_for_leadership(10)
+        await b.start()
+        proxy.stall()
+        started = time.monotonic()
+        async with asyncio.timeout(10):
+            await asyncio.gather(a.step_down(timeout_s=0.3), a.shutdown(timeout_s=8))
+        assert time.monotonic() - started < 2.0  # the step_down timeout, not the 5 s unlock
+        assert a.state is S.STOPPED
+        assert "released" not in rec_a.names()
+        assert rec_a.names()[-1] == "stopped"
+        await proxy.cut()
+        proxy.resume()
+        assert await b.wait_for_leadership(5)
+        assert await holders(*keys) == [b.backend_pid]
+    beliefs.report().assert_safe()
