@@ -17,7 +17,7 @@ import inspect
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, cast
 
 import pluggy
 
@@ -515,9 +515,9 @@ class LeaderLock:
     def _abort_session(self) -> None:
         """Drop the session's connection synchronously (see AbortableSession)."""
         session = self._session
-        if isinstance(session, AbortableSession):
+        if session is not None and _can(session, AbortableSession):
             try:
-                session.abort()
+                cast(AbortableSession, session).abort()
             except Exception as exc:  # abort() must not raise; be defensive anyway
                 log.warning("session_abort_failed", error=repr(exc))
 
@@ -722,7 +722,8 @@ class LeaderLock:
         if (
             error is None
             and self._follower_mode == "wait"
-            and isinstance(self._session, WaitingSession)
+            and self._session is not None
+            and _can(self._session, WaitingSession)
         ):
             # The lock is taken: spend the delay waiting on the server, so the lock is
             # ours the instant its holder's session ends. A failed connection sleeps.
@@ -789,11 +790,11 @@ class LeaderLock:
         assert session is not None
         wait_s, self._wait_budget_s = self._wait_budget_s, 0.0
         try:
-            if wait_s > 0 and isinstance(session, WaitingSession):
+            if wait_s > 0 and _can(session, WaitingSession):
                 # On a stop, let the backend cancel the wait on the server first: the
                 # queued backend would otherwise linger until it notices we left.
                 granted = await self._call(
-                    session.wait_lock(self._key1, self._key2, wait_s),
+                    cast(WaitingSession, session).wait_lock(self._key1, self._key2, wait_s),
                     wait_s + self._command_timeout_s,
                     interruptible="stop",
                     abort_on_stop=False,
@@ -817,9 +818,9 @@ class LeaderLock:
     async def _leader_step(self) -> Input:
         session = self._session
         assert session is not None
-        if isinstance(session, WatchableSession):
+        if _can(session, WatchableSession):
             self._session_alarm = False
-            session.watch(self._on_session_alarm)
+            cast(WatchableSession, session).watch(self._on_session_alarm)
         deadline = time.monotonic() + self._health_interval_s
         while True:
             if self._stop_requested:
@@ -946,6 +947,19 @@ class LeaderLock:
                 await session.close()
         except Exception as exc:  # close() must not raise; be defensive anyway
             log.warning("session_close_failed", error=repr(exc))
+
+
+_CAPABILITIES: dict[tuple[type, type], bool] = {}
+
+
+def _can(session: object, capability: type) -> bool:
+    """``isinstance(session, capability)`` for the optional session capabilities, cached
+    per class: a runtime protocol check costs microseconds on every call otherwise."""
+    key = (type(session), capability)
+    found = _CAPABILITIES.get(key)
+    if found is None:
+        found = _CAPABILITIES[key] = isinstance(session, capability)
+    return found
 
 
 def _loop_time(deadline: float | None) -> float | None:
