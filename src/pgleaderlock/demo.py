@@ -32,11 +32,10 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.core._logging import mask_dsn
 from pgleaderlock.testing.postgres import ThrowawayPostgres, find_pg_bin
 
-POLL_S = 0.05  # a follower retries pg_try_advisory_lock this often: it bounds failover
 HEALTH_INTERVAL_S = 1.0  # the leader probes its session this often
 HEALTH_TIMEOUT_S = 2.0  # the library default
 STALE_BOUND_S = HEALTH_INTERVAL_S + HEALTH_TIMEOUT_S  # a leader notices a lost session by then
@@ -61,7 +60,6 @@ async def run_candidate(cid: int, dsn: str, name: str) -> int:
         dsn=dsn,
         health_interval_s=HEALTH_INTERVAL_S,
         health_timeout_s=HEALTH_TIMEOUT_S,
-        retry_strategy=FixedInterval(POLL_S),
     )
 
     def report(event: str, **extra: Any) -> None:
@@ -177,9 +175,10 @@ class Demo:
         version = self.admin.info.parameter_status("server_version")
         print(f"PostgreSQL {version} at {mask_dsn(self.dsn)}")
         print(
-            f"Followers poll pg_try_advisory_lock every {ms(POLL_S)} (FixedInterval({POLL_S})): "
-            f"that bounds failover.\nThe leader probes its session every {HEALTH_INTERVAL_S:g} s "
-            "(health_interval_s): that bounds how late a terminated leader finds out.\n"
+            "Followers wait on the server (follower_mode='wait', the default): PostgreSQL "
+            "grants the lock\nto the first waiter the instant the leader's session ends. The "
+            "leader watches its idle\nsession (a terminated backend is noticed within "
+            f"milliseconds) and probes it every {HEALTH_INTERVAL_S:g} s.\n"
         )
         self.t0 = time.time()
         self.log(self.t0, "parent", f"starting {self.args.candidates} candidates")
@@ -250,7 +249,7 @@ class Demo:
             if "exited" in c.seen:
                 return
         text = {
-            "started": "started, polling for the lock",
+            "started": "started, waiting for the lock",
             "acquired": f"ACQUIRED leadership (backend pid {c.backend_pid})",
             "lost": "LOST leadership: its session is gone",
             "released": "released leadership",
@@ -321,9 +320,7 @@ class Demo:
         if mode == "terminate":
             self.wait_until(lambda: old.seen.get("lost", 0) > killed_at, "the old leader to notice")
             noticed = old.seen["lost"] - killed_at
-            print(
-                f"==> old leader noticed the loss {ms(noticed)} after the kill (its health probe)"
-            )
+            print(f"==> old leader noticed the loss {ms(noticed)} after the kill")
         else:
             self.wait_until(lambda: old.gone, "the old leader's process to end")
             old.proc.wait(TIMEOUT_S)
