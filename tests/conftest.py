@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock, LockState
@@ -91,3 +93,62 @@ class Recorder:
 def recorder() -> Callable[[LeaderLock], Recorder]:
     """``recorder(lock)`` records every callback of ``lock`` in order."""
     return Recorder
+
+
+# ---------------------------------------------------------------- the shared server
+
+Admin = psycopg.AsyncConnection[tuple[object, ...]]
+
+_ADVISORY = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+    " AND classid = %s::int8::oid AND objid = %s::int8::oid AND granted = %s"
+)
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
+    """A separate session for looking at (and interfering with) the server."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def keys() -> tuple[int, int]:
+    """Keys no other test uses, so tests can share one server."""
+    return random.randint(1, 2**31 - 1), random.randint(-(2**31), 2**31 - 1)
+
+
+async def _advisory_pids(admin: Admin, key1: int, key2: int, granted: bool) -> list[int]:
+    cur = await admin.execute(_ADVISORY, (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF, granted))
+    return [row[0] for row in await cur.fetchall()]  # type: ignore[misc]
+
+
+@pytest.fixture
+def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
+    """``await holders(key1, key2)``: backend pids holding the lock, from pg_locks."""
+
+    async def holders(key1: int, key2: int) -> list[int]:
+        return await _advisory_pids(admin, key1, key2, True)
+
+    return holders
+
+
+@pytest.fixture
+def waiters(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
+    """``await waiters(key1, key2)``: backend pids queued for the lock, from pg_locks."""
+
+    async def waiters(key1: int, key2: int) -> list[int]:
+        return await _advisory_pids(admin, key1, key2, False)
+
+    return waiters
+
+
+@pytest.fixture
+def terminate(admin: Admin) -> Callable[[int | None], Awaitable[None]]:
+    """``await terminate(pid)``: ``pg_terminate_backend(pid)``."""
+
+    async def terminate(pid: int | None) -> None:
+        assert pid is not None
+        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    return terminate

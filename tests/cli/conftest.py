@@ -71,13 +71,6 @@ def lock_name() -> str:
 Admin = psycopg.AsyncConnection[tuple[object, ...]]
 
 
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
-    """A separate session to look at (and interfere with) the server."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        yield conn
-
-
 Holders = Callable[[str], Awaitable[list[int]]]
 
 

@@ -11,7 +11,6 @@ it gets a ``postgresql://`` URL and ``backend=<its name>``.
 from __future__ import annotations
 
 import importlib.util
-import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -235,60 +234,6 @@ def run_sql() -> Callable[[object, str], Awaitable[tuple[Any, ...]]]:
     """``await run_sql(session, query)``: the first row of ``query``, run on the
     session's own driver connection (outside the adapter)."""
     return _run_sql
-
-
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
-    """A separate psycopg session for looking at (and interfering with) the server."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def keys() -> tuple[int, int]:
-    """Keys no other test uses, so tests can share one server."""
-    return random.randint(1, 2**31 - 1), random.randint(-(2**31), 2**31 - 1)
-
-
-@pytest.fixture
-def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
-    """``await holders(key1, key2)``: backend pids holding the lock, from pg_locks."""
-
-    async def holders(key1: int, key2: int) -> list[int]:
-        cur = await admin.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
-            " AND classid = %s::int8::oid AND objid = %s::int8::oid",
-            (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF),
-        )
-        return [row[0] for row in await cur.fetchall()]
-
-    return holders
-
-
-@pytest.fixture
-def waiters(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
-    """``await waiters(key1, key2)``: backend pids queued for the lock, from pg_locks."""
-
-    async def waiters(key1: int, key2: int) -> list[int]:
-        cur = await admin.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            " AND objsubid = 2 AND classid = %s::int8::oid AND objid = %s::int8::oid",
-            (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF),
-        )
-        return [row[0] for row in await cur.fetchall()]
-
-    return waiters
-
-
-@pytest.fixture
-def terminate(admin: Admin) -> Callable[[int | None], Awaitable[None]]:
-    """``await terminate(pid)``: pg_terminate_backend(pid)."""
-
-    async def terminate(pid: int | None) -> None:
-        assert pid is not None
-        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-
-    return terminate
 
 
 @pytest.fixture

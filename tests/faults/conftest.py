@@ -9,8 +9,7 @@ the overlap must stay under ``TERMINATE_OVERLAP_LIMIT_S``.
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -21,7 +20,6 @@ from pgleaderlock.testing.faults import (
     BeliefLog,
     NetnsLink,
     NetnsUnavailableError,
-    lock_holders,
     netns_unavailable_reason,
 )
 
@@ -38,12 +36,6 @@ FAST: dict[str, Any] = {
 """Short timings: demotion bound D = 1 s, tcp_user_timeout U = 2 s."""
 
 _FIGURES = pytest.StashKey[list[tuple[str, str, str]]]()
-
-
-@pytest.fixture
-def keys() -> tuple[int, int]:
-    """Keys no other test uses, so tests can share one server."""
-    return random.randint(1, 2**31 - 1), random.randint(-(2**31), 2**31 - 1)
 
 
 @pytest.fixture
@@ -72,23 +64,6 @@ async def make_lock(beliefs: BeliefLog) -> AsyncIterator[Callable[..., LeaderLoc
         for lock, result in zip(made, results, strict=True):
             if isinstance(result, ShutdownError):
                 beliefs.end(lock.name or "?", "stop")
-
-
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
-    """A separate session on the shared server for looking and terminating."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
-    """``await holders(key1, key2)``: backend pids holding the lock on the shared server."""
-
-    async def holders(key1: int, key2: int) -> list[int]:
-        return await lock_holders(admin, key1, key2)
-
-    return holders
 
 
 @pytest.fixture

@@ -60,24 +60,6 @@ def lock_name() -> str:
 
 
 @pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
-    """A separate session for looking at (and interfering with) the server."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def terminate(admin: Admin) -> Callable[[int | None], Awaitable[None]]:
-    """``await terminate(pid)``: ``pg_terminate_backend(pid)``."""
-
-    async def terminate(pid: int | None) -> None:
-        assert pid is not None
-        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-
-    return terminate
-
-
-@pytest.fixture
 def sessions(admin: Admin) -> Callable[[str], Awaitable[list[int]]]:
     """``await sessions(lock_name)``: backend pids of the lock's sessions still connected."""
 
