@@ -187,7 +187,6 @@ class LeaderLock:
                 "lock could be granted to another session before the old leader has "
                 "noticed and demoted itself"
             )
-        self._tcp_user_timeout_s = user_timeout
         if not isinstance(auto_reacquire, bool):
             raise ConfigurationError(f"auto_reacquire must be a bool, got {auto_reacquire!r}")
         self._auto_reacquire = auto_reacquire
@@ -211,7 +210,6 @@ class LeaderLock:
             connect_timeout_s=self._connect_timeout_s,
             server_settings=session_settings(demotion_bound, user_timeout, follower_mode),
         )
-        self._dsn = dsn
         self._connect_fn = connect_fn
         if connect_fn is None:
             # The registry is not a driver: it imports the chosen backend lazily.
@@ -643,11 +641,7 @@ class LeaderLock:
                 assert self._grace_s is not None
                 self._grace_deadline = now + self._grace_s
             case Action.SCHEDULE_ATTEMPT:
-                if isinstance(self._last_error, NON_RETRYABLE):
-                    log.error(
-                        "giving_up", reason="non-retryable error", error=_describe(self._last_error)
-                    )
-                    self._give_up = True
+                self._give_up_if_hopeless()
                 self._wait_budget_s = 0.0
                 self._attempt_at = now
             case Action.BACKOFF:
@@ -702,23 +696,13 @@ class LeaderLock:
         self._wait_budget_s = 0.0
         if self._cycle_start is None:
             self._cycle_start = now
+        if self._give_up_if_hopeless():
+            return
         error = self._last_error
-        if isinstance(error, NON_RETRYABLE):
-            log.error("giving_up", reason="non-retryable error", error=_describe(error))
-            self._give_up = True
-            return
-        ctx = RetryContext(self._attempt, now - self._cycle_start, error)
-        try:
-            delay = self._retry.next_delay_s(ctx)
-        except Exception as exc:
-            log.error("retry_strategy_failed", error=repr(exc), exc_info=True)
-            self._give_up = True
-            return
+        delay = self._next_delay(RetryContext(self._attempt, now - self._cycle_start, error))
         if delay is None:
-            log.info("giving_up", reason="retry strategy returned None", attempt=self._attempt)
             self._give_up = True
             return
-        delay = max(0.0, float(delay)) if math.isfinite(delay) else 0.0
         if (
             error is None
             and self._follower_mode == "wait"
@@ -733,6 +717,25 @@ class LeaderLock:
             return
         log.debug("retry_scheduled", delay_s=round(delay, 3), attempt=self._attempt)
         self._attempt_at = now + delay
+
+    def _give_up_if_hopeless(self) -> bool:
+        """Stop retrying after an error that retrying cannot mend (NON_RETRYABLE)."""
+        if isinstance(self._last_error, NON_RETRYABLE):
+            log.error("giving_up", reason="non-retryable error", error=_describe(self._last_error))
+            self._give_up = True
+        return self._give_up
+
+    def _next_delay(self, ctx: RetryContext) -> float | None:
+        """Ask the retry strategy; a strategy that fails or returns None gives up."""
+        try:
+            delay = self._retry.next_delay_s(ctx)
+        except Exception as exc:
+            log.error("retry_strategy_failed", error=repr(exc), exc_info=True)
+            return None
+        if delay is None:
+            log.info("giving_up", reason="retry strategy returned None", attempt=ctx.attempt)
+            return None
+        return max(0.0, float(delay)) if math.isfinite(delay) else 0.0
 
     # ------------------------------------------------------------------ per-state steps
 
@@ -864,7 +867,22 @@ class LeaderLock:
                 return Input.GRACE_EXPIRED
             self._signal.clear()
             try:
-                granted = await self._call(self._reacquire(), remaining, interruptible="stop")
+                # Two bounded calls, each under the grace deadline, so that a timeout
+                # aborts the session like any other call's (no nested timeouts).
+                if self._session is None:
+                    self._session = await self._call(
+                        self._open_session(),
+                        min(self._connect_timeout_s, remaining),
+                        interruptible="stop",
+                    )
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return Input.GRACE_EXPIRED
+                granted = await self._call(
+                    self._session.try_lock(self._key1, self._key2),
+                    min(self._command_timeout_s, remaining),
+                    interruptible="stop",
+                )
             except Interrupted:
                 return Input.STOP_REQUESTED
             except Exception as exc:
@@ -878,21 +896,10 @@ class LeaderLock:
                 return Input.REACQUIRE_FAILED
             attempt += 1
             elapsed = time.monotonic() - (deadline - (self._grace_s or 0.0))
-            ctx = RetryContext(attempt, elapsed, self._last_error)
-            try:
-                delay = self._retry.next_delay_s(ctx)
-            except Exception:
-                delay = None
+            delay = self._next_delay(RetryContext(attempt, elapsed, self._last_error))
             if delay is None:
                 return Input.GRACE_EXPIRED
-            await self._sleep_until(min(deadline, time.monotonic() + max(0.0, delay)))
-
-    async def _reacquire(self) -> bool:
-        if self._session is None:
-            async with asyncio.timeout(self._connect_timeout_s):
-                self._session = await self._open_session()
-        async with asyncio.timeout(self._command_timeout_s):
-            return await self._session.try_lock(self._key1, self._key2)
+            await self._sleep_until(min(deadline, time.monotonic() + delay))
 
     async def _releasing_step(self) -> Input:
         session = self._session
