@@ -34,16 +34,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote, urlencode
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from pgleaderlock.backends import _sql, available, resolve
 from pgleaderlock.core.calls import CallGuard
 from pgleaderlock.core.session import ConnectOptions, LockSession
-from pgleaderlock.testing.postgres import resolve_test_dsn
+from pgleaderlock.testing.postgres import dsn_to_url, resolve_test_dsn
 
 KEYS_LIB = (731_001, 1)
 KEYS_RAW = (731_001, 2)
@@ -74,21 +71,6 @@ def flavours() -> list[Flavour]:
             )
         found.append(Flavour("sqlalchemy+psycopg", "sqlalchemy", "postgresql+psycopg", "psycopg"))
     return found
-
-
-def to_url(dsn: str, scheme: str) -> str:
-    params: dict[str, Any] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
-    user = quote(str(params.pop("user", "postgres")), safe="")
-    password = params.pop("password", None)
-    auth = f"{user}:{quote(str(password), safe='')}@" if password else f"{user}@"
-    host = str(params.pop("host", "127.0.0.1"))
-    port = params.pop("port", None)
-    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
-    if host.startswith("/"):
-        params["host"] = host
-        host = ""
-    query = f"?{urlencode(params)}" if params else ""
-    return f"{scheme}://{auth}{host}{f':{port}' if port else ''}/{dbname}{query}"
 
 
 # ------------------------------------------------------------------ the two contenders
@@ -134,7 +116,7 @@ async def raw_op(driver: str, dsn: str) -> tuple[Op, Op, Callable[[], Awaitable[
         return op, op_timeout, conn.close
     import asyncpg
 
-    aconn = await asyncpg.connect(to_url(dsn, "postgresql"))
+    aconn = await asyncpg.connect(dsn_to_url(dsn, "postgresql"))
     try_lock_p = _sql.TRY_LOCK.format(k1="$1", k2="$2")
     unlock_p = _sql.UNLOCK.format(k1="$1", k2="$2")
 
@@ -189,7 +171,7 @@ class Result:
 
 async def measure(flavour: Flavour, dsn: str, rounds: int, iterations: int) -> Result:
     backend, driver_dsn = resolve(
-        flavour.backend, to_url(dsn, flavour.scheme) if flavour.backend != "psycopg" else dsn
+        flavour.backend, dsn_to_url(dsn, flavour.scheme) if flavour.backend != "psycopg" else dsn
     )
     session = await backend.connect(driver_dsn, ConnectOptions("pgleaderlock-bench", 5.0))
     raw, raw_timeout, raw_close = await raw_op(flavour.driver, dsn)
@@ -220,7 +202,7 @@ async def measure(flavour: Flavour, dsn: str, rounds: int, iterations: int) -> R
 
 async def profile(flavour: Flavour, dsn: str, iterations: int) -> None:
     backend, driver_dsn = resolve(
-        flavour.backend, to_url(dsn, flavour.scheme) if flavour.backend != "psycopg" else dsn
+        flavour.backend, dsn_to_url(dsn, flavour.scheme) if flavour.backend != "psycopg" else dsn
     )
     session = await backend.connect(driver_dsn, ConnectOptions("pgleaderlock-bench", 5.0))
     try:

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
@@ -24,6 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgleaderlock import FixedInterval, LeaderLock, LockSession
 from pgleaderlock.backends import available, resolve
 from pgleaderlock.core.session import ConnectOptions
+from pgleaderlock.testing.postgres import dsn_to_url
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -61,24 +61,6 @@ def flavours() -> list[Flavour]:
 FLAVOURS = flavours()
 
 
-def to_url(dsn: str, scheme: str = "postgresql", **override: object) -> str:
-    """``dsn`` (URL or key=value) as a URL, with some parameters replaced."""
-    params: dict[str, Any] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
-    params.update({k: v for k, v in override.items() if v is not None})
-    user = quote(str(params.pop("user", "postgres")), safe="")
-    password = params.pop("password", None)
-    auth = f"{user}:{quote(str(password), safe='')}@" if password else f"{user}@"
-    host = str(params.pop("host", "127.0.0.1"))
-    port = params.pop("port", None)
-    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
-    if host.startswith("/"):
-        params["host"] = host  # a unix socket directory goes in the query string
-        host = ""
-    netloc = f"{auth}{host}" + (f":{port}" if port else "")
-    query = f"?{urlencode(params)}" if params else ""
-    return f"{scheme}://{netloc}/{dbname}{query}"
-
-
 @dataclass
 class Target:
     """A backend flavour bound to the test server; everything it opens is closed after
@@ -109,7 +91,7 @@ class Target:
         return host, int(info.get("port") or 5432)
 
     def url(self, **override: object) -> str:
-        return to_url(self.pg_dsn, self.flavour.scheme, **override)
+        return dsn_to_url(self.pg_dsn, self.flavour.scheme, **override)
 
     def dsn(self, **override: object) -> object:
         """What to pass as ``LeaderLock(dsn)``: a URL, or a (shared) AsyncEngine."""
@@ -226,7 +208,7 @@ async def _run_sql(session: object, query: str) -> tuple[Any, ...]:
 @pytest.fixture(name="to_url")
 def to_url_fixture() -> Callable[..., str]:
     """``to_url(dsn, scheme, **override)``: the test DSN as a URL of that scheme."""
-    return to_url
+    return dsn_to_url
 
 
 @pytest.fixture

@@ -434,8 +434,9 @@ async def test_shutdown_interrupts_a_hanging_connect(make_lock, server):
     assert lock.state is S.STOPPED
 
 
-async def test_shutdown_timeout_raises_and_cleans_up(make_lock, server):
+async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(make_lock, server, recorder):
     lock = make_lock()
+    rec = recorder(lock)
     gate = asyncio.Event()
 
     @lock.on_released
@@ -448,6 +449,8 @@ async def test_shutdown_timeout_raises_and_cleans_up(make_lock, server):
         await lock.shutdown(timeout_s=0.1)
     assert lock.state is S.STOPPED
     assert server.open_sessions == []
+    assert rec.names()[-1] == "stopped"  # a forced stop is still reported
+    assert rec.states()[-1] is S.STOPPED
 
 
 async def test_shutdown_from_a_callback_does_not_deadlock(make_lock, recorder):
@@ -701,23 +704,6 @@ async def test_idle_session_watch_detects_termination_at_once(make_lock, recorde
 def test_follower_mode_is_validated():
     with pytest.raises(ConfigurationError, match="follower_mode"):
         LeaderLock("postgresql://h/db", 1, 2, follower_mode="block")  # type: ignore[arg-type]
-
-
-async def test_forced_shutdown_still_reports_the_stop(make_lock, recorder):
-    lock = make_lock()
-    rec = recorder(lock)
-    gate = asyncio.Event()
-
-    @lock.on_released
-    async def stuck() -> None:
-        await gate.wait()
-
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    with pytest.raises(ShutdownError):
-        await lock.shutdown(timeout_s=0.1)
-    assert rec.names()[-1] == "stopped"
-    assert rec.states()[-1] is S.STOPPED
 
 
 def test_restart_on_another_event_loop():

@@ -40,6 +40,7 @@ from urllib.parse import quote
 
 __all__ = [
     "ThrowawayPostgres",
+    "dsn_to_url",
     "find_pg_bin",
     "probe_server",
     "resolve_test_dsn",
@@ -824,3 +825,29 @@ def resolve_test_dsn() -> tuple[str, Callable[[], None], str]:
         ) from exc
     description = f"throwaway cluster from {pg._bin_dir} on port {pg.port}"
     return pg.dsn, pg.close, description
+
+
+def dsn_to_url(dsn: str, scheme: str = "postgresql", **override: object) -> str:
+    """``dsn`` (URL or key=value) as a URL of ``scheme``, with some parameters replaced.
+
+    For drivers and libraries that take URLs only (asyncpg, SQLAlchemy); a unix socket
+    directory goes into the query string.
+    """
+    from urllib.parse import quote, urlencode
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    params: dict[str, object] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    params.update({k: v for k, v in override.items() if v is not None})
+    user = quote(str(params.pop("user", "postgres")), safe="")
+    password = params.pop("password", None)
+    auth = f"{user}:{quote(str(password), safe='')}@" if password else f"{user}@"
+    host = str(params.pop("host", "127.0.0.1"))
+    port = params.pop("port", None)
+    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
+    if host.startswith("/"):
+        params["host"] = host
+        host = ""
+    netloc = f"{auth}{host}" + (f":{port}" if port else "")
+    query = f"?{urlencode(params)}" if params else ""
+    return f"{scheme}://{netloc}/{dbname}{query}"
