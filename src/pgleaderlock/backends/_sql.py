@@ -33,6 +33,10 @@ WAIT_LOCK = (
     " pg_advisory_lock(({k1})::int4, ({k2})::int4), pg_backend_pid()"
 )
 LOCK_NOT_AVAILABLE = "55P03"
+
+CANCEL_TIMEOUT_S = 1.0
+"""How long an interrupted lock wait may spend asking the server to cancel it (so the
+queued backend leaves the queue at once) before the connection is simply dropped."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by oid().
 HOLDS = (

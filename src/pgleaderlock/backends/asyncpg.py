@@ -33,7 +33,6 @@ from . import _sql
 
 __all__ = ["AsyncpgSession", "backend", "check_dsn", "connect", "wrap"]
 
-_CANCEL_TIMEOUT_S = 1.0
 
 _TRY_LOCK = _sql.TRY_LOCK.format(k1="$1", k2="$2")
 _UNLOCK = _sql.UNLOCK.format(k1="$1", k2="$2")
@@ -201,9 +200,9 @@ class AsyncpgSession:
             # the server it stays queued (and may even be granted the lock) until it
             # notices that its client is gone. Cancelling the query made asyncpg send a
             # cancel request; close() waits for it to be acknowledged and ends the
-            # session, all bounded by _CANCEL_TIMEOUT_S.
+            # session, all bounded by _sql.CANCEL_TIMEOUT_S.
             try:
-                await conn.close(timeout=_CANCEL_TIMEOUT_S)
+                await conn.close(timeout=_sql.CANCEL_TIMEOUT_S)
             except BaseException:
                 pass
             finally:

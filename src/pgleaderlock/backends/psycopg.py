@@ -22,8 +22,6 @@ from . import _sql
 
 __all__ = ["PsycopgSession", "backend", "check_dsn", "connect", "wrap"]
 
-_CANCEL_TIMEOUT_S = 1.0
-
 
 def _translate(exc: psycopg.Error, what: str) -> Exception:
     """Map a driver error onto the library's hierarchy (the driver error is the cause)."""
@@ -108,7 +106,7 @@ class PsycopgSession:
         """Run ``query``; its first column is the value, its last ``pg_backend_pid()``.
 
         With ``cancel_on_server``, an interrupted call first asks the server to cancel
-        the statement (bounded by ``_CANCEL_TIMEOUT_S``): a backend queued for a lock
+        the statement (bounded by ``_sql.CANCEL_TIMEOUT_S``): a backend queued for a lock
         would otherwise stay queued, and could be granted it, until it notices that its
         client is gone. That needs the query in a task of its own, so it is kept for the
         long server-side wait; every other call runs inline and is aborted if cancelled.
@@ -137,7 +135,7 @@ class PsycopgSession:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             try:
-                async with asyncio.timeout(_CANCEL_TIMEOUT_S):
+                async with asyncio.timeout(_sql.CANCEL_TIMEOUT_S):
                     await self._conn.cancel_safe()
             except BaseException:  # best effort; CancelledError is re-raised below
                 pass
