@@ -11,7 +11,6 @@ from __future__ import annotations
 from ..core.errors import SessionNotDedicatedError
 
 __all__ = [
-    "BACKEND_PID",
     "HOLDS",
     "TRY_LOCK",
     "UNLOCK",
@@ -21,7 +20,6 @@ __all__ = [
     "oid",
 ]
 
-BACKEND_PID = "SELECT pg_backend_pid()"
 # Keys are parenthesised: "-2147483648::int4" parses as -(2147483648::int4) and overflows.
 TRY_LOCK = "SELECT pg_try_advisory_lock(({k1})::int4, ({k2})::int4), pg_backend_pid()"
 UNLOCK = "SELECT pg_advisory_unlock(({k1})::int4, ({k2})::int4), pg_backend_pid()"
