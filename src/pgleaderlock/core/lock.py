@@ -203,8 +203,7 @@ class LeaderLock:
             )
         self._follower_mode: FollowerMode = follower_mode
         self._external_stop = shutdown_event
-        label = name if name is not None else f"{self._key1},{self._key2}"
-        self._application_name = application_name or default_application_name(label)
+        self._application_name = application_name or default_application_name(self.label)
         self._connect_options = ConnectOptions(
             application_name=self._application_name,
             connect_timeout_s=self._connect_timeout_s,
@@ -285,6 +284,11 @@ class LeaderLock:
     def name(self) -> str | None:
         """The lock's name, if it was given one."""
         return self._name
+
+    @property
+    def label(self) -> str:
+        """How logs, metrics and status name this lock: its name, else ``"key1,key2"``."""
+        return self._name if self._name is not None else f"{self._key1},{self._key2}"
 
     @property
     def application_name(self) -> str:
