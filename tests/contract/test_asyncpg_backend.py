@@ -112,8 +112,8 @@ def test_malformed_dsn(dsn):
 
 def test_scheme_selects_asyncpg_and_is_stripped():
     lock = LeaderLock("postgresql+asyncpg://u:pw@h/db", 1, 2)
-    assert lock._backend.name == "asyncpg"
-    assert lock._driver_dsn == "postgresql://u:pw@h/db"
+    assert lock.backend.name == "asyncpg"
+    assert lock._slot._dsn == "postgresql://u:pw@h/db"
 
 
 class _Closed:

@@ -174,8 +174,8 @@ async def test_url_without_driver_uses_psycopg(pg_dsn, keys, to_url):
     lock = LeaderLock(to_url(pg_dsn, "postgresql"), *keys, backend="sqlalchemy", **FAST)
     async with lock:
         assert await lock.wait_for_leadership(10)
-        assert "PsycopgSession" in repr(lock._session)
-        assert "SQLAlchemySession" in repr(lock._session)
+        assert "PsycopgSession" in repr(lock._slot.session)
+        assert "SQLAlchemySession" in repr(lock._slot.session)
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,7 @@ def test_engine_selects_sqlalchemy():
     assert chosen.name == "sqlalchemy"
     assert given is engine
     lock = LeaderLock(engine, 1, 2)
-    assert lock._backend.name == "sqlalchemy"
+    assert lock.backend.name == "sqlalchemy"
 
 
 def test_scheme_conflicting_with_the_name_is_refused():
@@ -356,7 +356,7 @@ async def test_third_party_backend_is_selected_by_name(site, pg_dsn, keys, holde
     lock = LeaderLock(None, *keys, connect_fn=connect_fn, **FAST)
     async with lock:
         assert await lock.wait_for_leadership(10)
-        assert type(lock._session).__name__ == "TinySession"
+        assert type(lock._slot.session).__name__ == "TinySession"
     for conn in conns:
         await conn.close()
 

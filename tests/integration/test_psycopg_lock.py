@@ -59,7 +59,7 @@ async def test_lock_passes_partition_settings(pg_dsn, keys, admin):
     async with lock:
         assert await lock.wait_for_leadership(10)
         # The lock's own settings, as derived from its timings (bound 4 s -> 5 s).
-        assert lock._connect_options.server_settings["tcp_user_timeout"] == "5000"
+        assert lock.connect_options.server_settings["tcp_user_timeout"] == "5000"
 
 
 async def test_dsn_options_are_kept(pg_dsn):

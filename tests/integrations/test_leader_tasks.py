@@ -252,7 +252,7 @@ async def test_lock_task_ending_abnormally_cancels_the_tasks(fake_lock):
     tasks.add(probe.run)
     await lock.start()
     await until(lambda: probe.starts == 1)
-    lock._task.cancel()  # what shutdown(timeout_s) does when the task is stuck
+    lock._runner.task.cancel()  # what shutdown(timeout_s) does when the task is stuck
     await until(lambda: probe.stops == 1)
     await tasks.stop()
     assert tasks.running == []

@@ -67,4 +67,17 @@ def test_structured_messages(caplog):
     record = caplog.records[-1]
     assert record.name == "pgleaderlock"
     assert record.getMessage() == "lock_acquired key1=1 key2=-2 attempt=3"
-    assert record.pgleaderlock == {"name": "lock_acquired", "key1": 1, "key2": -2, "attempt": 3}
+    assert record.pgleaderlock == {"event": "lock_acquired", "key1": 1, "key2": -2, "attempt": 3}
+
+
+def test_structured_fields_are_json_serialisable(caplog):
+    """A JSON formatter must never meet an enum or an exception object."""
+    import json
+
+    from pgleaderlock import LockState
+
+    with caplog.at_level(logging.INFO, logger="pgleaderlock"):
+        get_logger().info("state_change", to=LockState.LEADER, error=ValueError("x"), lock="a")
+    fields = caplog.records[-1].pgleaderlock
+    assert fields == {"event": "state_change", "to": "leader", "error": "x", "lock": "a"}
+    json.dumps(fields)

@@ -1,4 +1,6 @@
-"""The transition table, row by row, against the spec (§3.3 with footnotes 1-3).
+"""The machine with an injected clock and no event loop: the table row by row against the
+spec (§3.3 with footnotes 1-3), then every policy the machine owns, then random runs that
+check its invariants.
 
 EXPECTED is written from the spec (and DESIGN.md's decisions), independently of
 machine.TABLE: changing any row of the table makes its case here fail.
@@ -7,58 +9,92 @@ machine.TABLE: changing any row of the table makes its case here fail.
 from __future__ import annotations
 
 import itertools
+import random
+from collections.abc import Sequence
 
 import pytest
 
+from pgleaderlock import (
+    ConnectionError,
+    FixedInterval,
+    LockNotHeldError,
+    LockState,
+    RetryContext,
+    SessionNotDedicatedError,
+)
+from pgleaderlock.core.config import LockConfig
 from pgleaderlock.core.machine import (
     TABLE,
+    Aborted,
     Action,
+    Answered,
+    Call,
+    CloseSession,
     Conditions,
+    Connected,
+    Effect,
+    Emit,
+    Failed,
     IllegalTransitionError,
+    Input,
+    Interrupted,
+    Log,
+    Machine,
+    Op,
+    ReleaseDone,
+    Request,
+    Result,
+    Sleep,
+    Started,
+    WatchSession,
+    Woke,
     legal_inputs,
     render_markdown,
+    render_mermaid,
     step,
 )
-from pgleaderlock.core.models import Input, LockState
+from pgleaderlock.core.models import Event
 
 S, I, A = LockState, Input, Action
 ANY = (True, False)
 
 CLOSE_STOP = (A.CLOSE_SESSION, A.EMIT_STOPPED)
-REOPEN = (A.CLOSE_SESSION, A.OPEN_SESSION)
 
 # (from, input, auto_reacquire, grace, step_down) -> (to, actions); None = any value.
 EXPECTED = [
-    # STOPPED --Start--> FOLLOWER: open connection; schedule immediate AcquireAttempt
-    ((S.STOPPED, I.START, None, None, None), (S.FOLLOWER, (A.OPEN_SESSION, A.SCHEDULE_ATTEMPT))),
+    # STOPPED --Start--> FOLLOWER: schedule an immediate attempt (the session opens then)
+    ((S.STOPPED, I.START, None, None, None), (S.FOLLOWER, (A.SCHEDULE_ATTEMPT,))),
     ((S.FOLLOWER, I.ACQUIRE_ATTEMPT, None, None, None), (S.ACQUIRING, (A.TRY_LOCK,))),
     ((S.FOLLOWER, I.STOP_REQUESTED, None, None, None), (S.STOPPED, CLOSE_STOP)),
     # connection establishment failure: retried with the strategy (spec §6.2)
     ((S.FOLLOWER, I.DB_ERROR, None, None, None),
-     (S.FOLLOWER, (A.EMIT_ERROR, *REOPEN, A.BACKOFF))),
+     (S.FOLLOWER, (A.EMIT_ERROR, A.CLOSE_SESSION, A.BACKOFF))),
+    ((S.FOLLOWER, I.RETRIES_EXHAUSTED, None, None, None),
+     (S.STOPPED, (A.LOG_GIVING_UP, *CLOSE_STOP))),
     ((S.ACQUIRING, I.ACQUIRE_SUCCEEDED, None, None, None),
      (S.LEADER, (A.EMIT_ACQUIRED, A.RESET_RETRY, A.START_HEALTH_LOOP))),
     ((S.ACQUIRING, I.ACQUIRE_FAILED, None, None, None),
      (S.FOLLOWER, (A.EMIT_ACQUIRE_FAILED, A.BACKOFF))),
     # DbError while acquiring: on_error (DESIGN decision 2), footnote 1
     ((S.ACQUIRING, I.DB_ERROR, True, None, None),
-     (S.FOLLOWER, (A.EMIT_ERROR, *REOPEN, A.BACKOFF))),
+     (S.FOLLOWER, (A.EMIT_ERROR, A.CLOSE_SESSION, A.BACKOFF))),
     ((S.ACQUIRING, I.DB_ERROR, False, None, None), (S.STOPPED, (A.EMIT_ERROR, *CLOSE_STOP))),
     ((S.ACQUIRING, I.STOP_REQUESTED, None, None, None), (S.STOPPED, CLOSE_STOP)),
-    ((S.LEADER, I.HEALTH_OK, None, None, None), (S.LEADER, ())),
+    ((S.LEADER, I.HEALTH_OK, None, None, None), (S.LEADER, (A.START_HEALTH_LOOP,))),
     # HealthFailed / DbError in LEADER: RECONNECTING, or footnote 3 (+ footnote 1)
-    ((S.LEADER, I.HEALTH_FAILED, None, True, None),
-     (S.RECONNECTING, (A.LOG_SESSION_LOST, A.CLOSE_SESSION, A.START_GRACE))),
-    ((S.LEADER, I.HEALTH_FAILED, True, False, None),
-     (S.FOLLOWER, (A.LOG_SESSION_LOST, A.EMIT_LOST, *REOPEN, A.SCHEDULE_ATTEMPT))),
-    ((S.LEADER, I.HEALTH_FAILED, False, False, None),
-     (S.STOPPED, (A.LOG_SESSION_LOST, A.EMIT_LOST, *CLOSE_STOP))),
-    ((S.LEADER, I.DB_ERROR, None, True, None),
-     (S.RECONNECTING, (A.LOG_SESSION_LOST, A.CLOSE_SESSION, A.START_GRACE))),
-    ((S.LEADER, I.DB_ERROR, True, False, None),
-     (S.FOLLOWER, (A.LOG_SESSION_LOST, A.EMIT_LOST, *REOPEN, A.SCHEDULE_ATTEMPT))),
-    ((S.LEADER, I.DB_ERROR, False, False, None),
-     (S.STOPPED, (A.LOG_SESSION_LOST, A.EMIT_LOST, *CLOSE_STOP))),
+    *[
+        row
+        for inp in (I.HEALTH_FAILED, I.DB_ERROR)
+        for row in (
+            ((S.LEADER, inp, None, True, None),
+             (S.RECONNECTING, (A.LOG_SESSION_LOST, A.CLOSE_SESSION, A.START_GRACE))),
+            ((S.LEADER, inp, True, False, None),
+             (S.FOLLOWER,
+              (A.LOG_SESSION_LOST, A.EMIT_LOST, A.CLOSE_SESSION, A.SCHEDULE_ATTEMPT))),
+            ((S.LEADER, inp, False, False, None),
+             (S.STOPPED, (A.LOG_SESSION_LOST, A.EMIT_LOST, *CLOSE_STOP))),
+        )
+    ],
     ((S.LEADER, I.STOP_REQUESTED, None, None, None), (S.RELEASING, (A.UNLOCK,))),
     ((S.LEADER, I.RELEASE_REQUESTED, None, None, None), (S.RELEASING, (A.UNLOCK,))),
     # RECONNECTING: silent recovery emits nothing
@@ -68,28 +104,37 @@ EXPECTED = [
      (S.FOLLOWER, (A.EMIT_LOST, A.SCHEDULE_ATTEMPT))),
     ((S.RECONNECTING, I.REACQUIRE_FAILED, False, None, None),
      (S.STOPPED, (A.EMIT_LOST, *CLOSE_STOP))),
+    ((S.RECONNECTING, I.RECONNECT_FAILED, None, None, None),
+     (S.RECONNECTING, (A.CLOSE_SESSION, A.RETRY_RECONNECT))),
     ((S.RECONNECTING, I.GRACE_EXPIRED, True, None, None),
-     (S.FOLLOWER, (A.EMIT_LOST, *REOPEN, A.SCHEDULE_ATTEMPT))),
+     (S.FOLLOWER, (A.EMIT_LOST, A.CLOSE_SESSION, A.SCHEDULE_ATTEMPT))),
     ((S.RECONNECTING, I.GRACE_EXPIRED, False, None, None),
      (S.STOPPED, (A.EMIT_LOST, *CLOSE_STOP))),
+    # step_down() while the session is gone: the leadership was lost, not released
+    ((S.RECONNECTING, I.RELEASE_REQUESTED, True, None, None),
+     (S.FOLLOWER, (A.EMIT_LOST, A.CLOSE_SESSION, A.BACKOFF))),
+    ((S.RECONNECTING, I.RELEASE_REQUESTED, False, None, None),
+     (S.STOPPED, (A.EMIT_LOST, *CLOSE_STOP))),
     ((S.RECONNECTING, I.STOP_REQUESTED, None, None, None), (S.STOPPED, CLOSE_STOP)),
-    # RELEASING: footnote 2 (step_down + auto_reacquire -> FOLLOWER)
-    ((S.RELEASING, I.RELEASE_SUCCEEDED, None, None, False),
-     (S.STOPPED, (A.EMIT_RELEASED, *CLOSE_STOP))),
-    ((S.RELEASING, I.RELEASE_SUCCEEDED, False, None, True),
-     (S.STOPPED, (A.EMIT_RELEASED, *CLOSE_STOP))),
-    ((S.RELEASING, I.RELEASE_SUCCEEDED, True, None, True),
-     (S.FOLLOWER, (A.EMIT_RELEASED, *REOPEN, A.BACKOFF))),
-    # ReleaseFailed / DbError: on_error; close; STOPPED (DESIGN decision 7 for step_down)
+    # RELEASING: footnote 2 (step_down + auto_reacquire -> FOLLOWER); DESIGN decision 7
     *[
         row
-        for inp in (I.RELEASE_FAILED, I.DB_ERROR)
-        for row in (
-            ((S.RELEASING, inp, None, None, False), (S.STOPPED, (A.EMIT_ERROR, *CLOSE_STOP))),
-            ((S.RELEASING, inp, False, None, True), (S.STOPPED, (A.EMIT_ERROR, *CLOSE_STOP))),
-            ((S.RELEASING, inp, True, None, True),
-             (S.FOLLOWER, (A.EMIT_ERROR, *REOPEN, A.BACKOFF))),
+        for inp, emit in (
+            (I.RELEASE_SUCCEEDED, A.EMIT_RELEASED),
+            (I.RELEASE_FAILED, A.EMIT_ERROR),
+            (I.DB_ERROR, A.EMIT_ERROR),
         )
+        for row in (
+            ((S.RELEASING, inp, None, None, False), (S.STOPPED, (emit, *CLOSE_STOP))),
+            ((S.RELEASING, inp, False, None, True), (S.STOPPED, (emit, *CLOSE_STOP))),
+            ((S.RELEASING, inp, True, None, True),
+             (S.FOLLOWER, (emit, A.CLOSE_SESSION, A.BACKOFF))),
+        )
+    ],
+    # a cancelled or crashed task stops from every running state
+    *[
+        ((state, I.TASK_ABORTED, None, None, None), (S.STOPPED, CLOSE_STOP))
+        for state in (S.FOLLOWER, S.ACQUIRING, S.LEADER, S.RECONNECTING, S.RELEASING)
     ],
 ]  # fmt: skip
 
@@ -116,20 +161,25 @@ def test_row(when, then):
 
 def test_every_table_row_is_expected():
     """No row exists beyond the ones above (an added row needs a case too)."""
-    covered = set()
+    covered = {(S.STOPPED, I.TASK_ABORTED)}  # checked by test_aborted_when_stopped
+    covered_conds = set()
     for (state, input_, auto, grace, step_down), _ in EXPECTED:
         for cond in _configs(auto, grace, step_down):
-            covered.add((state, input_, cond))
+            covered_conds.add((state, input_, cond))
     for row in TABLE:
+        if (row.source, row.input) in covered:
+            continue
         for cond in _configs(row.auto_reacquire, row.grace_enabled, row.step_down):
-            assert (row.source, row.input, cond) in covered, row
+            assert (row.source, row.input, cond) in covered_conds, row
 
 
 def test_at_most_one_row_matches():
     for state, input_ in itertools.product(LockState, Input):
         for cond in _configs(None, None, None):
-            matching = [row for row in TABLE if row.matches(state, input_, cond)]
-            assert len(matching) <= 1, (state, input_, cond, matching)
+            for reported in ANY:
+                c = Conditions(cond.auto_reacquire, cond.grace_enabled, cond.step_down, reported)
+                matching = [row for row in TABLE if row.matches(state, input_, c)]
+                assert len(matching) <= 1, (state, input_, c, matching)
 
 
 @pytest.mark.parametrize(
@@ -167,13 +217,438 @@ def test_on_lost_only_leaving_leadership():
 
 def test_every_stop_emits_on_stopped_and_closes():
     for row in TABLE:
-        if row.target is S.STOPPED:
+        if row.target is S.STOPPED and row.source is not S.STOPPED:
             assert row.actions[-2:] == (A.CLOSE_SESSION, A.EMIT_STOPPED), row
 
 
-def test_legal_inputs_and_markdown():
-    assert legal_inputs(S.STOPPED) == {I.START}
+def test_legal_inputs_and_renderings():
+    assert legal_inputs(S.STOPPED) == {I.START, I.TASK_ABORTED}
     assert I.RELEASE_REQUESTED in legal_inputs(S.LEADER)
     md = render_markdown()
     assert md.count("\n") == len(TABLE) + 1
     assert "| RECONNECTING | `ReacquireSucceeded` |" in md
+    mermaid = render_mermaid()
+    assert mermaid.startswith("stateDiagram-v2")
+    for row in TABLE:
+        if row.input is not I.TASK_ABORTED:
+            assert f"{row.source.name} --> {row.target.name}: {row.input.value}" in mermaid
+
+
+# ---------------------------------------------------------------------- policies
+
+
+def config(**kwargs) -> LockConfig:
+    values = {
+        "health_interval_s": 5.0,
+        "health_timeout_s": 2.0,
+        "reconnect_grace_s": None,
+        "connect_timeout_s": 3.0,
+        "command_timeout_s": 4.0,
+        "tcp_user_timeout_s": 9.0,
+        "auto_reacquire": True,
+        "follower_mode": "wait",
+    }
+    values.update(kwargs)
+    return LockConfig(**values)
+
+
+class Recording:
+    """A retry strategy that records its contexts and answers from a list (then 1 s)."""
+
+    def __init__(self, *delays: float | None) -> None:
+        self.delays = list(delays)
+        self.contexts: list[RetryContext] = []
+
+    def next_delay_s(self, ctx: RetryContext) -> float | None:
+        self.contexts.append(ctx)
+        return self.delays.pop(0) if self.delays else 1.0
+
+
+class Driver:
+    """Feeds a machine by hand: the clock is ``now``, effects are kept for assertions."""
+
+    def __init__(self, retry=None, **kwargs) -> None:
+        self.machine = Machine(config(**kwargs), retry or FixedInterval(1.0))
+        self.now = 100.0
+        self.effects: list[Effect] = []
+
+    def feed(self, result: Result, after: float = 0.0) -> list[Effect]:
+        self.now += after
+        self.effects = self.machine.handle(result, self.now)
+        return self.effects
+
+    @property
+    def blocking(self) -> Effect | None:
+        last = self.effects[-1] if self.effects else None
+        return last if isinstance(last, Call | Sleep) else None
+
+    def emitted(self) -> list[Event]:
+        return [
+            e.event
+            for e in self.effects
+            if isinstance(e, Emit) and e.event is not Event.STATE_CHANGE
+        ]
+
+    def logged(self) -> list[str]:
+        return [e.message for e in self.effects if isinstance(e, Log)]
+
+    def lead(self) -> None:
+        self.feed(Started())
+        self.feed(Connected(can_wait=True))
+        self.feed(Answered(True))
+        assert self.machine.state is S.LEADER
+
+
+def test_start_connects_then_tries_then_leads():
+    d = Driver()
+    d.feed(Started())
+    assert d.machine.state is S.FOLLOWER
+    assert d.blocking == Call(Op.CONNECT, 3.0, interruptible=Request.STOP, what="connect")
+    d.feed(Connected(can_wait=True))
+    assert d.machine.state is S.ACQUIRING
+    assert d.blocking == Call(Op.TRY_LOCK, 4.0, interruptible=Request.STOP, what="try_lock")
+    d.feed(Answered(True), after=0.01)
+    assert d.machine.state is S.LEADER
+    assert d.emitted() == [Event.ACQUIRED]
+    assert d.effects[-2:] == [WatchSession(), Sleep(d.now + 5.0)]
+    assert d.machine.leader_since == d.now
+
+
+def test_busy_lock_waits_on_the_server_for_the_delay():
+    retry = Recording(2.5, 7.0)
+    d = Driver(retry)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(False), after=1)
+    assert d.emitted() == [Event.ACQUIRE_FAILED]
+    wait = d.blocking
+    assert isinstance(wait, Call)
+    assert (wait.op, wait.wait_s, wait.timeout_s) == (Op.WAIT_LOCK, 2.5, 2.5 + 4.0)
+    assert not wait.abort_on_interrupt  # the driver cancels the wait on the server first
+    d.feed(Answered(False), after=2.5)
+    assert [c.attempt for c in retry.contexts] == [1, 2]
+    assert retry.contexts[1].elapsed_s == pytest.approx(3.5)
+    assert all(c.last_error is None for c in retry.contexts)
+
+
+def test_poll_mode_and_sessions_that_cannot_wait_sleep_instead():
+    for kwargs, can_wait in (({"follower_mode": "poll"}, True), ({}, False)):
+        d = Driver(**kwargs)
+        d.feed(Started())
+        d.feed(Connected(can_wait=can_wait))
+        d.feed(Answered(False))
+        assert d.blocking == Sleep(d.now + 1.0)
+        d.feed(Woke(), after=1.0)
+        assert isinstance(d.blocking, Call)
+        assert d.blocking.op is Op.TRY_LOCK
+
+
+def test_connect_failure_reports_error_closes_nothing_and_sleeps():
+    retry = Recording(0.5)
+    d = Driver(retry)
+    d.feed(Started())
+    error = ConnectionError("refused")
+    d.feed(Failed(error))
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.ERROR]
+    assert not any(isinstance(e, CloseSession) for e in d.effects)  # none was open
+    assert d.blocking == Sleep(d.now + 0.5)
+    assert retry.contexts[0].last_error is error
+    d.feed(Woke(), after=0.5)
+    assert d.blocking.op is Op.CONNECT
+
+
+def test_db_error_while_acquiring_closes_and_backs_off():
+    d = Driver(Recording(0.25))
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Failed(ConnectionError("reset")))
+    assert d.emitted() == [Event.ERROR]
+    assert CloseSession() in d.effects
+    assert d.blocking == Sleep(d.now + 0.25)  # an error sleeps, never waits on the server
+
+
+def test_retry_strategy_giving_up_stops_without_an_error():
+    d = Driver(Recording(None))
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(False))
+    assert d.machine.state is S.STOPPED
+    assert d.emitted() == [Event.ACQUIRE_FAILED, Event.STOPPED]
+    assert "giving_up" in d.logged()
+    assert d.blocking is None
+
+
+def test_a_retry_strategy_that_raises_gives_up():
+    class Broken:
+        def next_delay_s(self, ctx):
+            raise RuntimeError("strategy bug")
+
+    d = Driver(Broken())
+    d.feed(Started())
+    d.feed(Failed(ConnectionError("down")))
+    assert d.machine.state is S.STOPPED
+    assert "retry_strategy_failed" in d.logged()
+
+
+def test_non_retryable_error_stops_after_on_error():
+    retry = Recording()
+    d = Driver(retry)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Failed(SessionNotDedicatedError("pooler")))
+    assert d.machine.state is S.STOPPED
+    assert d.emitted() == [Event.ERROR, Event.STOPPED]
+    assert retry.contexts == []  # not even asked
+
+
+def test_stop_while_sleeping_stops():
+    d = Driver()
+    d.feed(Started())
+    d.feed(Failed(ConnectionError("down")))
+    assert d.machine.request(Request.STOP)
+    d.feed(Woke())
+    assert d.machine.state is S.STOPPED
+    assert d.emitted() == [Event.STOPPED]
+
+
+def test_stop_cuts_short_an_attempt_and_closes_its_session():
+    d = Driver()
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    attempt = d.blocking
+    assert not d.machine.preempted(attempt)
+    d.machine.request(Request.STOP)
+    assert d.machine.preempted(attempt)
+    d.feed(Interrupted())
+    assert d.machine.state is S.STOPPED
+    assert CloseSession() in d.effects  # the attempt may have been granted
+
+
+def test_stop_before_the_first_decision_is_kept():
+    d = Driver()
+    d.machine.request(Request.STOP)  # shutdown() raced start()
+    d.feed(Started())
+    assert d.machine.state is S.STOPPED
+
+
+def test_stop_while_leader_releases_then_stops():
+    d = Driver()
+    d.lead()
+    d.machine.request(Request.STOP)
+    d.feed(Woke())
+    assert d.machine.state is S.RELEASING
+    assert d.blocking == Call(Op.UNLOCK, 4.0, interruptible=Request.FORCE, what="unlock")
+    d.feed(Answered(True))
+    assert d.machine.state is S.STOPPED
+    assert d.emitted() == [Event.RELEASED, Event.STOPPED]
+
+
+def test_step_down_hands_over_and_waits_one_delay():
+    d = Driver(Recording(0.75))
+    d.lead()
+    assert d.machine.request(Request.RELEASE) is True
+    d.feed(Woke())
+    assert d.machine.state is S.RELEASING
+    d.feed(Answered(True))
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.RELEASED]
+    assert CloseSession() in d.effects
+    assert ReleaseDone() in d.effects
+    assert d.blocking == Sleep(d.now + 0.75)  # the others had their chance first
+
+
+def test_step_down_when_not_leading_asks_nothing():
+    d = Driver()
+    d.feed(Started())
+    assert d.machine.request(Request.RELEASE) is False
+
+
+def test_step_down_timeout_forces_the_release():
+    d = Driver()
+    d.lead()
+    d.machine.request(Request.RELEASE)
+    d.feed(Woke())
+    d.machine.request(Request.FORCE)
+    d.feed(Interrupted())
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.ERROR]
+    error = next(e.error for e in d.effects if isinstance(e, Emit) and e.error)
+    assert "step_down timed out" in str(error)
+
+
+def test_probe_schedule_alarm_and_loss():
+    d = Driver()
+    d.lead()
+    d.feed(Woke(), after=2.0)  # woken early, nothing due
+    assert d.blocking == Sleep(d.now + 3.0)
+    d.machine.request(Request.ALARM)
+    d.feed(Woke())
+    assert d.blocking.op is Op.PROBE  # the alarm probes at once
+    d.feed(Answered(True))
+    assert d.blocking == Sleep(d.now + 5.0)
+    d.feed(Woke(), after=5.0)
+    d.feed(Answered(False))
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.LOST]
+    assert isinstance(d.machine.last_error, LockNotHeldError)
+    assert d.blocking.op is Op.CONNECT  # right away: a lost lock is contested at once
+
+
+def test_grace_reconnects_within_its_deadline():
+    retry = Recording(1.0, 5.0)
+    d = Driver(retry, reconnect_grace_s=4.0)
+    d.lead()
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))
+    assert d.machine.state is S.RECONNECTING
+    assert d.emitted() == []  # flap damping: no on_lost yet
+    assert d.blocking == Call(Op.CONNECT, 3.0, interruptible=Request.STOP, what="reconnect")
+    d.feed(Failed(ConnectionError("refused")), after=2.0)
+    assert d.blocking == Sleep(d.now + 1.0)
+    d.feed(Woke(), after=1.0)
+    assert d.blocking.timeout_s == pytest.approx(1.0)  # the time left in the grace period
+    d.feed(Failed(ConnectionError("refused")), after=0.5)
+    assert d.blocking == Sleep(d.now + 0.5)  # the 5 s delay is cut at the deadline
+    d.feed(Woke(), after=0.5)
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.LOST]
+
+
+def test_grace_recovers_silently():
+    d = Driver(reconnect_grace_s=4.0)
+    d.lead()
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))
+    d.feed(Connected(can_wait=True))
+    assert d.blocking.op is Op.TRY_LOCK
+    d.feed(Answered(True))
+    assert d.machine.state is S.LEADER
+    assert d.emitted() == []
+    assert "leadership_recovered" in d.logged()
+
+
+def test_step_down_while_reconnecting_reports_the_loss():
+    d = Driver(reconnect_grace_s=4.0)
+    d.lead()
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))
+    assert d.machine.request(Request.RELEASE)
+    d.feed(Failed(ConnectionError("refused")))
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.LOST]
+    assert ReleaseDone() in d.effects
+
+
+def test_aborted_task_stops_and_reports_a_crash():
+    d = Driver()
+    d.lead()
+    crash = RuntimeError("bug")
+    d.feed(Aborted(crash, stop_reported=False))
+    assert d.machine.state is S.STOPPED
+    assert d.emitted() == [Event.ERROR, Event.STOPPED]
+    assert d.blocking is None
+
+
+def test_aborted_when_stopped():
+    """A forced stop that cut on_stopped short still reports it, once."""
+    d = Driver()
+    d.feed(Started())
+    d.machine.request(Request.STOP)
+    d.feed(Woke())
+    assert d.machine.state is S.STOPPED
+    d.feed(Aborted(None, stop_reported=False))
+    assert d.emitted() == [Event.STOPPED]
+    d.feed(Aborted(None, stop_reported=True))
+    assert d.emitted() == []
+
+
+def test_statistics_count_what_users_saw():
+    d = Driver(reconnect_grace_s=None)
+    d.lead()
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(False))
+    stats = d.machine.statistics(leader_since=None, backend_pid=None)
+    assert (stats.acquisitions, stats.losses, stats.failed_attempts) == (1, 1, 1)
+    assert stats.transitions == 7  # F, A, L, F, A, F, A (waiting on the server)
+    assert stats.state is S.ACQUIRING
+    assert stats.errors == 0  # a failed probe is on_lost, not on_error
+
+
+def test_results_that_make_no_sense_raise():
+    d = Driver()
+    with pytest.raises(IllegalTransitionError):
+        d.feed(Answered(True))  # no call in flight
+
+
+# ---------------------------------------------------------------------- random runs
+
+
+def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequence[Result]:
+    if call.interruptible in requested:
+        return [Interrupted()]
+    error = Failed(ConnectionError("boom"))
+    if call.op is Op.CONNECT:
+        return [Connected(can_wait=rng.random() < 0.7), error]
+    return [Answered(True), Answered(False), error]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_runs_keep_the_invariants(seed):
+    """Whatever the server answers and whenever users ask: exactly one blocking effect,
+    last, while running; none once stopped; on_lost only after on_acquired; on_acquired
+    never twice without the leadership ending between (lost, released, or a release that
+    failed with on_error)."""
+    rng = random.Random(seed)
+    auto, grace, mode = rng.choice(ANY), rng.choice([None, 3.0]), rng.choice(["wait", "poll"])
+    m = Machine(
+        config(auto_reacquire=auto, reconnect_grace_s=grace, follower_mode=mode),
+        FixedInterval(rng.choice([0.1, 1.0])),
+    )
+    now, leading = 0.0, False
+    effects = m.handle(Started(), now)
+    for _ in range(400):
+        blocking = [e for e in effects if isinstance(e, Call | Sleep)]
+        assert len(blocking) <= 1
+        if blocking:
+            assert effects[-1] is blocking[0]
+        for e in effects:
+            if isinstance(e, Emit) and e.event is Event.ACQUIRED:
+                assert not leading
+                leading = True
+            elif isinstance(e, Emit) and e.event in (Event.LOST, Event.RELEASED):
+                assert leading
+                leading = False
+            elif isinstance(e, Emit) and e.event is Event.STOPPED:
+                leading = False
+        events = [e.event for e in effects if isinstance(e, Emit)]
+        if S.RELEASING in [e.old for e in effects if isinstance(e, Emit)]:
+            assert Event.RELEASED in events or Event.ERROR in events
+            leading = False  # a release that failed ends leadership with on_error
+        if m.state is S.STOPPED:
+            assert not blocking
+            break
+        assert blocking, effects
+        requested = set()
+        if rng.random() < 0.15:
+            request = rng.choice(list(Request))
+            m.request(request)
+            requested.add(request)
+        if rng.random() < 0.02:
+            m.request(Request.STOP)
+            requested.add(Request.STOP)
+        effect = blocking[0]
+        if isinstance(effect, Sleep):
+            now = max(now, effect.until) if rng.random() < 0.8 else now
+            effects = m.handle(Woke(), now)
+        else:
+            now += rng.random() * effect.timeout_s
+            if m.preempted(effect):
+                effects = m.handle(Interrupted(), now)
+            else:
+                effects = m.handle(rng.choice(_outcomes(effect, rng, requested)), now)
+    else:
+        m.request(Request.STOP)
+    assert m.state in LockState

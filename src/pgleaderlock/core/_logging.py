@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 from typing import Any
@@ -30,8 +31,10 @@ def format_event(event: str, fields: dict[str, Any]) -> str:
 class StructuredLogger:
     """A thin wrapper that renders ``event key=value ...`` messages.
 
-    The rendered fields are also attached to the record as ``record.pgleaderlock``
-    (a dict) for handlers that want them structured.
+    The fields are also attached to the record as ``record.pgleaderlock``, a dict with
+    the ``event`` and every field, for handlers that want them structured (a JSON
+    formatter). Its values are JSON-serialisable: enums become their values, other
+    objects that are not str, int, float, bool or None become ``str()``.
     """
 
     def __init__(self, logger: logging.Logger) -> None:
@@ -41,28 +44,47 @@ class StructuredLogger:
     def logger(self) -> logging.Logger:
         return self._logger
 
-    def _log(self, level: int, event: str, fields: dict[str, Any], exc: bool, /) -> None:
+    def _log(
+        self, level: int, event: str, fields: dict[str, Any], exc: BaseException | bool | None, /
+    ) -> None:
         if not self._logger.isEnabledFor(level):
             return
+        structured = {k: _json_value(v) for k, v in fields.items() if v is not None}
         self._logger.log(
             level,
             format_event(event, fields),
-            exc_info=exc,
-            extra={"pgleaderlock": {"name": event, **fields}},
+            exc_info=exc or None,
+            extra={"pgleaderlock": {"event": event, **structured}},
             stacklevel=3,
         )
 
-    def debug(self, event: str, /, **fields: Any) -> None:
-        self._log(logging.DEBUG, event, fields, False)
+    def debug(self, event: str, /, *, exc: BaseException | None = None, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, fields, exc)
 
-    def info(self, event: str, /, **fields: Any) -> None:
-        self._log(logging.INFO, event, fields, False)
+    def info(self, event: str, /, *, exc: BaseException | None = None, **fields: Any) -> None:
+        self._log(logging.INFO, event, fields, exc)
 
-    def warning(self, event: str, /, **fields: Any) -> None:
-        self._log(logging.WARNING, event, fields, False)
+    def warning(self, event: str, /, *, exc: BaseException | None = None, **fields: Any) -> None:
+        self._log(logging.WARNING, event, fields, exc)
 
-    def error(self, event: str, /, *, exc_info: bool = False, **fields: Any) -> None:
-        self._log(logging.ERROR, event, fields, exc_info)
+    def error(
+        self,
+        event: str,
+        /,
+        *,
+        exc: BaseException | None = None,
+        exc_info: bool = False,
+        **fields: Any,
+    ) -> None:
+        self._log(logging.ERROR, event, fields, exc or exc_info)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
 
 
 def get_logger(name: str = "pgleaderlock") -> StructuredLogger:

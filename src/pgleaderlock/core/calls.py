@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import TypeVar
 
-__all__ = ["CallGuard", "Interrupted", "Reason"]
+from ._logging import mask_dsn
+from .errors import ConnectionError, PgLeaderLockError
+
+__all__ = ["CallGuard", "Interrupted", "call_failure"]
 
 T = TypeVar("T")
-Reason = Literal["stop", "force"]
 
 
 class Interrupted(Exception):
@@ -43,17 +45,16 @@ class CallGuard:
         self._task: asyncio.Task[object] | None = None
         self._deadline: float | None = None  # loop time: when the call in flight expires
         self._timer: asyncio.TimerHandle | None = None  # fires at or before the deadline
-        self._interruptible: Reason | None = None
-        self._abort_on_stop = True
-        self._cut: Literal["timeout", "stop", "force"] | None = None
+        self._interruptible: object = None
+        self._abort_on_interrupt = True
+        self._cut: object = None  # "timeout", or the request that cut the call short
 
     async def __call__(
         self,
         awaitable: Awaitable[T],
         timeout_s: float,
-        *,
-        interruptible: Reason | None = None,
-        abort_on_stop: bool = True,
+        interruptible: object = None,
+        abort_on_interrupt: bool = True,
     ) -> T:
         """Await ``awaitable``, bounded by ``timeout_s``.
 
@@ -61,8 +62,9 @@ class CallGuard:
             awaitable: the call.
             timeout_s: its bound.
             interruptible: which request may cut it short, if any.
-            abort_on_stop: abort the session when a stop cuts the call short; False for
-                a call whose driver should first cancel it on the server (a lock wait).
+            abort_on_interrupt: abort the session when a request cuts the call short;
+                False for a call whose driver should first cancel it on the server (a
+                lock wait).
 
         Raises:
             TimeoutError: the call took longer than ``timeout_s``.
@@ -73,7 +75,7 @@ class CallGuard:
         assert self._task is None, "one call at a time"
         self._task = task
         self._interruptible = interruptible
-        self._abort_on_stop = abort_on_stop
+        self._abort_on_interrupt = abort_on_interrupt
         loop = asyncio.get_running_loop()
         self._deadline = deadline = loop.time() + timeout_s
         # One timer, re-armed lazily: calls with the usual timeout reuse it, instead of
@@ -98,10 +100,10 @@ class CallGuard:
             self._interruptible = None
             self._cut = None
 
-    def interrupt(self, reason: Reason) -> None:
+    def interrupt(self, reason: object) -> None:
         """Cut short the call in flight, if it allows ``reason``; else do nothing."""
-        if self._interruptible == reason:
-            self._cut_short(reason, abort=reason != "stop" or self._abort_on_stop)
+        if reason is not None and self._interruptible == reason:
+            self._cut_short(reason, abort=self._abort_on_interrupt)
 
     def close(self) -> None:
         """Drop the timer (when the lock's task ends)."""
@@ -120,7 +122,7 @@ class CallGuard:
         else:  # the call in flight started after the timer was armed
             self._timer = loop.call_at(deadline, self._on_timer)
 
-    def _cut_short(self, reason: Literal["timeout", "stop", "force"], *, abort: bool) -> None:
+    def _cut_short(self, reason: object, *, abort: bool) -> None:
         task = self._task
         if task is None or self._cut is not None:
             return
@@ -128,3 +130,17 @@ class CallGuard:
         if abort:
             self._abort()
         task.cancel()
+
+
+def call_failure(exc: Exception, what: str, timeout_s: float) -> Exception:
+    """The error a failed call reports: the library's own errors pass through; a timeout
+    or a stray error becomes a ``ConnectionError`` that says what failed (and keeps the
+    original as its cause)."""
+    if isinstance(exc, PgLeaderLockError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        err = ConnectionError(f"{what} timed out after {timeout_s:g} s")
+    else:
+        err = ConnectionError(mask_dsn(f"{what} failed: {type(exc).__name__}: {exc}"))
+    err.__cause__ = exc
+    return err

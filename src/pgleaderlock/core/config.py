@@ -6,16 +6,23 @@ from __future__ import annotations
 import math
 import os
 import socket
+from dataclasses import dataclass
+from typing import Literal
 
 from .errors import ConfigurationError
 
 __all__ = [
+    "FollowerMode",
+    "LockConfig",
     "default_application_name",
+    "lock_config",
     "optional_positive",
     "partition_settings",
     "positive",
     "session_settings",
 ]
+
+FollowerMode = Literal["wait", "poll"]
 
 _APPLICATION_NAME_MAX = 63  # NAMEDATALEN - 1
 
@@ -41,12 +48,10 @@ def default_application_name(label: str) -> str:
     return encoded.decode("utf-8", errors="ignore")
 
 
-def session_settings(
-    demotion_bound_s: float, tcp_user_timeout_s: float, follower_mode: str
-) -> dict[str, str]:
+def session_settings(config: LockConfig) -> dict[str, str]:
     """Everything a lock's session sets at connect time."""
-    settings = partition_settings(demotion_bound_s, tcp_user_timeout_s)
-    if follower_mode == "wait":
+    settings = partition_settings(config.demotion_bound_s, config.tcp_user_timeout_s)
+    if config.follower_mode == "wait":
         # A backend waiting in pg_advisory_lock does not read its socket: without this
         # (PostgreSQL >= 14) a follower that went away would stay queued for the lock
         # until its lock_timeout, and could even be granted it.
@@ -70,3 +75,67 @@ def partition_settings(demotion_bound_s: float, tcp_user_timeout_s: float) -> di
         "tcp_keepalives_count": str(count),
         "tcp_user_timeout": str(math.ceil(tcp_user_timeout_s * 1000)),
     }
+
+
+@dataclass(frozen=True)
+class LockConfig:
+    """A lock's validated timings and behaviour (see ``LeaderLock``'s arguments)."""
+
+    health_interval_s: float
+    health_timeout_s: float
+    reconnect_grace_s: float | None
+    connect_timeout_s: float
+    command_timeout_s: float
+    tcp_user_timeout_s: float
+    auto_reacquire: bool
+    follower_mode: FollowerMode
+
+    @property
+    def demotion_bound_s(self) -> float:
+        """A silent session is noticed (and leadership given up) within this time."""
+        return self.health_interval_s + self.health_timeout_s
+
+
+def lock_config(
+    *,
+    health_interval_s: object,
+    health_timeout_s: object,
+    reconnect_grace_s: object,
+    connect_timeout_s: object,
+    command_timeout_s: object,
+    tcp_user_timeout_s: object,
+    auto_reacquire: object,
+    follower_mode: object,
+) -> LockConfig:
+    """Check a lock's settings before any I/O.
+
+    Raises:
+        ConfigurationError: a non-positive or non-finite number, a ``tcp_user_timeout_s``
+            that breaks the partition bound, a wrong type or an unknown follower mode.
+    """
+    interval = positive("health_interval_s", health_interval_s)
+    probe_timeout = positive("health_timeout_s", health_timeout_s)
+    bound = interval + probe_timeout
+    if tcp_user_timeout_s is None:
+        tcp_user_timeout_s = bound + max(1.0, bound / 4)
+    user_timeout = positive("tcp_user_timeout_s", tcp_user_timeout_s)
+    if user_timeout <= bound:
+        raise ConfigurationError(
+            f"tcp_user_timeout_s={user_timeout:g} must exceed health_interval_s + "
+            f"health_timeout_s = {bound:g}: otherwise a partitioned leader's lock could be "
+            "granted to another session before the old leader has noticed and demoted itself"
+        )
+    if not isinstance(auto_reacquire, bool):
+        raise ConfigurationError(f"auto_reacquire must be a bool, got {auto_reacquire!r}")
+    if follower_mode not in ("wait", "poll"):
+        raise ConfigurationError(f"follower_mode must be 'wait' or 'poll', got {follower_mode!r}")
+    return LockConfig(
+        health_interval_s=interval,
+        health_timeout_s=probe_timeout,
+        reconnect_grace_s=optional_positive("reconnect_grace_s", reconnect_grace_s),
+        connect_timeout_s=positive("connect_timeout_s", connect_timeout_s),
+        command_timeout_s=positive("command_timeout_s", command_timeout_s),
+        tcp_user_timeout_s=user_timeout,
+        auto_reacquire=auto_reacquire,
+        follower_mode="wait" if follower_mode == "wait" else "poll",
+    )

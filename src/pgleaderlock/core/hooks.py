@@ -29,23 +29,29 @@ Implementations may accept any subset of a hook's arguments.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import types
 from collections.abc import Callable
 from functools import cache
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import pluggy
 
 from ._logging import get_logger
-from .models import LockState
+from .errors import ConfigurationError
+from .models import Event, LockState
 
 if TYPE_CHECKING:
     from .lock import LeaderLock
 
 __all__ = [
     "AUTOLOAD_ENV",
+    "On",
+    "emit",
+    "register_callback",
     "ENTRY_POINT_GROUP",
     "PROJECT",
     "LockHookSpec",
@@ -60,6 +66,8 @@ PROJECT = "pgleaderlock"
 ENTRY_POINT_GROUP = "pgleaderlock.plugins"
 AUTOLOAD_ENV = "PGLEADERLOCK_DISABLE_PLUGIN_AUTOLOAD"
 
+C = TypeVar("C", bound=Callable[..., Any])
+
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marks a plugin method as a hook implementation."""
@@ -67,38 +75,41 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 log = get_logger()
 
 
-class LockHookSpec:
-    """The hooks a plugin may implement. ``lock`` is the :class:`~pgleaderlock.LeaderLock`."""
+def _spec_lock(self: object, lock: LeaderLock) -> None: ...
+def _spec_state(self: object, lock: LeaderLock, old: LockState, new: LockState) -> None: ...
+def _spec_error(self: object, lock: LeaderLock, error: Exception) -> None: ...
+def _spec_attempt(self: object, lock: LeaderLock, attempt: int) -> None: ...
 
-    @hookspec
-    def pgleaderlock_state_change(self, lock: LeaderLock, old: LockState, new: LockState) -> None:
-        """The lock's state changed from ``old`` to ``new`` (every change, RECONNECTING
-        included)."""
 
-    @hookspec
-    def pgleaderlock_acquired(self, lock: LeaderLock) -> None:
-        """Leadership acquired: the lock is held by this session."""
+# pluggy reads a hook's argument names from its function's code: one template per
+# argument list, copied under each event's hook name.
+_TEMPLATES: dict[tuple[str, ...], Callable[..., None]] = {
+    (): _spec_lock,
+    ("old", "new"): _spec_state,
+    ("error",): _spec_error,
+    ("attempt",): _spec_attempt,
+}
 
-    @hookspec
-    def pgleaderlock_lost(self, lock: LeaderLock) -> None:
-        """Leadership that was held is lost involuntarily: stop leader-only work now."""
 
-    @hookspec
-    def pgleaderlock_released(self, lock: LeaderLock) -> None:
-        """Leadership given up voluntarily (``step_down()`` or ``shutdown()``)."""
+def _hookspec(event: Event) -> Callable[..., None]:
+    template = _TEMPLATES[event.hook_args]
+    spec = types.FunctionType(template.__code__, template.__globals__, event.hook)
+    spec.__qualname__ = f"LockHookSpec.{event.hook}"
+    spec.__doc__ = event.__doc__
+    spec.__annotations__ = dict(template.__annotations__)
+    return hookspec(spec)
 
-    @hookspec
-    def pgleaderlock_acquire_failed(self, lock: LeaderLock, attempt: int) -> None:
-        """An attempt found the lock held elsewhere (in wait mode: a wait ended without
-        it). ``attempt`` is its 1-based number in the current cycle."""
 
-    @hookspec
-    def pgleaderlock_error(self, lock: LeaderLock, error: Exception) -> None:
-        """A database error, or an exception raised by a callback or another plugin."""
-
-    @hookspec
-    def pgleaderlock_stopped(self, lock: LeaderLock) -> None:
-        """The lock reached STOPPED."""
+LockHookSpec = type(
+    "LockHookSpec",
+    (),
+    {
+        "__doc__": "The hooks a plugin may implement, one per [`Event`][pgleaderlock.Event]: "
+        "``pgleaderlock_<event>(lock, ...)``.",
+        **{event.hook: _hookspec(event) for event in Event},
+    },
+)
+"""The hookspecs, made from [`Event`][pgleaderlock.Event] (one list of events)."""
 
 
 def new_plugin_manager(*, load_entry_points: bool) -> pluggy.PluginManager:
@@ -130,31 +141,88 @@ def entry_point_plugins() -> tuple[tuple[str, object], ...]:
     return tuple(plugins)
 
 
-def callback_plugin(hook_name: str, fn: Callable[..., Any]) -> object:
-    """Wrap a decorator callback as a plugin implementing ``hook_name``.
+def callback_plugin(event: Event, fn: Callable[..., Any]) -> object:
+    """Wrap a decorator callback as a plugin implementing ``event``'s hook.
 
-    Callbacks keep the spec's signatures: ``on_state_change(old, new)``,
-    ``on_error(exc)``, no arguments for the others.
+    Callbacks keep the spec's signatures (``event.callback_args``):
+    ``on_state_change(old, new)``, ``on_error(exc)``, no arguments for the others.
     """
-    if hook_name == "pgleaderlock_state_change":
+    impl: Callable[..., Any]
+    match event.callback_args:
+        case ("old", "new"):
 
-        def impl(old: LockState, new: LockState) -> Any:
-            return fn(old, new)
+            def impl(old: LockState, new: LockState) -> Any:
+                return fn(old, new)
 
-    elif hook_name == "pgleaderlock_error":
+        case ("error",):
 
-        def impl(error: Exception) -> Any:  # type: ignore[misc]
-            return fn(error)
+            def impl(error: Exception) -> Any:
+                return fn(error)
 
-    else:
+        case _:
 
-        def impl() -> Any:  # type: ignore[misc]
-            return fn()
+            def impl() -> Any:
+                return fn()
 
     impl.__qualname__ = getattr(fn, "__qualname__", repr(fn))
     plugin = types.SimpleNamespace(callback=fn)
-    setattr(plugin, hook_name, hookimpl(impl))
+    setattr(plugin, event.hook, hookimpl(impl))
     return plugin
+
+
+FailureReport = Callable[[str, Event, Exception], None]
+"""Called with (implementation name, event, exception) when an implementation raises."""
+
+
+async def emit(
+    plugins: pluggy.PluginManager, event: Event, kwargs: dict[str, Any], failed: FailureReport
+) -> None:
+    """Run every implementation of ``event``'s hook (callbacks included), in order.
+
+    Each gets the subset of ``kwargs`` it names; a coroutine is awaited. An exception is
+    reported through ``failed`` and then to the ``error`` hook; it never stops the other
+    implementations (spec §4.4).
+    """
+    for impl in ordered_impls(getattr(plugins.hook, event.hook)):
+        try:
+            result = impl.function(*[kwargs[name] for name in impl.argnames])
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            failed(getattr(impl.function, "__qualname__", impl.plugin_name), event, exc)
+            if event is not Event.ERROR:
+                await emit(plugins, Event.ERROR, {**kwargs, "error": exc}, failed)
+
+
+class On(Generic[C]):
+    """``@lock.on_<event>``: register a callback for an [`Event`][pgleaderlock.Event]; the
+    decorator returns the function unchanged. Callbacks run on the lifecycle task, in
+    registration order; sync or async; an exception is logged and sent to ``on_error``."""
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.event.decorator:
+            raise TypeError(f"{name} must be called {self.event.decorator}")
+
+    @overload
+    def __get__(self, lock: None, owner: type) -> Self: ...
+    @overload
+    def __get__(self, lock: object, owner: type) -> Callable[[C], C]: ...
+    def __get__(self, lock: object, owner: type) -> Self | Callable[[C], C]:
+        if lock is None:
+            return self
+        plugins: pluggy.PluginManager = lock.plugins  # type: ignore[attr-defined]
+        return functools.partial(register_callback, plugins, self.event)
+
+
+def register_callback(plugins: pluggy.PluginManager, event: Event, fn: C) -> C:
+    """Register ``fn`` for ``event`` on ``plugins``; return it unchanged."""
+    if not callable(fn):
+        raise ConfigurationError(f"{event.decorator} needs a callable, got {fn!r}")
+    plugins.register(callback_plugin(event, fn))
+    return fn
 
 
 def ordered_impls(caller: pluggy.HookCaller) -> list[pluggy.HookImpl]:

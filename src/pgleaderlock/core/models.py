@@ -1,4 +1,4 @@
-"""Value types shared by the core: states, inputs, retry context, callback types."""
+"""Value types shared by the core: states, events, statistics, retry context, callbacks."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from dataclasses import dataclass
 __all__ = [
     "Callback",
     "ErrorCallback",
-    "Input",
+    "Event",
     "LockState",
+    "LockStatistics",
     "RetryContext",
     "StateChangeCallback",
 ]
 
 
 class LockState(enum.Enum):
-    """The six states of a :class:`~pgleaderlock.LeaderLock` (spec §3.1)."""
+    """The six states of a [`LeaderLock`][pgleaderlock.LeaderLock] (spec §3.1)."""
 
     STOPPED = "stopped"
     """Initial and terminal: no lifecycle task, no connection."""
@@ -33,28 +34,62 @@ class LockState(enum.Enum):
     """A voluntary release (``pg_advisory_unlock``) is in flight."""
 
 
-class Input(enum.Enum):
-    """The inputs (events) that drive the state machine (spec §3.2)."""
+class Event(enum.Enum):
+    """The lifecycle events a lock reports.
 
-    START = "Start"
-    STOP_REQUESTED = "StopRequested"
-    ACQUIRE_ATTEMPT = "AcquireAttempt"
-    ACQUIRE_SUCCEEDED = "AcquireSucceeded"
-    ACQUIRE_FAILED = "AcquireFailed"
-    DB_ERROR = "DbError"
-    HEALTH_OK = "HealthOk"
-    HEALTH_FAILED = "HealthFailed"
-    REACQUIRE_SUCCEEDED = "ReacquireSucceeded"
-    REACQUIRE_FAILED = "ReacquireFailed"
-    GRACE_EXPIRED = "GraceExpired"
-    RELEASE_REQUESTED = "ReleaseRequested"
-    RELEASE_SUCCEEDED = "ReleaseSucceeded"
-    RELEASE_FAILED = "ReleaseFailed"
+    This enum is the one list of events: each member names the decorator that registers a
+    callback (``@lock.on_<value>``), the pluggy hook that plugins implement
+    (``pgleaderlock_<value>``), and the arguments both receive.
+    """
+
+    STATE_CHANGE = "state_change"
+    """The state changed (every change, RECONNECTING included)."""
+    ACQUIRED = "acquired"
+    """Leadership acquired: this session holds the lock."""
+    LOST = "lost"
+    """Leadership that was held is lost involuntarily: stop leader-only work now."""
+    RELEASED = "released"
+    """Leadership given up voluntarily (``step_down()`` or ``shutdown()``)."""
+    ACQUIRE_FAILED = "acquire_failed"
+    """An attempt found the lock held elsewhere (in wait mode: a wait ended without it)."""
+    ERROR = "error"
+    """A database error, or an exception raised by a callback or a plugin."""
+    STOPPED = "stopped"
+    """The lock reached STOPPED."""
+
+    @property
+    def decorator(self) -> str:
+        """The ``LeaderLock`` method that registers a callback: ``on_<value>``."""
+        return f"on_{self.value}"
+
+    @property
+    def hook(self) -> str:
+        """The pluggy hook name: ``pgleaderlock_<value>``."""
+        return f"pgleaderlock_{self.value}"
+
+    @property
+    def hook_args(self) -> tuple[str, ...]:
+        """What a hook implementation may accept besides ``lock``."""
+        return _HOOK_ARGS.get(self, ())
+
+    @property
+    def callback_args(self) -> tuple[str, ...]:
+        """What a decorator callback is called with (the spec's callback types)."""
+        return _CALLBACK_ARGS.get(self, ())
+
+
+_HOOK_ARGS = {
+    Event.STATE_CHANGE: ("old", "new"),
+    Event.ERROR: ("error",),
+    Event.ACQUIRE_FAILED: ("attempt",),
+}
+_CALLBACK_ARGS = {Event.STATE_CHANGE: ("old", "new"), Event.ERROR: ("error",)}
 
 
 @dataclass(frozen=True)
 class RetryContext:
-    """What a :class:`~pgleaderlock.RetryStrategy` is told before each delay (spec §4.5).
+    """What a [`RetryStrategy`][pgleaderlock.RetryStrategy] is told before each delay
+    (spec §4.5).
 
     Attributes:
         attempt: 1-based number of the attempt that just failed in this cycle.
@@ -66,6 +101,41 @@ class RetryContext:
     attempt: int
     elapsed_s: float
     last_error: Exception | None
+
+
+@dataclass(frozen=True)
+class LockStatistics:
+    """A snapshot of one lock's lifecycle, from
+    [`LeaderLock.statistics()`][pgleaderlock.LeaderLock.statistics].
+
+    The counters cover the lock's whole life (restarts included); read two snapshots and
+    subtract to get rates.
+
+    Attributes:
+        state: the state when the snapshot was taken.
+        transitions: changes of state so far.
+        acquisitions: times leadership was acquired (``on_acquired``).
+        losses: times held leadership was lost involuntarily (``on_lost``).
+        releases: times leadership was given up voluntarily (``on_released``).
+        failed_attempts: attempts that found the lock held elsewhere
+            (``on_acquire_failed``).
+        errors: database errors reported through ``on_error`` (callback errors excluded).
+        last_error: the last database error, or ``None``.
+        leader_since: ``time.time()`` when the current leadership began, or ``None``
+            when not LEADER.
+        backend_pid: the server pid of the current session, if any.
+    """
+
+    state: LockState
+    transitions: int
+    acquisitions: int
+    losses: int
+    releases: int
+    failed_attempts: int
+    errors: int
+    last_error: Exception | None
+    leader_since: float | None
+    backend_pid: int | None
 
 
 Callback = Callable[[], None] | Callable[[], Awaitable[None]]

@@ -1,0 +1,189 @@
+"""What the machine is told (results, requests) and what it asks for (effects).
+
+Plain frozen values: the runner performs an effect and reports its outcome as the next
+[`Result`][pgleaderlock.core.machine.Result].
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+from ..models import Event, LockState
+
+__all__ = [
+    "Aborted",
+    "Answered",
+    "Call",
+    "CloseSession",
+    "Connected",
+    "Effect",
+    "Emit",
+    "Failed",
+    "Interrupted",
+    "Log",
+    "LogLevel",
+    "Op",
+    "ReleaseDone",
+    "Request",
+    "Result",
+    "Sleep",
+    "Started",
+    "WatchSession",
+    "Woke",
+]
+
+
+@dataclass(frozen=True)
+class Started:
+    """``start()`` was called: the lifecycle task runs."""
+
+
+@dataclass(frozen=True)
+class Connected:
+    """A new session is open.
+
+    Attributes:
+        can_wait: the session can wait on the server (``WaitingSession``).
+    """
+
+    can_wait: bool
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The call returned: granted, held, released (True) or not (False)."""
+
+    value: bool
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The call raised or timed out."""
+
+    error: Exception
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A request cut the call short (the session is then unusable)."""
+
+
+@dataclass(frozen=True)
+class Woke:
+    """A sleep ended: its deadline passed, or a request woke it."""
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The lifecycle task was cancelled or crashed.
+
+    Attributes:
+        error: the crash, or ``None`` for a cancellation (a forced shutdown).
+        stop_reported: ``on_stopped`` has already run for this run of the task.
+    """
+
+    error: Exception | None
+    stop_reported: bool
+
+
+Result = Started | Connected | Answered | Failed | Interrupted | Woke | Aborted
+"""What the runner reports to [`Machine.handle`][pgleaderlock.core.machine.Machine.handle]."""
+
+
+class Request(enum.Enum):
+    """What users (and the session watch) ask for, at any moment."""
+
+    STOP = "stop"
+    RELEASE = "release"
+    FORCE = "force"
+    """``step_down()`` timed out: cut the unlock short and close the session."""
+    ALARM = "alarm"
+    """The idle session's socket became readable: probe now."""
+
+
+class Op(enum.Enum):
+    """The database calls a [`Call`][pgleaderlock.core.machine.Call] performs."""
+
+    CONNECT = "connect"
+    TRY_LOCK = "try_lock"
+    WAIT_LOCK = "wait_lock"
+    PROBE = "health check"
+    UNLOCK = "unlock"
+
+
+@dataclass(frozen=True)
+class Call:
+    """Blocking: one database call, bounded by ``timeout_s``; its outcome is the next
+    result.
+
+    Attributes:
+        op: which call.
+        timeout_s: its bound.
+        wait_s: for ``WAIT_LOCK``: how long to wait on the server.
+        interruptible: the request that may cut it short, if any.
+        abort_on_interrupt: drop the connection before the call is cancelled; False for
+            a server-side wait, which the driver should cancel on the server first.
+        what: names the call in errors (``"connect timed out after 5 s"``).
+    """
+
+    op: Op
+    timeout_s: float
+    wait_s: float = 0.0
+    interruptible: Request | None = None
+    abort_on_interrupt: bool = True
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Blocking: wait until ``until`` (monotonic seconds), or until a request wakes the
+    task; the next result is [`Woke`][pgleaderlock.core.machine.Woke]."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Run the event's callbacks and plugin hooks (in registration order)."""
+
+    event: Event
+    old: LockState | None = None
+    new: LockState | None = None
+    error: Exception | None = None
+    attempt: int | None = None
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class Log:
+    """Write one structured log record."""
+
+    level: LogLevel
+    message: str
+    fields: tuple[tuple[str, object], ...] = ()
+    exc: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """Close the session (bounded, never raises); it frees any lock it holds."""
+
+
+@dataclass(frozen=True)
+class WatchSession:
+    """Watch the idle session: its socket becoming readable sends ``Request.ALARM``."""
+
+
+@dataclass(frozen=True)
+class ReleaseDone:
+    """A pending ``step_down()`` is over: wake whoever waits for it."""
+
+
+Effect = Call | Sleep | Emit | Log | CloseSession | WatchSession | ReleaseDone
+"""What [`Machine.handle`][pgleaderlock.core.machine.Machine.handle] returns, in order. A
+list holds at most one blocking effect (``Call`` or ``Sleep``), always last; a list
+without one means the lock has stopped."""

@@ -1,0 +1,499 @@
+"""The decision engine: turns results and requests into table inputs, and the rows'
+actions into effects. Every policy of the lock lives here (see the package docstring).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._logging import mask_dsn
+from ..config import LockConfig
+from ..errors import (
+    ConfigurationError,
+    ConnectionError,
+    LockError,
+    LockNotHeldError,
+    PgLeaderLockError,
+    SessionNotDedicatedError,
+)
+from ..models import Event, LockState, LockStatistics, RetryContext
+from ..retry import RetryStrategy
+from .effects import (
+    Aborted,
+    Answered,
+    Call,
+    CloseSession,
+    Connected,
+    Effect,
+    Emit,
+    Failed,
+    Interrupted,
+    Log,
+    LogLevel,
+    Op,
+    ReleaseDone,
+    Request,
+    Result,
+    Sleep,
+    Started,
+    WatchSession,
+    Woke,
+)
+from .table import Action, Conditions, IllegalTransitionError, Input, Transition, step
+
+__all__ = ["NON_RETRYABLE", "Machine", "describe"]
+
+S = LockState
+A = Action
+I = Input  # noqa: E741
+
+NON_RETRYABLE: tuple[type[Exception], ...] = (SessionNotDedicatedError, ConfigurationError)
+"""Errors after which retrying cannot help: the lock reports them and stops."""
+
+
+def describe(error: BaseException | None) -> str:
+    """``TypeName: message``, passwords masked, for logs."""
+    if error is None:
+        return "none"
+    return mask_dsn(f"{type(error).__name__}: {error}")
+
+
+_LEADING = frozenset({S.LEADER, S.RECONNECTING, S.RELEASING})
+
+
+class Machine:
+    """The decision engine of one lock (see the module docstring).
+
+    Args:
+        config: the settings decisions depend on.
+        retry: asked for every delay; a strategy that raises or returns ``None`` gives up.
+    """
+
+    def __init__(self, config: LockConfig, retry: RetryStrategy) -> None:
+        self.config = config
+        self.retry = retry
+        self._state = S.STOPPED
+        self._out: list[Effect] = []
+        self._now = 0.0
+        self._blocked = False  # the effects so far end in a blocking one
+        # Requests, recorded until the next decision.
+        self._stop = self._release = self._force = self._alarm = False
+        self._release_waiting = False  # someone awaits the end of a step_down()
+        self._step_down = False  # the release in flight was asked for by step_down()
+        # The session, as far as decisions go.
+        self._has_session = False
+        self._can_wait = False
+        self._call: Call | None = None  # the call whose outcome is awaited
+        # Retry policy.
+        self._attempt = 0
+        self._cycle_start: float | None = None
+        self._attempt_at = 0.0
+        self._wait_budget_s = 0.0
+        self._last_error: Exception | None = None
+        self._give_up_reason: tuple[LogLevel, str] = ("info", "")
+        # LEADER and RECONNECTING schedules.
+        self._probe_at = 0.0
+        self._grace_start = 0.0
+        self._grace_deadline = 0.0
+        self._reconnect_at = 0.0
+        self._reconnect_attempt = 0
+        # Statistics.
+        self._transitions = self._acquisitions = self._losses = self._releases = 0
+        self._failed_attempts = self._errors = 0
+        self._leader_since: float | None = None
+
+    # ------------------------------------------------------------------ observation
+
+    @property
+    def state(self) -> LockState:
+        """The current state (only this class assigns it)."""
+        return self._state
+
+    @property
+    def stop_pending(self) -> bool:
+        """A stop was requested and the lock has not stopped yet."""
+        return self._stop
+
+    @property
+    def last_error(self) -> Exception | None:
+        """The last database error (cleared when leadership begins)."""
+        return self._last_error
+
+    def statistics(self, *, leader_since: float | None, backend_pid: int | None) -> LockStatistics:
+        """The counters, with the two facts only the runner knows (wall clock, pid)."""
+        return LockStatistics(
+            state=self._state,
+            transitions=self._transitions,
+            acquisitions=self._acquisitions,
+            losses=self._losses,
+            releases=self._releases,
+            failed_attempts=self._failed_attempts,
+            errors=self._errors,
+            last_error=self._last_error,
+            leader_since=leader_since if self._state is S.LEADER else None,
+            backend_pid=backend_pid,
+        )
+
+    @property
+    def leader_since(self) -> float | None:
+        """Monotonic time at which the current leadership began, or None."""
+        return self._leader_since if self._state is S.LEADER else None
+
+    def preempted(self, call: Call) -> bool:
+        """True if a request that may cut ``call`` short came before it started."""
+        return call.interruptible is not None and self._pending(call.interruptible)
+
+    # ------------------------------------------------------------------ requests
+
+    def request(self, request: Request) -> bool:
+        """Record a request; the machine acts on it at its next decision.
+
+        Returns:
+            For ``RELEASE``: True if there is leadership to release (the caller then
+            waits for ``ReleaseDone``), False when not leading. True otherwise.
+        """
+        match request:
+            case Request.STOP:
+                self._stop = True  # also before the task's first decision; cleared at STOPPED
+            case Request.RELEASE:
+                if self._state not in _LEADING:
+                    return False
+                if self._state is not S.RELEASING:
+                    self._release = True
+                self._release_waiting = True
+            case Request.FORCE:
+                self._force = self._state in _LEADING
+            case Request.ALARM:
+                self._alarm = self._state is S.LEADER
+        return True
+
+    def _pending(self, request: Request) -> bool:
+        match request:
+            case Request.STOP:
+                return self._stop
+            case Request.RELEASE:
+                return self._release
+            case Request.FORCE:
+                return self._force
+            case Request.ALARM:
+                return self._alarm
+
+    # ------------------------------------------------------------------ results
+
+    def handle(self, result: Result, now: float) -> list[Effect]:
+        """Take what happened at ``now`` (monotonic seconds); return what to do next.
+
+        Raises:
+            IllegalTransitionError: a result that makes no sense in the current state
+                (a bug in the runner).
+        """
+        self._out, self._now, self._blocked = [], now, False
+        call, self._call = self._call, None
+        match result:
+            case Started():
+                self._reset_run()
+                self._fire(I.START)
+            case Aborted(error=error, stop_reported=reported):
+                if error is not None:
+                    self._log("error", "lifecycle_task_failed", exc=error, error=repr(error))
+                    self._out.append(Emit(Event.ERROR, error=error))
+                self._fire(I.TASK_ABORTED, stop_reported=reported)
+                return self._out
+            case Woke():
+                pass
+            case _:
+                if call is None:
+                    raise IllegalTransitionError(f"{result!r} without a call in flight")
+                self._on_outcome(call, result)
+        self._decide()
+        return self._out
+
+    def _on_outcome(self, call: Call, result: Result) -> None:
+        """Map the outcome of ``call`` onto the table's inputs (or onto nothing, when the
+        next decision covers it: a connect that succeeded, a call a request cut short)."""
+        if isinstance(result, Interrupted):
+            if call.op is Op.UNLOCK:
+                self._last_error = ConnectionError(
+                    "step_down timed out; closing the session to release the lock"
+                )
+                self._fire(I.RELEASE_FAILED)
+            return  # a stop: the next decision sees it
+        if isinstance(result, Failed):
+            self._last_error = result.error
+        if call.op is Op.CONNECT:
+            if isinstance(result, Connected):
+                self._has_session, self._can_wait = True, result.can_wait
+            elif isinstance(result, Failed):
+                self._fire(I.RECONNECT_FAILED if self._state is S.RECONNECTING else I.DB_ERROR)
+            return
+        value = result.value if isinstance(result, Answered) else None
+        match call.op, self._state:
+            case ((Op.TRY_LOCK | Op.WAIT_LOCK), S.ACQUIRING):
+                if value is None:
+                    self._fire(I.DB_ERROR)
+                elif value:
+                    self._fire(I.ACQUIRE_SUCCEEDED)
+                else:
+                    self._last_error = None
+                    self._fire(I.ACQUIRE_FAILED)
+            case Op.TRY_LOCK, S.RECONNECTING:
+                if value is None:
+                    self._fire(I.RECONNECT_FAILED)
+                else:
+                    self._last_error = None  # held by another session: not an error
+                    self._fire(I.REACQUIRE_SUCCEEDED if value else I.REACQUIRE_FAILED)
+            case Op.PROBE, S.LEADER:
+                if value is False:
+                    self._last_error = LockNotHeldError(
+                        "the health probe found that this session no longer holds the lock"
+                    )
+                self._fire(I.HEALTH_OK if value else I.HEALTH_FAILED)
+            case Op.UNLOCK, S.RELEASING:
+                if value is None:
+                    self._fire(I.DB_ERROR)
+                elif value:
+                    self._fire(I.RELEASE_SUCCEEDED)
+                else:
+                    self._last_error = LockError(
+                        "pg_advisory_unlock returned false: this session did not hold the lock"
+                    )
+                    self._fire(I.RELEASE_FAILED)
+            case _:
+                raise IllegalTransitionError(f"{result!r} of {call.op.name} in {self._state.name}")
+
+    # ------------------------------------------------------------------ decisions
+
+    def _decide(self) -> None:
+        """Pick the next blocking effect, acting on pending requests first."""
+        while not self._blocked:
+            state, now = self._state, self._now
+            if state is S.STOPPED:
+                return
+            if self._stop:
+                self._fire(I.STOP_REQUESTED)
+                continue
+            if self._release and state in (S.LEADER, S.RECONNECTING):
+                self._fire(I.RELEASE_REQUESTED)
+                continue
+            match state:
+                case S.FOLLOWER:
+                    if now < self._attempt_at:
+                        self._block(Sleep(self._attempt_at))
+                    elif not self._has_session:
+                        self._connect(self.config.connect_timeout_s, "connect")
+                    else:
+                        self._fire(I.ACQUIRE_ATTEMPT)
+                case S.LEADER:
+                    if self._alarm or now >= self._probe_at:
+                        if self._alarm:
+                            self._log("debug", "session_alarm")
+                        self._alarm = False
+                        timeout = self.config.health_timeout_s
+                        self._block(Call(Op.PROBE, timeout, what="health check"))
+                    else:
+                        self._out.append(WatchSession())
+                        self._block(Sleep(self._probe_at))
+                case S.RECONNECTING:
+                    self._decide_reconnecting()
+                case S.ACQUIRING | S.RELEASING:  # pragma: no cover - their rows block
+                    raise IllegalTransitionError(f"{state.name} without a call in flight")
+
+    def _decide_reconnecting(self) -> None:
+        remaining = self._grace_deadline - self._now
+        if remaining <= 0:
+            self._fire(I.GRACE_EXPIRED)
+        elif self._now < self._reconnect_at:
+            self._block(Sleep(min(self._reconnect_at, self._grace_deadline)))
+        elif not self._has_session:
+            self._connect(min(self.config.connect_timeout_s, remaining), "reconnect")
+        else:
+            timeout = min(self.config.command_timeout_s, remaining)
+            self._block(Call(Op.TRY_LOCK, timeout, interruptible=Request.STOP, what="reconnect"))
+
+    def _connect(self, timeout_s: float, what: str) -> None:
+        self._block(Call(Op.CONNECT, timeout_s, interruptible=Request.STOP, what=what))
+
+    def _block(self, effect: Call | Sleep) -> None:
+        self._out.append(effect)
+        self._blocked = True
+        if isinstance(effect, Call):
+            self._call = effect
+
+    # ------------------------------------------------------------------ transitions
+
+    def _conditions(self, stop_reported: bool = True) -> Conditions:
+        return Conditions(
+            auto_reacquire=self.config.auto_reacquire,
+            grace_enabled=self.config.reconnect_grace_s is not None,
+            step_down=self._step_down and not self._stop,
+            stop_reported=stop_reported,
+        )
+
+    def _fire(self, input_: Input, *, stop_reported: bool = True) -> None:
+        source = self._state
+        transition = step(source, input_, self._conditions(stop_reported))
+        self._log("debug", "input", input=input_.value, state=source.value)
+        if transition.changes_state:
+            self._state = transition.target
+            self._transitions += 1
+            self._leader_since = self._now if transition.target is S.LEADER else None
+            fields = (("from", source.value), ("to", self._state.value))
+            self._out.append(Log("info", "state_change", fields))
+            self._out.append(Emit(Event.STATE_CHANGE, old=source, new=transition.target))
+        if source is S.RELEASING:
+            self._step_down = False
+        for action in transition.actions:
+            self._act(action, transition)
+        if self._state is S.STOPPED:
+            self._stop = False
+        if self._state not in _LEADING:
+            self._release = self._force = self._alarm = False
+            if self._release_waiting:
+                self._release_waiting = False
+                self._out.append(ReleaseDone())
+
+    def _act(self, action: Action, transition: Transition) -> None:
+        now, config = self._now, self.config
+        match action:
+            case A.CLOSE_SESSION:
+                if self._has_session:
+                    self._has_session = False
+                    self._out.append(CloseSession())
+            case A.TRY_LOCK:
+                if self._cycle_start is None:
+                    self._cycle_start = now
+                wait_s, self._wait_budget_s = self._wait_budget_s, 0.0
+                if wait_s > 0 and self._can_wait:
+                    self._block(Call(Op.WAIT_LOCK, wait_s + config.command_timeout_s,
+                                     wait_s=wait_s, interruptible=Request.STOP,
+                                     abort_on_interrupt=False, what="try_lock"))  # fmt: skip
+                else:
+                    self._block(Call(Op.TRY_LOCK, config.command_timeout_s,
+                                     interruptible=Request.STOP, what="try_lock"))  # fmt: skip
+            case A.UNLOCK:
+                self._step_down = transition.input is I.RELEASE_REQUESTED and not self._stop
+                self._release = False
+                self._block(Call(Op.UNLOCK, config.command_timeout_s,
+                                 interruptible=Request.FORCE, what="unlock"))  # fmt: skip
+            case A.START_HEALTH_LOOP:
+                self._probe_at = now + config.health_interval_s
+            case A.START_GRACE:
+                assert config.reconnect_grace_s is not None
+                self._grace_start = now
+                self._grace_deadline = now + config.reconnect_grace_s
+                self._reconnect_at = now
+                self._reconnect_attempt = 0
+            case A.RETRY_RECONNECT:
+                self._reconnect_attempt += 1
+                error = self._last_error
+                self._log("info", "reconnect_failed", error=describe(error),
+                          attempt=self._reconnect_attempt)  # fmt: skip
+                ctx = RetryContext(self._reconnect_attempt, now - self._grace_start, error)
+                delay = self._next_delay(ctx)
+                if delay is None:
+                    self._fire(I.GRACE_EXPIRED)
+                else:
+                    self._reconnect_at = now + delay
+            case A.SCHEDULE_ATTEMPT:
+                if not self._gave_up():
+                    self._attempt_at, self._wait_budget_s = now, 0.0
+            case A.BACKOFF:
+                self._backoff()
+            case A.RESET_RETRY:
+                self._attempt, self._cycle_start, self._last_error = 0, None, None
+            case A.LOG_SESSION_LOST:
+                self._log("warning", "health_check_failed", error=describe(self._last_error))
+            case A.LOG_RECOVERED:
+                self._log("info", "leadership_recovered")
+            case A.LOG_GIVING_UP:
+                level, reason = self._give_up_reason
+                self._log(level, "giving_up", reason=reason)
+            case A.EMIT_ACQUIRED:
+                self._acquisitions += 1
+                self._log("info", "lock_acquired", attempt=self._attempt + 1)
+                self._out.append(Emit(Event.ACQUIRED))
+            case A.EMIT_ACQUIRE_FAILED:
+                self._failed_attempts += 1
+                self._out.append(Emit(Event.ACQUIRE_FAILED, attempt=self._attempt + 1))
+            case A.EMIT_LOST:
+                self._losses += 1
+                self._log("warning", "lock_lost")
+                self._out.append(Emit(Event.LOST))
+            case A.EMIT_RELEASED:
+                self._releases += 1
+                self._log("info", "lock_released")
+                self._out.append(Emit(Event.RELEASED))
+            case A.EMIT_ERROR:
+                self._errors += 1
+                error = self._last_error or PgLeaderLockError("unknown error")
+                self._log("error", "db_error", error=describe(error),
+                          state=transition.source.value)  # fmt: skip
+                self._out.append(Emit(Event.ERROR, error=error))
+            case A.EMIT_STOPPED:
+                self._log("info", "lock_stopped")
+                self._out.append(Emit(Event.STOPPED))
+
+    # ------------------------------------------------------------------ retry policy
+
+    def _backoff(self) -> None:
+        """Count the failed attempt, ask the strategy, schedule the next attempt: a wait
+        on the server when the lock was merely taken (wait mode), else a sleep."""
+        now = self._now
+        self._attempt += 1
+        self._wait_budget_s = 0.0
+        if self._cycle_start is None:
+            self._cycle_start = now
+        if self._gave_up():
+            return
+        error = self._last_error
+        delay = self._next_delay(RetryContext(self._attempt, now - self._cycle_start, error))
+        if delay is None:
+            self._give_up("info", "the retry strategy returned None")
+            return
+        waiting = self.config.follower_mode == "wait" and self._can_wait and self._has_session
+        if error is None and waiting:
+            # The lock is taken: spend the delay waiting on the server, so that the lock
+            # is ours the instant its holder's session ends. A failed connection sleeps,
+            # and so does a stepped-down leader, whose session was just closed.
+            self._log("debug", "wait_scheduled", wait_s=round(delay, 3), attempt=self._attempt)
+            self._wait_budget_s, self._attempt_at = delay, now
+            return
+        self._log("debug", "retry_scheduled", delay_s=round(delay, 3), attempt=self._attempt)
+        self._attempt_at = now + delay
+
+    def _gave_up(self) -> bool:
+        """Give up after an error that retrying cannot mend (NON_RETRYABLE)."""
+        if isinstance(self._last_error, NON_RETRYABLE):
+            self._give_up("error", f"non-retryable error: {describe(self._last_error)}")
+            return True
+        return False
+
+    def _give_up(self, level: LogLevel, reason: str) -> None:
+        self._give_up_reason = (level, reason)
+        self._fire(I.RETRIES_EXHAUSTED)
+
+    def _next_delay(self, ctx: RetryContext) -> float | None:
+        """Ask the retry strategy; one that raises gives up, like one returning None."""
+        try:
+            delay = self.retry.next_delay_s(ctx)
+        except Exception as exc:
+            self._log("error", "retry_strategy_failed", exc=exc, error=repr(exc))
+            return None
+        if delay is None:
+            return None
+        return max(0.0, float(delay)) if math.isfinite(delay) else 0.0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _reset_run(self) -> None:
+        """A new run of the lifecycle task (``start()``, perhaps after a stop). A stop
+        requested before the run's first decision is kept."""
+        self._release = self._force = self._alarm = False
+        self._release_waiting = self._step_down = False
+        self._has_session = self._can_wait = False
+        self._attempt, self._cycle_start, self._last_error = 0, None, None
+        self._wait_budget_s = 0.0
+
+    def _log(self, level: LogLevel, message: str, /, exc: BaseException | None = None,
+             **fields: object) -> None:  # fmt: skip
+        self._out.append(Log(level, message, tuple(fields.items()), exc))

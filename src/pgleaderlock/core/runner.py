@@ -1,0 +1,271 @@
+"""The lifecycle task: performs the machine's effects, in order, and reports outcomes.
+
+The runner decides nothing. It asks [`Machine.handle`][pgleaderlock.core.machine.Machine.handle]
+what to do, does it (database calls bounded by [`CallGuard`][pgleaderlock.core.calls.CallGuard],
+sleeps, callbacks, logs, closing the session) and hands the outcome of the one blocking
+effect back as the next result, until the machine returns no blocking effect (STOPPED).
+It never assigns a state.
+
+It also holds what the public coroutines wait on: the start of the task, the end of a
+``step_down()``, leadership (``wait_for_leadership()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from ._logging import get_logger
+from .calls import CallGuard, Interrupted, call_failure
+from .machine import (
+    Aborted,
+    Answered,
+    Call,
+    CloseSession,
+    Connected,
+    Effect,
+    Emit,
+    Failed,
+    Log,
+    Machine,
+    Op,
+    ReleaseDone,
+    Request,
+    Result,
+    Sleep,
+    Started,
+    WatchSession,
+    Woke,
+)
+from .machine import Interrupted as CutShort
+from .models import Event, LockState
+from .session import WaitingSession
+from .slot import SessionSlot, can
+
+__all__ = ["Runner"]
+
+log = get_logger()
+
+ABNORMAL_STOP_CALLBACKS_S = 1.0
+"""How long the callbacks of a forced or crashed stop may take."""
+
+Emitter = Callable[[Event, dict[str, Any]], Awaitable[None]]
+
+
+class Runner:
+    """Runs one lock's lifecycle task.
+
+    Args:
+        machine: decides.
+        slot: holds the session.
+        emit: runs an event's callbacks and hooks.
+        keys: the lock's ``(key1, key2)``.
+        log_fields: added to every log record (the lock's name and keys).
+    """
+
+    def __init__(
+        self,
+        machine: Machine,
+        slot: SessionSlot,
+        emit: Emitter,
+        keys: tuple[int, int],
+        log_fields: dict[str, Any],
+    ) -> None:
+        self._machine, self._slot, self._emit_hook = machine, slot, emit
+        self._key1, self._key2 = keys
+        self._fields = log_fields
+        self._call = CallGuard(slot.abort)  # bounds every database call
+        self._wake = asyncio.Event()  # a request arrived: a sleep ends early
+        self.task: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
+        self._leader_waiters: set[asyncio.Future[None]] = set()
+        self._release_done: asyncio.Future[None] | None = None
+        self._leader_ready = False  # LEADER, and the transition's callbacks have run
+        self._stop_reported = False  # on_stopped has run for this run of the task
+
+    # ------------------------------------------------------------------ for the API
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self, name: str, external_stop: asyncio.Event | None) -> asyncio.Future[None]:
+        """Start the task unless it runs; return what resolves once it made its first
+        decision."""
+        if not self.running:
+            loop = asyncio.get_running_loop()
+            self._stop_reported = False
+            self._wake = asyncio.Event()  # a restart may run on another event loop
+            self._started = loop.create_future()
+            self.task = loop.create_task(self._run(external_stop), name=name)
+        assert self._started is not None
+        return self._started
+
+    def request(self, request: Request) -> bool:
+        """Hand a request to the machine, wake the task, and cut short the call in
+        flight if that call allows this request. Returns the machine's answer."""
+        accepted = self._machine.request(request)
+        self._wake.set()
+        self._call.interrupt(request)
+        return accepted
+
+    def release_done(self) -> asyncio.Future[None]:
+        """Resolves when the pending ``step_down()`` is over."""
+        if self._release_done is None:
+            self._release_done = asyncio.get_running_loop().create_future()
+        return self._release_done
+
+    async def wait_leader(self) -> bool:
+        """Until LEADER with its ``on_acquired`` callbacks run (True), or stopped (False)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._leader_ready and self._machine.state is LockState.LEADER:
+                return True
+            if not self.running:
+                return False
+            waiter = loop.create_future()
+            self._leader_waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._leader_waiters.discard(waiter)
+
+    def abort(self) -> None:
+        """Drop the session now (a forced shutdown is about to cancel the task)."""
+        self._slot.abort()
+
+    # ------------------------------------------------------------------ the task
+
+    async def _run(self, external_stop: asyncio.Event | None) -> None:
+        watcher = None
+        if external_stop is not None:
+            watcher = asyncio.get_running_loop().create_task(self._watch(external_stop))
+        crash: Exception | None = None
+        try:
+            result: Result | None = Started()
+            while result is not None:
+                self._wake.clear()  # the machine sees every request made before this
+                result = await self._perform(self._machine.handle(result, time.monotonic()))
+        except Exception as exc:  # a bug: the machine reports it while stopping
+            crash = exc
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            self._call.close()
+            await self._slot.close()
+            await self._stop_abnormally(crash)
+            self._settle()
+            self._resolve_release()
+
+    async def _watch(self, event: asyncio.Event) -> None:
+        await event.wait()
+        self.request(Request.STOP)
+
+    async def _stop_abnormally(self, crash: Exception | None) -> None:
+        """After a cancellation (forced shutdown) or a crash, the machine still reports
+        the stop; its callbacks get a short, fixed time, as one of them may be what
+        blocked the orderly stop in the first place."""
+        if self._machine.state is LockState.STOPPED and self._stop_reported and not crash:
+            return
+        aborted = Aborted(crash, self._stop_reported)
+        try:
+            async with asyncio.timeout(ABNORMAL_STOP_CALLBACKS_S):
+                await self._perform(self._machine.handle(aborted, time.monotonic()))
+        except (TimeoutError, asyncio.CancelledError):
+            log.warning("stop_callbacks_abandoned", **self._fields)
+
+    async def _perform(self, effects: list[Effect]) -> Result | None:
+        """Perform ``effects`` in order; return the outcome of the blocking one (None
+        when there is none: the lock has stopped)."""
+        for effect in effects:
+            match effect:
+                case Emit(event=event):
+                    if event is Event.STOPPED:
+                        self._stop_reported = True
+                    await self._emit_hook(event, {
+                        "old": effect.old, "new": effect.new,
+                        "error": effect.error, "attempt": effect.attempt,
+                    })  # fmt: skip
+                case Log():
+                    self._log(effect)
+                case CloseSession():
+                    await self._slot.close()
+                case WatchSession():
+                    self._slot.watch(self._alarm)
+                case ReleaseDone():
+                    self._resolve_release()
+                case Call():
+                    self._settle()
+                    if self._machine.preempted(effect):
+                        return CutShort()
+                    return await self._perform_call(effect)
+                case Sleep(until=until):
+                    self._settle()
+                    await self._sleep_until(until)
+                    return Woke()
+        self._settle()
+        return None
+
+    async def _perform_call(self, call: Call) -> Result:
+        guard, session = self._call, self._slot.session
+        bound = (call.timeout_s, call.interruptible, call.abort_on_interrupt)
+        k1, k2 = self._key1, self._key2
+        try:
+            if call.op is Op.CONNECT:
+                session = await guard(self._slot.open(), *bound)
+                return Connected(can_wait=can(session, WaitingSession))
+            assert session is not None, call
+            match call.op:
+                case Op.TRY_LOCK:
+                    value = await guard(session.try_lock(k1, k2), *bound)
+                case Op.WAIT_LOCK:
+                    waiting = cast(WaitingSession, session)
+                    value = await guard(waiting.wait_lock(k1, k2, call.wait_s), *bound)
+                case Op.PROBE:
+                    value = await guard(session.holds(k1, k2), *bound)
+                case Op.UNLOCK:
+                    value = await guard(session.unlock(k1, k2), *bound)
+            return Answered(bool(value))
+        except Interrupted:
+            return CutShort()
+        except Exception as exc:
+            return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
+
+    def _settle(self) -> None:
+        """The effects before a wait have run: wake ``wait_for_leadership()`` callers
+        (LEADER counts once its ``on_acquired`` callbacks ran) and ``start()``."""
+        self._leader_ready = self._machine.state is LockState.LEADER
+        for waiter in self._leader_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._started is not None and not self._started.done():
+            self._started.set_result(None)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (monotonic) or until a request wakes the task."""
+        if self._wake.is_set():
+            return
+        loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())
+        try:
+            async with asyncio.timeout_at(loop_deadline):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+
+    def _log(self, record: Log) -> None:
+        fields = {**dict(record.fields), **self._fields}
+        if self._slot.session is not None:
+            fields.setdefault("backend_pid", self._slot.backend_pid)
+        getattr(log, record.level)(record.message, exc=record.exc, **fields)
+
+    def _resolve_release(self) -> None:
+        done, self._release_done = self._release_done, None
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def _alarm(self) -> None:
+        """The watched idle session became readable: most likely the server ended it."""
+        self.request(Request.ALARM)
