@@ -57,15 +57,15 @@ from psycopg.conninfo import conninfo_to_dict
 if TYPE_CHECKING:
     from loguru import Record
 
-from . import __version__
-from .backends import resolve as resolve_backend
-from .core._logging import format_event, mask_dsn
-from .core.errors import ConfigurationError, PgLeaderLockError, SessionNotDedicatedError
-from .core.hooks import hookimpl
-from .core.keys import check_key, lock_keys
-from .core.lock import LeaderLock
-from .core.models import LockState, RetryContext
-from .core.retry import ExponentialBackoff, RetryStrategy
+from .. import __version__
+from ..backends import resolve as resolve_backend
+from ..core._logging import format_event, mask_dsn
+from ..core.errors import ConfigurationError, PgLeaderLockError, SessionNotDedicatedError
+from ..core.hooks import hookimpl
+from ..core.keys import check_key, lock_keys
+from ..core.lock import LeaderLock
+from ..core.models import LockState, RetryContext
+from ..core.retry import ExponentialBackoff, RetryStrategy
 
 __all__ = [
     "EXIT_CANNOT_EXECUTE",
