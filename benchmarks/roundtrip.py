@@ -35,13 +35,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import _common  # noqa: F401 - puts tests/ on sys.path, for support.*
 import psycopg
 
 from pgleaderlock.backends import TRY_LOCK, UNLOCK
 from pgleaderlock.core.calls import CallGuard
 from pgleaderlock.core.registry import available, resolve
 from pgleaderlock.core.session import ConnectOptions, LockSession
-from pgleaderlock.testing.postgres import dsn_to_url, resolve_test_dsn
+from support.server import dsn_to_url, resolve_test_dsn
 
 KEYS_LIB = (731_001, 1)
 KEYS_RAW = (731_001, 2)

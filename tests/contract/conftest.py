@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgleaderlock import FixedInterval, LeaderLock, LockSession
 from pgleaderlock.backends import available, resolve
 from pgleaderlock.core.session import ConnectOptions
-from pgleaderlock.testing.postgres import dsn_to_url
+from support.server import dsn_to_url
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 

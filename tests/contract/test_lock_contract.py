@@ -20,7 +20,7 @@ from pgleaderlock import (
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.session import WaitingSession, WatchableSession
-from pgleaderlock.testing.proxy import TcpProxy
+from support.proxy import TcpProxy
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

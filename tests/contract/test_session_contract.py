@@ -18,7 +18,7 @@ from pgleaderlock.core.session import (
     WaitingSession,
     WatchableSession,
 )
-from pgleaderlock.testing.proxy import TcpProxy
+from support.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
