@@ -19,8 +19,8 @@ from pgleaderlock import (
     ConfigurationError,
     FixedInterval,
     LeaderLock,
+    backends,
 )
-from pgleaderlock import backends
 from pgleaderlock.backends.psycopg import PsycopgSession
 from pgleaderlock.core import registry
 
