@@ -1,7 +1,8 @@
 """The asyncpg backend: one dedicated ``asyncpg.Connection``, never one from a pool.
 
-Thin I/O only: no retries, no timers. The core bounds every call with a timeout and
-decides what a failure means.
+Driver calls only: the lock calls, the row and pid checks and the error wording are
+:class:`~pgleaderlock.backends.base.BaseSession`'s. No retries, no timers: the core
+bounds every call with a timeout and decides what a failure means.
 
 Each session prepares its (at most four) statements once, with the keys as parameters,
 and reuses them: one Bind/Execute round trip per call after the first. Every statement

@@ -1,7 +1,11 @@
 """The psycopg 3 backend: one dedicated ``psycopg.AsyncConnection`` in autocommit.
 
-Thin I/O only: no retries, no timers. The core bounds every call with a timeout and
-decides what a failure means.
+Driver calls only: the lock calls, the row and pid checks and the error wording are
+:class:`~pgleaderlock.backends.base.BaseSession`'s. No retries, no timers: the core
+bounds every call with a timeout and decides what a failure means.
+
+Each session formats its statements once (the keys are literals) and keeps the bytes;
+an idle session's socket is watched on the event loop.
 """
 
 from __future__ import annotations

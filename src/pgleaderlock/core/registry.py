@@ -70,7 +70,11 @@ def refresh() -> None:
 
 
 def registered() -> list[str]:
-    """Names of every registered backend, importable here or not."""
+    """Names of every registered backend, importable here or not.
+
+    Returns:
+        The entry-point names of group ``pgleaderlock.backends``, sorted.
+    """
     return sorted(_entry_points())
 
 
@@ -114,7 +118,13 @@ def _load(name: str) -> Backend:
 
 
 def get(name: str) -> Backend:
-    """The backend called ``name``.
+    """The backend called ``name``, imported on first use.
+
+    Args:
+        name: a registered backend name (``"psycopg"``, ``"asyncpg"``, ...).
+
+    Returns:
+        The :class:`~pgleaderlock.Backend` its entry point names.
 
     Raises:
         BackendUnavailableError: unknown name, or its driver is not installed (the
@@ -124,7 +134,12 @@ def get(name: str) -> Backend:
 
 
 def available() -> list[str]:
-    """Names of the backends whose driver is importable here."""
+    """Names of the backends whose driver is importable here (each is imported to find
+    out).
+
+    Returns:
+        The registered backends that load, sorted.
+    """
     names = []
     for name in registered():
         try:
@@ -142,6 +157,13 @@ def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
     (the ``+DRIVER`` part is removed); else a backend that claims a non-string ``dsn``
     (a SQLAlchemy ``AsyncEngine``); else the default, psycopg. See the module docstring
     for the details.
+
+    Args:
+        name: the ``backend=`` the user gave, or ``None``.
+        dsn: the ``dsn`` the user gave: a string, or an object a backend claims.
+
+    Returns:
+        The backend, and the DSN to hand to its ``check_dsn`` and ``connect``.
 
     Raises:
         ConfigurationError: no usable DSN, or a DSN scheme that names another backend
@@ -190,9 +212,21 @@ def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
 
 
 def wrap_connection(obj: object) -> LockSession:
-    """Adapt what a ``connect_fn`` returned: a LockSession, or a raw driver connection
-    (psycopg ``AsyncConnection``, asyncpg ``Connection``, SQLAlchemy ``AsyncConnection``,
-    or whatever a third-party backend's ``wrap`` accepts)."""
+    """Adapt what a ``connect_fn`` returned.
+
+    Args:
+        obj: a LockSession, or a raw driver connection (psycopg ``AsyncConnection``,
+            asyncpg ``Connection``, SQLAlchemy ``AsyncConnection``, or whatever a
+            third-party backend's ``wrap`` accepts).
+
+    Returns:
+        ``obj`` itself if it is a LockSession, else the first available backend's
+        session over it.
+
+    Raises:
+        ConfigurationError: no available backend takes ``obj``, or the one that does
+            refuses it (a pooled connection).
+    """
     if isinstance(obj, LockSession):
         return obj
     for name in available():
