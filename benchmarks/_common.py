@@ -1,15 +1,19 @@
 """Helpers shared by the benchmark scripts (not a public module).
 
 Statistics, Markdown tables, the machine description printed with every run, the
-database to run against (a throwaway cluster unless a DSN is given), and the small
-protocol the failover workers use to report events to their parent.
+database to run against (a throwaway cluster unless a DSN is given), and the end of a
+worker process with its parent.
+
+Importing this module puts ``tests/`` on ``sys.path``: the benchmarks run from a checkout
+and use the test plumbing there (``support.proxy``, ``support.server``) rather than a copy.
+Import it before ``support.*`` (isort does: it sorts this module with the third-party
+ones).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import math
 import os
 import platform
@@ -22,10 +26,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from pgleaderlock.core._logging import mask_dsn
 from pgleaderlock.testing.postgres import ThrowawayPostgres
@@ -34,7 +36,6 @@ __all__ = [
     "Summary",
     "database",
     "describe_machine",
-    "emit",
     "exit_with_parent",
     "fmt_ms",
     "interrupt_on_signals",
@@ -43,8 +44,11 @@ __all__ = [
     "rss_bytes",
     "server_info",
     "summarize",
-    "url_from_dsn",
 ]
+
+_TESTS = Path(__file__).resolve().parent.parent / "tests"
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
 
 
 # ------------------------------------------------------------------ statistics
@@ -211,21 +215,6 @@ def database(
         pg.close()
 
 
-def url_from_dsn(dsn: str) -> str:
-    """A ``postgresql://user:password@host:port/dbname`` URL for drivers and libraries
-    that accept nothing else (tooz, asyncpg), from a URL or a key=value DSN."""
-    params = conninfo_to_dict(dsn)
-    user = quote(str(params.get("user", "postgres")), safe="")
-    password = params.get("password")
-    auth = f"{user}:{quote(str(password), safe='')}" if password else user
-    host = str(params.get("host", "127.0.0.1"))
-    port = params.get("port", 5432)
-    dbname = quote(str(params.get("dbname", "postgres")), safe="")
-    if host.startswith("/"):  # a unix socket directory
-        return f"postgresql://{auth}@/{dbname}?host={quote(host, safe='/')}&port={port}"
-    return f"postgresql://{auth}@{host}:{port}/{dbname}"
-
-
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -237,22 +226,7 @@ def interrupt_on_signals() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
-# ------------------------------------------------------------------ worker protocol
-
-
-_emit_lock = threading.Lock()
-
-
-def emit(event: str, **fields: object) -> None:
-    """Report one event to the parent: a JSON line on stdout, stamped with ``time.time()``.
-
-    The timestamp is taken first, so that it is the moment the event happened in this
-    process (all processes share the machine's clock).
-    """
-    line = {"event": event, "ts": time.time(), "pid": os.getpid(), **fields}
-    with _emit_lock:
-        sys.stdout.write(json.dumps(line) + "\n")
-        sys.stdout.flush()
+# ------------------------------------------------------------------ worker processes
 
 
 def exit_with_parent() -> None:

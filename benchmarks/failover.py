@@ -1,7 +1,7 @@
 """Failover benchmark: pgleaderlock against the peers a user would otherwise pick.
 
 K candidate processes (default 3) compete for one lock; the parent injects a fault on
-the leader and measures, from each process's own ``time.time()`` (one machine, one
+the leader and measures, from each process's own ``time.monotonic()`` (one machine, one
 clock):
 
 - **time to new leader**: fault -> the new leader's "acquired" event (the moment user
@@ -73,7 +73,6 @@ import psycopg
 from _common import (
     database,
     describe_machine,
-    emit,
     exit_with_parent,
     fmt_ms,
     interrupt_on_signals,
@@ -81,14 +80,21 @@ from _common import (
     markdown_table,
     server_info,
     summarize,
-    url_from_dsn,
 )
 
-from pgleaderlock import ExponentialBackoff, FixedInterval, LeaderLock, lock_keys
+from pgleaderlock import lock_keys
+from pgleaderlock.testing.candidate import (
+    DSN_ENV,
+    CandidateEvent,
+    CandidateOptions,
+    candidate_command,
+    parse_event,
+    write_event,
+)
+from support.server import dsn_to_url
 
 T = TypeVar("T")
 
-DSN_ENV = "PGLEADERLOCK_BENCH_DSN"  # workers get the DSN here, not on the command line
 SCENARIOS = ("crash", "graceful", "terminate")
 FLOOR = "raw-block"
 
@@ -101,6 +107,17 @@ class Impl:
     label: str
     coarse: bool  # polls in seconds: timings are not sensitive to a noisy neighbour
 
+
+# pgleaderlock runs as the candidate process of pgleaderlock.testing (the one the fault
+# tests and the demo use), in these configurations; the other implementations are
+# workers of this script (--worker) that print the same JSON lines.
+CANDIDATES = {
+    "pgleaderlock-wait": CandidateOptions.library_defaults(quiet=True),
+    "pgleaderlock-poll-exp": CandidateOptions.library_defaults(follower_mode="poll", quiet=True),
+    "pgleaderlock-poll-1s": CandidateOptions.library_defaults(
+        follower_mode="poll", retry_s=1.0, quiet=True
+    ),
+}
 
 IMPLS = {
     impl.key: impl
@@ -118,8 +135,9 @@ IMPLS = {
 
 # ================================================================== worker processes
 #
-# Each worker reports JSON lines: "following" (competing, not leading), "acquired",
-# "lost" (involuntary), "released" (voluntary, on SIGTERM), "error".
+# Each worker reports JSON lines (pgleaderlock.testing.candidate.write_event): "following"
+# (competing, not leading), "acquired", "lost" (involuntary), "released" (voluntary, on
+# SIGTERM), "error". The pgleaderlock candidate says "acquire_failed" for "following".
 
 
 class _Stop(Exception):
@@ -135,57 +153,6 @@ def _sync_worker_setup() -> None:
     exit_with_parent()
 
 
-def worker_pgleaderlock(dsn: str, name: str, variant: str) -> int:
-    """A ``LeaderLock`` in one of the benchmarked configurations."""
-    logging.getLogger("pgleaderlock").addHandler(logging.NullHandler())
-    logging.getLogger("pgleaderlock").propagate = False
-    exit_with_parent()
-
-    async def run() -> int:
-        if variant == "wait":
-            lock = LeaderLock.from_name(name, dsn=dsn, load_plugins=False)
-        else:
-            retry = ExponentialBackoff() if variant == "poll-exp" else FixedInterval(1.0)
-            lock = LeaderLock.from_name(
-                name, dsn=dsn, follower_mode="poll", retry_strategy=retry, load_plugins=False
-            )
-        following = False
-
-        @lock.on_acquired
-        def _acquired() -> None:
-            nonlocal following
-            emit("acquired", backend_pid=lock.backend_pid)
-            following = False
-
-        @lock.on_acquire_failed
-        def _failed() -> None:
-            nonlocal following
-            if not following:
-                emit("following")
-                following = True
-
-        @lock.on_lost
-        def _lost() -> None:
-            emit("lost")
-
-        @lock.on_released
-        def _released() -> None:
-            emit("released")
-
-        @lock.on_error
-        def _error(error: Exception) -> None:
-            emit("error", error=f"{type(error).__name__}: {error}")
-
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await lock.start()
-        await stop.wait()
-        await lock.shutdown(timeout_s=10)
-        return 0
-
-    return asyncio.run(run())
-
-
 def worker_raw_block(dsn: str, name: str) -> int:
     """The floor: ``pg_advisory_lock`` in a loop; the leader sleeps in ``select()`` on its
     socket and checks the session the moment the socket becomes readable."""
@@ -198,10 +165,10 @@ def worker_raw_block(dsn: str, name: str) -> int:
             conn = psycopg.connect(dsn, autocommit=True, connect_timeout=5)
             row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (key1, key2)).fetchone()
             if not (row and row[0]):
-                emit("following")
+                write_event("following")
                 conn.execute("SELECT pg_advisory_lock(%s, %s)", (key1, key2))
             leading = True
-            emit("acquired")
+            write_event("acquired")
             while True:
                 select.select([conn.fileno()], [], [])
                 try:
@@ -209,17 +176,17 @@ def worker_raw_block(dsn: str, name: str) -> int:
                 except psycopg.Error:
                     break
             leading = False
-            emit("lost")
+            write_event("lost")
         except _Stop:
             if leading and conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("SELECT pg_advisory_unlock(%s, %s)", (key1, key2))
-                emit("released")
+                write_event("released")
             return 0
         except psycopg.Error as exc:
             if leading:
-                emit("lost")
-            emit("error", error=f"{type(exc).__name__}: {exc}")
+                write_event("lost")
+            write_event("error", error=f"{type(exc).__name__}: {exc}")
             time.sleep(0.05)
         finally:
             if conn is not None:
@@ -241,11 +208,11 @@ def worker_raw_poll(dsn: str, name: str, interval_s: float = 1.0) -> int:
                 if row and row[0]:
                     break
                 if not following:
-                    emit("following")
+                    write_event("following")
                     following = True
                 time.sleep(interval_s)
             leading = True
-            emit("acquired")
+            write_event("acquired")
             while True:
                 time.sleep(interval_s)
                 conn.execute("SELECT 1")
@@ -253,11 +220,11 @@ def worker_raw_poll(dsn: str, name: str, interval_s: float = 1.0) -> int:
             if leading and conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("SELECT pg_advisory_unlock(%s, %s)", (key1, key2))
-                emit("released")
+                write_event("released")
             return 0
         except psycopg.Error:
             if leading:
-                emit("lost")
+                write_event("lost")
         finally:
             if conn is not None:
                 conn.close()
@@ -270,22 +237,22 @@ def worker_tooz(dsn: str, name: str) -> int:
     from tooz import coordination
 
     _sync_worker_setup()
-    coordinator = coordination.get_coordinator(url_from_dsn(dsn), f"bench-{os.getpid()}".encode())
+    coordinator = coordination.get_coordinator(dsn_to_url(dsn), f"bench-{os.getpid()}".encode())
     coordinator.start()
     lock = coordinator.get_lock(name.encode())
     leading = False
     try:
-        emit("following")
+        write_event("following")
         lock.acquire(blocking=True)
         leading = True
-        emit("acquired")
+        write_event("acquired")
         while True:
             time.sleep(1.0)
             coordinator.heartbeat()  # a no-op in this driver: nothing ever checks the lock
     except _Stop:
         if leading:
             lock.release()
-            emit("released")
+            write_event("released")
         coordinator.stop()
     return 0
 
@@ -298,23 +265,23 @@ def worker_asyncpg_lock(dsn: str, name: str) -> int:
 
     logging.getLogger("asyncpg_lock").setLevel(logging.CRITICAL)
     exit_with_parent()
-    url = url_from_dsn(dsn)
+    url = dsn_to_url(dsn)
 
     async def run() -> int:
         stopping = False
 
         async def connect() -> asyncpg.Connection:
             conn = await asyncpg.connect(url)
-            emit("following")
+            write_event("following")
             return conn
 
         async def leader_work() -> None:
-            emit("acquired")
+            write_event("acquired")
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 if not stopping:
-                    emit("lost")
+                    write_event("lost")
                 raise
 
         guard = AdvisoryLockGuard(connect=connect)
@@ -332,7 +299,7 @@ def worker_asyncpg_lock(dsn: str, name: str) -> int:
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         if others:
             await asyncio.wait(others, timeout=5)
-        emit("released")
+        write_event("released")
         return 0
 
     return asyncio.run(run())
@@ -342,8 +309,6 @@ def run_worker(impl: str, name: str) -> int:
     """Entry point of a worker process (``--worker``)."""
     dsn = os.environ[DSN_ENV]
     match impl:
-        case "pgleaderlock-wait" | "pgleaderlock-poll-exp" | "pgleaderlock-poll-1s":
-            return worker_pgleaderlock(dsn, name, impl.removeprefix("pgleaderlock-"))
         case "raw-block":
             return worker_raw_block(dsn, name)
         case "raw-poll-1s":
@@ -435,7 +400,7 @@ class Experiment:
         self.log, self.abort = log, abort
         self.name = f"{impl.key}/{scenario}"
         self.lock_name = f"bench-failover-{impl.key}-{scenario}-{os.getpid()}"
-        self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+        self.events: queue.Queue[tuple[int, CandidateEvent]] = queue.Queue()
         self.candidates: dict[int, Candidate] = {}
         self.acquisitions: list[tuple[int, float]] = []
         self.trials: list[Trial] = []
@@ -447,8 +412,13 @@ class Experiment:
     def spawn(self) -> Candidate:
         """Start one worker and a thread that forwards its JSON lines."""
         wid = len(self.candidates) + 1
+        if self.impl.key in CANDIDATES:
+            cmd = candidate_command(lock_name=self.lock_name, options=CANDIDATES[self.impl.key])
+        else:
+            cmd = [sys.executable, __file__, "--worker", self.impl.key]
+            cmd += ["--lock-name", self.lock_name]
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", self.impl.key, "--lock-name", self.lock_name],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -466,18 +436,17 @@ class Experiment:
         assert proc.stdout is not None
         with proc.stdout:
             for line in proc.stdout:
-                try:
-                    self.events.put((wid, json.loads(line)))
-                except ValueError:
-                    self.events.put((wid, {"event": "output", "text": line.rstrip()}))
-        self.events.put((wid, {"event": "eof", "ts": time.time()}))
+                text = {"text": line.rstrip()}
+                event = parse_event(line) or CandidateEvent(time.monotonic(), "output", None, text)
+                self.events.put((wid, event))
+        self.events.put((wid, CandidateEvent(time.monotonic(), "eof", None)))
 
-    def _handle(self, wid: int, ev: dict[str, Any]) -> None:
-        c, kind, ts = self.candidates[wid], ev["event"], ev.get("ts", time.time())
+    def _handle(self, wid: int, ev: CandidateEvent) -> None:
+        c, kind, ts = self.candidates[wid], ev.event, ev.t
         if c.role == "dead":
             return
         match kind:
-            case "following":
+            case "following" | "acquire_failed":
                 if c.role != "leader":
                     c.role = "follower"
             case "acquired":
@@ -571,7 +540,7 @@ class Experiment:
             raise ExperimentError("the leader's backend was not found in pg_locks")
         seen = len(self.acquisitions)
         assert self.admin is not None
-        fault = time.time()
+        fault = time.monotonic()
         if self.scenario == "crash":
             old.proc.kill()
         elif self.scenario == "graceful":
@@ -591,7 +560,7 @@ class Experiment:
             result.failover_s = got[1] - fault
             result.new_is_old = got[0] == old.wid
         if self.scenario == "terminate":
-            left = max(0.0, fault + args.detect_timeout - time.time())
+            left = max(0.0, fault + args.detect_timeout - time.monotonic())
             lost = self.pump(lambda: next((t for t in old.lost if t >= fault), None), left)
             if lost is not None:
                 result.detection_s = lost - fault
@@ -599,7 +568,7 @@ class Experiment:
                     result.overlap_s = max(0.0, lost - got[1])
             else:  # never noticed: it still believes it leads; end it and replace it
                 if got is not None:
-                    result.overlap_s = time.time() - got[1]
+                    result.overlap_s = time.monotonic() - got[1]
                     result.overlap_unbounded = True
                 old.proc.kill()
                 self.retire(old, 10.0)

@@ -64,7 +64,7 @@ from _common import (
 )
 
 from pgleaderlock import LeaderLock, lock_keys
-from pgleaderlock.backends import _sql
+from pgleaderlock.backends import TRY_LOCK, UNLOCK
 from pgleaderlock.backends import psycopg as psycopg_backend
 from pgleaderlock.backends.psycopg import PsycopgSession
 
@@ -233,8 +233,8 @@ async def bench_attempt(dsn: str, rounds: int, block: int) -> dict[str, Any]:
         application_name=options.application_name,
         options=" ".join(f"-c {k}={v}" for k, v in options.server_settings.items()),
     )
-    try_sql = _sql.TRY_LOCK.format(k1=raw_key1, k2=raw_key2).encode()
-    unlock_sql = _sql.UNLOCK.format(k1=raw_key1, k2=raw_key2).encode()
+    try_sql = TRY_LOCK.sql(raw_key1, raw_key2).encode()
+    unlock_sql = UNLOCK.sql(raw_key1, raw_key2).encode()
 
     guard = CallGuard(session.abort) if CallGuard is not None else None
 

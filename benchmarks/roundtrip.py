@@ -35,12 +35,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import _common  # noqa: F401 - puts tests/ on sys.path, for support.*
 import psycopg
 
-from pgleaderlock.backends import _sql, available, resolve
+from pgleaderlock.backends import TRY_LOCK, UNLOCK
 from pgleaderlock.core.calls import CallGuard
+from pgleaderlock.core.registry import available, resolve
 from pgleaderlock.core.session import ConnectOptions, LockSession
-from pgleaderlock.testing.postgres import dsn_to_url, resolve_test_dsn
+from support.server import dsn_to_url, resolve_test_dsn
 
 KEYS_LIB = (731_001, 1)
 KEYS_RAW = (731_001, 2)
@@ -96,8 +98,8 @@ async def raw_op(driver: str, dsn: str) -> tuple[Op, Op, Callable[[], Awaitable[
     k1, k2 = KEYS_RAW
     if driver == "psycopg":
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        try_lock = _sql.TRY_LOCK.format(k1=k1, k2=k2)
-        unlock = _sql.UNLOCK.format(k1=k1, k2=k2)
+        try_lock = TRY_LOCK.sql(k1, k2)
+        unlock = UNLOCK.sql(k1, k2)
 
         async def op() -> None:
             cur = await conn.execute(try_lock)
@@ -117,8 +119,8 @@ async def raw_op(driver: str, dsn: str) -> tuple[Op, Op, Callable[[], Awaitable[
     import asyncpg
 
     aconn = await asyncpg.connect(dsn_to_url(dsn, "postgresql"))
-    try_lock_p = _sql.TRY_LOCK.format(k1="$1", k2="$2")
-    unlock_p = _sql.UNLOCK.format(k1="$1", k2="$2")
+    try_lock_p = TRY_LOCK.sql("$1", "$2")
+    unlock_p = UNLOCK.sql("$1", "$2")
 
     async def aop() -> None:
         await aconn.fetchrow(try_lock_p, k1, k2)

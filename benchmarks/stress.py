@@ -1,6 +1,6 @@
 """Randomized fault-injection stress run for pgleaderlock (not part of CI).
 
-N candidate processes (``python -m pgleaderlock.testing.faults candidate``) compete for
+N candidate processes (``python -m pgleaderlock.testing.candidate``) compete for
 one lock while this script injects random faults for ``--duration`` seconds:
 
 - ``terminate_leader`` / ``terminate_follower``: ``pg_terminate_backend`` of the current
@@ -12,7 +12,7 @@ one lock while this script injects random faults for ``--duration`` seconds:
   demote itself; the server keeps the old session, so nobody leads until it resumes).
 
 Every candidate reports its events with timestamps; the belief checker of
-``pgleaderlock.testing.faults`` then verifies that no two candidates ever believed they
+``pgleaderlock.testing.beliefs`` then verifies that no two candidates ever believed they
 led at the same time. Overlaps right after an external ``pg_terminate_backend`` of the
 leader ("terminate overlaps", a few ms: the server frees the lock before the old leader
 can know) are reported separately. Exit status 1 if any other overlap was seen, or a
@@ -39,18 +39,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import _common  # noqa: F401 - puts tests/ on sys.path, for support.*
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgleaderlock.testing.faults import (
-    BeliefLog,
-    CandidateOptions,
-    CandidateProcess,
-    describe_overlaps,
-    lock_holders,
-)
+from pgleaderlock.testing.beliefs import BeliefLog, describe_overlaps
+from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from pgleaderlock.testing.proxy import TcpProxy
+from support.proxy import TcpProxy
+from support.server import lock_holders
 
 FAULTS: dict[str, int] = {  # relative weights
     "terminate_leader": 3,

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock, LockState
-from pgleaderlock.testing.postgres import ThrowawayPostgres, resolve_test_dsn
+from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.server import lock_holders, resolve_test_dsn
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
 
@@ -99,11 +100,6 @@ def recorder() -> Callable[[LeaderLock], Recorder]:
 
 Admin = psycopg.AsyncConnection[tuple[object, ...]]
 
-_ADVISORY = (
-    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
-    " AND classid = %s::int8::oid AND objid = %s::int8::oid AND granted = %s"
-)
-
 
 @pytest.fixture
 async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
@@ -118,17 +114,12 @@ def keys() -> tuple[int, int]:
     return random.randint(1, 2**31 - 1), random.randint(-(2**31), 2**31 - 1)
 
 
-async def _advisory_pids(admin: Admin, key1: int, key2: int, granted: bool) -> list[int]:
-    cur = await admin.execute(_ADVISORY, (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF, granted))
-    return [row[0] for row in await cur.fetchall()]  # type: ignore[misc]
-
-
 @pytest.fixture
 def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
     """``await holders(key1, key2)``: backend pids holding the lock, from pg_locks."""
 
     async def holders(key1: int, key2: int) -> list[int]:
-        return await _advisory_pids(admin, key1, key2, True)
+        return await lock_holders(admin, key1, key2)
 
     return holders
 
@@ -138,7 +129,7 @@ def waiters(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
     """``await waiters(key1, key2)``: backend pids queued for the lock, from pg_locks."""
 
     async def waiters(key1: int, key2: int) -> list[int]:
-        return await _advisory_pids(admin, key1, key2, False)
+        return await lock_holders(admin, key1, key2, granted=False)
 
     return waiters
 

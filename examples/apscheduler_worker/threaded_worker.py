@@ -15,8 +15,8 @@ import threading
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from pgleaderlock import LeaderLock
-from pgleaderlock.integrations.apscheduler import ThreadedLeaderLock, leader_only
+from pgleaderlock import LeaderLock, ThreadedLeaderLock
+from pgleaderlock.integrations.apscheduler import leader_only
 
 REPLICA = os.environ.get("REPLICA", f"pid-{os.getpid()}")
 LOCK_NAME = os.environ.get("LOCK_NAME", "example-apscheduler-worker")

@@ -23,7 +23,7 @@ LOCK_NAME = os.environ.get("LOCK_NAME", "example-fastapi-app")
 
 logging.basicConfig(level=logging.INFO, format=f"[replica {REPLICA}] %(name)s: %(message)s")
 logging.getLogger("pgleaderlock").setLevel(logging.WARNING)  # lock losses and errors
-logging.getLogger("pgleaderlock.integrations").setLevel(logging.INFO)  # task start/stop
+logging.getLogger("pgleaderlock.tasks").setLevel(logging.INFO)  # task start/stop
 log = logging.getLogger("example")
 
 # The same lock name in every replica: whichever holds the lock runs the leader tasks.

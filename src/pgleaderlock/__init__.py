@@ -33,6 +33,8 @@ from .core.lock import LeaderLock
 from .core.models import Callback, ErrorCallback, LockState, RetryContext, StateChangeCallback
 from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
 from .core.session import Backend, ConnectOptions, LockSession
+from .tasks import LeaderTasks
+from .threaded import ThreadedLeaderLock
 
 __version__ = "0.1.0"
 
@@ -48,6 +50,7 @@ __all__ = [
     "ExponentialBackoff",
     "FixedInterval",
     "LeaderLock",
+    "LeaderTasks",
     "LockError",
     "LockNotHeldError",
     "LockSession",
@@ -58,6 +61,7 @@ __all__ = [
     "SessionNotDedicatedError",
     "ShutdownError",
     "StateChangeCallback",
+    "ThreadedLeaderLock",
     "__version__",
     "hookimpl",
     "lock_keys",

@@ -5,20 +5,17 @@ Run it with one command (without a DSN it starts a throwaway PostgreSQL)::
     python -m pgleaderlock.demo
     python -m pgleaderlock.demo --dsn postgresql://... --kill terminate --rounds 3
 
-Each candidate is a separate OS process (this module with ``--candidate``) running one
-:class:`~pgleaderlock.LeaderLock`. It reports its callbacks to the parent as JSON lines on
-stdout; the parent kills leaders, measures failovers and checks that no two candidates
-believed themselves leader at the same time.
+Each candidate is a separate OS process (``python -m pgleaderlock.testing.candidate``)
+running one :class:`~pgleaderlock.LeaderLock`. It reports its callbacks to the parent as
+JSON lines on stdout; the parent kills leaders, measures failovers and checks that no two
+candidates believed themselves leader at the same time.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
-import json
-import logging
 import os
 import queue
 import signal
@@ -32,77 +29,25 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.core._logging import mask_dsn
+from pgleaderlock.testing.candidate import (
+    DSN_ENV,
+    CandidateEvent,
+    CandidateOptions,
+    candidate_command,
+    parse_event,
+)
 from pgleaderlock.testing.postgres import ThrowawayPostgres, find_pg_bin
 
 HEALTH_INTERVAL_S = 1.0  # the leader probes its session this often
 HEALTH_TIMEOUT_S = 2.0  # the library default
 STALE_BOUND_S = HEALTH_INTERVAL_S + HEALTH_TIMEOUT_S  # a leader notices a lost session by then
 TIMEOUT_S = 30.0  # every wait of the parent is bounded by this
-DSN_ENV = "PGLEADERLOCK_DEMO_DSN"  # candidates get the DSN here, not on the command line
 KILL_MESSAGES = {
     "sigkill": "killed with SIGKILL (its connection drops, the server frees the lock)",
     "terminate": "session terminated with pg_terminate_backend()",
     "sigterm": "sent SIGTERM (graceful: releases the lock, then exits)",
 }
-Event = dict[str, Any]
-
-
-# ------------------------------------------------------------------ a candidate process
-
-
-async def run_candidate(cid: int, dsn: str, name: str) -> int:
-    """One candidate: a LeaderLock that reports its callbacks as JSON lines on stdout."""
-    logging.getLogger("pgleaderlock").addHandler(logging.NullHandler())  # the parent prints
-    lock = LeaderLock.from_name(
-        name,
-        dsn=dsn,
-        health_interval_s=HEALTH_INTERVAL_S,
-        health_timeout_s=HEALTH_TIMEOUT_S,
-    )
-
-    def report(event: str, **extra: Any) -> None:
-        line = {"event": event, "cid": cid, "backend_pid": lock.backend_pid, "ts": time.time()}
-        print(json.dumps({**line, **extra}), flush=True)
-
-    @lock.on_acquired
-    def _acquired() -> None:
-        report("acquired")
-
-    @lock.on_lost
-    def _lost() -> None:
-        report("lost")
-
-    @lock.on_released
-    def _released() -> None:
-        report("released")
-
-    @lock.on_error
-    def _error(exc: Exception) -> None:
-        report("error", error=f"{type(exc).__name__}: {exc}")
-
-    @lock.on_state_change
-    def _changed(old: LockState, new: LockState) -> None:
-        if LockState.LEADER in (old, new):  # skip follower <-> acquiring, every 50 ms
-            report("state_change", old=old.value, new=new.value)
-
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    def watch_parent() -> None:  # stdin is a pipe from the parent: EOF means it is gone
-        sys.stdin.read()
-        loop.call_soon_threadsafe(stop.set)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    await lock.start()
-    report("started")
-    await stop.wait()
-    await lock.shutdown(timeout_s=10)
-    report("exited")
-    return 0
 
 
 # ------------------------------------------------------------------ the parent
@@ -146,13 +91,13 @@ class Demo:
 
     def __init__(self, dsn: str, args: argparse.Namespace) -> None:
         self.dsn, self.args = dsn, args
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events: queue.Queue[tuple[int, CandidateEvent]] = queue.Queue()
         self.candidates: dict[int, Candidate] = {}
         self.leaderships: list[Leadership] = []
         self.acquired: list[tuple[int, float]] = []
         self.rows: list[tuple[str, ...]] = []
         self.failed = False
-        self.t0 = time.time()
+        self.t0 = time.monotonic()  # the candidates' clock too
         self.admin: psycopg.Connection[Any]  # set by run()
 
     def run(self) -> int:
@@ -180,7 +125,7 @@ class Demo:
             "leader watches its idle\nsession (a terminated backend is noticed within "
             f"milliseconds) and probes it every {HEALTH_INTERVAL_S:g} s.\n"
         )
-        self.t0 = time.time()
+        self.t0 = time.monotonic()
         self.log(self.t0, "parent", f"starting {self.args.candidates} candidates")
         for _ in range(self.args.candidates):
             self.spawn()
@@ -190,7 +135,7 @@ class Demo:
         print(
             f"==> first leader: {self.candidates[cid]}, {took} after start (with Python start-up)"
         )
-        self.wait_until(lambda: all("started" in c.seen for c in self.live()), "the followers")
+        self.wait_until(lambda: all("ready" in c.seen for c in self.live()), "the followers")
         self.pause(1.0)
         self.check_overlap(since=self.t0)
         for number in range(1, self.args.rounds + 1):
@@ -204,9 +149,14 @@ class Demo:
     def spawn(self) -> Candidate:
         """Start one candidate process and a thread that forwards its JSON lines."""
         cid = len(self.candidates) + 1
-        cmd = [sys.executable, "-m", "pgleaderlock.demo", "--candidate", str(cid)]
+        options = CandidateOptions.library_defaults(
+            health_interval_s=HEALTH_INTERVAL_S, health_timeout_s=HEALTH_TIMEOUT_S, quiet=True
+        )
+        cmd = candidate_command(
+            lock_name=self.args.lock_name, name=f"candidate-{cid}", options=options
+        )
         proc = subprocess.Popen(
-            [*cmd, "--lock-name", self.args.lock_name],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -222,22 +172,23 @@ class Demo:
         assert proc.stdout is not None
         with proc.stdout:
             for line in proc.stdout:
-                try:
-                    self.events.put(json.loads(line))
-                except ValueError:
-                    self.events.put({"event": "output", "cid": cid, "text": line.rstrip()})
-        self.events.put({"event": "eof", "cid": cid, "ts": time.time()})
+                text = {"text": line.rstrip()}
+                event = parse_event(line) or CandidateEvent(time.monotonic(), "output", None, text)
+                self.events.put((cid, event))
+        self.events.put((cid, CandidateEvent(time.monotonic(), "eof", None)))
 
-    def handle(self, ev: Event) -> None:
+    def handle(self, cid: int, ev: CandidateEvent) -> None:
         """Record one event and print it."""
-        c, kind, ts = self.candidates[ev["cid"]], ev["event"], ev.get("ts", time.time())
+        c, kind, ts = self.candidates[cid], ev.event, ev.t
         c.seen[kind] = ts
-        c.backend_pid = ev.get("backend_pid") or c.backend_pid
-        if kind == "state_change":  # the leadership spans; the callbacks print the news
-            if ev["new"] == "leader":
+        c.backend_pid = ev.backend_pid or c.backend_pid
+        if kind == "state":  # the leadership spans; the callbacks print the news
+            if ev.data.get("new") == "leader":
                 self.leaderships.append(Leadership(c.cid, ts))
-            elif ev["old"] == "leader":
+            elif ev.data.get("old") == "leader":
                 self.end_leadership(c, ts)
+            return
+        if kind in ("acquire_failed", "stopped"):  # a follower's attempts; the exit says it
             return
         if kind == "acquired":
             self.acquired.append((c.cid, ts))
@@ -246,16 +197,16 @@ class Demo:
             self.end_leadership(c, ts)
             if not c.expect_exit:
                 raise DemoFailure(f"{c} exited unexpectedly (status {c.proc.poll()})")
-            if "exited" in c.seen:
+            if "exit" in c.seen:
                 return
         text = {
-            "started": "started, waiting for the lock",
+            "ready": "started, waiting for the lock",
             "acquired": f"ACQUIRED leadership (backend pid {c.backend_pid})",
             "lost": "LOST leadership: its session is gone",
             "released": "released leadership",
-            "exited": "exited cleanly",
+            "exit": "exited cleanly",
             "eof": "process gone",
-        }.get(kind) or f"{kind}: {ev.get('error') or ev.get('text')}"
+        }.get(kind) or f"{kind}: {ev.data.get('error') or ev.data.get('text')}"
         self.log(ts, str(c), text)
 
     def log(self, ts: float, who: str, text: str) -> None:
@@ -287,7 +238,7 @@ class Demo:
             if remaining <= 0:
                 raise DemoFailure(f"timed out after {TIMEOUT_S:g} s waiting for {what}")
             with contextlib.suppress(queue.Empty):
-                self.handle(self.events.get(timeout=min(remaining, 0.1)))
+                self.handle(*self.events.get(timeout=min(remaining, 0.1)))
 
     def pause(self, seconds: float) -> None:
         """Let events happen (and print) for ``seconds``."""
@@ -300,7 +251,7 @@ class Demo:
         print(f"\n--- round {number}: {mode} the leader, {old} ---")
         seen_before = len(self.acquired)
         old.expect_exit = mode != "terminate"
-        killed_at = time.time()
+        killed_at = time.monotonic()
         if mode == "sigkill":
             old.proc.kill()
             self.end_leadership(old, killed_at)  # a killed process believes nothing
@@ -328,7 +279,7 @@ class Demo:
                 released = ms(old.seen["released"] - killed_at)
                 print(f"==> old leader released the lock {released} after SIGTERM")
             replacement = self.spawn()
-            self.log(time.time(), "parent", f"started replacement {replacement}")
+            self.log(time.monotonic(), "parent", f"started replacement {replacement}")
         self.pause(1.0)
         overlap = self.check_overlap(
             since=killed_at, terminated=old if mode == "terminate" else None
@@ -342,7 +293,7 @@ class Demo:
         A terminated leader goes on believing it leads until its next health probe: that
         stale belief is expected (the server freed the lock at once) if it ended in time.
         """
-        now, spans = time.time(), [s for s in self.leaderships if (s.end or since) >= since]
+        now, spans = time.monotonic(), [s for s in self.leaderships if (s.end or since) >= since]
         result = "none"
         for a, b in itertools.combinations(spans, 2):
             a, b = sorted((a, b), key=lambda span: span.start)
@@ -416,10 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="leaders to kill (default 2)")
     parser.add_argument("--kill", choices=list(KILL_MESSAGES), default="sigkill")
     parser.add_argument("--lock-name", default="pgleaderlock-demo")
-    parser.add_argument("--candidate", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.candidate is not None:
-        return asyncio.run(run_candidate(args.candidate, os.environ[DSN_ENV], args.lock_name))
     if args.candidates < 2 or args.rounds < 0:
         parser.error("--candidates must be at least 2 and --rounds at least 0")
     signal.signal(signal.SIGTERM, _interrupt)

@@ -1,4 +1,5 @@
-"""The contract suite's fixtures: one ``target`` per installed backend flavour.
+"""The contract suite's fixtures: one ``target`` per installed backend flavour, and the
+in-memory fake.
 
 Every test that takes ``target`` runs once per flavour: each backend that
 ``pgleaderlock.backends.available()`` lists, with SQLAlchemy split into its two drivers
@@ -6,6 +7,13 @@ Every test that takes ``target`` runs once per flavour: each backend that
 one, ``sqlalchemy+psycopg`` through a URL string with ``backend="sqlalchemy"``). A
 backend registered later, by another distribution, is picked up here without a change:
 it gets a ``postgresql://`` URL and ``backend=<its name>``.
+
+The ``fake`` flavour runs the same tests on :class:`~pgleaderlock.testing.FakeServer`,
+the stand-in behind the unit tests, so that the fake is held to what PostgreSQL does.
+The fixtures that look at the server (``holders``, ``waiters``, ``terminate``,
+``backend_alive``) read the fake instead. A test that needs what the fake cannot model
+(a network between client and server, SQL on the server, poolers, credentials) says so
+with ``@pytest.mark.postgres_only("one-line reason")`` and does not run on the fake.
 """
 
 from __future__ import annotations
@@ -14,16 +22,17 @@ import importlib.util
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgleaderlock import FixedInterval, LeaderLock, LockSession
-from pgleaderlock.backends import available, resolve
-from pgleaderlock.core.session import ConnectOptions
-from pgleaderlock.testing.postgres import dsn_to_url
+from pgleaderlock.backends import ConnectOptions
+from pgleaderlock.core.registry import available, resolve
+from pgleaderlock.testing import FakeServer
+from support.server import dsn_to_url
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -44,6 +53,11 @@ class Flavour:
     backend: str
     scheme: str = "postgresql"  # URL scheme handed to the backend
     engine: bool = False  # give a SQLAlchemy AsyncEngine instead of a URL
+    fake: bool = False  # the in-memory FakeServer instead of PostgreSQL
+
+
+FAKE = Flavour("fake", "fake", fake=True)
+BUILTIN = ("psycopg", "asyncpg", "sqlalchemy")
 
 
 def flavours() -> list[Flavour]:
@@ -55,10 +69,36 @@ def flavours() -> list[Flavour]:
             found.append(Flavour("sqlalchemy+psycopg", name, "postgresql+psycopg"))
         else:
             found.append(Flavour(name, name))
-    return found
+    return [*found, FAKE]
 
 
 FLAVOURS = flavours()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "postgres_only(reason): the test needs a real PostgreSQL server for something the "
+        "fake cannot model; it does not run on the fake flavour",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``target`` over the flavours; the fake only where it can stand in."""
+    if "target" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("postgres_only")
+    if marker is not None and not (marker.args and str(marker.args[0]).strip()):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: postgres_only needs a reason")
+    chosen = [f for f in FLAVOURS if not (f.fake and marker is not None)]
+    metafunc.parametrize("target", chosen, ids=[f.id for f in chosen], indirect=True)
+
+
+def _no_server(what: str) -> NoReturn:
+    pytest.fail(
+        f"{what}: the fake flavour has no PostgreSQL server; mark the test "
+        '@pytest.mark.postgres_only("<why>")'
+    )
 
 
 @dataclass
@@ -67,7 +107,8 @@ class Target:
     the test."""
 
     flavour: Flavour
-    pg_dsn: str
+    pg_dsn: str = ""  # the test server (not for the fake flavour)
+    fake: FakeServer | None = None  # the fake flavour's server
     locks: list[LeaderLock] = field(default_factory=list)
     sessions: list[LockSession] = field(default_factory=list)
     engines: dict[str, Any] = field(default_factory=dict)
@@ -84,6 +125,8 @@ class Target:
 
     def server_address(self) -> tuple[str, int]:
         """(host, port) of the test server, for a proxy in front of it."""
+        if self.fake is not None:
+            _no_server("server_address()")
         info = conninfo_to_dict(self.pg_dsn)
         host = str(info.get("host") or "127.0.0.1")
         if host.startswith("/"):
@@ -91,6 +134,8 @@ class Target:
         return host, int(info.get("port") or 5432)
 
     def url(self, **override: object) -> str:
+        if self.fake is not None:
+            _no_server("url()")
         return dsn_to_url(self.pg_dsn, self.flavour.scheme, **override)
 
     def dsn(self, **override: object) -> object:
@@ -105,6 +150,12 @@ class Target:
         return self.engines[url]
 
     def lock(self, keys: tuple[int, int], *, dsn: object = None, **kwargs: Any) -> LeaderLock:
+        if self.fake is not None:
+            if dsn is not None:
+                _no_server("lock(dsn=...)")
+            lock = LeaderLock(None, *keys, connect_fn=self.fake.connect, **{**FAST, **kwargs})
+            self.locks.append(lock)
+            return lock
         lock = LeaderLock(
             dsn if dsn is not None else self.dsn(),
             *keys,
@@ -117,7 +168,14 @@ class Target:
     async def session(
         self, options: ConnectOptions | None = None, **override: object
     ) -> LockSession:
-        """A LockSession opened the way the core opens one (Backend.connect)."""
+        """A LockSession opened the way the core opens one (Backend.connect, or the
+        fake's ``connect_fn``)."""
+        if self.fake is not None:
+            if options is not None or override:
+                _no_server("session(options/overrides)")
+            fake_session = await self.fake.connect()
+            self.sessions.append(fake_session)
+            return fake_session
         backend, driver_dsn = resolve(self.flavour.backend, self.dsn(**override))
         backend.check_dsn(driver_dsn)
         session = await backend.connect(
@@ -129,7 +187,7 @@ class Target:
     async def require(self, capability: type) -> None:
         """Skip the test unless this backend's sessions have ``capability``
         (``WaitingSession``, ``WatchableSession``): optional for third-party backends."""
-        if self.flavour.backend in ("psycopg", "asyncpg", "sqlalchemy"):
+        if not self.flavour.fake and self.flavour.backend in BUILTIN:
             return  # the built-in backends have every capability (checked in the suite)
         session = await self.session()
         if not isinstance(session, capability):
@@ -137,7 +195,7 @@ class Target:
 
     def require_raw_connections(self) -> None:
         """Skip the test unless :meth:`raw_connect` knows this backend's driver."""
-        if self.flavour.backend not in ("psycopg", "asyncpg", "sqlalchemy"):
+        if self.flavour.fake or self.flavour.backend not in BUILTIN:
             pytest.skip(f"no raw connection known for backend {self.flavour.backend!r}")
 
     async def raw_connect(self, **override: object) -> object:
@@ -183,10 +241,15 @@ class Target:
             await engine.dispose()
 
 
-@pytest.fixture(params=FLAVOURS, ids=[f.id for f in FLAVOURS])
-async def target(request: pytest.FixtureRequest, pg_dsn: str) -> AsyncIterator[Target]:
-    """The backend flavour under test, bound to the test server."""
-    target = Target(request.param, pg_dsn)
+@pytest.fixture
+async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+    """The backend flavour under test, bound to the test server (or to a new
+    FakeServer for the fake flavour); parametrized by :func:`pytest_generate_tests`."""
+    flavour: Flavour = request.param
+    if flavour.fake:
+        target = Target(flavour, fake=FakeServer())
+    else:
+        target = Target(flavour, request.getfixturevalue("pg_dsn"))
     try:
         yield target
     finally:
@@ -218,10 +281,78 @@ def run_sql() -> Callable[[object, str], Awaitable[tuple[Any, ...]]]:
     return _run_sql
 
 
+# ---------------------------------------------------------------- looking at the server
+#
+# On PostgreSQL these are the shared fixtures of tests/conftest.py (pg_locks,
+# pg_stat_activity, pg_terminate_backend from an admin session); on the fake flavour
+# they read the FakeServer the same way. An overriding fixture that asks for its own name
+# gets the one it overrides, so the real ones open an admin session only when used.
+
+
+class FakeView:
+    """What an admin session would see on PostgreSQL, read from a FakeServer."""
+
+    def __init__(self, server: FakeServer) -> None:
+        self.server = server
+
+    async def holders(self, key1: int, key2: int) -> list[int]:
+        holder = self.server.holder(key1, key2)
+        return [] if holder is None else [holder.backend_pid or 0]
+
+    async def waiters(self, key1: int, key2: int) -> list[int]:
+        # FakeServer has no public view of its queues; pg_locks shows ungranted rows.
+        queue = self.server._waiters.get((key1, key2), [])
+        return [session.backend_pid or 0 for session, future in queue if not future.done()]
+
+    async def terminate(self, pid: int | None) -> None:
+        assert pid is not None
+        for session in self.server.sessions:
+            if session.backend_pid == pid:
+                self.server.terminate(session)
+
+    async def alive(self, pid: int) -> bool:
+        return any(
+            s.backend_pid == pid and not (s.closed or s.killed) for s in self.server.sessions
+        )
+
+
+def _fake_view(request: pytest.FixtureRequest) -> FakeView | None:
+    """The fake's view when the test runs on the fake flavour, else None."""
+    if "target" not in request.fixturenames:
+        return None
+    target: Target = request.getfixturevalue("target")
+    return None if target.fake is None else FakeView(target.fake)
+
+
 @pytest.fixture
-def backend_alive(admin: Admin) -> Callable[[int], Awaitable[bool]]:
+def holders(request: pytest.FixtureRequest) -> Callable[[int, int], Awaitable[list[int]]]:
+    """``await holders(key1, key2)``: pids holding the lock (pg_locks, or the fake)."""
+    view = _fake_view(request)
+    return view.holders if view is not None else request.getfixturevalue("holders")
+
+
+@pytest.fixture
+def waiters(request: pytest.FixtureRequest) -> Callable[[int, int], Awaitable[list[int]]]:
+    """``await waiters(key1, key2)``: pids queued for the lock (pg_locks, or the fake)."""
+    view = _fake_view(request)
+    return view.waiters if view is not None else request.getfixturevalue("waiters")
+
+
+@pytest.fixture
+def terminate(request: pytest.FixtureRequest) -> Callable[[int | None], Awaitable[None]]:
+    """``await terminate(pid)``: ``pg_terminate_backend(pid)``, or the fake's."""
+    view = _fake_view(request)
+    return view.terminate if view is not None else request.getfixturevalue("terminate")
+
+
+@pytest.fixture
+def backend_alive(request: pytest.FixtureRequest) -> Callable[[int], Awaitable[bool]]:
     """``await backend_alive(pid)``: is that server process still in pg_stat_activity
-    or pg_locks?"""
+    or pg_locks (or, on the fake, that session still open)?"""
+    view = _fake_view(request)
+    if view is not None:
+        return view.alive
+    admin: Admin = request.getfixturevalue("admin")
 
     async def alive(pid: int) -> bool:
         cur = await admin.execute(

@@ -1,7 +1,9 @@
 """The behaviour of ``LeaderLock``, the same on every backend, against a real server.
 
 Each test runs once per backend flavour (see ``conftest.py``): the state machine is the
-same code on every driver, so any difference here is an adapter bug.
+same code on every driver, so any difference here is an adapter bug. The ``fake``
+flavour runs them on the in-memory ``FakeServer``, except where marked
+``postgres_only``: there a difference is a bug in the fake.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pgleaderlock import (
     LockState,
     SessionNotDedicatedError,
 )
-from pgleaderlock.core.session import WaitingSession, WatchableSession
-from pgleaderlock.testing.proxy import TcpProxy
+from pgleaderlock.backends import WaitingSession, WatchableSession
+from support.proxy import TcpProxy
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -148,21 +150,19 @@ async def test_flap_damping_recovers_silently(target, keys, recorder, holders, t
     assert await holders(*keys) == [lock.backend_pid]
 
 
-async def test_shutdown_releases_and_closes(target, keys, admin, holders, backend_alive):
+async def test_shutdown_releases_and_closes(target, keys, holders, backend_alive):
+    # (That this pid carries the lock's application_name: see
+    # test_application_name_identifies_the_holder.)
     lock = target.lock(keys)
     await lock.start()
     assert await lock.wait_for_leadership(10)
     pid = lock.backend_pid
-    cur = await admin.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
-    )
-    assert await cur.fetchone() == (lock.application_name,)
     await lock.shutdown()
     assert await holders(*keys) == []  # unlocked before the session was closed
     await wait_until(lambda: _not(backend_alive(pid)), 2, "the session to end")
 
 
-async def test_never_reentrant(target, keys, admin, holders):
+async def test_never_reentrant(target, keys, holders):
     """Health probes never re-acquire: after ~100 probes one unlock frees the lock."""
     lock = target.lock(keys, health_interval_s=0.01, auto_reacquire=False)
     await lock.start()
@@ -173,11 +173,12 @@ async def test_never_reentrant(target, keys, admin, holders):
     assert await holders(*keys) == [pid]
     await lock.step_down()  # exactly one pg_advisory_unlock
     assert await holders(*keys) == []
-    cur = await admin.execute("SELECT pg_try_advisory_lock(%s, %s)", keys)
-    assert await cur.fetchone() == (True,)
-    await admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
+    other = await target.session()  # another session takes it at once
+    assert await other.try_lock(*keys) is True
+    assert await other.unlock(*keys) is True
 
 
+@pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_stuck_network_does_not_hang_shutdown(target, keys, holders):
     """A leader behind a proxy that stops forwarding: shutdown stays bounded, and the
     lock is freed once the connection is gone."""
@@ -196,6 +197,7 @@ async def test_stuck_network_does_not_hang_shutdown(target, keys, holders):
         await wait_until(lambda: _not(holders(*keys)), 10, "the lock to be freed")
 
 
+@pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_interrupted_try_lock_never_reuses_the_session(target, keys, recorder):
     """try_lock stuck on the wire times out: that session is closed, not reused."""
     async with TcpProxy(*target.server_address()) as proxy:
@@ -268,7 +270,7 @@ async def test_terminated_leader_notices_within_milliseconds(target, keys, recor
 
 @pytest.mark.parametrize("how", ["shutdown", "terminate"])
 async def test_stopped_waiter_leaves_no_backend_behind(
-    target, keys, admin, recorder, terminate, waiters, backend_alive, how
+    target, keys, recorder, terminate, waiters, backend_alive, how
 ):
     await target.require(WaitingSession)
     a = target.lock(keys)
@@ -294,6 +296,7 @@ async def test_stopped_waiter_leaves_no_backend_behind(
     assert a.is_leader
 
 
+@pytest.mark.postgres_only("a role whose pg_backend_pid() moves, like a pooler")
 async def test_pooler_moving_the_session_is_refused(
     target, keys, recorder, holders, fake_pooler_user, caplog
 ):
@@ -313,6 +316,7 @@ async def test_pooler_moving_the_session_is_refused(
     await wait_until(lambda: _not(holders(*keys)), 1.0, "the lock to be freed")
 
 
+@pytest.mark.postgres_only("a role whose pg_backend_pid() moves, like a pooler")
 async def test_session_pid_check_on_every_statement(target, keys, fake_pooler_user):
     session = await target.session(user=fake_pooler_user)
     assert await session.try_lock(*keys)
@@ -322,6 +326,7 @@ async def test_session_pid_check_on_every_statement(target, keys, fake_pooler_us
         await session.unlock(*keys)
 
 
+@pytest.mark.postgres_only("raw driver connections, and pg_stat_activity")
 async def test_connect_fn_may_return_a_raw_driver_connection(target, keys, admin, holders):
     target.require_raw_connections()
 
@@ -346,6 +351,7 @@ async def test_connect_fn_may_return_a_raw_driver_connection(target, keys, admin
     assert await holders(*keys) == []
 
 
+@pytest.mark.postgres_only("application_name lives in pg_stat_activity")
 async def test_application_name_identifies_the_holder(target, keys, admin):
     lock = LeaderLock.from_name(
         f"contract-{target.id}-{keys[0]}",
@@ -364,6 +370,7 @@ async def test_application_name_identifies_the_holder(target, keys, admin):
     assert name.startswith(f"pgleaderlock:contract-{target.id}-{keys[0]}@")
 
 
+@pytest.mark.postgres_only("authentication happens on the server")
 async def test_wrong_credentials_clear_error(target, keys, recorder, caplog):
     if target.flavour.engine:
         dsn = target.dsn(user="no_such_user_xyz", password="s3cr3t")
@@ -383,6 +390,7 @@ async def test_wrong_credentials_clear_error(target, keys, recorder, caplog):
     assert "s3cr3t" not in caplog.text
 
 
+@pytest.mark.postgres_only("connects to a closed TCP port")
 async def test_unreachable_host_reports_errors_and_never_hangs(target, keys, recorder):
     import socket
 
@@ -402,6 +410,7 @@ async def test_unreachable_host_reports_errors_and_never_hangs(target, keys, rec
         await lock.shutdown()
 
 
+@pytest.mark.postgres_only("connects to a TCP server that never answers")
 async def test_silent_server_is_bounded_by_connect_timeout(target, keys, recorder):
     """A server that accepts TCP but never answers: connect times out, no hang."""
     accepted: list[asyncio.StreamWriter] = []

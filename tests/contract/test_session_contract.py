@@ -1,7 +1,9 @@
 """The ``LockSession`` contract, the same on every backend, against a real server.
 
 These call the adapters the way the core does (``Backend.connect``, then the session's
-methods under ``asyncio.timeout``), one level below ``LeaderLock``.
+methods under ``asyncio.timeout``), one level below ``LeaderLock``. They run on the
+in-memory ``FakeServer`` too (the ``fake`` flavour), except where marked
+``postgres_only``.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import time
 import pytest
 
 from pgleaderlock import ConnectionError, LockError, SessionNotDedicatedError
-from pgleaderlock.core.session import (
+from pgleaderlock.backends import (
     AbortableSession,
     ConnectOptions,
     WaitingSession,
     WatchableSession,
 )
-from pgleaderlock.testing.proxy import TcpProxy
+from support.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -38,15 +40,19 @@ async def _eq(awaitable, expected) -> bool:
     return await awaitable == expected
 
 
+async def _sorted_eq(awaitable, expected) -> bool:
+    return sorted(await awaitable) == expected
+
+
 async def test_builtin_backends_have_every_capability(target):
-    if target.flavour.backend not in ("psycopg", "asyncpg", "sqlalchemy"):
-        pytest.skip("optional for third-party backends")
+    if target.flavour.fake or target.flavour.backend not in ("psycopg", "asyncpg", "sqlalchemy"):
+        pytest.skip("optional for third-party backends (and the fake)")
     session = await target.session()
     assert isinstance(session, WaitingSession)
     assert isinstance(session, WatchableSession)
 
 
-async def test_try_lock_unlock_holds(target, keys, admin, holders):
+async def test_try_lock_unlock_holds(target, keys, holders):
     a = await target.session()
     b = await target.session()
     assert await a.try_lock(*keys) is True
@@ -61,8 +67,17 @@ async def test_try_lock_unlock_holds(target, keys, admin, holders):
     assert await holders(*keys) == []
     assert await a.holds(*keys) is False
     assert await a.unlock(*keys) is False
+
+
+@pytest.mark.postgres_only("asks pg_stat_activity about the session's server process")
+async def test_backend_pid_is_the_sessions_client_backend(target, keys, admin):
+    a = await target.session()
+    assert await a.try_lock(*keys) is True
+    pid = a.backend_pid
+    assert pid is not None
     cur = await admin.execute("SELECT backend_type FROM pg_stat_activity WHERE pid = %s", (pid,))
     assert await cur.fetchone() == ("client backend",)
+    assert await a.unlock(*keys) is True
 
 
 async def test_negative_and_extreme_keys(target, holders):
@@ -75,6 +90,7 @@ async def test_negative_and_extreme_keys(target, holders):
         assert await session.unlock(*keys)
 
 
+@pytest.mark.postgres_only("application_name and settings live on the server")
 async def test_application_name_and_server_settings(target, admin, run_sql):
     options = ConnectOptions(
         application_name=f"pgleaderlock-settings-{target.id}",
@@ -206,6 +222,61 @@ async def test_watch_reports_termination_at_once(target, keys, terminate):
         await session.holds(*keys)
 
 
+async def test_watch_armed_after_termination_fires(target, keys, terminate):
+    """A watch armed on an idle session that the server already ended still reports it
+    (the socket holds the FATAL message and EOF), from the event loop, once."""
+    await target.require(WatchableSession)
+    session = await target.session()
+    assert await session.try_lock(*keys)
+    await terminate(session.backend_pid)
+    await asyncio.sleep(0.05)
+    fired = asyncio.Event()
+    calls: list[str] = []
+
+    def alarm() -> None:
+        calls.append("fired")
+        fired.set()
+
+    session.watch(alarm)
+    assert calls == []  # never from inside watch() itself
+    async with asyncio.timeout(2):
+        await fired.wait()
+    await asyncio.sleep(0.05)
+    assert calls == ["fired"]
+
+
+async def test_freed_lock_goes_to_the_first_waiter(target, keys, holders, waiters):
+    """Waiters are granted in the order they queued, one at a time."""
+    await target.require(WaitingSession)
+    a, b, c = [await target.session() for _ in range(3)]
+    assert await a.try_lock(*keys)
+    assert await b.try_lock(*keys) is False
+    assert await c.try_lock(*keys) is False
+    wait_b = asyncio.ensure_future(b.wait_lock(*keys, 30))
+    wait_c: asyncio.Future[bool] | None = None
+    try:
+        await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+        wait_c = asyncio.ensure_future(c.wait_lock(*keys, 30))
+        expected = sorted([b.backend_pid, c.backend_pid])
+        await wait_until(lambda: _sorted_eq(waiters(*keys), expected), 5, "c to queue")
+        assert await a.unlock(*keys)
+        async with asyncio.timeout(5):
+            assert await wait_b is True
+        assert await holders(*keys) == [b.backend_pid]
+        assert await waiters(*keys) == [c.backend_pid]
+        assert not wait_c.done()
+        assert await b.unlock(*keys)
+        async with asyncio.timeout(5):
+            assert await wait_c is True
+        assert await holders(*keys) == [c.backend_pid]
+        assert await c.unlock(*keys)
+    finally:
+        for wait in (wait_b, wait_c):
+            if wait is not None:
+                wait.cancel()
+                await asyncio.gather(wait, return_exceptions=True)
+
+
 async def test_watch_is_disarmed_by_none_by_calls_and_by_close(target, keys, terminate):
     await target.require(WatchableSession)
     calls: list[str] = []
@@ -281,6 +352,7 @@ async def test_sessions_can_abort(target):
     await session.close()
 
 
+@pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_timed_out_call_on_a_stuck_network_returns_at_once(target, keys):
     async with TcpProxy(*target.server_address()) as proxy:
         session = await target.session(host="127.0.0.1", port=proxy.port)
@@ -298,6 +370,7 @@ async def test_timed_out_call_on_a_stuck_network_returns_at_once(target, keys):
         assert time.monotonic() - started < 0.5
 
 
+@pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_cancelled_wait_on_a_stuck_network_is_bounded(target, keys):
     """The cancel request for a wait cannot get through: give up within ~1 s."""
     await target.require(WaitingSession)
@@ -317,6 +390,7 @@ async def test_cancelled_wait_on_a_stuck_network_is_bounded(target, keys):
         await proxy.cut()
 
 
+@pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_close_is_bounded_on_a_stuck_network(target, keys):
     async with TcpProxy(*target.server_address()) as proxy:
         session = await target.session(host="127.0.0.1", port=proxy.port)

@@ -16,12 +16,8 @@ import psycopg
 import pytest
 
 from pgleaderlock import FixedInterval, LeaderLock, ShutdownError
-from pgleaderlock.testing.faults import (
-    BeliefLog,
-    NetnsLink,
-    NetnsUnavailableError,
-    netns_unavailable_reason,
-)
+from pgleaderlock.testing.beliefs import BeliefLog
+from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 

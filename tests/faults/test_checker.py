@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgleaderlock.testing.faults import BeliefLog
+from pgleaderlock.testing.beliefs import BeliefLog
 
 
 class Clock:

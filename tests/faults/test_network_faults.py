@@ -10,9 +10,10 @@ import psycopg
 import pytest
 
 from pgleaderlock import FixedInterval, LockState
-from pgleaderlock.testing.faults import CandidateOptions, CandidateProcess, eventually
+from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from pgleaderlock.testing.proxy import TcpProxy
+from support.poll import eventually
+from support.proxy import TcpProxy
 
 S = LockState
 

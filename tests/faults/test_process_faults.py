@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from pgleaderlock import FixedInterval
-from pgleaderlock.testing.faults import CandidateOptions, CandidateProcess
+from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from pgleaderlock import ConnectionError, FixedInterval, LockState
-from pgleaderlock.testing.faults import lock_holders
+from support.server import lock_holders
 
 S = LockState
 pytestmark = [pytest.mark.timeout(60), pytest.mark.throwaway]

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from pgleaderlock import FixedInterval, LockState
-from pgleaderlock.testing.faults import eventually
-from pgleaderlock.testing.proxy import TcpProxy
+from support.poll import eventually
+from support.proxy import TcpProxy
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)

@@ -13,8 +13,9 @@ import psycopg
 import pytest
 
 from pgleaderlock import FixedInterval, LockState
-from pgleaderlock.testing.faults import TERMINATE_OVERLAP_LIMIT_S, describe_overlaps, eventually
-from pgleaderlock.testing.proxy import TcpProxy
+from pgleaderlock.testing.beliefs import TERMINATE_OVERLAP_LIMIT_S, describe_overlaps
+from support.poll import eventually
+from support.proxy import TcpProxy
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from pgleaderlock import ConnectionError, LeaderLock, LockState
-from pgleaderlock.plugins.metrics import MetricsPlugin, lock_label
+from pgleaderlock.plugins.metrics import MetricsPlugin
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -152,8 +152,8 @@ async def test_one_plugin_many_locks_labelled_by_name(make_lock, server, registr
     plugin = MetricsPlugin(registry)
     named = make_lock(name="billing-scheduler")
     by_keys = LeaderLock(None, 3, -4, connect_fn=server.connect, load_plugins=False)
-    assert lock_label(named) == "billing-scheduler"
-    assert lock_label(by_keys) == "3,-4"
+    assert named.label == "billing-scheduler"
+    assert by_keys.label == "3,-4"
     named.plugins.register(plugin)
     by_keys.plugins.register(plugin)
     try:

@@ -1,201 +1,100 @@
-"""The backend registry: driver adapters found through the entry-point group
-``pgleaderlock.backends``.
+"""The interface for backend authors, and the built-in driver adapters.
 
-A backend is a :class:`~pgleaderlock.core.session.Backend` object. The built-in ones
-(``psycopg``, ``asyncpg``, ``sqlalchemy``) are declared in pgleaderlock's own
-``pyproject.toml``; a third-party distribution registers its own the same way::
+A backend adapts one database driver to the core's
+:class:`~pgleaderlock.backends.LockSession` protocol. Everything a backend needs is
+importable from here; the modules behind these names are implementation details:
 
-    [project.entry-points."pgleaderlock.backends"]
-    mydriver = "mypackage.pgleaderlock_backend:backend"
+- the contract: :class:`Backend` (what the entry point names), :class:`ConnectOptions`,
+  :class:`LockSession` and its optional capabilities :class:`WaitingSession`,
+  :class:`WatchableSession` and :class:`AbortableSession`;
+- the shared base (``pgleaderlock.backends.base``): :class:`BaseSession`, which writes
+  the lock calls, the row and pid checks and the error translation once over a few
+  driver calls, the statements (:data:`TRY_LOCK`, :data:`UNLOCK`, :data:`WAIT_LOCK`,
+  :data:`HOLDS`) and the helpers they need;
+- the errors a backend raises;
+- the registry's public functions: :func:`available`, :func:`registered`, :func:`get`,
+  :func:`refresh`. The registry itself lives in the core
+  (``pgleaderlock.core.registry``) and finds every backend, the built-in ones included,
+  through the entry-point group ``pgleaderlock.backends``.
 
-Backends are imported lazily, when first asked for, so a missing optional driver only
-matters to the lock that wants it.
-
-How ``LeaderLock(dsn, ..., backend=None)`` picks one (:func:`resolve`):
-
-1. ``backend="name"`` wins. A DSN string is passed to it unchanged, except that a
-   ``+name`` in its scheme is removed (``postgresql+asyncpg://`` -> ``postgresql://``
-   for the asyncpg backend). A backend whose ``claims`` accepts the string (the
-   sqlalchemy backend with ``postgresql+asyncpg://``) gets it as it is.
-2. Else a ``postgresql+DRIVER://`` scheme names the backend (``+asyncpg`` -> asyncpg,
-   ``+psycopg`` -> psycopg).
-3. Else an object that is not a string goes to the backend that claims it (a
-   SQLAlchemy ``AsyncEngine`` -> sqlalchemy).
-4. Else psycopg.
+The built-in adapters are the submodules ``psycopg``, ``asyncpg`` and ``sqlalchemy``.
+Importing this package imports none of them, and no driver.
 """
 
 from __future__ import annotations
 
-import re
-from functools import cache
-from importlib.metadata import EntryPoint, entry_points
+from ..core.errors import (
+    ConfigurationError,
+    ConnectionError,
+    LockError,
+    SessionNotDedicatedError,
+)
+from ..core.registry import available, get, refresh, registered
 
-from ..core.errors import BackendUnavailableError, ConfigurationError
-from ..core.session import Backend, LockSession
+# Kept importable from here until the core and the CLI import them from
+# pgleaderlock.core.registry; not part of the interface for backend authors.
+from ..core.registry import resolve as resolve
+from ..core.registry import wrap_connection as wrap_connection
+from ..core.session import (
+    AbortableSession,
+    Backend,
+    ConnectOptions,
+    LockSession,
+    WaitingSession,
+    WatchableSession,
+)
+from .base import (
+    CANCEL_TIMEOUT_S,
+    CONNECTION_SQLSTATE_CLASSES,
+    HOLDS,
+    LOCK_NOT_AVAILABLE,
+    TRY_LOCK,
+    UNLOCK,
+    WAIT_LOCK,
+    BaseSession,
+    ErrorClass,
+    Statement,
+    by_sqlstate,
+    check_pid,
+    lock_timeout_ms,
+    oid,
+    sqlstate,
+    translate,
+)
 
 __all__ = [
-    "DEFAULT",
+    # the contract
+    "Backend",
+    "ConnectOptions",
+    "LockSession",
+    "WaitingSession",
+    "WatchableSession",
+    "AbortableSession",
+    # the shared base
+    "BaseSession",
+    "Statement",
+    "TRY_LOCK",
+    "UNLOCK",
+    "WAIT_LOCK",
+    "HOLDS",
+    "LOCK_NOT_AVAILABLE",
+    "CANCEL_TIMEOUT_S",
+    "CONNECTION_SQLSTATE_CLASSES",
+    "ErrorClass",
+    "by_sqlstate",
+    "check_pid",
+    "lock_timeout_ms",
+    "oid",
+    "sqlstate",
+    "translate",
+    # the errors a backend raises
+    "ConfigurationError",
+    "ConnectionError",
+    "LockError",
+    "SessionNotDedicatedError",
+    # the registry
     "available",
     "get",
     "refresh",
     "registered",
-    "resolve",
-    "wrap_connection",
 ]
-
-GROUP = "pgleaderlock.backends"
-DEFAULT = "psycopg"
-
-# pip extras of the built-in backends, for the "install ..." hint.
-_EXTRAS = {"psycopg": "pgleaderlock", "asyncpg": "pgleaderlock[asyncpg]",
-           "sqlalchemy": "pgleaderlock[sqlalchemy]"}  # fmt: skip
-
-_SCHEME = re.compile(r"^(?P<base>postgres(?:ql)?)\+(?P<driver>[A-Za-z0-9_]+)://", re.I)
-
-
-@cache
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
-
-
-def refresh() -> None:
-    """Forget what was discovered and loaded, so that the next call reads the entry
-    points again (after installing a backend into a running interpreter, or in tests)."""
-    _load.cache_clear()
-    _entry_points.cache_clear()
-
-
-def registered() -> list[str]:
-    """Names of every registered backend, importable here or not."""
-    return sorted(_entry_points())
-
-
-def _install_hint(name: str, ep: EntryPoint) -> str:
-    hint = _EXTRAS.get(name)
-    if hint is None and ep.dist is not None:
-        hint = ep.dist.name
-    return hint or f"the package providing {name!r}"
-
-
-@cache
-def _load(name: str) -> Backend:
-    eps = _entry_points()
-    if name not in eps:
-        raise BackendUnavailableError(
-            f"unknown backend {name!r}; registered backends: {', '.join(registered()) or 'none'}"
-            f" (installed and importable: {', '.join(available()) or 'none'})"
-        )
-    ep = eps[name]
-    try:
-        backend = ep.load()
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"backend {name!r} needs a driver that is not installed ({exc}); "
-            f"install it with: pip install '{_install_hint(name, ep)}'"
-        ) from exc
-    except Exception as exc:  # a broken third-party backend must not break the others
-        raise BackendUnavailableError(
-            f"backend {name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(backend, Backend):
-        raise BackendUnavailableError(
-            f"entry point {name!r} of group {GROUP!r} gave {backend!r}, not a Backend"
-        )
-    if backend.name != name:
-        raise BackendUnavailableError(
-            f"entry point {name!r} of group {GROUP!r} gave a Backend named "
-            f"{backend.name!r}; the names must match"
-        )
-    return backend
-
-
-def get(name: str) -> Backend:
-    """The backend called ``name``.
-
-    Raises:
-        BackendUnavailableError: unknown name, or its driver is not installed (the
-            message names the pip extra to install).
-    """
-    return _load(name)
-
-
-def available() -> list[str]:
-    """Names of the backends whose driver is importable here."""
-    names = []
-    for name in registered():
-        try:
-            _load(name)
-        except BackendUnavailableError:
-            continue
-        names.append(name)
-    return names
-
-
-def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
-    """Pick the backend for ``dsn`` and return it with the DSN its driver understands.
-
-    An explicit ``name`` wins; else a ``postgresql+DRIVER://`` scheme names the backend
-    (the ``+DRIVER`` part is removed); else a backend that claims a non-string ``dsn``
-    (a SQLAlchemy ``AsyncEngine``); else the default, psycopg. See the module docstring
-    for the details.
-
-    Raises:
-        ConfigurationError: no usable DSN, or a DSN scheme that names another backend
-            than ``name``.
-        BackendUnavailableError: unknown backend or missing driver.
-    """
-    if name is not None and not isinstance(name, str):
-        raise ConfigurationError(f"backend must be a name (str), got {name!r}")
-    if dsn is None:
-        raise ConfigurationError("a DSN is required when connect_fn is not given")
-    if not isinstance(dsn, str):
-        for candidate in [name] if name is not None else available():
-            backend = get(candidate)
-            if backend.claims is not None and backend.claims(dsn):
-                return backend, dsn
-        raise ConfigurationError(
-            f"dsn must be a connection string (or an object a backend accepts, such as a "
-            f"SQLAlchemy AsyncEngine), got {type(dsn).__name__}; pass connect_fn= to "
-            "open sessions yourself"
-        )
-    if not dsn.strip():
-        raise ConfigurationError("a DSN is required when connect_fn is not given")
-    match = _SCHEME.match(dsn)
-    if name is not None:
-        backend = get(name)
-        if backend.claims is not None and backend.claims(dsn):
-            return backend, dsn  # e.g. sqlalchemy with postgresql+asyncpg://
-        if match is None:
-            return backend, dsn
-        driver = match.group("driver").lower()
-        if driver != name.lower():
-            raise ConfigurationError(
-                f"the DSN scheme {match.group('base')}+{driver}:// asks for backend "
-                f"{driver!r}, but backend={name!r} was given; drop one of the two"
-            )
-        return backend, f"{match.group('base')}://{dsn[match.end() :]}"
-    if match is None:
-        return get(DEFAULT), dsn
-    driver = match.group("driver").lower()
-    if driver not in _entry_points():
-        raise BackendUnavailableError(
-            f"the DSN scheme {match.group('base')}+{driver}:// names backend {driver!r}, "
-            f"which is not registered; registered backends: {', '.join(registered())}"
-        )
-    return get(driver), f"{match.group('base')}://{dsn[match.end() :]}"
-
-
-def wrap_connection(obj: object) -> LockSession:
-    """Adapt what a ``connect_fn`` returned: a LockSession, or a raw driver connection
-    (psycopg ``AsyncConnection``, asyncpg ``Connection``, SQLAlchemy ``AsyncConnection``,
-    or whatever a third-party backend's ``wrap`` accepts)."""
-    if isinstance(obj, LockSession):
-        return obj
-    for name in available():
-        session = _load(name).wrap(obj)
-        if session is not None:
-            return session
-    raise ConfigurationError(
-        f"connect_fn returned {type(obj).__module__}.{type(obj).__qualname__}, which is "
-        f"neither a LockSession nor a connection of an installed backend ({', '.join(available())})"
-    )

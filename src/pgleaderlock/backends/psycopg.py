@@ -1,7 +1,11 @@
 """The psycopg 3 backend: one dedicated ``psycopg.AsyncConnection`` in autocommit.
 
-Thin I/O only: no retries, no timers. The core bounds every call with a timeout and
-decides what a failure means.
+Driver calls only: the lock calls, the row and pid checks and the error wording are
+:class:`~pgleaderlock.backends.base.BaseSession`'s. No retries, no timers: the core
+bounds every call with a timeout and decides what a failure means.
+
+Each session formats its statements once (the keys are literals) and keeps the bytes;
+an idle session's socket is watched on the event loop.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -18,25 +22,26 @@ from psycopg.conninfo import conninfo_to_dict
 from ..core._logging import mask_dsn
 from ..core.errors import ConfigurationError, ConnectionError, LockError
 from ..core.session import Backend, ConnectOptions, LockSession
-from . import _sql
+from .base import CANCEL_TIMEOUT_S, WAIT_LOCK, BaseSession, ErrorClass, Statement, translate
 
 __all__ = ["PsycopgSession", "backend", "check_dsn", "connect", "wrap"]
 
 
-def _translate(exc: psycopg.Error, what: str) -> Exception:
-    """Map a driver error onto the library's hierarchy (the driver error is the cause)."""
-    message = mask_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
-    cls = (
-        ConnectionError
-        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
-        else LockError
-    )
-    err = cls(f"{what}: {type(exc).__name__}: {message}")
-    err.__cause__ = exc
-    return err
+# psycopg sorts server errors by SQLSTATE class already (the classes in
+# base.CONNECTION_SQLSTATE_CLASSES are OperationalError), so its types are the table.
+_ERRORS: tuple[tuple[type[psycopg.Error], ErrorClass], ...] = (
+    (psycopg.OperationalError, ConnectionError),
+    (psycopg.InterfaceError, ConnectionError),
+    (psycopg.Error, LockError),
+)
 
 
-class PsycopgSession:
+def _classify(exc: BaseException) -> ErrorClass | None:
+    """The library error for a psycopg error; ``None`` for anything else."""
+    return next((cls for kind, cls in _ERRORS if isinstance(exc, kind)), None)
+
+
+class PsycopgSession(BaseSession):
     """A :class:`~pgleaderlock.LockSession` over one psycopg ``AsyncConnection``.
 
     Args:
@@ -45,10 +50,9 @@ class PsycopgSession:
     """
 
     def __init__(self, conn: psycopg.AsyncConnection[object]) -> None:
+        super().__init__()
         self._conn = conn
-        self._pid: int | None = None
         self._ready = conn.autocommit
-        self._watch: Callable[[], None] | None = None
         self._cursor: psycopg.AsyncCursor[Any] | None = None
         self._queries: dict[tuple[object, ...], bytes] = {}
 
@@ -57,13 +61,27 @@ class PsycopgSession:
         """The underlying driver connection."""
         return self._conn
 
-    @property
-    def backend_pid(self) -> int | None:
-        return self._pid
+    async def _fetch(self, statement: Statement, values: tuple[int, ...]) -> object:
+        """Run ``statement``: the values are formatted in (integers only), and the bytes
+        kept for the session, except for the wait, whose timeout varies.
+
+        The long server-side wait runs in a task of its own, so that an interrupted wait
+        can first ask the server to cancel the statement (see :meth:`_cancellable`).
+        Every other call runs inline and drops the connection if cancelled.
+        """
+        if statement is WAIT_LOCK:
+            return await self._cancellable(statement.sql(*values).encode())
+        key = (statement, *values)
+        query = self._queries.get(key)
+        if query is None:
+            query = self._queries[key] = statement.sql(*values).encode()
+        try:
+            return await self._execute(query)
+        except asyncio.CancelledError:
+            self.abort()
+            raise
 
     async def _execute(self, query: bytes) -> object:
-        if self._watch is not None:
-            self.watch(None)  # psycopg waits on the same fd; asyncio keeps one reader per fd
         cursor = self._cursor
         if cursor is None:
             if not self._ready:
@@ -73,69 +91,16 @@ class PsycopgSession:
         await cursor.execute(query)
         return await cursor.fetchone()
 
-    def _query(self, template: str, **fields: object) -> bytes:
-        """The statement for ``template`` and ``fields``, formatted once per session."""
-        key = (template, *fields.values())
-        query = self._queries.get(key)
-        if query is None:
-            query = self._queries[key] = template.format(**fields).encode()
-        return query
-
-    def abort(self) -> None:
-        """Drop the connection at once, with no network wait (see ``AbortableSession``).
-
-        psycopg answers the cancellation of a running query by cancelling it on the
-        server and waiting for that, up to 10 s: far too long when the network is
-        stuck. The core calls this before it cancels a call that timed out, so psycopg
-        finds no active query left to cancel. psycopg's reader comes off the event loop
-        before the fd is closed, so that the fd number cannot be reused under it.
-        """
-        self.watch(None)
-        if self._conn.closed:
-            return
-        pgconn = self._conn.pgconn
-        with contextlib.suppress(Exception):
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(pgconn.socket)
-            loop.remove_writer(pgconn.socket)
-        pgconn.finish()
-
-    async def _row(
-        self, query: bytes, what: str, *, cancel_on_server: bool = False
-    ) -> tuple[object, int]:
-        """Run ``query``; its first column is the value, its last ``pg_backend_pid()``.
-
-        With ``cancel_on_server``, an interrupted call first asks the server to cancel
-        the statement (bounded by ``_sql.CANCEL_TIMEOUT_S``): a backend queued for a lock
-        would otherwise stay queued, and could be granted it, until it notices that its
-        client is gone. That needs the query in a task of its own, so it is kept for the
-        long server-side wait; every other call runs inline and is aborted if cancelled.
-        """
-        try:
-            if cancel_on_server:
-                row = await self._cancellable(query)
-            else:
-                row = await self._execute(query)
-        except asyncio.CancelledError:
-            self.abort()
-            raise
-        except psycopg.Error as exc:
-            raise _translate(exc, what) from exc
-        if not isinstance(row, tuple) or len(row) < 2 or not isinstance(row[-1], int):
-            raise ConnectionError(f"{what}: unexpected result {row!r}")
-        value, pid = row[0], row[-1]
-        if pid != self._pid:
-            _sql.check_pid(self._pid, pid)
-            self._pid = pid
-        return value, pid
-
     async def _cancellable(self, query: bytes) -> object:
+        """Run ``query``; if cancelled, ask the server to cancel it first (bounded by
+        ``CANCEL_TIMEOUT_S``): a backend queued for a lock would otherwise stay queued,
+        and could be granted it, until it notices that its client is gone."""
         task = asyncio.get_running_loop().create_task(self._execute(query))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             try:
-                async with asyncio.timeout(_sql.CANCEL_TIMEOUT_S):
+                async with asyncio.timeout(CANCEL_TIMEOUT_S):
                     await self._conn.cancel_safe()
             except BaseException:  # best effort; CancelledError is re-raised below
                 pass
@@ -145,55 +110,40 @@ class PsycopgSession:
                 await asyncio.gather(task, return_exceptions=True)
             raise
 
-    async def try_lock(self, key1: int, key2: int) -> bool:
-        value, _ = await self._row(self._query(_sql.TRY_LOCK, k1=key1, k2=key2), "try_lock")
-        return bool(value)
+    def _classify(self, exc: Exception) -> ErrorClass | None:
+        return _classify(exc)
 
-    async def unlock(self, key1: int, key2: int) -> bool:
-        value, _ = await self._row(self._query(_sql.UNLOCK, k1=key1, k2=key2), "unlock")
-        return bool(value)
+    def _closed(self) -> bool:
+        return self._conn.closed
 
-    async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
-        query = _sql.WAIT_LOCK.format(k1=key1, k2=key2, ms=_sql.lock_timeout_ms(timeout_s))
-        query_bytes = query.encode()  # not cached: the timeout varies
-        try:
-            await self._row(query_bytes, "wait_lock", cancel_on_server=True)
-        except (ConnectionError, LockError) as exc:
-            cause = exc.__cause__
-            if isinstance(cause, psycopg.Error) and cause.sqlstate == _sql.LOCK_NOT_AVAILABLE:
-                return False  # lock_timeout: the wait ended without the lock
-            raise
-        return True
+    def _abort(self) -> None:
+        """psycopg answers the cancellation of a running query by cancelling it on the
+        server and waiting for that, up to 10 s: far too long when the network is
+        stuck. The core calls ``abort()`` before it cancels a call that timed out, so
+        psycopg finds no active query left to cancel. psycopg's reader comes off the
+        event loop before the fd is closed, so that the fd number cannot be reused
+        under it."""
+        if self._conn.closed:
+            return
+        pgconn = self._conn.pgconn
+        with contextlib.suppress(Exception):
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(pgconn.socket)
+            loop.remove_writer(pgconn.socket)
+        pgconn.finish()
 
-    def watch(self, callback: Callable[[], None] | None) -> None:
-        if self._watch is not None:
-            self._watch = None
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._conn.pgconn.socket)
-        if callback is not None and not self._conn.closed:
-            self._watch = callback
-            asyncio.get_running_loop().add_reader(self._conn.pgconn.socket, self._readable)
-
-    def _readable(self) -> None:
-        callback = self._watch
-        self.watch(None)
-        if callback is not None:
-            callback()
-
-    async def holds(self, key1: int, key2: int) -> bool:
-        query = self._query(_sql.HOLDS, c=_sql.oid(key1), o=_sql.oid(key2))
-        value, _ = await self._row(query, "health check")
-        return bool(value)
-
-    async def close(self) -> None:
+    async def _close(self) -> None:
         # AsyncConnection.close() does no network wait (libpq's PQfinish on a
         # non-blocking socket), so a stuck network cannot hold it up.
-        self.watch(None)
-        with contextlib.suppress(Exception):
-            await self._conn.close()
+        await self._conn.close()
 
-    def __repr__(self) -> str:
-        return f"<PsycopgSession backend_pid={self._pid} closed={self._conn.closed}>"
+    def _arm(self) -> None:
+        # psycopg waits on the same fd for its queries; asyncio keeps one reader per fd,
+        # which is why every statement disarms the watch first.
+        asyncio.get_running_loop().add_reader(self._conn.pgconn.socket, self._fire)
+
+    def _disarm(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._conn.pgconn.socket)
 
 
 def _options(existing: str | None, settings: Mapping[str, str]) -> str:
@@ -222,7 +172,7 @@ async def connect(dsn: str, options: ConnectOptions) -> LockSession:
             options=_options(str(existing) if existing else None, options.server_settings),
         )
     except psycopg.Error as exc:
-        raise _translate(exc, "connect") from exc
+        raise translate(exc, "connect", _classify(exc) or ConnectionError) from exc
     return PsycopgSession(conn)
 
 

@@ -42,6 +42,7 @@ from sqlalchemy.pool import NullPool
 from ..core._logging import mask_dsn
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
 from ..core.session import Backend, ConnectOptions, LockSession
+from .base import RESET_SESSION, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -55,32 +56,16 @@ _DRIVERS = {
 _DEFAULT_DRIVER = "psycopg"
 _URL = re.compile(r"^postgres(?:ql)?(?:\+[A-Za-z0-9_]+)?://", re.I)
 
-# One round trip: free advisory locks left over from earlier use of a pooled connection,
-# then apply the session settings (set_config(..., false): for the whole session).
-_SETUP = (
-    "SELECT pg_advisory_unlock_all(), (SELECT count(set_config(s.name, s.value, false))"
-    " FROM unnest({names}::text[], {values}::text[]) AS s(name, value))"
-)
-_SETUP_ASYNCPG = _SETUP.format(names="$1", values="$2")
-_SETUP_PSYCOPG = _SETUP.format(names="%s", values="%s")
+_SETUP_ASYNCPG = RESET_SESSION.sql("$1", "$2")
+_SETUP_PSYCOPG = RESET_SESSION.sql("%s", "%s")
 
 _Inner = Any  # PsycopgSession or AsyncpgSession (asyncpg is optional, imported lazily)
 
 
-def _setup_error(exc: BaseException) -> ConnectionError:
-    text = str(exc).strip()
-    message = mask_dsn(text.splitlines()[0] if text else repr(exc))
-    err = ConnectionError(f"session setup: {type(exc).__name__}: {message}")
-    err.__cause__ = exc
-    return err
-
-
-def _connect_error(exc: BaseException, where: str) -> ConnectionError:
-    # SQLAlchemy wraps driver errors (DBAPIError, with the SQL and a link on later lines).
-    cause = getattr(exc, "orig", None) or exc
-    text = str(cause).strip() or str(exc).strip()
-    message = mask_dsn(text.splitlines()[0] if text else repr(exc))
-    err = ConnectionError(f"connect ({where}): {type(cause).__name__}: {message}")
+def _connect_error(exc: BaseException, where: str) -> Exception:
+    # SQLAlchemy wraps driver errors (DBAPIError, with the SQL and a link on later
+    # lines): the message names the driver's own error, the cause is SQLAlchemy's.
+    err = translate(getattr(exc, "orig", None) or exc, f"connect ({where})", ConnectionError)
     err.__cause__ = exc
     return err
 
@@ -171,32 +156,25 @@ class SQLAlchemySession:
             await self._inner.close()
             raise
         except Exception as exc:
-            raise _setup_error(exc) from exc
+            raise translate(exc, RESET_SESSION.what, ConnectionError) from exc
         self._prepared = True
 
-    async def try_lock(self, key1: int, key2: int) -> bool:
+    async def _ready(self) -> _Inner:
         if not self._prepared:
             await self.prepare()
-        granted: bool = await self._inner.try_lock(key1, key2)
-        return granted
+        return self._inner
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        return bool(await (await self._ready()).try_lock(key1, key2))
 
     async def unlock(self, key1: int, key2: int) -> bool:
-        if not self._prepared:
-            await self.prepare()
-        released: bool = await self._inner.unlock(key1, key2)
-        return released
+        return bool(await (await self._ready()).unlock(key1, key2))
 
     async def holds(self, key1: int, key2: int) -> bool:
-        if not self._prepared:
-            await self.prepare()
-        held: bool = await self._inner.holds(key1, key2)
-        return held
+        return bool(await (await self._ready()).holds(key1, key2))
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
-        if not self._prepared:
-            await self.prepare()
-        granted: bool = await self._inner.wait_lock(key1, key2, timeout_s)
-        return granted
+        return bool(await (await self._ready()).wait_lock(key1, key2, timeout_s))
 
     def watch(self, callback: Callable[[], None] | None) -> None:
         self._inner.watch(callback)

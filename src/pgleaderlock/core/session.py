@@ -5,6 +5,9 @@ alone. Backends implement it with thin I/O adapters: no retries, no timers, no p
 The core bounds every call with a timeout and closes a session after any call that was
 interrupted (a ``pg_try_advisory_lock`` cut off by a timeout may still have been granted
 on the server: only closing the session makes sure the lock is not left behind).
+
+This module is the home of these types; backend authors import them from
+``pgleaderlock.backends``, their public interface, together with the shared base.
 """
 
 from __future__ import annotations

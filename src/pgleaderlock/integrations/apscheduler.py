@@ -13,7 +13,8 @@ scheduler configuration; each job runs on the leader only. Two shapes:
 
 With ``AsyncIOScheduler`` use a :class:`~pgleaderlock.LeaderLock` on the same event loop.
 With ``BackgroundScheduler`` (threads, no event loop) wrap the lock in
-:class:`ThreadedLeaderLock`, which runs it on an event loop in a dedicated thread.
+:class:`~pgleaderlock.ThreadedLeaderLock`, which runs it on an event loop in a dedicated
+thread.
 
 Example::
 
@@ -35,7 +36,7 @@ import inspect
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Self, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 try:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
@@ -48,12 +49,13 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     ) from exc
 
 from ..core._logging import get_logger
-from ..core.errors import ConfigurationError, ShutdownError
+from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
 from ..core.models import LockState
-from . import follow_state, lock_label
+from ..tasks import follow_state
+from ..threaded import ThreadedLeaderLock
 
-__all__ = ["SchedulerBinding", "ThreadedLeaderLock", "bind_scheduler", "leader_only"]
+__all__ = ["SchedulerBinding", "bind_scheduler", "leader_only"]
 
 log = get_logger("pgleaderlock.integrations.apscheduler")
 
@@ -62,219 +64,6 @@ R = TypeVar("R")
 
 CANCEL_TIMEOUT_S = 10.0
 """How long the lock waits for a cancelled coroutine run of a ``leader_only`` job to end."""
-
-
-# ---------------------------------------------------------------------- a lock in a thread
-
-
-class ThreadedLeaderLock:
-    """Runs a :class:`~pgleaderlock.LeaderLock` on its own event loop in a dedicated thread.
-
-    For code without an event loop, such as ``BackgroundScheduler`` jobs. The lock's
-    callbacks run in that thread. :attr:`is_leader` and :attr:`state` may be read from
-    any thread (each is one attribute read); :meth:`wait_for_leadership` blocks the
-    calling thread.
-
-    Args:
-        lock: a lock that is not started yet; this object starts and shuts it down.
-        start_timeout_s: how long :meth:`start` waits for the thread's loop to start the
-            lock.
-
-    Example::
-
-        lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN))
-        with lock:                      # start(), and shutdown() on exit
-            scheduler = BackgroundScheduler()
-            bind_scheduler(scheduler, lock)
-            ...
-    """
-
-    def __init__(self, lock: LeaderLock, *, start_timeout_s: float = 30.0) -> None:
-        if not isinstance(lock, LeaderLock):
-            raise ConfigurationError(f"ThreadedLeaderLock needs a LeaderLock, got {lock!r}")
-        self._lock = lock
-        self._start_timeout_s = start_timeout_s
-        self._mutex = threading.Lock()
-        self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._stop_timeout_s: float | None = None
-        self._error: BaseException | None = None
-        follow_state(lock, self._notify, first=False)
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def lock(self) -> LeaderLock:
-        """The wrapped lock. Call its coroutines only on :attr:`loop`."""
-        return self._lock
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The lock thread's event loop while running, else ``None``."""
-        return self._loop
-
-    @property
-    def running(self) -> bool:
-        """True between :meth:`start` and the end of :meth:`shutdown`."""
-        thread = self._thread
-        return thread is not None and thread.is_alive()
-
-    @property
-    def is_leader(self) -> bool:
-        """True while the lock is LEADER (thread-safe)."""
-        return self._lock.is_leader
-
-    @property
-    def state(self) -> LockState:
-        """The lock's state (thread-safe)."""
-        return self._lock.state
-
-    @property
-    def leader_since(self) -> float | None:
-        """``time.time()`` when the current leadership began, or ``None``."""
-        return self._lock.leader_since
-
-    @property
-    def name(self) -> str | None:
-        """The lock's name."""
-        return self._lock.name
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> None:
-        """Start the thread and, in it, the lock. Idempotent.
-
-        Returns once the lock has started (as ``LeaderLock.start()``: acquisition goes
-        on in the background).
-
-        Raises:
-            TimeoutError: the thread did not start the lock within ``start_timeout_s``.
-            RuntimeError: started again after :meth:`shutdown`: each start runs a new
-                event loop, and a ``LeaderLock`` is bound to its first one; make a new
-                ``ThreadedLeaderLock`` with a new lock instead.
-        """
-        with self._mutex:
-            if self.running:
-                return
-            ready = threading.Event()
-            self._error = None
-            self._thread = threading.Thread(
-                target=self._main,
-                args=(ready,),
-                name=f"pgleaderlock:{lock_label(self._lock)}",
-                daemon=True,
-            )
-            self._thread.start()
-        if not ready.wait(self._start_timeout_s):
-            raise TimeoutError(f"the lock thread did not start within {self._start_timeout_s} s")
-        if self._error is not None:
-            self._join()
-            raise self._error
-
-    def shutdown(self, timeout_s: float | None = None) -> None:
-        """Shut the lock down (releasing it), stop the loop and join the thread.
-        Idempotent.
-
-        Args:
-            timeout_s: as for ``LeaderLock.shutdown()``.
-
-        Raises:
-            ShutdownError: as ``LeaderLock.shutdown()``; the thread has ended anyway.
-            RuntimeError: when called from the lock's own thread (a callback): await
-                ``lock.shutdown()`` there instead.
-        """
-        with self._mutex:
-            thread, loop, stop = self._thread, self._loop, self._stop
-            if thread is None:
-                return
-            if threading.current_thread() is thread:
-                raise RuntimeError(
-                    "ThreadedLeaderLock.shutdown() was called from the lock's own thread; "
-                    "await lock.shutdown() there instead"
-                )
-            self._stop_timeout_s = timeout_s
-            if loop is not None and stop is not None:
-                with contextlib.suppress(RuntimeError):  # the loop has already closed
-                    loop.call_soon_threadsafe(stop.set)
-        self._join()
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def step_down(self, timeout_s: float | None = None) -> None:
-        """``LeaderLock.step_down()`` on the lock's loop; blocks until it returns."""
-        loop = self._loop
-        if loop is None or not self.running:
-            return
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("step_down() from the lock's own thread: await it there")
-        asyncio.run_coroutine_threadsafe(self._lock.step_down(timeout_s), loop).result()
-
-    def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
-        """Block until the lock is LEADER.
-
-        Returns:
-            True once LEADER; False after ``timeout_s``, or when the lock is not running.
-        """
-        with self._changed:
-            self._changed.wait_for(
-                lambda: self._lock.is_leader or not self.running, timeout=timeout_s
-            )
-            return self._lock.is_leader
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-    def __repr__(self) -> str:
-        return f"<ThreadedLeaderLock {self._lock!r} running={self.running}>"
-
-    # ------------------------------------------------------------------ the thread
-
-    def _notify(self, old: LockState, new: LockState) -> None:
-        with self._changed:
-            self._changed.notify_all()
-
-    def _join(self) -> None:
-        thread = self._thread
-        if thread is not None:
-            thread.join()
-        with self._mutex:
-            self._thread = None
-        with self._changed:
-            self._changed.notify_all()
-
-    def _main(self, ready: threading.Event) -> None:
-        try:
-            asyncio.run(self._serve(ready))
-        except BaseException as exc:  # pragma: no cover - asyncio.run itself failed
-            self._error = exc
-        finally:
-            self._loop = self._stop = None
-            ready.set()
-            with self._changed:
-                self._changed.notify_all()
-
-    async def _serve(self, ready: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        stop = self._stop = asyncio.Event()
-        try:
-            await self._lock.start()
-        except Exception as exc:
-            self._error = exc
-            ready.set()
-            return
-        ready.set()
-        await stop.wait()
-        try:
-            await self._lock.shutdown(timeout_s=self._stop_timeout_s)
-        except ShutdownError as exc:
-            self._error = exc
 
 
 Leadership = LeaderLock | ThreadedLeaderLock
@@ -329,7 +118,7 @@ class _LeaderOnly:
             job=getattr(fn, "__qualname__", repr(fn)),
             reason="not leader",
             state=self._lock.state,
-            lock=lock_label(self._lock),
+            lock=self._lock.label,
         )
 
     def _wrap_sync(self, fn: Callable[P, R]) -> Callable[P, R | None]:
@@ -367,7 +156,7 @@ class _LeaderOnly:
                         "job_cancelled",
                         job=getattr(fn, "__qualname__", repr(fn)),
                         reason="leadership lost",
-                        lock=lock_label(self._lock),
+                        lock=self._lock.label,
                     )
                     return None
                 raise
@@ -399,7 +188,7 @@ class _LeaderOnly:
                 log.error(
                     "job_ignores_cancel",
                     jobs=len(pending),
-                    lock=lock_label(self._lock),
+                    lock=self._lock.label,
                     timeout_s=CANCEL_TIMEOUT_S,
                 )
 
@@ -497,10 +286,10 @@ class SchedulerBinding:
                     if scheduler.state == STATE_PAUSED:
                         self._skip_followers_runs()
                         scheduler.resume()
-                        log.info("scheduler_resumed", lock=lock_label(self._lock))
+                        log.info("scheduler_resumed", lock=self._lock.label)
                 elif scheduler.state == STATE_RUNNING:
                     scheduler.pause()
-                    log.info("scheduler_paused", lock=lock_label(self._lock))
+                    log.info("scheduler_paused", lock=self._lock.label)
             except SchedulerNotRunningError:
                 pass  # shut down meanwhile: nothing to pause or resume
 

@@ -13,7 +13,7 @@ Install with ``pip install 'pgleaderlock[fastapi]'``. One line to adopt::
     app = FastAPI(lifespan=leader)           # or lifespan=leader.wrap(your_lifespan)
     app.include_router(leader.router())      # GET /leader: this replica's leadership
 
-Failover behaviour (see :class:`~pgleaderlock.integrations.LeaderTasks`): a leader task
+Failover behaviour (see :class:`~pgleaderlock.LeaderTasks`): a leader task
 is cancelled, and awaited, the moment the lock leaves LEADER, including RECONNECTING
 under flap damping; it starts again from the beginning when the lock is LEADER again.
 """
@@ -40,9 +40,9 @@ from ..core.errors import ShutdownError
 from ..core.lock import LeaderLock
 from ..core.models import LockState
 from ..core.retry import RetryStrategy
-from . import LeaderTasks, TaskFunction, lock_label
+from ..tasks import LeaderTasks, TaskFunction
 
-__all__ = ["LeaderLifespan", "LeaderStatus", "LeaderTasks"]
+__all__ = ["LeaderLifespan", "LeaderStatus"]
 
 log = get_logger("pgleaderlock.integrations.fastapi")
 
@@ -140,11 +140,9 @@ class LeaderLifespan:
     async def run(self) -> AsyncIterator[None]:
         """Start the lock, and on exit shut it down and await every leader task.
 
-        The building block of the lifespan; usable on its own outside FastAPI.
-
-        Raises:
-            RuntimeError: the lock already ran on another event loop (a lock is bound
-                to its first event loop; build a new app and lock for each loop).
+        The building block of the lifespan; usable on its own outside FastAPI. It may
+        run again afterwards, on the same or on a new event loop (as two
+        ``with TestClient(app)`` blocks do).
         """
         await self._lock.start()
         try:
@@ -153,7 +151,7 @@ class LeaderLifespan:
             try:
                 await self._lock.shutdown(timeout_s=self._shutdown_timeout_s)
             except ShutdownError as exc:
-                log.error("shutdown_failed", lock=lock_label(self._lock), error=str(exc))
+                log.error("shutdown_failed", lock=self._lock.label, error=str(exc))
             finally:
                 await self._tasks.stop()
 

@@ -12,9 +12,9 @@ number of locks)::
     lock.plugins.register(metrics)
     start_http_server(9100)
 
-Every series carries the label ``lock``: the lock's name (``LeaderLock.from_name``), or
-``"key1,key2"`` for a lock made from keys. The metrics, with the default namespace
-``pgleaderlock``:
+Every series carries the label ``lock``: ``LeaderLock.label``, that is the lock's name
+(``LeaderLock.from_name``), or ``"key1,key2"`` for a lock made from keys. The metrics,
+with the default namespace ``pgleaderlock``:
 
 =========================================== ======= ==========================================
 ``pgleaderlock_is_leader``                  gauge   1 while this process holds the lock
@@ -62,19 +62,11 @@ from ..core.models import LockState
 if TYPE_CHECKING:
     from ..core.lock import LeaderLock
 
-__all__ = ["MetricsPlugin", "lock_label"]
+__all__ = ["MetricsPlugin"]
 
 DEFAULT_NAMESPACE = "pgleaderlock"
 
 _Family = CounterMetricFamily | GaugeMetricFamily
-
-
-def lock_label(lock: LeaderLock) -> str:
-    """The value of the ``lock`` label: the lock's name, else ``"key1,key2"``."""
-    if lock.name is not None:
-        return lock.name
-    key1, key2 = lock.keys
-    return f"{key1},{key2}"
 
 
 @dataclass
@@ -244,27 +236,27 @@ class MetricsPlugin:
             if new is LockState.LEADER:
                 s.leader_since = now
 
-        self._collector.update(lock_label(lock), change)
+        self._collector.update(lock.label, change)
 
     @hookimpl
     def pgleaderlock_acquired(self, lock: LeaderLock) -> None:
         """Count an acquisition."""
-        self._collector.update(lock_label(lock), _increment("acquired"))
+        self._collector.update(lock.label, _increment("acquired"))
 
     @hookimpl
     def pgleaderlock_lost(self, lock: LeaderLock) -> None:
         """Count an involuntary loss."""
-        self._collector.update(lock_label(lock), _increment("lost"))
+        self._collector.update(lock.label, _increment("lost"))
 
     @hookimpl
     def pgleaderlock_released(self, lock: LeaderLock) -> None:
         """Count a voluntary release."""
-        self._collector.update(lock_label(lock), _increment("released"))
+        self._collector.update(lock.label, _increment("released"))
 
     @hookimpl
     def pgleaderlock_acquire_failed(self, lock: LeaderLock) -> None:
         """Count an attempt that found the lock held elsewhere."""
-        self._collector.update(lock_label(lock), _increment("failures"))
+        self._collector.update(lock.label, _increment("failures"))
 
     @hookimpl
     def pgleaderlock_error(self, lock: LeaderLock, error: Exception) -> None:
@@ -274,7 +266,7 @@ class MetricsPlugin:
         def change(s: _Stats) -> None:
             s.errors[kind] += 1
 
-        self._collector.update(lock_label(lock), change)
+        self._collector.update(lock.label, change)
 
 
 def _increment(attribute: str) -> Callable[[_Stats], None]:

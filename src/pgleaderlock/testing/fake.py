@@ -12,6 +12,7 @@ the wire"). ``FakeServer.connect`` is a ready-made ``connect_fn``::
 from __future__ import annotations
 
 import asyncio
+import builtins
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -105,7 +106,7 @@ class FakeServer:
         for queue in self._waiters.values():
             for waiter, future in queue:
                 if waiter is session and not future.done():
-                    future.set_exception(ConnectionError("the connection is closed"))
+                    future.set_exception(session._dead("wait_lock"))
 
     def _grant_next(self, key: Key) -> None:
         """Like PostgreSQL: a freed lock goes at once to the first waiter in the queue."""
@@ -132,16 +133,38 @@ class FakeSession:
     def backend_pid(self) -> int | None:
         return self._pid
 
+    def _dead(self, method: str) -> ConnectionError:
+        """What a backend raises on a dead session: a ConnectionError whose cause is the
+        "driver's" error, as every real backend chains it."""
+        cause: builtins.ConnectionError
+        if self.killed:
+            cause = ConnectionResetError(
+                "terminating connection due to administrator command; server closed the "
+                "connection unexpectedly"
+            )
+        else:
+            cause = ConnectionAbortedError("the connection is closed")
+        err = ConnectionError(f"{method}: the connection is closed")
+        err.__cause__ = cause
+        return err
+
     def _kill(self) -> None:
         self.killed = True
         self._server._free(self)
-        callback, self._watch = self._watch, None
-        if callback is not None:  # the FATAL message arrives on the idle socket
-            callback()
+        self._fire()  # the FATAL message arrives on the idle socket
 
     def watch(self, callback: Callable[[], None] | None) -> None:
-        """Called back when this session is terminated while idle."""
+        """Called back when this session is terminated while idle. On a session that
+        already ended, soon after (from the event loop), as a real socket that holds
+        the server's FATAL message and EOF reports at once."""
         self._watch = callback
+        if callback is not None and (self.killed or self.closed):
+            asyncio.get_running_loop().call_soon(self._fire)
+
+    def _fire(self) -> None:
+        callback, self._watch = self._watch, None
+        if callback is not None:
+            callback()
 
     async def _enter(self, method: str) -> None:
         self._watch = None
@@ -149,7 +172,7 @@ class FakeSession:
         if method != "try_lock" or not self._server._grant_then_hang:
             await self._server._maybe_hang(method)
         if self.closed or self.killed:
-            raise ConnectionError(f"{method}: the connection is closed")
+            raise self._dead(method)
         self._server._maybe_fail(method)
 
     async def try_lock(self, key1: int, key2: int) -> bool:

@@ -1,7 +1,7 @@
-"""Throwaway PostgreSQL clusters for tests and demos, and the test-database fixture chain.
+"""Throwaway PostgreSQL clusters for tests and demos.
 
 Everything here is synchronous and subprocess based, so it works in any test runner and
-in the demo. psycopg is imported lazily, only by the functions that need a real login.
+in the demo; it needs no database driver.
 
 Typical use::
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import importlib.util
 import os
 import re
@@ -31,25 +30,17 @@ import struct
 import subprocess
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Final, Literal, Self
 from urllib.parse import quote
 
-__all__ = [
-    "ThrowawayPostgres",
-    "dsn_to_url",
-    "find_pg_bin",
-    "probe_server",
-    "resolve_test_dsn",
-]
+__all__ = ["ThrowawayPostgres", "find_pg_bin"]
 
 StopMode = Literal["smart", "fast", "immediate"]
 
 _REQUIRED_BINARIES: Final = ("initdb", "pg_ctl", "postgres")
-_DEFAULT_LOCAL_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 _READY_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 30.0
 _PORT_RETRY_S: Final = 5.0
@@ -708,146 +699,3 @@ def _close_all_at_exit() -> None:
     for pg in list(_LIVE):
         with contextlib.suppress(Exception):
             pg.close()
-
-
-def probe_server(dsn: str, timeout_s: float = 2.0) -> bool:
-    """Return True if psycopg can log in with ``dsn`` and run ``SELECT 1``.
-
-    Args:
-        dsn: libpq connection string or URL.
-        timeout_s: Connect timeout (libpq rounds to whole seconds, at least 2 s).
-
-    Returns:
-        Whether the login and query succeeded.
-    """
-    import psycopg
-
-    try:
-        with psycopg.connect(
-            dsn, connect_timeout=max(1, round(timeout_s)), autocommit=True
-        ) as conn:
-            row = conn.execute("SELECT 1").fetchone()
-            return row is not None and row[0] == 1
-    except Exception:
-        return False
-
-
-def _tcp_open(host: str, port: int, timeout_s: float) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _noop() -> None:
-    return None
-
-
-def _try_testcontainers() -> tuple[str, Callable[[], None]]:
-    docker: Any = importlib.import_module("docker")
-    client = docker.from_env(timeout=3)
-    try:
-        client.ping()
-    finally:
-        client.close()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        module: Any = importlib.import_module("testcontainers.postgres")
-    container = module.PostgresContainer("postgres:16-alpine", driver=None)
-    container.start()
-    try:
-        url: str = container.get_connection_url()
-    except BaseException:
-        container.stop()
-        raise
-
-    def cleanup() -> None:
-        container.stop()
-
-    return url, cleanup
-
-
-def resolve_test_dsn() -> tuple[str, Callable[[], None], str]:
-    """Pick the PostgreSQL server the test suite runs against.
-
-    The chain, first match wins:
-
-    1. ``PGLEADERLOCK_TEST_DSN`` from the environment.
-    2. A server on 127.0.0.1:5432 (0.5 s TCP connect, then a psycopg login as
-       ``PGLEADERLOCK_LOCAL_DSN`` or ``postgresql://postgres@127.0.0.1:5432/postgres``);
-       skipped when ``PGLEADERLOCK_TEST_NO_LOCAL=1``.
-    3. testcontainers ``postgres:16-alpine`` when a Docker engine answers; skipped when
-       ``PGLEADERLOCK_TEST_NO_DOCKER=1``.
-    4. A :class:`ThrowawayPostgres` with ``max_connections=300``.
-
-    Returns:
-        ``(dsn, cleanup, description)``; call ``cleanup()`` once at the end of the run.
-
-    Raises:
-        RuntimeError: Nothing worked (the message says why each step was skipped).
-    """
-    env_dsn = os.environ.get("PGLEADERLOCK_TEST_DSN")
-    if env_dsn:
-        return env_dsn, _noop, "PGLEADERLOCK_TEST_DSN from the environment"
-
-    skipped: list[str] = []
-    if _flag("PGLEADERLOCK_TEST_NO_LOCAL"):
-        skipped.append("local server: PGLEADERLOCK_TEST_NO_LOCAL is set")
-    elif not _tcp_open("127.0.0.1", 5432, 0.5):
-        skipped.append("local server: nothing accepts TCP on 127.0.0.1:5432")
-    else:
-        local_dsn = os.environ.get("PGLEADERLOCK_LOCAL_DSN") or _DEFAULT_LOCAL_DSN
-        if probe_server(local_dsn):
-            return local_dsn, _noop, "local server on 127.0.0.1:5432"
-        skipped.append("local server: 127.0.0.1:5432 is open but the login failed")
-
-    if _flag("PGLEADERLOCK_TEST_NO_DOCKER"):
-        skipped.append("testcontainers: PGLEADERLOCK_TEST_NO_DOCKER is set")
-    else:
-        try:
-            url, cleanup = _try_testcontainers()
-        except Exception as exc:
-            skipped.append(f"testcontainers: {type(exc).__name__}: {exc}"[:300])
-        else:
-            return url, cleanup, "testcontainers postgres:16-alpine"
-
-    pg = ThrowawayPostgres(max_connections=300)
-    try:
-        pg.start()
-    except Exception as exc:
-        raise RuntimeError(
-            "no test PostgreSQL available; " + "; ".join(skipped) + f"; throwaway cluster: {exc}"
-        ) from exc
-    description = f"throwaway cluster from {pg._bin_dir} on port {pg.port}"
-    return pg.dsn, pg.close, description
-
-
-def dsn_to_url(dsn: str, scheme: str = "postgresql", **override: object) -> str:
-    """``dsn`` (URL or key=value) as a URL of ``scheme``, with some parameters replaced.
-
-    For drivers and libraries that take URLs only (asyncpg, SQLAlchemy); a unix socket
-    directory goes into the query string.
-    """
-    from urllib.parse import quote, urlencode
-
-    from psycopg.conninfo import conninfo_to_dict
-
-    params: dict[str, object] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
-    params.update({k: v for k, v in override.items() if v is not None})
-    user = quote(str(params.pop("user", "postgres")), safe="")
-    password = params.pop("password", None)
-    auth = f"{user}:{quote(str(password), safe='')}@" if password else f"{user}@"
-    host = str(params.pop("host", "127.0.0.1"))
-    port = params.pop("port", None)
-    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
-    if host.startswith("/"):
-        params["host"] = host
-        host = ""
-    netloc = f"{auth}{host}" + (f":{port}" if port else "")
-    query = f"?{urlencode(params)}" if params else ""
-    return f"{scheme}://{netloc}/{dbname}{query}"

@@ -27,8 +27,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from psycopg import sql
 
-from pgleaderlock import FixedInterval, LeaderLock
-from pgleaderlock.integrations.apscheduler import ThreadedLeaderLock, bind_scheduler, leader_only
+from pgleaderlock import FixedInterval, LeaderLock, ThreadedLeaderLock
+from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
 
 LOCK_TIMINGS: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.2),

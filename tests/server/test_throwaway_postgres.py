@@ -1,4 +1,4 @@
-"""Tests for pgleaderlock.testing.postgres: the throwaway cluster and the DSN chain."""
+"""The throwaway cluster (pgleaderlock.testing.postgres) and the test-DSN chain (support.server)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgleaderlock.testing.postgres import (
-    ThrowawayPostgres,
-    find_pg_bin,
-    probe_server,
-    resolve_test_dsn,
-)
+from pgleaderlock.testing.postgres import ThrowawayPostgres, find_pg_bin
+from support.server import probe_server, resolve_test_dsn
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway]
 

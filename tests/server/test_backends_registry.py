@@ -4,6 +4,7 @@ shipped by another distribution."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -18,9 +19,10 @@ from pgleaderlock import (
     ConfigurationError,
     FixedInterval,
     LeaderLock,
+    backends,
 )
-from pgleaderlock import backends as registry
 from pgleaderlock.backends.psycopg import PsycopgSession
+from pgleaderlock.core import registry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,6 +65,37 @@ def test_builtins_are_registered_and_available():
     assert {"psycopg", "asyncpg", "sqlalchemy"} <= set(registry.available())
     assert registry.get("asyncpg").name == "asyncpg"
     assert registry.DEFAULT == "psycopg"
+
+
+def test_registry_is_in_the_core_and_imports_no_driver_until_asked():
+    """The built-in backends are found through their entry points like any other: the
+    registry imports no adapter and no driver until a backend is asked for."""
+    code = textwrap.dedent("""
+        import sys
+        from pgleaderlock.core import registry
+
+        def loaded():
+            return sorted(
+                m for m in sys.modules
+                if m.split(".")[0] in ("psycopg", "asyncpg", "sqlalchemy")
+                or m.startswith("pgleaderlock.backends")
+            )
+
+        assert {"psycopg", "asyncpg", "sqlalchemy"} <= set(registry.registered())
+        assert loaded() == [], loaded()
+        assert registry.get("asyncpg").name == "asyncpg"
+        assert "asyncpg" in sys.modules and "pgleaderlock.backends.asyncpg" in sys.modules
+        assert "psycopg" not in sys.modules and "sqlalchemy" not in sys.modules, loaded()
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_backends_package_offers_the_registry_functions():
+    """``pgleaderlock.backends`` keeps the registry's public functions (DESIGN decision 10)."""
+    assert backends.available is registry.available
+    assert backends.registered is registry.registered
+    assert backends.get is registry.get
+    assert backends.refresh is registry.refresh
 
 
 def test_unknown_backend_lists_the_registered_ones():

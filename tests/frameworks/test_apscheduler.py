@@ -26,12 +26,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
 from apscheduler.triggers.interval import IntervalTrigger
 
-from pgleaderlock import ConfigurationError, FixedInterval, LeaderLock, LockState
-from pgleaderlock.integrations.apscheduler import (
+from pgleaderlock import (
+    ConfigurationError,
+    FixedInterval,
+    LeaderLock,
+    LockState,
     ThreadedLeaderLock,
-    bind_scheduler,
-    leader_only,
 )
+from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)

@@ -24,7 +24,7 @@ def candidate_pids(lock_name: str) -> list[int]:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pgleaderlock.demo" in argv and b"--candidate" in argv and lock_name.encode() in argv:
+        if b"pgleaderlock.testing.candidate" in argv and lock_name.encode() in argv:
             pids.append(int(cmdline.parent.name))
     return pids
 

@@ -10,8 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pgleaderlock import ConfigurationError, FixedInterval, LockState, RetryContext
-from pgleaderlock.integrations import LeaderTasks
+from pgleaderlock import ConfigurationError, FixedInterval, LeaderTasks, LockState, RetryContext
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)

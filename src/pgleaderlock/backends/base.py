@@ -1,0 +1,398 @@
+"""What every built-in adapter shares: the SQL, the row and pid checks, the error wording.
+
+An adapter subclasses :class:`BaseSession` and writes only driver calls: how to run one
+of the four statements (``_fetch``), how to close the connection, how to watch its
+socket, and which library error a driver error stands for (``_classify``, usually one
+lookup in a table). ``try_lock``, ``unlock``, ``holds``, ``wait_lock``, ``watch``,
+``abort`` and ``close`` are written once, here.
+
+Every statement also returns ``pg_backend_pid()``: a session whose server backend
+changes between statements is behind a transaction-mode pooler, where a session-level
+advisory lock is held by whichever server connection ran the statement. Such a session
+is refused (:class:`~pgleaderlock.SessionNotDedicatedError`).
+
+This module imports no driver. A third-party backend may build on it (import it as
+``pgleaderlock.backends.base``, or the same names from ``pgleaderlock.backends``), or
+use only the statements and :func:`translate`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..core._logging import mask_dsn
+from ..core.errors import (
+    ConnectionError,
+    PgLeaderLockError,
+    SessionNotDedicatedError,
+)
+
+__all__ = [
+    "CANCEL_TIMEOUT_S",
+    "CONNECTION_SQLSTATE_CLASSES",
+    "HOLDS",
+    "LOCK_NOT_AVAILABLE",
+    "RESET_SESSION",
+    "STATEMENTS",
+    "TRY_LOCK",
+    "UNLOCK",
+    "WAIT_LOCK",
+    "BaseSession",
+    "ErrorClass",
+    "Statement",
+    "by_sqlstate",
+    "check_pid",
+    "lock_timeout_ms",
+    "oid",
+    "sqlstate",
+    "translate",
+]
+
+ErrorClass = type[PgLeaderLockError]
+"""A library error class, as a driver's error table maps to."""
+
+
+# ---------------------------------------------------------------- the SQL
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: cheap cache keys
+class Statement:
+    """One statement a session runs. Its template numbers its values ``{0}``, ``{1}``,
+    ``{2}``; an adapter fills them with literals or with its driver's placeholders.
+
+    Attributes:
+        what: the operation, as error messages name it (``"try_lock"``, ...).
+        template: the SQL; the last column is always ``pg_backend_pid()``.
+    """
+
+    what: str
+    template: str
+
+    def sql(self, *values: object) -> str:
+        """The statement text with ``values`` in place of ``{0}``, ``{1}``, ...
+
+        Args:
+            *values: literals (integers only: they are not quoted) or placeholders
+                such as ``"$1"``.
+
+        Returns:
+            The SQL to send.
+        """
+        return self.template.format(*values)
+
+
+# Keys are parenthesised: "-2147483648::int4" parses as -(2147483648::int4) and overflows.
+TRY_LOCK = Statement(
+    "try_lock", "SELECT pg_try_advisory_lock(({0})::int4, ({1})::int4), pg_backend_pid()"
+)
+"""``pg_try_advisory_lock(key1, key2)``; values: the two keys."""
+UNLOCK = Statement(
+    "unlock", "SELECT pg_advisory_unlock(({0})::int4, ({1})::int4), pg_backend_pid()"
+)
+"""``pg_advisory_unlock(key1, key2)``; values: the two keys."""
+# One round trip: the lock_timeout is local to this statement's implicit transaction and
+# is set before pg_advisory_lock starts waiting (the target list runs left to right).
+# The timeout is a value like the keys, so that a driver that prepares statements needs
+# one for waits of any length. A timeout raises lock_not_available (SQLSTATE 55P03).
+WAIT_LOCK = Statement(
+    "wait_lock",
+    "SELECT set_config('lock_timeout', ({2})::int4::text, true),"
+    " pg_advisory_lock(({0})::int4, ({1})::int4), pg_backend_pid()",
+)
+"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys and
+the timeout in ms (:func:`lock_timeout_ms`)."""
+# Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
+# both as oid (unsigned): negative keys are passed already converted by oid().
+HOLDS = Statement(
+    "health check",
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
+    " WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+    " AND classid = ({0})::int8::oid AND objid = ({1})::int8::oid AND objsubid = 2),"
+    " pg_backend_pid()",
+)
+"""Does this session hold the lock (``pg_locks``)? Values: ``oid(key1)``, ``oid(key2)``."""
+STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS)
+
+RESET_SESSION = Statement(
+    "session setup",
+    "SELECT pg_advisory_unlock_all(), (SELECT count(set_config(s.name, s.value, false))"
+    " FROM unnest(({0})::text[], ({1})::text[]) AS s(name, value))",
+)
+"""For a connection taken over from a pool: free the advisory locks left by earlier use,
+then set session settings (``set_config(..., false)``: for the whole session), in one
+round trip. Values: the setting names and their values, as two text arrays."""
+
+LOCK_NOT_AVAILABLE = "55P03"
+"""The SQLSTATE of a ``lock_timeout`` that ended a :data:`WAIT_LOCK`."""
+
+CANCEL_TIMEOUT_S = 1.0
+"""How long an interrupted lock wait may spend asking the server to cancel it (so the
+queued backend leaves the queue at once) before the connection is simply dropped."""
+
+
+def lock_timeout_ms(timeout_s: float) -> int:
+    """``lock_timeout`` in ms for a wait of ``timeout_s``; never 0 (0 disables it).
+
+    Args:
+        timeout_s: how long the wait may last, in seconds.
+
+    Returns:
+        Whole milliseconds, at least 1.
+    """
+    return max(1, round(timeout_s * 1000))
+
+
+def oid(key: int) -> int:
+    """The unsigned 32-bit value that ``pg_locks`` shows for an int4 key.
+
+    Args:
+        key: a signed 32-bit lock key.
+
+    Returns:
+        ``key & 0xFFFFFFFF``.
+    """
+    return key & 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------- errors
+
+CONNECTION_SQLSTATE_CLASSES = frozenset(
+    {"08", "27", "28", "2F", "38", "39", "3B", "40", "53", "54", "55", "57", "58", "F", "H"}
+)
+"""SQLSTATE classes (two characters, or one for ``F…``/``H…``) that mean "this session
+is unusable, or never was": the classes psycopg raises as ``OperationalError``. A
+backend that maps them to :class:`~pgleaderlock.ConnectionError` and other server
+errors to :class:`~pgleaderlock.LockError` gives the same library error as every other
+backend for the same server error."""
+
+_POOLER = (
+    "a transaction-mode pooler (e.g. PgBouncer pool_mode=transaction) sits between this "
+    "client and PostgreSQL. Session-level advisory locks need a direct connection or a "
+    "session-mode pooler"
+)
+
+
+def sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE a driver error carries (psycopg and asyncpg both call it
+    ``sqlstate``), or ``None``.
+
+    Args:
+        exc: a driver error, or anything else.
+
+    Returns:
+        The five-character code, or ``None`` for an error the server did not send.
+    """
+    code = getattr(exc, "sqlstate", None)
+    return code if isinstance(code, str) and code else None
+
+
+def by_sqlstate(code: str, table: Mapping[str, ErrorClass], default: ErrorClass) -> ErrorClass:
+    """Look a SQLSTATE up in a driver's error table: the full code first, then its class
+    (two characters), then its first character.
+
+    Args:
+        code: the SQLSTATE.
+        table: SQLSTATE, class or first character -> library error.
+        default: the library error when nothing matches.
+
+    Returns:
+        The library error class.
+    """
+    return table.get(code) or table.get(code[:2]) or table.get(code[:1]) or default
+
+
+def translate(exc: BaseException, what: str, cls: ErrorClass) -> PgLeaderLockError:
+    """The library error ``cls`` for the driver error ``exc``: the shared wording
+    (``"<what>: <DriverError>: <first line of its message>"``, any DSN password
+    masked), with ``exc`` as the ``__cause__``.
+
+    Args:
+        exc: the error the driver raised.
+        what: the operation, for the message (``"try_lock"``, ``"connect"``, ...).
+        cls: the library error to raise, as the driver's table says.
+
+    Returns:
+        The error to raise (``raise translate(...) from exc``).
+    """
+    text = str(exc).strip()
+    message = mask_dsn(text.splitlines()[0] if text else repr(exc))
+    if isinstance(exc, TimeoutError) and not text:
+        message = "timed out"
+    wording = f"{what}: {type(exc).__name__}: {message}"
+    if issubclass(cls, SessionNotDedicatedError):
+        # A statement of this session's own (a prepared one) is missing, or its name is
+        # taken, on the server backend that ran it: another backend than the session's.
+        wording += (
+            ": the session's prepared statements are not on the server backend that ran "
+            f"this one, so {_POOLER}"
+        )
+    err = cls(wording)
+    err.__cause__ = exc
+    return err
+
+
+def check_pid(expected: int | None, got: int) -> None:
+    """Raise if the statement ran on another server backend than the session's own.
+
+    Args:
+        expected: the session's server pid so far (``None`` before its first statement).
+        got: the ``pg_backend_pid()`` the statement returned.
+
+    Raises:
+        SessionNotDedicatedError: the two differ.
+    """
+    if expected is not None and got != expected:
+        raise SessionNotDedicatedError(
+            f"the session moved from server backend {expected} to {got} between "
+            f"statements: {_POOLER}"
+        )
+
+
+# ---------------------------------------------------------------- the session
+
+
+class BaseSession(abc.ABC):
+    """A :class:`~pgleaderlock.LockSession` with every optional capability
+    (``wait_lock``, ``watch``, ``abort``), written once over a few driver calls.
+
+    A subclass implements:
+
+    - :meth:`_fetch`: run a :class:`Statement` with its values and return its row;
+      when the call is cancelled, drop the connection without a network wait (and, for
+      :data:`WAIT_LOCK`, first ask the server to cancel it, within
+      :data:`CANCEL_TIMEOUT_S`) and re-raise.
+    - :meth:`_classify`: the library error a driver error stands for.
+    - :meth:`_closed`, :meth:`_abort`, :meth:`_close`: the connection's state and how
+      to drop it (at once) or close it (bounded).
+    - optionally :meth:`_arm` and :meth:`_disarm`: start and stop listening for the
+      server ending the idle session; :meth:`_fire` is the listener.
+
+    Every statement's row is checked here (the value first, ``pg_backend_pid()`` last)
+    and so is the pid (:func:`check_pid`); driver errors are translated with
+    :func:`translate`.
+    """
+
+    def __init__(self) -> None:
+        self._pid: int | None = None
+        self._watch: Callable[[], None] | None = None
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process id of this session, or ``None`` before its first statement."""
+        return self._pid
+
+    # ------------------------------------------------ for the subclass to implement
+
+    @abc.abstractmethod
+    async def _fetch(self, statement: Statement, values: tuple[int, ...]) -> object:
+        """Run ``statement`` with ``values`` and return its one row (a tuple), or
+        ``None``; let driver errors propagate."""
+
+    @abc.abstractmethod
+    def _classify(self, exc: Exception) -> ErrorClass | None:
+        """The library error a driver error stands for, or ``None`` for an error that is
+        not the driver's (it propagates unchanged)."""
+
+    @abc.abstractmethod
+    def _closed(self) -> bool:
+        """Is the connection known to be closed?"""
+
+    @abc.abstractmethod
+    def _abort(self) -> None:
+        """Drop the connection now, with no network wait (may raise: ignored)."""
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Close the connection, bounded even on a stuck network (may raise: ignored)."""
+
+    def _arm(self) -> None:  # noqa: B027 - optional: without it a loss waits for a probe
+        """Have :meth:`_fire` called once the server ends the idle session. Does nothing
+        here: a session that cannot tell learns of the loss at its next probe."""
+
+    def _disarm(self) -> None:  # noqa: B027 - the counterpart of _arm
+        """Undo :meth:`_arm` (may raise: ignored)."""
+
+    # ------------------------------------------------ the LockSession
+
+    async def _value(self, statement: Statement, values: tuple[int, ...]) -> object:
+        """Run ``statement``; return its first column and check its last,
+        ``pg_backend_pid()``, against the session's pid."""
+        if self._watch is not None:
+            self.watch(None)  # never compete with the driver for the connection
+        try:
+            row = await self._fetch(statement, values)
+        except Exception as exc:
+            cls = self._classify(exc)
+            if cls is None:
+                raise
+            raise translate(exc, statement.what, cls) from exc
+        if not isinstance(row, tuple) or len(row) < 2 or not isinstance(row[-1], int):
+            raise ConnectionError(f"{statement.what}: unexpected result {row!r}")
+        pid = row[-1]
+        if pid != self._pid:
+            check_pid(self._pid, pid)
+            self._pid = pid
+        return row[0]
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        """``pg_try_advisory_lock(key1, key2)``: True if granted now."""
+        return bool(await self._value(TRY_LOCK, (key1, key2)))
+
+    async def unlock(self, key1: int, key2: int) -> bool:
+        """``pg_advisory_unlock(key1, key2)``: True if this session held the lock."""
+        return bool(await self._value(UNLOCK, (key1, key2)))
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        """Does this session still hold the lock (``pg_locks``)? Raises if it is dead."""
+        return bool(await self._value(HOLDS, (oid(key1), oid(key2))))
+
+    async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
+        """Wait on the server for the lock: True once granted, False after ``timeout_s``
+        (a ``lock_not_available`` error on a live session)."""
+        try:
+            await self._value(WAIT_LOCK, (key1, key2, lock_timeout_ms(timeout_s)))
+        except PgLeaderLockError as exc:
+            if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
+                return False  # lock_timeout: the wait ended without the lock
+            raise
+        return True
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once when the server ends the idle session; ``None`` removes
+        the watch. On a session already closed it is called soon, from the event loop."""
+        if self._watch is not None:
+            self._watch = None
+            with contextlib.suppress(Exception):
+                self._disarm()
+        if callback is None:
+            return
+        self._watch = callback
+        if self._closed():
+            asyncio.get_running_loop().call_soon(self._fire)
+        else:
+            self._arm()
+
+    def _fire(self, *_: object) -> None:
+        callback = self._watch
+        if callback is not None:
+            self.watch(None)
+            callback()
+
+    def abort(self) -> None:
+        """Drop the connection at once, with no network wait. Idempotent, never raises."""
+        self.watch(None)
+        with contextlib.suppress(Exception):
+            self._abort()
+
+    async def close(self) -> None:
+        """Close the session (which frees its locks). Idempotent, bounded, never raises."""
+        self.watch(None)
+        with contextlib.suppress(Exception):
+            await self._close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} backend_pid={self._pid} closed={self._closed()}>"

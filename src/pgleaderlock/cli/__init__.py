@@ -1,0 +1,160 @@
+"""The ``pgleaderlock`` command line (spec §9): ``run``, ``acquire``, ``exec``, ``status``.
+
+Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
+works on one lock, named with ``--name`` (keys derived by :func:`~pgleaderlock.lock_keys`)
+or given as ``--key1``/``--key2``; the database comes from ``--dsn`` or ``$PG_DSN``.
+
+The library logs on the stdlib logger ``pgleaderlock``; the CLI routes that logger into
+loguru (:class:`InterceptHandler`, spec §9.2) and writes every line to stderr, so that
+stdout belongs to ``status`` output and to the command that ``exec`` runs.
+
+This package holds the click group and the entry point; one module per command
+(:mod:`~pgleaderlock.cli.run`, :mod:`~pgleaderlock.cli.acquire`,
+:mod:`~pgleaderlock.cli.exec`, :mod:`~pgleaderlock.cli.status` with
+:mod:`~pgleaderlock.cli.render`), and what they share: :mod:`~pgleaderlock.cli.options`,
+:mod:`~pgleaderlock.cli.logs`, :mod:`~pgleaderlock.cli.exits`,
+:mod:`~pgleaderlock.cli.runtime`, :mod:`~pgleaderlock.cli.retry`,
+:mod:`~pgleaderlock.cli.tracker`.
+
+Exit codes (also in ``pgleaderlock --help``):
+
+==== ===================================================================================
+0    success; ``run`` stopped by SIGTERM/SIGINT (lock released)
+1    ``acquire``: the lock is held elsewhere; ``run``: the lock stopped by itself
+2    bad input (no DSN, malformed DSN, keys out of range, ...) or unreachable server
+75   ``exec``: the lock is held elsewhere, COMMAND was not run (EX_TEMPFAIL;
+     ``--held-exit-code`` changes it)
+76   ``exec``/``acquire --hold``: leadership was lost; COMMAND was terminated
+126  ``exec``: COMMAND cannot be executed; 127: COMMAND not found
+128+N killed by / stopped on signal N before COMMAND ran (130 SIGINT, 143 SIGTERM)
+==== ===================================================================================
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+try:
+    import click
+    import loguru  # noqa: F401 - checked here, so that a missing extra fails in one place
+except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError(
+        f"the pgleaderlock command line needs click and loguru ({exc}); "
+        "install them with: pip install 'pgleaderlock[cli]'"
+    ) from exc
+
+from .. import __version__
+from ..core._logging import mask_dsn
+from .acquire import acquire
+from .exec import exec_
+from .exits import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_HELD,
+    EXIT_LOST,
+    EXIT_NOT_ACQUIRED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    signal_exit,
+)
+from .logs import InterceptHandler, configure_logging
+from .run import run
+from .status import status
+
+__all__ = [
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_HELD",
+    "EXIT_LOST",
+    "EXIT_NOT_ACQUIRED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "InterceptHandler",
+    "cli",
+    "configure_logging",
+    "main",
+    "run_cli",
+]
+
+_MAIN_EPILOG = """\b
+Examples:
+  export PG_DSN=postgresql://app@db.internal/app
+  pgleaderlock run --name billing-scheduler          # take part in an election, log it
+  pgleaderlock acquire --name nightly-report         # one try: exit 0 if acquired, 1 if not
+  pgleaderlock exec --name nightly-report -- ./report.sh   # run only if nobody else does
+  pgleaderlock status --name billing-scheduler       # who holds it, who waits
+  pgleaderlock status --all --json                   # every advisory lock, for scripts
+
+\b
+Exit codes:
+  0      success; run: stopped by SIGTERM/SIGINT (the lock was released)
+  1      acquire: the lock is held elsewhere; run: the lock stopped by itself
+  2      bad input (no or malformed DSN, keys out of range, ...) or unreachable server
+  75     exec: the lock is held elsewhere, COMMAND did not run (--held-exit-code)
+  76     exec, acquire --hold: leadership was lost (COMMAND was terminated)
+  126    exec: COMMAND cannot be executed (127: not found)
+  128+N  stopped by signal N before COMMAND ran (130: SIGINT, 143: SIGTERM)
+
+Logs go to stderr; stdout carries only status output and the output of COMMAND.
+"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=_MAIN_EPILOG,
+)
+@click.version_option(__version__, "--version", prog_name="pgleaderlock")
+def cli() -> None:
+    """Leader election and singleton jobs on PostgreSQL session-level advisory locks.
+
+    Every command works on one lock: name it with --name NAME (the two keys are
+    derived from the name, so every process and SQL agree), or give the keys with
+    --key1/--key2. The database comes from --dsn or $PG_DSN.
+    """
+
+
+for _command in (run, acquire, exec_, status):
+    cli.add_command(_command)
+
+
+def run_cli(args: Sequence[str] | None = None) -> int:
+    """Run the command line and return its exit code (no ``sys.exit``).
+
+    Args:
+        args: the arguments; default ``sys.argv[1:]``.
+    """
+    try:
+        result = cli.main(
+            args=list(args) if args is not None else None,
+            prog_name="pgleaderlock",
+            standalone_mode=False,
+        )
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.format_message())
+        return EXIT_OK
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "pgleaderlock"
+        message = " ".join(mask_dsn(exc.format_message()).split())
+        click.echo(f"{where}: error: {message} (see '{where} --help')", err=True)
+        return exc.exit_code
+    except CliError as exc:
+        click.echo(f"{exc.where}: error: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        message = " ".join(mask_dsn(exc.format_message()).split())
+        click.echo(f"pgleaderlock: error: {message}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return signal_exit(signal.SIGINT)
+    except KeyboardInterrupt:
+        return signal_exit(signal.SIGINT)
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def main() -> NoReturn:
+    """The ``pgleaderlock`` console script."""
+    sys.exit(run_cli())

@@ -1,0 +1,5 @@
+"""``python -m pgleaderlock.cli``: the same as the ``pgleaderlock`` console script."""
+
+from . import main
+
+main()

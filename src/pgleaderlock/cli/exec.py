@@ -1,0 +1,252 @@
+"""``pgleaderlock exec``: run a command only while holding the lock, and supervise it.
+
+Like flock(1) for a fleet: the host holding the lock runs COMMAND, the others exit 75
+(or wait with ``--wait``). COMMAND runs in its own process group; SIGTERM and SIGINT are
+forwarded to it; if leadership is lost it gets SIGTERM, then SIGKILL after
+``--kill-after`` (exit 76). On Linux it also dies with pgleaderlock (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+
+import click
+
+from ..core.lock import LeaderLock
+from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND
+from .logs import log, setup_logging
+from .options import (
+    Common,
+    check_wait,
+    lock_options,
+    log_options,
+    positive,
+    resolve_common,
+    wait_option,
+)
+from .retry import Deadline
+from .runtime import Signals, build_lock, first, lead, preflight
+from .tracker import Tracker
+
+__all__ = ["exec_"]
+
+_PR_SET_PDEATHSIG = 1
+
+_EXEC_EPILOG = """\b
+Examples:
+  # cron on every host of a fleet: the report runs once, wherever the lock is free
+  pgleaderlock exec --name nightly-report -- /usr/local/bin/report --since yesterday
+  # Kubernetes CronJob with overlapping runs: wait up to 10 minutes for the previous one
+  pgleaderlock exec --name nightly-report --wait 600 -- python -m app.report
+  # skipping is not a failure for this job
+  pgleaderlock exec --name cleanup --held-exit-code 0 -- ./cleanup.sh
+
+\b
+Exit codes: COMMAND's own exit code (128+N if it died of signal N); 75 if the lock is
+held elsewhere (COMMAND did not run); 76 if leadership was lost while COMMAND ran
+(COMMAND was sent SIGTERM, then SIGKILL after --kill-after); 2 for bad input or an
+unreachable server; 126/127 if COMMAND cannot be executed / is not found.
+
+COMMAND runs in its own session (process group); SIGTERM and SIGINT sent to
+pgleaderlock are forwarded to that group. On Linux COMMAND is also killed if
+pgleaderlock itself dies.
+"""
+
+
+@click.command(
+    "exec",
+    epilog=_EXEC_EPILOG,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@lock_options
+@wait_option
+@click.option(
+    "--kill-after",
+    type=float,
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+)
+@click.option(
+    "--held-exit-code",
+    type=click.IntRange(0, 255),
+    metavar="CODE",
+    default=EXIT_HELD,
+    show_default=True,
+    help="Exit code when the lock is held elsewhere and COMMAND did not run.",
+)
+@click.option(
+    "--health-interval",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between health probes while COMMAND runs (a terminated session is "
+    "noticed at once; a silent network within this plus 2 s).",
+)
+@log_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(
+    dsn: str | None,
+    name: str | None,
+    key1: int | None,
+    key2: int | None,
+    backend: str | None,
+    connect_timeout: float,
+    verbose: int,
+    quiet: int,
+    log_json: bool,
+    wait_s: float,
+    kill_after: float,
+    held_exit_code: int,
+    health_interval: float,
+    command: tuple[str, ...],
+) -> int:
+    """Run COMMAND only while holding the lock: a singleton for cron and CronJobs.
+
+    Like flock(1), but for a whole fleet: of all hosts running the same `exec`, only
+    the one holding the lock runs COMMAND; the others exit 75 at once (or wait with
+    --wait). If leadership is lost while COMMAND runs, COMMAND is terminated. Put
+    `--` before COMMAND.
+    """
+    setup_logging("WARNING", "WARNING", verbose, quiet, log_json)
+    common = resolve_common(dsn, name, key1, key2, backend, connect_timeout)
+    deadline = Deadline(check_wait(wait_s))
+    kill_after = positive("--kill-after", kill_after)
+    lock, tracker = build_lock(
+        common, deadline, auto_reacquire=False, health_interval_s=health_interval
+    )
+    return asyncio.run(
+        _exec(common, lock, tracker, deadline, list(command), kill_after, held_exit_code)
+    )
+
+
+async def _exec(
+    common: Common,
+    lock: LeaderLock,
+    tracker: Tracker,
+    deadline: Deadline,
+    command: list[str],
+    kill_after_s: float,
+    held_exit_code: int,
+) -> int:
+    await preflight(common, lock)
+    with Signals() as signals:
+        deadline.start()
+        async with lock:
+            refused = await lead(
+                common, lock, tracker, signals, held_exit_code=held_exit_code,
+                event="not_running", on_signal="not running COMMAND",
+            )  # fmt: skip
+            if refused is not None:
+                return refused
+            return await _supervise(lock, tracker, signals, command, kill_after_s)
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    """On Linux, a ``preexec_fn`` that makes the child die with pgleaderlock.
+
+    If pgleaderlock is killed (SIGKILL, OOM), its session ends and the lock is free:
+    COMMAND must not keep running while another host starts it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _exit_status(returncode: int) -> int:
+    """A shell's exit status for ``returncode`` (a negative one is "killed by -N")."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def _supervise(
+    lock: LeaderLock,
+    tracker: Tracker,
+    signals: Signals,
+    command: list[str],
+    kill_after_s: float,
+) -> int:
+    """Run ``command`` while leader; forward signals; terminate it if leadership is lost."""
+    if not lock.is_leader or tracker.lost.is_set():  # lost in the instant since acquiring
+        log("WARNING", "leadership_lost", lock=lock.label, action="not running COMMAND")
+        return EXIT_LOST
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command, start_new_session=True, preexec_fn=_pdeathsig()
+        )
+    except FileNotFoundError:
+        log("ERROR", "command_not_found", command=command[0], exit_code=EXIT_NOT_FOUND)
+        return EXIT_NOT_FOUND
+    except OSError as exc:
+        log("ERROR", "command_failed", command=command[0], error=str(exc))
+        return EXIT_CANNOT_EXECUTE
+    log(
+        "INFO",
+        "command_started",
+        lock=lock.label,
+        pid=proc.pid,
+        backend_pid=lock.backend_pid,
+        command=shlex.join(command),
+    )
+
+    def kill(sig: signal.Signals) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+
+    child = asyncio.ensure_future(proc.wait())
+    try:
+        while True:
+            which, _ = await first(
+                child=asyncio.shield(child), lost=tracker.lost.wait(), signal=signals.wait()
+            )
+            if which == "child":
+                code = _exit_status(await child)
+                log("INFO", "command_exited", pid=proc.pid, exit_code=code)
+                return code
+            if which == "signal":
+                for sig in signals.take():
+                    log("INFO", "signal_forwarded", signal=sig.name, pid=proc.pid)
+                    kill(sig)
+                continue
+            log(
+                "WARNING",
+                "leadership_lost",
+                lock=lock.label,
+                action="terminating COMMAND",
+                pid=proc.pid,
+                kill_after_s=kill_after_s,
+            )
+            kill(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(kill_after_s):
+                    await asyncio.shield(child)
+            except TimeoutError:
+                log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL")
+                kill(signal.SIGKILL)
+            await child
+            log("WARNING", "command_terminated", pid=proc.pid, exit_code=EXIT_LOST)
+            return EXIT_LOST
+    finally:
+        if not child.done():  # cancelled or a bug: never leave COMMAND running unsupervised
+            kill(signal.SIGKILL)
+            await asyncio.gather(child, return_exceptions=True)

@@ -1,0 +1,206 @@
+"""Options the commands share, and turning them into checked values.
+
+- which lock: ``--name`` or ``--key1``/``--key2`` (:func:`target_options`, :class:`Target`);
+- which database: ``--dsn`` or ``$PG_DSN``;
+- how to reach it: ``--backend``, ``--connect-timeout`` (:func:`lock_options`,
+  :class:`Common` for the commands that hold the lock);
+- ``--wait`` (``acquire``, ``exec``) and the log verbosity (:func:`log_options`).
+
+Bad values raise :class:`~pgleaderlock.cli.exits.CliError`: one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from ..core.errors import ConfigurationError
+from ..core.keys import check_key, lock_keys
+from .exits import CliError
+
+__all__ = [
+    "Common",
+    "Target",
+    "check_wait",
+    "lock_options",
+    "log_options",
+    "positive",
+    "resolve_common",
+    "resolve_dsn",
+    "resolve_target",
+    "target_options",
+    "wait_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Target:
+    """The lock a command works on."""
+
+    name: str | None
+    key1: int
+    key2: int
+
+
+@dataclass(frozen=True)
+class Common:
+    """Options shared by ``run``, ``acquire`` and ``exec``."""
+
+    dsn: str
+    target: Target
+    backend: str | None
+    connect_timeout_s: float
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """``dsn``, or a :class:`CliError` when it is missing or blank."""
+    if dsn is None or not dsn.strip():
+        raise CliError("no DSN: pass --dsn or set PG_DSN (e.g. postgresql://user@host/db)")
+    return dsn
+
+
+def resolve_target(name: str | None, key1: int | None, key2: int | None) -> Target:
+    """The lock named by ``--name``, or by ``--key1`` and ``--key2`` (not both ways)."""
+    if name is not None and (key1 is not None or key2 is not None):
+        raise CliError("name the lock with either --name or --key1/--key2, not both")
+    if name is not None:
+        try:
+            key1, key2 = lock_keys(name)
+        except ConfigurationError as exc:
+            raise CliError(str(exc)) from None
+        return Target(name, key1, key2)
+    if key1 is None and key2 is None:
+        raise CliError("which lock? pass --name NAME, or --key1 K1 --key2 K2")
+    if key1 is None or key2 is None:
+        raise CliError("--key1 and --key2 go together (or use --name)")
+    try:
+        return Target(None, check_key("--key1", key1), check_key("--key2", key2))
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+
+
+def positive(option: str, value: float) -> float:
+    """``value`` if it is a finite number of seconds above zero."""
+    if not math.isfinite(value) or value <= 0:
+        raise CliError(f"{option} must be a positive number of seconds, got {value:g}")
+    return value
+
+
+def check_wait(wait_s: float) -> float:
+    """``--wait``: zero (a single attempt), a number of seconds, or ``inf``."""
+    if wait_s < 0 or math.isnan(wait_s):
+        raise CliError(f"--wait must be >= 0, got {wait_s:g}")
+    return wait_s
+
+
+def resolve_common(
+    dsn: str | None,
+    name: str | None,
+    key1: int | None,
+    key2: int | None,
+    backend: str | None,
+    connect_timeout: float,
+) -> Common:
+    """Check the options of :func:`lock_options` and gather them."""
+    return Common(
+        dsn=resolve_dsn(dsn),
+        target=resolve_target(name, key1, key2),
+        backend=backend,
+        connect_timeout_s=positive("--connect-timeout", connect_timeout),
+    )
+
+
+# ---------------------------------------------------------------------- decorators
+
+
+def _apply(f: F, options: list[Callable[[F], F]]) -> F:
+    for option in reversed(options):  # the first option is listed first in --help
+        f = option(f)
+    return f
+
+
+def target_options(f: F) -> F:
+    """``--dsn``, ``--name``, ``--key1``, ``--key2``."""
+    return _apply(
+        f,
+        [
+            click.option(
+                "--dsn",
+                envvar="PG_DSN",
+                show_envvar=True,
+                metavar="DSN",
+                help="PostgreSQL connection string (URL or key=value). Prefer $PG_DSN or "
+                "~/.pgpass to a password on the command line. A postgresql+DRIVER:// "
+                "scheme selects the backend.",
+            ),
+            click.option(
+                "--name",
+                metavar="NAME",
+                help="Lock name; the keys are derived from it exactly as "
+                "('x'||substr(md5(NAME),1,8))::bit(32)::int and (…,9,8) in SQL.",
+            ),
+            click.option("--key1", type=int, metavar="INT", help="Advisory lock key 1 (int4)."),
+            click.option("--key2", type=int, metavar="INT", help="Advisory lock key 2 (int4)."),
+        ],
+    )
+
+
+def lock_options(f: F) -> F:
+    """:func:`target_options`, then ``--backend`` and ``--connect-timeout``."""
+    f = _apply(
+        f,
+        [
+            click.option(
+                "--backend",
+                metavar="NAME",
+                help="Driver backend (psycopg, asyncpg, sqlalchemy); default from the DSN "
+                "scheme, else psycopg.",
+            ),
+            click.option(
+                "--connect-timeout",
+                type=float,
+                default=5.0,
+                show_default=True,
+                metavar="SECONDS",
+                help="Timeout for opening a database session.",
+            ),
+        ],
+    )
+    return target_options(f)
+
+
+def wait_option(f: F) -> F:
+    """``--wait SECONDS`` (``acquire``, ``exec``); check it with :func:`check_wait`."""
+    return click.option(
+        "--wait",
+        "wait_s",
+        type=float,
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="Wait up to SECONDS for the lock if it is held elsewhere (inf: forever). "
+        "0 makes a single attempt.",
+    )(f)
+
+
+def log_options(f: F) -> F:
+    """``-v``, ``-q``, ``--log-json``."""
+    return _apply(
+        f,
+        [
+            click.option("-v", "--verbose", count=True, help="More log output (repeat for debug)."),
+            click.option("-q", "--quiet", count=True, help="Less log output."),
+            click.option(
+                "--log-json", is_flag=True, help="Log one JSON object per line (to stderr)."
+            ),
+        ],
+    )

@@ -1,0 +1,107 @@
+"""Text and JSON output of ``pgleaderlock status``, from the reports it builds.
+
+:func:`render_one` lays out one lock (holder, then waiting sessions) as labelled lines;
+:func:`render_all` lays out every advisory lock as an aligned table; :func:`json_default`
+lets ``json.dumps`` write the reports' timestamps.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+__all__ = ["json_default", "render_all", "render_one"]
+
+
+def json_default(value: object) -> str:
+    """ISO 8601 for datetimes, ``str()`` for anything else ``json`` cannot write."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _when(value: object, age_s: float | None) -> str:
+    if not isinstance(value, datetime):
+        return "unknown"
+    stamp = value.isoformat(sep=" ", timespec="seconds")
+    return f"{stamp} ({_age(age_s)} ago)" if age_s is not None else stamp
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = max(0, int(seconds))
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} {(s % size) // sub_size}{sub}"
+    return f"{s // 60}m {s % 60}s" if s >= 60 else f"{s}s"
+
+
+def _client(session: dict[str, Any]) -> str:
+    if session["client_addr"] is not None:
+        return f"{session['client_addr']}:{session['client_port']}"
+    if session["client_port"] == -1:
+        return "local socket"
+    return "unknown"
+
+
+def render_one(report: dict[str, Any]) -> str:
+    """One lock: its keys, the database, the holder (or "free"), the waiting sessions."""
+    lock = report["lock"]
+    keys = f"key1={lock['key1']}, key2={lock['key2']}"
+    lines = [
+        f"lock      {lock['name']} ({keys})" if lock["name"] else f"lock      {keys}",
+        f"database  {report['database']}",
+    ]
+    if not report["holders"]:
+        lines.append("holder    none: the lock is free")
+    for s in report["holders"]:
+        lines += [
+            f"holder    pid {s['pid']}  {s['application_name'] or '(no application_name)'}",
+            f"          client {_client(s)}  user {s['usename'] or 'unknown'}  mode {s['mode']}",
+            f"          session started {_when(s['backend_start'], s['backend_start_age_s'])}",
+            f"          {s['state'] or 'state unknown'} since "
+            f"{_when(s['state_change'], s['state_change_age_s'])}",
+        ]
+    count = report["waiting_count"]
+    lines.append(f"waiting   {count} session{'' if count == 1 else 's'}")
+    for s in report["waiting"]:
+        since = _when(s["wait_start"], s["wait_start_age_s"])
+        lines.append(
+            f"          pid {s['pid']}  {s['application_name'] or '(no application_name)'}"
+            f"  client {_client(s)}  waiting since {since}"
+        )
+    return "\n".join(lines)
+
+
+def render_all(report: dict[str, Any]) -> str:
+    """Every advisory lock of the database, one row per session, columns aligned."""
+    if not report["locks"]:
+        return f"no advisory locks in database {report['database']}"
+    header = ("KEY1", "KEY2", "NAME", "PID", "STATUS", "APPLICATION_NAME", "CLIENT", "AGE")
+    rows = [header]
+    for lock in report["locks"]:
+        if lock["kind"] == "bigint":
+            key1, key2 = f"bigint {lock['key']}", "-"
+        else:
+            key1, key2 = str(lock["key1"]), str(lock["key2"])
+        since = (
+            _age(lock["backend_start_age_s"]) if lock["granted"] else _age(lock["wait_start_age_s"])
+        )
+        rows.append(
+            (
+                key1,
+                key2,
+                lock.get("name") or "-",
+                str(lock["pid"]),
+                "held" if lock["granted"] else "waiting",
+                lock["application_name"] or "-",
+                _client(lock),
+                since,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )

@@ -1,0 +1,196 @@
+"""What the commands that hold the lock (``run``, ``acquire``, ``exec``) share.
+
+- :func:`build_lock`: the :class:`~pgleaderlock.LeaderLock` for the options, with a
+  :class:`~pgleaderlock.cli.tracker.Tracker` registered and the retry policy wrapped in
+  :class:`~pgleaderlock.cli.retry.FailFast`;
+- :func:`preflight`: one session opened and closed first, so that an unreachable server
+  is a clear one-line error rather than a lock that retries;
+- :class:`Signals` (SIGTERM and SIGINT, queued) and :func:`first` (race awaitables);
+- :func:`lead`: wait until the lock leads, or say why not (held elsewhere, a signal,
+  an error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable
+from typing import Any
+
+from ..backends import resolve as resolve_backend
+from ..core.errors import PgLeaderLockError
+from ..core.lock import LeaderLock
+from ..core.retry import RetryStrategy
+from .exits import CliError, first_line, signal_exit
+from .logs import log
+from .options import Common
+from .retry import FailFast
+from .tracker import Tracker
+
+__all__ = ["Signals", "build_lock", "first", "lead", "not_acquired_error", "preflight"]
+
+
+def build_lock(
+    common: Common, retry_strategy: RetryStrategy, **options: Any
+) -> tuple[LeaderLock, Tracker]:
+    """The lock for ``common``, retrying with ``retry_strategy`` (behind :class:`FailFast`).
+
+    Args:
+        common: the lock, database and connection options.
+        retry_strategy: the command's retry policy (see :mod:`pgleaderlock.cli.retry`).
+        **options: other :class:`~pgleaderlock.LeaderLock` arguments.
+
+    Returns:
+        The lock, and the tracker registered on it.
+
+    Raises:
+        CliError: the lock refused the options (keys, intervals, backend, DSN).
+    """
+    tracker = Tracker()
+    target = common.target
+    try:
+        lock = LeaderLock(
+            common.dsn,
+            target.key1,
+            target.key2,
+            name=target.name,
+            retry_strategy=FailFast(retry_strategy, tracker),
+            backend=common.backend,
+            connect_timeout_s=common.connect_timeout_s,
+            **options,
+        )
+    except PgLeaderLockError as exc:
+        raise CliError(str(exc)) from None
+    lock.plugins.register(tracker)
+    return lock, tracker
+
+
+async def preflight(common: Common, lock: LeaderLock) -> None:
+    """Open (and close) one session, so that an unreachable server is a clear error.
+
+    Raises:
+        CliError: the server cannot be reached within ``--connect-timeout``.
+    """
+    try:
+        # The lock resolved the backend already but does not expose it; resolving the
+        # same (name, DSN) again gives the same backend. A LeaderLock call that opens and
+        # closes one session would remove this second lookup.
+        backend, driver_dsn = resolve_backend(common.backend, common.dsn)
+        async with asyncio.timeout(common.connect_timeout_s):
+            session = await backend.connect(str(driver_dsn), lock.connect_options)
+    except TimeoutError:
+        raise CliError(
+            f"cannot connect to the database: no answer within "
+            f"{common.connect_timeout_s:g} s; DSN: {common.dsn}"
+        ) from None
+    except Exception as exc:
+        raise CliError(
+            f"cannot connect to the database: {first_line(exc)}; DSN: {common.dsn}"
+        ) from None
+    await session.close()
+
+
+def not_acquired_error(common: Common, tracker: Tracker) -> CliError:
+    """The error for a lock that stopped without leading and without finding it taken."""
+    error = tracker.last_error
+    if error is None:
+        return CliError("the lock stopped before it could be acquired")
+    return CliError(f"could not acquire the lock: {first_line(error)}; DSN: {common.dsn}")
+
+
+class Signals:
+    """SIGTERM and SIGINT handlers for the life of a command; signals are queued."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self._pending: list[signal.Signals] = []
+        self._event = asyncio.Event()
+
+    def __enter__(self) -> Signals:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            loop.add_signal_handler(sig, self._received, sig)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    def _received(self, sig: signal.Signals) -> None:
+        self._pending.append(sig)
+        self._event.set()
+
+    async def wait(self) -> None:
+        """Return once a signal is pending (does not consume it)."""
+        await self._event.wait()
+
+    def take(self) -> list[signal.Signals]:
+        """The pending signals, oldest first; clears them."""
+        pending, self._pending = self._pending, []
+        self._event.clear()
+        return pending
+
+
+async def first(**awaitables: Awaitable[Any]) -> tuple[str, Any]:
+    """Wait for the first of ``awaitables`` (in keyword order on a tie); cancel the rest.
+
+    Returns:
+        The keyword of the one that finished, and its result.
+    """
+    tasks = {name: asyncio.ensure_future(aw) for name, aw in awaitables.items()}
+    try:
+        await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks.values():
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    for name, task in tasks.items():
+        if task.done() and not task.cancelled():
+            return name, task.result()
+    raise AssertionError("asyncio.wait returned without a finished task")  # pragma: no cover
+
+
+async def lead(
+    common: Common,
+    lock: LeaderLock,
+    tracker: Tracker,
+    signals: Signals,
+    *,
+    held_exit_code: int,
+    event: str,
+    on_signal: str,
+) -> int | None:
+    """Wait until ``lock`` leads: None then, else the exit code that says why not.
+
+    Args:
+        common: the command's options (the DSN for an error message).
+        lock: the started lock.
+        tracker: its tracker.
+        signals: a signal ends the wait with 128+N.
+        held_exit_code: the exit code when the lock is held elsewhere.
+        event: the name of the log line for "held elsewhere".
+        on_signal: what the log line for a signal says is done about it.
+
+    Raises:
+        CliError: the attempt failed for another reason than "held elsewhere".
+    """
+    which, leader = await first(leader=lock.wait_for_leadership(), signal=signals.wait())
+    if which == "signal":
+        sig = signals.take()[0]
+        log("INFO", "signal_received", signal=sig.name, action=on_signal)
+        return signal_exit(sig)
+    if leader:
+        return None
+    if tracker.held_elsewhere:
+        log(
+            "INFO",
+            event,
+            lock=lock.label,
+            reason="the lock is held elsewhere",
+            exit_code=held_exit_code,
+        )
+        return held_exit_code
+    raise not_acquired_error(common, tracker)

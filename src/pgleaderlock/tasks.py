@@ -1,0 +1,372 @@
+"""Leader-only coroutines for any asyncio program (no extra needed).
+
+:class:`LeaderTasks` runs registered coroutine functions only while a
+:class:`~pgleaderlock.LeaderLock` is LEADER. They stop the moment the lock leaves
+LEADER (to RECONNECTING, FOLLOWER, RELEASING or STOPPED), because exclusivity is no
+longer guaranteed then, and start again from the beginning when it is LEADER again.
+The FastAPI integration is built on it; :func:`follow_state` is the hook that the
+framework integrations and :class:`~pgleaderlock.ThreadedLeaderLock` share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from .core._logging import get_logger
+from .core.errors import ConfigurationError
+from .core.hooks import hookimpl
+from .core.lock import LeaderLock
+from .core.models import LockState, RetryContext
+from .core.retry import RetryStrategy
+
+__all__ = ["LeaderTasks", "TaskFunction", "follow_state"]
+
+log = get_logger("pgleaderlock.tasks")
+
+TaskFunction = Callable[[], Awaitable[object]]
+"""A leader-only task: a coroutine function without arguments."""
+
+TF = TypeVar("TF", bound=TaskFunction)
+
+HEALTHY_RUN_S = 60.0
+"""A run that lasted this long before crashing starts a fresh retry cycle (attempt 1)."""
+
+
+@dataclass(frozen=True)
+class _TaskSpec:
+    name: str
+    fn: TaskFunction
+
+
+StateListener = Callable[[LockState, LockState], object]
+
+
+class _StatePlugin:
+    def __init__(self, fn: StateListener) -> None:
+        self._fn = fn
+
+
+class _FirstStatePlugin(_StatePlugin):
+    """Runs before every ordinary callback and plugin of the lock (``tryfirst``)."""
+
+    @hookimpl(tryfirst=True)
+    def pgleaderlock_state_change(self, old: LockState, new: LockState) -> object:
+        return self._fn(old, new)
+
+
+class _OrderedStatePlugin(_StatePlugin):
+    """Runs in registration order among the lock's callbacks and plugins."""
+
+    @hookimpl
+    def pgleaderlock_state_change(self, old: LockState, new: LockState) -> object:
+        return self._fn(old, new)
+
+
+def follow_state(lock: LeaderLock, fn: StateListener, *, first: bool = True) -> object:
+    """Register ``fn(old, new)`` for every state change of ``lock``, as a plugin.
+
+    With ``first`` it runs before the lock's ordinary callbacks and plugins, so that
+    leader-only work has stopped before they (or an unlock) run. ``fn`` may be a
+    coroutine function; it runs on the lock's lifecycle task.
+
+    Returns:
+        The plugin; ``lock.plugins.unregister(plugin)`` detaches it.
+    """
+    plugin = _FirstStatePlugin(fn) if first else _OrderedStatePlugin(fn)
+    lock.plugins.register(plugin)
+    return plugin
+
+
+class LeaderTasks:
+    """Coroutines that run only while ``lock`` is LEADER.
+
+    Every registered task is started (as an asyncio task of its own) when the lock
+    becomes LEADER, and cancelled *and awaited* as soon as it leaves LEADER: on loss
+    (including RECONNECTING, where ``is_leader`` is already False), on ``step_down()``
+    and on ``shutdown()``. The cancellation happens inside the lock's own
+    state-change hook, which runs before any other callback or plugin of the lock
+    (``tryfirst``): on a voluntary release the tasks have stopped *before*
+    ``pg_advisory_unlock`` runs, and no task ever runs while the lock is not LEADER.
+    When the lock is LEADER again, the tasks start again from the beginning.
+
+    A task that raises is logged and restarted after the delay its retry strategy gives
+    (the lock's own strategy by default); leadership is not affected. A task that
+    returns normally has finished for this leadership term and is started again at the
+    next one. A task that ignores cancellation for longer than ``cancel_timeout_s`` is
+    logged as an error and is not started again until it has ended.
+
+    Create the ``LeaderTasks`` before starting the lock (tasks follow the state changes
+    it sees). :meth:`close` detaches it from the lock.
+
+    Args:
+        lock: the lock whose leadership the tasks follow.
+        retry_strategy: delays between restarts of a crashed task; default: the lock's
+            retry strategy. ``None`` from the strategy gives that task up until the next
+            leadership term.
+        cancel_timeout_s: how long to wait for a cancelled task to end before going on
+            without it. The lock's lifecycle task waits this long at most (it does not
+            probe or unlock meanwhile).
+
+    Example::
+
+        lock = LeaderLock.from_name("reports", dsn=DSN)
+        tasks = LeaderTasks(lock)
+
+        @tasks.task
+        async def refresh() -> None:
+            while True:
+                await rebuild_report()
+                await asyncio.sleep(60)
+
+        async with lock:
+            ...  # refresh() runs on whichever process leads
+        await tasks.stop()
+    """
+
+    def __init__(
+        self,
+        lock: LeaderLock,
+        *,
+        retry_strategy: RetryStrategy | None = None,
+        cancel_timeout_s: float = 10.0,
+    ) -> None:
+        if not isinstance(lock, LeaderLock):
+            raise ConfigurationError(f"LeaderTasks needs a LeaderLock, got {lock!r}")
+        if retry_strategy is not None and not callable(
+            getattr(retry_strategy, "next_delay_s", None)
+        ):
+            raise ConfigurationError(
+                f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
+            )
+        if isinstance(cancel_timeout_s, bool) or not (
+            isinstance(cancel_timeout_s, int | float) and cancel_timeout_s > 0
+        ):
+            raise ConfigurationError(
+                f"cancel_timeout_s must be a positive number, got {cancel_timeout_s!r}"
+            )
+        self._lock = lock
+        self._retry: RetryStrategy = retry_strategy or lock.retry_strategy
+        self._cancel_timeout_s = float(cancel_timeout_s)
+        self._specs: dict[str, _TaskSpec] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # cancelled, not yet ended
+        self._stragglers: dict[str, asyncio.Task[None]] = {}  # outlived cancel_timeout_s
+        self._leading = False
+        self._plugin: object | None = follow_state(lock, self._on_state_change)
+
+    # ------------------------------------------------------------------ registration
+
+    @property
+    def lock(self) -> LeaderLock:
+        """The lock these tasks follow."""
+        return self._lock
+
+    @property
+    def names(self) -> list[str]:
+        """Names of all registered tasks, in registration order."""
+        return list(self._specs)
+
+    @property
+    def running(self) -> list[str]:
+        """Names of the tasks running in this process now (empty unless LEADER)."""
+        return [name for name, task in self._running.items() if not task.done()]
+
+    def add(self, fn: TaskFunction, *, name: str | None = None) -> None:
+        """Register a leader-only task.
+
+        Args:
+            fn: a coroutine function without arguments.
+            name: a unique name for logs and :attr:`running`; default: the function's
+                ``__name__``.
+
+        Raises:
+            ConfigurationError: ``fn`` is not a coroutine function, or the name is
+                already taken.
+        """
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(
+                f"a leader task must be a coroutine function (async def), got {fn!r}"
+            )
+        task_name = name if name is not None else getattr(fn, "__name__", repr(fn))
+        if task_name in self._specs:
+            raise ConfigurationError(f"a leader task named {task_name!r} is already registered")
+        spec = _TaskSpec(task_name, fn)
+        self._specs[task_name] = spec
+        if self._leading and self._lock.is_leader:
+            self._start(spec)
+
+    @overload
+    def task(self, fn: TF, /) -> TF: ...
+
+    @overload
+    def task(self, fn: None = None, /, *, name: str | None = None) -> Callable[[TF], TF]: ...
+
+    def task(self, fn: TaskFunction | None = None, /, *, name: str | None = None) -> Any:
+        """Decorator form of :meth:`add`: ``@tasks.task`` or ``@tasks.task(name="x")``."""
+
+        def register(func: TaskFunction) -> TaskFunction:
+            self.add(func, name=name)
+            return func
+
+        return register(fn) if fn is not None else register
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def stop(self) -> None:
+        """Cancel and await every task of this object, including any that outlived an
+        earlier cancellation. Call it after the lock has been shut down.
+
+        Tasks start again at the lock's next LEADER state. A task that still has not
+        ended after ``cancel_timeout_s`` is logged as an error and left behind.
+        """
+        self._leading = False
+        tasks = {*self._running.values(), *self._stopping, *self._stragglers.values()}
+        self._running.clear()
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=self._cancel_timeout_s)
+        for task in tasks - pending:
+            self._consume(task)
+        for task in pending:
+            log.error(
+                "leader_task_ignores_cancel",
+                task=task.get_name(),
+                lock=self._lock.label,
+                timeout_s=self._cancel_timeout_s,
+            )
+
+    async def close(self) -> None:
+        """Detach from the lock and :meth:`stop` every task; tasks never start again."""
+        plugin, self._plugin = self._plugin, None
+        if plugin is not None and self._lock.plugins.is_registered(plugin):
+            self._lock.plugins.unregister(plugin)
+        await self.stop()
+
+    async def _on_state_change(self, old: LockState, new: LockState) -> None:
+        if self._plugin is None:
+            return
+        if new is LockState.LEADER:
+            self._leading = True
+            for spec in list(self._specs.values()):
+                self._start(spec)
+        elif old is LockState.LEADER:
+            self._leading = False
+            await self._stop_running(new)
+
+    def _start(self, spec: _TaskSpec) -> None:
+        current = self._running.get(spec.name)
+        if current is not None and not current.done():
+            return
+        straggler = self._stragglers.get(spec.name)
+        if straggler is not None and not straggler.done():
+            log.error(
+                "leader_task_not_started",
+                task=spec.name,
+                lock=self._lock.label,
+                reason="its previous run has not ended after cancellation",
+            )
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._supervise(spec), name=f"pgleaderlock-task:{spec.name}"
+        )
+        self._running[spec.name] = task
+
+    async def _stop_running(self, new: LockState) -> None:
+        running, self._running = self._running, {}
+        if not running:
+            return
+        for task in running.values():
+            task.cancel()
+            self._track_stopping(task)
+        _, pending = await asyncio.wait(running.values(), timeout=self._cancel_timeout_s)
+        for name, task in running.items():
+            if task in pending:
+                log.error(
+                    "leader_task_ignores_cancel",
+                    task=name,
+                    lock=self._lock.label,
+                    timeout_s=self._cancel_timeout_s,
+                )
+                self._stragglers[name] = task
+            else:
+                self._consume(task)
+        log.info(
+            "leader_tasks_stopped",
+            lock=self._lock.label,
+            state=new,
+            tasks=",".join(running),
+        )
+
+    def _track_stopping(self, task: asyncio.Task[None]) -> None:
+        self._stopping.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._stopping.discard(task)
+        for name, straggler in list(self._stragglers.items()):
+            if straggler is task:
+                del self._stragglers[name]
+        self._consume(task)
+
+    @staticmethod
+    def _consume(task: asyncio.Task[None]) -> None:
+        """Retrieve a finished task's outcome, so asyncio never reports it as lost."""
+        if task.done() and not task.cancelled():
+            exc = task.exception()
+            if exc is not None:
+                log.error("leader_task_failed", task=task.get_name(), error=repr(exc))
+
+    # ------------------------------------------------------------------ one task
+
+    def _next_delay(self, ctx: RetryContext) -> float | None:
+        try:
+            delay = self._retry.next_delay_s(ctx)
+        except Exception as exc:
+            log.error("retry_strategy_failed", error=repr(exc), exc_info=True)
+            return None
+        return None if delay is None else max(0.0, float(delay))
+
+    async def _supervise(self, spec: _TaskSpec) -> None:
+        label = self._lock.label
+        attempt = 0
+        cycle_start = time.monotonic()
+        while True:
+            log.info("leader_task_started", task=spec.name, lock=label, attempt=attempt + 1)
+            run_start = time.monotonic()
+            try:
+                await spec.fn()
+            except Exception as exc:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise asyncio.CancelledError from exc  # it swallowed our cancel
+                now = time.monotonic()
+                if now - run_start >= HEALTHY_RUN_S:
+                    attempt, cycle_start = 0, run_start
+                attempt += 1
+                delay = self._next_delay(RetryContext(attempt, now - cycle_start, exc))
+                log.error(
+                    "leader_task_crashed",
+                    task=spec.name,
+                    lock=label,
+                    attempt=attempt,
+                    error=repr(exc),
+                    restart_in_s=None if delay is None else round(delay, 3),
+                    exc_info=True,
+                )
+                if delay is None:
+                    log.error("leader_task_gave_up", task=spec.name, lock=label, attempt=attempt)
+                    return
+                await asyncio.sleep(delay)
+            else:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise asyncio.CancelledError  # it swallowed our cancel and returned
+                log.info("leader_task_finished", task=spec.name, lock=label)
+                return

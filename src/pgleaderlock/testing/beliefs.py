@@ -1,0 +1,318 @@
+"""The leadership-belief checker: did two candidates ever believe they led at once?
+
+:class:`BeliefLog` records, for every candidate, the intervals during which it
+*believed* it was leader (from entering LEADER / ``on_acquired`` to leaving LEADER /
+``on_lost`` / ``on_released`` / ``on_stopped`` / its death) and checks that no two
+intervals overlap. Feed it from in-process locks (:meth:`BeliefLog.attach`) or from
+candidate processes (:class:`~pgleaderlock.testing.candidate.CandidateProcess` does it).
+
+Overlaps that follow an external ``pg_terminate_backend`` of the old leader (recorded
+with :meth:`BeliefLog.fault`) are reported separately as *terminate overlaps* with their
+size: the server frees the lock before the old leader can know, so those can be made
+short but not zero (see ``docs/guarantees.md``).
+
+All timestamps are ``time.monotonic()`` seconds (one clock for every process of a Linux
+host, network namespaces included).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ..core.lock import LeaderLock
+from ..core.models import LockState
+
+__all__ = [
+    "TERMINATE_OVERLAP_LIMIT_S",
+    "BeliefInterval",
+    "BeliefLog",
+    "BeliefReport",
+    "Fault",
+    "Gap",
+    "Overlap",
+    "describe_overlaps",
+]
+
+TERMINATE_OVERLAP_LIMIT_S: Final = 0.05
+"""How long a terminate overlap may last (measured: 0.4-2.6 ms on loopback)."""
+
+_BEGIN_EVENTS: Final = frozenset({"acquired"})
+_END_EVENTS: Final = frozenset({"lost", "released", "stopped"})
+
+
+@dataclass
+class BeliefInterval:
+    """A span during which ``candidate`` believed it was the leader.
+
+    ``end`` is None while the belief is still held.
+    """
+
+    candidate: str
+    start: float
+    end: float | None = None
+    end_reason: str | None = None
+
+    def end_or(self, until: float) -> float:
+        """``end``, or ``until`` while the belief is still held."""
+        return self.end if self.end is not None else until
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected at ``t``; ``kind == "terminate"`` explains a terminate overlap."""
+
+    kind: str
+    candidate: str | None
+    t: float
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Two candidates believed they were leader at once, for ``size_s`` seconds."""
+
+    earlier: BeliefInterval
+    later: BeliefInterval
+    size_s: float
+    terminate: Fault | None
+    """The termination of ``earlier``'s backend that explains it, or None."""
+
+    def describe(self, origin: float = 0.0) -> str:
+        what = "terminate overlap" if self.terminate is not None else "OVERLAP"
+        return (
+            f"{what} {self.size_s * 1000:.3f} ms: {self.earlier.candidate} "
+            f"[{self.earlier.start - origin:.4f}, {_fmt_end(self.earlier, origin)}] vs "
+            f"{self.later.candidate} [{self.later.start - origin:.4f}, "
+            f"{_fmt_end(self.later, origin)}]"
+        )
+
+
+def _fmt_end(interval: BeliefInterval, origin: float) -> str:
+    if interval.end is None:
+        return "open"
+    return f"{interval.end - origin:.4f} {interval.end_reason}"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A leaderless span between two beliefs (or from the last belief to the end)."""
+
+    start: float
+    end: float
+
+    @property
+    def size_s(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class BeliefReport:
+    """What :meth:`BeliefLog.report` found."""
+
+    intervals: tuple[BeliefInterval, ...]
+    faults: tuple[Fault, ...]
+    terminate_overlaps: tuple[Overlap, ...]
+    other_overlaps: tuple[Overlap, ...]
+    longest_gap: Gap | None
+    leader_changes: int
+    origin: float
+    until: float
+
+    @property
+    def max_terminate_overlap_s(self) -> float:
+        return max((o.size_s for o in self.terminate_overlaps), default=0.0)
+
+    def assert_safe(self, terminate_limit_s: float = TERMINATE_OVERLAP_LIMIT_S) -> None:
+        """Raise AssertionError for any overlap other than a short terminate overlap."""
+        problems = [o.describe(self.origin) for o in self.other_overlaps]
+        problems += [
+            o.describe(self.origin) + f" (limit {terminate_limit_s * 1000:g} ms)"
+            for o in self.terminate_overlaps
+            if o.size_s >= terminate_limit_s
+        ]
+        if problems:
+            raise AssertionError(
+                "leadership beliefs overlap:\n  " + "\n  ".join(problems) + "\n" + self.format()
+            )
+
+    def format(self) -> str:
+        """A human-readable summary (intervals relative to the first event)."""
+        lines = [
+            f"{len(self.intervals)} leaderships, {self.leader_changes} leader changes, "
+            f"{len(self.other_overlaps)} overlaps, "
+            f"{len(self.terminate_overlaps)} terminate overlaps "
+            f"(max {self.max_terminate_overlap_s * 1000:.3f} ms)"
+        ]
+        if self.longest_gap is not None:
+            lines.append(
+                f"longest leaderless gap {self.longest_gap.size_s:.3f} s at "
+                f"{self.longest_gap.start - self.origin:.3f}"
+            )
+        for interval in self.intervals[:50]:
+            lines.append(
+                f"  {interval.candidate}: {interval.start - self.origin:.4f} .. "
+                f"{_fmt_end(interval, self.origin)}"
+            )
+        if len(self.intervals) > 50:
+            lines.append(f"  ... {len(self.intervals) - 50} more")
+        return "\n".join(lines)
+
+
+class BeliefLog:
+    """Records when each candidate believes it is leader, and checks for overlaps.
+
+    Feed it from in-process locks with :meth:`attach`, from candidate processes with
+    :meth:`feed` (done by :class:`~pgleaderlock.testing.candidate.CandidateProcess`), or
+    by hand with :meth:`begin` and :meth:`end` (e.g. ``end(name, "killed", t)`` for a
+    SIGKILLed process, ``end(name, "stop")`` after a ``shutdown()`` that cancelled the
+    task, which emits no event).
+
+    A belief begins at the earliest of ``on_state_change(..., LEADER)`` and
+    ``on_acquired``, and ends at the earliest of ``on_state_change(LEADER, ...)``,
+    ``on_lost``, ``on_released`` and ``on_stopped``.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._open: dict[str, BeliefInterval] = {}
+        self._closed: list[BeliefInterval] = []
+        self._faults: list[Fault] = []
+        self.origin = clock()
+
+    # ---------------------------------------------------------------- recording
+
+    def attach(self, lock: LeaderLock, candidate: str) -> None:
+        """Record ``lock``'s beliefs as ``candidate``. Attach before other callbacks."""
+
+        def state_change(old: LockState, new: LockState) -> None:
+            self.feed(candidate, "state", self._clock(), old=old.value, new=new.value)
+
+        lock.on_state_change(state_change)
+        lock.on_acquired(lambda: self.begin(candidate))
+        lock.on_lost(lambda: self.end(candidate, "lost"))
+        lock.on_released(lambda: self.end(candidate, "released"))
+        lock.on_stopped(lambda: self.end(candidate, "stopped"))
+
+    def feed(
+        self,
+        candidate: str,
+        event: str,
+        t: float,
+        *,
+        old: str | None = None,
+        new: str | None = None,
+    ) -> None:
+        """Record an event named like the callbacks (``state`` with ``old``/``new``)."""
+        if event == "state":
+            if new == LockState.LEADER.value:
+                self.begin(candidate, t)
+            elif old == LockState.LEADER.value:
+                self.end(candidate, f"state:{new}", t)
+        elif event in _BEGIN_EVENTS:
+            self.begin(candidate, t)
+        elif event in _END_EVENTS:
+            self.end(candidate, event, t)
+
+    def begin(self, candidate: str, t: float | None = None) -> None:
+        """``candidate`` believes it leads from ``t`` (no-op if it already does)."""
+        if candidate not in self._open:
+            self._open[candidate] = BeliefInterval(candidate, self._clock() if t is None else t)
+
+    def end(self, candidate: str, reason: str, t: float | None = None) -> None:
+        """``candidate`` stops believing it leads at ``t`` (no-op if it does not)."""
+        interval = self._open.pop(candidate, None)
+        if interval is not None:
+            at = self._clock() if t is None else t
+            interval.end = max(at, interval.start)
+            interval.end_reason = reason
+            self._closed.append(interval)
+
+    def fault(self, kind: str, candidate: str | None = None, t: float | None = None) -> Fault:
+        """Record a fault. Call it *before* injecting it (``t`` defaults to now)."""
+        recorded = Fault(kind, candidate, self._clock() if t is None else t)
+        self._faults.append(recorded)
+        return recorded
+
+    # ---------------------------------------------------------------- queries
+
+    def leaders(self) -> list[str]:
+        """Candidates that believe they lead right now."""
+        return sorted(self._open)
+
+    @property
+    def faults(self) -> list[Fault]:
+        return list(self._faults)
+
+    def intervals(self) -> list[BeliefInterval]:
+        """Every belief so far (open ones have ``end`` None), by start time."""
+        return sorted([*self._closed, *self._open.values()], key=lambda i: (i.start, i.candidate))
+
+    def intervals_of(self, candidate: str) -> list[BeliefInterval]:
+        return [i for i in self.intervals() if i.candidate == candidate]
+
+    def report(self, until: float | None = None) -> BeliefReport:
+        """Check every pair of beliefs; open beliefs count as held until ``until``."""
+        end_of_time = self._clock() if until is None else until
+        intervals = self.intervals()
+        terminate: list[Overlap] = []
+        other: list[Overlap] = []
+        for j, later in enumerate(intervals):
+            for earlier in intervals[:j]:
+                stop = min(earlier.end_or(end_of_time), later.end_or(end_of_time))
+                size = stop - later.start
+                if size <= 0 or earlier.candidate == later.candidate:
+                    continue
+                cause = self._terminate_cause(earlier, later)
+                overlap = Overlap(earlier, later, size, cause)
+                (terminate if cause is not None else other).append(overlap)
+        changes = sum(1 for a, b in itertools.pairwise(intervals) if a.candidate != b.candidate)
+        return BeliefReport(
+            intervals=tuple(intervals),
+            faults=tuple(self._faults),
+            terminate_overlaps=tuple(terminate),
+            other_overlaps=tuple(other),
+            longest_gap=_longest_gap(intervals, end_of_time),
+            leader_changes=changes,
+            origin=self.origin,
+            until=end_of_time,
+        )
+
+    def _terminate_cause(self, earlier: BeliefInterval, later: BeliefInterval) -> Fault | None:
+        for f in self._faults:
+            if (
+                f.kind == "terminate"
+                and f.candidate == earlier.candidate
+                and earlier.start <= f.t <= later.start
+            ):
+                return f
+        return None
+
+
+def _longest_gap(intervals: Sequence[BeliefInterval], until: float) -> Gap | None:
+    if not intervals:
+        return None
+    longest: Gap | None = None
+    covered_to = intervals[0].end_or(until)
+    for interval in intervals[1:]:
+        if interval.start > covered_to:
+            gap = Gap(covered_to, interval.start)
+            if longest is None or gap.size_s > longest.size_s:
+                longest = gap
+        covered_to = max(covered_to, interval.end_or(until))
+    if covered_to < until:
+        gap = Gap(covered_to, until)
+        if longest is None or gap.size_s > longest.size_s:
+            longest = gap
+    return longest
+
+
+def describe_overlaps(overlaps: Sequence[Overlap]) -> str:
+    """``n (max x ms, median y ms)`` for a list of overlaps."""
+    if not overlaps:
+        return "0"
+    sizes = [o.size_s * 1000 for o in overlaps]
+    return f"{len(sizes)} (max {max(sizes):.3f} ms, median {statistics.median(sizes):.3f} ms)"

@@ -1,0 +1,230 @@
+"""The sync path: a :class:`~pgleaderlock.LeaderLock` in its own thread (no extra needed).
+
+:class:`ThreadedLeaderLock` runs a lock on an event loop in a dedicated thread, for code
+without an event loop: Flask or Django apps, scripts, ``BackgroundScheduler`` jobs, any
+threaded code that asks "am I the leader?".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Self
+
+from .core.errors import ConfigurationError, ShutdownError
+from .core.lock import LeaderLock
+from .core.models import LockState
+from .tasks import follow_state
+
+__all__ = ["ThreadedLeaderLock"]
+
+
+class ThreadedLeaderLock:
+    """Runs a :class:`~pgleaderlock.LeaderLock` on its own event loop in a dedicated thread.
+
+    For code without an event loop: a Flask or Django app, a script,
+    ``BackgroundScheduler`` jobs. The lock's callbacks and plugins run in that thread.
+    :attr:`is_leader` and :attr:`state` may be read from any thread (each is one
+    attribute read); :meth:`start`, :meth:`shutdown`, :meth:`step_down` and
+    :meth:`wait_for_leadership` block the calling thread.
+
+    Args:
+        lock: a lock that is not started yet; this object starts and shuts it down.
+        start_timeout_s: how long :meth:`start` waits for the thread's loop to start the
+            lock.
+
+    Example::
+
+        lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN))
+        with lock:                      # start(), and shutdown() on exit
+            scheduler = BackgroundScheduler()
+            bind_scheduler(scheduler, lock)
+            ...
+    """
+
+    def __init__(self, lock: LeaderLock, *, start_timeout_s: float = 30.0) -> None:
+        if not isinstance(lock, LeaderLock):
+            raise ConfigurationError(f"ThreadedLeaderLock needs a LeaderLock, got {lock!r}")
+        self._lock = lock
+        self._start_timeout_s = start_timeout_s
+        self._mutex = threading.Lock()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_timeout_s: float | None = None
+        self._error: BaseException | None = None
+        follow_state(lock, self._notify, first=False)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def lock(self) -> LeaderLock:
+        """The wrapped lock. Call its coroutines only on :attr:`loop`."""
+        return self._lock
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The lock thread's event loop while running, else ``None``."""
+        return self._loop
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and the end of :meth:`shutdown`."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def is_leader(self) -> bool:
+        """True while the lock is LEADER (thread-safe)."""
+        return self._lock.is_leader
+
+    @property
+    def state(self) -> LockState:
+        """The lock's state (thread-safe)."""
+        return self._lock.state
+
+    @property
+    def leader_since(self) -> float | None:
+        """``time.time()`` when the current leadership began, or ``None``."""
+        return self._lock.leader_since
+
+    @property
+    def name(self) -> str | None:
+        """The lock's name."""
+        return self._lock.name
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the thread and, in it, the lock. Idempotent.
+
+        Returns once the lock has started (as ``LeaderLock.start()``: acquisition goes
+        on in the background).
+
+        After :meth:`shutdown` it may be started again, on a new thread and event loop.
+
+        Raises:
+            TimeoutError: the thread did not start the lock within ``start_timeout_s``.
+        """
+        with self._mutex:
+            if self.running:
+                return
+            ready = threading.Event()
+            self._error = None
+            self._thread = threading.Thread(
+                target=self._main,
+                args=(ready,),
+                name=f"pgleaderlock:{self._lock.label}",
+                daemon=True,
+            )
+            self._thread.start()
+        if not ready.wait(self._start_timeout_s):
+            raise TimeoutError(f"the lock thread did not start within {self._start_timeout_s} s")
+        if self._error is not None:
+            self._join()
+            raise self._error
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Shut the lock down (releasing it), stop the loop and join the thread.
+        Idempotent.
+
+        Args:
+            timeout_s: as for ``LeaderLock.shutdown()``.
+
+        Raises:
+            ShutdownError: as ``LeaderLock.shutdown()``; the thread has ended anyway.
+            RuntimeError: when called from the lock's own thread (a callback): await
+                ``lock.shutdown()`` there instead.
+        """
+        with self._mutex:
+            thread, loop, stop = self._thread, self._loop, self._stop
+            if thread is None:
+                return
+            if threading.current_thread() is thread:
+                raise RuntimeError(
+                    "ThreadedLeaderLock.shutdown() was called from the lock's own thread; "
+                    "await lock.shutdown() there instead"
+                )
+            self._stop_timeout_s = timeout_s
+            if loop is not None and stop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop has already closed
+                    loop.call_soon_threadsafe(stop.set)
+        self._join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def step_down(self, timeout_s: float | None = None) -> None:
+        """``LeaderLock.step_down()`` on the lock's loop; blocks until it returns."""
+        loop = self._loop
+        if loop is None or not self.running:
+            return
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("step_down() from the lock's own thread: await it there")
+        asyncio.run_coroutine_threadsafe(self._lock.step_down(timeout_s), loop).result()
+
+    def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
+        """Block until the lock is LEADER.
+
+        Returns:
+            True once LEADER; False after ``timeout_s``, or when the lock is not running.
+        """
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._lock.is_leader or not self.running, timeout=timeout_s
+            )
+            return self._lock.is_leader
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<ThreadedLeaderLock {self._lock!r} running={self.running}>"
+
+    # ------------------------------------------------------------------ the thread
+
+    def _notify(self, old: LockState, new: LockState) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _join(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._mutex:
+            self._thread = None
+        with self._changed:
+            self._changed.notify_all()
+
+    def _main(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._serve(ready))
+        except BaseException as exc:  # pragma: no cover - asyncio.run itself failed
+            self._error = exc
+        finally:
+            self._loop = self._stop = None
+            ready.set()
+            with self._changed:
+                self._changed.notify_all()
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        stop = self._stop = asyncio.Event()
+        try:
+            await self._lock.start()
+        except Exception as exc:
+            self._error = exc
+            ready.set()
+            return
+        ready.set()
+        await stop.wait()
+        try:
+            await self._lock.shutdown(timeout_s=self._stop_timeout_s)
+        except ShutdownError as exc:
+            self._error = exc

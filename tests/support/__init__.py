@@ -1,0 +1,12 @@
+"""Test plumbing (not shipped in the wheel): the shared server, a TCP proxy, netns links.
+
+``tests/`` is on ``sys.path`` while pytest runs (the root ``conftest.py`` lives there), so
+tests import ``support.proxy`` and friends; the benchmarks put ``tests/`` on the path
+themselves (``benchmarks/_common.py``).
+
+- :mod:`support.server`: the test-DSN chain (``resolve_test_dsn``), ``probe_server``,
+  ``dsn_to_url``, ``lock_holders``.
+- :mod:`support.proxy`: ``TcpProxy``, a proxy that can stall (black-hole) or cut.
+- :mod:`support.netns`: ``NetnsLink``, a namespace whose link can be cut silently.
+- :mod:`support.poll`: ``eventually``, a bounded wait for a condition.
+"""

@@ -1,0 +1,40 @@
+"""What the wheel ships: the package under ``src/`` and nothing else, with no test plumbing.
+
+The wheel is built from ``src/pgleaderlock`` as it is (hatch, ``packages``), so checking
+the source tree checks the wheel without building it. The test plumbing (TCP proxy,
+network namespaces, the test-DSN chain) lives in ``tests/support`` instead.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import tomllib
+from pathlib import Path
+
+import pgleaderlock
+import pgleaderlock.testing
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "pgleaderlock"
+PLUMBING = ("TcpProxy", "NetnsLink", "resolve_test_dsn", "dsn_to_url", "probe_server")
+
+
+def test_the_wheel_is_the_package_under_src() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wheel = config["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["packages"] == ["src/pgleaderlock"]
+    # No include/exclude/force-include: nothing needed is left out, nothing else goes in.
+    assert set(wheel) == {"packages"}, wheel
+    assert Path(pgleaderlock.__file__).resolve().parent == PACKAGE
+
+
+def test_the_public_testing_package_holds_no_test_plumbing() -> None:
+    package = Path(pgleaderlock.testing.__file__).parent
+    modules = {m.name for m in pkgutil.iter_modules([str(package)])}
+    assert modules == {"beliefs", "candidate", "fake", "postgres"}
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        found = [name for name in PLUMBING if name in text]
+        assert not found, f"{path.relative_to(ROOT)} mentions {found}"
+        assert "import support" not in text, path
+        assert "from support" not in text, path
