@@ -30,7 +30,15 @@ from .core.errors import (
 from .core.hooks import hookimpl
 from .core.keys import lock_keys
 from .core.lock import LeaderLock
-from .core.models import Callback, ErrorCallback, LockState, RetryContext, StateChangeCallback
+from .core.models import (
+    Callback,
+    ErrorCallback,
+    Event,
+    LockState,
+    LockStatistics,
+    RetryContext,
+    StateChangeCallback,
+)
 from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
 from .core.session import Backend, ConnectOptions, LockSession
 from .tasks import LeaderTasks
@@ -47,6 +55,7 @@ __all__ = [
     "ConnectionError",
     "DecorrelatedJitter",
     "ErrorCallback",
+    "Event",
     "ExponentialBackoff",
     "FixedInterval",
     "LeaderLock",
@@ -55,6 +64,7 @@ __all__ = [
     "LockNotHeldError",
     "LockSession",
     "LockState",
+    "LockStatistics",
     "PgLeaderLockError",
     "RetryContext",
     "RetryStrategy",

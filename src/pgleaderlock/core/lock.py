@@ -1,4 +1,4 @@
-"""``LeaderLock``: the public API, and a thin runner that performs the machine's effects.
+"""`LeaderLock`: the public API, and a thin runner that performs the machine's effects.
 
 Every decision is the machine's ([`pgleaderlock.core.machine`][]): this module opens
 and closes sessions, makes the database calls (each bounded by
@@ -48,9 +48,11 @@ _EXIT_TIMEOUT_S = 10.0
 class LeaderLock:
     """Leader election on one PostgreSQL session-level advisory lock.
 
-    One ``LeaderLock`` owns one lifecycle task and one dedicated database session (never
-    from a pool). Several processes create a ``LeaderLock`` with the same keys; at most
-    one of them is LEADER at any moment.
+    One `LeaderLock` owns one lifecycle task and one dedicated database session (never
+    from a pool). Several processes create a `LeaderLock` with the same keys; at most
+    one of them is [`LEADER`][pgleaderlock.LockState.LEADER] at any moment. Its
+    [`state`][pgleaderlock.LeaderLock.state] is one of [`LockState`][pgleaderlock.LockState];
+    [`statistics()`][pgleaderlock.LeaderLock.statistics] counts what happened so far.
 
     Args:
         dsn: PostgreSQL connection string (URL or key=value), or an object a backend
@@ -59,13 +61,17 @@ class LeaderLock:
         key1: first advisory lock key, a signed 32-bit integer.
         key2: second advisory lock key, a signed 32-bit integer.
         retry_strategy: delay between acquisition attempts and reconnections;
-            default ``ExponentialBackoff()``. Returning ``None`` stops the lock.
+            default [`ExponentialBackoff()`][pgleaderlock.ExponentialBackoff]. Returning
+            `None` stops the lock.
         health_interval_s: seconds between health probes while LEADER.
         reconnect_grace_s: flap damping: how long to silently reconnect and re-acquire
-            after the session fails, before reporting ``on_lost``. ``None`` disables it.
-        auto_reacquire: go back to FOLLOWER after loss or ``step_down()``; if False the
-            lock stops instead.
-        shutdown_event: an external event; setting it has the effect of ``shutdown()``.
+            after the session fails, before reporting
+            [`on_lost`][pgleaderlock.LeaderLock.on_lost]. `None` disables it.
+        auto_reacquire: go back to FOLLOWER after loss or
+            [`step_down()`][pgleaderlock.LeaderLock.step_down]; if False the lock stops
+            instead.
+        shutdown_event: an external event; setting it has the effect of
+            [`shutdown()`][pgleaderlock.LeaderLock.shutdown].
         connect_fn: a custom factory returning a [`LockSession`][pgleaderlock.LockSession]
             or a raw driver connection (psycopg ``AsyncConnection``); overrides ``dsn``.
         health_timeout_s: timeout of one health probe. A silent failure is detected
@@ -88,8 +94,9 @@ class LeaderLock:
             for as long as the retry strategy's delay, and is granted the lock the
             instant the holder's session ends. ``"poll"``: the spec's behaviour, sleep
             for the delay and try again with ``pg_try_advisory_lock``. Each wait that
-            ends without the lock counts as one failed attempt (``on_acquire_failed``,
-            then the strategy is asked). A waiting follower keeps one server backend
+            ends without the lock counts as one failed attempt
+            ([`on_acquire_failed`][pgleaderlock.LeaderLock.on_acquire_failed], then the
+            strategy is asked). A waiting follower keeps one server backend
             busy, and the server may log the wait when ``log_lock_waits`` is on.
             Backends that cannot wait fall back to polling.
         load_plugins: register the plugins of the ``pgleaderlock.plugins`` entry-point
@@ -217,7 +224,8 @@ class LeaderLock:
 
     @property
     def backend(self) -> Backend | None:
-        """The driver backend that opens this lock's sessions (``None`` with ``connect_fn``)."""
+        """The driver [`Backend`][pgleaderlock.Backend] that opens this lock's sessions
+        (`None` with `connect_fn`), resolved once, in the constructor."""
         return self._backend
 
     @property
@@ -253,7 +261,12 @@ class LeaderLock:
         return self._slot.backend_pid
 
     def statistics(self) -> LockStatistics:
-        """A snapshot of this lock's state and counters (cheap; no I/O)."""
+        """A snapshot of this lock's state and counters (cheap; no I/O).
+
+        Returns:
+            A frozen [`LockStatistics`][pgleaderlock.LockStatistics]; the counters cover
+                the lock's whole life.
+        """
         return self._machine.statistics(
             leader_since=self.leader_since, backend_pid=self.backend_pid
         )
@@ -359,7 +372,8 @@ class LeaderLock:
             await asyncio.gather(asyncio.shield(task), return_exceptions=True)
 
     async def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
-        """Wait until this lock is LEADER (and its ``on_acquired`` callbacks have run).
+        """Wait until this lock is LEADER (and its
+        [`on_acquired`][pgleaderlock.LeaderLock.on_acquired] callbacks have run).
 
         Returns:
             True once LEADER; False if ``timeout_s`` elapsed first, or if the lock

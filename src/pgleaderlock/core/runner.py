@@ -7,7 +7,7 @@ effect back as the next result, until the machine returns no blocking effect (ST
 It never assigns a state.
 
 It also holds what the public coroutines wait on: the start of the task, the end of a
-``step_down()``, leadership (``wait_for_leadership()``).
+`step_down()`, leadership (`wait_for_leadership()`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Runner:
         machine: decides.
         slot: holds the session.
         emit: runs an event's callbacks and hooks.
-        keys: the lock's ``(key1, key2)``.
+        keys: the lock's `(key1, key2)`.
         log_fields: added to every log record (the lock's name and keys).
     """
 
@@ -112,13 +112,13 @@ class Runner:
         return accepted
 
     def release_done(self) -> asyncio.Future[None]:
-        """Resolves when the pending ``step_down()`` is over."""
+        """Resolves when the pending `step_down()` is over."""
         if self._release_done is None:
             self._release_done = asyncio.get_running_loop().create_future()
         return self._release_done
 
     async def wait_leader(self) -> bool:
-        """Until LEADER with its ``on_acquired`` callbacks run (True), or stopped (False)."""
+        """Until LEADER with its `on_acquired` callbacks run (True), or stopped (False)."""
         loop = asyncio.get_running_loop()
         while True:
             if self._leader_ready and self._machine.state is LockState.LEADER:
@@ -178,7 +178,7 @@ class Runner:
             log.warning("stop_callbacks_abandoned", **self._fields)
 
     async def _perform(self, effects: list[Effect]) -> Result | None:
-        """Perform ``effects`` in order; return the outcome of the blocking one (None
+        """Perform `effects` in order; return the outcome of the blocking one (None
         when there is none: the lock has stopped)."""
         for effect in effects:
             match effect:
@@ -235,8 +235,8 @@ class Runner:
             return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
 
     def _settle(self) -> None:
-        """The effects before a wait have run: wake ``wait_for_leadership()`` callers
-        (LEADER counts once its ``on_acquired`` callbacks ran) and ``start()``."""
+        """The effects before a wait have run: wake `wait_for_leadership()` callers
+        (LEADER counts once its `on_acquired` callbacks ran) and `start()`."""
         self._leader_ready = self._machine.state is LockState.LEADER
         for waiter in self._leader_waiters:
             if not waiter.done():
@@ -245,7 +245,7 @@ class Runner:
             self._started.set_result(None)
 
     async def _sleep_until(self, deadline: float) -> None:
-        """Sleep until ``deadline`` (monotonic) or until a request wakes the task."""
+        """Sleep until `deadline` (monotonic) or until a request wakes the task."""
         if self._wake.is_set():
             return
         loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())

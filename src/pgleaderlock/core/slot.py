@@ -43,9 +43,13 @@ class SessionSlot:
     """Where the lock's current session lives.
 
     Args:
-        connect: opens a new session: a backend's ``connect`` with its DSN and options,
-            or a ``connect_fn`` whose result is wrapped.
-        log: the lock's logger; ``fields`` are added to every record.
+        backend: opens sessions with `dsn` and `options`; `None` with `connect_fn`.
+        dsn: the DSN (or engine) the backend accepts.
+        options: what every session is opened with.
+        connect_fn: the user's factory; its result is wrapped into a
+            [`LockSession`][pgleaderlock.LockSession]. Overrides `backend`.
+        log: the lock's logger.
+        fields: added to every log record.
     """
 
     def __init__(
@@ -95,7 +99,8 @@ class SessionSlot:
             self._log.warning("session_close_failed", error=repr(exc), **self._fields)
 
     def abort(self) -> None:
-        """Drop the session's connection synchronously (see AbortableSession)."""
+        """Drop the session's connection synchronously (see
+        [`AbortableSession`][pgleaderlock.backends.AbortableSession])."""
         session = self.session
         if session is not None and can(session, AbortableSession):
             try:

@@ -5,7 +5,7 @@ performs nothing. It has no asyncio, no I/O and no clock of its own (sans-I/O, l
 and psycopg's generators): [`Machine.handle`][pgleaderlock.core.machine.Machine.handle]
 takes what just happened (a [`Result`][pgleaderlock.core.machine.Result]) and the time,
 and returns the [effects][pgleaderlock.core.machine.Effect] to perform, in order. The
-runner (`core/lock.py`) performs them and reports the outcome of the one blocking effect
+runner (`core/runner.py`) performs them and reports the outcome of the one blocking effect
 (a database call or a sleep), which is the next result. User requests (shutdown,
 step-down, a session alarm) reach the machine through
 [`Machine.request`][pgleaderlock.core.machine.Machine.request], which only records them;
@@ -24,20 +24,20 @@ Two layers:
 
 Deviations from the spec's text (DESIGN.md decides them):
 
-- ACQUIRING + DbError emits ``on_error``, not ``on_lost``: ``on_lost`` only ever follows
-  an ``on_acquired`` (leadership that was held is lost).
+- ACQUIRING + DbError emits `on_error`, not `on_lost`: `on_lost` only ever follows
+  an `on_acquired` (leadership that was held is lost).
 - FOLLOWER + DbError (opening the session failed) stays in FOLLOWER and retries after
   the retry strategy's delay: connection establishment is retried (spec §6.2).
-- A failed unlock during ``step_down()`` closes the session (which frees the lock) and,
-  with ``auto_reacquire``, continues as FOLLOWER, like a successful one (footnote 2).
-- Every transition to STOPPED emits ``on_stopped``, after the row's other actions.
+- A failed unlock during `step_down()` closes the session (which frees the lock) and,
+  with `auto_reacquire`, continues as FOLLOWER, like a successful one (footnote 2).
+- Every transition to STOPPED emits `on_stopped`, after the row's other actions.
 - After a database error or a step-down, the next attempt waits one retry delay
-  (``BACKOFF``) so that a failing server is not hammered and a stepped-down leader lets
-  the others in.
-- Inputs the spec lacks: ``RetriesExhausted`` (the strategy said stop, or an error that
-  retrying cannot mend), ``ReconnectFailed`` (a connection error during the grace period
-  is retried within it), ``TaskAborted`` (the lifecycle task was cancelled or crashed),
-  and ``ReleaseRequested`` while RECONNECTING (the session is already gone: on_lost).
+  ([`BACKOFF`][pgleaderlock.core.machine.Action.BACKOFF]) so that a failing server is
+  not hammered and a stepped-down leader lets the others in.
+- Inputs the spec lacks: `RetriesExhausted` (the strategy said stop, or an error that
+  retrying cannot mend), `ReconnectFailed` (a connection error during the grace period
+  is retried within it), `TaskAborted` (the lifecycle task was cancelled or crashed),
+  and `ReleaseRequested` while RECONNECTING (the session is already gone: on_lost).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Started:
-    """``start()`` was called: the lifecycle task runs."""
+    """[`start()`][pgleaderlock.LeaderLock.start] was called: the lifecycle task runs."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class Connected:
     """A new session is open.
 
     Attributes:
-        can_wait: the session can wait on the server (``WaitingSession``).
+        can_wait: the session can wait on the server
+            ([`WaitingSession`][pgleaderlock.backends.WaitingSession]).
     """
 
     can_wait: bool
@@ -53,14 +54,23 @@ class Connected:
 
 @dataclass(frozen=True)
 class Answered:
-    """The call returned: granted, held, released (True) or not (False)."""
+    """The call returned: granted, held, released (True) or not (False).
+
+    Attributes:
+        value: the call's answer.
+    """
 
     value: bool
 
 
 @dataclass(frozen=True)
 class Failed:
-    """The call raised or timed out."""
+    """The call raised or timed out.
+
+    Attributes:
+        error: what it raised (a timeout as a
+            [`ConnectionError`][pgleaderlock.ConnectionError]).
+    """
 
     error: Exception
 
@@ -80,8 +90,8 @@ class Aborted:
     """The lifecycle task was cancelled or crashed.
 
     Attributes:
-        error: the crash, or ``None`` for a cancellation (a forced shutdown).
-        stop_reported: ``on_stopped`` has already run for this run of the task.
+        error: the crash, or `None` for a cancellation (a forced shutdown).
+        stop_reported: `on_stopped` has already run for this run of the task.
     """
 
     error: Exception | None
@@ -96,9 +106,11 @@ class Request(enum.Enum):
     """What users (and the session watch) ask for, at any moment."""
 
     STOP = "stop"
+    """[`shutdown()`][pgleaderlock.LeaderLock.shutdown] (or the external shutdown event)."""
     RELEASE = "release"
+    """[`step_down()`][pgleaderlock.LeaderLock.step_down]."""
     FORCE = "force"
-    """``step_down()`` timed out: cut the unlock short and close the session."""
+    """`step_down()` timed out: cut the unlock short and close the session."""
     ALARM = "alarm"
     """The idle session's socket became readable: probe now."""
 
@@ -107,25 +119,31 @@ class Op(enum.Enum):
     """The database calls a [`Call`][pgleaderlock.core.machine.Call] performs."""
 
     CONNECT = "connect"
+    """Open a session."""
     TRY_LOCK = "try_lock"
+    """[`LockSession.try_lock`][pgleaderlock.LockSession.try_lock]."""
     WAIT_LOCK = "wait_lock"
+    """[`WaitingSession.wait_lock`][pgleaderlock.backends.WaitingSession.wait_lock]."""
     PROBE = "health check"
+    """[`LockSession.holds`][pgleaderlock.LockSession.holds]: the health probe."""
     UNLOCK = "unlock"
+    """[`LockSession.unlock`][pgleaderlock.LockSession.unlock]."""
 
 
 @dataclass(frozen=True)
 class Call:
-    """Blocking: one database call, bounded by ``timeout_s``; its outcome is the next
+    """Blocking: one database call, bounded by `timeout_s`; its outcome is the next
     result.
 
     Attributes:
         op: which call.
         timeout_s: its bound.
-        wait_s: for ``WAIT_LOCK``: how long to wait on the server.
+        wait_s: for [`WAIT_LOCK`][pgleaderlock.core.machine.Op.WAIT_LOCK]: how long to
+            wait on the server.
         interruptible: the request that may cut it short, if any.
         abort_on_interrupt: drop the connection before the call is cancelled; False for
             a server-side wait, which the driver should cancel on the server first.
-        what: names the call in errors (``"connect timed out after 5 s"``).
+        what: names the call in errors (`"connect timed out after 5 s"`).
     """
 
     op: Op
@@ -138,15 +156,27 @@ class Call:
 
 @dataclass(frozen=True)
 class Sleep:
-    """Blocking: wait until ``until`` (monotonic seconds), or until a request wakes the
-    task; the next result is [`Woke`][pgleaderlock.core.machine.Woke]."""
+    """Blocking: wait until `until` (monotonic seconds), or until a request wakes the
+    task; the next result is [`Woke`][pgleaderlock.core.machine.Woke].
+
+    Attributes:
+        until: the deadline, in `time.monotonic()` seconds.
+    """
 
     until: float
 
 
 @dataclass(frozen=True)
 class Emit:
-    """Run the event's callbacks and plugin hooks (in registration order)."""
+    """Run the event's callbacks and plugin hooks (in registration order).
+
+    Attributes:
+        event: which [`Event`][pgleaderlock.Event].
+        old: for `STATE_CHANGE`: the state left.
+        new: for `STATE_CHANGE`: the state entered.
+        error: for `ERROR`: the database error.
+        attempt: for `ACQUIRE_FAILED`: the attempt's number in this cycle.
+    """
 
     event: Event
     old: LockState | None = None
@@ -160,7 +190,14 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 @dataclass(frozen=True)
 class Log:
-    """Write one structured log record."""
+    """Write one structured log record.
+
+    Attributes:
+        level: its level.
+        message: the event name (the record's `event` field).
+        fields: further structured fields.
+        exc: an exception whose traceback the record carries.
+    """
 
     level: LogLevel
     message: str
@@ -175,15 +212,18 @@ class CloseSession:
 
 @dataclass(frozen=True)
 class WatchSession:
-    """Watch the idle session: its socket becoming readable sends ``Request.ALARM``."""
+    """Watch the idle session: its socket becoming readable sends
+    [`Request.ALARM`][pgleaderlock.core.machine.Request.ALARM]."""
 
 
 @dataclass(frozen=True)
 class ReleaseDone:
-    """A pending ``step_down()`` is over: wake whoever waits for it."""
+    """A pending [`step_down()`][pgleaderlock.LeaderLock.step_down] is over: wake whoever
+    waits for it."""
 
 
 Effect = Call | Sleep | Emit | Log | CloseSession | WatchSession | ReleaseDone
 """What [`Machine.handle`][pgleaderlock.core.machine.Machine.handle] returns, in order. A
-list holds at most one blocking effect (``Call`` or ``Sleep``), always last; a list
+list holds at most one blocking effect ([`Call`][pgleaderlock.core.machine.Call] or
+[`Sleep`][pgleaderlock.core.machine.Sleep]), always last; a list
 without one means the lock has stopped."""

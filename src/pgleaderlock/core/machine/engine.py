@@ -66,7 +66,7 @@ class Machine:
 
     Args:
         config: the settings decisions depend on.
-        retry: asked for every delay; a strategy that raises or returns ``None`` gives up.
+        retry: asked for every delay; a strategy that raises or returns `None` gives up.
     """
 
     def __init__(self, config: LockConfig, retry: RetryStrategy) -> None:
@@ -140,7 +140,7 @@ class Machine:
         return self._leader_since if self._state is S.LEADER else None
 
     def preempted(self, call: Call) -> bool:
-        """True if a request that may cut ``call`` short came before it started."""
+        """True if a request that may cut `call` short came before it started."""
         return call.interruptible is not None and self._pending(call.interruptible)
 
     # ------------------------------------------------------------------ requests
@@ -148,9 +148,14 @@ class Machine:
     def request(self, request: Request) -> bool:
         """Record a request; the machine acts on it at its next decision.
 
+        Args:
+            request: what was asked for.
+
         Returns:
-            For ``RELEASE``: True if there is leadership to release (the caller then
-            waits for ``ReleaseDone``), False when not leading. True otherwise.
+            For [`RELEASE`][pgleaderlock.core.machine.Request.RELEASE]: True if there is
+                leadership to release (the caller then waits for
+                [`ReleaseDone`][pgleaderlock.core.machine.ReleaseDone]), False when not
+                leading. True otherwise.
         """
         match request:
             case Request.STOP:
@@ -181,7 +186,17 @@ class Machine:
     # ------------------------------------------------------------------ results
 
     def handle(self, result: Result, now: float) -> list[Effect]:
-        """Take what happened at ``now`` (monotonic seconds); return what to do next.
+        """Take what happened at `now` (monotonic seconds); return what to do next.
+
+        Args:
+            result: the outcome of the last blocking effect, or
+                [`Started`][pgleaderlock.core.machine.Started] /
+                [`Aborted`][pgleaderlock.core.machine.Aborted].
+            now: `time.monotonic()` when it happened.
+
+        Returns:
+            The [effects][pgleaderlock.core.machine.Effect] to perform, in order; the
+                blocking one (if any) is last.
 
         Raises:
             IllegalTransitionError: a result that makes no sense in the current state

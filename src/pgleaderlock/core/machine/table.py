@@ -81,19 +81,22 @@ class Conditions:
     """What a row may depend on besides state and input."""
 
     auto_reacquire: bool = True
+    """The lock's `auto_reacquire` setting."""
     grace_enabled: bool = False
+    """Flap damping is on (`reconnect_grace_s` is set)."""
     step_down: bool = False
-    """The release in progress was requested by ``step_down()`` (not by a stop)."""
+    """The release in progress was requested by `step_down()` (not by a stop)."""
     stop_reported: bool = True
-    """``on_stopped`` has run for this run of the lifecycle task."""
+    """`on_stopped` has run for this run of the lifecycle task."""
 
 
 @dataclass(frozen=True)
 class Row:
     """One row of the transition table.
 
-    The guards (``auto_reacquire``, ``grace_enabled``, ``step_down``, ``stop_reported``)
-    are ``None`` for "either", or the value the row needs.
+    The guards (`auto_reacquire`, `grace_enabled`, `step_down`, `stop_reported`, as in
+    [`Conditions`][pgleaderlock.core.machine.Conditions]) are `None` for "either", or the
+    value the row needs.
     """
 
     source: LockState
@@ -247,7 +250,7 @@ def _rows(state: LockState, input_: Input, cond: Conditions) -> Iterator[Row]:
 
 
 def step(state: LockState, input_: Input, cond: Conditions) -> Transition:
-    """Return the transition for ``input_`` in ``state`` under ``cond``.
+    """Return the transition for `input_` in `state` under `cond`.
 
     Raises:
         IllegalTransitionError: if the table has no row (or, which the table's tests
@@ -262,7 +265,7 @@ def step(state: LockState, input_: Input, cond: Conditions) -> Transition:
 
 
 def legal_inputs(state: LockState) -> frozenset[Input]:
-    """The inputs the table accepts in ``state`` (under some configuration)."""
+    """The inputs the table accepts in `state` (under some configuration)."""
     return frozenset(row.input for row in TABLE if row.source is state)
 
 
@@ -270,7 +273,8 @@ def legal_inputs(state: LockState) -> frozenset[Input]:
 
 
 def render_markdown() -> str:
-    """The table as Markdown, for the docs (generated from `TABLE`, never by hand)."""
+    """The table as Markdown, for the docs (generated from
+    [`TABLE`][pgleaderlock.core.machine.TABLE], never by hand)."""
     lines = [
         "| From | Input | When | To | Actions | Note |",
         "|---|---|---|---|---|---|",
