@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.core import hooks
 from pgleaderlock.core.hooks import hookimpl
+from pgleaderlock.testing import FakeServer
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 S = LockState
 
@@ -42,7 +49,7 @@ class Collector:
         self.log.append(f"{self.tag}:stopped:{lock.state.value}")
 
 
-async def test_plugin_sees_lifecycle_with_the_lock(make_lock):
+async def test_plugin_sees_lifecycle_with_the_lock(make_lock: Callable[..., LeaderLock]) -> None:
     log: list[str] = []
     lock = make_lock()
     lock.plugins.register(Collector(log))
@@ -61,7 +68,9 @@ async def test_plugin_sees_lifecycle_with_the_lock(make_lock):
     ]
 
 
-async def test_callbacks_and_plugins_run_in_registration_order(make_lock):
+async def test_callbacks_and_plugins_run_in_registration_order(
+    make_lock: Callable[..., LeaderLock],
+) -> None:
     log: list[str] = []
     lock = make_lock()
     lock.on_acquired(lambda: log.append("cb1"))
@@ -80,7 +89,9 @@ async def test_callbacks_and_plugins_run_in_registration_order(make_lock):
     assert acquired == ["first", "cb1", "p1:acquired:(1, 2):leader", "cb2"]
 
 
-async def test_failing_plugin_never_stops_others_or_the_lock(make_lock, recorder):
+async def test_failing_plugin_never_stops_others_or_the_lock(
+    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     log: list[str] = []
     errors: list[Exception] = []
     lock = make_lock()
@@ -108,7 +119,9 @@ async def test_failing_plugin_never_stops_others_or_the_lock(make_lock, recorder
     assert lock.is_leader
 
 
-async def test_acquire_failed_carries_the_attempt(make_lock, server):
+async def test_acquire_failed_carries_the_attempt(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     log: list[str] = []
@@ -125,7 +138,7 @@ async def test_acquire_failed_carries_the_attempt(make_lock, server):
     await holder.close()
 
 
-def test_unknown_hook_argument_is_rejected(make_lock):
+def test_unknown_hook_argument_is_rejected(make_lock: Callable[..., LeaderLock]) -> None:
     class Wrong:
         @hookimpl
         def pgleaderlock_acquired(self, nonsense: int) -> None: ...
@@ -136,7 +149,7 @@ def test_unknown_hook_argument_is_rejected(make_lock):
 
 
 @pytest.fixture
-def entry_point_plugin(tmp_path, monkeypatch):
+def entry_point_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution on sys.path declaring a plugin in the pgleaderlock.plugins group."""
     (tmp_path / "demo_plugin_mod.py").write_text(
         textwrap.dedent(
@@ -162,17 +175,21 @@ def entry_point_plugin(tmp_path, monkeypatch):
     sys.modules.pop("demo_plugin_mod", None)
 
 
-async def test_entry_point_plugins_are_loaded_for_every_lock(entry_point_plugin, make_lock):
+async def test_entry_point_plugins_are_loaded_for_every_lock(
+    entry_point_plugin: None, make_lock: Callable[..., LeaderLock]
+) -> None:
     import demo_plugin_mod  # type: ignore[import-not-found]
 
     lock = make_lock()
     assert lock.plugins.get_plugin("demo") is demo_plugin_mod
     await lock.start()
     assert await lock.wait_for_leadership(5)
-    assert demo_plugin_mod.SEEN == [(1, 2)]
+    assert demo_plugin_mod.SEEN == [(1, 2)]  # type: ignore[union-attr]
 
 
-async def test_autoload_can_be_disabled(entry_point_plugin, make_lock, monkeypatch):
+async def test_autoload_can_be_disabled(
+    entry_point_plugin: None, make_lock: Callable[..., LeaderLock], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert make_lock(load_plugins=False).plugins.get_plugin("demo") is None
     monkeypatch.setenv(hooks.AUTOLOAD_ENV, "1")
     assert make_lock().plugins.get_plugin("demo") is None

@@ -17,7 +17,7 @@ GOLDEN = {
 }
 
 
-def test_lock_keys_golden():
+def test_lock_keys_golden() -> None:
     for name, keys in GOLDEN.items():
         assert lock_keys(name) == keys
     k1, k2 = lock_keys("ünïcødé 🔒")
@@ -26,12 +26,12 @@ def test_lock_keys_golden():
 
 
 @pytest.mark.parametrize("bad", ["", None, 5, b"bytes"])
-def test_lock_keys_rejects_bad_names(bad):
+def test_lock_keys_rejects_bad_names(bad: object) -> None:
     with pytest.raises(ConfigurationError, match="non-empty string"):
-        lock_keys(bad)
+        lock_keys(bad)  # type: ignore[arg-type]
 
 
-def test_check_key_bounds():
+def test_check_key_bounds() -> None:
     assert check_key("k", -(2**31)) == -(2**31)
     assert check_key("k", 2**31 - 1) == 2**31 - 1
     with pytest.raises(ConfigurationError, match="outside the signed 32-bit range"):
@@ -53,11 +53,11 @@ def test_check_key_bounds():
         ),
     ],
 )
-def test_mask_dsn(dsn, masked):
+def test_mask_dsn(dsn: str, masked: str) -> None:
     assert mask_dsn(dsn) == masked
 
 
-def test_structured_messages(caplog):
+def test_structured_messages(caplog: pytest.LogCaptureFixture) -> None:
     assert format_event("state_change", {"from": "leader", "to": "follower", "x": None}) == (
         "state_change from=leader to=follower"
     )
@@ -67,10 +67,11 @@ def test_structured_messages(caplog):
     record = caplog.records[-1]
     assert record.name == "pgleaderlock"
     assert record.getMessage() == "lock_acquired key1=1 key2=-2 attempt=3"
-    assert record.pgleaderlock == {"event": "lock_acquired", "key1": 1, "key2": -2, "attempt": 3}
+    fields = record.pgleaderlock  # type: ignore[attr-defined]
+    assert fields == {"event": "lock_acquired", "key1": 1, "key2": -2, "attempt": 3}
 
 
-def test_structured_fields_are_json_serialisable(caplog):
+def test_structured_fields_are_json_serialisable(caplog: pytest.LogCaptureFixture) -> None:
     """A JSON formatter must never meet an enum or an exception object."""
     import json
 
@@ -78,6 +79,6 @@ def test_structured_fields_are_json_serialisable(caplog):
 
     with caplog.at_level(logging.INFO, logger="pgleaderlock"):
         get_logger().info("state_change", to=LockState.LEADER, error=ValueError("x"), lock="a")
-    fields = caplog.records[-1].pgleaderlock
+    fields = caplog.records[-1].pgleaderlock  # type: ignore[attr-defined]
     assert fields == {"event": "state_change", "to": "leader", "error": "x", "lock": "a"}
     json.dumps(fields)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -15,16 +17,24 @@ from pgleaderlock import (
     LeaderLock,
     LockNotHeldError,
     LockState,
+    RetryContext,
     SessionNotDedicatedError,
     ShutdownError,
 )
 from pgleaderlock.testing import FakeServer
 
+if TYPE_CHECKING:
+    from conftest import Recorder
+
 S = LockState
 pytestmark = pytest.mark.timeout(30)
 
 
-async def test_single_lock_becomes_leader(make_lock, recorder, server):
+async def test_single_lock_becomes_leader(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     assert lock.state is S.STOPPED
@@ -43,7 +53,11 @@ async def test_single_lock_becomes_leader(make_lock, recorder, server):
     assert rec.states()[-2:] == [S.RELEASING, S.STOPPED]
 
 
-async def test_two_locks_one_leader(make_lock, recorder, server):
+async def test_two_locks_one_leader(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     a, b = make_lock(), make_lock()
     rec_b = recorder(b)
     await a.start()
@@ -56,7 +70,9 @@ async def test_two_locks_one_leader(make_lock, recorder, server):
     assert server.hold_count(1, 2) == 1
 
 
-async def test_health_probes_never_reacquire(make_lock, server):
+async def test_health_probes_never_reacquire(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     """Spec §2.3: the lock is held once, however long the leadership lasts."""
     lock = make_lock()
     await lock.start()
@@ -68,7 +84,11 @@ async def test_health_probes_never_reacquire(make_lock, server):
     assert server.calls["try_lock"] == 1
 
 
-async def test_terminated_leader_loses_and_follower_takes_over(make_lock, recorder, server):
+async def test_terminated_leader_loses_and_follower_takes_over(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     a, b = make_lock(), make_lock()
     rec_a, rec_b = recorder(a), recorder(b)
     await a.start()
@@ -84,20 +104,29 @@ async def test_terminated_leader_loses_and_follower_takes_over(make_lock, record
     assert S.RECONNECTING not in rec_a.states()
 
 
-async def test_probe_checks_this_session_holds_the_lock(make_lock, recorder, server):
+async def test_probe_checks_this_session_holds_the_lock(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     """A session that answers but no longer holds the lock is not a leader."""
     lock = make_lock(auto_reacquire=False)
     rec = recorder(lock)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     session = server.holder(1, 2)
+    assert session is not None
     server._free(session)  # the lock vanished; the session itself is fine
     await rec.wait_event("lost")
     assert lock.state is S.STOPPED
     assert not session.killed
 
 
-async def test_flap_damping_recovers_silently(make_lock, recorder, server):
+async def test_flap_damping_recovers_silently(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(reconnect_grace_s=5.0)
     rec = recorder(lock)
     await lock.start()
@@ -111,7 +140,11 @@ async def test_flap_damping_recovers_silently(make_lock, recorder, server):
     assert rec.states()[-2:] == [S.RECONNECTING, S.LEADER]
 
 
-async def test_is_leader_false_during_reconnecting(make_lock, recorder, server):
+async def test_is_leader_false_during_reconnecting(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(reconnect_grace_s=5.0)
     rec = recorder(lock)
     seen: list[bool] = []
@@ -129,7 +162,11 @@ async def test_is_leader_false_during_reconnecting(make_lock, recorder, server):
     await rec.wait_state(S.LEADER)
 
 
-async def test_grace_reacquire_failed_when_someone_else_got_it(make_lock, recorder, server):
+async def test_grace_reacquire_failed_when_someone_else_got_it(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     a = make_lock(reconnect_grace_s=5.0)
     rec = recorder(a)
     await a.start()
@@ -146,7 +183,11 @@ async def test_grace_reacquire_failed_when_someone_else_got_it(make_lock, record
     await rec.wait_event("acquired", count=2)
 
 
-async def test_grace_expires(make_lock, recorder, server):
+async def test_grace_expires(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(reconnect_grace_s=0.2)
     rec = recorder(lock)
     await lock.start()
@@ -160,7 +201,11 @@ async def test_grace_expires(make_lock, recorder, server):
     await rec.wait_event("acquired", count=2)
 
 
-async def test_no_auto_reacquire_stops_after_loss(make_lock, recorder, server):
+async def test_no_auto_reacquire_stops_after_loss(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(auto_reacquire=False)
     rec = recorder(lock)
     await lock.start()
@@ -170,7 +215,11 @@ async def test_no_auto_reacquire_stops_after_loss(make_lock, recorder, server):
     assert rec.names() == ["acquired", "lost", "stopped"]
 
 
-async def test_step_down_hands_over(make_lock, recorder, server):
+async def test_step_down_hands_over(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     a, b = make_lock(retry_strategy=FixedInterval(0.3)), make_lock()
     rec_a, rec_b = recorder(a), recorder(b)
     await a.start()
@@ -186,7 +235,9 @@ async def test_step_down_hands_over(make_lock, recorder, server):
     await rec_a.wait_event("acquired", count=2)
 
 
-async def test_step_down_without_auto_reacquire_stops(make_lock, recorder):
+async def test_step_down_without_auto_reacquire_stops(
+    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     lock = make_lock(auto_reacquire=False)
     rec = recorder(lock)
     await lock.start()
@@ -196,7 +247,9 @@ async def test_step_down_without_auto_reacquire_stops(make_lock, recorder):
     assert rec.names() == ["acquired", "released", "stopped"]
 
 
-async def test_step_down_when_not_leader_returns_at_once(make_lock, server):
+async def test_step_down_when_not_leader_returns_at_once(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     a, b = make_lock(), make_lock()
     await a.start()
     assert await a.wait_for_leadership(5)
@@ -207,12 +260,17 @@ async def test_step_down_when_not_leader_returns_at_once(make_lock, server):
     await LeaderLock(None, 1, 2, connect_fn=server.connect).step_down()  # never started
 
 
-async def test_step_down_timeout_cycles_the_connection(make_lock, recorder, server):
+async def test_step_down_timeout_cycles_the_connection(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(command_timeout_s=30)
     rec = recorder(lock)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     session = server.holder(1, 2)
+    assert session is not None
     server.hang("unlock")
     async with asyncio.timeout(5):
         await lock.step_down(timeout_s=0.1)
@@ -222,7 +280,11 @@ async def test_step_down_timeout_cycles_the_connection(make_lock, recorder, serv
     assert lock.state in (S.FOLLOWER, S.ACQUIRING, S.LEADER)
 
 
-async def test_failed_unlock_in_step_down_continues_as_follower(make_lock, recorder, server):
+async def test_failed_unlock_in_step_down_continues_as_follower(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     await lock.start()
@@ -234,7 +296,11 @@ async def test_failed_unlock_in_step_down_continues_as_follower(make_lock, recor
     await rec.wait_event("acquired", count=2)
 
 
-async def test_shutdown_is_idempotent_and_releases(make_lock, recorder, server):
+async def test_shutdown_is_idempotent_and_releases(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     await lock.shutdown()  # never started: nothing to do
@@ -249,7 +315,9 @@ async def test_shutdown_is_idempotent_and_releases(make_lock, recorder, server):
     assert server.open_sessions == []
 
 
-async def test_restart_after_shutdown(make_lock, recorder):
+async def test_restart_after_shutdown(
+    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     for _ in range(2):
@@ -259,7 +327,7 @@ async def test_restart_after_shutdown(make_lock, recorder):
     assert rec.names() == ["acquired", "released", "stopped"] * 2
 
 
-async def test_context_manager(make_lock, server):
+async def test_context_manager(make_lock: Callable[..., LeaderLock], server: FakeServer) -> None:
     lock = make_lock()
     async with lock as entered:
         assert entered is lock
@@ -268,7 +336,9 @@ async def test_context_manager(make_lock, server):
     assert server.holder(1, 2) is None
 
 
-async def test_context_manager_shuts_down_on_exception(make_lock, server):
+async def test_context_manager_shuts_down_on_exception(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     lock = make_lock()
     with pytest.raises(RuntimeError, match="user code failed"):
         async with lock:
@@ -278,7 +348,9 @@ async def test_context_manager_shuts_down_on_exception(make_lock, server):
     assert server.holder(1, 2) is None
 
 
-async def test_callbacks_order_sync_async_and_errors(make_lock, recorder):
+async def test_callbacks_order_sync_async_and_errors(
+    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     calls: list[str] = []
@@ -311,7 +383,9 @@ async def test_callbacks_order_sync_async_and_errors(make_lock, recorder):
     assert lock.is_leader  # never fatal
 
 
-async def test_failing_error_callback_is_only_logged(make_lock, caplog):
+async def test_failing_error_callback_is_only_logged(
+    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+) -> None:
     lock = make_lock()
     seen: list[BaseException] = []
 
@@ -332,7 +406,11 @@ async def test_failing_error_callback_is_only_logged(make_lock, caplog):
     assert lock.is_leader
 
 
-async def test_connection_refused_is_retried_with_on_error(make_lock, recorder, server):
+async def test_connection_refused_is_retried_with_on_error(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     server.refuse_connections = ConnectionError("could not connect")
     lock = make_lock()
     rec = recorder(lock)
@@ -345,7 +423,11 @@ async def test_connection_refused_is_retried_with_on_error(make_lock, recorder, 
     assert await lock.wait_for_leadership(5)
 
 
-async def test_db_error_while_acquiring_reports_error_not_lost(make_lock, recorder, server):
+async def test_db_error_while_acquiring_reports_error_not_lost(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     server.fail_calls["try_lock"] = ConnectionError("reset by peer")
@@ -355,7 +437,11 @@ async def test_db_error_while_acquiring_reports_error_not_lost(make_lock, record
     assert len(server.sessions) == 2  # the failed session was closed and replaced
 
 
-async def test_db_error_while_acquiring_without_auto_reacquire_stops(make_lock, recorder, server):
+async def test_db_error_while_acquiring_without_auto_reacquire_stops(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(auto_reacquire=False)
     rec = recorder(lock)
     server.fail_calls["try_lock"] = ConnectionError("reset by peer")
@@ -364,12 +450,16 @@ async def test_db_error_while_acquiring_without_auto_reacquire_stops(make_lock, 
     assert rec.names() == ["error", "stopped"]
 
 
-async def test_retry_strategy_giving_up_stops(make_lock, recorder, server):
+async def test_retry_strategy_giving_up_stops(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     class TwoTries:
         def __init__(self) -> None:
-            self.contexts = []
+            self.contexts: list[RetryContext] = []
 
-        def next_delay_s(self, ctx):
+        def next_delay_s(self, ctx: RetryContext) -> float | None:
             self.contexts.append(ctx)
             return 0.01 if ctx.attempt < 2 else None
 
@@ -386,7 +476,11 @@ async def test_retry_strategy_giving_up_stops(make_lock, recorder, server):
     await holder.close()
 
 
-async def test_non_retryable_error_stops(make_lock, recorder, server):
+async def test_non_retryable_error_stops(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     server.fail_calls["try_lock"] = SessionNotDedicatedError("pooler")
@@ -395,7 +489,11 @@ async def test_non_retryable_error_stops(make_lock, recorder, server):
     assert isinstance(rec.errors()[0], SessionNotDedicatedError)
 
 
-async def test_interrupted_try_lock_closes_the_session(make_lock, recorder, server):
+async def test_interrupted_try_lock_closes_the_session(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     """A try_lock whose reply never came may have been granted: never reuse that session."""
     server.hang("try_lock", grant_first=True)
     lock = make_lock(command_timeout_s=0.1)
@@ -410,7 +508,9 @@ async def test_interrupted_try_lock_closes_the_session(make_lock, recorder, serv
     assert server.holder(1, 2) is not first
 
 
-async def test_shutdown_interrupts_a_hanging_try_lock(make_lock, server):
+async def test_shutdown_interrupts_a_hanging_try_lock(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     server.hang("try_lock", grant_first=True)
     lock = make_lock(command_timeout_s=60)
     await lock.start()
@@ -423,7 +523,9 @@ async def test_shutdown_interrupts_a_hanging_try_lock(make_lock, server):
     assert server.open_sessions == []
 
 
-async def test_shutdown_interrupts_a_hanging_connect(make_lock, server):
+async def test_shutdown_interrupts_a_hanging_connect(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     server.hang("connect")
     lock = make_lock(connect_timeout_s=60)
     await lock.start()
@@ -434,7 +536,11 @@ async def test_shutdown_interrupts_a_hanging_connect(make_lock, server):
     assert lock.state is S.STOPPED
 
 
-async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(make_lock, server, recorder):
+async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(
+    make_lock: Callable[..., LeaderLock],
+    server: FakeServer,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     gate = asyncio.Event()
@@ -453,7 +559,9 @@ async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(make_lock,
     assert rec.states()[-1] is S.STOPPED
 
 
-async def test_shutdown_from_a_callback_does_not_deadlock(make_lock, recorder):
+async def test_shutdown_from_a_callback_does_not_deadlock(
+    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
 
@@ -466,7 +574,9 @@ async def test_shutdown_from_a_callback_does_not_deadlock(make_lock, recorder):
     assert rec.names() == ["acquired", "released", "stopped"]
 
 
-async def test_external_shutdown_event(make_lock, recorder):
+async def test_external_shutdown_event(
+    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     event = asyncio.Event()
     lock = make_lock(shutdown_event=event)
     rec = recorder(lock)
@@ -477,7 +587,11 @@ async def test_external_shutdown_event(make_lock, recorder):
     assert rec.names() == ["acquired", "released", "stopped"]
 
 
-async def test_external_shutdown_event_while_following(make_lock, recorder, server):
+async def test_external_shutdown_event_while_following(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     event = asyncio.Event()
@@ -490,7 +604,9 @@ async def test_external_shutdown_event_while_following(make_lock, recorder, serv
     await holder.close()
 
 
-async def test_wait_for_leadership(make_lock, server):
+async def test_wait_for_leadership(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     lock = make_lock()
     assert await lock.wait_for_leadership(0.05) is False  # not started
     holder = await server.connect()
@@ -501,7 +617,9 @@ async def test_wait_for_leadership(make_lock, server):
     assert await lock.wait_for_leadership(5) is True
 
 
-async def test_wait_for_leadership_returns_false_when_stopped(make_lock, server):
+async def test_wait_for_leadership_returns_false_when_stopped(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     lock = make_lock()
@@ -513,7 +631,9 @@ async def test_wait_for_leadership_returns_false_when_stopped(make_lock, server)
     await holder.close()
 
 
-async def test_concurrent_start_shutdown_step_down(make_lock, server):
+async def test_concurrent_start_shutdown_step_down(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     locks = [make_lock() for _ in range(3)]
     for _ in range(5):
         await asyncio.gather(*(lock.start() for lock in locks), *(lock.start() for lock in locks))
@@ -528,7 +648,9 @@ async def test_concurrent_start_shutdown_step_down(make_lock, server):
         assert server.open_sessions == []
 
 
-async def test_step_down_racing_shutdown(make_lock, server):
+async def test_step_down_racing_shutdown(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     lock = make_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)
@@ -537,7 +659,9 @@ async def test_step_down_racing_shutdown(make_lock, server):
     assert server.open_sessions == []
 
 
-async def test_mutual_exclusion_among_many(make_lock, server):
+async def test_mutual_exclusion_among_many(
+    make_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     locks = [make_lock() for _ in range(5)]
     leaders_seen: list[int] = []
     for i, lock in enumerate(locks):
@@ -551,7 +675,7 @@ async def test_mutual_exclusion_among_many(make_lock, server):
     assert len(leaders_seen) >= 4
 
 
-async def test_repr_shows_state(make_lock):
+async def test_repr_shows_state(make_lock: Callable[..., LeaderLock]) -> None:
     lock = make_lock()
     assert repr(lock) == "<LeaderLock keys=(1, 2) state=stopped>"
     named = LeaderLock.from_name("jobs", dsn="postgresql://x@h/db")
@@ -559,14 +683,19 @@ async def test_repr_shows_state(make_lock):
 
 
 async def test_lock_not_held_error_reported_when_flap_damping_off(
-    make_lock, recorder, server, caplog
-):
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
-        server._free(server.holder(1, 2))
+        session = server.holder(1, 2)
+        assert session is not None
+        server._free(session)
         await rec.wait_event("lost")
     assert "health_check_failed" in caplog.text
     assert LockNotHeldError.__name__ in caplog.text
@@ -595,19 +724,19 @@ async def test_lock_not_held_error_reported_when_flap_damping_off(
         ({"dsn": "   "}, "a DSN is required"),
     ],
 )
-def test_bad_input_is_rejected_before_io(kwargs, match):
+def test_bad_input_is_rejected_before_io(kwargs: dict[str, Any], match: str) -> None:
     args = {"dsn": "postgresql://u@localhost/db", "key1": 1, "key2": 2, **kwargs}
     with pytest.raises(ConfigurationError, match=match):
         LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **args)
 
 
-def test_malformed_dsn_is_rejected_and_masked():
+def test_malformed_dsn_is_rejected_and_masked() -> None:
     with pytest.raises(ConfigurationError, match="malformed DSN") as info:
         LeaderLock("host=h password=s3cret port=5432 nonsense", 1, 2)
     assert "s3cret" not in str(info.value)
 
 
-def test_configuration_error_is_a_value_error():
+def test_configuration_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         LeaderLock("postgresql://h/db", 1, 2**40)
 
@@ -615,7 +744,11 @@ def test_configuration_error_is_a_value_error():
 # ---------------------------------------------------------------- follower modes
 
 
-async def test_waiting_follower_takes_over_at_once(make_lock, recorder, server):
+async def test_waiting_follower_takes_over_at_once(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     a = make_lock()
     b = make_lock(retry_strategy=FixedInterval(30))  # waits on the server for 30 s
     rec_b = recorder(b)
@@ -629,7 +762,11 @@ async def test_waiting_follower_takes_over_at_once(make_lock, recorder, server):
     assert await b.wait_for_leadership(2)  # granted when freed, not 30 s later
 
 
-async def test_polling_follower_waits_for_its_next_attempt(make_lock, recorder, server):
+async def test_polling_follower_waits_for_its_next_attempt(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     a = make_lock()
     b = make_lock(retry_strategy=FixedInterval(30), follower_mode="poll")
     rec_b = recorder(b)
@@ -642,13 +779,17 @@ async def test_polling_follower_waits_for_its_next_attempt(make_lock, recorder, 
     assert server.calls["wait_lock"] == 0
 
 
-async def test_each_wait_without_the_lock_is_a_failed_attempt(make_lock, recorder, server):
+async def test_each_wait_without_the_lock_is_a_failed_attempt(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
-    contexts = []
+    contexts: list[RetryContext] = []
 
     class Recording:
-        def next_delay_s(self, ctx):
+        def next_delay_s(self, ctx: RetryContext) -> float:
             contexts.append(ctx)
             return 0.02
 
@@ -664,7 +805,11 @@ async def test_each_wait_without_the_lock_is_a_failed_attempt(make_lock, recorde
     assert await lock.wait_for_leadership(2)
 
 
-async def test_connection_failures_sleep_instead_of_waiting(make_lock, recorder, server):
+async def test_connection_failures_sleep_instead_of_waiting(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     server.refuse_connections = ConnectionError("down")
     lock = make_lock(retry_strategy=FixedInterval(0.05))
     rec = recorder(lock)
@@ -674,7 +819,11 @@ async def test_connection_failures_sleep_instead_of_waiting(make_lock, recorder,
     assert server.calls["try_lock"] == 0
 
 
-async def test_shutdown_while_waiting_leaves_no_waiter(make_lock, recorder, server):
+async def test_shutdown_while_waiting_leaves_no_waiter(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     lock = make_lock(retry_strategy=FixedInterval(60))
@@ -690,7 +839,11 @@ async def test_shutdown_while_waiting_leaves_no_waiter(make_lock, recorder, serv
     await holder.close()
 
 
-async def test_idle_session_watch_detects_termination_at_once(make_lock, recorder, server):
+async def test_idle_session_watch_detects_termination_at_once(
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    server: FakeServer,
+) -> None:
     lock = make_lock(health_interval_s=60)  # the periodic probe would come far too late
     rec = recorder(lock)
     await lock.start()
@@ -701,12 +854,12 @@ async def test_idle_session_watch_detects_termination_at_once(make_lock, recorde
     assert server.calls["holds"] == probes + 1  # one probe, triggered by the alarm
 
 
-def test_follower_mode_is_validated():
+def test_follower_mode_is_validated() -> None:
     with pytest.raises(ConfigurationError, match="follower_mode"):
         LeaderLock("postgresql://h/db", 1, 2, follower_mode="block")  # type: ignore[arg-type]
 
 
-def test_restart_on_another_event_loop():
+def test_restart_on_another_event_loop() -> None:
     """A lock outlives its event loop: e.g. an app whose lifespan runs twice."""
     server = FakeServer()
     lock = LeaderLock(None, 1, 2, connect_fn=server.connect, retry_strategy=FixedInterval(0.01))

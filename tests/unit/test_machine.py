@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from pgleaderlock import (
     LockNotHeldError,
     LockState,
     RetryContext,
+    RetryStrategy,
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.config import LockConfig
@@ -61,7 +63,9 @@ ANY = (True, False)
 CLOSE_STOP = (A.CLOSE_SESSION, A.EMIT_STOPPED)
 
 # (from, input, auto_reacquire, grace, step_down) -> (to, actions); None = any value.
-EXPECTED = [
+When = tuple[LockState, Input, bool | None, bool | None, bool | None]
+Then = tuple[LockState, tuple[Action, ...]]
+EXPECTED: list[tuple[When, Then]] = [
     # STOPPED --Start--> FOLLOWER: schedule an immediate attempt (the session opens then)
     ((S.STOPPED, I.START, None, None, None), (S.FOLLOWER, (A.SCHEDULE_ATTEMPT,))),
     ((S.FOLLOWER, I.ACQUIRE_ATTEMPT, None, None, None), (S.ACQUIRING, (A.TRY_LOCK,))),
@@ -139,7 +143,7 @@ EXPECTED = [
 ]  # fmt: skip
 
 
-def _configs(auto, grace, step_down):
+def _configs(auto: bool | None, grace: bool | None, step_down: bool | None) -> Iterator[Conditions]:
     for a, g, s in itertools.product(ANY, ANY, ANY):
         if auto in (None, a) and grace in (None, g) and step_down in (None, s):
             yield Conditions(auto_reacquire=a, grace_enabled=g, step_down=s)
@@ -150,7 +154,7 @@ def _configs(auto, grace, step_down):
     EXPECTED,
     ids=[f"{w[0].name}-{w[1].value}-{i}" for i, (w, _) in enumerate(EXPECTED)],
 )
-def test_row(when, then):
+def test_row(when: When, then: Then) -> None:
     state, input_, auto, grace, step_down = when
     target, actions = then
     for cond in _configs(auto, grace, step_down):
@@ -159,7 +163,7 @@ def test_row(when, then):
         assert transition.actions == actions, cond
 
 
-def test_every_table_row_is_expected():
+def test_every_table_row_is_expected() -> None:
     """No row exists beyond the ones above (an added row needs a case too)."""
     covered = {(S.STOPPED, I.TASK_ABORTED)}  # checked by test_aborted_when_stopped
     covered_conds = set()
@@ -173,7 +177,7 @@ def test_every_table_row_is_expected():
             assert (row.source, row.input, cond) in covered_conds, row
 
 
-def test_at_most_one_row_matches():
+def test_at_most_one_row_matches() -> None:
     for state, input_ in itertools.product(LockState, Input):
         for cond in _configs(None, None, None):
             for reported in ANY:
@@ -195,12 +199,12 @@ def test_at_most_one_row_matches():
         (S.ACQUIRING, I.HEALTH_FAILED),
     ],
 )
-def test_illegal_pairs_raise(state, input_):
+def test_illegal_pairs_raise(state: LockState, input_: Input) -> None:
     with pytest.raises(IllegalTransitionError):
         step(state, input_, Conditions())
 
 
-def test_never_try_lock_from_leader():
+def test_never_try_lock_from_leader() -> None:
     """Spec §2.3: re-acquiring while leader stacks the re-entrant lock."""
     for row in TABLE:
         if row.source in (S.LEADER, S.RELEASING):
@@ -208,20 +212,20 @@ def test_never_try_lock_from_leader():
             assert A.SCHEDULE_ATTEMPT not in row.actions or row.target is not S.LEADER
 
 
-def test_on_lost_only_leaving_leadership():
+def test_on_lost_only_leaving_leadership() -> None:
     """DESIGN decision 2: on_lost only after leadership was held."""
     for row in TABLE:
         if A.EMIT_LOST in row.actions:
             assert row.source in (S.LEADER, S.RECONNECTING)
 
 
-def test_every_stop_emits_on_stopped_and_closes():
+def test_every_stop_emits_on_stopped_and_closes() -> None:
     for row in TABLE:
         if row.target is S.STOPPED and row.source is not S.STOPPED:
             assert row.actions[-2:] == (A.CLOSE_SESSION, A.EMIT_STOPPED), row
 
 
-def test_legal_inputs_and_renderings():
+def test_legal_inputs_and_renderings() -> None:
     assert legal_inputs(S.STOPPED) == {I.START, I.TASK_ABORTED}
     assert I.RELEASE_REQUESTED in legal_inputs(S.LEADER)
     md = render_markdown()
@@ -237,8 +241,8 @@ def test_legal_inputs_and_renderings():
 # ---------------------------------------------------------------------- policies
 
 
-def config(**kwargs) -> LockConfig:
-    values = {
+def config(**kwargs: Any) -> LockConfig:
+    values: dict[str, Any] = {
         "health_interval_s": 5.0,
         "health_timeout_s": 2.0,
         "reconnect_grace_s": None,
@@ -267,7 +271,7 @@ class Recording:
 class Driver:
     """Feeds a machine by hand: the clock is ``now``, effects are kept for assertions."""
 
-    def __init__(self, retry=None, **kwargs) -> None:
+    def __init__(self, retry: RetryStrategy | None = None, **kwargs: Any) -> None:
         self.machine = Machine(config(**kwargs), retry or FixedInterval(1.0))
         self.now = 100.0
         self.effects: list[Effect] = []
@@ -281,6 +285,13 @@ class Driver:
     def blocking(self) -> Effect | None:
         last = self.effects[-1] if self.effects else None
         return last if isinstance(last, Call | Sleep) else None
+
+    @property
+    def call(self) -> Call:
+        """The blocking effect, which must be a database call."""
+        blocking = self.blocking
+        assert isinstance(blocking, Call), blocking
+        return blocking
 
     def emitted(self) -> list[Event]:
         return [
@@ -299,13 +310,13 @@ class Driver:
         assert self.machine.state is S.LEADER
 
 
-def test_start_connects_then_tries_then_leads():
+def test_start_connects_then_tries_then_leads() -> None:
     d = Driver()
     d.feed(Started())
     assert d.machine.state is S.FOLLOWER
     assert d.blocking == Call(Op.CONNECT, 3.0, interruptible=Request.STOP, what="connect")
     d.feed(Connected(can_wait=True))
-    assert d.machine.state is S.ACQUIRING
+    assert d.machine.state is S.ACQUIRING  # type: ignore[comparison-overlap]
     assert d.blocking == Call(Op.TRY_LOCK, 4.0, interruptible=Request.STOP, what="try_lock")
     d.feed(Answered(True), after=0.01)
     assert d.machine.state is S.LEADER
@@ -314,7 +325,7 @@ def test_start_connects_then_tries_then_leads():
     assert d.machine.leader_since == d.now
 
 
-def test_busy_lock_waits_on_the_server_for_the_delay():
+def test_busy_lock_waits_on_the_server_for_the_delay() -> None:
     retry = Recording(2.5, 7.0)
     d = Driver(retry)
     d.feed(Started())
@@ -331,8 +342,9 @@ def test_busy_lock_waits_on_the_server_for_the_delay():
     assert all(c.last_error is None for c in retry.contexts)
 
 
-def test_poll_mode_and_sessions_that_cannot_wait_sleep_instead():
-    for kwargs, can_wait in (({"follower_mode": "poll"}, True), ({}, False)):
+def test_poll_mode_and_sessions_that_cannot_wait_sleep_instead() -> None:
+    cases: list[tuple[dict[str, Any], bool]] = [({"follower_mode": "poll"}, True), ({}, False)]
+    for kwargs, can_wait in cases:
         d = Driver(**kwargs)
         d.feed(Started())
         d.feed(Connected(can_wait=can_wait))
@@ -343,7 +355,7 @@ def test_poll_mode_and_sessions_that_cannot_wait_sleep_instead():
         assert d.blocking.op is Op.TRY_LOCK
 
 
-def test_connect_failure_reports_error_closes_nothing_and_sleeps():
+def test_connect_failure_reports_error_closes_nothing_and_sleeps() -> None:
     retry = Recording(0.5)
     d = Driver(retry)
     d.feed(Started())
@@ -355,10 +367,10 @@ def test_connect_failure_reports_error_closes_nothing_and_sleeps():
     assert d.blocking == Sleep(d.now + 0.5)
     assert retry.contexts[0].last_error is error
     d.feed(Woke(), after=0.5)
-    assert d.blocking.op is Op.CONNECT
+    assert d.call.op is Op.CONNECT
 
 
-def test_db_error_while_acquiring_closes_and_backs_off():
+def test_db_error_while_acquiring_closes_and_backs_off() -> None:
     d = Driver(Recording(0.25))
     d.feed(Started())
     d.feed(Connected(can_wait=True))
@@ -368,7 +380,7 @@ def test_db_error_while_acquiring_closes_and_backs_off():
     assert d.blocking == Sleep(d.now + 0.25)  # an error sleeps, never waits on the server
 
 
-def test_retry_strategy_giving_up_stops_without_an_error():
+def test_retry_strategy_giving_up_stops_without_an_error() -> None:
     d = Driver(Recording(None))
     d.feed(Started())
     d.feed(Connected(can_wait=True))
@@ -379,9 +391,9 @@ def test_retry_strategy_giving_up_stops_without_an_error():
     assert d.blocking is None
 
 
-def test_a_retry_strategy_that_raises_gives_up():
+def test_a_retry_strategy_that_raises_gives_up() -> None:
     class Broken:
-        def next_delay_s(self, ctx):
+        def next_delay_s(self, ctx: RetryContext) -> float | None:
             raise RuntimeError("strategy bug")
 
     d = Driver(Broken())
@@ -391,7 +403,7 @@ def test_a_retry_strategy_that_raises_gives_up():
     assert "retry_strategy_failed" in d.logged()
 
 
-def test_non_retryable_error_stops_after_on_error():
+def test_non_retryable_error_stops_after_on_error() -> None:
     retry = Recording()
     d = Driver(retry)
     d.feed(Started())
@@ -402,7 +414,7 @@ def test_non_retryable_error_stops_after_on_error():
     assert retry.contexts == []  # not even asked
 
 
-def test_stop_while_sleeping_stops():
+def test_stop_while_sleeping_stops() -> None:
     d = Driver()
     d.feed(Started())
     d.feed(Failed(ConnectionError("down")))
@@ -412,11 +424,11 @@ def test_stop_while_sleeping_stops():
     assert d.emitted() == [Event.STOPPED]
 
 
-def test_stop_cuts_short_an_attempt_and_closes_its_session():
+def test_stop_cuts_short_an_attempt_and_closes_its_session() -> None:
     d = Driver()
     d.feed(Started())
     d.feed(Connected(can_wait=True))
-    attempt = d.blocking
+    attempt = d.call
     assert not d.machine.preempted(attempt)
     d.machine.request(Request.STOP)
     assert d.machine.preempted(attempt)
@@ -425,14 +437,14 @@ def test_stop_cuts_short_an_attempt_and_closes_its_session():
     assert CloseSession() in d.effects  # the attempt may have been granted
 
 
-def test_stop_before_the_first_decision_is_kept():
+def test_stop_before_the_first_decision_is_kept() -> None:
     d = Driver()
     d.machine.request(Request.STOP)  # shutdown() raced start()
     d.feed(Started())
     assert d.machine.state is S.STOPPED
 
 
-def test_stop_while_leader_releases_then_stops():
+def test_stop_while_leader_releases_then_stops() -> None:
     d = Driver()
     d.lead()
     d.machine.request(Request.STOP)
@@ -440,31 +452,31 @@ def test_stop_while_leader_releases_then_stops():
     assert d.machine.state is S.RELEASING
     assert d.blocking == Call(Op.UNLOCK, 4.0, interruptible=Request.FORCE, what="unlock")
     d.feed(Answered(True))
-    assert d.machine.state is S.STOPPED
+    assert d.machine.state is S.STOPPED  # type: ignore[comparison-overlap]
     assert d.emitted() == [Event.RELEASED, Event.STOPPED]
 
 
-def test_step_down_hands_over_and_waits_one_delay():
+def test_step_down_hands_over_and_waits_one_delay() -> None:
     d = Driver(Recording(0.75))
     d.lead()
     assert d.machine.request(Request.RELEASE) is True
     d.feed(Woke())
     assert d.machine.state is S.RELEASING
     d.feed(Answered(True))
-    assert d.machine.state is S.FOLLOWER
+    assert d.machine.state is S.FOLLOWER  # type: ignore[comparison-overlap]
     assert d.emitted() == [Event.RELEASED]
     assert CloseSession() in d.effects
     assert ReleaseDone() in d.effects
     assert d.blocking == Sleep(d.now + 0.75)  # the others had their chance first
 
 
-def test_step_down_when_not_leading_asks_nothing():
+def test_step_down_when_not_leading_asks_nothing() -> None:
     d = Driver()
     d.feed(Started())
     assert d.machine.request(Request.RELEASE) is False
 
 
-def test_step_down_timeout_forces_the_release():
+def test_step_down_timeout_forces_the_release() -> None:
     d = Driver()
     d.lead()
     d.machine.request(Request.RELEASE)
@@ -477,14 +489,14 @@ def test_step_down_timeout_forces_the_release():
     assert "step_down timed out" in str(error)
 
 
-def test_probe_schedule_alarm_and_loss():
+def test_probe_schedule_alarm_and_loss() -> None:
     d = Driver()
     d.lead()
     d.feed(Woke(), after=2.0)  # woken early, nothing due
     assert d.blocking == Sleep(d.now + 3.0)
     d.machine.request(Request.ALARM)
     d.feed(Woke())
-    assert d.blocking.op is Op.PROBE  # the alarm probes at once
+    assert d.call.op is Op.PROBE  # the alarm probes at once
     d.feed(Answered(True))
     assert d.blocking == Sleep(d.now + 5.0)
     d.feed(Woke(), after=5.0)
@@ -492,10 +504,10 @@ def test_probe_schedule_alarm_and_loss():
     assert d.machine.state is S.FOLLOWER
     assert d.emitted() == [Event.LOST]
     assert isinstance(d.machine.last_error, LockNotHeldError)
-    assert d.blocking.op is Op.CONNECT  # right away: a lost lock is contested at once
+    assert d.call.op is Op.CONNECT  # type: ignore[comparison-overlap]  # right away: a lost lock is contested at once
 
 
-def test_grace_reconnects_within_its_deadline():
+def test_grace_reconnects_within_its_deadline() -> None:
     retry = Recording(1.0, 5.0)
     d = Driver(retry, reconnect_grace_s=4.0)
     d.lead()
@@ -505,30 +517,30 @@ def test_grace_reconnects_within_its_deadline():
     assert d.emitted() == []  # flap damping: no on_lost yet
     assert d.blocking == Call(Op.CONNECT, 3.0, interruptible=Request.STOP, what="reconnect")
     d.feed(Failed(ConnectionError("refused")), after=2.0)
-    assert d.blocking == Sleep(d.now + 1.0)
+    assert d.blocking == Sleep(d.now + 1.0)  # type: ignore[comparison-overlap]
     d.feed(Woke(), after=1.0)
-    assert d.blocking.timeout_s == pytest.approx(1.0)  # the time left in the grace period
+    assert d.call.timeout_s == pytest.approx(1.0)  # the time left in the grace period
     d.feed(Failed(ConnectionError("refused")), after=0.5)
-    assert d.blocking == Sleep(d.now + 0.5)  # the 5 s delay is cut at the deadline
+    assert d.blocking == Sleep(d.now + 0.5)  # type: ignore[comparison-overlap]  # the 5 s delay is cut at the deadline
     d.feed(Woke(), after=0.5)
-    assert d.machine.state is S.FOLLOWER
+    assert d.machine.state is S.FOLLOWER  # type: ignore[comparison-overlap]
     assert d.emitted() == [Event.LOST]
 
 
-def test_grace_recovers_silently():
+def test_grace_recovers_silently() -> None:
     d = Driver(reconnect_grace_s=4.0)
     d.lead()
     d.feed(Woke(), after=5.0)
     d.feed(Failed(ConnectionError("gone")))
     d.feed(Connected(can_wait=True))
-    assert d.blocking.op is Op.TRY_LOCK
+    assert d.call.op is Op.TRY_LOCK
     d.feed(Answered(True))
     assert d.machine.state is S.LEADER
     assert d.emitted() == []
     assert "leadership_recovered" in d.logged()
 
 
-def test_step_down_while_reconnecting_reports_the_loss():
+def test_step_down_while_reconnecting_reports_the_loss() -> None:
     d = Driver(reconnect_grace_s=4.0)
     d.lead()
     d.feed(Woke(), after=5.0)
@@ -540,7 +552,7 @@ def test_step_down_while_reconnecting_reports_the_loss():
     assert ReleaseDone() in d.effects
 
 
-def test_aborted_task_stops_and_reports_a_crash():
+def test_aborted_task_stops_and_reports_a_crash() -> None:
     d = Driver()
     d.lead()
     crash = RuntimeError("bug")
@@ -550,7 +562,7 @@ def test_aborted_task_stops_and_reports_a_crash():
     assert d.blocking is None
 
 
-def test_aborted_when_stopped():
+def test_aborted_when_stopped() -> None:
     """A forced stop that cut on_stopped short still reports it, once."""
     d = Driver()
     d.feed(Started())
@@ -563,7 +575,7 @@ def test_aborted_when_stopped():
     assert d.emitted() == []
 
 
-def test_statistics_count_what_users_saw():
+def test_statistics_count_what_users_saw() -> None:
     d = Driver(reconnect_grace_s=None)
     d.lead()
     d.feed(Woke(), after=5.0)
@@ -577,7 +589,7 @@ def test_statistics_count_what_users_saw():
     assert stats.errors == 0  # a failed probe is on_lost, not on_error
 
 
-def test_results_that_make_no_sense_raise():
+def test_results_that_make_no_sense_raise() -> None:
     d = Driver()
     with pytest.raises(IllegalTransitionError):
         d.feed(Answered(True))  # no call in flight
@@ -596,7 +608,7 @@ def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequen
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_random_runs_keep_the_invariants(seed):
+def test_random_runs_keep_the_invariants(seed: int) -> None:
     """Whatever the server answers and whenever users ask: exactly one blocking effect,
     last, while running; none once stopped; on_lost only after on_acquired; on_acquired
     never twice without the leadership ending between (lost, released, or a release that

@@ -5,12 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from pgleaderlock import ConnectionError, LeaderLock, LockState
 from pgleaderlock.plugins.metrics import MetricsPlugin
+from pgleaderlock.testing import FakeServer
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -44,7 +50,9 @@ def state_of(registry: CollectorRegistry, lock: str = "1,2") -> str:
     return current[0]
 
 
-async def test_leader_lifecycle_is_counted(make_lock, registry):
+async def test_leader_lifecycle_is_counted(
+    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
+) -> None:
     lock = make_lock()
     lock.plugins.register(MetricsPlugin(registry))
     assert registry.get_sample_value("pgleaderlock_is_leader", {"lock": "1,2"}) is None
@@ -76,7 +84,9 @@ async def test_leader_lifecycle_is_counted(make_lock, registry):
     assert set(transitions.values()) == {1}
 
 
-async def test_time_as_leader_is_live_and_accumulates(make_lock, registry):
+async def test_time_as_leader_is_live_and_accumulates(
+    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
+) -> None:
     clock = FakeClock()
     lock = make_lock()
     lock.plugins.register(MetricsPlugin(registry, clock=clock))
@@ -101,7 +111,12 @@ async def test_time_as_leader_is_live_and_accumulates(make_lock, registry):
     assert value(registry, "pgleaderlock_released_total") == 1
 
 
-async def test_attempts_and_failures_under_contention(make_lock, server, registry, recorder):
+async def test_attempts_and_failures_under_contention(
+    make_lock: Callable[..., LeaderLock],
+    server: FakeServer,
+    registry: CollectorRegistry,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     lock = make_lock()
@@ -123,7 +138,12 @@ async def test_attempts_and_failures_under_contention(make_lock, server, registr
     assert value(registry, "pgleaderlock_is_leader") == 1
 
 
-async def test_loss_and_errors_are_counted(make_lock, server, registry, recorder):
+async def test_loss_and_errors_are_counted(
+    make_lock: Callable[..., LeaderLock],
+    server: FakeServer,
+    registry: CollectorRegistry,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     lock = make_lock()
     rec = recorder(lock)
     lock.plugins.register(MetricsPlugin(registry))
@@ -148,7 +168,9 @@ async def test_loss_and_errors_are_counted(make_lock, server, registry, recorder
     )
 
 
-async def test_one_plugin_many_locks_labelled_by_name(make_lock, server, registry):
+async def test_one_plugin_many_locks_labelled_by_name(
+    make_lock: Callable[..., LeaderLock], server: FakeServer, registry: CollectorRegistry
+) -> None:
     plugin = MetricsPlugin(registry)
     named = make_lock(name="billing-scheduler")
     by_keys = LeaderLock(None, 3, -4, connect_fn=server.connect, load_plugins=False)
@@ -170,7 +192,9 @@ async def test_one_plugin_many_locks_labelled_by_name(make_lock, server, registr
         await by_keys.shutdown()
 
 
-async def test_exposition_reads_well(make_lock, registry):
+async def test_exposition_reads_well(
+    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
+) -> None:
     lock = make_lock(name="nightly-report")
     lock.plugins.register(MetricsPlugin(registry))
     await lock.start()
@@ -184,7 +208,7 @@ async def test_exposition_reads_well(make_lock, registry):
     assert 'pgleaderlock_acquired_total{lock="nightly-report"} 1.0' in text
 
 
-def test_plugins_share_a_registry_and_clashes_are_reported(registry):
+def test_plugins_share_a_registry_and_clashes_are_reported(registry: CollectorRegistry) -> None:
     first = MetricsPlugin(registry)
     second = MetricsPlugin(registry)  # same metrics, no "Duplicated timeseries"
     assert first._collector is second._collector
@@ -206,7 +230,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_core_never_imports_prometheus_client():
+def test_core_never_imports_prometheus_client() -> None:
     result = run_python(
         """
         import sys
@@ -219,7 +243,7 @@ def test_core_never_imports_prometheus_client():
     assert result.returncode == 0, result.stderr
 
 
-def test_missing_prometheus_client_names_the_extra():
+def test_missing_prometheus_client_names_the_extra() -> None:
     result = run_python(
         """
         import sys
@@ -232,7 +256,7 @@ def test_missing_prometheus_client_names_the_extra():
     assert result.stderr.strip().splitlines()[-1].startswith("ImportError:")
 
 
-def test_entry_point_object_is_one_shared_plugin_on_the_default_registry():
+def test_entry_point_object_is_one_shared_plugin_on_the_default_registry() -> None:
     result = run_python(
         """
         from prometheus_client import REGISTRY

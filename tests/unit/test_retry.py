@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -20,25 +21,25 @@ def ctx(attempt: int) -> RetryContext:
     return RetryContext(attempt=attempt, elapsed_s=0.0, last_error=None)
 
 
-def test_exponential_backoff_defaults():
+def test_exponential_backoff_defaults() -> None:
     strategy = ExponentialBackoff()
     assert [strategy.next_delay_s(ctx(n)) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
 
 
-def test_exponential_backoff_custom_and_huge_attempts():
+def test_exponential_backoff_custom_and_huge_attempts() -> None:
     strategy = ExponentialBackoff(base_s=0.5, max_s=10, multiplier=3)
     assert [strategy.next_delay_s(ctx(n)) for n in (1, 2, 3, 4)] == [0.5, 1.5, 4.5, 10]
     assert strategy.next_delay_s(ctx(10_000)) == 10  # no float overflow
     assert ExponentialBackoff(multiplier=1).next_delay_s(ctx(50)) == 1
 
 
-def test_fixed_interval():
+def test_fixed_interval() -> None:
     strategy = FixedInterval(2.5)
     assert {strategy.next_delay_s(ctx(n)) for n in range(1, 20)} == {2.5}
     assert FixedInterval().next_delay_s(ctx(1)) == 5.0
 
 
-def test_decorrelated_jitter_is_reproducible_and_bounded():
+def test_decorrelated_jitter_is_reproducible_and_bounded() -> None:
     a = DecorrelatedJitter(base_s=1, max_s=30, rng=random.Random(42))
     b = DecorrelatedJitter(base_s=1, max_s=30, rng=random.Random(42))
     delays_a = [a.next_delay_s(ctx(n)) for n in range(1, 50)]
@@ -48,7 +49,7 @@ def test_decorrelated_jitter_is_reproducible_and_bounded():
     assert max(delays_a) == 30  # it reaches the cap
 
 
-def test_decorrelated_jitter_follows_the_formula():
+def test_decorrelated_jitter_follows_the_formula() -> None:
     rng = random.Random(7)
     expected_rng = random.Random(7)
     strategy = DecorrelatedJitter(base_s=1, max_s=30, rng=rng)
@@ -59,14 +60,14 @@ def test_decorrelated_jitter_follows_the_formula():
         prev = expected
 
 
-def test_decorrelated_jitter_restarts_each_cycle():
+def test_decorrelated_jitter_restarts_each_cycle() -> None:
     strategy = DecorrelatedJitter(base_s=1, max_s=100, rng=random.Random(1))
     for n in range(1, 10):
         strategy.next_delay_s(ctx(n))
     assert strategy.next_delay_s(ctx(1)) <= 3  # prev reset to base_s: uniform(1, 3)
 
 
-def test_strategies_satisfy_the_protocol():
+def test_strategies_satisfy_the_protocol() -> None:
     for strategy in (ExponentialBackoff(), FixedInterval(), DecorrelatedJitter()):
         assert isinstance(strategy, RetryStrategy)
 
@@ -84,11 +85,11 @@ def test_strategies_satisfy_the_protocol():
         (lambda: DecorrelatedJitter(base_s=5, max_s=1), "max_s"),
     ],
 )
-def test_bad_parameters(factory, match):
+def test_bad_parameters(factory: Callable[[], RetryStrategy], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         factory()
 
 
-def test_repr():
+def test_repr() -> None:
     assert repr(FixedInterval(3)) == "FixedInterval(interval_s=3.0)"
     assert "ExponentialBackoff(base_s=1.0" in repr(ExponentialBackoff())
