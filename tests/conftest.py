@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,6 +13,9 @@ import pytest
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.server import lock_holders, resolve_test_dsn
+
+# Fixture modules shared by several folders (each documents its fixtures).
+pytest_plugins = ["support.pgbouncer"]
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
 
@@ -98,7 +102,7 @@ def recorder() -> Callable[[LeaderLock], Recorder]:
 
 # ---------------------------------------------------------------- the shared server
 
-Admin = psycopg.AsyncConnection[tuple[object, ...]]
+Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,13 +18,16 @@ from pgleaderlock import (
 )
 from pgleaderlock.core.session import ConnectOptions
 
+if TYPE_CHECKING:
+    from conftest import Admin, Recorder
+
 asyncpg = pytest.importorskip("asyncpg")
 
 from pgleaderlock.backends import asyncpg as asyncpg_backend  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-FAST = {
+FAST: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.02),
     "health_interval_s": 0.1,
     "health_timeout_s": 1.0,
@@ -32,16 +37,18 @@ FAST = {
 
 
 @pytest.fixture
-def url(pg_dsn, to_url) -> str:
+def url(pg_dsn: str, to_url: Callable[..., str]) -> str:
     return str(to_url(pg_dsn))
 
 
-async def test_pooled_connection_is_refused(url, keys, recorder):
+async def test_pooled_connection_is_refused(
+    url: str, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
-    held = []
+    held: list[Any] = []  # asyncpg has no type information
     try:
 
-        async def connect():
+        async def connect() -> Any:
             conn = await pool.acquire()
             held.append(conn)
             return conn
@@ -61,10 +68,15 @@ async def test_pooled_connection_is_refused(url, keys, recorder):
         await pool.close()
 
 
-async def test_connect_fn_connection_in_a_transaction_is_rolled_back(url, keys, admin, holders):
-    conns = []
+async def test_connect_fn_connection_in_a_transaction_is_rolled_back(
+    url: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
+    conns: list[Any] = []  # asyncpg has no type information
 
-    async def connect():
+    async def connect() -> Any:
         conn = await asyncpg.connect(url)
         await conn.transaction().start()
         conns.append(conn)
@@ -80,14 +92,16 @@ async def test_connect_fn_connection_in_a_transaction_is_rolled_back(url, keys, 
             cur = await admin.execute(
                 "SELECT state FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
             )
-            assert (await cur.fetchone())[0] in ("idle", "active")
+            row = await cur.fetchone()
+            assert row is not None
+            assert row[0] in ("idle", "active")
         assert await holders(*keys) == []
     finally:
         for conn in conns:
             conn.terminate()
 
 
-async def test_dsn_settings_are_kept_and_ours_win(url):
+async def test_dsn_settings_are_kept_and_ours_win(url: str) -> None:
     sep = "&" if "?" in url else "?"
     dsn = f"{url}{sep}statement_timeout=12345&application_name=from-dsn"
     session = await asyncpg_backend.connect(
@@ -105,13 +119,14 @@ async def test_dsn_settings_are_kept_and_ours_win(url):
     "dsn",
     ["host=localhost dbname=postgres", "mysql://u@h/db", "postgresql://u@h:notaport/db"],
 )
-def test_malformed_dsn(dsn):
+def test_malformed_dsn(dsn: str) -> None:
     with pytest.raises(ConfigurationError, match="malformed DSN"):
         LeaderLock(dsn, 1, 2, backend="asyncpg")
 
 
-def test_scheme_selects_asyncpg_and_is_stripped():
+def test_scheme_selects_asyncpg_and_is_stripped() -> None:
     lock = LeaderLock("postgresql+asyncpg://u:pw@h/db", 1, 2)
+    assert lock.backend is not None
     assert lock.backend.name == "asyncpg"
     assert lock._slot._dsn == "postgresql://u:pw@h/db"
 
@@ -161,20 +176,20 @@ class _Open:
         ),
     ],
 )
-def test_error_mapping(exc, conn, expected):
+def test_error_mapping(exc: BaseException, conn: object, expected: type[Exception]) -> None:
     err = asyncpg_backend._translate(exc, "try_lock", conn)
     assert type(err) is expected
     assert err.__cause__ is exc
     assert str(err).startswith("try_lock: ")
 
 
-def test_error_messages_are_masked():
+def test_error_messages_are_masked() -> None:
     exc = OSError("could not connect to postgresql://app:hunter2@db/x")
     err = asyncpg_backend._translate(exc, "connect")
     assert "hunter2" not in str(err)
 
 
-async def test_vanished_prepared_statements_mean_a_pooler(url, keys):
+async def test_vanished_prepared_statements_mean_a_pooler(url: str, keys: tuple[int, int]) -> None:
     """On a transaction-mode pooler the next statement may run on a backend that never
     saw the session's prepared statements: refused like a pid change."""
     session = await asyncpg_backend.connect(url, ConnectOptions("x", 3))

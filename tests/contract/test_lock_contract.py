@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,26 +26,37 @@ from pgleaderlock import (
 from pgleaderlock.backends import WaitingSession, WatchableSession
 from support.proxy import TcpProxy
 
+if TYPE_CHECKING:
+    from conftest import Admin, Recorder
+    from contract.conftest import Target
+
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.01)
 
 
-async def _not(awaitable) -> bool:
+async def _not(awaitable: Awaitable[object]) -> bool:
     return not await awaitable
 
 
-async def _eq(awaitable, expected) -> bool:
+async def _eq(awaitable: Awaitable[object], expected: object) -> bool:
     return await awaitable == expected
 
 
-async def test_acquire_and_release(target, keys, recorder, holders):
+async def test_acquire_and_release(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     lock = target.lock(keys)
     rec = recorder(lock)
     await lock.start()
@@ -59,7 +72,11 @@ async def test_acquire_and_release(target, keys, recorder, holders):
     assert rec.errors() == []
 
 
-async def test_extreme_keys(target, recorder, holders):
+async def test_extreme_keys(
+    target: Target,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     keys = (-(2**31), random.randint(1, 2**31 - 1))
     lock = target.lock(keys)
     rec = recorder(lock)
@@ -71,7 +88,12 @@ async def test_extreme_keys(target, recorder, holders):
     assert rec.errors() == []
 
 
-async def test_mutual_exclusion_among_five(target, keys, recorder, holders):
+async def test_mutual_exclusion_among_five(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     locks = [target.lock(keys) for _ in range(5)]
     recs = [recorder(lock) for lock in locks]
     try:
@@ -101,8 +123,12 @@ async def test_mutual_exclusion_among_five(target, keys, recorder, holders):
 
 
 async def test_terminated_leader_is_lost_and_follower_takes_over(
-    target, keys, recorder, holders, terminate
-):
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    terminate: Callable[[int | None], Awaitable[None]],
+) -> None:
     a, b = target.lock(keys), target.lock(keys)
     rec_a, rec_b = recorder(a), recorder(b)
     await a.start()
@@ -121,7 +147,12 @@ async def test_terminated_leader_is_lost_and_follower_takes_over(
     assert not a.is_leader
 
 
-async def test_step_down_hands_over(target, keys, recorder, holders):
+async def test_step_down_hands_over(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     a = target.lock(keys, retry_strategy=FixedInterval(0.5))
     b = target.lock(keys)
     rec_a, rec_b = recorder(a), recorder(b)
@@ -136,7 +167,13 @@ async def test_step_down_hands_over(target, keys, recorder, holders):
     assert "acquired" not in rec_a.names()[1:]
 
 
-async def test_flap_damping_recovers_silently(target, keys, recorder, holders, terminate):
+async def test_flap_damping_recovers_silently(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    terminate: Callable[[int | None], Awaitable[None]],
+) -> None:
     lock = target.lock(keys, reconnect_grace_s=10.0)
     rec = recorder(lock)
     await lock.start()
@@ -150,19 +187,27 @@ async def test_flap_damping_recovers_silently(target, keys, recorder, holders, t
     assert await holders(*keys) == [lock.backend_pid]
 
 
-async def test_shutdown_releases_and_closes(target, keys, holders, backend_alive):
+async def test_shutdown_releases_and_closes(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    backend_alive: Callable[[int], Awaitable[bool]],
+) -> None:
     # (That this pid carries the lock's application_name: see
     # test_application_name_identifies_the_holder.)
     lock = target.lock(keys)
     await lock.start()
     assert await lock.wait_for_leadership(10)
     pid = lock.backend_pid
+    assert pid is not None
     await lock.shutdown()
     assert await holders(*keys) == []  # unlocked before the session was closed
     await wait_until(lambda: _not(backend_alive(pid)), 2, "the session to end")
 
 
-async def test_never_reentrant(target, keys, holders):
+async def test_never_reentrant(
+    target: Target, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     """Health probes never re-acquire: after ~100 probes one unlock frees the lock."""
     lock = target.lock(keys, health_interval_s=0.01, auto_reacquire=False)
     await lock.start()
@@ -179,7 +224,9 @@ async def test_never_reentrant(target, keys, holders):
 
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
-async def test_stuck_network_does_not_hang_shutdown(target, keys, holders):
+async def test_stuck_network_does_not_hang_shutdown(
+    target: Target, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     """A leader behind a proxy that stops forwarding: shutdown stays bounded, and the
     lock is freed once the connection is gone."""
     async with TcpProxy(*target.server_address()) as proxy:
@@ -198,7 +245,9 @@ async def test_stuck_network_does_not_hang_shutdown(target, keys, holders):
 
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
-async def test_interrupted_try_lock_never_reuses_the_session(target, keys, recorder):
+async def test_interrupted_try_lock_never_reuses_the_session(
+    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     """try_lock stuck on the wire times out: that session is closed, not reused."""
     async with TcpProxy(*target.server_address()) as proxy:
         dsn = target.dsn(host="127.0.0.1", port=proxy.port)
@@ -206,7 +255,7 @@ async def test_interrupted_try_lock_never_reuses_the_session(target, keys, recor
         rec = recorder(lock)
 
         @lock.on_state_change
-        def stall_on_first_attempt(old, new):
+        def stall_on_first_attempt(old: LockState, new: LockState) -> None:
             if new is S.ACQUIRING and proxy.connections == 1:
                 proxy.stall()
 
@@ -221,7 +270,13 @@ async def test_interrupted_try_lock_never_reuses_the_session(target, keys, recor
         await lock.shutdown()
 
 
-async def test_wait_mode_follower_is_granted_at_once(target, keys, recorder, holders, waiters):
+async def test_wait_mode_follower_is_granted_at_once(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     await target.require(WaitingSession)
     a = target.lock(keys)
     b = target.lock(keys, retry_strategy=FixedInterval(30))  # one 30 s wait on the server
@@ -239,7 +294,13 @@ async def test_wait_mode_follower_is_granted_at_once(target, keys, recorder, hol
     assert await holders(*keys) == [b.backend_pid]
 
 
-async def test_poll_mode_follower(target, keys, recorder, holders, waiters):
+async def test_poll_mode_follower(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     a = target.lock(keys, follower_mode="poll")
     b = target.lock(keys, follower_mode="poll")
     rec_b = recorder(b)
@@ -254,7 +315,12 @@ async def test_poll_mode_follower(target, keys, recorder, holders, waiters):
     assert await holders(*keys) == [b.backend_pid]
 
 
-async def test_terminated_leader_notices_within_milliseconds(target, keys, recorder, terminate):
+async def test_terminated_leader_notices_within_milliseconds(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    terminate: Callable[[int | None], Awaitable[None]],
+) -> None:
     await target.require(WatchableSession)
     lock = target.lock(keys, health_interval_s=60.0, auto_reacquire=False)
     rec = recorder(lock)
@@ -270,8 +336,14 @@ async def test_terminated_leader_notices_within_milliseconds(target, keys, recor
 
 @pytest.mark.parametrize("how", ["shutdown", "terminate"])
 async def test_stopped_waiter_leaves_no_backend_behind(
-    target, keys, recorder, terminate, waiters, backend_alive, how
-):
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    terminate: Callable[[int | None], Awaitable[None]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+    backend_alive: Callable[[int], Awaitable[bool]],
+    how: str,
+) -> None:
     await target.require(WaitingSession)
     a = target.lock(keys)
     await a.start()
@@ -298,8 +370,13 @@ async def test_stopped_waiter_leaves_no_backend_behind(
 
 @pytest.mark.postgres_only("a role whose pg_backend_pid() moves, like a pooler")
 async def test_pooler_moving_the_session_is_refused(
-    target, keys, recorder, holders, fake_pooler_user, caplog
-):
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    fake_pooler_user: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A session whose server backend changes between statements is dropped and the
     lock stops: retrying cannot help (a transaction-mode pooler is in the way)."""
     lock = target.lock(keys, dsn=target.dsn(user=fake_pooler_user))
@@ -317,7 +394,9 @@ async def test_pooler_moving_the_session_is_refused(
 
 
 @pytest.mark.postgres_only("a role whose pg_backend_pid() moves, like a pooler")
-async def test_session_pid_check_on_every_statement(target, keys, fake_pooler_user):
+async def test_session_pid_check_on_every_statement(
+    target: Target, keys: tuple[int, int], fake_pooler_user: str
+) -> None:
     session = await target.session(user=fake_pooler_user)
     assert await session.try_lock(*keys)
     with pytest.raises(SessionNotDedicatedError, match="transaction-mode pooler"):
@@ -327,7 +406,12 @@ async def test_session_pid_check_on_every_statement(target, keys, fake_pooler_us
 
 
 @pytest.mark.postgres_only("raw driver connections, and pg_stat_activity")
-async def test_connect_fn_may_return_a_raw_driver_connection(target, keys, admin, holders):
+async def test_connect_fn_may_return_a_raw_driver_connection(
+    target: Target,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     target.require_raw_connections()
 
     async def connect() -> object:
@@ -343,7 +427,9 @@ async def test_connect_fn_may_return_a_raw_driver_connection(target, keys, admin
         cur = await admin.execute(
             "SELECT state FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
         )
-        (state,) = await cur.fetchone()
+        row = await cur.fetchone()
+        assert row is not None
+        (state,) = row
         seen.add(state)
         await asyncio.sleep(0.01)
     assert seen <= {"idle", "active"}, seen
@@ -352,7 +438,9 @@ async def test_connect_fn_may_return_a_raw_driver_connection(target, keys, admin
 
 
 @pytest.mark.postgres_only("application_name lives in pg_stat_activity")
-async def test_application_name_identifies_the_holder(target, keys, admin):
+async def test_application_name_identifies_the_holder(
+    target: Target, keys: tuple[int, int], admin: Admin
+) -> None:
     lock = LeaderLock.from_name(
         f"contract-{target.id}-{keys[0]}",
         dsn=target.dsn(),
@@ -365,13 +453,20 @@ async def test_application_name_identifies_the_holder(target, keys, admin):
     cur = await admin.execute(
         "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
     )
-    (name,) = await cur.fetchone()
+    row = await cur.fetchone()
+    assert row is not None
+    (name,) = row
     assert name == lock.application_name
     assert name.startswith(f"pgleaderlock:contract-{target.id}-{keys[0]}@")
 
 
 @pytest.mark.postgres_only("authentication happens on the server")
-async def test_wrong_credentials_clear_error(target, keys, recorder, caplog):
+async def test_wrong_credentials_clear_error(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     if target.flavour.engine:
         dsn = target.dsn(user="no_such_user_xyz", password="s3cr3t")
     else:
@@ -391,7 +486,9 @@ async def test_wrong_credentials_clear_error(target, keys, recorder, caplog):
 
 
 @pytest.mark.postgres_only("connects to a closed TCP port")
-async def test_unreachable_host_reports_errors_and_never_hangs(target, keys, recorder):
+async def test_unreachable_host_reports_errors_and_never_hangs(
+    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     import socket
 
     with socket.socket() as s:
@@ -411,7 +508,9 @@ async def test_unreachable_host_reports_errors_and_never_hangs(target, keys, rec
 
 
 @pytest.mark.postgres_only("connects to a TCP server that never answers")
-async def test_silent_server_is_bounded_by_connect_timeout(target, keys, recorder):
+async def test_silent_server_is_bounded_by_connect_timeout(
+    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
     """A server that accepts TCP but never answers: connect times out, no hang."""
     accepted: list[asyncio.StreamWriter] = []
     server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)

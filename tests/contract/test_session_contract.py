@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
 
@@ -17,34 +19,43 @@ from pgleaderlock import ConnectionError, LockError, SessionNotDedicatedError
 from pgleaderlock.backends import (
     AbortableSession,
     ConnectOptions,
+    LockSession,
     WaitingSession,
     WatchableSession,
 )
 from support.proxy import TcpProxy
 
+if TYPE_CHECKING:
+    from conftest import Admin
+    from contract.conftest import Target
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
+T = TypeVar("T")
 
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.01)
 
 
-async def _not(awaitable) -> bool:
+async def _not(awaitable: Awaitable[object]) -> bool:
     return not await awaitable
 
 
-async def _eq(awaitable, expected) -> bool:
+async def _eq(awaitable: Awaitable[object], expected: object) -> bool:
     return await awaitable == expected
 
 
-async def _sorted_eq(awaitable, expected) -> bool:
+async def _sorted_eq(awaitable: Awaitable[list[int]], expected: list[int]) -> bool:
     return sorted(await awaitable) == expected
 
 
-async def test_builtin_backends_have_every_capability(target):
+async def test_builtin_backends_have_every_capability(target: Target) -> None:
     if target.flavour.fake or target.flavour.backend not in ("psycopg", "asyncpg", "sqlalchemy"):
         pytest.skip("optional for third-party backends (and the fake)")
     session = await target.session()
@@ -52,7 +63,9 @@ async def test_builtin_backends_have_every_capability(target):
     assert isinstance(session, WatchableSession)
 
 
-async def test_try_lock_unlock_holds(target, keys, holders):
+async def test_try_lock_unlock_holds(
+    target: Target, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     a = await target.session()
     b = await target.session()
     assert await a.try_lock(*keys) is True
@@ -70,7 +83,9 @@ async def test_try_lock_unlock_holds(target, keys, holders):
 
 
 @pytest.mark.postgres_only("asks pg_stat_activity about the session's server process")
-async def test_backend_pid_is_the_sessions_client_backend(target, keys, admin):
+async def test_backend_pid_is_the_sessions_client_backend(
+    target: Target, keys: tuple[int, int], admin: Admin
+) -> None:
     a = await target.session()
     assert await a.try_lock(*keys) is True
     pid = a.backend_pid
@@ -80,7 +95,9 @@ async def test_backend_pid_is_the_sessions_client_backend(target, keys, admin):
     assert await a.unlock(*keys) is True
 
 
-async def test_negative_and_extreme_keys(target, holders):
+async def test_negative_and_extreme_keys(
+    target: Target, holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     """Regression: "-2147483648::int4" parses as -(2147483648::int4) and overflowed."""
     session = await target.session()
     for keys in [(-(2**31), 2**31 - 1), (2**31 - 1, -(2**31)), (-1, -1), (0, 0)]:
@@ -91,7 +108,9 @@ async def test_negative_and_extreme_keys(target, holders):
 
 
 @pytest.mark.postgres_only("application_name and settings live on the server")
-async def test_application_name_and_server_settings(target, admin, run_sql):
+async def test_application_name_and_server_settings(
+    target: Target, admin: Admin, run_sql: Callable[[object, str], Awaitable[tuple[Any, ...]]]
+) -> None:
     options = ConnectOptions(
         application_name=f"pgleaderlock-settings-{target.id}",
         connect_timeout_s=3,
@@ -122,10 +141,16 @@ async def test_application_name_and_server_settings(target, admin, run_sql):
         assert (user_timeout, idle, count) == ("8750", "4", "6")
 
 
-async def test_wait_lock_times_out_then_is_granted(target, keys, holders, waiters):
+async def test_wait_lock_times_out_then_is_granted(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     await target.require(WaitingSession)
     a = await target.session()
     b = await target.session()
+    assert isinstance(b, WaitingSession)
     assert await a.try_lock(*keys)
     assert await b.try_lock(*keys) is False  # as the core does: try first, then wait
     started = time.monotonic()
@@ -152,7 +177,12 @@ async def test_wait_lock_times_out_then_is_granted(target, keys, holders, waiter
 
 
 @pytest.mark.parametrize("method", ["try_lock", "unlock", "holds", "wait_lock"])
-async def test_terminated_session_raises_connection_error(target, keys, terminate, method):
+async def test_terminated_session_raises_connection_error(
+    target: Target,
+    keys: tuple[int, int],
+    terminate: Callable[[int | None], Awaitable[None]],
+    method: str,
+) -> None:
     """After pg_terminate_backend every method raises ConnectionError (whatever the
     driver's own exception type), with the driver error as the cause."""
     if method == "wait_lock":
@@ -161,12 +191,13 @@ async def test_terminated_session_raises_connection_error(target, keys, terminat
     assert await session.try_lock(*keys)
     await terminate(session.backend_pid)
     await asyncio.sleep(0.05)
-    call = {
+    by_method: dict[str, Callable[[], Awaitable[bool]]] = {
         "try_lock": lambda: session.try_lock(*keys),
         "unlock": lambda: session.unlock(*keys),
         "holds": lambda: session.holds(*keys),
-        "wait_lock": lambda: session.wait_lock(*keys, 1.0),
-    }[method]
+        "wait_lock": lambda: cast(WaitingSession, session).wait_lock(*keys, 1.0),
+    }
+    call = by_method[method]
     for _ in range(2):  # and again on the dead session
         with pytest.raises(ConnectionError) as info:
             async with asyncio.timeout(5):
@@ -178,10 +209,16 @@ async def test_terminated_session_raises_connection_error(target, keys, terminat
     await session.close()  # idempotent
 
 
-async def test_terminated_during_wait_raises_connection_error(target, keys, terminate, waiters):
+async def test_terminated_during_wait_raises_connection_error(
+    target: Target,
+    keys: tuple[int, int],
+    terminate: Callable[[int | None], Awaitable[None]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     await target.require(WaitingSession)
     a = await target.session()
     b = await target.session()
+    assert isinstance(b, WaitingSession)
     assert await a.try_lock(*keys)
     assert await b.try_lock(*keys) is False
     wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
@@ -197,9 +234,12 @@ async def test_terminated_during_wait_raises_connection_error(target, keys, term
         await asyncio.gather(wait, return_exceptions=True)
 
 
-async def test_watch_reports_termination_at_once(target, keys, terminate):
+async def test_watch_reports_termination_at_once(
+    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+) -> None:
     await target.require(WatchableSession)
     session = await target.session()
+    assert isinstance(session, WatchableSession)
     assert await session.try_lock(*keys)
     fired = asyncio.Event()
     calls: list[float] = []
@@ -222,11 +262,14 @@ async def test_watch_reports_termination_at_once(target, keys, terminate):
         await session.holds(*keys)
 
 
-async def test_watch_armed_after_termination_fires(target, keys, terminate):
+async def test_watch_armed_after_termination_fires(
+    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+) -> None:
     """A watch armed on an idle session that the server already ended still reports it
     (the socket holds the FATAL message and EOF), from the event loop, once."""
     await target.require(WatchableSession)
     session = await target.session()
+    assert isinstance(session, WatchableSession)
     assert await session.try_lock(*keys)
     await terminate(session.backend_pid)
     await asyncio.sleep(0.05)
@@ -245,10 +288,17 @@ async def test_watch_armed_after_termination_fires(target, keys, terminate):
     assert calls == ["fired"]
 
 
-async def test_freed_lock_goes_to_the_first_waiter(target, keys, holders, waiters):
+async def test_freed_lock_goes_to_the_first_waiter(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """Waiters are granted in the order they queued, one at a time."""
     await target.require(WaitingSession)
     a, b, c = [await target.session() for _ in range(3)]
+    assert isinstance(b, WaitingSession)
+    assert isinstance(c, WaitingSession)
     assert await a.try_lock(*keys)
     assert await b.try_lock(*keys) is False
     assert await c.try_lock(*keys) is False
@@ -257,6 +307,8 @@ async def test_freed_lock_goes_to_the_first_waiter(target, keys, holders, waiter
     try:
         await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
         wait_c = asyncio.ensure_future(c.wait_lock(*keys, 30))
+        assert b.backend_pid is not None
+        assert c.backend_pid is not None
         expected = sorted([b.backend_pid, c.backend_pid])
         await wait_until(lambda: _sorted_eq(waiters(*keys), expected), 5, "c to queue")
         assert await a.unlock(*keys)
@@ -277,10 +329,13 @@ async def test_freed_lock_goes_to_the_first_waiter(target, keys, holders, waiter
                 await asyncio.gather(wait, return_exceptions=True)
 
 
-async def test_watch_is_disarmed_by_none_by_calls_and_by_close(target, keys, terminate):
+async def test_watch_is_disarmed_by_none_by_calls_and_by_close(
+    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+) -> None:
     await target.require(WatchableSession)
     calls: list[str] = []
     session = await target.session()
+    assert isinstance(session, WatchableSession)
     assert await session.try_lock(*keys)
     session.watch(lambda: calls.append("removed"))
     session.watch(None)
@@ -292,6 +347,7 @@ async def test_watch_is_disarmed_by_none_by_calls_and_by_close(target, keys, ter
     assert calls == []
 
     other = await target.session()
+    assert isinstance(other, WatchableSession)
     await other.holds(*keys)
     other.watch(lambda: calls.append("closed"))
     await other.close()
@@ -300,11 +356,15 @@ async def test_watch_is_disarmed_by_none_by_calls_and_by_close(target, keys, ter
 
 
 async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
-    target, keys, waiters, backend_alive
-):
+    target: Target,
+    keys: tuple[int, int],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+    backend_alive: Callable[[int], Awaitable[bool]],
+) -> None:
     await target.require(WaitingSession)
     a = await target.session()
     b = await target.session()
+    assert isinstance(b, WaitingSession)
     assert await a.try_lock(*keys)
     assert await b.try_lock(*keys) is False
     pid = b.backend_pid
@@ -323,9 +383,10 @@ async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
     await wait_until(lambda: _not(backend_alive(pid)), 0.3, "the waiter's backend to go")
 
 
-async def bounded_like_the_core(session, call, timeout_s: float):
+async def bounded_like_the_core(session: LockSession, call: Awaitable[T], timeout_s: float) -> T:
     """What the core does when a call times out: abort() the session, then cancel."""
     task = asyncio.current_task()
+    assert task is not None
 
     def expire() -> None:
         if isinstance(session, AbortableSession):
@@ -342,9 +403,10 @@ async def bounded_like_the_core(session, call, timeout_s: float):
         handle.cancel()
 
 
-async def test_sessions_can_abort(target):
+async def test_sessions_can_abort(target: Target) -> None:
     await target.require(AbortableSession)
     session = await target.session()
+    assert isinstance(session, AbortableSession)
     session.abort()
     session.abort()  # idempotent
     with pytest.raises(ConnectionError):
@@ -353,7 +415,9 @@ async def test_sessions_can_abort(target):
 
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
-async def test_timed_out_call_on_a_stuck_network_returns_at_once(target, keys):
+async def test_timed_out_call_on_a_stuck_network_returns_at_once(
+    target: Target, keys: tuple[int, int]
+) -> None:
     async with TcpProxy(*target.server_address()) as proxy:
         session = await target.session(host="127.0.0.1", port=proxy.port)
         assert await session.try_lock(*keys)
@@ -371,12 +435,15 @@ async def test_timed_out_call_on_a_stuck_network_returns_at_once(target, keys):
 
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
-async def test_cancelled_wait_on_a_stuck_network_is_bounded(target, keys):
+async def test_cancelled_wait_on_a_stuck_network_is_bounded(
+    target: Target, keys: tuple[int, int]
+) -> None:
     """The cancel request for a wait cannot get through: give up within ~1 s."""
     await target.require(WaitingSession)
     async with TcpProxy(*target.server_address()) as proxy:
         holder = await target.session()
         session = await target.session(host="127.0.0.1", port=proxy.port)
+        assert isinstance(session, WaitingSession)
         assert await holder.try_lock(*keys)
         wait = asyncio.ensure_future(session.wait_lock(*keys, 30))
         await asyncio.sleep(0.2)
@@ -391,7 +458,7 @@ async def test_cancelled_wait_on_a_stuck_network_is_bounded(target, keys):
 
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
-async def test_close_is_bounded_on_a_stuck_network(target, keys):
+async def test_close_is_bounded_on_a_stuck_network(target: Target, keys: tuple[int, int]) -> None:
     async with TcpProxy(*target.server_address()) as proxy:
         session = await target.session(host="127.0.0.1", port=proxy.port)
         assert await session.try_lock(*keys)

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pgleaderlock import ConfigurationError, FixedInterval, LeaderLock, LockState
 
+if TYPE_CHECKING:
+    from conftest import Recorder
+
 sqlalchemy = pytest.importorskip("sqlalchemy")
 
 from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine  # noqa: E402
 
 from pgleaderlock.backends import sqlalchemy as sa_backend  # noqa: E402
 
@@ -22,7 +26,7 @@ S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 DRIVERS = ["psycopg"] + (["asyncpg"] if importlib.util.find_spec("asyncpg") else [])
-FAST = {
+FAST: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.02),
     "health_interval_s": 0.05,
     "health_timeout_s": 1.0,
@@ -40,7 +44,7 @@ def driver(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def url(pg_dsn: str, driver: str, to_url) -> str:
+def url(pg_dsn: str, driver: str, to_url: Callable[..., str]) -> str:
     return str(to_url(pg_dsn, f"postgresql+{driver}"))
 
 
@@ -68,13 +72,15 @@ async def pool_pids(engine: AsyncEngine, n: int) -> list[tuple[int, int]]:
             await conn.close()
 
 
-async def test_pool_never_holds_the_lock(engine, keys, holders):
+async def test_pool_never_holds_the_lock(
+    engine: AsyncEngine, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     lock = LeaderLock(engine, *keys, **FAST)
     assert lock.connect_options.application_name  # the engine was claimed by sqlalchemy
     async with lock:
         assert await lock.wait_for_leadership(10)
         pid = lock.backend_pid
-        assert engine.pool.checkedout() == 0  # detached: the pool does not know it
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]  # detached: the pool does not know it
         # Both pool slots are still there for the application, on other sessions.
         pooled = await pool_pids(engine, 2)
         assert pid not in [p for p, _ in pooled]
@@ -92,11 +98,13 @@ async def test_pool_never_holds_the_lock(engine, keys, holders):
     assert pid not in [p for p, _ in pooled]
 
 
-async def test_pool_recycle_does_not_drop_leadership(url, keys, holders):
+async def test_pool_recycle_does_not_drop_leadership(
+    url: str, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_recycle=0.1)
     try:
         lock = LeaderLock(engine, *keys, **FAST)
-        rec = []
+        rec: list[str] = []
         lock.on_lost(lambda: rec.append("lost"))
         async with lock:
             assert await lock.wait_for_leadership(10)
@@ -112,7 +120,9 @@ async def test_pool_recycle_does_not_drop_leadership(url, keys, holders):
         await engine.dispose()
 
 
-async def test_locks_leaked_on_a_pooled_connection_are_released(url, keys, holders):
+async def test_locks_leaked_on_a_pooled_connection_are_released(
+    url: str, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
     """A pooled connection that someone returned still holding advisory locks: when the
     backend takes it over, it releases them. Otherwise the lock's long-lived session
     would pin them for as long as it leads (and our own key would be held twice)."""
@@ -136,10 +146,12 @@ async def test_locks_leaked_on_a_pooled_connection_are_released(url, keys, holde
         await engine.dispose()
 
 
-async def test_connect_fn_async_connection_is_detached(engine, keys, holders):
-    user_conns = []
+async def test_connect_fn_async_connection_is_detached(
+    engine: AsyncEngine, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+) -> None:
+    user_conns: list[AsyncConnection] = []
 
-    async def connect():
+    async def connect() -> AsyncConnection:
         conn = await engine.connect()
         await conn.execute(text("SELECT 1"))  # in a transaction now
         user_conns.append(conn)
@@ -149,7 +161,7 @@ async def test_connect_fn_async_connection_is_detached(engine, keys, holders):
     async with lock:
         assert await lock.wait_for_leadership(10)
         pid = lock.backend_pid
-        assert engine.pool.checkedout() == 0
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         assert user_conns[-1].invalidated  # the AsyncConnection let go of it
         await user_conns[-1].close()  # and closing it does not close the lock's session
         await asyncio.sleep(0.2)
@@ -158,8 +170,10 @@ async def test_connect_fn_async_connection_is_detached(engine, keys, holders):
     assert await holders(*keys) == []
 
 
-async def test_connect_fn_unstarted_async_connection_is_refused(engine, keys, recorder):
-    async def connect():
+async def test_connect_fn_unstarted_async_connection_is_refused(
+    engine: AsyncEngine, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
+    async def connect() -> AsyncConnection:
         return engine.connect()  # forgot the await: not started
 
     lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
@@ -170,7 +184,9 @@ async def test_connect_fn_unstarted_async_connection_is_refused(engine, keys, re
     assert "not started" in str(rec.errors()[0])
 
 
-async def test_url_without_driver_uses_psycopg(pg_dsn, keys, to_url):
+async def test_url_without_driver_uses_psycopg(
+    pg_dsn: str, keys: tuple[int, int], to_url: Callable[..., str]
+) -> None:
     lock = LeaderLock(to_url(pg_dsn, "postgresql"), *keys, backend="sqlalchemy", **FAST)
     async with lock:
         assert await lock.wait_for_leadership(10)
@@ -186,12 +202,12 @@ async def test_url_without_driver_uses_psycopg(pg_dsn, keys, to_url):
         ("host=localhost dbname=x", "malformed DSN"),
     ],
 )
-def test_bad_urls_are_configuration_errors(dsn, message):
+def test_bad_urls_are_configuration_errors(dsn: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         LeaderLock(dsn, 1, 2, backend="sqlalchemy")
 
 
-def test_sync_engine_is_refused():
+def test_sync_engine_is_refused() -> None:
     engine = create_engine("postgresql+psycopg://u@127.0.0.1/db")
     try:
         with pytest.raises(ConfigurationError, match="AsyncEngine"):
@@ -200,7 +216,7 @@ def test_sync_engine_is_refused():
         engine.dispose()
 
 
-def test_claims():
+def test_claims() -> None:
     engine = create_async_engine("postgresql+psycopg://u@127.0.0.1/db")
     assert sa_backend.claims(engine)
     assert sa_backend.claims("postgresql+asyncpg://u@h/db")
