@@ -192,6 +192,22 @@ async def test_one_plugin_many_locks_labelled_by_name(
         await by_keys.shutdown()
 
 
+async def test_locks_that_share_a_label_add_up(
+    make_lock: Callable[..., LeaderLock], registry
+) -> None:
+    plugin = MetricsPlugin(registry)
+    for _ in range(2):  # one after the other: the second takes the lock the first let go
+        lock = make_lock(name="shared")
+        lock.plugins.register(plugin)
+        await lock.start()
+        assert await lock.wait_for_leadership(5)
+        assert lock.statistics().acquisitions == 1
+        await lock.shutdown()
+    assert value(registry, "pgleaderlock_acquired_total", "shared") == 2
+    assert value(registry, "pgleaderlock_released_total", "shared") == 2
+    assert value(registry, "pgleaderlock_is_leader", "shared") == 0
+
+
 async def test_exposition_reads_well(
     make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
 ) -> None:

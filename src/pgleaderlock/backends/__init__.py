@@ -30,11 +30,6 @@ from ..core.errors import (
     SessionNotDedicatedError,
 )
 from ..core.registry import available, get, refresh, registered
-
-# Kept importable from here until the core and the CLI import them from
-# pgleaderlock.core.registry; not part of the interface for backend authors.
-from ..core.registry import resolve as resolve
-from ..core.registry import wrap_connection as wrap_connection
 from ..core.session import (
     AbortableSession,
     Backend,

@@ -75,7 +75,7 @@ async def _acquire(
         deadline.start()
         async with lock:
             refused = await lead(
-                common, lock, tracker, signals, held_exit_code=EXIT_NOT_ACQUIRED,
+                common, lock, signals, held_exit_code=EXIT_NOT_ACQUIRED,
                 event="not_acquired", on_signal="stop trying",
             )  # fmt: skip
             if refused is not None:

@@ -143,7 +143,7 @@ async def _exec(
         deadline.start()
         async with lock:
             refused = await lead(
-                common, lock, tracker, signals, held_exit_code=held_exit_code,
+                common, lock, signals, held_exit_code=held_exit_code,
                 event="not_running", on_signal="not running COMMAND",
             )  # fmt: skip
             if refused is not None:

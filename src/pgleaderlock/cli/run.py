@@ -148,10 +148,10 @@ async def _run(common: Common, lock: LeaderLock, tracker: Tracker) -> int:
     if sig is not None:
         log("INFO", "run_stopped", reason=sig.name, exit_code=EXIT_OK)
         return EXIT_OK
-    last = tracker.last_error
+    last = lock.statistics().last_error
     if isinstance(last, ConfigurationError | SessionNotDedicatedError) or (
         last is not None and not tracker.reached_server
     ):
-        raise not_acquired_error(common, tracker)
+        raise not_acquired_error(common, lock)
     log("WARNING", "run_stopped", reason="the lock stopped", exit_code=EXIT_NOT_ACQUIRED)
     return EXIT_NOT_ACQUIRED

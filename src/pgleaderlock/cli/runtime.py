@@ -17,9 +17,9 @@ import signal
 from collections.abc import Awaitable
 from typing import Any
 
-from ..backends import resolve as resolve_backend
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
+from ..core.registry import driver_dsn
 from ..core.retry import RetryStrategy
 from .exits import CliError, first_line, signal_exit
 from .logs import log
@@ -71,13 +71,12 @@ async def preflight(common: Common, lock: LeaderLock) -> None:
     Raises:
         CliError: the server cannot be reached within ``--connect-timeout``.
     """
+    backend = lock.backend  # resolved once, by the lock
+    assert backend is not None, "the CLI's locks open sessions through a backend"
+    dsn = driver_dsn(backend, common.dsn, named=common.backend is not None)
     try:
-        # The lock resolved the backend already but does not expose it; resolving the
-        # same (name, DSN) again gives the same backend. A LeaderLock call that opens and
-        # closes one session would remove this second lookup.
-        backend, driver_dsn = resolve_backend(common.backend, common.dsn)
         async with asyncio.timeout(common.connect_timeout_s):
-            session = await backend.connect(str(driver_dsn), lock.connect_options)
+            session = await backend.connect(dsn, lock.connect_options)
     except TimeoutError:
         raise CliError(
             f"cannot connect to the database: no answer within "
@@ -90,9 +89,9 @@ async def preflight(common: Common, lock: LeaderLock) -> None:
     await session.close()
 
 
-def not_acquired_error(common: Common, tracker: Tracker) -> CliError:
+def not_acquired_error(common: Common, lock: LeaderLock) -> CliError:
     """The error for a lock that stopped without leading and without finding it taken."""
-    error = tracker.last_error
+    error = lock.statistics().last_error
     if error is None:
         return CliError("the lock stopped before it could be acquired")
     return CliError(f"could not acquire the lock: {first_line(error)}; DSN: {common.dsn}")
@@ -156,7 +155,6 @@ async def first(**awaitables: Awaitable[Any]) -> tuple[str, Any]:
 async def lead(
     common: Common,
     lock: LeaderLock,
-    tracker: Tracker,
     signals: Signals,
     *,
     held_exit_code: int,
@@ -168,7 +166,6 @@ async def lead(
     Args:
         common: the command's options (the DSN for an error message).
         lock: the started lock.
-        tracker: its tracker.
         signals: a signal ends the wait with 128+N.
         held_exit_code: the exit code when the lock is held elsewhere.
         event: the name of the log line for "held elsewhere".
@@ -184,7 +181,7 @@ async def lead(
         return signal_exit(sig)
     if leader:
         return None
-    if tracker.held_elsewhere:
+    if lock.statistics().failed_attempts:
         log(
             "INFO",
             event,
@@ -193,4 +190,4 @@ async def lead(
             exit_code=held_exit_code,
         )
         return held_exit_code
-    raise not_acquired_error(common, tracker)
+    raise not_acquired_error(common, lock)

@@ -23,6 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ..core.errors import ConfigurationError
 from ..core.keys import lock_keys
+from ..core.registry import without_driver
 from .exits import EXIT_OK, CliError, first_line
 from .logs import setup_logging
 from .options import Target, log_options, positive, resolve_dsn, resolve_target, target_options
@@ -41,8 +42,6 @@ on the server (--follower-mode wait, the default) are counted as waiting; pollin
 followers hold no row in pg_locks between attempts.
 """
 
-# status always connects with psycopg: drop a postgresql+DRIVER:// scheme's driver part.
-_SCHEME = re.compile(r"^(?P<base>postgres(?:ql)?)\+[A-Za-z0-9_]+://", re.I)
 _APP_NAME = re.compile(r"^pgleaderlock:(?P<label>.*)@[^@]*$")
 
 _SESSION_COLUMNS = """
@@ -144,7 +143,7 @@ def status(
 @contextlib.contextmanager
 def _connect(dsn: str, timeout_s: float) -> Iterator[psycopg.Connection[Any]]:
     """A short autocommit connection whose statements time out after ``timeout_s``."""
-    driver_dsn = _SCHEME.sub(lambda m: f"{m.group('base')}://", dsn)
+    driver_dsn = without_driver(dsn)  # status always connects with psycopg
     try:
         params = conninfo_to_dict(driver_dsn)
     except psycopg.Error as exc:

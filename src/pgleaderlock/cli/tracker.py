@@ -1,9 +1,10 @@
-"""What the command line learns about its lock while it runs: the one place it counts.
+"""What the command line learns about its lock while it runs, beyond its statistics.
 
-:class:`Tracker` is a plugin registered on the lock. The commands read it to choose an
-exit code (was the server ever reached? did an attempt find the lock taken? which error
-came last?) and to wait for a loss or a stop. When ``LeaderLock.statistics()`` exists,
-the counters here should come from it instead; the events (``lost``, ``stopped``) stay.
+The counters the commands need (attempts that found the lock taken, the last database
+error) come from [`LeaderLock.statistics()`][pgleaderlock.LeaderLock.statistics].
+`Tracker` is a plugin registered on the lock for what statistics do not hold: whether
+the server was ever reached (an attempt began), the moments of a loss and of the stop
+(to wait on), and which attempt of a series that finds the lock taken is logged at INFO.
 """
 
 from __future__ import annotations
@@ -22,17 +23,12 @@ class Tracker:
     """A plugin that tells the CLI what the lock is doing."""
 
     def __init__(self) -> None:
-        self.reached_server = False  # a session was opened at least once
-        self.held_elsewhere = 0  # attempts that found the lock taken
-        self.errors: list[Exception] = []
+        # Statistics count attempts but not whether one ever began (a server that was
+        # never reached is a configuration problem): this is the CLI's own bookkeeping.
+        self.reached_server = False
         self.lost = asyncio.Event()
         self.stopped = asyncio.Event()
         self._busy = False
-
-    @property
-    def last_error(self) -> Exception | None:
-        """The most recent error the lock reported, if any."""
-        return self.errors[-1] if self.errors else None
 
     @hookimpl
     def pgleaderlock_state_change(self, new: LockState) -> None:
@@ -43,7 +39,6 @@ class Tracker:
     @hookimpl
     def pgleaderlock_acquire_failed(self, lock: LeaderLock, attempt: int) -> None:
         """Log the first attempt of a series that found the lock taken (the rest: debug)."""
-        self.held_elsewhere += 1
         level = "DEBUG" if self._busy else "INFO"
         self._busy = True
         log(level, "lock_busy", lock=lock.label, attempt=attempt, holder="another session")
@@ -52,11 +47,6 @@ class Tracker:
     def pgleaderlock_acquired(self) -> None:
         """Reset the busy series."""
         self._busy = False
-
-    @hookimpl
-    def pgleaderlock_error(self, error: Exception) -> None:
-        """Remember errors, for the exit code."""
-        self.errors.append(error)
 
     @hookimpl
     def pgleaderlock_lost(self) -> None:

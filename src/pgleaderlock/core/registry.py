@@ -38,10 +38,12 @@ __all__ = [
     "DEFAULT",
     "GROUP",
     "available",
+    "driver_dsn",
     "get",
     "refresh",
     "registered",
     "resolve",
+    "without_driver",
     "wrap_connection",
 ]
 
@@ -189,17 +191,14 @@ def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
     match = _SCHEME.match(dsn)
     if name is not None:
         backend = get(name)
-        if backend.claims is not None and backend.claims(dsn):
-            return backend, dsn  # e.g. sqlalchemy with postgresql+asyncpg://
-        if match is None:
-            return backend, dsn
-        driver = match.group("driver").lower()
-        if driver != name.lower():
-            raise ConfigurationError(
-                f"the DSN scheme {match.group('base')}+{driver}:// asks for backend "
-                f"{driver!r}, but backend={name!r} was given; drop one of the two"
-            )
-        return backend, f"{match.group('base')}://{dsn[match.end() :]}"
+        if match is not None and not _claims(backend, dsn):  # sqlalchemy takes it whole
+            driver = match.group("driver").lower()
+            if driver != name.lower():
+                raise ConfigurationError(
+                    f"the DSN scheme {match.group('base')}+{driver}:// asks for backend "
+                    f"{driver!r}, but backend={name!r} was given; drop one of the two"
+                )
+        return backend, driver_dsn(backend, dsn, named=True)
     if match is None:
         return get(DEFAULT), dsn
     driver = match.group("driver").lower()
@@ -208,7 +207,38 @@ def resolve(name: str | None, dsn: object) -> tuple[Backend, object]:
             f"the DSN scheme {match.group('base')}+{driver}:// names backend {driver!r}, "
             f"which is not registered; registered backends: {', '.join(registered())}"
         )
-    return get(driver), f"{match.group('base')}://{dsn[match.end() :]}"
+    backend = get(driver)
+    return backend, driver_dsn(backend, dsn, named=False)
+
+
+def _claims(backend: Backend, dsn: object) -> bool:
+    return backend.claims is not None and backend.claims(dsn)
+
+
+def driver_dsn(backend: Backend, dsn: object, *, named: bool) -> object:
+    """The DSN that [`resolve`][pgleaderlock.core.registry.resolve] hands to `backend`.
+
+    The `+DRIVER` part of a `postgresql+DRIVER://` scheme chose the backend and is
+    removed, unless the backend was asked for by name and takes the string as it is (the
+    sqlalchemy backend with `postgresql+asyncpg://`). Anything but a string is unchanged.
+
+    Args:
+        backend: the backend chosen for `dsn`.
+        dsn: the DSN the user gave.
+        named: the backend was asked for by name (`backend=`), not by the DSN.
+
+    Returns:
+        What to hand to the backend's `check_dsn` and `connect`.
+    """
+    if not isinstance(dsn, str) or (named and _claims(backend, dsn)):
+        return dsn
+    return without_driver(dsn)
+
+
+def without_driver(dsn: str) -> str:
+    """`dsn` without the `+DRIVER` part of a `postgresql+DRIVER://` scheme, if any."""
+    match = _SCHEME.match(dsn)
+    return dsn if match is None else f"{match.group('base')}://{dsn[match.end() :]}"
 
 
 def wrap_connection(obj: object) -> LockSession:

@@ -69,17 +69,25 @@ DEFAULT_NAMESPACE = "pgleaderlock"
 _Family = CounterMetricFamily | GaugeMetricFamily
 
 
+_COUNTS = ("acquisitions", "losses", "releases", "failed_attempts")
+"""The [`LockStatistics`][pgleaderlock.LockStatistics] counters exported as they are."""
+
+
 @dataclass
 class _Stats:
-    """What the plugin knows about one lock (one value of the ``lock`` label)."""
+    """What the plugin knows about one lock (one value of the ``lock`` label).
+
+    The state and the four counters of ``_COUNTS`` come from the locks'
+    [`statistics()`][pgleaderlock.LeaderLock.statistics], summed over the locks that share
+    the label. The rest is the plugin's own bookkeeping, as statistics do not hold it:
+    transitions by (from, to) pair, entries into ACQUIRING, errors by type (callback
+    errors included), and the time as leader on the plugin's injectable clock.
+    """
 
     state: LockState = LockState.STOPPED
+    counts: Counter[str] = field(default_factory=Counter)
     transitions: Counter[tuple[str, str]] = field(default_factory=Counter)
-    acquired: int = 0
-    lost: int = 0
-    released: int = 0
     attempts: int = 0
-    failures: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     leader_seconds: float = 0.0
     leader_since: float | None = None  # clock() when the current leadership began
@@ -95,13 +103,27 @@ class _LockCollector:
         self.clock = clock
         self._mutex = threading.Lock()  # scrapes run in the exporter's thread
         self._stats: dict[str, _Stats] = {}
+        # The counters of each lock at its last event: a label's counters grow by the
+        # difference, so locks that share a label add up, and a lock that is gone keeps
+        # its share.
+        self._seen: weakref.WeakKeyDictionary[LeaderLock, Counter[str]] = (
+            weakref.WeakKeyDictionary()
+        )
 
-    def update(self, label: str, change: Callable[[_Stats], None]) -> None:
+    def update(self, lock: LeaderLock, change: Callable[[_Stats], None] | None = None) -> None:
+        """Read ``lock``'s statistics into its label's series, then apply ``change``."""
+        snapshot = lock.statistics()
+        counts = Counter({name: getattr(snapshot, name) for name in _COUNTS})
         with self._mutex:
-            stats = self._stats.get(label)
+            stats = self._stats.get(lock.label)
             if stats is None:
-                stats = self._stats[label] = _Stats()
-            change(stats)
+                stats = self._stats[lock.label] = _Stats()
+            stats.counts.update(counts)
+            stats.counts.subtract(self._seen.get(lock, Counter()))
+            self._seen[lock] = counts
+            stats.state = snapshot.state
+            if change is not None:
+                change(stats)
 
     def _families(self) -> dict[str, _Family]:
         ns = self.namespace
@@ -161,11 +183,11 @@ class _LockCollector:
                 fam["leader_seconds"].add_metric([label], s.leader_seconds + current)
                 for (old, new), count in sorted(s.transitions.items()):
                     fam["transitions"].add_metric([label, old, new], count)
-                fam["acquired"].add_metric([label], s.acquired)
-                fam["lost"].add_metric([label], s.lost)
-                fam["released"].add_metric([label], s.released)
+                fam["acquired"].add_metric([label], s.counts["acquisitions"])
+                fam["lost"].add_metric([label], s.counts["losses"])
+                fam["released"].add_metric([label], s.counts["releases"])
                 fam["attempts"].add_metric([label], s.attempts)
-                fam["failures"].add_metric([label], s.failures)
+                fam["failures"].add_metric([label], s.counts["failed_attempts"])
                 for error, count in sorted(s.errors.items()):
                     fam["errors"].add_metric([label, error], count)
         yield from fam.values()
@@ -222,11 +244,10 @@ class MetricsPlugin:
 
     @hookimpl
     def pgleaderlock_state_change(self, lock: LeaderLock, old: LockState, new: LockState) -> None:
-        """Track the state, the transition counts, attempts and the time as leader."""
+        """Track the transition counts, attempts and the time as leader."""
         now = self._collector.clock()
 
         def change(s: _Stats) -> None:
-            s.state = new
             s.transitions[(old.value, new.value)] += 1
             if new is LockState.ACQUIRING:
                 s.attempts += 1
@@ -236,27 +257,27 @@ class MetricsPlugin:
             if new is LockState.LEADER:
                 s.leader_since = now
 
-        self._collector.update(lock.label, change)
+        self._collector.update(lock, change)
 
     @hookimpl
     def pgleaderlock_acquired(self, lock: LeaderLock) -> None:
-        """Count an acquisition."""
-        self._collector.update(lock.label, _increment("acquired"))
+        """Read the lock's statistics (an acquisition)."""
+        self._collector.update(lock)
 
     @hookimpl
     def pgleaderlock_lost(self, lock: LeaderLock) -> None:
-        """Count an involuntary loss."""
-        self._collector.update(lock.label, _increment("lost"))
+        """Read the lock's statistics (an involuntary loss)."""
+        self._collector.update(lock)
 
     @hookimpl
     def pgleaderlock_released(self, lock: LeaderLock) -> None:
-        """Count a voluntary release."""
-        self._collector.update(lock.label, _increment("released"))
+        """Read the lock's statistics (a voluntary release)."""
+        self._collector.update(lock)
 
     @hookimpl
     def pgleaderlock_acquire_failed(self, lock: LeaderLock) -> None:
-        """Count an attempt that found the lock held elsewhere."""
-        self._collector.update(lock.label, _increment("failures"))
+        """Read the lock's statistics (an attempt that found the lock held elsewhere)."""
+        self._collector.update(lock)
 
     @hookimpl
     def pgleaderlock_error(self, lock: LeaderLock, error: Exception) -> None:
@@ -266,14 +287,7 @@ class MetricsPlugin:
         def change(s: _Stats) -> None:
             s.errors[kind] += 1
 
-        self._collector.update(lock.label, change)
-
-
-def _increment(attribute: str) -> Callable[[_Stats], None]:
-    def change(s: _Stats) -> None:
-        setattr(s, attribute, getattr(s, attribute) + 1)
-
-    return change
+        self._collector.update(lock, change)
 
 
 _default_plugin: MetricsPlugin | None = None
