@@ -10,6 +10,48 @@ source scripts/_venv.sh
 echo "== install"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,docs]'
 
+# PgBouncer for tests/deploy: the fixture (tests/support/pgbouncer.py) runs its own
+# instances, so the Debian package's own service must not start. Never fatal: without
+# it the pooler tests skip, with the reason printed here and passed on to pytest.
+install_pgbouncer() {
+    if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+        return 0
+    fi
+    if [ "$(id -u)" != 0 ]; then
+        echo "not root, so apt-get cannot install it"
+        return 1
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "apt-get is not available (not a Debian-like system)"
+        return 1
+    fi
+    local policy=/usr/sbin/policy-rc.d ours="" status=0
+    if [ ! -e "$policy" ]; then  # "exit 101": maintainer scripts may not start services
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
+    fi
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer) \
+        >&2 || status=$?
+    [ -z "$ours" ] || rm -f "$policy"
+    # Belt and braces: stop the package's service if something started it anyway.
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        systemctl stop pgbouncer.service >/dev/null 2>&1 || true
+    elif [ -s /run/postgresql/pgbouncer.pid ] && [ -x /etc/init.d/pgbouncer ]; then
+        /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
+    fi
+    if [ "$status" != 0 ]; then
+        echo "apt-get install pgbouncer failed (exit $status)"
+        return 1
+    fi
+}
+echo "== pgbouncer"
+if why="$(install_pgbouncer)"; then
+    bouncer="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
+    echo "$bouncer: $("$bouncer" --version 2>&1 | sed -n 1p || true)"
+else
+    echo "PgBouncer unavailable, the pooler tests (tests/deploy) will skip: $why"
+    export PGLEADERLOCK_TEST_PGBOUNCER_MISSING="$why"
+fi
+
 echo "== ruff"
 "$VENV/bin/ruff" check src tests benchmarks examples
 "$VENV/bin/ruff" format --check src tests benchmarks examples
