@@ -8,8 +8,9 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,7 +27,7 @@ from pgleaderlock.core import registry
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = {
+FAST: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.02),
     "health_interval_s": 0.1,
     "health_timeout_s": 1.0,
@@ -60,14 +61,14 @@ def url(pg_dsn: str, scheme: str = "postgresql") -> str:
 # ---------------------------------------------------------------- discovery
 
 
-def test_builtins_are_registered_and_available():
+def test_builtins_are_registered_and_available() -> None:
     assert {"psycopg", "asyncpg", "sqlalchemy"} <= set(registry.registered())
     assert {"psycopg", "asyncpg", "sqlalchemy"} <= set(registry.available())
     assert registry.get("asyncpg").name == "asyncpg"
     assert registry.DEFAULT == "psycopg"
 
 
-def test_registry_is_in_the_core_and_imports_no_driver_until_asked():
+def test_registry_is_in_the_core_and_imports_no_driver_until_asked() -> None:
     """The built-in backends are found through their entry points like any other: the
     registry imports no adapter and no driver until a backend is asked for."""
     code = textwrap.dedent("""
@@ -90,7 +91,7 @@ def test_registry_is_in_the_core_and_imports_no_driver_until_asked():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_backends_package_offers_the_registry_functions():
+def test_backends_package_offers_the_registry_functions() -> None:
     """``pgleaderlock.backends`` keeps the registry's public functions (DESIGN decision 10)."""
     assert backends.available is registry.available
     assert backends.registered is registry.registered
@@ -98,7 +99,7 @@ def test_backends_package_offers_the_registry_functions():
     assert backends.refresh is registry.refresh
 
 
-def test_unknown_backend_lists_the_registered_ones():
+def test_unknown_backend_lists_the_registered_ones() -> None:
     with pytest.raises(BackendUnavailableError, match="unknown backend 'nosuch'") as info:
         LeaderLock(URL, 1, 2, backend="nosuch")
     assert "asyncpg, psycopg, sqlalchemy" in str(info.value)
@@ -134,13 +135,13 @@ def test_unknown_backend_lists_the_registered_ones():
         ),
     ],
 )
-def test_resolve(dsn, name, backend, driver_dsn):
+def test_resolve(dsn: str, name: str | None, backend: str, driver_dsn: str) -> None:
     chosen, given = registry.resolve(name, dsn)
     assert chosen.name == backend
     assert given == driver_dsn
 
 
-def test_engine_selects_sqlalchemy():
+def test_engine_selects_sqlalchemy() -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     engine = create_async_engine("postgresql+asyncpg://app@db/app")
@@ -148,20 +149,21 @@ def test_engine_selects_sqlalchemy():
     assert chosen.name == "sqlalchemy"
     assert given is engine
     lock = LeaderLock(engine, 1, 2)
+    assert lock.backend is not None
     assert lock.backend.name == "sqlalchemy"
 
 
-def test_scheme_conflicting_with_the_name_is_refused():
+def test_scheme_conflicting_with_the_name_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="asks for backend 'asyncpg'"):
         LeaderLock("postgresql+asyncpg://app@db/app", 1, 2, backend="psycopg")
 
 
-def test_scheme_naming_an_unknown_driver():
+def test_scheme_naming_an_unknown_driver() -> None:
     with pytest.raises(BackendUnavailableError, match="names backend 'psycopg2'"):
         LeaderLock("postgresql+psycopg2://app@db/app", 1, 2)
 
 
-def test_object_no_backend_claims():
+def test_object_no_backend_claims() -> None:
     with pytest.raises(ConfigurationError, match="connection string"):
         LeaderLock(object(), 1, 2)
     with pytest.raises(ConfigurationError, match="backend must be a name"):
@@ -189,7 +191,7 @@ def without_asyncpg(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("without_asyncpg")
-def test_missing_asyncpg_names_the_extra():
+def test_missing_asyncpg_names_the_extra() -> None:
     with pytest.raises(BackendUnavailableError) as info:
         LeaderLock(URL, 1, 2, backend="asyncpg")
     assert "pip install 'pgleaderlock[asyncpg]'" in str(info.value)
@@ -205,7 +207,7 @@ def test_missing_asyncpg_names_the_extra():
     LeaderLock("postgresql+psycopg://app@db/app", 1, 2, backend="sqlalchemy")  # still fine
 
 
-def test_missing_sqlalchemy_names_the_extra(monkeypatch):
+def test_missing_sqlalchemy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(sys.modules):
         if (
             name == "sqlalchemy"
@@ -218,7 +220,9 @@ def test_missing_sqlalchemy_names_the_extra(monkeypatch):
     with pytest.raises(BackendUnavailableError, match=r"pip install 'pgleaderlock\[sqlalchemy\]'"):
         LeaderLock("postgresql+asyncpg://app@db/app", 1, 2, backend="sqlalchemy")
     assert "sqlalchemy" not in registry.available()
-    assert LeaderLock(URL, 1, 2)._backend.name == "psycopg"
+    chosen = LeaderLock(URL, 1, 2)._backend
+    assert chosen is not None
+    assert chosen.name == "psycopg"
     monkeypatch.undo()
     registry.refresh()
 
@@ -226,7 +230,7 @@ def test_missing_sqlalchemy_names_the_extra(monkeypatch):
 # ---------------------------------------------------------------- connect_fn
 
 
-async def test_wrap_connection_picks_the_matching_adapter(pg_dsn):
+async def test_wrap_connection_picks_the_matching_adapter(pg_dsn: str) -> None:
     import asyncpg
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -355,7 +359,12 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     registry.refresh()
 
 
-async def test_third_party_backend_is_selected_by_name(site, pg_dsn, keys, holders):
+async def test_third_party_backend_is_selected_by_name(
+    site: Path,
+    pg_dsn: str,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     name = f"tiny{uuid.uuid4().hex[:6]}"
     module = f"tiny_{name}"
     install_distribution(
@@ -380,9 +389,9 @@ async def test_third_party_backend_is_selected_by_name(site, pg_dsn, keys, holde
 
     # Its raw connection type comes back from connect_fn and is wrapped by its wrap().
     tiny = sys.modules[module]
-    conns = []
+    conns: list[psycopg.AsyncConnection[Any]] = []
 
-    async def connect_fn():
+    async def connect_fn() -> object:
         conns.append(await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True))
         return tiny.TinyConnection(conns[-1])
 
@@ -394,7 +403,7 @@ async def test_third_party_backend_is_selected_by_name(site, pg_dsn, keys, holde
         await conn.close()
 
 
-def test_third_party_backend_with_a_missing_driver_names_its_distribution(site):
+def test_third_party_backend_with_a_missing_driver_names_its_distribution(site: Path) -> None:
     install_distribution(
         site, "tiny-broken-backend", "tiny_broken_backend",
         "import no_such_driver_for_pgleaderlock  # noqa\n", {"tinybroken": "tiny_broken_backend:backend"},
@@ -406,7 +415,7 @@ def test_third_party_backend_with_a_missing_driver_names_its_distribution(site):
         LeaderLock(URL, 1, 2, backend="tinybroken")
 
 
-def test_broken_third_party_backends_do_not_break_the_others(site):
+def test_broken_third_party_backends_do_not_break_the_others(site: Path) -> None:
     install_distribution(
         site, "tiny-bad-backends", "tiny_bad_backends",
         textwrap.dedent("""

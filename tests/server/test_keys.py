@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import random
 import string
+from typing import TYPE_CHECKING
 
 from pgleaderlock import LeaderLock, lock_keys
+
+if TYPE_CHECKING:
+    from conftest import Admin
 
 SQL = (
     "SELECT n, ('x' || substr(md5(n), 1, 8))::bit(32)::int,"
@@ -21,7 +25,7 @@ def _names() -> list[str]:
     return [n.replace("\x00", "") or "z" for n in names]
 
 
-async def test_lock_keys_match_postgres(admin):
+async def test_lock_keys_match_postgres(admin: Admin) -> None:
     names = _names()
     cur = await admin.execute(SQL, (names,))
     rows = await cur.fetchall()
@@ -33,7 +37,7 @@ async def test_lock_keys_match_postgres(admin):
     assert len(signs) == 4  # both signs of both keys were exercised
 
 
-async def test_from_name_locks_what_sql_locks(pg_dsn, admin):
+async def test_from_name_locks_what_sql_locks(pg_dsn: str, admin: Admin) -> None:
     name = f"from-name-{random.random()}"
     lock = LeaderLock.from_name(name, dsn=pg_dsn)
     async with lock:

@@ -8,6 +8,8 @@ for psycopg, asyncpg and SQLAlchemy alike.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -21,10 +23,13 @@ from pgleaderlock import (
 from pgleaderlock.backends import psycopg as psycopg_backend
 from pgleaderlock.core.session import ConnectOptions
 
+if TYPE_CHECKING:
+    from conftest import Admin, Recorder
+
 S = LockState
 pytestmark = pytest.mark.timeout(60)
 
-FAST = {
+FAST: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.02),
     "health_interval_s": 0.1,
     "health_timeout_s": 1.0,
@@ -34,10 +39,15 @@ FAST = {
 
 
 def make(pg_dsn: str, keys: tuple[int, int], **kwargs: object) -> LeaderLock:
-    return LeaderLock(pg_dsn, *keys, **{**FAST, **kwargs})  # type: ignore[arg-type]
+    return LeaderLock(pg_dsn, *keys, **{**FAST, **kwargs})
 
 
-async def test_one_hold_after_long_leadership(pg_dsn, keys, admin, holders):
+async def test_one_hold_after_long_leadership(
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """Health probes never re-acquire: one unlock frees the lock after many probes."""
     lock = make(pg_dsn, keys, health_interval_s=0.01, auto_reacquire=False)
     async with lock:
@@ -54,7 +64,9 @@ async def test_one_hold_after_long_leadership(pg_dsn, keys, admin, holders):
         await admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
 
 
-async def test_lock_passes_partition_settings(pg_dsn, keys, admin):
+async def test_lock_passes_partition_settings(
+    pg_dsn: str, keys: tuple[int, int], admin: Admin
+) -> None:
     lock = make(pg_dsn, keys, health_interval_s=3.0, health_timeout_s=1.0)
     async with lock:
         assert await lock.wait_for_leadership(10)
@@ -62,7 +74,7 @@ async def test_lock_passes_partition_settings(pg_dsn, keys, admin):
         assert lock.connect_options.server_settings["tcp_user_timeout"] == "5000"
 
 
-async def test_dsn_options_are_kept(pg_dsn):
+async def test_dsn_options_are_kept(pg_dsn: str) -> None:
     sep = "&" if "?" in pg_dsn else "?"
     dsn = f"{pg_dsn}{sep}options=-c%20statement_timeout%3D12345"
     session = await psycopg_backend.connect(
@@ -75,13 +87,15 @@ async def test_dsn_options_are_kept(pg_dsn):
         await session.close()
 
 
-async def test_pooled_connection_is_refused(pg_dsn, keys, recorder):
-    class FakePooled(psycopg.AsyncConnection):  # type: ignore[type-arg]
+async def test_pooled_connection_is_refused(
+    pg_dsn: str, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+) -> None:
+    class FakePooled(psycopg.AsyncConnection[Any]):
         pass
 
-    conns = []
+    conns: list[FakePooled] = []
 
-    async def connect():
+    async def connect() -> FakePooled:
         conn = await FakePooled.connect(pg_dsn, autocommit=True)
         conn._pool = object()  # what psycopg_pool sets on its connections
         conns.append(conn)
