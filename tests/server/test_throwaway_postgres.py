@@ -196,6 +196,60 @@ def test_managed_settings_are_rejected() -> None:
         ThrowawayPostgres(settings={"port": "1"})
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_base_backup_from_starts_a_streaming_standby() -> None:
+    with ThrowawayPostgres(max_connections=57, settings={"application_name": "source"}) as source:
+        with psycopg.connect(source.dsn, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = on")
+            conn.execute("CREATE TABLE before_backup AS SELECT 1 AS x")
+        with ThrowawayPostgres(base_backup_from=source.dsn) as standby:
+            tmp = standby.socket_dir
+            assert standby.port != source.port
+            assert tmp != source.socket_dir
+            assert _scalar(standby.dsn, "SELECT pg_is_in_recovery()") is True
+            assert _scalar(standby.socket_dsn, "SELECT count(*) FROM before_backup") == 1
+            # Its own settings, not the block the source appended to its postgresql.conf.
+            assert _scalar(standby.dsn, "SHOW max_connections") == "200"
+            assert _scalar(standby.dsn, "SHOW application_name") == ""
+            assert _scalar(standby.dsn, "SHOW unix_socket_directories") == str(tmp)
+            conf = (standby.data_dir / "postgresql.conf").read_text()
+            assert conf.count("# added by ThrowawayPostgres") == 1
+            assert (standby.data_dir / "standby.signal").is_file()
+            with (
+                psycopg.connect(standby.dsn, autocommit=True) as conn,
+                pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+            ):
+                conn.execute("CREATE TABLE nope (x int)")
+            # Streaming: a later write shows up on the standby.
+            with psycopg.connect(source.dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE after_backup AS SELECT 2 AS x")
+            deadline = time.monotonic() + 10
+            query = "SELECT to_regclass('after_backup') IS NOT NULL"
+            while _scalar(standby.dsn, query) is not True:
+                assert time.monotonic() < deadline, "the standby never saw the new table"
+                time.sleep(0.01)
+            replicas = _scalar(source.dsn, "SELECT count(*) FROM pg_stat_replication")
+            assert replicas == 1
+        assert not tmp.exists()
+        assert _scalar(source.dsn, "SELECT count(*) FROM after_backup") == 1
+
+
+def test_failed_base_backup_leaves_nothing_behind() -> None:
+    before = set(glob.glob("/tmp/pgll-*"))
+    nowhere = f"postgresql://postgres@127.0.0.1:{_free_port()}/postgres"
+    pg = ThrowawayPostgres(base_backup_from=nowhere)
+    with pytest.raises(RuntimeError, match="pg_basebackup failed"):
+        pg.start()
+    assert not pg.is_running
+    assert set(glob.glob("/tmp/pgll-*")) <= before
+
+
 def test_find_pg_bin_honours_pg_bin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("PG_BIN", raising=False)
     default = find_pg_bin()

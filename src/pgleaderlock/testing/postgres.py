@@ -10,6 +10,13 @@ Typical use::
         pg.kill()          # SIGKILL the postmaster (the Popen pid *is* the postmaster)
         pg.start_again()   # same port, same data directory
 
+A streaming standby of a running server (its data directory cloned with
+``pg_basebackup -R`` instead of made by ``initdb``)::
+
+    with ThrowawayPostgres() as primary:
+        with ThrowawayPostgres(base_backup_from=primary.dsn) as standby:
+            ...    # standby.dsn answers read-only queries; pg_is_in_recovery() is true
+
 When the current user is root, ``initdb`` and ``postgres`` refuse to run, so the cluster
 directory is handed to the ``postgres`` user (or ``nobody``) and every server binary is
 run through ``setpriv`` (or ``runuser``).
@@ -46,6 +53,8 @@ _STOP_TIMEOUT_S: Final = 30.0
 _PORT_RETRY_S: Final = 5.0
 _MANAGED_SETTINGS: Final = frozenset({"port", "unix_socket_directories", "listen_addresses"})
 _SOCKET_PATH_MAX: Final = 107
+_CONF_MARKER: Final = "\n# added by ThrowawayPostgres\n"
+_BASE_BACKUP_TIMEOUT_S: Final = 120.0
 
 # Instances that own a temp dir or a process; closed at interpreter exit.
 _LIVE: set[ThrowawayPostgres] = set()
@@ -215,6 +224,21 @@ class ThrowawayPostgres:
         settings: Extra ``postgresql.conf`` settings (they win over the defaults here,
             except ``port``, ``listen_addresses`` and ``unix_socket_directories``).
         hba_extra: Lines appended to ``pg_hba.conf``.
+        base_backup_from: Connection string (URL or ``key=value``) of a running server.
+            When given, :meth:`start` makes the data directory with ``pg_basebackup -R``
+            from that server (run as the cluster's user, like ``initdb`` would be) instead
+            of ``initdb``, so the cluster starts as its streaming standby: it answers
+            read-only queries and ``pg_is_in_recovery()`` is true. The source must accept
+            a replication connection from this host (an ``initdb``-made ``pg_hba.conf``
+            does, with trust, from 127.0.0.1 and the unix socket) and have a free WAL
+            sender (``max_wal_senders``). ``postgresql.conf`` and ``pg_hba.conf`` are the
+            source's, minus the block a source :class:`ThrowawayPostgres` appended to
+            ``postgresql.conf``; this instance's own settings then apply as usual.
+            ``max_connections`` (and ``max_worker_processes``, ``max_wal_senders``,
+            ``max_prepared_transactions``, ``max_locks_per_transaction``) must be at least
+            the source's, and ``hot_standby`` must stay on (the default) or :meth:`start`
+            never sees the server accept connections. Needs ``pg_basebackup`` next to the
+            other binaries.
 
     Raises:
         ValueError: ``settings`` tries to set a parameter managed by this class.
@@ -229,6 +253,7 @@ class ThrowawayPostgres:
         max_connections: int = 200,
         settings: Mapping[str, str] | None = None,
         hba_extra: Sequence[str] = (),
+        base_backup_from: str | None = None,
     ) -> None:
         settings = dict(settings or {})
         managed = sorted(_MANAGED_SETTINGS & {k.lower() for k in settings})
@@ -240,12 +265,14 @@ class ThrowawayPostgres:
         self._max_connections = max_connections
         self._settings = settings
         self._hba_extra = tuple(hba_extra)
+        self._base_backup_from = base_backup_from
 
         self._bin_dir: Path | None = None
         self._port: int | None = None
         self._tmp_dir: Path | None = None
         self._base_conf = ""
         self._run_as: list[str] = []
+        self._run_as_home: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
 
@@ -321,16 +348,21 @@ class ThrowawayPostgres:
     def start(self) -> None:
         """Create the cluster and start the postmaster; return once it accepts connections.
 
+        The data directory comes from ``initdb``, or from ``pg_basebackup -R`` when the
+        instance was made with ``base_backup_from``.
+
         Raises:
-            RuntimeError: Already started, no binaries, or the server failed to come up
-                (the message includes the tail of the server log). Nothing is left behind.
+            RuntimeError: Already started, no binaries, ``pg_basebackup`` failed, or the
+                server failed to come up (the message includes the tail of the server
+                log). Nothing is left behind.
         """
         if self._tmp_dir is not None:
             raise RuntimeError("ThrowawayPostgres is already started; use start_again()")
         _LIVE.add(self)
         try:
             self._bin_dir = self._bin_dir_arg or find_pg_bin()
-            missing = [n for n in ("initdb", "postgres") if not (self._bin_dir / n).is_file()]
+            needed = ["initdb" if self._base_backup_from is None else "pg_basebackup", "postgres"]
+            missing = [n for n in needed if not (self._bin_dir / n).is_file()]
             if missing:
                 raise RuntimeError(f"{self._bin_dir} has no {' or '.join(missing)}")
             root = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
@@ -338,11 +370,16 @@ class ThrowawayPostgres:
             if len(str(self._tmp_dir)) + len("/.s.PGSQL.65535.lock") > _SOCKET_PATH_MAX:
                 raise RuntimeError(f"socket directory path too long: {self._tmp_dir}")
             self._prepare_user()
-            self._initdb()
-            self._base_conf = (self.data_dir / "postgresql.conf").read_text()
+            if self._base_backup_from is None:
+                self._initdb()
+            else:
+                self._base_backup(self._base_backup_from)
+            # A cloned conf may carry the source's own block: start from what is above it.
+            conf = (self.data_dir / "postgresql.conf").read_text()
+            self._base_conf = conf.split(_CONF_MARKER, 1)[0]
             if self._hba_extra:
                 with (self.data_dir / "pg_hba.conf").open("a") as hba:
-                    hba.write("\n# added by ThrowawayPostgres\n")
+                    hba.write(_CONF_MARKER)
                     hba.writelines(line.rstrip("\n") + "\n" for line in self._hba_extra)
             auto_port = self._requested_port is None
             self._port = self._requested_port or _free_port()
@@ -473,6 +510,7 @@ class ThrowawayPostgres:
         tmp = self._require_dir()
         if os.geteuid() != 0:
             self._run_as = []
+            self._run_as_home = None
             os.chmod(tmp, 0o755)
             return
         import grp
@@ -496,6 +534,7 @@ class ThrowawayPostgres:
             self._run_as = [runuser, "-u", user.pw_name, "-g", group, "--"]
         else:  # pragma: no cover
             raise RuntimeError("running as root, but neither setpriv nor runuser was found")
+        self._run_as_home = user.pw_dir
         os.chown(tmp, user.pw_uid, user.pw_gid)
         os.chmod(tmp, 0o755)
         for parent in tmp.parents:
@@ -551,6 +590,43 @@ class ThrowawayPostgres:
             )
         raise RuntimeError(f"initdb failed:\n{output.strip()}{hint}")
 
+    def _base_backup(self, source: str) -> None:
+        tmp = self._require_dir()
+        env = self._env()
+        if self._run_as_home is not None:
+            # libpq (and the primary_conninfo that -R writes) looks for ~/.pgpass: the
+            # user the binary runs as, not root's unreadable home.
+            env["HOME"] = self._run_as_home
+        cmd = [
+            *self._run_as,
+            self._binary("pg_basebackup"),
+            "--pgdata",
+            str(self.data_dir),
+            "--write-recovery-conf",
+            "--checkpoint=fast",
+            "--wal-method=stream",
+            "--no-sync",
+            "--dbname",
+            source,
+        ]
+        try:
+            result = subprocess.run(
+                cmd,
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_BASE_BACKUP_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(
+                f"pg_basebackup did not finish within {_BASE_BACKUP_TIMEOUT_S:.0f} s"
+            ) from exc
+        if result.returncode != 0:
+            output = (result.stdout + result.stderr).decode(errors="replace").strip()
+            raise RuntimeError(f"pg_basebackup failed:\n{output}")
+
     def _write_conf(self) -> None:
         tmp = self._require_dir()
         values: dict[str, str] = {
@@ -564,7 +640,7 @@ class ThrowawayPostgres:
         }
         values.update(self._settings)
         lines = [f"{key} = {_conf_quote(value)}" for key, value in values.items()]
-        text = self._base_conf + "\n# added by ThrowawayPostgres\n" + "\n".join(lines) + "\n"
+        text = self._base_conf + _CONF_MARKER + "\n".join(lines) + "\n"
         (self.data_dir / "postgresql.conf").write_text(text)
 
     def _log_tail(self, offset: int, limit: int = 4000) -> str:
