@@ -83,6 +83,7 @@ from _common import (
 )
 
 from pgleaderlock import lock_keys
+from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.candidate import (
     DSN_ENV,
     CandidateEvent,
@@ -525,7 +526,7 @@ class Experiment:
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
             " AND classid = %s::int8::oid AND objid = %s::int8::oid AND objsubid = 2"
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF),
+            (key_to_oid(key1), key_to_oid(key2)),
         ).fetchone()
         return int(row[0]) if row else None
 

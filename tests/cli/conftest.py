@@ -15,6 +15,7 @@ import pytest
 from clitools import CLI, CliProcess, Result, clean_env
 
 from pgleaderlock import lock_keys
+from pgleaderlock.core.keys import key_to_oid
 
 Start = Callable[..., Awaitable[CliProcess]]
 
@@ -83,7 +84,7 @@ def holders(admin: Admin) -> Holders:
         cur = await admin.execute(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
             " AND classid = %s::int8::oid AND objid = %s::int8::oid",
-            (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF),
+            (key_to_oid(key1), key_to_oid(key2)),
         )
         return [row[0] for row in await cur.fetchall()]  # type: ignore[misc]
 

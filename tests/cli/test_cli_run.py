@@ -11,6 +11,8 @@ import pytest
 from clitools import eventually
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgleaderlock.core.keys import key_to_oid
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 ACQUIRED = r"\| pgleaderlock \| lock_acquired .*backend_pid=(\d+)"
@@ -51,7 +53,7 @@ async def test_keys_instead_of_a_name(cli, admin, run_cli):
     cur = await admin.execute(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
         " AND classid = %s::int8::oid AND objid = %s::int8::oid",
-        (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF),
+        (key_to_oid(key1), key_to_oid(key2)),
     )
     assert [row[0] for row in await cur.fetchall()] == [backend_pid]
     run.send(signal.SIGTERM)

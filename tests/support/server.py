@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
 __all__ = ["dsn_to_url", "lock_holders", "probe_server", "resolve_test_dsn"]
@@ -172,6 +173,6 @@ async def lock_holders(
     cur = await conn.execute(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
         " AND classid = %s::int8::oid AND objid = %s::int8::oid AND granted = %s",
-        (key1 & 0xFFFFFFFF, key2 & 0xFFFFFFFF, granted),
+        (key_to_oid(key1), key_to_oid(key2), granted),
     )
     return [int(row[0]) for row in await cur.fetchall()]

@@ -29,6 +29,7 @@ from ..core.errors import (
     LockError,
     SessionNotDedicatedError,
 )
+from ..core.keys import key_to_oid, oid_to_key
 from ..core.registry import available, get, refresh, registered
 from ..core.session import (
     AbortableSession,
@@ -52,7 +53,6 @@ from .base import (
     by_sqlstate,
     check_pid,
     lock_timeout_ms,
-    oid,
     sqlstate,
     translate,
 )
@@ -79,7 +79,8 @@ __all__ = [
     "by_sqlstate",
     "check_pid",
     "lock_timeout_ms",
-    "oid",
+    "key_to_oid",
+    "oid_to_key",
     "sqlstate",
     "translate",
     # the errors a backend raises

@@ -30,6 +30,7 @@ from ..core.errors import (
     PgLeaderLockError,
     SessionNotDedicatedError,
 )
+from ..core.keys import key_to_oid
 
 __all__ = [
     "CANCEL_TIMEOUT_S",
@@ -47,7 +48,6 @@ __all__ = [
     "by_sqlstate",
     "check_pid",
     "lock_timeout_ms",
-    "oid",
     "sqlstate",
     "translate",
 ]
@@ -106,7 +106,7 @@ WAIT_LOCK = Statement(
 """``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys and
 the timeout in ms (:func:`lock_timeout_ms`)."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
-# both as oid (unsigned): negative keys are passed already converted by oid().
+# both as oid (unsigned): negative keys are passed already converted by key_to_oid().
 HOLDS = Statement(
     "health check",
     "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
@@ -114,7 +114,8 @@ HOLDS = Statement(
     " AND classid = ({0})::int8::oid AND objid = ({1})::int8::oid AND objsubid = 2),"
     " pg_backend_pid()",
 )
-"""Does this session hold the lock (``pg_locks``)? Values: ``oid(key1)``, ``oid(key2)``."""
+"""Does this session hold the lock (`pg_locks`)? Values:
+[`key_to_oid(key1)`][pgleaderlock.backends.key_to_oid], `key_to_oid(key2)`."""
 STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS)
 
 RESET_SESSION = Statement(
@@ -144,18 +145,6 @@ def lock_timeout_ms(timeout_s: float) -> int:
         Whole milliseconds, at least 1.
     """
     return max(1, round(timeout_s * 1000))
-
-
-def oid(key: int) -> int:
-    """The unsigned 32-bit value that ``pg_locks`` shows for an int4 key.
-
-    Args:
-        key: a signed 32-bit lock key.
-
-    Returns:
-        ``key & 0xFFFFFFFF``.
-    """
-    return key & 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------- errors
@@ -348,7 +337,7 @@ class BaseSession(abc.ABC):
 
     async def holds(self, key1: int, key2: int) -> bool:
         """Does this session still hold the lock (``pg_locks``)? Raises if it is dead."""
-        return bool(await self._value(HOLDS, (oid(key1), oid(key2))))
+        return bool(await self._value(HOLDS, (key_to_oid(key1), key_to_oid(key2))))
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         """Wait on the server for the lock: True once granted, False after ``timeout_s``

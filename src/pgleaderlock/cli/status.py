@@ -22,7 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..core.errors import ConfigurationError
-from ..core.keys import lock_keys
+from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
 from .exits import EXIT_OK, CliError, first_line
 from .logs import setup_logging
@@ -200,7 +200,7 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
     query = _ONE_LOCK.format(waitstart=_waitstart(info))
     rows = conn.execute(
         query.encode(),
-        {"classid": target.key1 & 0xFFFFFFFF, "objid": target.key2 & 0xFFFFFFFF},
+        {"classid": key_to_oid(target.key1), "objid": key_to_oid(target.key2)},
     ).fetchall()
     sessions = [_session(row, info.now) for row in rows]
     holders = [s for s in sessions if s["granted"]]
@@ -214,10 +214,6 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
         "waiting_count": len(waiting),
         "waiting": waiting,
     }
-
-
-def _signed32(value: int) -> int:
-    return value - 2**32 if value > 2**31 - 1 else value
 
 
 def _name_for(keys: tuple[int, int], application_name: str | None) -> str | None:
@@ -238,7 +234,7 @@ def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, An
     for classid, objid, objsubid, *session_row in conn.execute(query.encode()).fetchall():
         session = _session(session_row, info.now)
         if objsubid == 2:
-            keys = (_signed32(classid), _signed32(objid))
+            keys = (oid_to_key(classid), oid_to_key(objid))
             lock: dict[str, Any] = {
                 "kind": "int4 pair",
                 "key1": keys[0],

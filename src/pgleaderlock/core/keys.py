@@ -1,4 +1,5 @@
-"""Lock identity: deriving the two int4 advisory-lock keys from a name."""
+"""Lock identity: deriving the two int4 advisory-lock keys from a name, and the one
+conversion between a key and the oid that `pg_locks` shows for it."""
 
 from __future__ import annotations
 
@@ -6,24 +7,62 @@ import hashlib
 
 from .errors import ConfigurationError
 
-__all__ = ["INT32_MAX", "INT32_MIN", "check_key", "lock_keys"]
+__all__ = ["INT32_MAX", "INT32_MIN", "check_key", "key_to_oid", "lock_keys", "oid_to_key"]
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
+_OID_MAX = 2**32 - 1
 
 
-def _hex_to_int4(hex8: str) -> int:
-    value = int(hex8, 16)
-    return value - 2**32 if value > INT32_MAX else value
+def key_to_oid(key: int) -> int:
+    """The unsigned value `pg_locks` shows for an int4 key (its `classid` or `objid`).
+
+    A lock taken with `pg_advisory_lock(key1, key2)` appears in `pg_locks` with
+    `classid = key1`, `objid = key2` and `objsubid = 2`, both of type `oid`: unsigned,
+    so a negative key shows as `key + 2**32`. [`oid_to_key`][pgleaderlock.core.keys.oid_to_key]
+    is the inverse.
+
+    Args:
+        key: a signed 32-bit lock key.
+
+    Returns:
+        The key's two's-complement bits read as an unsigned 32-bit integer.
+
+    Raises:
+        ValueError: `key` is outside the signed 32-bit range.
+    """
+    if not INT32_MIN <= key <= INT32_MAX:
+        raise ValueError(f"key {key} is outside the signed 32-bit range")
+    return key & _OID_MAX
+
+
+def oid_to_key(oid: int) -> int:
+    """The int4 key whose lock `pg_locks` shows as `oid` (inverse of
+    [`key_to_oid`][pgleaderlock.core.keys.key_to_oid]).
+
+    Args:
+        oid: an unsigned 32-bit value (a `classid` or `objid` of `pg_locks`).
+
+    Returns:
+        The same 32 bits read as a signed integer.
+
+    Raises:
+        ValueError: `oid` is outside the unsigned 32-bit range.
+    """
+    if not 0 <= oid <= _OID_MAX:
+        raise ValueError(f"oid {oid} is outside the unsigned 32-bit range")
+    return oid - 2**32 if oid > INT32_MAX else oid
 
 
 def lock_keys(name: str) -> tuple[int, int]:
     """Derive ``(key1, key2)`` from a lock name, exactly as PostgreSQL would.
 
-    The result equals, bit for bit::
+    The result equals, bit for bit,
 
-        SELECT ('x' || substr(md5(name), 1, 8))::bit(32)::int,
-               ('x' || substr(md5(name), 9, 8))::bit(32)::int;
+    ```sql
+    SELECT ('x' || substr(md5(name), 1, 8))::bit(32)::int,
+           ('x' || substr(md5(name), 9, 8))::bit(32)::int;
+    ```
 
     on a UTF-8 database, so SQL and Python agree on the lock a name stands for.
 
@@ -36,7 +75,7 @@ def lock_keys(name: str) -> tuple[int, int]:
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"lock name must be a non-empty string, got {name!r}")
     digest = hashlib.md5(name.encode("utf-8"), usedforsecurity=False).hexdigest()
-    return _hex_to_int4(digest[0:8]), _hex_to_int4(digest[8:16])
+    return oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))
 
 
 def check_key(name: str, value: object) -> int:
