@@ -9,4 +9,6 @@ themselves (``benchmarks/_common.py``).
 - :mod:`support.proxy`: ``TcpProxy``, a proxy that can stall (black-hole) or cut.
 - :mod:`support.netns`: ``NetnsLink``, a namespace whose link can be cut silently.
 - :mod:`support.poll`: ``eventually``, a bounded wait for a condition.
+- :mod:`support.pgbouncer`: ``PgBouncer``, a real PgBouncer in any pool mode, and its
+  fixtures (a ``pytest_plugins`` module of the root ``conftest.py``).
 """
