@@ -83,7 +83,7 @@ class Recorder:
     def errors(self) -> list[BaseException]:
         return [arg for n, arg in self.events if n == "error"]  # type: ignore[misc]
 
-    async def wait(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async def wait(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(predicate)
 

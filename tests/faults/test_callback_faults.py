@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import FixedInterval, LockState, ShutdownError
+from pgleaderlock import FixedInterval, LeaderLock, LockState, ShutdownError
+from pgleaderlock.testing.beliefs import BeliefLog
+
+if TYPE_CHECKING:
+    from conftest import Admin, Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -18,8 +24,14 @@ class Boom(Exception):
 
 
 async def test_raising_callbacks_are_never_fatal(
-    pg_dsn, keys, admin, make_lock, beliefs, recorder, holders
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """Every callback raises, sync and async, on_error included. The exceptions reach
     on_error (except on_error's own, which is only logged), and the lock behaves exactly
     as without them: it leads, notices the loss of its backend, follows, leads again."""
@@ -28,14 +40,14 @@ async def test_raising_callbacks_are_never_fatal(
     rec_a, rec_b = recorder(a), recorder(b)
     raised: list[str] = []
 
-    def boom(what: str):
-        def callback(*args):
+    def boom(what: str) -> Callable[..., None]:
+        def callback(*args: object) -> None:
             raised.append(what)
             raise Boom(what)
 
         return callback
 
-    async def async_boom(*args):
+    async def async_boom(*args: object) -> None:
         raised.append("async acquired")
         raise Boom("async acquired")
 
@@ -72,8 +84,15 @@ async def test_raising_callbacks_are_never_fatal(
 
 
 async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
-    pg_dsn, keys, admin, make_lock, beliefs, recorder, holders, figures
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    figures: Callable[[str, float, str], None],
+) -> None:
     """An async on_acquired that never returns blocks the lock's lifecycle task: the
     state stays LEADER, wait_for_leadership() does not return True (it waits for
     on_acquired), and no health probe runs. shutdown(timeout_s) still returns in time:
@@ -86,7 +105,7 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     cancelled = asyncio.Event()
 
     @a.on_acquired
-    async def stuck():
+    async def stuck() -> None:
         entered.set()
         try:
             await asyncio.Event().wait()  # forever
@@ -112,7 +131,7 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     figures("shutdown(timeout_s=1) with a stuck callback", took, "s")
     assert 0.9 < took < 3.0
     assert cancelled.is_set()
-    assert a.state is S.STOPPED
+    assert a.state is S.STOPPED  # type: ignore[comparison-overlap]
     assert not a.is_leader
     assert a.backend_pid is None
     assert await b.wait_for_leadership(5)
@@ -125,7 +144,13 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     beliefs.report().assert_safe()
 
 
-async def test_blocked_lifecycle_does_not_notice_loss(pg_dsn, keys, admin, make_lock, beliefs):
+async def test_blocked_lifecycle_does_not_notice_loss(
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+) -> None:
     """The hazard of a blocking callback, documented: while on_acquired blocks, nothing
     probes the session, so a lost lock goes unnoticed and is_leader stays True for as
     long as the callback blocks. Long work belongs in a task the callback starts."""
@@ -133,7 +158,7 @@ async def test_blocked_lifecycle_does_not_notice_loss(pg_dsn, keys, admin, make_
     entered = asyncio.Event()
 
     @a.on_acquired
-    async def stuck():
+    async def stuck() -> None:
         entered.set()
         await asyncio.sleep(3600)
 

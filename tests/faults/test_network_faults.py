@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LockState
+from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.netns import NetnsLink
 from support.poll import eventually
 from support.proxy import TcpProxy
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 S = LockState
 
@@ -29,8 +36,15 @@ def proxied(pg_dsn: str) -> tuple[str, int]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("shutdown_when", ["after_demotion", "while_leader"])
 async def test_stalled_proxy(
-    pg_dsn, keys, make_lock, beliefs, recorder, holders, figures, shutdown_when
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    figures: Callable[[str, float, str], None],
+    shutdown_when: str,
+) -> None:
     """The leader's connection goes through a proxy that stops forwarding both ways.
 
     The leader demotes itself (on_lost) within health_interval_s + health_timeout_s.
@@ -80,8 +94,13 @@ async def test_stalled_proxy(
 @pytest.mark.timeout(150)
 @pytest.mark.throwaway
 async def test_partitioned_leader_demotes_before_anyone_else_leads(
-    netns_link, keys, make_lock, beliefs, recorder, figures
-):
+    netns_link: NetnsLink,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    figures: Callable[[str, float, str], None],
+) -> None:
     """A leader in its own network namespace; its link is cut silently (no FIN, no RST).
 
     Three trials. Each time: the partitioned leader reports on_lost strictly before the
@@ -133,9 +152,11 @@ async def test_partitioned_leader_demotes_before_anyone_else_leads(
                 await host.step_down()
                 await inside.wait_event("acquired", since=handing, timeout_s=10)
             settled = len(rec_host.names())
-            await rec_host.wait(
-                lambda n=settled: "acquire_failed" in rec_host.names()[n:], 10
-            )  # the host candidate is queued on the server
+
+            def queued(n: int = settled) -> bool:
+                return "acquire_failed" in rec_host.names()[n:]
+
+            await rec_host.wait(queued, 10)  # the host candidate is queued on the server
             await asyncio.sleep(0.3)
             assert inside.is_leader
             assert not host.is_leader

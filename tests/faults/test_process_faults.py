@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import signal
 import statistics
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import FixedInterval
+from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -16,8 +22,14 @@ CHILD = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=0.
 
 
 async def test_sigkilled_leader_process_is_replaced_at_once(
-    pg_dsn, keys, make_lock, beliefs, recorder, holders, figures
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    figures: Callable[[str, float, str], None],
+) -> None:
     """Three rounds: a child process leads, the test process follows (queued on the
     server), the child is SIGKILLed: its kernel closes the socket, the server frees the
     lock and the follower leads within milliseconds. The killed child's belief ends at
@@ -56,8 +68,13 @@ async def test_sigkilled_leader_process_is_replaced_at_once(
 
 
 async def test_sigkilled_waiting_follower_is_never_granted(
-    pg_dsn, keys, make_lock, beliefs, recorder, holders
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """A follower process queued in pg_advisory_lock is SIGKILLed, and the leader steps
     down right after: the dead follower's backend must not keep the lock (it notices the
     vanished client within client_connection_check_interval), so a live candidate leads."""

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
 import psycopg
 import pytest
 
-from pgleaderlock import ConnectionError, FixedInterval, LockState
+from pgleaderlock import ConnectionError, FixedInterval, LeaderLock, LockState
+from pgleaderlock.testing import ThrowawayPostgres
+from pgleaderlock.testing.beliefs import BeliefLog
 from support.server import lock_holders
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 S = LockState
 pytestmark = [pytest.mark.timeout(60), pytest.mark.throwaway]
 
 
-def bounce(pg, mode: str) -> None:
+def bounce(pg: ThrowawayPostgres, mode: Literal["fast", "immediate", "kill"]) -> None:
     """Restart the throwaway server (blocking: run it in a thread)."""
     if mode == "kill":
         pg.kill()  # SIGKILL the postmaster, then its orphaned backends
@@ -26,7 +33,15 @@ def bounce(pg, mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate", "kill"])
-async def test_server_restart(throwaway_pg, keys, make_lock, beliefs, recorder, figures, mode):
+async def test_server_restart(
+    throwaway_pg: ThrowawayPostgres,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    figures: Callable[[str, float, str], None],
+    mode: Literal["fast", "immediate", "kill"],
+) -> None:
     """The leader reports on_lost at once (the socket tells), the follower reports
     on_error; once the server is back exactly one of them leads, and the server agrees.
 
@@ -74,8 +89,12 @@ async def test_server_restart(throwaway_pg, keys, make_lock, beliefs, recorder, 
 
 
 async def test_fast_restart_with_flap_damping_recovers_silently(
-    throwaway_pg, keys, make_lock, beliefs, recorder
-):
+    throwaway_pg: ThrowawayPostgres,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     """With reconnect_grace_s longer than the restart, the leader goes RECONNECTING,
     re-acquires on a new session and never reports on_lost."""
     pg = throwaway_pg
@@ -93,7 +112,14 @@ async def test_fast_restart_with_flap_damping_recovers_silently(
     beliefs.report().assert_safe()
 
 
-async def test_server_down_at_start(throwaway_pg, keys, make_lock, beliefs, recorder, figures):
+async def test_server_down_at_start(
+    throwaway_pg: ThrowawayPostgres,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    figures: Callable[[str, float, str], None],
+) -> None:
     """Connection errors go to on_error and are retried; the lock leads as soon as the
     server is up."""
     pg = throwaway_pg

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LockState
+from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
 from support.proxy import TcpProxy
+
+if TYPE_CHECKING:
+    from conftest import Admin, Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -26,10 +32,13 @@ def tcp_target(pg_dsn: str) -> tuple[str, int]:
     return host, int(info.get("port") or 5432)
 
 
-async def backend_gone(admin, pid: int, timeout_s: float = 5.0) -> None:
+async def backend_gone(admin: Admin, pid: int | None, timeout_s: float = 5.0) -> None:
     async def count() -> int:
         cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-        return (await cur.fetchone())[0]
+        row = await cur.fetchone()
+        assert row is not None
+        n: int = row[0]
+        return n
 
     deadline = time.monotonic() + timeout_s
     while await count():
@@ -38,8 +47,14 @@ async def backend_gone(admin, pid: int, timeout_s: float = 5.0) -> None:
 
 
 async def test_shutdown_event_while_waiting_on_the_server(
-    pg_dsn, keys, admin, make_lock, beliefs, recorder, holders
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """A follower queued in pg_advisory_lock for 30 s stops at once when its
     shutdown_event is set; its server-side wait is cancelled, its backend is gone."""
     a = make_lock(pg_dsn, keys, "a")
@@ -58,7 +73,10 @@ async def test_shutdown_event_while_waiting_on_the_server(
             " AND pid = %s",
             (pid,),
         )
-        return (await cur.fetchone())[0] == 1
+        row = await cur.fetchone()
+        assert row is not None
+        n: int = row[0]
+        return n == 1
 
     deadline = time.monotonic() + 10
     while not await queued():
@@ -76,7 +94,12 @@ async def test_shutdown_event_while_waiting_on_the_server(
     beliefs.report().assert_safe()
 
 
-async def test_shutdown_event_while_connecting(keys, make_lock, beliefs, recorder):
+async def test_shutdown_event_while_connecting(
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     """A connect to a server that accepts TCP but never answers (connect_timeout_s=30)
     is interrupted by the shutdown_event: STOPPED at once, no error reported."""
     accepted: list[asyncio.StreamWriter] = []
@@ -111,8 +134,13 @@ async def test_shutdown_event_while_connecting(keys, make_lock, beliefs, recorde
 
 
 async def test_shutdown_event_while_try_lock_is_on_the_wire(
-    pg_dsn, keys, make_lock, beliefs, recorder, holders
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """pg_try_advisory_lock sent into a proxy that stopped forwarding: the event stops
     the lock at once; the session is closed, since the lock may have been granted; once
     the proxy lets go, nothing is held."""
@@ -126,7 +154,7 @@ async def test_shutdown_event_while_try_lock_is_on_the_wire(
         rec = recorder(lock)
 
         @lock.on_state_change
-        def stall_first_attempt(old, new):
+        def stall_first_attempt(old: LockState, new: LockState) -> None:
             if new is S.ACQUIRING and proxy.connections == 1:
                 proxy.stall()
 
@@ -151,8 +179,15 @@ async def test_shutdown_event_while_try_lock_is_on_the_wire(
 @pytest.mark.parametrize("delay", [None, 0.0, 0.002, 0.02], ids=["same-tick", "0", "2ms", "20ms"])
 @pytest.mark.parametrize("first", ["step_down", "shutdown"])
 async def test_step_down_racing_shutdown(
-    pg_dsn, keys, make_lock, beliefs, recorder, holders, first, delay
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    first: str,
+    delay: float | None,
+) -> None:
     """Both calls return; the lock ends STOPPED after exactly one release (no
     re-acquisition in between); the follower takes over with no overlap. (When
     step_down() must return is checked by the next test: the "0" cases hit it.)"""
@@ -183,8 +218,12 @@ async def test_step_down_racing_shutdown(
 
 
 async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
-    pg_dsn, keys, make_lock, beliefs, holders
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """DESIGN decision 5: shutdown() racing step_down(): shutdown wins and step_down()
     returns when the task has ended. Here step_down() is called while shutdown()'s
     release is in progress (held in RELEASING by a callback, deterministically)."""
@@ -193,7 +232,7 @@ async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
     gate = asyncio.Event()
 
     @a.on_state_change
-    async def hold_in_releasing(old, new):
+    async def hold_in_releasing(old: LockState, new: LockState) -> None:
         if new is S.RELEASING:
             releasing.set()
             await gate.wait()
@@ -218,8 +257,13 @@ async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
 
 
 async def test_step_down_timeout_racing_shutdown_with_the_unlock_stuck(
-    pg_dsn, keys, make_lock, beliefs, recorder, holders
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
     """The unlock is stuck in a stalled proxy: step_down(timeout_s=0.3) gives up and
     closes the session while shutdown() runs; both return within the timeouts and the
     lock is freed once the proxy lets go of the connection."""

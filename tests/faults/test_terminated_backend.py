@@ -8,34 +8,53 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LockState
-from pgleaderlock.testing.beliefs import TERMINATE_OVERLAP_LIMIT_S, describe_overlaps
+from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock.testing.beliefs import (
+    TERMINATE_OVERLAP_LIMIT_S,
+    BeliefLog,
+    Fault,
+    describe_overlaps,
+)
 from support.poll import eventually
 from support.proxy import TcpProxy
+
+if TYPE_CHECKING:
+    from conftest import Admin, Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
 
 
-async def terminate_and_wait(admin, pid: int, timeout_s: float = 5.0) -> None:
+async def terminate_and_wait(admin: Admin, pid: int | None, timeout_s: float = 5.0) -> None:
     """pg_terminate_backend(pid), then wait until the backend is gone."""
     await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     deadline = time.monotonic() + timeout_s
     while True:
         cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-        if (await cur.fetchone())[0] == 0:
+        row = await cur.fetchone()
+        assert row is not None
+        if row[0] == 0:
             return
         assert time.monotonic() < deadline, f"backend {pid} still there"
         await asyncio.sleep(0.01)
 
 
 async def test_terminated_leader_is_lost_and_a_follower_takes_over(
-    pg_dsn, keys, admin, holders, make_lock, beliefs, recorder, figures
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    figures: Callable[[str, float, str], None],
+) -> None:
     """Six rounds of terminating whoever leads among three candidates. Each time the old
     leader reports on_lost and leaves LEADER, one candidate leads, the server agrees;
     beliefs overlap only by the measured "terminate overlap" (< 50 ms)."""
@@ -55,13 +74,12 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
         fault = beliefs.fault("terminate", name)
         await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         await recs[name].wait_event("lost", count=lost_before + 1, timeout=5)
-        t_next = await eventually(
-            lambda f=fault: any(
-                i.start > f.t for n in locks for i in beliefs.intervals_of(n)
-            ),  # somebody leads again (possibly the old leader, on a new session)
-            10,
-            "a new leadership",
-        )
+
+        def leads_again(f: Fault = fault) -> bool:
+            # somebody leads again (possibly the old leader, on a new session)
+            return any(i.start > f.t for n in locks for i in beliefs.intervals_of(n))
+
+        t_next = await eventually(leads_again, 10, "a new leadership")
         takeovers.append(t_next - fault.t)
         new_leaders = [lock for lock in locks.values() if lock.is_leader]
         assert len(new_leaders) == 1
@@ -82,8 +100,14 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
 
 
 async def test_terminated_follower_reconnects_and_stays_follower(
-    pg_dsn, keys, admin, holders, make_lock, beliefs, recorder
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     """A follower whose backend is terminated (idle, and queued in pg_advisory_lock)
     reports on_error, never on_lost, reconnects and goes on following; the leader is
     untouched; the follower still takes over when the leader leaves."""
@@ -100,10 +124,15 @@ async def test_terminated_follower_reconnects_and_stays_follower(
         assert old_pid is not None
         await terminate_and_wait(admin, old_pid)
         await rec_b.wait_event("error", count=round_, timeout=5)
-        await eventually(lambda old=old_pid: b.backend_pid not in (None, old), 10, "reconnect")
-        await rec_b.wait(
-            lambda old=old_pid: rec_b.names()[-1] == "acquire_failed" and b.backend_pid != old, 10
-        )
+
+        def reconnected(old: int = old_pid) -> bool:
+            return b.backend_pid not in (None, old)
+
+        def failed_again(old: int = old_pid) -> bool:
+            return rec_b.names()[-1] == "acquire_failed" and b.backend_pid != old
+
+        await eventually(reconnected, 10, "reconnect")
+        await rec_b.wait(failed_again, 10)
     assert "lost" not in rec_b.names()
     assert "acquired" not in rec_b.names()
     assert rec_a.names() == ["acquired"]
@@ -117,8 +146,15 @@ async def test_terminated_follower_reconnects_and_stays_follower(
 
 @pytest.mark.parametrize("how", ["step_down", "shutdown"])
 async def test_terminated_just_before_unlock(
-    pg_dsn, keys, admin, holders, make_lock, beliefs, recorder, how
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    how: str,
+) -> None:
     """The backend dies after the lock entered RELEASING, before the unlock runs: the
     unlock fails (on_error, no on_released), the session is closed, the lock is free on
     the server and the follower takes over; step_down() and shutdown() return."""
@@ -127,7 +163,7 @@ async def test_terminated_just_before_unlock(
     rec_a, rec_b = recorder(a), recorder(b)
 
     @a.on_state_change
-    async def kill_own_backend(old, new):
+    async def kill_own_backend(old: LockState, new: LockState) -> None:
         if new is S.RELEASING:
             await terminate_and_wait(admin, a.backend_pid)
 
@@ -154,8 +190,15 @@ async def test_terminated_just_before_unlock(
 
 @pytest.mark.parametrize("how", ["step_down", "shutdown"])
 async def test_terminated_while_unlock_in_flight(
-    pg_dsn, keys, admin, holders, make_lock, beliefs, recorder, how
-):
+    pg_dsn: str,
+    keys: tuple[int, int],
+    admin: Admin,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    make_lock: Callable[..., LeaderLock],
+    beliefs: BeliefLog,
+    recorder: Callable[[LeaderLock], Recorder],
+    how: str,
+) -> None:
     """The unlock is on the wire (held in a stalled proxy) when the backend is
     terminated: the client gets the FATAL instead of the unlock's result."""
     info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
