@@ -24,8 +24,10 @@ from .core.errors import (
     LockError,
     LockNotHeldError,
     PgLeaderLockError,
+    ServerRefusedError,
     SessionNotDedicatedError,
     ShutdownError,
+    StandbyError,
 )
 from .core.hooks import hookimpl
 from .core.keys import lock_keys
@@ -68,8 +70,10 @@ __all__ = [
     "PgLeaderLockError",
     "RetryContext",
     "RetryStrategy",
+    "ServerRefusedError",
     "SessionNotDedicatedError",
     "ShutdownError",
+    "StandbyError",
     "StateChangeCallback",
     "ThreadedLeaderLock",
     "__version__",

@@ -31,6 +31,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgleaderlock import FixedInterval, LeaderLock, LockSession
 from pgleaderlock.backends import ConnectOptions
 from pgleaderlock.core.registry import available, resolve
+from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing import FakeServer
 from support.server import dsn_to_url
 
@@ -166,10 +167,10 @@ class Target:
         return lock
 
     async def session(
-        self, options: ConnectOptions | None = None, **override: object
+        self, options: ConnectOptions | None = None, *, setup: bool = True, **override: object
     ) -> LockSession:
         """A LockSession opened the way the core opens one (Backend.connect, or the
-        fake's ``connect_fn``)."""
+        fake's ``connect_fn``), identified and configured unless ``setup`` is False."""
         if self.fake is not None:
             if options is not None or override:
                 _no_server("session(options/overrides)")
@@ -178,10 +179,12 @@ class Target:
             return fake_session
         backend, driver_dsn = resolve(self.flavour.backend, self.dsn(**override))
         backend.check_dsn(driver_dsn)
-        session = await backend.connect(
-            driver_dsn, options or ConnectOptions(f"pgleaderlock-contract-{self.id}", 3.0)
-        )
+        options = options or ConnectOptions(f"pgleaderlock-contract-{self.id}", 3.0)
+        session = await backend.connect(driver_dsn, options)
         self.sessions.append(session)
+        if setup and isinstance(session, SetupSession):
+            await session.identify()
+            await session.configure(options)
         return session
 
     async def require(self, capability: type) -> None:

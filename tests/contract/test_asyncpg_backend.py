@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 asyncpg = pytest.importorskip("asyncpg")
 
-from pgleaderlock.backends import asyncpg as asyncpg_backend  # noqa: E402
+from pgleaderlock.backends import asyncpg as asyncpg_backend
+from pgleaderlock.backends.base import translate  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -59,13 +60,19 @@ async def test_pooled_connection_is_refused(
         await rec.wait_event("stopped", timeout=10)
         assert isinstance(rec.errors()[0], ConfigurationError)
         assert "asyncpg pool" in str(rec.errors()[0])
+        with pytest.raises(ConfigurationError, match="asyncpg pool"):
+            await lock.wait_for_leadership(1)  # stopped for good: waiting cannot help
+        # The refused connection went back to its pool (else close() would wait for it).
+        assert pool.get_idle_size() == pool.get_size()
         # A raw Connection that belongs to a pool is refused too.
-        with pytest.raises(ConfigurationError, match="pool"):
-            asyncpg_backend.wrap(held[0]._con)
-    finally:
-        for conn in held:
+        conn = await pool.acquire()
+        try:
+            with pytest.raises(ConfigurationError, match="pool"):
+                asyncpg_backend.wrap(conn._con)
+        finally:
             await pool.release(conn)
-        await pool.close()
+    finally:
+        await asyncio.wait_for(pool.close(), 10)
 
 
 async def test_connect_fn_connection_in_a_transaction_is_rolled_back(
@@ -177,7 +184,7 @@ class _Open:
     ],
 )
 def test_error_mapping(exc: BaseException, conn: object, expected: type[Exception]) -> None:
-    err = asyncpg_backend._translate(exc, "try_lock", conn)
+    err = translate(exc, "try_lock", asyncpg_backend._classify(exc, conn))
     assert type(err) is expected
     assert err.__cause__ is exc
     assert str(err).startswith("try_lock: ")
@@ -185,7 +192,7 @@ def test_error_mapping(exc: BaseException, conn: object, expected: type[Exceptio
 
 def test_error_messages_are_masked() -> None:
     exc = OSError("could not connect to postgresql://app:hunter2@db/x")
-    err = asyncpg_backend._translate(exc, "connect")
+    err = asyncpg_backend._connect_error(exc)
     assert "hunter2" not in str(err)
 
 

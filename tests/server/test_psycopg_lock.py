@@ -94,10 +94,15 @@ async def test_pooled_connection_is_refused(
         pass
 
     conns: list[FakePooled] = []
+    returned: list[FakePooled] = []
+
+    class Pool:  # the part of psycopg_pool.AsyncConnectionPool the library uses
+        async def putconn(self, conn: FakePooled) -> None:
+            returned.append(conn)
 
     async def connect() -> FakePooled:
         conn = await FakePooled.connect(pg_dsn, autocommit=True)
-        conn._pool = object()  # what psycopg_pool sets on its connections
+        conn._pool = Pool()  # what psycopg_pool sets on its connections
         conns.append(conn)
         return conn
 
@@ -107,5 +112,6 @@ async def test_pooled_connection_is_refused(
     await rec.wait_state(S.STOPPED)
     assert isinstance(rec.errors()[0], ConfigurationError)
     assert "pool" in str(rec.errors()[0])
+    assert returned == conns  # handed back to its pool, not kept or closed
     for conn in conns:
         await conn.close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 import asyncpg
 import asyncpg.pool
@@ -26,17 +26,20 @@ from ..core.errors import (
     ConfigurationError,
     ConnectionError,
     LockError,
+    PooledConnectionError,
     SessionNotDedicatedError,
 )
 from ..core.session import Backend, ConnectOptions, LockSession
 from .base import (
     CANCEL_TIMEOUT_S,
     CONNECTION_SQLSTATE_CLASSES,
+    REFUSED_SQLSTATES,
     WAIT_LOCK,
     BaseSession,
     ErrorClass,
     Statement,
     by_sqlstate,
+    check_target_session_attrs,
     sqlstate,
     translate,
 )
@@ -78,10 +81,11 @@ def _classify(exc: BaseException, conn: asyncpg.Connection | None = None) -> Err
     return cls
 
 
-def _translate(exc: BaseException, what: str, conn: asyncpg.Connection | None = None) -> Exception:
-    """``exc`` as the library error :func:`_classify` names (the driver error is the
-    ``__cause__``)."""
-    return translate(exc, what, _classify(exc, conn))
+def _connect_error(exc: BaseException) -> Exception:
+    """A connect error: refused for good (``REFUSED_SQLSTATES``) or a connection error."""
+    code = sqlstate(exc) if isinstance(exc, asyncpg.PostgresError) else None
+    cls = by_sqlstate(code, REFUSED_SQLSTATES, ConnectionError) if code else ConnectionError
+    return translate(exc, "connect", cls)
 
 
 class AsyncpgSession(BaseSession):
@@ -109,10 +113,8 @@ class AsyncpgSession(BaseSession):
 
     async def _prepare(self, statement: Statement) -> Any:
         if not self._ready:
-            if self._conn.is_in_transaction():
-                await self._conn.execute("ROLLBACK")
-            self._ready = True
-        placeholders = [f"${n}" for n in range(1, 4)]
+            await self._reset()
+        placeholders = [f"${n}" for n in range(1, 5)]
         prepared = self._statements[statement] = await self._conn.prepare(
             statement.sql(*placeholders)
         )
@@ -152,6 +154,15 @@ class AsyncpgSession(BaseSession):
     def _closed(self) -> bool:
         return bool(self._conn.is_closed())
 
+    def _protocol_pid(self) -> int | None:
+        pid = self._conn.get_server_pid()
+        return pid if isinstance(pid, int) else None
+
+    async def _reset(self) -> None:
+        if self._conn.is_in_transaction():
+            await self._conn.execute("ROLLBACK")
+        self._ready = True
+
     def _abort(self) -> None:
         self._conn.terminate()
 
@@ -168,8 +179,26 @@ class AsyncpgSession(BaseSession):
         self._conn.remove_termination_listener(self._listener)
 
 
+def _hosts(dsn: str) -> list[tuple[str, int | None]]:
+    """The hosts of a URL DSN, in order (``host1:port1,host2:port2``)."""
+    netloc = urlsplit(dsn).netloc.rpartition("@")[2]
+    hosts: list[tuple[str, int | None]] = []
+    for item in netloc.split(","):
+        host, port = item, None
+        if item.startswith("["):  # [ipv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") and rest[1:] else None
+        elif item.count(":") == 1:
+            host, text = item.split(":")
+            port = int(text) if text else None
+        hosts.append((host, port))
+    return hosts
+
+
 def check_dsn(dsn: str) -> None:
-    """Raise :class:`~pgleaderlock.ConfigurationError` unless ``dsn`` is a URL asyncpg takes.
+    """Raise [`ConfigurationError`][pgleaderlock.ConfigurationError] unless ``dsn`` is a
+    URL asyncpg takes, with numeric ports and a ``target_session_attrs`` that keeps the
+    lock on a primary.
 
     asyncpg accepts only the URL form (``postgresql://user@host:port/db?...``), not
     libpq's ``key=value`` form.
@@ -179,8 +208,10 @@ def check_dsn(dsn: str) -> None:
     try:
         parts = urlsplit(dsn)
         scheme_ok = parts.scheme.lower() in ("postgres", "postgresql")
-        if scheme_ok and "," not in parts.netloc:
-            _ = parts.port  # raises ValueError for a port that is not a number
+        if scheme_ok:
+            for _, port in _hosts(dsn):
+                if port is not None and not 0 < port < 65536:
+                    raise ValueError(f"port {port} out of range")
     except ValueError as exc:
         raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {exc}") from None
     if not scheme_ok:
@@ -188,23 +219,76 @@ def check_dsn(dsn: str) -> None:
             f"malformed DSN {mask_dsn(dsn)!r}: the asyncpg backend needs a "
             "postgresql://user@host:port/dbname URL (not the key=value form)"
         )
+    attrs = parse_qs(parts.query).get("target_session_attrs")
+    check_target_session_attrs(attrs[-1] if attrs else None, mask_dsn(dsn))
+    _per_host_timeout(dsn, 1.0)  # a bad connect_timeout fails here, before any I/O
+
+
+def _per_host_timeout(dsn: str, connect_timeout_s: float) -> tuple[str, float]:
+    """asyncpg has no ``connect_timeout`` URL parameter (it would send it to the server
+    as a setting, which fails): take it out of the URL and use it per host, as libpq
+    does; else ``connect_timeout_s``."""
+    parts = urlsplit(dsn)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    given = [value for name, value in query if name == "connect_timeout"]
+    if not given:
+        return dsn, connect_timeout_s
+    rest = urlencode([(name, value) for name, value in query if name != "connect_timeout"])
+    try:
+        timeout = float(given[-1])
+    except ValueError:
+        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad connect_timeout") from None
+    return parts._replace(query=rest).geturl(), timeout if timeout > 0 else connect_timeout_s
+
+
+def connect_budget(dsn: str, connect_timeout_s: float) -> float:
+    """Each host gets its own attempt of ``connect_timeout_s`` (or the URL's own
+    ``connect_timeout``)."""
+    _, per_host = _per_host_timeout(dsn, connect_timeout_s)
+    return max(1, len(_hosts(dsn))) * per_host
 
 
 async def connect(dsn: str, options: ConnectOptions) -> LockSession:
-    """Open a new dedicated session (``application_name``, server settings, timeout).
+    """Open a new dedicated session with its ``application_name``.
 
-    Settings given in the DSN's query string are kept; ``application_name`` and the
-    lock's server settings win over them.
+    asyncpg's own timeout covers all the hosts of a multi-host DSN together, so that a
+    dead first host would use it all up; here each host gets an attempt of its own,
+    within ``connect_timeout_s``, in order, with ``target_session_attrs=read-write``
+    (unless the DSN says ``primary``) so that a standby is passed over. The session
+    settings are applied later by ``configure()`` (a pooler refuses them as startup
+    parameters).
     """
-    settings: dict[str, str] = {**options.server_settings}
-    settings["application_name"] = options.application_name
-    try:
-        conn = await asyncpg.connect(
-            dsn, timeout=options.connect_timeout_s, server_settings=settings
-        )
-    except Exception as exc:
-        raise _translate(exc, "connect") from exc
-    return AsyncpgSession(conn)
+    dsn, per_host = _per_host_timeout(dsn, options.connect_timeout_s)
+    hosts = _hosts(dsn)
+    attrs = parse_qs(urlsplit(dsn).query).get("target_session_attrs")
+    target = attrs[-1] if attrs else ("read-write" if len(hosts) > 1 else None)
+    settings = {"application_name": options.application_name}
+    last: BaseException | None = None
+    for host, port in hosts if len(hosts) > 1 else [(None, None)]:
+        try:
+            conn = await asyncpg.connect(
+                dsn,
+                host=host,
+                port=port,
+                timeout=per_host,
+                server_settings=settings,
+                target_session_attrs=target,
+            )
+        except Exception as exc:
+            last = exc
+            if len(hosts) > 1 and _try_next_host(exc):
+                continue
+            raise _connect_error(exc) from exc
+        return AsyncpgSession(conn)
+    assert last is not None
+    raise _connect_error(last) from last
+
+
+def _try_next_host(exc: BaseException) -> bool:
+    """Like libpq, move on to the next host after a connection failure or a standby,
+    not after the server refused the client (those are the same on every host)."""
+    code = sqlstate(exc) if isinstance(exc, asyncpg.PostgresError) else None
+    return code is None or by_sqlstate(code, REFUSED_SQLSTATES, ConnectionError) is ConnectionError
 
 
 def _pooled(obj: Any) -> bool:
@@ -217,21 +301,38 @@ def _pooled(obj: Any) -> bool:
     )
 
 
+def _give_back(obj: Any) -> Any:
+    """A coroutine function that releases a pool's connection to its pool, or None."""
+    holder = getattr(obj, "_holder", None) or getattr(obj, "_pool_holder", None)
+    pool = getattr(holder, "_pool", None)
+    if pool is None:
+        return None
+    return lambda: pool.release(obj)
+
+
 def wrap(obj: object) -> LockSession | None:
     """Adapt an ``asyncpg.Connection`` returned by ``connect_fn``.
 
     Raises:
-        ConfigurationError: the connection belongs to an ``asyncpg.Pool``.
+        PooledConnectionError: the connection belongs to an ``asyncpg.Pool`` (it is
+            released back to the pool before the error is reported).
     """
     if not isinstance(obj, asyncpg.Connection):
         return None
     if _pooled(obj):
-        raise ConfigurationError(
+        raise PooledConnectionError(
             "connect_fn returned a connection that belongs to an asyncpg pool; a "
             "session-level lock needs a dedicated connection (asyncpg.connect()) that no "
-            "pool can hand to someone else"
+            "pool can hand to someone else",
+            give_back=_give_back(obj),
         )
     return AsyncpgSession(obj)
 
 
-backend = Backend(name="asyncpg", connect=connect, wrap=wrap, check_dsn=check_dsn)
+backend = Backend(
+    name="asyncpg",
+    connect=connect,
+    wrap=wrap,
+    check_dsn=check_dsn,
+    connect_budget=connect_budget,
+)

@@ -21,23 +21,28 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..core._logging import mask_dsn
 from ..core.errors import (
+    ConfigurationError,
     ConnectionError,
     PgLeaderLockError,
+    ServerRefusedError,
     SessionNotDedicatedError,
+    StandbyError,
 )
 from ..core.keys import key_to_oid
+from ..core.session import ConnectOptions, SessionInfo
 
 __all__ = [
     "CANCEL_TIMEOUT_S",
     "CONNECTION_SQLSTATE_CLASSES",
     "HOLDS",
     "LOCK_NOT_AVAILABLE",
-    "RESET_SESSION",
+    "IDENTIFY",
     "STATEMENTS",
     "TRY_LOCK",
     "UNLOCK",
@@ -45,7 +50,11 @@ __all__ = [
     "BaseSession",
     "ErrorClass",
     "Statement",
+    "REFUSED_SQLSTATES",
     "by_sqlstate",
+    "check_target_session_attrs",
+    "configure_statement",
+    "refused_by_message",
     "check_pid",
     "lock_timeout_ms",
     "sqlstate",
@@ -86,25 +95,36 @@ class Statement:
 
 
 # Keys are parenthesised: "-2147483648::int4" parses as -(2147483648::int4) and overflows.
+# Every lock statement runs only on the session's own server backend ({2} is its pid):
+# behind a pooler that moved the statement to another backend it takes (or frees)
+# nothing, returns NULL and the other pid, and the pid check refuses the session. So no
+# lock is ever left on a pooled server connection that another client gets next.
 TRY_LOCK = Statement(
-    "try_lock", "SELECT pg_try_advisory_lock(({0})::int4, ({1})::int4), pg_backend_pid()"
+    "try_lock",
+    "SELECT CASE WHEN pg_backend_pid() = ({2})::int4"
+    " THEN pg_try_advisory_lock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
 )
-"""``pg_try_advisory_lock(key1, key2)``; values: the two keys."""
+"""``pg_try_advisory_lock(key1, key2)``; values: the two keys and the session's pid."""
 UNLOCK = Statement(
-    "unlock", "SELECT pg_advisory_unlock(({0})::int4, ({1})::int4), pg_backend_pid()"
+    "unlock",
+    "SELECT CASE WHEN pg_backend_pid() = ({2})::int4"
+    " THEN pg_advisory_unlock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
 )
-"""``pg_advisory_unlock(key1, key2)``; values: the two keys."""
+"""``pg_advisory_unlock(key1, key2)``; values: the two keys and the session's pid."""
 # One round trip: the lock_timeout is local to this statement's implicit transaction and
 # is set before pg_advisory_lock starts waiting (the target list runs left to right).
 # The timeout is a value like the keys, so that a driver that prepares statements needs
 # one for waits of any length. A timeout raises lock_not_available (SQLSTATE 55P03).
 WAIT_LOCK = Statement(
     "wait_lock",
-    "SELECT set_config('lock_timeout', ({2})::int4::text, true),"
-    " pg_advisory_lock(({0})::int4, ({1})::int4), pg_backend_pid()",
+    "SELECT CASE WHEN pg_backend_pid() = ({3})::int4"
+    " THEN set_config('lock_timeout', ({2})::int4::text, true) END,"
+    " CASE WHEN pg_backend_pid() = ({3})::int4"
+    " THEN pg_advisory_lock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
 )
-"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys and
-the timeout in ms (:func:`lock_timeout_ms`)."""
+"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
+timeout in ms ([`lock_timeout_ms`][pgleaderlock.backends.base.lock_timeout_ms]) and the
+session's pid."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by key_to_oid().
 HOLDS = Statement(
@@ -112,20 +132,46 @@ HOLDS = Statement(
     "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
     " WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
     " AND classid = ({0})::int8::oid AND objid = ({1})::int8::oid AND objsubid = 2),"
-    " pg_backend_pid()",
+    " pg_is_in_recovery(), pg_backend_pid()",
 )
-"""Does this session hold the lock (`pg_locks`)? Values:
-[`key_to_oid(key1)`][pgleaderlock.backends.key_to_oid], `key_to_oid(key2)`."""
-STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS)
+"""Does this session hold the lock (``pg_locks``), and is its server still a primary?
+Values: the two keys as oids."""
+IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery(), pg_backend_pid()")
+"""Who serves this session: is the server a standby, and which backend runs it."""
+STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, IDENTIFY)
 
-RESET_SESSION = Statement(
-    "session setup",
-    "SELECT pg_advisory_unlock_all(), (SELECT count(set_config(s.name, s.value, false))"
-    " FROM unnest(({0})::text[], ({1})::text[]) AS s(name, value))",
-)
-"""For a connection taken over from a pool: free the advisory locks left by earlier use,
-then set session settings (``set_config(..., false)``: for the whole session), in one
-round trip. Values: the setting names and their values, as two text arrays."""
+
+def configure_statement(settings: Mapping[str, str], application_name: str) -> Statement:
+    """One statement that sets ``settings`` and ``application_name`` for the whole
+    session (``set_config(..., false)``, which a session-mode pooler accepts, unlike
+    startup parameters), skipping settings this server version does not know, and frees
+    any advisory lock a connection taken over from a pool still holds.
+
+    Args:
+        settings: setting name -> value.
+        application_name: the session's ``application_name``.
+
+    Returns:
+        The statement (its values are the session's pid).
+    """
+    pairs = [*settings.items(), ("application_name", application_name)]
+    rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
+    sql = (
+        "SELECT CASE WHEN pg_backend_pid() = ({0})::int4 THEN pg_advisory_unlock_all() END,"
+        " (SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
+        + rows.replace("{", "{{").replace("}", "}}")
+        + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL),"
+        " pg_backend_pid()"
+    )
+    return Statement("session setup", sql)
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal (standard_conforming_strings: only quotes need doubling)."""
+    if "\x00" in text:
+        raise ValueError("a setting cannot contain a NUL character")
+    return "'" + text.replace("'", "''") + "'"
+
 
 LOCK_NOT_AVAILABLE = "55P03"
 """The SQLSTATE of a ``lock_timeout`` that ended a :data:`WAIT_LOCK`."""
@@ -163,6 +209,47 @@ _POOLER = (
     "client and PostgreSQL. Session-level advisory locks need a direct connection or a "
     "session-mode pooler"
 )
+
+
+REFUSED_SQLSTATES: dict[str, ErrorClass] = {
+    "28": ServerRefusedError,  # invalid_authorization_specification, invalid_password
+    "3D000": ServerRefusedError,  # invalid_catalog_name: the database does not exist
+    "42501": ServerRefusedError,  # insufficient_privilege: no CONNECT on the database
+}
+"""SQLSTATEs that mean the server refused this client at connect time for a reason
+that retrying does not mend (a driver's connect may look them up with
+[`by_sqlstate`][pgleaderlock.backends.base.by_sqlstate])."""
+
+_REFUSED = re.compile(
+    r"password authentication failed|authentication failed for user"
+    r"|role \S+ does not exist|database \S+ does not exist|no pg_hba\.conf entry"
+    r"|is not permitted to log in|permission denied for database|no password supplied"
+)
+
+
+def refused_by_message(message: str) -> bool:
+    """For drivers whose connect errors carry no SQLSTATE (libpq's): does the message say
+    that the server refused this client for good (see ``REFUSED_SQLSTATES``)? Only the
+    server's English messages are recognised; others are treated as retryable."""
+    return _REFUSED.search(message) is not None
+
+
+def check_target_session_attrs(value: object, dsn: str) -> None:
+    """Refuse a ``target_session_attrs`` that would let the lock settle on a standby.
+
+    Args:
+        value: the DSN's ``target_session_attrs``, or ``None``.
+        dsn: the DSN, passwords masked, for the message.
+
+    Raises:
+        ConfigurationError: anything but ``read-write`` or ``primary``.
+    """
+    if value is not None and str(value) not in ("read-write", "primary"):
+        raise ConfigurationError(
+            f"target_session_attrs={value} in {dsn!r}: a lock must live on the primary "
+            "(a standby's advisory locks do not exclude the primary's); use read-write, "
+            "or leave it out (it is added for a multi-host DSN)"
+        )
 
 
 def sqlstate(exc: BaseException | None) -> str | None:
@@ -268,6 +355,7 @@ class BaseSession(abc.ABC):
     def __init__(self) -> None:
         self._pid: int | None = None
         self._watch: Callable[[], None] | None = None
+        self._info: SessionInfo | None = None
 
     @property
     def backend_pid(self) -> int | None:
@@ -291,6 +379,14 @@ class BaseSession(abc.ABC):
         """Is the connection known to be closed?"""
 
     @abc.abstractmethod
+    def _protocol_pid(self) -> int | None:
+        """The process id the protocol reported at connect (BackendKeyData)."""
+
+    @abc.abstractmethod
+    async def _reset(self) -> None:
+        """Roll back an open transaction and switch to autocommit, if needed."""
+
+    @abc.abstractmethod
     def _abort(self) -> None:
         """Drop the connection now, with no network wait (may raise: ignored)."""
 
@@ -307,8 +403,8 @@ class BaseSession(abc.ABC):
 
     # ------------------------------------------------ the LockSession
 
-    async def _value(self, statement: Statement, values: tuple[int, ...]) -> object:
-        """Run ``statement``; return its first column and check its last,
+    async def _row(self, statement: Statement, values: tuple[int, ...]) -> tuple[object, ...]:
+        """Run ``statement``; return its row after checking its last column,
         ``pg_backend_pid()``, against the session's pid."""
         if self._watch is not None:
             self.watch(None)  # never compete with the driver for the connection
@@ -325,25 +421,63 @@ class BaseSession(abc.ABC):
         if pid != self._pid:
             check_pid(self._pid, pid)
             self._pid = pid
-        return row[0]
+        return row
+
+    async def _lock_call(self, statement: Statement, *values: int) -> object:
+        """A lock statement, run only on the session's own backend (its pid is the last
+        value): the session identifies itself first if it has not yet."""
+        pid = self._pid
+        if pid is None:
+            pid = (await self.identify()).backend_pid
+        return (await self._row(statement, (*values, pid)))[0]
+
+    async def identify(self) -> SessionInfo:
+        """Roll back an open transaction, switch to autocommit and ask who serves this
+        session (``SetupSession``); run once, later calls return the same answer."""
+        if self._info is None:
+            try:
+                await self._reset()
+            except Exception as exc:
+                cls = self._classify(exc)
+                if cls is None:
+                    raise
+                raise translate(exc, IDENTIFY.what, cls) from exc
+            in_recovery, pid = await self._row(IDENTIFY, ())
+            assert isinstance(pid, int)
+            self._info = SessionInfo(pid, self._protocol_pid(), bool(in_recovery))
+        return self._info
+
+    async def configure(self, options: ConnectOptions) -> None:
+        """Apply the lock's session settings and ``application_name`` for the whole
+        session, and free advisory locks that a connection taken over from a pool still
+        holds (on a direct connection only: behind a pooler the backend is not ours to
+        clear) (``SetupSession``)."""
+        info = await self.identify()
+        statement = configure_statement(options.server_settings, options.application_name)
+        direct_pid = -1 if info.behind_pooler else info.backend_pid
+        await self._row(statement, (direct_pid,))
 
     async def try_lock(self, key1: int, key2: int) -> bool:
         """``pg_try_advisory_lock(key1, key2)``: True if granted now."""
-        return bool(await self._value(TRY_LOCK, (key1, key2)))
+        return bool(await self._lock_call(TRY_LOCK, key1, key2))
 
     async def unlock(self, key1: int, key2: int) -> bool:
         """``pg_advisory_unlock(key1, key2)``: True if this session held the lock."""
-        return bool(await self._value(UNLOCK, (key1, key2)))
+        return bool(await self._lock_call(UNLOCK, key1, key2))
 
     async def holds(self, key1: int, key2: int) -> bool:
-        """Does this session still hold the lock (``pg_locks``)? Raises if it is dead."""
-        return bool(await self._value(HOLDS, (key_to_oid(key1), key_to_oid(key2))))
+        """Does this session still hold the lock (``pg_locks``)? Raises if it is dead,
+        and [`StandbyError`][pgleaderlock.StandbyError] if its server became a standby."""
+        held, in_recovery, _ = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
+        if in_recovery:
+            raise StandbyError("health check: the server is now a standby (in recovery)")
+        return bool(held)
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         """Wait on the server for the lock: True once granted, False after ``timeout_s``
         (a ``lock_not_available`` error on a live session)."""
         try:
-            await self._value(WAIT_LOCK, (key1, key2, lock_timeout_ms(timeout_s)))
+            await self._lock_call(WAIT_LOCK, key1, key2, lock_timeout_ms(timeout_s))
         except PgLeaderLockError as exc:
             if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
                 return False  # lock_timeout: the wait ended without the lock

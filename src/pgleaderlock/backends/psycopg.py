@@ -18,11 +18,27 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from ..core._logging import mask_dsn
-from ..core.errors import ConfigurationError, ConnectionError, LockError
+from ..core.errors import (
+    ConfigurationError,
+    ConnectionError,
+    LockError,
+    PooledConnectionError,
+    ServerRefusedError,
+)
 from ..core.session import Backend, ConnectOptions, LockSession
-from .base import CANCEL_TIMEOUT_S, WAIT_LOCK, BaseSession, ErrorClass, Statement, translate
+from .base import (
+    CANCEL_TIMEOUT_S,
+    WAIT_LOCK,
+    BaseSession,
+    ErrorClass,
+    Statement,
+    check_target_session_attrs,
+    refused_by_message,
+    translate,
+)
 
 __all__ = ["PsycopgSession", "backend", "check_dsn", "connect", "wrap"]
 
@@ -116,6 +132,16 @@ class PsycopgSession(BaseSession):
     def _closed(self) -> bool:
         return self._conn.closed
 
+    def _protocol_pid(self) -> int | None:
+        return self._conn.info.backend_pid
+
+    async def _reset(self) -> None:
+        if self._conn.info.transaction_status != TransactionStatus.IDLE:
+            await self._conn.rollback()  # the lock must be session-level, never in a txn
+        if not self._conn.autocommit:
+            await self._conn.set_autocommit(True)
+        self._ready = True
+
     def _abort(self) -> None:
         """psycopg answers the cancellation of a running query by cancelling it on the
         server and waiting for that, up to 10 s: far too long when the network is
@@ -146,46 +172,78 @@ class PsycopgSession(BaseSession):
         asyncio.get_running_loop().remove_reader(self._conn.pgconn.socket)
 
 
-def _options(existing: str | None, settings: Mapping[str, str]) -> str:
-    extra = " ".join(f"-c {name}={value}" for name, value in settings.items())
-    return f"{existing} {extra}".strip() if existing else extra
+def _hosts(params: Mapping[str, Any]) -> int:
+    """How many hosts libpq will try (``host`` or ``hostaddr`` lists)."""
+    hosts = str(params.get("host") or params.get("hostaddr") or "")
+    return max(1, len(hosts.split(",")))
 
 
 def check_dsn(dsn: str) -> None:
-    """Raise :class:`~pgleaderlock.ConfigurationError` if libpq cannot parse ``dsn``."""
+    """Raise [`ConfigurationError`][pgleaderlock.ConfigurationError] if libpq cannot
+    parse ``dsn``, if a port is not a number, or if ``target_session_attrs`` would let
+    the lock settle on a standby."""
     try:
-        conninfo_to_dict(dsn)
+        params = conninfo_to_dict(dsn)
     except psycopg.Error as exc:
         raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {mask_dsn(str(exc))}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad port {port!r}")
+    check_target_session_attrs(params.get("target_session_attrs"), mask_dsn(dsn))
+
+
+def connect_budget(dsn: str, connect_timeout_s: float) -> float:
+    """libpq tries each host in turn, each within the DSN's ``connect_timeout`` if it
+    has one, else ``connect_timeout_s`` (both at least 2 s, as libpq has it)."""
+    params = conninfo_to_dict(dsn)
+    per_host = float(params.get("connect_timeout") or 0) or connect_timeout_s
+    return _hosts(params) * max(2.0, math.ceil(per_host))
 
 
 async def connect(dsn: str, options: ConnectOptions) -> LockSession:
-    """Open a new dedicated session (autocommit, ``application_name``, server settings)."""
+    """Open a new dedicated session: autocommit, ``application_name``, each host within
+    its own ``connect_timeout``; a multi-host DSN gets ``target_session_attrs=read-write``
+    unless it says otherwise. The session settings are applied later by ``configure()``
+    (a pooler refuses them as startup parameters)."""
     params = conninfo_to_dict(dsn)
-    existing = params.get("options")
+    extra: dict[str, Any] = {}
+    if not params.get("connect_timeout"):
+        extra["connect_timeout"] = max(2, math.ceil(options.connect_timeout_s))
+    if _hosts(params) > 1 and not params.get("target_session_attrs"):
+        extra["target_session_attrs"] = "read-write"
     try:
         conn = await psycopg.AsyncConnection.connect(
-            dsn,
-            autocommit=True,
-            application_name=options.application_name,
-            connect_timeout=max(2, math.ceil(options.connect_timeout_s)),
-            options=_options(str(existing) if existing else None, options.server_settings),
+            dsn, autocommit=True, application_name=options.application_name, **extra
         )
     except psycopg.Error as exc:
-        raise translate(exc, "connect", _classify(exc) or ConnectionError) from exc
+        cls = ServerRefusedError if refused_by_message(str(exc)) else ConnectionError
+        raise translate(exc, "connect", cls) from exc
     return PsycopgSession(conn)
 
 
 def wrap(obj: object) -> LockSession | None:
-    """Adapt a psycopg ``AsyncConnection`` returned by ``connect_fn``."""
+    """Adapt a psycopg ``AsyncConnection`` returned by ``connect_fn``.
+
+    Raises:
+        PooledConnectionError: the connection belongs to a ``psycopg_pool`` pool (it is
+            handed back to the pool before the error is reported).
+    """
     if not isinstance(obj, psycopg.AsyncConnection):
         return None
-    if getattr(obj, "_pool", None) is not None:
-        raise ConfigurationError(
+    pool = getattr(obj, "_pool", None)
+    if pool is not None:
+        raise PooledConnectionError(
             "connect_fn returned a connection that belongs to a pool; a session-level "
-            "lock needs a dedicated connection that no pool can hand to someone else"
+            "lock needs a dedicated connection that no pool can hand to someone else",
+            give_back=lambda: pool.putconn(obj),
         )
     return PsycopgSession(obj)
 
 
-backend = Backend(name="psycopg", connect=connect, wrap=wrap, check_dsn=check_dsn)
+backend = Backend(
+    name="psycopg",
+    connect=connect,
+    wrap=wrap,
+    check_dsn=check_dsn,
+    connect_budget=connect_budget,
+)

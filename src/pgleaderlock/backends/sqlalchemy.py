@@ -24,15 +24,13 @@ would otherwise stay held for as long as the lock's long-lived session lives) an
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 from sqlalchemy import Engine, make_url
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.exc import ArgumentError
@@ -41,8 +39,8 @@ from sqlalchemy.pool import NullPool
 
 from ..core._logging import mask_dsn
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
-from ..core.session import Backend, ConnectOptions, LockSession
-from .base import RESET_SESSION, translate
+from ..core.session import Backend, ConnectOptions, LockSession, SessionInfo
+from .base import translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -55,9 +53,6 @@ _DRIVERS = {
 }
 _DEFAULT_DRIVER = "psycopg"
 _URL = re.compile(r"^postgres(?:ql)?(?:\+[A-Za-z0-9_]+)?://", re.I)
-
-_SETUP_ASYNCPG = RESET_SESSION.sql("$1", "$2")
-_SETUP_PSYCOPG = RESET_SESSION.sql("%s", "%s")
 
 _Inner = Any  # PsycopgSession or AsyncpgSession (asyncpg is optional, imported lazily)
 
@@ -97,22 +92,12 @@ class SQLAlchemySession:
         driver_connection: an ``asyncpg.Connection`` or ``psycopg.AsyncConnection``
             that no pool knows of any more.
         origin: where it came from, for ``repr()`` (a masked URL).
-        settings: session settings to apply before the first statement (``None``: none,
-            and advisory locks the connection may hold are left alone).
     """
 
-    def __init__(
-        self,
-        driver_connection: object,
-        *,
-        origin: str = "",
-        settings: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, driver_connection: object, *, origin: str = "") -> None:
         self._driver = driver_connection
         self._inner: _Inner = _adapter(driver_connection)
         self._origin = origin
-        self._settings = settings
-        self._prepared = False
 
     @property
     def connection(self) -> Any:
@@ -125,56 +110,28 @@ class SQLAlchemySession:
         pid: int | None = self._inner.backend_pid
         return pid
 
-    async def prepare(self) -> None:
-        """Roll back an open transaction, switch to autocommit and apply the settings.
+    async def identify(self) -> SessionInfo:
+        """Roll back what the connection's earlier user left open and report who serves
+        it (``SetupSession``)."""
+        info: SessionInfo = await self._inner.identify()
+        return info
 
-        Runs once, before the first statement; :func:`connect` calls it at once so that
-        connection errors surface there.
-
-        Raises:
-            ConnectionError: the session cannot be used.
-        """
-        if self._prepared:
-            return
-        conn: Any = self._driver
-        settings = self._settings
-        names, values = (list(settings), list(settings.values())) if settings else ([], [])
-        try:
-            if isinstance(conn, psycopg.AsyncConnection):
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    await conn.rollback()
-                if not conn.autocommit:
-                    await conn.set_autocommit(True)
-                if settings is not None:
-                    await conn.execute(_SETUP_PSYCOPG, (names, values))
-            else:
-                if conn.is_in_transaction():
-                    await conn.execute("ROLLBACK")
-                if settings is not None:
-                    await conn.execute(_SETUP_ASYNCPG, names, values)
-        except asyncio.CancelledError:
-            await self._inner.close()
-            raise
-        except Exception as exc:
-            raise translate(exc, RESET_SESSION.what, ConnectionError) from exc
-        self._prepared = True
-
-    async def _ready(self) -> _Inner:
-        if not self._prepared:
-            await self.prepare()
-        return self._inner
+    async def configure(self, options: ConnectOptions) -> None:
+        """Apply the lock's settings; free advisory locks left by the connection's
+        earlier use in the engine's pool (``SetupSession``)."""
+        await self._inner.configure(options)
 
     async def try_lock(self, key1: int, key2: int) -> bool:
-        return bool(await (await self._ready()).try_lock(key1, key2))
+        return bool(await self._inner.try_lock(key1, key2))
 
     async def unlock(self, key1: int, key2: int) -> bool:
-        return bool(await (await self._ready()).unlock(key1, key2))
+        return bool(await self._inner.unlock(key1, key2))
 
     async def holds(self, key1: int, key2: int) -> bool:
-        return bool(await (await self._ready()).holds(key1, key2))
+        return bool(await self._inner.holds(key1, key2))
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
-        return bool(await (await self._ready()).wait_lock(key1, key2, timeout_s))
+        return bool(await self._inner.wait_lock(key1, key2, timeout_s))
 
     def watch(self, callback: Callable[[], None] | None) -> None:
         self._inner.watch(callback)
@@ -286,14 +243,7 @@ async def connect(dsn: AsyncEngine | str, options: ConnectOptions) -> LockSessio
         raise _connect_error(exc, origin) from exc
     driver_connection = proxied.driver_connection  # read it first: detach() clears it
     proxied.detach()
-    settings = {**options.server_settings, "application_name": options.application_name}
-    session = SQLAlchemySession(driver_connection, origin=origin, settings=settings)
-    try:
-        await session.prepare()
-    except BaseException:
-        await session.close()
-        raise
-    return session
+    return SQLAlchemySession(driver_connection, origin=origin)
 
 
 def wrap(obj: object) -> LockSession | None:

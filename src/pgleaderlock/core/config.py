@@ -12,6 +12,7 @@ from typing import Literal
 from .errors import ConfigurationError
 
 __all__ = [
+    "IMMUNE_SETTINGS",
     "FollowerMode",
     "LockConfig",
     "default_application_name",
@@ -48,9 +49,23 @@ def default_application_name(label: str) -> str:
     return encoded.decode("utf-8", errors="ignore")
 
 
+IMMUNE_SETTINGS: dict[str, str] = {
+    "statement_timeout": "0",
+    "lock_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+    "idle_session_timeout": "0",
+    "transaction_timeout": "0",
+}
+"""Timeouts a role or database may carry that would otherwise cancel a follower's wait
+on the server, or end an idle leader's session (and its leadership): off for the lock's
+own session. A wait sets its own statement-local ``lock_timeout``."""
+
+
 def session_settings(config: LockConfig) -> dict[str, str]:
-    """Everything a lock's session sets at connect time."""
-    settings = partition_settings(config.demotion_bound_s, config.tcp_user_timeout_s)
+    """Everything a lock's session sets for itself when it is set up (settings the
+    server does not know, on an older version, are skipped)."""
+    settings = {**IMMUNE_SETTINGS}
+    settings.update(partition_settings(config.demotion_bound_s, config.tcp_user_timeout_s))
     if config.follower_mode == "wait":
         # A backend waiting in pg_advisory_lock does not read its socket: without this
         # (PostgreSQL >= 14) a follower that went away would stay queued for the lock
@@ -89,6 +104,10 @@ class LockConfig:
     tcp_user_timeout_s: float
     auto_reacquire: bool
     follower_mode: FollowerMode
+    retry_permanent_errors: bool = False
+    connect_budget_s: float | None = None
+    """How long opening one session may take in all (several hosts, the pooler check);
+    default ``connect_timeout_s``."""
 
     @property
     def demotion_bound_s(self) -> float:
@@ -106,6 +125,7 @@ def lock_config(
     tcp_user_timeout_s: object,
     auto_reacquire: object,
     follower_mode: object,
+    retry_permanent_errors: object = False,
 ) -> LockConfig:
     """Check a lock's settings before any I/O.
 
@@ -125,8 +145,12 @@ def lock_config(
             f"health_timeout_s = {bound:g}: otherwise a partitioned leader's lock could be "
             "granted to another session before the old leader has noticed and demoted itself"
         )
-    if not isinstance(auto_reacquire, bool):
-        raise ConfigurationError(f"auto_reacquire must be a bool, got {auto_reacquire!r}")
+    for name, flag in (
+        ("auto_reacquire", auto_reacquire),
+        ("retry_permanent_errors", retry_permanent_errors),
+    ):
+        if not isinstance(flag, bool):
+            raise ConfigurationError(f"{name} must be a bool, got {flag!r}")
     if follower_mode not in ("wait", "poll"):
         raise ConfigurationError(f"follower_mode must be 'wait' or 'poll', got {follower_mode!r}")
     return LockConfig(
@@ -136,6 +160,7 @@ def lock_config(
         connect_timeout_s=positive("connect_timeout_s", connect_timeout_s),
         command_timeout_s=positive("command_timeout_s", command_timeout_s),
         tcp_user_timeout_s=user_timeout,
-        auto_reacquire=auto_reacquire,
+        auto_reacquire=bool(auto_reacquire),
         follower_mode="wait" if follower_mode == "wait" else "poll",
+        retry_permanent_errors=bool(retry_permanent_errors),
     )

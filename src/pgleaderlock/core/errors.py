@@ -9,6 +9,7 @@ names is in scope.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Awaitable, Callable
 
 __all__ = [
     "BackendUnavailableError",
@@ -17,8 +18,11 @@ __all__ = [
     "LockError",
     "LockNotHeldError",
     "PgLeaderLockError",
+    "PooledConnectionError",
+    "ServerRefusedError",
     "SessionNotDedicatedError",
     "ShutdownError",
+    "StandbyError",
 ]
 
 
@@ -37,6 +41,26 @@ class ConnectionError(PgLeaderLockError, builtins.ConnectionError):
     """Failed to establish or maintain a database connection."""
 
 
+class ServerRefusedError(ConnectionError):
+    """The server refused this client for a reason that retrying does not mend:
+    authentication failed, or the role or the database does not exist.
+
+    The lock reports it (``on_error``) and stops at once, and
+    [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership] raises it,
+    unless the lock was made with ``retry_permanent_errors=True`` (for a password that
+    is being rotated, or a database that a migration will create).
+    """
+
+
+class StandbyError(ConnectionError):
+    """The session's server is a standby (``pg_is_in_recovery()``): an advisory lock
+    taken there does not exclude a lock taken on the primary, so the lock refuses it.
+
+    Retried: a standby may be promoted. A multi-host DSN makes the driver move on to a
+    read-write host (``target_session_attrs=read-write`` is added when absent).
+    """
+
+
 class SessionNotDedicatedError(ConnectionError):
     """The session does not stay on one server backend (e.g. a transaction-mode pooler).
 
@@ -44,6 +68,19 @@ class SessionNotDedicatedError(ConnectionError):
     whichever server connection ran that statement, not by this client. The library
     refuses such sessions instead of silently "holding" nothing.
     """
+
+
+class PooledConnectionError(ConfigurationError):
+    """``connect_fn`` returned a connection that belongs to a pool.
+
+    Attributes:
+        give_back: hands the connection back to its pool (awaited by the core before
+            the error is reported), or ``None``.
+    """
+
+    def __init__(self, message: str, give_back: Callable[[], Awaitable[object]] | None = None):
+        super().__init__(message)
+        self.give_back = give_back
 
 
 class LockError(PgLeaderLockError):
@@ -67,6 +104,9 @@ for _cls in (
     ConfigurationError,
     ConnectionError,
     SessionNotDedicatedError,
+    ServerRefusedError,
+    StandbyError,
+    PooledConnectionError,
     LockError,
     LockNotHeldError,
     ShutdownError,

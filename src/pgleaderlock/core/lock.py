@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Self
 
 import pluggy
@@ -33,10 +34,10 @@ from .models import (
     StateChangeCallback,
 )
 from .registry import resolve
-from .retry import ExponentialBackoff, RetryStrategy
+from .retry import RetryStrategy, default_retry_strategy
 from .runner import Runner
 from .session import Backend, ConnectOptions, SessionFactory
-from .slot import SessionSlot
+from .slot import SessionSlot, check_connect_fn
 
 __all__ = ["LeaderLock"]
 
@@ -61,8 +62,10 @@ class LeaderLock:
         key1: first advisory lock key, a signed 32-bit integer.
         key2: second advisory lock key, a signed 32-bit integer.
         retry_strategy: delay between acquisition attempts and reconnections;
-            default [`ExponentialBackoff()`][pgleaderlock.ExponentialBackoff]. Returning
-            `None` stops the lock.
+            default [`ExponentialBackoff(error_max_s=2.0)`][pgleaderlock.ExponentialBackoff]
+            (waits for a taken lock grow to 30 s; after a connection error the next
+            attempt is at most 2 s away, so a promoted primary is found quickly).
+            Returning `None` stops the lock.
         health_interval_s: seconds between health probes while LEADER.
         reconnect_grace_s: flap damping: how long to silently reconnect and re-acquire
             after the session fails, before reporting
@@ -76,7 +79,10 @@ class LeaderLock:
             or a raw driver connection (psycopg ``AsyncConnection``); overrides ``dsn``.
         health_timeout_s: timeout of one health probe. A silent failure is detected
             within ``health_interval_s + health_timeout_s``.
-        connect_timeout_s: timeout for opening a session.
+        connect_timeout_s: timeout for connecting to one host; a multi-host DSN gives each
+            host an attempt of its own (a DSN's own ``connect_timeout`` wins). Opening
+            a session, with its checks, is bounded by twice the time for all hosts plus
+            ``command_timeout_s``.
         command_timeout_s: timeout for ``pg_try_advisory_lock`` and ``pg_advisory_unlock``.
         tcp_user_timeout_s: after how long of network silence the *server* drops this
             session (and so frees the lock). Must exceed ``health_interval_s +
@@ -101,6 +107,11 @@ class LeaderLock:
             Backends that cannot wait fall back to polling.
         load_plugins: register the plugins of the ``pgleaderlock.plugins`` entry-point
             group (unless ``PGLEADERLOCK_DISABLE_PLUGIN_AUTOLOAD`` is set).
+        retry_permanent_errors: keep retrying when the server refuses the client
+            ([`ServerRefusedError`][pgleaderlock.ServerRefusedError]: authentication
+            failed, unknown role or database), e.g. while a password is rotated. By
+            default the lock reports such an error and stops, and
+            [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership] raises it.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -129,6 +140,7 @@ class LeaderLock:
         name: str | None = None,
         follower_mode: FollowerMode = "wait",
         load_plugins: bool = True,
+        retry_permanent_errors: bool = False,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -142,6 +154,7 @@ class LeaderLock:
             tcp_user_timeout_s=tcp_user_timeout_s,
             auto_reacquire=auto_reacquire,
             follower_mode=follower_mode,
+            retry_permanent_errors=retry_permanent_errors,
         )
         if retry_strategy is not None and not callable(
             getattr(retry_strategy, "next_delay_s", None)
@@ -149,7 +162,7 @@ class LeaderLock:
             raise ConfigurationError(
                 f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
             )
-        self._retry: RetryStrategy = retry_strategy or ExponentialBackoff()
+        self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
         self._external_stop = shutdown_event
         self._application_name = application_name or default_application_name(self.label)
         self._connect_options = ConnectOptions(
@@ -159,11 +172,17 @@ class LeaderLock:
         )
         self._backend: Backend | None = None
         driver_dsn = None
+        budget = self._config.connect_timeout_s
         if connect_fn is None:
             self._backend, driver_dsn = resolve(backend, dsn)
             self._backend.check_dsn(driver_dsn)
-        elif not callable(connect_fn):
-            raise ConfigurationError(f"connect_fn must be callable, got {connect_fn!r}")
+            if self._backend.connect_budget is not None:
+                budget = self._backend.connect_budget(driver_dsn, budget)
+        else:
+            check_connect_fn(connect_fn)
+        # Every host once, the pooler check's second session, and the setup statements.
+        bound = 2 * budget + self._config.command_timeout_s
+        self._config = replace(self._config, connect_budget_s=bound)
 
         self.plugins: pluggy.PluginManager = new_plugin_manager(load_entry_points=load_plugins)
         """This lock's plugin manager: ``lock.plugins.register(plugin)``."""
@@ -378,12 +397,23 @@ class LeaderLock:
         Returns:
             True once LEADER; False if ``timeout_s`` elapsed first, or if the lock
                 is stopped (or stops while waiting), since it cannot lead then.
+
+        Raises:
+            PgLeaderLockError: the lock stopped on an error that retrying cannot mend
+                (a [`ServerRefusedError`][pgleaderlock.ServerRefusedError], a
+                [`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError], a
+                [`ConfigurationError`][pgleaderlock.ConfigurationError]), with the
+                driver's error as its cause: waiting longer would never help.
         """
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._runner.wait_leader()
+                leader = await self._runner.wait_leader()
         except TimeoutError:
             return False
+        fatal = self._machine.fatal_error
+        if not leader and fatal is not None and not self._runner.running:
+            raise fatal
+        return leader
 
     async def __aenter__(self) -> Self:
         await self.start()

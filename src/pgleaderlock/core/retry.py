@@ -16,6 +16,7 @@ from .errors import ConfigurationError
 from .models import RetryContext
 
 __all__ = [
+    "default_retry_strategy",
     "DecorrelatedJitter",
     "ExponentialBackoff",
     "FixedInterval",
@@ -40,9 +41,21 @@ class ExponentialBackoff:
         base_s: delay after the first failed attempt.
         max_s: upper bound for any delay.
         multiplier: growth factor per attempt (>= 1).
+        error_max_s: upper bound for a delay after a connection error (``ctx.last_error``
+            set), if lower than ``max_s``; ``None``: ``max_s``. A waiting follower can
+            afford long waits, while a server that went away should be tried again soon:
+            a promoted primary is then found within ``error_max_s`` (the lock's default
+            strategy is ``ExponentialBackoff(error_max_s=2.0)``).
     """
 
-    def __init__(self, base_s: float = 1.0, max_s: float = 30.0, multiplier: float = 2.0) -> None:
+    def __init__(
+        self,
+        base_s: float = 1.0,
+        max_s: float = 30.0,
+        multiplier: float = 2.0,
+        *,
+        error_max_s: float | None = None,
+    ) -> None:
         self.base_s = positive("base_s", base_s)
         self.max_s = positive("max_s", max_s)
         self.multiplier = positive("multiplier", multiplier)
@@ -50,19 +63,35 @@ class ExponentialBackoff:
             raise ConfigurationError(f"multiplier must be >= 1, got {multiplier!r}")
         if self.max_s < self.base_s:
             raise ConfigurationError(f"max_s ({max_s}) must be >= base_s ({base_s})")
+        self.error_max_s = None if error_max_s is None else positive("error_max_s", error_max_s)
 
     def next_delay_s(self, ctx: RetryContext) -> float:
+        limit = self.max_s
+        if ctx.last_error is not None and self.error_max_s is not None:
+            limit = min(limit, self.error_max_s)
         exponent = max(ctx.attempt, 1) - 1
         # Compare in log space: multiplier ** exponent overflows floats for large attempts.
-        if exponent * math.log(self.multiplier) >= math.log(self.max_s / self.base_s):
-            return self.max_s
-        return min(self.base_s * self.multiplier**exponent, self.max_s)
+        if exponent * math.log(self.multiplier) >= math.log(limit / self.base_s):
+            return limit
+        return min(self.base_s * self.multiplier**exponent, limit)
 
     def __repr__(self) -> str:
+        error = "" if self.error_max_s is None else f", error_max_s={self.error_max_s}"
         return (
             f"ExponentialBackoff(base_s={self.base_s}, max_s={self.max_s}, "
-            f"multiplier={self.multiplier})"
+            f"multiplier={self.multiplier}{error})"
         )
+
+
+def default_retry_strategy() -> ExponentialBackoff:
+    """The strategy a lock uses when given none: ``ExponentialBackoff(error_max_s=2.0)``.
+
+    Waits for a lock held elsewhere grow from 1 s to 30 s (a waiting follower is granted
+    the lock the instant it is freed anyway); after a connection error the next attempt
+    comes at most 2 s later, so that a failed-over primary is found about 2 s after its
+    promotion.
+    """
+    return ExponentialBackoff(error_max_s=2.0)
 
 
 class FixedInterval:

@@ -22,6 +22,8 @@ __all__ = [
     "LockSession",
     "AbortableSession",
     "SessionFactory",
+    "SessionInfo",
+    "SetupSession",
     "WaitingSession",
     "WatchableSession",
 ]
@@ -121,6 +123,54 @@ class AbortableSession(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SessionInfo:
+    """What a new session found out about itself, for the core's checks.
+
+    Attributes:
+        backend_pid: ``pg_backend_pid()``: the server process that runs its statements.
+        protocol_pid: the process id the protocol reported at connect (psycopg's
+            ``info.backend_pid``, asyncpg's ``get_server_pid()``). A pooler reports one
+            of its own, so the two differ behind PgBouncer (in every pool mode) and are
+            equal on a direct connection.
+        in_recovery: ``pg_is_in_recovery()``: the server is a standby.
+    """
+
+    backend_pid: int
+    protocol_pid: int | None
+    in_recovery: bool
+
+    @property
+    def behind_pooler(self) -> bool:
+        """The protocol's pid is not the server backend's: a pooler sits in between."""
+        return self.protocol_pid is not None and self.protocol_pid != self.backend_pid
+
+
+@runtime_checkable
+class SetupSession(Protocol):
+    """Optional capability: say who serves the session, then prepare it, before its
+    first lock call.
+
+    The core calls ``identify()`` right after the session is opened (or returned by
+    ``connect_fn``), checks what it reports (a standby is refused with
+    [`StandbyError`][pgleaderlock.StandbyError]; behind a pooler, a second session is
+    opened to tell session mode, accepted, from transaction or statement mode, refused
+    with [`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError]), and only
+    then calls ``configure()``.
+    """
+
+    async def identify(self) -> SessionInfo:
+        """Roll back an open transaction, switch to autocommit, and report what the
+        server says about this session. Later calls return the same answer."""
+        ...
+
+    async def configure(self, options: ConnectOptions) -> None:
+        """Apply ``options.server_settings`` and ``application_name`` for the whole
+        session, in a way a session-mode pooler accepts (``set_config``, not startup
+        parameters)."""
+        ...
+
+
 SessionFactory = Callable[[], Awaitable[object]]
 """``connect_fn``: returns a :class:`LockSession` or a raw driver connection to wrap."""
 
@@ -154,6 +204,10 @@ class Backend:
             cannot parse (called once, before any I/O).
         claims: for backends that connect with something other than a DSN string
             (a SQLAlchemy ``AsyncEngine``): True if this object is theirs.
+        connect_budget: ``(dsn, connect_timeout_s) -> seconds``: the longest ``connect``
+            may take for this DSN when each host gets its own attempt of
+            ``connect_timeout_s`` (or the DSN's own ``connect_timeout``). ``None``: one
+            attempt, ``connect_timeout_s``.
     """
 
     name: str
@@ -161,3 +215,4 @@ class Backend:
     wrap: Callable[[object], LockSession | None]
     check_dsn: Callable[[Any], None]
     claims: Callable[[object], bool] | None = None
+    connect_budget: Callable[[Any, float], float] | None = None

@@ -1,17 +1,40 @@
-"""The lifecycle task's one session: opened through a backend or ``connect_fn``, closed
-within a bound, aborted synchronously, watched while idle.
+"""The lifecycle task's one session: opened through a backend or ``connect_fn`` and
+checked, closed within a bound, aborted synchronously, watched while idle.
 
-A slot holds at most one [`LockSession`][pgleaderlock.LockSession]. It decides nothing:
-the machine says when to open, close or watch, and the runner asks the slot.
+A slot holds at most one [`LockSession`][pgleaderlock.LockSession]. The machine says when
+to open, close or watch, and the runner asks the slot. Opening includes the checks every
+session must pass before its first lock call (DESIGN decisions 11 and 12):
+
+- a standby (``pg_is_in_recovery()``) is refused with
+  [`StandbyError`][pgleaderlock.StandbyError] (retried: it may be promoted);
+- a session whose protocol-reported pid is not its ``pg_backend_pid()`` sits behind a
+  pooler. A second session is opened the same way and asked for its backend: a pooler
+  in transaction or statement mode hands an idle client's server connection to the next
+  client (PgBouncer reuses the most recently used one), so both report the same backend;
+  in session mode they cannot. The first case is refused with
+  [`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError] before any lock
+  call; the lock statements themselves also run only on the session's own backend, so a
+  pooler that moves a statement later leaves no lock behind either;
+- then the session's settings are applied (``SetupSession.configure``), never before
+  the checks: through a transaction pooler they would stick to a shared server
+  connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, cast
 
 from ._logging import StructuredLogger
+from .errors import (
+    ConfigurationError,
+    PooledConnectionError,
+    SessionNotDedicatedError,
+    StandbyError,
+)
 from .registry import wrap_connection
 from .session import (
     AbortableSession,
@@ -19,10 +42,11 @@ from .session import (
     ConnectOptions,
     LockSession,
     SessionFactory,
+    SetupSession,
     WatchableSession,
 )
 
-__all__ = ["SessionSlot", "can"]
+__all__ = ["SessionSlot", "can", "check_connect_fn"]
 
 CLOSE_TIMEOUT_S = 5.0
 
@@ -37,6 +61,29 @@ def can(session: object, capability: type) -> bool:
     if found is None:
         found = _CAPABILITIES[key] = isinstance(session, capability)
     return found
+
+
+def check_connect_fn(connect_fn: object) -> None:
+    """Refuse a ``connect_fn`` that cannot be awaited: a plain function would fail at
+    every attempt. An ``async def`` function (or method, ``functools.partial`` of one,
+    or an object with an ``async def __call__``) is accepted; a lambda or plain function
+    returning a coroutine cannot be told apart before it is called, so it is refused
+    too: wrap it in ``async def``.
+
+    Raises:
+        ConfigurationError: ``connect_fn`` is not an async callable.
+    """
+    target = connect_fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    call = target if inspect.isfunction(target) or inspect.ismethod(target) else None
+    if call is None and callable(target) and not inspect.isclass(target):
+        call = getattr(target, "__call__", None)  # noqa: B004 - the method, to inspect it
+    if call is None or not inspect.iscoroutinefunction(call):
+        raise ConfigurationError(
+            f"connect_fn must be an async function (async def ...) returning a connection "
+            f"or a LockSession, got {connect_fn!r}"
+        )
 
 
 class SessionSlot:
@@ -72,12 +119,23 @@ class SessionSlot:
         return self.session.backend_pid if self.session is not None else None
 
     async def open(self) -> LockSession:
-        """Open a session and keep it (the caller bounds the time this takes)."""
-        if self._connect_fn is not None:
-            session = wrap_connection(await self._connect_fn())
-        else:
-            assert self._backend is not None
-            session = await self._backend.connect(self._dsn, self._options)
+        """Open a session, check it and keep it (the caller bounds the time this takes).
+
+        Raises:
+            StandbyError: the server is a standby.
+            SessionNotDedicatedError: a pooler shares server connections between clients.
+            PooledConnectionError: ``connect_fn`` returned a pool's connection (it was
+                handed back to its pool).
+            ConfigurationError: ``connect_fn`` returned something that is not awaitable
+                or not a connection.
+        """
+        session = await self._connect()
+        try:
+            if can(session, SetupSession):
+                await self._check(cast(SetupSession, session))
+        except BaseException:
+            await _close(session)
+            raise
         self.session = session
         self._log.debug(
             "session_opened",
@@ -87,16 +145,54 @@ class SessionSlot:
         )
         return session
 
+    async def _connect(self) -> LockSession:
+        if self._connect_fn is None:
+            assert self._backend is not None
+            return await self._backend.connect(self._dsn, self._options)
+        made = self._connect_fn()
+        if not inspect.isawaitable(made):
+            raise ConfigurationError(
+                f"connect_fn must be an async function; it returned {type(made).__name__}"
+            )
+        obj = await made
+        try:
+            return wrap_connection(obj)
+        except PooledConnectionError as exc:
+            if exc.give_back is not None:
+                try:
+                    await exc.give_back()  # a pool would otherwise wait for it forever
+                except Exception as failed:
+                    self._log.warning("give_back_failed", error=repr(failed), **self._fields)
+            raise
+
+    async def _check(self, session: SetupSession) -> None:
+        info = await session.identify()
+        if info.in_recovery:
+            raise StandbyError(
+                f"the server (backend {info.backend_pid}) is a standby: an advisory lock "
+                "taken there does not exclude one taken on the primary"
+            )
+        if info.behind_pooler:
+            probe = await self._connect()
+            try:
+                shared = (await cast(SetupSession, probe).identify()).backend_pid
+            finally:
+                await _close(probe)
+            if shared == info.backend_pid:
+                raise SessionNotDedicatedError(
+                    f"a pooler in transaction or statement mode sits between this client "
+                    f"and PostgreSQL: a second client was served by the same server backend "
+                    f"({shared}). Session-level advisory locks need a direct connection or "
+                    "a session-mode pooler"
+                )
+            self._log.debug("session_behind_pooler", mode="session", **self._fields)
+        await session.configure(self._options)
+
     async def close(self) -> None:
         """Close the session, if any (which frees its locks on the server)."""
         session, self.session = self.session, None
-        if session is None:
-            return
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await session.close()
-        except Exception as exc:  # close() must not raise; be defensive anyway
-            self._log.warning("session_close_failed", error=repr(exc), **self._fields)
+        if session is not None:
+            await _close(session, self._log, self._fields)
 
     def abort(self) -> None:
         """Drop the session's connection synchronously (see
@@ -114,3 +210,14 @@ class SessionSlot:
         session = self.session
         if session is not None and can(session, WatchableSession):
             cast(WatchableSession, session).watch(callback)
+
+
+async def _close(
+    session: LockSession, log: StructuredLogger | None = None, fields: dict[str, Any] | None = None
+) -> None:
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await session.close()
+    except Exception as exc:  # close() must not raise; be defensive anyway
+        if log is not None:
+            log.warning("session_close_failed", error=repr(exc), **(fields or {}))

@@ -14,6 +14,7 @@ from ..errors import (
     LockError,
     LockNotHeldError,
     PgLeaderLockError,
+    ServerRefusedError,
     SessionNotDedicatedError,
 )
 from ..models import Event, LockState, LockStatistics, RetryContext
@@ -47,8 +48,15 @@ S = LockState
 A = Action
 I = Input  # noqa: E741
 
-NON_RETRYABLE: tuple[type[Exception], ...] = (SessionNotDedicatedError, ConfigurationError)
-"""Errors after which retrying cannot help: the lock reports them and stops."""
+NON_RETRYABLE: tuple[type[Exception], ...] = (
+    SessionNotDedicatedError,
+    ConfigurationError,
+    ServerRefusedError,
+)
+"""Errors after which retrying cannot help: the lock reports them (``on_error``) and
+stops, and ``wait_for_leadership()`` raises them. ``retry_permanent_errors=True`` keeps
+retrying [`ServerRefusedError`][pgleaderlock.ServerRefusedError] (a password being
+rotated, a database a migration will create)."""
 
 
 def describe(error: BaseException | None) -> str:
@@ -91,6 +99,7 @@ class Machine:
         self._wait_budget_s = 0.0
         self._last_error: Exception | None = None
         self._give_up_reason: tuple[LogLevel, str] = ("info", "")
+        self._fatal_error: Exception | None = None
         # LEADER and RECONNECTING schedules.
         self._probe_at = 0.0
         self._grace_start = 0.0
@@ -113,6 +122,11 @@ class Machine:
     def stop_pending(self) -> bool:
         """A stop was requested and the lock has not stopped yet."""
         return self._stop
+
+    @property
+    def fatal_error(self) -> Exception | None:
+        """The error that stopped the last run for good (retrying could not mend it)."""
+        return self._fatal_error
 
     @property
     def last_error(self) -> Exception | None:
@@ -295,7 +309,7 @@ class Machine:
                     if now < self._attempt_at:
                         self._block(Sleep(self._attempt_at))
                     elif not self._has_session:
-                        self._connect(self.config.connect_timeout_s, "connect")
+                        self._connect(self._connect_bound, "connect")
                     else:
                         self._fire(I.ACQUIRE_ATTEMPT)
                 case S.LEADER:
@@ -320,10 +334,14 @@ class Machine:
         elif self._now < self._reconnect_at:
             self._block(Sleep(min(self._reconnect_at, self._grace_deadline)))
         elif not self._has_session:
-            self._connect(min(self.config.connect_timeout_s, remaining), "reconnect")
+            self._connect(min(self._connect_bound, remaining), "reconnect")
         else:
             timeout = min(self.config.command_timeout_s, remaining)
             self._block(Call(Op.TRY_LOCK, timeout, interruptible=Request.STOP, what="reconnect"))
+
+    @property
+    def _connect_bound(self) -> float:
+        return self.config.connect_budget_s or self.config.connect_timeout_s
 
     def _connect(self, timeout_s: float, what: str) -> None:
         self._block(Call(Op.CONNECT, timeout_s, interruptible=Request.STOP, what=what))
@@ -478,10 +496,14 @@ class Machine:
 
     def _gave_up(self) -> bool:
         """Give up after an error that retrying cannot mend (NON_RETRYABLE)."""
-        if isinstance(self._last_error, NON_RETRYABLE):
-            self._give_up("error", f"non-retryable error: {describe(self._last_error)}")
-            return True
-        return False
+        error = self._last_error
+        if not isinstance(error, NON_RETRYABLE):
+            return False
+        if isinstance(error, ServerRefusedError) and self.config.retry_permanent_errors:
+            return False
+        self._fatal_error = error
+        self._give_up("error", f"non-retryable error: {describe(error)}")
+        return True
 
     def _give_up(self, level: LogLevel, reason: str) -> None:
         self._give_up_reason = (level, reason)
@@ -507,6 +529,7 @@ class Machine:
         self._release_waiting = self._step_down = False
         self._has_session = self._can_wait = False
         self._attempt, self._cycle_start, self._last_error = 0, None, None
+        self._fatal_error = None
         self._wait_budget_s = 0.0
 
     def _log(self, level: LogLevel, message: str, /, exc: BaseException | None = None,
