@@ -11,16 +11,18 @@ Bad values raise :class:`~pgleaderlock.cli.exits.CliError`: one line, exit code 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
 from ..core.errors import ConfigurationError
 from ..core.keys import check_key, lock_keys
 from .exits import CliError
+from .logs import setup_logging
 
 __all__ = [
     "Common",
@@ -29,7 +31,6 @@ __all__ = [
     "lock_options",
     "log_options",
     "positive",
-    "resolve_common",
     "resolve_dsn",
     "resolve_target",
     "target_options",
@@ -102,23 +103,6 @@ def check_wait(wait_s: float) -> float:
     return wait_s
 
 
-def resolve_common(
-    dsn: str | None,
-    name: str | None,
-    key1: int | None,
-    key2: int | None,
-    backend: str | None,
-    connect_timeout: float,
-) -> Common:
-    """Check the options of :func:`lock_options` and gather them."""
-    return Common(
-        dsn=resolve_dsn(dsn),
-        target=resolve_target(name, key1, key2),
-        backend=backend,
-        connect_timeout_s=positive("--connect-timeout", connect_timeout),
-    )
-
-
 # ---------------------------------------------------------------------- decorators
 
 
@@ -155,9 +139,31 @@ def target_options(f: F) -> F:
 
 
 def lock_options(f: F) -> F:
-    """:func:`target_options`, then ``--backend`` and ``--connect-timeout``."""
-    f = _apply(
-        f,
+    """[`target_options`][pgleaderlock.cli.options.target_options], then `--backend` and
+    `--connect-timeout`. The command gets them checked, as one argument
+    `common: Common`."""
+
+    @functools.wraps(f)
+    def command(
+        *,
+        dsn: str | None,
+        name: str | None,
+        key1: int | None,
+        key2: int | None,
+        backend: str | None,
+        connect_timeout: float,
+        **options: Any,
+    ) -> Any:
+        common = Common(
+            dsn=resolve_dsn(dsn),
+            target=resolve_target(name, key1, key2),
+            backend=backend,
+            connect_timeout_s=positive("--connect-timeout", connect_timeout),
+        )
+        return f(common=common, **options)
+
+    decorated = _apply(
+        cast(F, command),
         [
             click.option(
                 "--backend",
@@ -175,7 +181,7 @@ def lock_options(f: F) -> F:
             ),
         ],
     )
-    return target_options(f)
+    return target_options(decorated)
 
 
 def wait_option(f: F) -> F:
@@ -192,15 +198,31 @@ def wait_option(f: F) -> F:
     )(f)
 
 
-def log_options(f: F) -> F:
-    """``-v``, ``-q``, ``--log-json``."""
-    return _apply(
-        f,
-        [
-            click.option("-v", "--verbose", count=True, help="More log output (repeat for debug)."),
-            click.option("-q", "--quiet", count=True, help="Less log output."),
-            click.option(
-                "--log-json", is_flag=True, help="Log one JSON object per line (to stderr)."
-            ),
-        ],
-    )
+def log_options(cli: str, library: str) -> Callable[[F], F]:
+    """`-v`, `-q`, `--log-json`: logging is set up from them before the command runs.
+
+    Args:
+        cli: the command's own log threshold without `-v`/`-q`.
+        library: the library's log threshold without `-v`/`-q`.
+    """
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*, verbose: int, quiet: int, log_json: bool, **options: Any) -> Any:
+            setup_logging(cli, library, verbose, quiet, log_json)
+            return f(**options)
+
+        return _apply(
+            cast(F, command),
+            [
+                click.option(
+                    "-v", "--verbose", count=True, help="More log output (repeat for debug)."
+                ),
+                click.option("-q", "--quiet", count=True, help="Less log output."),
+                click.option(
+                    "--log-json", is_flag=True, help="Log one JSON object per line (to stderr)."
+                ),
+            ],
+        )
+
+    return decorate

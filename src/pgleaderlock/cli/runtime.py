@@ -13,8 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from ..core.errors import PgLeaderLockError
@@ -24,10 +25,18 @@ from ..core.retry import RetryStrategy
 from .exits import CliError, first_line, signal_exit
 from .logs import log
 from .options import Common
-from .retry import FailFast
+from .retry import Deadline, FailFast
 from .tracker import Tracker
 
-__all__ = ["Signals", "build_lock", "first", "lead", "not_acquired_error", "preflight"]
+__all__ = [
+    "Signals",
+    "build_lock",
+    "contend",
+    "first",
+    "lead",
+    "not_acquired_error",
+    "preflight",
+]
 
 
 def build_lock(
@@ -191,3 +200,31 @@ async def lead(
         )
         return held_exit_code
     raise not_acquired_error(common, lock)
+
+
+@contextlib.asynccontextmanager
+async def contend(
+    common: Common,
+    lock: LeaderLock,
+    deadline: Deadline,
+    *,
+    held_exit_code: int,
+    event: str,
+    on_signal: str,
+) -> AsyncIterator[tuple[Signals, int | None]]:
+    """The one try of ``acquire`` and ``exec``: check the server, start ``deadline`` and
+    the lock, and wait until it leads (see `lead`, which takes the keyword arguments).
+
+    Yields:
+        The signal handlers, and None once the lock leads, else the exit code that says
+            why not. Leaving shuts the lock down (which releases it).
+    """
+    await preflight(common, lock)
+    with Signals() as signals:
+        deadline.start()
+        async with lock:
+            refused = await lead(
+                common, lock, signals, held_exit_code=held_exit_code,
+                event=event, on_signal=on_signal,
+            )  # fmt: skip
+            yield signals, refused

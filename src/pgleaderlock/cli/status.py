@@ -25,7 +25,6 @@ from ..core.errors import ConfigurationError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
 from .exits import EXIT_OK, CliError, first_line
-from .logs import setup_logging
 from .options import Target, log_options, positive, resolve_dsn, resolve_target, target_options
 from .render import json_default, render_all, render_one
 
@@ -93,7 +92,7 @@ _SESSION_FIELDS = (
     metavar="SECONDS",
     help="Connect timeout and statement timeout.",
 )
-@log_options
+@log_options(cli="WARNING", library="WARNING")
 def status(
     dsn: str | None,
     name: str | None,
@@ -102,9 +101,6 @@ def status(
     all_locks: bool,
     as_json: bool,
     timeout: float,
-    verbose: int,
-    quiet: int,
-    log_json: bool,
 ) -> int:
     """Show who holds the lock now and how many sessions wait for it.
 
@@ -114,7 +110,6 @@ def status(
     sessions waiting for the lock. --all lists every advisory lock held or awaited in
     the database, with two-key locks decoded back to signed key1/key2.
     """
-    setup_logging("WARNING", "WARNING", verbose, quiet, log_json)
     dsn = resolve_dsn(dsn)
     if all_locks:
         if name is not None or key1 is not None or key2 is not None:
