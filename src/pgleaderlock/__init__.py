@@ -1,18 +1,20 @@
 """pgleaderlock: leader election on PostgreSQL session-level advisory locks.
 
-Quick start::
+Quick start:
 
-    from pgleaderlock import LeaderLock
+```python
+from pgleaderlock import LeaderLock
 
-    lock = LeaderLock.from_name("billing-scheduler", dsn="postgresql://...")
+lock = LeaderLock.from_name("billing-scheduler", dsn="postgresql://...")
 
-    @lock.on_acquired
-    def started():
-        print("I am the leader now")
+@lock.on_acquired
+def started():
+    print("I am the leader now")
 
-    async with lock:
-        await lock.wait_for_leadership()
-        ...
+async with lock:
+    await lock.wait_for_leadership()
+    ...
+```
 """
 
 from __future__ import annotations

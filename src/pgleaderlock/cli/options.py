@@ -1,12 +1,12 @@
 """Options the commands share, and turning them into checked values.
 
-- which lock: ``--name`` or ``--key1``/``--key2`` (:func:`target_options`, :class:`Target`);
+- which lock: ``--name`` or ``--key1``/``--key2`` (`target_options`, `Target`);
 - which database: ``--dsn`` or ``$PG_DSN``;
-- how to reach it: ``--backend``, ``--connect-timeout`` (:func:`lock_options`,
-  :class:`Common` for the commands that hold the lock);
-- ``--wait`` (``acquire``, ``exec``) and the log verbosity (:func:`log_options`).
+- how to reach it: ``--backend``, ``--connect-timeout`` (`lock_options`, `Common` for the
+  commands that hold the lock);
+- ``--wait`` (``acquire``, ``exec``) and the log verbosity (`log_options`).
 
-Bad values raise :class:`~pgleaderlock.cli.exits.CliError`: one line, exit code 2.
+Bad values raise `CliError`: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Common:
 
 
 def resolve_dsn(dsn: str | None) -> str:
-    """``dsn``, or a :class:`CliError` when it is missing or blank."""
+    """``dsn``, or a `CliError` when it is missing or blank."""
     if dsn is None or not dsn.strip():
         raise CliError("no DSN: pass --dsn or set PG_DSN (e.g. postgresql://user@host/db)")
     return dsn
@@ -185,7 +185,7 @@ def lock_options(f: F) -> F:
 
 
 def wait_option(f: F) -> F:
-    """``--wait SECONDS`` (``acquire``, ``exec``); check it with :func:`check_wait`."""
+    """``--wait SECONDS`` (``acquire``, ``exec``); check it with `check_wait`."""
     return click.option(
         "--wait",
         "wait_s",

@@ -1,13 +1,11 @@
 """What the commands that hold the lock (``run``, ``acquire``, ``exec``) share.
 
-- :func:`build_lock`: the :class:`~pgleaderlock.LeaderLock` for the options, with a
-  :class:`~pgleaderlock.cli.tracker.Tracker` registered and the retry policy wrapped in
-  :class:`~pgleaderlock.cli.retry.FailFast`;
-- :func:`preflight`: one session opened and closed first, so that an unreachable server
-  is a clear one-line error rather than a lock that retries;
-- :class:`Signals` (SIGTERM and SIGINT, queued) and :func:`first` (race awaitables);
-- :func:`lead`: wait until the lock leads, or say why not (held elsewhere, a signal,
-  an error).
+- `build_lock`: the [`LeaderLock`][pgleaderlock.LeaderLock] for the options, with a
+  `Tracker` registered and the retry policy wrapped in `FailFast`;
+- `preflight`: one session opened and closed first, so that an unreachable server is a clear
+  one-line error rather than a lock that retries;
+- `Signals` (SIGTERM and SIGINT, queued) and `first` (race awaitables);
+- `lead`: wait until the lock leads, or say why not (held elsewhere, a signal, an error).
 """
 
 from __future__ import annotations
@@ -42,12 +40,12 @@ __all__ = [
 def build_lock(
     common: Common, retry_strategy: RetryStrategy, **options: Any
 ) -> tuple[LeaderLock, Tracker]:
-    """The lock for ``common``, retrying with ``retry_strategy`` (behind :class:`FailFast`).
+    """The lock for ``common``, retrying with ``retry_strategy`` (behind `FailFast`).
 
     Args:
         common: the lock, database and connection options.
-        retry_strategy: the command's retry policy (see :mod:`pgleaderlock.cli.retry`).
-        **options: other :class:`~pgleaderlock.LeaderLock` arguments.
+        retry_strategy: the command's retry policy (see `pgleaderlock.cli.retry`).
+        **options: other [`LeaderLock`][pgleaderlock.LeaderLock] arguments.
 
     Returns:
         The lock, and the tracker registered on it.

@@ -3,7 +3,7 @@
 One short psycopg (sync) connection reads ``pg_locks`` joined with
 ``pg_stat_activity``, under a statement timeout. The queries and the reports they build
 (plain dicts, also the ``--json`` output) are here; the text layout is in
-:mod:`pgleaderlock.cli.render`.
+`pgleaderlock.cli.render`.
 """
 
 from __future__ import annotations
