@@ -171,6 +171,10 @@ async def test_json_logs(cli: Start, lock_name: str) -> None:
     messages = [r["record"]["message"] for r in records]
     assert any(m.startswith("lock_acquired ") for m in messages)
     assert {r["record"]["extra"]["logger"] for r in records} == {"pgleaderlock", "pgleaderlock.cli"}
+    # the library's lines and the tool's own name their event the same way
+    events = [r["record"]["extra"]["pgleaderlock"]["event"] for r in records]
+    assert "lock_acquired" in events
+    assert "run_started" in events
 
 
 async def test_the_password_is_never_logged(cli: Start, pg_dsn: str, lock_name: str) -> None:

@@ -110,7 +110,10 @@ def _level(base: str, verbose: int, quiet: int) -> str:
 
 
 def log(level: str, event: str, /, **fields: object) -> None:
-    """Log ``event key=value ...`` in the library's style (fields also in ``extra``)."""
-    logger.bind(pgleaderlock={"name": event, **fields}).opt(depth=1).log(
+    """Log ``event key=value ...`` in the library's style: the fields are also in
+    ``extra["pgleaderlock"]``, with the ``event`` and without ``None`` values, as on the
+    library's records."""
+    structured = {key: value for key, value in fields.items() if value is not None}
+    logger.bind(pgleaderlock={"event": event, **structured}).opt(depth=1).log(
         level, format_event(event, fields)
     )
