@@ -14,7 +14,7 @@ import click
 from ..core.lock import LeaderLock
 from .exits import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
-from .options import Common, check_wait, lock_options, log_options, wait_option
+from .options import Common, check_wait, lock_options, log_options, seconds_option, wait_option
 from .retry import Deadline
 from .runtime import build_lock, contend, first
 from .tracker import Tracker
@@ -32,13 +32,10 @@ Examples:
 @click.command("acquire", epilog=_ACQUIRE_EPILOG)
 @lock_options
 @wait_option
-@click.option(
+@seconds_option(
     "--hold",
-    type=float,
     default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Keep the lock this long before releasing it (SIGTERM/SIGINT end it early).",
+    text="Keep the lock this long before releasing it (SIGTERM/SIGINT end it early).",
 )
 @log_options(cli="INFO", library="WARNING")
 def acquire(

@@ -28,6 +28,7 @@ from .options import (
     lock_options,
     log_options,
     positive,
+    seconds_option,
     wait_option,
 )
 from .retry import Deadline
@@ -66,13 +67,10 @@ pgleaderlock itself dies.
 )
 @lock_options
 @wait_option
-@click.option(
+@seconds_option(
     "--kill-after",
-    type=float,
     default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
 )
 @click.option(
     "--held-exit-code",
@@ -82,13 +80,10 @@ pgleaderlock itself dies.
     show_default=True,
     help="Exit code when the lock is held elsewhere and COMMAND did not run.",
 )
-@click.option(
+@seconds_option(
     "--health-interval",
-    type=float,
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Seconds between health probes while COMMAND runs (a terminated session is "
+    text="Seconds between health probes while COMMAND runs (a terminated session is "
     "noticed at once; a silent network within this plus 2 s).",
 )
 @log_options(cli="WARNING", library="WARNING")

@@ -33,6 +33,7 @@ __all__ = [
     "positive",
     "resolve_dsn",
     "resolve_target",
+    "seconds_option",
     "target_options",
     "wait_option",
 ]
@@ -106,6 +107,24 @@ def check_wait(wait_s: float) -> float:
 # ---------------------------------------------------------------------- decorators
 
 
+def seconds_option(*names: str, default: float | None, text: str) -> Callable[[F], F]:
+    """A ``--NAME SECONDS`` option (a float; its default shown in ``--help`` if it has one).
+
+    Args:
+        *names: the option's names (and its parameter name), as for ``click.option``.
+        default: the default, or None (the option is off when omitted).
+        text: the help text.
+    """
+    return click.option(
+        *names,
+        type=float,
+        default=default,
+        show_default=default is not None,
+        metavar="SECONDS",
+        help=text,
+    )
+
+
 def _apply(f: F, options: list[Callable[[F], F]]) -> F:
     for option in reversed(options):  # the first option is listed first in --help
         f = option(f)
@@ -171,13 +190,10 @@ def lock_options(f: F) -> F:
                 help="Driver backend (psycopg, asyncpg, sqlalchemy); default from the DSN "
                 "scheme, else psycopg.",
             ),
-            click.option(
+            seconds_option(
                 "--connect-timeout",
-                type=float,
                 default=5.0,
-                show_default=True,
-                metavar="SECONDS",
-                help="Timeout for opening a database session.",
+                text="Timeout for opening a database session.",
             ),
         ],
     )
@@ -186,14 +202,11 @@ def lock_options(f: F) -> F:
 
 def wait_option(f: F) -> F:
     """``--wait SECONDS`` (``acquire``, ``exec``); check it with `check_wait`."""
-    return click.option(
+    return seconds_option(
         "--wait",
         "wait_s",
-        type=float,
         default=0.0,
-        show_default=True,
-        metavar="SECONDS",
-        help="Wait up to SECONDS for the lock if it is held elsewhere (inf: forever). "
+        text="Wait up to SECONDS for the lock if it is held elsewhere (inf: forever). "
         "0 makes a single attempt.",
     )(f)
 

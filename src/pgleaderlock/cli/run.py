@@ -18,7 +18,7 @@ from ..core.lock import LeaderLock
 from ..core.retry import ExponentialBackoff
 from .exits import EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
-from .options import Common, lock_options, log_options
+from .options import Common, lock_options, log_options, seconds_option
 from .runtime import Signals, build_lock, first, not_acquired_error, preflight
 from .tracker import Tracker
 
@@ -38,36 +38,25 @@ Start it in two terminals: one becomes leader, the other waits. Stop the leader
 
 @click.command("run", epilog=_RUN_EPILOG)
 @lock_options
-@click.option(
+@seconds_option(
     "--health-interval",
-    type=float,
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Seconds between health probes while leader.",
+    text="Seconds between health probes while leader.",
 )
-@click.option(
+@seconds_option(
     "--retry-base",
-    type=float,
     default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Base delay of the exponential backoff between attempts.",
+    text="Base delay of the exponential backoff between attempts.",
 )
-@click.option(
+@seconds_option(
     "--retry-max",
-    type=float,
     default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Maximum delay of the exponential backoff.",
+    text="Maximum delay of the exponential backoff.",
 )
-@click.option(
+@seconds_option(
     "--reconnect-grace",
-    type=float,
     default=None,
-    metavar="SECONDS",
-    help="Flap damping: how long to silently reconnect and re-acquire after the "
+    text="Flap damping: how long to silently reconnect and re-acquire after the "
     "session fails before reporting the loss. Off when omitted.",
 )
 @click.option(

@@ -25,7 +25,15 @@ from ..core.errors import ConfigurationError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
 from .exits import EXIT_OK, CliError, first_line
-from .options import Target, log_options, positive, resolve_dsn, resolve_target, target_options
+from .options import (
+    Target,
+    log_options,
+    positive,
+    resolve_dsn,
+    resolve_target,
+    seconds_option,
+    target_options,
+)
 from .render import json_default, render_all, render_one
 
 __all__ = ["status"]
@@ -84,13 +92,10 @@ _SESSION_FIELDS = (
 @target_options
 @click.option("--all", "all_locks", is_flag=True, help="List every advisory lock in the database.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
-@click.option(
+@seconds_option(
     "--timeout",
-    type=float,
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Connect timeout and statement timeout.",
+    text="Connect timeout and statement timeout.",
 )
 @log_options(cli="WARNING", library="WARNING")
 def status(
