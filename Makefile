@@ -9,7 +9,7 @@ test:  ## install everything into .venv and run lint, types, docs and the whole 
 lint:
 	.venv/bin/ruff check src tests benchmarks examples
 	.venv/bin/ruff format --check src tests benchmarks examples
-	.venv/bin/mypy src
+	.venv/bin/mypy
 
 docs:
 	.venv/bin/mkdocs serve

@@ -55,8 +55,8 @@ fi
 echo "== ruff"
 "$VENV/bin/ruff" check src tests benchmarks examples
 "$VENV/bin/ruff" format --check src tests benchmarks examples
-echo "== mypy --strict src"
-"$VENV/bin/mypy" src
+echo "== mypy --strict src tests"
+"$VENV/bin/mypy"
 echo "== mkdocs build --strict"
 "$VENV/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)"
 

@@ -1,18 +1,20 @@
 """pgleaderlock: leader election on PostgreSQL session-level advisory locks.
 
-Quick start::
+Quick start:
 
-    from pgleaderlock import LeaderLock
+```python
+from pgleaderlock import LeaderLock
 
-    lock = LeaderLock.from_name("billing-scheduler", dsn="postgresql://...")
+lock = LeaderLock.from_name("billing-scheduler", dsn="postgresql://...")
 
-    @lock.on_acquired
-    def started():
-        print("I am the leader now")
+@lock.on_acquired
+def started():
+    print("I am the leader now")
 
-    async with lock:
-        await lock.wait_for_leadership()
-        ...
+async with lock:
+    await lock.wait_for_leadership()
+    ...
+```
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from .core.session import Backend, ConnectOptions, LockSession
 from .tasks import LeaderTasks
 from .threaded import ThreadedLeaderLock
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (hatch)
 
 __all__ = [
     "Backend",

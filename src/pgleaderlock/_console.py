@@ -11,7 +11,7 @@ from typing import NoReturn
 
 
 def main() -> NoReturn:
-    """Run :func:`pgleaderlock.cli.main`, or explain in one line what to install."""
+    """Run `pgleaderlock.cli.main`, or explain in one line what to install."""
     try:
         from .cli import main as cli_main
     except ImportError as exc:

@@ -1,12 +1,14 @@
 """Live demo: candidate processes elect a leader, the leader is killed, a follower takes over.
 
-Run it with one command (without a DSN it starts a throwaway PostgreSQL)::
+Run it with one command (without a DSN it starts a throwaway PostgreSQL):
 
-    python -m pgleaderlock.demo
-    python -m pgleaderlock.demo --dsn postgresql://... --kill terminate --rounds 3
+```bash
+python -m pgleaderlock.demo
+python -m pgleaderlock.demo --dsn postgresql://... --kill terminate --rounds 3
+```
 
 Each candidate is a separate OS process (``python -m pgleaderlock.testing.candidate``)
-running one :class:`~pgleaderlock.LeaderLock`. It reports its callbacks to the parent as
+running one [`LeaderLock`][pgleaderlock.LeaderLock]. It reports its callbacks to the parent as
 JSON lines on stdout; the parent kills leaders, measures failovers and checks that no two
 candidates believed themselves leader at the same time.
 """

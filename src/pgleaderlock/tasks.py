@@ -1,11 +1,12 @@
 """Leader-only coroutines for any asyncio program (no extra needed).
 
-:class:`LeaderTasks` runs registered coroutine functions only while a
-:class:`~pgleaderlock.LeaderLock` is LEADER. They stop the moment the lock leaves
-LEADER (to RECONNECTING, FOLLOWER, RELEASING or STOPPED), because exclusivity is no
-longer guaranteed then, and start again from the beginning when it is LEADER again.
-The FastAPI integration is built on it; :func:`follow_state` is the hook that the
-framework integrations and :class:`~pgleaderlock.ThreadedLeaderLock` share.
+[`LeaderTasks`][pgleaderlock.LeaderTasks] runs registered coroutine functions only while a
+[`LeaderLock`][pgleaderlock.LeaderLock] is LEADER. They stop the moment the lock leaves
+LEADER (to RECONNECTING, FOLLOWER, RELEASING or STOPPED), because exclusivity is no longer
+guaranteed then, and start again from the beginning when it is LEADER again. The FastAPI
+integration is built on it; [`follow_state`][pgleaderlock.tasks.follow_state] is the hook
+that the framework integrations and [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock]
+share.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class LeaderTasks:
     logged as an error and is not started again until it has ended.
 
     Create the ``LeaderTasks`` before starting the lock (tasks follow the state changes
-    it sees). :meth:`close` detaches it from the lock.
+    it sees). [`close`][pgleaderlock.LeaderTasks.close] detaches it from the lock.
 
     Args:
         lock: the lock whose leadership the tasks follow.
@@ -112,20 +113,22 @@ class LeaderTasks:
             without it. The lock's lifecycle task waits this long at most (it does not
             probe or unlock meanwhile).
 
-    Example::
+    Example:
 
-        lock = LeaderLock.from_name("reports", dsn=DSN)
-        tasks = LeaderTasks(lock)
+    ```python
+    lock = LeaderLock.from_name("reports", dsn=DSN)
+    tasks = LeaderTasks(lock)
 
-        @tasks.task
-        async def refresh() -> None:
-            while True:
-                await rebuild_report()
-                await asyncio.sleep(60)
+    @tasks.task
+    async def refresh() -> None:
+        while True:
+            await rebuild_report()
+            await asyncio.sleep(60)
 
-        async with lock:
-            ...  # refresh() runs on whichever process leads
-        await tasks.stop()
+    async with lock:
+        ...  # refresh() runs on whichever process leads
+    await tasks.stop()
+    ```
     """
 
     def __init__(
@@ -181,8 +184,8 @@ class LeaderTasks:
 
         Args:
             fn: a coroutine function without arguments.
-            name: a unique name for logs and :attr:`running`; default: the function's
-                ``__name__``.
+            name: a unique name for logs and [`running`][pgleaderlock.LeaderTasks.running];
+                default: the function's ``__name__``.
 
         Raises:
             ConfigurationError: ``fn`` is not a coroutine function, or the name is
@@ -207,7 +210,8 @@ class LeaderTasks:
     def task(self, fn: None = None, /, *, name: str | None = None) -> Callable[[TF], TF]: ...
 
     def task(self, fn: TaskFunction | None = None, /, *, name: str | None = None) -> Any:
-        """Decorator form of :meth:`add`: ``@tasks.task`` or ``@tasks.task(name="x")``."""
+        """Decorator form of [`add`][pgleaderlock.LeaderTasks.add]: ``@tasks.task`` or
+        ``@tasks.task(name="x")``."""
 
         def register(func: TaskFunction) -> TaskFunction:
             self.add(func, name=name)
@@ -243,7 +247,8 @@ class LeaderTasks:
             )
 
     async def close(self) -> None:
-        """Detach from the lock and :meth:`stop` every task; tasks never start again."""
+        """Detach from the lock and [`stop`][pgleaderlock.LeaderTasks.stop] every task;
+        tasks never start again."""
         plugin, self._plugin = self._plugin, None
         if plugin is not None and self._lock.plugins.is_registered(plugin):
             self._lock.plugins.unregister(plugin)

@@ -1,8 +1,8 @@
-"""The sync path: a :class:`~pgleaderlock.LeaderLock` in its own thread (no extra needed).
+"""The sync path: a [`LeaderLock`][pgleaderlock.LeaderLock] in its own thread (no extra needed).
 
-:class:`ThreadedLeaderLock` runs a lock on an event loop in a dedicated thread, for code
-without an event loop: Flask or Django apps, scripts, ``BackgroundScheduler`` jobs, any
-threaded code that asks "am I the leader?".
+[`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock] runs a lock on an event loop in a
+dedicated thread, for code without an event loop: Flask or Django apps, scripts,
+``BackgroundScheduler`` jobs, any threaded code that asks "am I the leader?".
 """
 
 from __future__ import annotations
@@ -21,26 +21,32 @@ __all__ = ["ThreadedLeaderLock"]
 
 
 class ThreadedLeaderLock:
-    """Runs a :class:`~pgleaderlock.LeaderLock` on its own event loop in a dedicated thread.
+    """Runs a [`LeaderLock`][pgleaderlock.LeaderLock] on its own event loop in a dedicated thread.
 
-    For code without an event loop: a Flask or Django app, a script,
-    ``BackgroundScheduler`` jobs. The lock's callbacks and plugins run in that thread.
-    :attr:`is_leader` and :attr:`state` may be read from any thread (each is one
-    attribute read); :meth:`start`, :meth:`shutdown`, :meth:`step_down` and
-    :meth:`wait_for_leadership` block the calling thread.
+    For code without an event loop: a Flask or Django app, a script, ``BackgroundScheduler``
+    jobs. The lock's callbacks and plugins run in that thread.
+    [`is_leader`][pgleaderlock.ThreadedLeaderLock.is_leader] and
+    [`state`][pgleaderlock.ThreadedLeaderLock.state] may be read from any thread (each is
+    one attribute read); [`start`][pgleaderlock.ThreadedLeaderLock.start],
+    [`shutdown`][pgleaderlock.ThreadedLeaderLock.shutdown],
+    [`step_down`][pgleaderlock.ThreadedLeaderLock.step_down] and
+    [`wait_for_leadership`][pgleaderlock.ThreadedLeaderLock.wait_for_leadership] block the
+    calling thread.
 
     Args:
         lock: a lock that is not started yet; this object starts and shuts it down.
-        start_timeout_s: how long :meth:`start` waits for the thread's loop to start the
-            lock.
+        start_timeout_s: how long [`start`][pgleaderlock.ThreadedLeaderLock.start] waits for
+            the thread's loop to start the lock.
 
-    Example::
+    Example:
 
-        lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN))
-        with lock:                      # start(), and shutdown() on exit
-            scheduler = BackgroundScheduler()
-            bind_scheduler(scheduler, lock)
-            ...
+    ```python
+    lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN))
+    with lock:                      # start(), and shutdown() on exit
+        scheduler = BackgroundScheduler()
+        bind_scheduler(scheduler, lock)
+        ...
+    ```
     """
 
     def __init__(self, lock: LeaderLock, *, start_timeout_s: float = 30.0) -> None:
@@ -61,7 +67,8 @@ class ThreadedLeaderLock:
 
     @property
     def lock(self) -> LeaderLock:
-        """The wrapped lock. Call its coroutines only on :attr:`loop`."""
+        """The wrapped lock. Call its coroutines only on
+        [`loop`][pgleaderlock.ThreadedLeaderLock.loop]."""
         return self._lock
 
     @property
@@ -71,7 +78,8 @@ class ThreadedLeaderLock:
 
     @property
     def running(self) -> bool:
-        """True between :meth:`start` and the end of :meth:`shutdown`."""
+        """True between [`start`][pgleaderlock.ThreadedLeaderLock.start] and the end of
+        [`shutdown`][pgleaderlock.ThreadedLeaderLock.shutdown]."""
         thread = self._thread
         return thread is not None and thread.is_alive()
 
@@ -103,7 +111,8 @@ class ThreadedLeaderLock:
         Returns once the lock has started (as ``LeaderLock.start()``: acquisition goes
         on in the background).
 
-        After :meth:`shutdown` it may be started again, on a new thread and event loop.
+        After [`shutdown`][pgleaderlock.ThreadedLeaderLock.shutdown] it may be started
+        again, on a new thread and event loop.
 
         Raises:
             TimeoutError: the thread did not start the lock within ``start_timeout_s``.

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
-from clitools import CLI, CliProcess, Result, clean_env
 
+from cli.clitools import CLI, CliProcess, Result, clean_env
 from pgleaderlock import lock_keys
 from pgleaderlock.core.keys import key_to_oid
 

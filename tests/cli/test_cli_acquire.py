@@ -5,17 +5,26 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from pgleaderlock import lock_keys
 
+if TYPE_CHECKING:
+    from cli.conftest import Holders, Run, Start
+    from conftest import Admin
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
+Hold = Callable[[str], Awaitable[psycopg.AsyncConnection]]
+
+
 @pytest.fixture
-async def hold(pg_dsn):
+async def hold(pg_dsn: str) -> AsyncIterator[Hold]:
     """``await hold(name)``: take the lock in another session; returns that connection."""
     conns: list[psycopg.AsyncConnection] = []
 
@@ -30,7 +39,9 @@ async def hold(pg_dsn):
         await conn.close()
 
 
-async def test_free_lock_is_acquired_and_released(run_cli, holders, lock_name):
+async def test_free_lock_is_acquired_and_released(
+    run_cli: Run, holders: Holders, lock_name: str
+) -> None:
     result = await run_cli("acquire", "--name", lock_name)
     assert result.code == 0, result.describe()
     assert f"acquired lock={lock_name} backend_pid=" in result.stderr
@@ -38,7 +49,7 @@ async def test_free_lock_is_acquired_and_released(run_cli, holders, lock_name):
     assert await holders(lock_name) == []  # released before exit
 
 
-async def test_held_lock_exits_1_at_once(run_cli, hold, lock_name):
+async def test_held_lock_exits_1_at_once(run_cli: Run, hold: Hold, lock_name: str) -> None:
     await hold(lock_name)
     started = time.monotonic()
     result = await run_cli("acquire", "--name", lock_name)
@@ -48,7 +59,9 @@ async def test_held_lock_exits_1_at_once(run_cli, hold, lock_name):
     assert "held elsewhere" in result.stderr
 
 
-async def test_wait_gets_the_lock_once_it_is_freed(run_cli, hold, holders, lock_name):
+async def test_wait_gets_the_lock_once_it_is_freed(
+    run_cli: Run, hold: Hold, holders: Holders, lock_name: str
+) -> None:
     holder = await hold(lock_name)
 
     async def release_later() -> None:
@@ -64,7 +77,7 @@ async def test_wait_gets_the_lock_once_it_is_freed(run_cli, hold, holders, lock_
     assert await holders(lock_name) == []
 
 
-async def test_wait_gives_up_after_its_time(run_cli, hold, lock_name):
+async def test_wait_gives_up_after_its_time(run_cli: Run, hold: Hold, lock_name: str) -> None:
     await hold(lock_name)
     started = time.monotonic()
     result = await run_cli("acquire", "--name", lock_name, "--wait", "1")
@@ -72,7 +85,9 @@ async def test_wait_gives_up_after_its_time(run_cli, hold, lock_name):
     assert 0.9 < time.monotonic() - started < 10
 
 
-async def test_hold_keeps_the_lock_until_a_signal(cli, holders, lock_name):
+async def test_hold_keeps_the_lock_until_a_signal(
+    cli: Start, holders: Holders, lock_name: str
+) -> None:
     acquire = await cli("acquire", "--name", lock_name, "--hold", "60")
     pid = int((await acquire.expect(r"acquired lock=\S+ backend_pid=(\d+)")).group(1))
     assert await holders(lock_name) == [pid]
@@ -81,7 +96,9 @@ async def test_hold_keeps_the_lock_until_a_signal(cli, holders, lock_name):
     assert await holders(lock_name) == []
 
 
-async def test_hold_ends_with_76_when_leadership_is_lost(cli, admin, lock_name):
+async def test_hold_ends_with_76_when_leadership_is_lost(
+    cli: Start, admin: Admin, lock_name: str
+) -> None:
     acquire = await cli("acquire", "--name", lock_name, "--hold", "60")
     pid = int((await acquire.expect(r"acquired lock=\S+ backend_pid=(\d+)")).group(1))
     await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -89,7 +106,7 @@ async def test_hold_ends_with_76_when_leadership_is_lost(cli, admin, lock_name):
     assert "leadership_lost" in acquire.stderr
 
 
-async def test_keys_out_of_the_way_of_names(run_cli, hold, lock_name):
+async def test_keys_out_of_the_way_of_names(run_cli: Run, hold: Hold, lock_name: str) -> None:
     key1, key2 = lock_keys(lock_name)
     await hold(lock_name)
     result = await run_cli("acquire", "--key1", str(key1), "--key2", str(key2))

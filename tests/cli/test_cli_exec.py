@@ -5,9 +5,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from clitools import eventually, process_gone
+
+from cli.clitools import eventually, process_gone
+
+if TYPE_CHECKING:
+    from cli.conftest import Holders, Run, Start
+    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -18,7 +25,9 @@ def sh(script: str) -> tuple[str, ...]:
     return ("--", "sh", "-c", script)
 
 
-async def test_exit_code_and_output_of_the_command(run_cli, holders, lock_name):
+async def test_exit_code_and_output_of_the_command(
+    run_cli: Run, holders: Holders, lock_name: str
+) -> None:
     result = await run_cli("exec", "--name", lock_name, *sh("echo out; echo err >&2; exit 3"))
     assert result.code == 3, result.describe()
     assert result.stdout == "out"
@@ -26,12 +35,14 @@ async def test_exit_code_and_output_of_the_command(run_cli, holders, lock_name):
     assert await holders(lock_name) == []
 
 
-async def test_command_killed_by_a_signal_gives_128_plus_n(run_cli, lock_name):
+async def test_command_killed_by_a_signal_gives_128_plus_n(run_cli: Run, lock_name: str) -> None:
     result = await run_cli("exec", "--name", lock_name, *sh("kill -KILL $$"))
     assert result.code == 128 + signal.SIGKILL, result.describe()
 
 
-async def test_command_runs_while_the_lock_is_held(run_cli, pg_dsn, lock_name):
+async def test_command_runs_while_the_lock_is_held(
+    run_cli: Run, pg_dsn: str, lock_name: str
+) -> None:
     query = (
         "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
         " WHERE l.locktype = 'advisory' AND l.granted"
@@ -45,7 +56,7 @@ async def test_command_runs_while_the_lock_is_held(run_cli, pg_dsn, lock_name):
     assert result.stdout == "1"
 
 
-def gated(log, gate) -> str:
+def gated(log: Path, gate: Path) -> str:
     """A job that logs its start, waits until ``gate`` exists, then logs its end."""
     return (
         f'echo "$0 start" >> {log}; while [ ! -e {gate} ]; do sleep 0.05; done;'
@@ -53,7 +64,7 @@ def gated(log, gate) -> str:
     )
 
 
-async def test_singleton_under_contention(cli, tmp_path, lock_name):
+async def test_singleton_under_contention(cli: Start, tmp_path: Path, lock_name: str) -> None:
     log, gate = tmp_path / "log", tmp_path / "gate"
     first = await cli("exec", "--name", lock_name, "-v", *sh(gated(log, gate)), "first")
     await first.expect(STARTED)
@@ -69,7 +80,7 @@ async def test_singleton_under_contention(cli, tmp_path, lock_name):
     assert log.read_text().splitlines() == ["first start", "first end"]
 
 
-async def test_held_exit_code_option(cli, run_cli, lock_name):
+async def test_held_exit_code_option(cli: Start, run_cli: Run, lock_name: str) -> None:
     first = await cli("exec", "--name", lock_name, "-v", "--", "sleep", "30")
     await first.expect(STARTED)
     result = await run_cli("exec", "--name", lock_name, "--held-exit-code", "0", "-v", "--", "true")
@@ -78,7 +89,9 @@ async def test_held_exit_code_option(cli, run_cli, lock_name):
     assert "command_started" not in result.stderr
 
 
-async def test_wait_runs_after_the_first_finishes(cli, tmp_path, lock_name):
+async def test_wait_runs_after_the_first_finishes(
+    cli: Start, tmp_path: Path, lock_name: str
+) -> None:
     log, gate = tmp_path / "log", tmp_path / "gate"
     first = await cli("exec", "--name", lock_name, "-v", *sh(gated(log, gate)), "first")
     await first.expect(STARTED)
@@ -97,14 +110,16 @@ async def test_wait_runs_after_the_first_finishes(cli, tmp_path, lock_name):
     ]
 
 
-async def test_wait_gives_up_with_75(cli, run_cli, lock_name):
+async def test_wait_gives_up_with_75(cli: Start, run_cli: Run, lock_name: str) -> None:
     first = await cli("exec", "--name", lock_name, "-v", "--", "sleep", "30")
     await first.expect(STARTED)
     result = await run_cli("exec", "--name", lock_name, "--wait", "1", "--", "true")
     assert result.code == 75, result.describe()
 
 
-async def test_lost_leadership_terminates_the_command(cli, admin, holders, tmp_path, lock_name):
+async def test_lost_leadership_terminates_the_command(
+    cli: Start, admin: Admin, holders: Holders, tmp_path: Path, lock_name: str
+) -> None:
     marker = tmp_path / "term"
     script = f'trap "echo TERM > {marker}; exit 9" TERM; while :; do sleep 0.05; done'
     proc = await cli("exec", "--name", lock_name, "-v", *sh(script))
@@ -119,7 +134,9 @@ async def test_lost_leadership_terminates_the_command(cli, admin, holders, tmp_p
     assert "leadership_lost" in proc.stderr
 
 
-async def test_command_that_ignores_sigterm_is_killed(cli, admin, lock_name):
+async def test_command_that_ignores_sigterm_is_killed(
+    cli: Start, admin: Admin, lock_name: str
+) -> None:
     script = 'trap "" TERM; while :; do sleep 0.05; done'
     proc = await cli("exec", "--name", lock_name, "-v", "--kill-after", "0.5", *sh(script))
     match = await proc.expect(STARTED)
@@ -131,7 +148,9 @@ async def test_command_that_ignores_sigterm_is_killed(cli, admin, lock_name):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-async def test_signals_are_forwarded_to_the_command(cli, holders, tmp_path, lock_name, sig):
+async def test_signals_are_forwarded_to_the_command(
+    cli: Start, holders: Holders, tmp_path: Path, lock_name: str, sig: signal.Signals
+) -> None:
     marker = tmp_path / "got"
     script = (
         f'trap "echo TERM > {marker}; exit 7" TERM; trap "echo INT > {marker}; exit 8" INT;'
@@ -147,7 +166,9 @@ async def test_signals_are_forwarded_to_the_command(cli, holders, tmp_path, lock
     assert await holders(lock_name) == []  # released after COMMAND ended
 
 
-async def test_signal_while_waiting_for_the_lock(cli, lock_name, tmp_path):
+async def test_signal_while_waiting_for_the_lock(
+    cli: Start, lock_name: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "ran"
     first = await cli("exec", "--name", lock_name, "-v", "--", "sleep", "30")
     await first.expect(STARTED)
@@ -161,7 +182,9 @@ async def test_signal_while_waiting_for_the_lock(cli, lock_name, tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
-async def test_command_dies_with_a_killed_pgleaderlock(cli, holders, lock_name):
+async def test_command_dies_with_a_killed_pgleaderlock(
+    cli: Start, holders: Holders, lock_name: str
+) -> None:
     proc = await cli("exec", "--name", lock_name, "-v", "--", "sleep", "60")
     child_pid = int((await proc.expect(STARTED)).group(1))
     proc.send(signal.SIGKILL)
@@ -174,11 +197,13 @@ async def test_command_dies_with_a_killed_pgleaderlock(cli, holders, lock_name):
     await eventually(lambda: _no_holder(holders, lock_name), what="lock freed")
 
 
-async def _no_holder(holders, name: str) -> bool:
+async def _no_holder(holders: Holders, name: str) -> bool:
     return await holders(name) == []
 
 
-async def test_command_not_found_and_not_executable(run_cli, tmp_path, lock_name):
+async def test_command_not_found_and_not_executable(
+    run_cli: Run, tmp_path: Path, lock_name: str
+) -> None:
     missing = await run_cli("exec", "--name", lock_name, "--", str(tmp_path / "missing"))
     assert missing.code == 127, missing.describe()
     assert "command_not_found" in missing.stderr
@@ -188,13 +213,15 @@ async def test_command_not_found_and_not_executable(run_cli, tmp_path, lock_name
     assert denied.code == 126, denied.describe()
 
 
-async def test_options_after_the_command_belong_to_it(run_cli, lock_name):
+async def test_options_after_the_command_belong_to_it(run_cli: Run, lock_name: str) -> None:
     result = await run_cli("exec", "--name", lock_name, "echo", "--name", "-v")
     assert result.code == 0, result.describe()
     assert result.stdout == "--name -v"
 
 
-async def test_concurrent_burst_runs_the_command_exactly_once(cli, tmp_path, lock_name):
+async def test_concurrent_burst_runs_the_command_exactly_once(
+    cli: Start, tmp_path: Path, lock_name: str
+) -> None:
     log, gate = tmp_path / "log", tmp_path / "gate"
     procs = [
         await cli("exec", "--name", lock_name, *sh(gated(log, gate)), f"p{i}") for i in range(5)

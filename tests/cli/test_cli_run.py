@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
-from clitools import eventually
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from cli.clitools import CliProcess, eventually
 from pgleaderlock.core.keys import key_to_oid
+
+if TYPE_CHECKING:
+    from cli.conftest import Holders, Run, Start
+    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -20,7 +25,9 @@ FAST = ("--health-interval", "0.5", "--retry-base", "0.05", "--retry-max", "0.2"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-async def test_signal_releases_the_lock_and_exits_0(cli, holders, lock_name, sig):
+async def test_signal_releases_the_lock_and_exits_0(
+    cli: Start, holders: Holders, lock_name: str, sig: signal.Signals
+) -> None:
     run = await cli("run", "--name", lock_name, *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
     assert await holders(lock_name) == [backend_pid]
@@ -46,7 +53,7 @@ async def test_signal_releases_the_lock_and_exits_0(cli, holders, lock_name, sig
     assert run.stdout == ""
 
 
-async def test_keys_instead_of_a_name(cli, admin, run_cli):
+async def test_keys_instead_of_a_name(cli: Start, admin: Admin, run_cli: Run) -> None:
     key1, key2 = -123456789, 987654321
     run = await cli("run", "--key1", str(key1), "--key2", str(key2), *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
@@ -61,7 +68,9 @@ async def test_keys_instead_of_a_name(cli, admin, run_cli):
 
 
 @pytest.mark.parametrize("follower_mode", ["wait", "poll"])
-async def test_two_runs_one_leader_and_failover(cli, holders, lock_name, follower_mode):
+async def test_two_runs_one_leader_and_failover(
+    cli: Start, holders: Holders, lock_name: str, follower_mode: str
+) -> None:
     args = ("run", "--name", lock_name, "--follower-mode", follower_mode, *FAST)
     first = await cli(*args)
     first_pid = int((await first.expect(ACQUIRED)).group(1))
@@ -81,7 +90,7 @@ async def test_two_runs_one_leader_and_failover(cli, holders, lock_name, followe
     assert await holders(lock_name) == []
 
 
-async def test_graceful_handover(cli, holders, lock_name):
+async def test_graceful_handover(cli: Start, holders: Holders, lock_name: str) -> None:
     first = await cli("run", "--name", lock_name, *FAST)
     await first.expect(ACQUIRED)
     second = await cli("run", "--name", lock_name, *FAST)
@@ -94,7 +103,9 @@ async def test_graceful_handover(cli, holders, lock_name):
     assert await second.wait() == 0
 
 
-async def test_loss_is_logged_and_the_lock_is_taken_back(cli, admin, holders, lock_name):
+async def test_loss_is_logged_and_the_lock_is_taken_back(
+    cli: Start, admin: Admin, holders: Holders, lock_name: str
+) -> None:
     run = await cli("run", "--name", lock_name, *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
@@ -107,11 +118,13 @@ async def test_loss_is_logged_and_the_lock_is_taken_back(cli, admin, holders, lo
     assert await run.wait() == 0
 
 
-async def _acquired_twice(run) -> bool:
+async def _acquired_twice(run: CliProcess) -> bool:
     return run.count("lock_acquired") >= 2
 
 
-async def test_no_auto_reacquire_exits_1_after_a_loss(cli, admin, holders, lock_name):
+async def test_no_auto_reacquire_exits_1_after_a_loss(
+    cli: Start, admin: Admin, holders: Holders, lock_name: str
+) -> None:
     run = await cli("run", "--name", lock_name, "--no-auto-reacquire", *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
@@ -121,7 +134,9 @@ async def test_no_auto_reacquire_exits_1_after_a_loss(cli, admin, holders, lock_
     assert await holders(lock_name) == []
 
 
-async def test_reconnect_grace_rides_out_a_terminated_session(cli, admin, holders, lock_name):
+async def test_reconnect_grace_rides_out_a_terminated_session(
+    cli: Start, admin: Admin, holders: Holders, lock_name: str
+) -> None:
     run = await cli("run", "--name", lock_name, "--reconnect-grace", "10", *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
@@ -132,7 +147,7 @@ async def test_reconnect_grace_rides_out_a_terminated_session(cli, admin, holder
     assert await run.wait() == 0
 
 
-async def test_verbose_shows_debug_and_quiet_hides_info(cli, lock_name):
+async def test_verbose_shows_debug_and_quiet_hides_info(cli: Start, lock_name: str) -> None:
     loud = await cli("run", "--name", lock_name, "-v", *FAST)
     await loud.expect(r"DEBUG +\| pgleaderlock \| session_opened")
     loud.send(signal.SIGTERM)
@@ -145,7 +160,7 @@ async def test_verbose_shows_debug_and_quiet_hides_info(cli, lock_name):
     assert quiet.stderr == ""
 
 
-async def test_json_logs(cli, lock_name):
+async def test_json_logs(cli: Start, lock_name: str) -> None:
     import json
 
     run = await cli("run", "--name", lock_name, "--log-json", *FAST)
@@ -156,9 +171,13 @@ async def test_json_logs(cli, lock_name):
     messages = [r["record"]["message"] for r in records]
     assert any(m.startswith("lock_acquired ") for m in messages)
     assert {r["record"]["extra"]["logger"] for r in records} == {"pgleaderlock", "pgleaderlock.cli"}
+    # the library's lines and the tool's own name their event the same way
+    events = [r["record"]["extra"]["pgleaderlock"]["event"] for r in records]
+    assert "lock_acquired" in events
+    assert "run_started" in events
 
 
-async def test_the_password_is_never_logged(cli, pg_dsn, lock_name):
+async def test_the_password_is_never_logged(cli: Start, pg_dsn: str, lock_name: str) -> None:
     params = conninfo_to_dict(pg_dsn)
     password = str(params.get("password") or "")
     dsn = pg_dsn

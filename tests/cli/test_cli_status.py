@@ -5,18 +5,23 @@ from __future__ import annotations
 import json
 import re
 import signal
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from pgleaderlock import lock_keys
 
+if TYPE_CHECKING:
+    from cli.conftest import Run, Start
+    from conftest import Admin
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ACQUIRED = r"\| pgleaderlock \| lock_acquired .*backend_pid=(\d+)"
 
 
-async def test_free_lock(run_cli, lock_name):
+async def test_free_lock(run_cli: Run, lock_name: str) -> None:
     key1, key2 = lock_keys(lock_name)
     text = await run_cli("status", "--name", lock_name)
     assert text.code == 0, text.describe()
@@ -37,10 +42,12 @@ async def test_free_lock(run_cli, lock_name):
 
 
 def _database(stdout: str) -> str:
-    return re.search(r"^database  (\S+)$", stdout, re.M).group(1)
+    match = re.search(r"^database  (\S+)$", stdout, re.M)
+    assert match is not None
+    return match.group(1)
 
 
-async def test_holder_and_waiters(cli, run_cli, pg_dsn, lock_name):
+async def test_holder_and_waiters(cli: Start, run_cli: Run, pg_dsn: str, lock_name: str) -> None:
     leader = await cli("run", "--name", lock_name, "--health-interval", "0.5")
     leader_pid = int((await leader.expect(ACQUIRED)).group(1))
     # Wait-mode followers queue on the server: they are the waiting sessions.
@@ -92,7 +99,9 @@ async def test_holder_and_waiters(cli, run_cli, pg_dsn, lock_name):
         assert await process.wait() == 0
 
 
-async def test_all_lists_and_decodes_every_advisory_lock(cli, run_cli, admin, lock_name):
+async def test_all_lists_and_decodes_every_advisory_lock(
+    cli: Start, run_cli: Run, admin: Admin, lock_name: str
+) -> None:
     leader = await cli("run", "--name", lock_name)
     leader_pid = int((await leader.expect(ACQUIRED)).group(1))
     await admin.execute("SELECT pg_advisory_lock(-5, -2147483648)")
@@ -130,7 +139,9 @@ async def test_all_lists_and_decodes_every_advisory_lock(cli, run_cli, admin, lo
         assert await leader.wait() == 0
 
 
-async def test_status_sees_only_its_own_database(run_cli, admin, pg_dsn, lock_name):
+async def test_status_sees_only_its_own_database(
+    run_cli: Run, admin: Admin, pg_dsn: str, lock_name: str
+) -> None:
     # Advisory locks are per database: the same keys in another database are another lock.
     cur = await admin.execute(
         "SELECT datname FROM pg_database WHERE datallowconn AND datname <> current_database()"

@@ -7,9 +7,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from clitools import CLI, clean_env
+
+from cli.clitools import CLI, clean_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +40,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         assert fragment in lines[0], lines[0]
 
 
-def test_main_help_lists_commands_examples_and_exit_codes():
+def test_main_help_lists_commands_examples_and_exit_codes() -> None:
     result = run("--help")
     assert result.returncode == 0
     for text in (
@@ -67,14 +70,14 @@ def test_main_help_lists_commands_examples_and_exit_codes():
         ("status", ["--all", "--json", "--timeout", "pg_locks", "Examples:"]),
     ],
 )  # fmt: skip
-def test_command_help(command, must_mention):
+def test_command_help(command: str, must_mention: list[str]) -> None:
     result = run(command, "--help")
     assert result.returncode == 0, result.stderr
     for text in must_mention:
         assert text in result.stdout, f"{command} --help lacks {text!r}"
 
 
-def test_python_dash_m_works():
+def test_python_dash_m_works() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pgleaderlock.cli", "--version"],
         capture_output=True,
@@ -87,11 +90,11 @@ def test_python_dash_m_works():
 
 
 @pytest.mark.parametrize("command", ["run", "acquire", "status"])
-def test_no_dsn(command):
+def test_no_dsn(command: str) -> None:
     assert_one_line_error(run(command, "--name", "x"), "no DSN", "PG_DSN")
 
 
-def test_exec_without_dsn_does_not_run_the_command(tmp_path):
+def test_exec_without_dsn_does_not_run_the_command(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     result = run("exec", "--name", "x", "--", "touch", str(marker))
     assert_one_line_error(result, "no DSN")
@@ -117,15 +120,15 @@ def test_exec_without_dsn_does_not_run_the_command(tmp_path):
         (["--name", "x", "--follower-mode", "sometimes"], "'sometimes' is not one of"),
     ],
 )
-def test_bad_input_for_run(args, fragment):
+def test_bad_input_for_run(args: list[str], fragment: str) -> None:
     assert_one_line_error(run("run", "--dsn", UNREACHABLE, *args), fragment)
 
 
-def test_status_all_refuses_a_lock_identity():
+def test_status_all_refuses_a_lock_identity() -> None:
     assert_one_line_error(run("status", "--dsn", UNREACHABLE, "--all", "--name", "x"), "--all")
 
 
-def test_exec_needs_a_command():
+def test_exec_needs_a_command() -> None:
     assert_one_line_error(run("exec", "--dsn", UNREACHABLE, "--name", "x"), "COMMAND")
 
 
@@ -138,7 +141,7 @@ def test_exec_needs_a_command():
     ],
 )
 @pytest.mark.parametrize("command", ["run", "acquire", "status"])
-def test_malformed_dsn_is_reported_without_the_password(command, dsn):
+def test_malformed_dsn_is_reported_without_the_password(command: str, dsn: str) -> None:
     result = run(command, "--dsn", dsn, "--name", "x")
     assert_one_line_error(result, "malformed DSN")
     assert "s3cr3t-pw" not in result.stderr
@@ -154,7 +157,7 @@ def test_malformed_dsn_is_reported_without_the_password(command, dsn):
         ["status", "--all", "--json"],
     ],
 )
-def test_unreachable_server_is_a_one_line_error_without_the_password(args):
+def test_unreachable_server_is_a_one_line_error_without_the_password(args: list[str]) -> None:
     result = run(*args, env={"PG_DSN": UNREACHABLE})
     assert_one_line_error(
         result,
@@ -164,7 +167,7 @@ def test_unreachable_server_is_a_one_line_error_without_the_password(args):
     assert "s3cr3t-pw" not in result.stderr
 
 
-def test_missing_cli_extra_names_it():
+def test_missing_cli_extra_names_it() -> None:
     code = textwrap.dedent(
         """
         import sys
@@ -180,7 +183,7 @@ def test_missing_cli_extra_names_it():
 
 
 @pytest.fixture
-def silent_server():
+def silent_server() -> Iterator[str]:
     """A TCP port that accepts connections and never answers (a black-holed server)."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -197,7 +200,9 @@ def silent_server():
         (["status", "--name", "x", "--timeout", "1"], "timeout"),
     ],
 )
-def test_a_silent_server_is_bounded_by_the_timeout(silent_server, args, message):
+def test_a_silent_server_is_bounded_by_the_timeout(
+    silent_server: str, args: list[str], message: str
+) -> None:
     started = time.monotonic()
     result = run(*args, env={"PG_DSN": silent_server})
     elapsed = time.monotonic() - started

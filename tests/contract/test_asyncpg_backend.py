@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 asyncpg = pytest.importorskip("asyncpg")
 
-from pgleaderlock.backends import asyncpg as asyncpg_backend
+from pgleaderlock.backends import asyncpg as asyncpg_backend  # noqa: E402
 from pgleaderlock.backends.base import translate  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

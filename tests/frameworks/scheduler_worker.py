@@ -64,7 +64,8 @@ class Recorder:
         self._mutex = threading.Lock()
 
     def tick(self) -> int:
-        return round((time.time() - self.args.epoch) / self.args.interval)
+        tick: int = round((time.time() - self.args.epoch) / self.args.interval)
+        return tick
 
     def params(self) -> tuple[int, str, int]:
         return self.tick(), self.args.replica, os.getpid()
@@ -106,7 +107,7 @@ def add_job(scheduler: Any, lock: Any, recorder: Recorder, args: argparse.Namesp
         bind_scheduler(scheduler, lock)
 
 
-def watch_stdin(stop: Callable[[], None]) -> None:
+def watch_stdin(stop: Callable[[], object]) -> None:
     def watch() -> None:
         sys.stdin.read()  # EOF: the test process is gone
         stop()

@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from apscheduler.events import (
@@ -20,6 +20,7 @@ from apscheduler.events import (
     EVENT_JOB_EXECUTED,
     EVENT_SCHEDULER_PAUSED,
     EVENT_SCHEDULER_RESUMED,
+    JobExecutionEvent,
 )
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -34,12 +35,13 @@ from pgleaderlock import (
     ThreadedLeaderLock,
 )
 from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
+from pgleaderlock.testing import FakeServer
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
@@ -50,7 +52,9 @@ def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 
 @pytest.fixture
-async def leader_and_follower(fake_lock):
+async def leader_and_follower(
+    fake_lock: Callable[..., LeaderLock],
+) -> tuple[LeaderLock, LeaderLock]:
     a, b = fake_lock(), fake_lock()
     await a.start()
     assert await a.wait_for_leadership(5)
@@ -60,7 +64,7 @@ async def leader_and_follower(fake_lock):
 
 
 @pytest.fixture
-async def scheduler():
+async def scheduler() -> AsyncIterator[AsyncIOScheduler]:
     sched = AsyncIOScheduler()
     yield sched
     if sched.running:
@@ -71,7 +75,9 @@ async def scheduler():
 # ---------------------------------------------------------------------- leader_only
 
 
-async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(leader_and_follower, caplog):
+async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(
+    leader_and_follower: tuple[LeaderLock, LeaderLock], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     a, b = leader_and_follower
 
@@ -96,8 +102,8 @@ async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(leader_and
 
 
 async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
-    fake_lock, server, caplog
-):
+    fake_lock: Callable[..., LeaderLock], server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     lock = fake_lock()
     await lock.start()
@@ -124,7 +130,9 @@ async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
     assert len(messages(caplog, "job_cancelled")) == 1
 
 
-async def test_leader_only_lets_the_schedulers_own_cancellation_through(fake_lock):
+async def test_leader_only_lets_the_schedulers_own_cancellation_through(
+    fake_lock: Callable[..., LeaderLock],
+) -> None:
     lock = fake_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)
@@ -149,10 +157,11 @@ async def test_leader_only_lets_the_schedulers_own_cancellation_through(fake_loc
 
 
 async def test_leader_only_job_cancelled_under_asyncio_scheduler_is_not_an_error(
-    fake_lock, server, scheduler
-):
+    fake_lock: Callable[..., LeaderLock], server: FakeServer, scheduler: AsyncIOScheduler
+) -> None:
     lock = fake_lock()
-    errors, executed = [], []
+    errors: list[JobExecutionEvent] = []
+    executed: list[JobExecutionEvent] = []
     scheduler.add_listener(errors.append, EVENT_JOB_ERROR)
     scheduler.add_listener(executed.append, EVENT_JOB_EXECUTED)
     started = asyncio.Event()
@@ -178,8 +187,8 @@ async def test_leader_only_job_cancelled_under_asyncio_scheduler_is_not_an_error
 
 
 async def test_bound_scheduler_is_paused_on_a_follower_and_resumed_on_the_leader(
-    leader_and_follower, scheduler
-):
+    leader_and_follower: tuple[LeaderLock, LeaderLock], scheduler: AsyncIOScheduler
+) -> None:
     a, b = leader_and_follower
     events: list[str] = []
     scheduler.add_listener(lambda e: events.append("paused"), EVENT_SCHEDULER_PAUSED)
@@ -205,7 +214,9 @@ async def test_bound_scheduler_is_paused_on_a_follower_and_resumed_on_the_leader
     assert scheduler.state == STATE_PAUSED
 
 
-async def test_bind_after_start_pauses_at_once(leader_and_follower, scheduler):
+async def test_bind_after_start_pauses_at_once(
+    leader_and_follower: tuple[LeaderLock, LeaderLock], scheduler: AsyncIOScheduler
+) -> None:
     _, b = leader_and_follower
     runs: list[float] = []
     scheduler.add_job(lambda: runs.append(time.time()), "interval", seconds=0.05)
@@ -218,8 +229,10 @@ async def test_bind_after_start_pauses_at_once(leader_and_follower, scheduler):
 
 @pytest.mark.parametrize("catch_up_s", [0.0, 30.0])
 async def test_resume_does_not_replay_the_previous_leaders_runs(
-    leader_and_follower, scheduler, catch_up_s
-):
+    leader_and_follower: tuple[LeaderLock, LeaderLock],
+    scheduler: AsyncIOScheduler,
+    catch_up_s: float,
+) -> None:
     a, b = leader_and_follower
     scheduled: list[dt.datetime] = []
     scheduler.add_listener(lambda e: scheduled.append(e.scheduled_run_time), EVENT_JOB_EXECUTED)
@@ -234,6 +247,7 @@ async def test_resume_does_not_replay_the_previous_leaders_runs(
 
     await a.shutdown()
     assert await b.wait_for_leadership(5)
+    assert b.leader_since is not None
     took_over = dt.datetime.fromtimestamp(b.leader_since, dt.UTC)
     await until(lambda: len(scheduled) >= 3)
     before = [t for t in scheduled if t < took_over]
@@ -243,7 +257,9 @@ async def test_resume_does_not_replay_the_previous_leaders_runs(
         assert before == []  # each of those belonged to the previous leader
 
 
-async def test_a_date_job_that_passed_while_following_is_dropped(leader_and_follower, scheduler):
+async def test_a_date_job_that_passed_while_following_is_dropped(
+    leader_and_follower: tuple[LeaderLock, LeaderLock], scheduler: AsyncIOScheduler
+) -> None:
     a, b = leader_and_follower
     runs: list[str] = []
     scheduler.add_job(
@@ -263,7 +279,9 @@ async def test_a_date_job_that_passed_while_following_is_dropped(leader_and_foll
     assert scheduler.get_job("once") is None
 
 
-async def test_binding_close_and_validation(leader_and_follower, scheduler):
+async def test_binding_close_and_validation(
+    leader_and_follower: tuple[LeaderLock, LeaderLock], scheduler: AsyncIOScheduler
+) -> None:
     _, b = leader_and_follower
     binding = bind_scheduler(scheduler, b)
     binding.close()
@@ -275,7 +293,7 @@ async def test_binding_close_and_validation(leader_and_follower, scheduler):
         bind_scheduler(object(), b)
 
 
-def test_missing_apscheduler_names_the_extra(monkeypatch):
+def test_missing_apscheduler_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [m for m in sys.modules if m == "apscheduler" or m.startswith("apscheduler.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "apscheduler", None)
@@ -307,7 +325,7 @@ def lock_threads() -> list[threading.Thread]:
 
 
 @pytest.mark.integration
-def test_threaded_locks_with_background_schedulers(pg_dsn, lock_name):
+def test_threaded_locks_with_background_schedulers(pg_dsn: str, lock_name: str) -> None:
     runs: list[tuple[str, str]] = []
     replicas: dict[str, tuple[ThreadedLeaderLock, BackgroundScheduler]] = {}
     try:
@@ -362,7 +380,7 @@ def test_threaded_locks_with_background_schedulers(pg_dsn, lock_name):
 
 
 @pytest.mark.integration
-def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn, lock_name):
+def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn: str, lock_name: str) -> None:
     threaded = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG))
     errors: list[BaseException] = []
 

@@ -18,10 +18,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 from psycopg import sql
+
+if TYPE_CHECKING:
+    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -98,7 +102,7 @@ def ticks_table(pg_dsn: str) -> Iterator[str]:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
 
-async def rows(admin, table: str) -> list[tuple[int, str]]:
+async def rows(admin: Admin, table: str) -> list[tuple[int, str]]:
     cur = await admin.execute(
         sql.SQL("SELECT tick, replica FROM {} ORDER BY tick, at").format(sql.Identifier(table))
     )
@@ -120,8 +124,15 @@ def tick_time(epoch: float, tick: int) -> float:
     ],
 )
 async def test_each_tick_runs_exactly_once_across_a_leader_kill(
-    pg_dsn, admin, lock_name, ticks_table, replicas, scheduler, mode, job
-):
+    pg_dsn: str,
+    admin: Admin,
+    lock_name: str,
+    ticks_table: str,
+    replicas: Replicas,
+    scheduler: str,
+    mode: str,
+    job: str,
+) -> None:
     epoch = round(time.time()) + 1.0
     args = [
         *("--lock-name", lock_name, "--table", ticks_table),
@@ -182,8 +193,8 @@ async def test_each_tick_runs_exactly_once_across_a_leader_kill(
 
 
 async def test_a_replica_that_never_leads_never_runs_a_job(
-    pg_dsn, admin, lock_name, ticks_table, replicas
-):
+    pg_dsn: str, admin: Admin, lock_name: str, ticks_table: str, replicas: Replicas
+) -> None:
     """Both shapes on both replicas at once, the second replica a follower throughout: its
     bound scheduler stays paused and its leader_only jobs skip."""
     epoch = round(time.time()) + 1.0
@@ -220,7 +231,9 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "apscheduler_worker"
 
 
 @pytest.mark.parametrize("script", ["worker.py", "threaded_worker.py"])
-def test_example_worker_two_replicas(pg_dsn, lock_name, tmp_path, script):
+def test_example_worker_two_replicas(
+    pg_dsn: str, lock_name: str, tmp_path: Path, script: str
+) -> None:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
     try:

@@ -17,6 +17,7 @@ from fastapi import Depends, FastAPI, Request
 
 from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.integrations.fastapi import LeaderLifespan, LeaderStatus
+from pgleaderlock.testing import FakeServer
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
@@ -32,7 +33,9 @@ def client(app: object) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")  # type: ignore[arg-type]
 
 
-async def test_lifespan_alone_starts_and_stops_the_lock(fake_lock, server):
+async def test_lifespan_alone_starts_and_stops_the_lock(
+    fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     lock = fake_lock()
     leader = LeaderLifespan(lock)
     started = asyncio.Event()
@@ -55,7 +58,9 @@ async def test_lifespan_alone_starts_and_stops_the_lock(fake_lock, server):
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("pgleaderlock")]
 
 
-async def test_wrap_runs_both_lifespans_in_a_clear_order(fake_lock):
+async def test_wrap_runs_both_lifespans_in_a_clear_order(
+    fake_lock: Callable[..., LeaderLock],
+) -> None:
     lock = fake_lock()
     leader = LeaderLifespan(lock)
     events: list[str] = []
@@ -92,7 +97,7 @@ async def test_wrap_runs_both_lifespans_in_a_clear_order(fake_lock):
     ]
 
 
-async def test_status_route_and_dependencies(fake_lock):
+async def test_status_route_and_dependencies(fake_lock: Callable[..., LeaderLock]) -> None:
     a = fake_lock(name="fake-lock")
     b = fake_lock(name="fake-lock")
     apps, leaders = {}, {}
@@ -149,14 +154,14 @@ async def test_status_route_and_dependencies(fake_lock):
             assert "/leader" in schema["paths"]
 
 
-def test_missing_fastapi_names_the_extra(monkeypatch):
+def test_missing_fastapi_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fastapi", None)
     monkeypatch.delitem(sys.modules, "pgleaderlock.integrations.fastapi")
     with pytest.raises(ImportError, match=r"pip install 'pgleaderlock\[fastapi\]'"):
         importlib.import_module("pgleaderlock.integrations.fastapi")
 
 
-def test_core_does_not_import_the_frameworks():
+def test_core_does_not_import_the_frameworks() -> None:
     code = (
         "import sys, pgleaderlock, pgleaderlock.integrations;"
         "bad = {'fastapi', 'starlette', 'apscheduler'} & set(sys.modules);"
@@ -165,7 +170,7 @@ def test_core_does_not_import_the_frameworks():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_the_lifespan_can_run_again_on_a_new_event_loop(server):
+def test_the_lifespan_can_run_again_on_a_new_event_loop(server: FakeServer) -> None:
     """Like two ``with TestClient(app)`` blocks: each runs the lifespan on a new loop."""
     lock = LeaderLock(None, 1, 2, connect_fn=server.connect, retry_strategy=FixedInterval(0.01))
     leader = LeaderLifespan(lock)

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -53,7 +53,7 @@ class Cluster:
         self.events: list[str] = []
 
     def replica(self, pg_dsn: str, lock_name: str, label: str) -> tuple[FastAPI, LeaderLifespan]:
-        lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG)  # type: ignore[arg-type]
+        lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG)
         leader = LeaderLifespan(lock)
 
         @leader.task(name="singleton")
@@ -83,7 +83,9 @@ async def leader_view(app: object) -> dict[str, object]:
         return response.json()  # type: ignore[no-any-return]
 
 
-async def assert_steady_single_leader(cluster: Cluster, expected: str, views: dict) -> None:
+async def assert_steady_single_leader(
+    cluster: Cluster, expected: str, views: Mapping[str, object]
+) -> None:
     """For a while: exactly the expected replica runs the task and says it is leader."""
     for _ in range(20):
         assert cluster.running == {expected}
@@ -94,7 +96,12 @@ async def assert_steady_single_leader(cluster: Cluster, expected: str, views: di
         await asyncio.sleep(0.02)
 
 
-async def test_two_replicas_failover_and_clean_shutdown(pg_dsn, lock_name, terminate, sessions):
+async def test_two_replicas_failover_and_clean_shutdown(
+    pg_dsn: str,
+    lock_name: str,
+    terminate: Callable[[int | None], Awaitable[None]],
+    sessions: Callable[[str], Awaitable[list[int]]],
+) -> None:
     cluster = Cluster()
     app_a, leader_a = cluster.replica(pg_dsn, lock_name, "a")
     app_b, leader_b = cluster.replica(pg_dsn, lock_name, "b")
@@ -131,7 +138,9 @@ async def test_two_replicas_failover_and_clean_shutdown(pg_dsn, lock_name, termi
         await asyncio.sleep(0.05)
 
 
-async def test_shutting_down_the_leader_app_hands_over_without_overlap(pg_dsn, lock_name):
+async def test_shutting_down_the_leader_app_hands_over_without_overlap(
+    pg_dsn: str, lock_name: str
+) -> None:
     cluster = Cluster()
     app_a, leader_a = cluster.replica(pg_dsn, lock_name, "a")
     app_b, leader_b = cluster.replica(pg_dsn, lock_name, "b")
@@ -190,7 +199,9 @@ async def example_view(uds: Path) -> dict[str, object] | None:
             return None
 
 
-async def test_example_app_two_uvicorn_replicas(pg_dsn, lock_name, sessions, tmp_path):
+async def test_example_app_two_uvicorn_replicas(
+    pg_dsn: str, lock_name: str, sessions: Callable[[str], Awaitable[list[int]]], tmp_path: Path
+) -> None:
     socks = {name: tmp_path / f"{name}.sock" for name in ("a", "b")}
     procs: dict[str, subprocess.Popen[str]] = {}
     try:

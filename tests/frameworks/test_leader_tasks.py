@@ -7,10 +7,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import ConfigurationError, FixedInterval, LeaderTasks, LockState, RetryContext
+from pgleaderlock import (
+    ConfigurationError,
+    FixedInterval,
+    LeaderLock,
+    LeaderTasks,
+    LockState,
+    RetryContext,
+)
+from pgleaderlock.testing import FakeServer
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
@@ -26,7 +38,7 @@ class Probe:
     """A leader task that records its runs and checks, on every step, that its lock is
     LEADER; at its end it records whether the lock was still held on the server."""
 
-    def __init__(self, lock, server=None) -> None:
+    def __init__(self, lock: LeaderLock, server: FakeServer | None = None) -> None:
         self.lock = lock
         self.server = server
         self.starts = 0
@@ -50,7 +62,9 @@ class Probe:
                 )
 
 
-async def test_runs_while_leader_stops_before_unlock_and_restarts(fake_lock, server):
+async def test_runs_while_leader_stops_before_unlock_and_restarts(
+    fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     lock = fake_lock()
     tasks = LeaderTasks(lock)
     probe = Probe(lock, server)
@@ -73,7 +87,9 @@ async def test_runs_while_leader_stops_before_unlock_and_restarts(fake_lock, ser
     await tasks.stop()
 
 
-async def test_tasks_stop_before_callbacks_registered_earlier_run(fake_lock):
+async def test_tasks_stop_before_callbacks_registered_earlier_run(
+    fake_lock: Callable[..., LeaderLock],
+) -> None:
     lock = fake_lock()
     probe = Probe(lock)
     seen_by_callback: list[int] = []
@@ -96,8 +112,10 @@ async def test_tasks_stop_before_callbacks_registered_earlier_run(fake_lock):
 
 
 async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
-    fake_lock, server, recorder
-):
+    fake_lock: Callable[..., LeaderLock],
+    server: FakeServer,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
     lock = fake_lock(reconnect_grace_s=10)
     rec = recorder(lock)
     tasks = LeaderTasks(lock)
@@ -116,7 +134,9 @@ async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
     await tasks.stop()
 
 
-async def test_failover_between_two_locks(fake_lock, server):
+async def test_failover_between_two_locks(
+    fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
     a, b = fake_lock(), fake_lock()
     probes = {}
     for lock in (a, b):
@@ -136,7 +156,11 @@ async def test_failover_between_two_locks(fake_lock, server):
     assert probes[a].violations == probes[b].violations == []
 
 
-async def test_crash_is_restarted_and_leadership_untouched(fake_lock, recorder, caplog):
+async def test_crash_is_restarted_and_leadership_untouched(
+    fake_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     lock = fake_lock()
     rec = recorder(lock)
@@ -165,7 +189,9 @@ async def test_crash_is_restarted_and_leadership_untouched(fake_lock, recorder, 
     assert crashes[0].exc_info is not None
 
 
-async def test_retry_strategy_none_gives_the_task_up(fake_lock, caplog):
+async def test_retry_strategy_none_gives_the_task_up(
+    fake_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
 
     class Never:
@@ -191,7 +217,7 @@ async def test_retry_strategy_none_gives_the_task_up(fake_lock, caplog):
     assert tasks.running == []
 
 
-async def test_finished_task_runs_once_per_term(fake_lock):
+async def test_finished_task_runs_once_per_term(fake_lock: Callable[..., LeaderLock]) -> None:
     lock = fake_lock()
     tasks = LeaderTasks(lock)
     runs = 0
@@ -209,7 +235,9 @@ async def test_finished_task_runs_once_per_term(fake_lock):
     await until(lambda: runs == 2)
 
 
-async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(fake_lock, caplog):
+async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
+    fake_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     lock = fake_lock()
     tasks = LeaderTasks(lock, cancel_timeout_s=0.2)
@@ -244,20 +272,23 @@ async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(fake_lock,
     assert tasks.running == []
 
 
-async def test_lock_task_ending_abnormally_cancels_the_tasks(fake_lock):
+async def test_lock_task_ending_abnormally_cancels_the_tasks(
+    fake_lock: Callable[..., LeaderLock],
+) -> None:
     lock = fake_lock()
     tasks = LeaderTasks(lock)
     probe = Probe(lock)
     tasks.add(probe.run)
     await lock.start()
     await until(lambda: probe.starts == 1)
+    assert lock._runner.task is not None
     lock._runner.task.cancel()  # what shutdown(timeout_s) does when the task is stuck
     await until(lambda: probe.stops == 1)
     await tasks.stop()
     assert tasks.running == []
 
 
-async def test_add_while_leading_starts_at_once(fake_lock):
+async def test_add_while_leading_starts_at_once(fake_lock: Callable[..., LeaderLock]) -> None:
     lock = fake_lock()
     tasks = LeaderTasks(lock)
     await lock.start()
@@ -269,7 +300,7 @@ async def test_add_while_leading_starts_at_once(fake_lock):
     assert probe.stops == 1
 
 
-async def test_registration_is_checked(fake_lock):
+async def test_registration_is_checked(fake_lock: Callable[..., LeaderLock]) -> None:
     lock = fake_lock()
     tasks = LeaderTasks(lock)
 

@@ -21,7 +21,7 @@ def run_without_frameworks(body: str) -> None:
     subprocess.run([sys.executable, "-c", block + textwrap.dedent(body)], check=True, timeout=50)
 
 
-def test_leader_tasks_and_threaded_lock_import_without_frameworks():
+def test_leader_tasks_and_threaded_lock_import_without_frameworks() -> None:
     run_without_frameworks(
         """
         import pgleaderlock.integrations
@@ -35,7 +35,7 @@ def test_leader_tasks_and_threaded_lock_import_without_frameworks():
     )
 
 
-def test_threaded_lock_leads_and_shuts_down_without_frameworks():
+def test_threaded_lock_leads_and_shuts_down_without_frameworks() -> None:
     run_without_frameworks(
         """
         import threading

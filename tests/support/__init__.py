@@ -9,6 +9,9 @@ themselves (``benchmarks/_common.py``).
 - :mod:`support.proxy`: ``TcpProxy``, a proxy that can stall (black-hole) or cut.
 - :mod:`support.netns`: ``NetnsLink``, a namespace whose link can be cut silently.
 - :mod:`support.poll`: ``eventually``, a bounded wait for a condition.
+- :mod:`support.replication`: ``PrimaryStandby``, a primary with a streaming standby
+  (two throwaway clusters), and ``multi_host_dsn``.
+- :mod:`support.blackhole`: ``BlackHole``, a listener that never answers a byte.
 - :mod:`support.pgbouncer`: ``PgBouncer``, a real PgBouncer in any pool mode, and its
   fixtures (a ``pytest_plugins`` module of the root ``conftest.py``).
 """

@@ -52,7 +52,7 @@ class Endpoint(Protocol):
     def port(self) -> int: ...
 
 
-def multi_host_dsn(*endpoints: Endpoint, **params: object) -> str:
+def multi_host_dsn(*endpoints: Endpoint | tuple[str, int], **params: object) -> str:
     """A multi-host URL for user and database ``postgres``, usable by psycopg and asyncpg.
 
     ``multi_host_dsn(a, b, connect_timeout=2)`` gives
@@ -60,7 +60,8 @@ def multi_host_dsn(*endpoints: Endpoint, **params: object) -> str:
     hosts in the order given.
 
     Args:
-        *endpoints: The hosts, in order (at least one).
+        *endpoints: The hosts, in order (at least one): objects with ``host`` and
+            ``port`` (a cluster, a black hole) or ``(host, port)`` pairs.
         **params: Query parameters (``target_session_attrs``, ``connect_timeout``...).
 
     Returns:
@@ -71,9 +72,8 @@ def multi_host_dsn(*endpoints: Endpoint, **params: object) -> str:
     """
     if not endpoints:
         raise ValueError("multi_host_dsn needs at least one endpoint")
-    hosts = ",".join(
-        f"[{e.host}]:{e.port}" if ":" in e.host else f"{e.host}:{e.port}" for e in endpoints
-    )
+    pairs = [e if isinstance(e, tuple) else (e.host, e.port) for e in endpoints]
+    hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in pairs)
     query = urlencode({k: str(v) for k, v in params.items()})
     return f"postgresql://postgres@{hosts}/postgres" + (f"?{query}" if query else "")
 
@@ -257,7 +257,11 @@ class PrimaryStandby:
         return time.monotonic() - began
 
     def wait_caught_up(self, timeout_s: float = 10.0) -> float:
-        """Wait until the standby has replayed everything the primary has written so far.
+        """Wait until the standby has replayed everything the primary has done so far.
+
+        The target is the primary's WAL *insert* position: with ``synchronous_commit``
+        off (the clusters' default) a commit may sit in the WAL buffers, before the
+        written position, for up to ``wal_writer_delay`` (200 ms).
 
         Args:
             timeout_s: Bound for the whole wait.
@@ -271,7 +275,7 @@ class PrimaryStandby:
         began = time.monotonic()
         deadline = began + timeout_s
         with _connect(self.primary_dsn) as primary:
-            target = _scalar(primary, "SELECT pg_current_wal_lsn()::text")
+            target = _scalar(primary, "SELECT pg_current_wal_insert_lsn()::text")
         with _connect(self.standby_dsn) as standby:
             sql = "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
             while _scalar(standby, sql, (target,)) is not True:

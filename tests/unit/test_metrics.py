@@ -193,7 +193,7 @@ async def test_one_plugin_many_locks_labelled_by_name(
 
 
 async def test_locks_that_share_a_label_add_up(
-    make_lock: Callable[..., LeaderLock], registry
+    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
 ) -> None:
     plugin = MetricsPlugin(registry)
     for _ in range(2):  # one after the other: the second takes the lock the first let go

@@ -1,19 +1,24 @@
 """The interface for backend authors, and the built-in driver adapters.
 
-A backend adapts one database driver to the core's
-:class:`~pgleaderlock.backends.LockSession` protocol. Everything a backend needs is
-importable from here; the modules behind these names are implementation details:
+A backend adapts one database driver to the core's [`LockSession`][pgleaderlock.LockSession]
+protocol. Everything a backend needs is importable from here; the modules behind these names
+are implementation details:
 
-- the contract: :class:`Backend` (what the entry point names), :class:`ConnectOptions`,
-  :class:`LockSession` and its optional capabilities :class:`WaitingSession`,
-  :class:`WatchableSession` and :class:`AbortableSession`;
-- the shared base (``pgleaderlock.backends.base``): :class:`BaseSession`, which writes
-  the lock calls, the row and pid checks and the error translation once over a few
-  driver calls, the statements (:data:`TRY_LOCK`, :data:`UNLOCK`, :data:`WAIT_LOCK`,
-  :data:`HOLDS`) and the helpers they need;
+- the contract: [`Backend`][pgleaderlock.Backend] (what the entry point names),
+  [`ConnectOptions`][pgleaderlock.ConnectOptions], [`LockSession`][pgleaderlock.LockSession]
+  and its optional capabilities [`WaitingSession`][pgleaderlock.backends.WaitingSession],
+  [`WatchableSession`][pgleaderlock.backends.WatchableSession] and
+  [`AbortableSession`][pgleaderlock.backends.AbortableSession];
+- the shared base (``pgleaderlock.backends.base``):
+  [`BaseSession`][pgleaderlock.backends.BaseSession], which writes the lock calls, the row
+  and pid checks and the error translation once over a few driver calls, the statements
+  ([`TRY_LOCK`][pgleaderlock.backends.TRY_LOCK], [`UNLOCK`][pgleaderlock.backends.UNLOCK],
+  [`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK], [`HOLDS`][pgleaderlock.backends.HOLDS])
+  and the helpers they need;
 - the errors a backend raises;
-- the registry's public functions: :func:`available`, :func:`registered`, :func:`get`,
-  :func:`refresh`. The registry itself lives in the core
+- the registry's public functions: [`available`][pgleaderlock.backends.available],
+  [`registered`][pgleaderlock.backends.registered], [`get`][pgleaderlock.backends.get],
+  [`refresh`][pgleaderlock.backends.refresh]. The registry itself lives in the core
   (``pgleaderlock.core.registry``) and finds every backend, the built-in ones included,
   through the entry-point group ``pgleaderlock.backends``.
 

@@ -1,14 +1,13 @@
 """The asyncpg backend: one dedicated ``asyncpg.Connection``, never one from a pool.
 
 Driver calls only: the lock calls, the row and pid checks and the error wording are
-:class:`~pgleaderlock.backends.base.BaseSession`'s. No retries, no timers: the core
-bounds every call with a timeout and decides what a failure means.
+[`BaseSession`][pgleaderlock.backends.BaseSession]'s. No retries, no timers: the core bounds
+every call with a timeout and decides what a failure means.
 
-Each session prepares its (at most four) statements once, with the keys as parameters,
-and reuses them: one Bind/Execute round trip per call after the first. Every statement
-also returns ``pg_backend_pid()`` for the pooler check. asyncpg reads its socket all the
-time, so :meth:`AsyncpgSession.watch` uses asyncpg's termination listener instead of
-watching the socket.
+Each session prepares its (at most four) statements once, with the keys as parameters, and
+reuses them: one Bind/Execute round trip per call after the first. Every statement also
+returns ``pg_backend_pid()`` for the pooler check. asyncpg reads its socket all the time, so
+`AsyncpgSession.watch` uses asyncpg's termination listener instead of watching the socket.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def _classify(exc: BaseException, conn: asyncpg.Connection | None = None) -> Err
     """The library error for an asyncpg (or socket) error.
 
     A server error on a live session is looked up in ``_ERRORS``; anything else is a
-    :class:`~pgleaderlock.ConnectionError`. After ``pg_terminate_backend`` asyncpg may
+    [`ConnectionError`][pgleaderlock.ConnectionError]. After ``pg_terminate_backend`` asyncpg may
     raise any of several types (``ConnectionDoesNotExistError``, ``InterfaceError``,
     ``InternalClientError``, ``AdminShutdownError``, ``OSError``): they all mean the
     session is gone.
@@ -89,7 +88,7 @@ def _connect_error(exc: BaseException) -> Exception:
 
 
 class AsyncpgSession(BaseSession):
-    """A :class:`~pgleaderlock.LockSession` over one ``asyncpg.Connection``.
+    """A [`LockSession`][pgleaderlock.LockSession] over one ``asyncpg.Connection``.
 
     Args:
         conn: a dedicated connection; it must not come from an ``asyncpg.Pool``. An

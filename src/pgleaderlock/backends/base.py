@@ -1,19 +1,19 @@
 """What every built-in adapter shares: the SQL, the row and pid checks, the error wording.
 
-An adapter subclasses :class:`BaseSession` and writes only driver calls: how to run one
-of the four statements (``_fetch``), how to close the connection, how to watch its
-socket, and which library error a driver error stands for (``_classify``, usually one
-lookup in a table). ``try_lock``, ``unlock``, ``holds``, ``wait_lock``, ``watch``,
-``abort`` and ``close`` are written once, here.
+An adapter subclasses [`BaseSession`][pgleaderlock.backends.BaseSession] and writes only
+driver calls: how to run one of the four statements (``_fetch``), how to close the
+connection, how to watch its socket, and which library error a driver error stands for
+(``_classify``, usually one lookup in a table). ``try_lock``, ``unlock``, ``holds``,
+``wait_lock``, ``watch``, ``abort`` and ``close`` are written once, here.
 
 Every statement also returns ``pg_backend_pid()``: a session whose server backend
 changes between statements is behind a transaction-mode pooler, where a session-level
 advisory lock is held by whichever server connection ran the statement. Such a session
-is refused (:class:`~pgleaderlock.SessionNotDedicatedError`).
+is refused ([`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError]).
 
 This module imports no driver. A third-party backend may build on it (import it as
 ``pgleaderlock.backends.base``, or the same names from ``pgleaderlock.backends``), or
-use only the statements and :func:`translate`.
+use only the statements and [`translate`][pgleaderlock.backends.translate].
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ WAIT_LOCK = Statement(
     " THEN pg_advisory_lock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
 )
 """``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
-timeout in ms ([`lock_timeout_ms`][pgleaderlock.backends.base.lock_timeout_ms]) and the
+timeout in ms ([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms]) and the
 session's pid."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by key_to_oid().
@@ -174,7 +174,8 @@ def _literal(text: str) -> str:
 
 
 LOCK_NOT_AVAILABLE = "55P03"
-"""The SQLSTATE of a ``lock_timeout`` that ended a :data:`WAIT_LOCK`."""
+"""The SQLSTATE of a ``lock_timeout`` that ended a
+[`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK]."""
 
 CANCEL_TIMEOUT_S = 1.0
 """How long an interrupted lock wait may spend asking the server to cancel it (so the
@@ -200,8 +201,8 @@ CONNECTION_SQLSTATE_CLASSES = frozenset(
 )
 """SQLSTATE classes (two characters, or one for ``F…``/``H…``) that mean "this session
 is unusable, or never was": the classes psycopg raises as ``OperationalError``. A
-backend that maps them to :class:`~pgleaderlock.ConnectionError` and other server
-errors to :class:`~pgleaderlock.LockError` gives the same library error as every other
+backend that maps them to [`ConnectionError`][pgleaderlock.ConnectionError] and other server
+errors to [`LockError`][pgleaderlock.LockError] gives the same library error as every other
 backend for the same server error."""
 
 _POOLER = (
@@ -332,24 +333,25 @@ def check_pid(expected: int | None, got: int) -> None:
 
 
 class BaseSession(abc.ABC):
-    """A :class:`~pgleaderlock.LockSession` with every optional capability
+    """A [`LockSession`][pgleaderlock.LockSession] with every optional capability
     (``wait_lock``, ``watch``, ``abort``), written once over a few driver calls.
 
     A subclass implements:
 
-    - :meth:`_fetch`: run a :class:`Statement` with its values and return its row;
-      when the call is cancelled, drop the connection without a network wait (and, for
-      :data:`WAIT_LOCK`, first ask the server to cancel it, within
-      :data:`CANCEL_TIMEOUT_S`) and re-raise.
-    - :meth:`_classify`: the library error a driver error stands for.
-    - :meth:`_closed`, :meth:`_abort`, :meth:`_close`: the connection's state and how
-      to drop it (at once) or close it (bounded).
-    - optionally :meth:`_arm` and :meth:`_disarm`: start and stop listening for the
-      server ending the idle session; :meth:`_fire` is the listener.
+    - `_fetch`: run a [`Statement`][pgleaderlock.backends.Statement] with its values and
+      return its row; when the call is cancelled, drop the connection without a network wait
+      (and, for [`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK], first ask the server to
+      cancel it, within [`CANCEL_TIMEOUT_S`][pgleaderlock.backends.CANCEL_TIMEOUT_S]) and
+      re-raise.
+    - `_classify`: the library error a driver error stands for.
+    - `_closed`, `_abort`, `_close`: the connection's state and how to drop it (at once) or
+      close it (bounded).
+    - optionally `_arm` and `_disarm`: start and stop listening for the server ending the
+      idle session; `_fire` is the listener.
 
-    Every statement's row is checked here (the value first, ``pg_backend_pid()`` last)
-    and so is the pid (:func:`check_pid`); driver errors are translated with
-    :func:`translate`.
+    Every statement's row is checked here (the value first, ``pg_backend_pid()`` last) and
+    so is the pid ([`check_pid`][pgleaderlock.backends.check_pid]); driver errors are
+    translated with [`translate`][pgleaderlock.backends.translate].
     """
 
     def __init__(self) -> None:
@@ -395,11 +397,11 @@ class BaseSession(abc.ABC):
         """Close the connection, bounded even on a stuck network (may raise: ignored)."""
 
     def _arm(self) -> None:  # noqa: B027 - optional: without it a loss waits for a probe
-        """Have :meth:`_fire` called once the server ends the idle session. Does nothing
+        """Have `_fire` called once the server ends the idle session. Does nothing
         here: a session that cannot tell learns of the loss at its next probe."""
 
     def _disarm(self) -> None:  # noqa: B027 - the counterpart of _arm
-        """Undo :meth:`_arm` (may raise: ignored)."""
+        """Undo `_arm` (may raise: ignored)."""
 
     # ------------------------------------------------ the LockSession
 

@@ -1,8 +1,8 @@
 """The psycopg 3 backend: one dedicated ``psycopg.AsyncConnection`` in autocommit.
 
 Driver calls only: the lock calls, the row and pid checks and the error wording are
-:class:`~pgleaderlock.backends.base.BaseSession`'s. No retries, no timers: the core
-bounds every call with a timeout and decides what a failure means.
+[`BaseSession`][pgleaderlock.backends.BaseSession]'s. No retries, no timers: the core bounds
+every call with a timeout and decides what a failure means.
 
 Each session formats its statements once (the keys are literals) and keeps the bytes;
 an idle session's socket is watched on the event loop.
@@ -58,7 +58,7 @@ def _classify(exc: BaseException) -> ErrorClass | None:
 
 
 class PsycopgSession(BaseSession):
-    """A :class:`~pgleaderlock.LockSession` over one psycopg ``AsyncConnection``.
+    """A [`LockSession`][pgleaderlock.LockSession] over one psycopg ``AsyncConnection``.
 
     Args:
         conn: a dedicated connection; it must not come from a pool. It is switched to
@@ -81,9 +81,9 @@ class PsycopgSession(BaseSession):
         """Run ``statement``: the values are formatted in (integers only), and the bytes
         kept for the session, except for the wait, whose timeout varies.
 
-        The long server-side wait runs in a task of its own, so that an interrupted wait
-        can first ask the server to cancel the statement (see :meth:`_cancellable`).
-        Every other call runs inline and drops the connection if cancelled.
+        The long server-side wait runs in a task of its own, so that an interrupted wait can
+        first ask the server to cancel the statement (see `_cancellable`). Every other call
+        runs inline and drops the connection if cancelled.
         """
         if statement is WAIT_LOCK:
             return await self._cancellable(statement.sql(*values).encode())

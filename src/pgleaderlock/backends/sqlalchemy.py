@@ -82,7 +82,7 @@ def _adapter(driver_connection: object) -> _Inner:
 
 
 class SQLAlchemySession:
-    """A :class:`~pgleaderlock.LockSession` over a driver connection detached from a
+    """A [`LockSession`][pgleaderlock.LockSession] over a driver connection detached from a
     SQLAlchemy pool.
 
     The statements run through the asyncpg or psycopg adapter on the driver connection
@@ -195,8 +195,8 @@ def _engine(dsn: str) -> AsyncEngine:
 
 def claims(obj: object) -> bool:
     """True for a SQLAlchemy ``AsyncEngine`` (or ``Engine``, refused with a clear error by
-    :func:`check_dsn`), and for a ``postgresql[+driver]://`` URL when ``backend="sqlalchemy"``
-    is asked for by name."""
+    [`check_dsn`][pgleaderlock.backends.sqlalchemy.check_dsn]), and for a
+    ``postgresql[+driver]://`` URL when ``backend="sqlalchemy"`` is asked for by name."""
     if isinstance(obj, AsyncEngine | Engine):
         return True
     return isinstance(obj, str) and bool(_URL.match(obj))

@@ -1,33 +1,28 @@
 """The ``pgleaderlock`` command line (spec §9): ``run``, ``acquire``, ``exec``, ``status``.
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
-works on one lock, named with ``--name`` (keys derived by :func:`~pgleaderlock.lock_keys`)
+works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleaderlock.lock_keys])
 or given as ``--key1``/``--key2``; the database comes from ``--dsn`` or ``$PG_DSN``.
 
 The library logs on the stdlib logger ``pgleaderlock``; the CLI routes that logger into
-loguru (:class:`InterceptHandler`, spec §9.2) and writes every line to stderr, so that
-stdout belongs to ``status`` output and to the command that ``exec`` runs.
+loguru (`InterceptHandler`, spec §9.2) and writes every line to stderr, so that stdout
+belongs to ``status`` output and to the command that ``exec`` runs.
 
-This package holds the click group and the entry point; one module per command
-(:mod:`~pgleaderlock.cli.run`, :mod:`~pgleaderlock.cli.acquire`,
-:mod:`~pgleaderlock.cli.exec`, :mod:`~pgleaderlock.cli.status` with
-:mod:`~pgleaderlock.cli.render`), and what they share: :mod:`~pgleaderlock.cli.options`,
-:mod:`~pgleaderlock.cli.logs`, :mod:`~pgleaderlock.cli.exits`,
-:mod:`~pgleaderlock.cli.runtime`, :mod:`~pgleaderlock.cli.retry`,
-:mod:`~pgleaderlock.cli.tracker`.
+This package holds the click group and the entry point; one module per command (`run`,
+`acquire`, `exec`, `status` with `render`), and what they share: `options`, `logs`, `exits`,
+`runtime`, `retry`, `tracker`.
 
 Exit codes (also in ``pgleaderlock --help``):
 
-==== ===================================================================================
-0    success; ``run`` stopped by SIGTERM/SIGINT (lock released)
-1    ``acquire``: the lock is held elsewhere; ``run``: the lock stopped by itself
-2    bad input (no DSN, malformed DSN, keys out of range, ...) or unreachable server
-75   ``exec``: the lock is held elsewhere, COMMAND was not run (EX_TEMPFAIL;
-     ``--held-exit-code`` changes it)
-76   ``exec``/``acquire --hold``: leadership was lost; COMMAND was terminated
-126  ``exec``: COMMAND cannot be executed; 127: COMMAND not found
-128+N killed by / stopped on signal N before COMMAND ran (130 SIGINT, 143 SIGTERM)
-==== ===================================================================================
+| Code | Meaning |
+|---|---|
+| 0 | success; ``run`` stopped by SIGTERM/SIGINT (lock released) |
+| 1 | ``acquire``: the lock is held elsewhere; ``run``: the lock stopped by itself |
+| 2 | bad input (no DSN, malformed DSN, keys out of range, ...) or unreachable server |
+| 75 | ``exec``: the lock is held elsewhere, COMMAND was not run (``--held-exit-code``) |
+| 76 | ``exec``/``acquire --hold``: leadership was lost; COMMAND was terminated |
+| 126 | ``exec``: COMMAND cannot be executed; 127: COMMAND not found |
+| 128+N | killed by / stopped on signal N before COMMAND ran (130 SIGINT, 143 SIGTERM) |
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ import click
 
 from ..core.lock import LeaderLock
 from .exits import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_OK, CliError
-from .logs import log, setup_logging
-from .options import Common, check_wait, lock_options, log_options, resolve_common, wait_option
+from .logs import log
+from .options import Common, check_wait, lock_options, log_options, seconds_option, wait_option
 from .retry import Deadline
-from .runtime import Signals, build_lock, first, lead, preflight
+from .runtime import build_lock, contend, first
 from .tracker import Tracker
 
 __all__ = ["acquire"]
@@ -32,25 +32,14 @@ Examples:
 @click.command("acquire", epilog=_ACQUIRE_EPILOG)
 @lock_options
 @wait_option
-@click.option(
+@seconds_option(
     "--hold",
-    type=float,
     default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Keep the lock this long before releasing it (SIGTERM/SIGINT end it early).",
+    text="Keep the lock this long before releasing it (SIGTERM/SIGINT end it early).",
 )
-@log_options
+@log_options(cli="INFO", library="WARNING")
 def acquire(
-    dsn: str | None,
-    name: str | None,
-    key1: int | None,
-    key2: int | None,
-    backend: str | None,
-    connect_timeout: float,
-    verbose: int,
-    quiet: int,
-    log_json: bool,
+    common: Common,
     wait_s: float,
     hold: float,
 ) -> int:
@@ -58,8 +47,6 @@ def acquire(
 
     The lock is released again before the command exits (after --hold SECONDS).
     """
-    setup_logging("INFO", "WARNING", verbose, quiet, log_json)
-    common = resolve_common(dsn, name, key1, key2, backend, connect_timeout)
     deadline = Deadline(check_wait(wait_s))
     if hold < 0 or not math.isfinite(hold):
         raise CliError(f"--hold must be a finite number >= 0, got {hold:g}")
@@ -70,31 +57,27 @@ def acquire(
 async def _acquire(
     common: Common, lock: LeaderLock, tracker: Tracker, deadline: Deadline, hold_s: float
 ) -> int:
-    await preflight(common, lock)
-    with Signals() as signals:
-        deadline.start()
-        async with lock:
-            refused = await lead(
-                common, lock, signals, held_exit_code=EXIT_NOT_ACQUIRED,
-                event="not_acquired", on_signal="stop trying",
-            )  # fmt: skip
-            if refused is not None:
-                return refused
-            log(
-                "INFO",
-                "acquired",
-                lock=lock.label,
-                backend_pid=lock.backend_pid,
-                hold_s=hold_s or None,
+    async with contend(
+        common, lock, deadline, held_exit_code=EXIT_NOT_ACQUIRED,
+        event="not_acquired", on_signal="stop trying",
+    ) as (signals, refused):  # fmt: skip
+        if refused is not None:
+            return refused
+        log(
+            "INFO",
+            "acquired",
+            lock=lock.label,
+            backend_pid=lock.backend_pid,
+            hold_s=hold_s or None,
+        )
+        if hold_s > 0:
+            which, _ = await first(
+                lost=tracker.lost.wait(), signal=signals.wait(), held=asyncio.sleep(hold_s)
             )
-            if hold_s > 0:
-                which, _ = await first(
-                    lost=tracker.lost.wait(), signal=signals.wait(), held=asyncio.sleep(hold_s)
-                )
-                if which == "lost":
-                    log("WARNING", "leadership_lost", lock=lock.label)
-                    return EXIT_LOST
-                if which == "signal":
-                    sig = signals.take()[0]
-                    log("INFO", "signal_received", signal=sig.name, action="release")
+            if which == "lost":
+                log("WARNING", "leadership_lost", lock=lock.label)
+                return EXIT_LOST
+            if which == "signal":
+                sig = signals.take()[0]
+                log("INFO", "signal_received", signal=sig.name, action="release")
     return EXIT_OK

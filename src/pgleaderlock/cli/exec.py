@@ -21,18 +21,18 @@ import click
 
 from ..core.lock import LeaderLock
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND
-from .logs import log, setup_logging
+from .logs import log
 from .options import (
     Common,
     check_wait,
     lock_options,
     log_options,
     positive,
-    resolve_common,
+    seconds_option,
     wait_option,
 )
 from .retry import Deadline
-from .runtime import Signals, build_lock, first, lead, preflight
+from .runtime import Signals, build_lock, contend, first
 from .tracker import Tracker
 
 __all__ = ["exec_"]
@@ -67,13 +67,10 @@ pgleaderlock itself dies.
 )
 @lock_options
 @wait_option
-@click.option(
+@seconds_option(
     "--kill-after",
-    type=float,
     default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
 )
 @click.option(
     "--held-exit-code",
@@ -83,27 +80,16 @@ pgleaderlock itself dies.
     show_default=True,
     help="Exit code when the lock is held elsewhere and COMMAND did not run.",
 )
-@click.option(
+@seconds_option(
     "--health-interval",
-    type=float,
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Seconds between health probes while COMMAND runs (a terminated session is "
+    text="Seconds between health probes while COMMAND runs (a terminated session is "
     "noticed at once; a silent network within this plus 2 s).",
 )
-@log_options
+@log_options(cli="WARNING", library="WARNING")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(
-    dsn: str | None,
-    name: str | None,
-    key1: int | None,
-    key2: int | None,
-    backend: str | None,
-    connect_timeout: float,
-    verbose: int,
-    quiet: int,
-    log_json: bool,
+    common: Common,
     wait_s: float,
     kill_after: float,
     held_exit_code: int,
@@ -117,8 +103,6 @@ def exec_(
     --wait). If leadership is lost while COMMAND runs, COMMAND is terminated. Put
     `--` before COMMAND.
     """
-    setup_logging("WARNING", "WARNING", verbose, quiet, log_json)
-    common = resolve_common(dsn, name, key1, key2, backend, connect_timeout)
     deadline = Deadline(check_wait(wait_s))
     kill_after = positive("--kill-after", kill_after)
     lock, tracker = build_lock(
@@ -138,17 +122,13 @@ async def _exec(
     kill_after_s: float,
     held_exit_code: int,
 ) -> int:
-    await preflight(common, lock)
-    with Signals() as signals:
-        deadline.start()
-        async with lock:
-            refused = await lead(
-                common, lock, signals, held_exit_code=held_exit_code,
-                event="not_running", on_signal="not running COMMAND",
-            )  # fmt: skip
-            if refused is not None:
-                return refused
-            return await _supervise(lock, tracker, signals, command, kill_after_s)
+    async with contend(
+        common, lock, deadline, held_exit_code=held_exit_code,
+        event="not_running", on_signal="not running COMMAND",
+    ) as (signals, refused):  # fmt: skip
+        if refused is not None:
+            return refused
+        return await _supervise(lock, tracker, signals, command, kill_after_s)
 
 
 def _pdeathsig() -> Callable[[], None] | None:

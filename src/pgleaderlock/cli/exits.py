@@ -1,6 +1,6 @@
 """How a command ends: the exit codes, and the one-line error printed for bad input.
 
-The table of codes is in the package docstring (:mod:`pgleaderlock.cli`) and in
+The table of codes is in the package docstring (`pgleaderlock.cli`) and in
 ``pgleaderlock --help``.
 """
 

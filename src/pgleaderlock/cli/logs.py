@@ -1,9 +1,9 @@
 """Logging for the command line: one loguru sink on stderr for every line.
 
-The library logs on the stdlib logger ``pgleaderlock``; :class:`InterceptHandler` routes
-that logger into loguru (spec §9.2), so the library's lines and the CLI's own lines
-(logger name ``pgleaderlock.cli``) share one format and one destination. Everything goes
-to stderr: stdout belongs to ``status`` output and to the command that ``exec`` runs.
+The library logs on the stdlib logger ``pgleaderlock``; `InterceptHandler` routes that
+logger into loguru (spec §9.2), so the library's lines and the CLI's own lines (logger name
+``pgleaderlock.cli``) share one format and one destination. Everything goes to stderr:
+stdout belongs to ``status`` output and to the command that ``exec`` runs.
 """
 
 from __future__ import annotations
@@ -110,7 +110,10 @@ def _level(base: str, verbose: int, quiet: int) -> str:
 
 
 def log(level: str, event: str, /, **fields: object) -> None:
-    """Log ``event key=value ...`` in the library's style (fields also in ``extra``)."""
-    logger.bind(pgleaderlock={"name": event, **fields}).opt(depth=1).log(
+    """Log ``event key=value ...`` in the library's style: the fields are also in
+    ``extra["pgleaderlock"]``, with the ``event`` and without ``None`` values, as on the
+    library's records."""
+    structured = {key: value for key, value in fields.items() if value is not None}
+    logger.bind(pgleaderlock={"event": event, **structured}).opt(depth=1).log(
         level, format_event(event, fields)
     )

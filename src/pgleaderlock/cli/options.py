@@ -1,26 +1,28 @@
 """Options the commands share, and turning them into checked values.
 
-- which lock: ``--name`` or ``--key1``/``--key2`` (:func:`target_options`, :class:`Target`);
+- which lock: ``--name`` or ``--key1``/``--key2`` (`target_options`, `Target`);
 - which database: ``--dsn`` or ``$PG_DSN``;
-- how to reach it: ``--backend``, ``--connect-timeout`` (:func:`lock_options`,
-  :class:`Common` for the commands that hold the lock);
-- ``--wait`` (``acquire``, ``exec``) and the log verbosity (:func:`log_options`).
+- how to reach it: ``--backend``, ``--connect-timeout`` (`lock_options`, `Common` for the
+  commands that hold the lock);
+- ``--wait`` (``acquire``, ``exec``) and the log verbosity (`log_options`).
 
-Bad values raise :class:`~pgleaderlock.cli.exits.CliError`: one line, exit code 2.
+Bad values raise `CliError`: one line, exit code 2.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
 from ..core.errors import ConfigurationError
 from ..core.keys import check_key, lock_keys
 from .exits import CliError
+from .logs import setup_logging
 
 __all__ = [
     "Common",
@@ -29,9 +31,9 @@ __all__ = [
     "lock_options",
     "log_options",
     "positive",
-    "resolve_common",
     "resolve_dsn",
     "resolve_target",
+    "seconds_option",
     "target_options",
     "wait_option",
 ]
@@ -62,7 +64,7 @@ class Common:
 
 
 def resolve_dsn(dsn: str | None) -> str:
-    """``dsn``, or a :class:`CliError` when it is missing or blank."""
+    """``dsn``, or a `CliError` when it is missing or blank."""
     if dsn is None or not dsn.strip():
         raise CliError("no DSN: pass --dsn or set PG_DSN (e.g. postgresql://user@host/db)")
     return dsn
@@ -102,24 +104,25 @@ def check_wait(wait_s: float) -> float:
     return wait_s
 
 
-def resolve_common(
-    dsn: str | None,
-    name: str | None,
-    key1: int | None,
-    key2: int | None,
-    backend: str | None,
-    connect_timeout: float,
-) -> Common:
-    """Check the options of :func:`lock_options` and gather them."""
-    return Common(
-        dsn=resolve_dsn(dsn),
-        target=resolve_target(name, key1, key2),
-        backend=backend,
-        connect_timeout_s=positive("--connect-timeout", connect_timeout),
-    )
-
-
 # ---------------------------------------------------------------------- decorators
+
+
+def seconds_option(*names: str, default: float | None, text: str) -> Callable[[F], F]:
+    """A ``--NAME SECONDS`` option (a float; its default shown in ``--help`` if it has one).
+
+    Args:
+        *names: the option's names (and its parameter name), as for ``click.option``.
+        default: the default, or None (the option is off when omitted).
+        text: the help text.
+    """
+    return click.option(
+        *names,
+        type=float,
+        default=default,
+        show_default=default is not None,
+        metavar="SECONDS",
+        help=text,
+    )
 
 
 def _apply(f: F, options: list[Callable[[F], F]]) -> F:
@@ -155,9 +158,31 @@ def target_options(f: F) -> F:
 
 
 def lock_options(f: F) -> F:
-    """:func:`target_options`, then ``--backend`` and ``--connect-timeout``."""
-    f = _apply(
-        f,
+    """[`target_options`][pgleaderlock.cli.options.target_options], then `--backend` and
+    `--connect-timeout`. The command gets them checked, as one argument
+    `common: Common`."""
+
+    @functools.wraps(f)
+    def command(
+        *,
+        dsn: str | None,
+        name: str | None,
+        key1: int | None,
+        key2: int | None,
+        backend: str | None,
+        connect_timeout: float,
+        **options: Any,
+    ) -> Any:
+        common = Common(
+            dsn=resolve_dsn(dsn),
+            target=resolve_target(name, key1, key2),
+            backend=backend,
+            connect_timeout_s=positive("--connect-timeout", connect_timeout),
+        )
+        return f(common=common, **options)
+
+    decorated = _apply(
+        cast(F, command),
         [
             click.option(
                 "--backend",
@@ -165,42 +190,52 @@ def lock_options(f: F) -> F:
                 help="Driver backend (psycopg, asyncpg, sqlalchemy); default from the DSN "
                 "scheme, else psycopg.",
             ),
-            click.option(
+            seconds_option(
                 "--connect-timeout",
-                type=float,
                 default=5.0,
-                show_default=True,
-                metavar="SECONDS",
-                help="Timeout for opening a database session.",
+                text="Timeout for opening a database session.",
             ),
         ],
     )
-    return target_options(f)
+    return target_options(decorated)
 
 
 def wait_option(f: F) -> F:
-    """``--wait SECONDS`` (``acquire``, ``exec``); check it with :func:`check_wait`."""
-    return click.option(
+    """``--wait SECONDS`` (``acquire``, ``exec``); check it with `check_wait`."""
+    return seconds_option(
         "--wait",
         "wait_s",
-        type=float,
         default=0.0,
-        show_default=True,
-        metavar="SECONDS",
-        help="Wait up to SECONDS for the lock if it is held elsewhere (inf: forever). "
+        text="Wait up to SECONDS for the lock if it is held elsewhere (inf: forever). "
         "0 makes a single attempt.",
     )(f)
 
 
-def log_options(f: F) -> F:
-    """``-v``, ``-q``, ``--log-json``."""
-    return _apply(
-        f,
-        [
-            click.option("-v", "--verbose", count=True, help="More log output (repeat for debug)."),
-            click.option("-q", "--quiet", count=True, help="Less log output."),
-            click.option(
-                "--log-json", is_flag=True, help="Log one JSON object per line (to stderr)."
-            ),
-        ],
-    )
+def log_options(cli: str, library: str) -> Callable[[F], F]:
+    """`-v`, `-q`, `--log-json`: logging is set up from them before the command runs.
+
+    Args:
+        cli: the command's own log threshold without `-v`/`-q`.
+        library: the library's log threshold without `-v`/`-q`.
+    """
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*, verbose: int, quiet: int, log_json: bool, **options: Any) -> Any:
+            setup_logging(cli, library, verbose, quiet, log_json)
+            return f(**options)
+
+        return _apply(
+            cast(F, command),
+            [
+                click.option(
+                    "-v", "--verbose", count=True, help="More log output (repeat for debug)."
+                ),
+                click.option("-q", "--quiet", count=True, help="Less log output."),
+                click.option(
+                    "--log-json", is_flag=True, help="Log one JSON object per line (to stderr)."
+                ),
+            ],
+        )
+
+    return decorate

@@ -1,8 +1,8 @@
 """Text and JSON output of ``pgleaderlock status``, from the reports it builds.
 
-:func:`render_one` lays out one lock (holder, then waiting sessions) as labelled lines;
-:func:`render_all` lays out every advisory lock as an aligned table; :func:`json_default`
-lets ``json.dumps`` write the reports' timestamps.
+`render_one` lays out one lock (holder, then waiting sessions) as labelled lines;
+`render_all` lays out every advisory lock as an aligned table; `json_default` lets
+``json.dumps`` write the reports' timestamps.
 """
 
 from __future__ import annotations

@@ -3,16 +3,15 @@
 There are two, on purpose, because the commands want different things:
 
 - ``run`` takes part in an election for as long as it runs: it retries forever, with
-  the library's :class:`~pgleaderlock.ExponentialBackoff` (``--retry-base``,
+  the library's [`ExponentialBackoff`][pgleaderlock.ExponentialBackoff] (``--retry-base``,
   ``--retry-max``), through connection trouble as well;
-- ``acquire`` and ``exec`` make one bounded try: :class:`Deadline` retries only until
-  ``--wait`` has passed (``--wait 0``: a single attempt), in steps of at most
-  :data:`WAIT_CHUNK_S`; their lock waits on the server (``follower_mode="wait"``), so
-  each step is spent queued there and the lock is taken the instant its holder lets go.
+- ``acquire`` and ``exec`` make one bounded try: `Deadline` retries only until ``--wait``
+  has passed (``--wait 0``: a single attempt), in steps of at most `WAIT_CHUNK_S`; their
+  lock waits on the server (``follower_mode="wait"``), so each step is spent queued there
+  and the lock is taken the instant its holder lets go.
 
-Both are wrapped in :class:`FailFast` (see :func:`~pgleaderlock.cli.runtime.build_lock`):
-a server that was never reached is a configuration problem to report at once, not
-something to retry.
+Both are wrapped in `FailFast` (see `build_lock`): a server that was never reached is a
+configuration problem to report at once, not something to retry.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ class FailFast:
 
 
 class Deadline:
-    """Retry until ``wait_s`` after :meth:`start`, in waits of at most :data:`WAIT_CHUNK_S`.
+    """Retry until ``wait_s`` after `start`, in waits of at most `WAIT_CHUNK_S`.
 
     ``wait_s=0`` gives up after the first failed attempt: a single try.
     """
@@ -58,7 +57,7 @@ class Deadline:
         self._deadline = time.monotonic() + self._wait_s
 
     def next_delay_s(self, ctx: RetryContext) -> float | None:
-        """The time left, capped at :data:`WAIT_CHUNK_S`; None once the time is up."""
+        """The time left, capped at `WAIT_CHUNK_S`; None once the time is up."""
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             return None

@@ -17,8 +17,8 @@ from ..core.errors import ConfigurationError, SessionNotDedicatedError
 from ..core.lock import LeaderLock
 from ..core.retry import ExponentialBackoff
 from .exits import EXIT_NOT_ACQUIRED, EXIT_OK, CliError
-from .logs import log, setup_logging
-from .options import Common, lock_options, log_options, resolve_common
+from .logs import log
+from .options import Common, lock_options, log_options, seconds_option
 from .runtime import Signals, build_lock, first, not_acquired_error, preflight
 from .tracker import Tracker
 
@@ -38,36 +38,25 @@ Start it in two terminals: one becomes leader, the other waits. Stop the leader
 
 @click.command("run", epilog=_RUN_EPILOG)
 @lock_options
-@click.option(
+@seconds_option(
     "--health-interval",
-    type=float,
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Seconds between health probes while leader.",
+    text="Seconds between health probes while leader.",
 )
-@click.option(
+@seconds_option(
     "--retry-base",
-    type=float,
     default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Base delay of the exponential backoff between attempts.",
+    text="Base delay of the exponential backoff between attempts.",
 )
-@click.option(
+@seconds_option(
     "--retry-max",
-    type=float,
     default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Maximum delay of the exponential backoff.",
+    text="Maximum delay of the exponential backoff.",
 )
-@click.option(
+@seconds_option(
     "--reconnect-grace",
-    type=float,
     default=None,
-    metavar="SECONDS",
-    help="Flap damping: how long to silently reconnect and re-acquire after the "
+    text="Flap damping: how long to silently reconnect and re-acquire after the "
     "session fails before reporting the loss. Off when omitted.",
 )
 @click.option(
@@ -83,17 +72,9 @@ Start it in two terminals: one becomes leader, the other waits. Stop the leader
     help="wait: a follower waits on the server and takes over the instant the leader's "
     "session ends. poll: it retries pg_try_advisory_lock after each delay.",
 )
-@log_options
+@log_options(cli="INFO", library="INFO")
 def run(
-    dsn: str | None,
-    name: str | None,
-    key1: int | None,
-    key2: int | None,
-    backend: str | None,
-    connect_timeout: float,
-    verbose: int,
-    quiet: int,
-    log_json: bool,
+    common: Common,
     health_interval: float,
     retry_base: float,
     retry_max: float,
@@ -108,8 +89,6 @@ def run(
     0. Exits 2 if the server cannot be reached at start; later connection trouble is
     retried with the backoff.
     """
-    setup_logging("INFO", "INFO", verbose, quiet, log_json)
-    common = resolve_common(dsn, name, key1, key2, backend, connect_timeout)
     try:
         strategy = ExponentialBackoff(base_s=retry_base, max_s=retry_max)
     except ConfigurationError as exc:

@@ -1,20 +1,19 @@
 """What the commands that hold the lock (``run``, ``acquire``, ``exec``) share.
 
-- :func:`build_lock`: the :class:`~pgleaderlock.LeaderLock` for the options, with a
-  :class:`~pgleaderlock.cli.tracker.Tracker` registered and the retry policy wrapped in
-  :class:`~pgleaderlock.cli.retry.FailFast`;
-- :func:`preflight`: one session opened and closed first, so that an unreachable server
-  is a clear one-line error rather than a lock that retries;
-- :class:`Signals` (SIGTERM and SIGINT, queued) and :func:`first` (race awaitables);
-- :func:`lead`: wait until the lock leads, or say why not (held elsewhere, a signal,
-  an error).
+- `build_lock`: the [`LeaderLock`][pgleaderlock.LeaderLock] for the options, with a
+  `Tracker` registered and the retry policy wrapped in `FailFast`;
+- `preflight`: one session opened and closed first, so that an unreachable server is a clear
+  one-line error rather than a lock that retries;
+- `Signals` (SIGTERM and SIGINT, queued) and `first` (race awaitables);
+- `lead`: wait until the lock leads, or say why not (held elsewhere, a signal, an error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from ..core.errors import PgLeaderLockError
@@ -24,21 +23,29 @@ from ..core.retry import RetryStrategy
 from .exits import CliError, first_line, signal_exit
 from .logs import log
 from .options import Common
-from .retry import FailFast
+from .retry import Deadline, FailFast
 from .tracker import Tracker
 
-__all__ = ["Signals", "build_lock", "first", "lead", "not_acquired_error", "preflight"]
+__all__ = [
+    "Signals",
+    "build_lock",
+    "contend",
+    "first",
+    "lead",
+    "not_acquired_error",
+    "preflight",
+]
 
 
 def build_lock(
     common: Common, retry_strategy: RetryStrategy, **options: Any
 ) -> tuple[LeaderLock, Tracker]:
-    """The lock for ``common``, retrying with ``retry_strategy`` (behind :class:`FailFast`).
+    """The lock for ``common``, retrying with ``retry_strategy`` (behind `FailFast`).
 
     Args:
         common: the lock, database and connection options.
-        retry_strategy: the command's retry policy (see :mod:`pgleaderlock.cli.retry`).
-        **options: other :class:`~pgleaderlock.LeaderLock` arguments.
+        retry_strategy: the command's retry policy (see `pgleaderlock.cli.retry`).
+        **options: other [`LeaderLock`][pgleaderlock.LeaderLock] arguments.
 
     Returns:
         The lock, and the tracker registered on it.
@@ -191,3 +198,31 @@ async def lead(
         )
         return held_exit_code
     raise not_acquired_error(common, lock)
+
+
+@contextlib.asynccontextmanager
+async def contend(
+    common: Common,
+    lock: LeaderLock,
+    deadline: Deadline,
+    *,
+    held_exit_code: int,
+    event: str,
+    on_signal: str,
+) -> AsyncIterator[tuple[Signals, int | None]]:
+    """The one try of ``acquire`` and ``exec``: check the server, start ``deadline`` and
+    the lock, and wait until it leads (see `lead`, which takes the keyword arguments).
+
+    Yields:
+        The signal handlers, and None once the lock leads, else the exit code that says
+            why not. Leaving shuts the lock down (which releases it).
+    """
+    await preflight(common, lock)
+    with Signals() as signals:
+        deadline.start()
+        async with lock:
+            refused = await lead(
+                common, lock, signals, held_exit_code=held_exit_code,
+                event=event, on_signal=on_signal,
+            )  # fmt: skip
+            yield signals, refused

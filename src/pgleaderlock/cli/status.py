@@ -3,7 +3,7 @@
 One short psycopg (sync) connection reads ``pg_locks`` joined with
 ``pg_stat_activity``, under a statement timeout. The queries and the reports they build
 (plain dicts, also the ``--json`` output) are here; the text layout is in
-:mod:`pgleaderlock.cli.render`.
+`pgleaderlock.cli.render`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,15 @@ from ..core.errors import ConfigurationError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
 from .exits import EXIT_OK, CliError, first_line
-from .logs import setup_logging
-from .options import Target, log_options, positive, resolve_dsn, resolve_target, target_options
+from .options import (
+    Target,
+    log_options,
+    positive,
+    resolve_dsn,
+    resolve_target,
+    seconds_option,
+    target_options,
+)
 from .render import json_default, render_all, render_one
 
 __all__ = ["status"]
@@ -85,15 +92,12 @@ _SESSION_FIELDS = (
 @target_options
 @click.option("--all", "all_locks", is_flag=True, help="List every advisory lock in the database.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
-@click.option(
+@seconds_option(
     "--timeout",
-    type=float,
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Connect timeout and statement timeout.",
+    text="Connect timeout and statement timeout.",
 )
-@log_options
+@log_options(cli="WARNING", library="WARNING")
 def status(
     dsn: str | None,
     name: str | None,
@@ -102,9 +106,6 @@ def status(
     all_locks: bool,
     as_json: bool,
     timeout: float,
-    verbose: int,
-    quiet: int,
-    log_json: bool,
 ) -> int:
     """Show who holds the lock now and how many sessions wait for it.
 
@@ -114,7 +115,6 @@ def status(
     sessions waiting for the lock. --all lists every advisory lock held or awaited in
     the database, with two-key locks decoded back to signed key1/key2.
     """
-    setup_logging("WARNING", "WARNING", verbose, quiet, log_json)
     dsn = resolve_dsn(dsn)
     if all_locks:
         if name is not None or key1 is not None or key2 is not None:

@@ -1,6 +1,6 @@
 """Bounding the lifecycle task's database calls, and cutting them short on request.
 
-Every call the lifecycle task makes on its session goes through one :class:`CallGuard`:
+Every call the lifecycle task makes on its session goes through one `CallGuard`:
 
 - it is bounded by a timeout (a single timer handle: cheaper than ``asyncio.timeout``);
 - on expiry the session is *aborted* (its socket closed, synchronously) before the task
@@ -8,10 +8,9 @@ Every call the lifecycle task makes on its session goes through one :class:`Call
   it cannot reach (psycopg does exactly that when a running query is cancelled);
 - a stop request (or ``step_down()``'s timeout) may cut short the calls that allow it.
 
-The caller learns why a call ended from the exception: :class:`TimeoutError` for the
-timeout, :class:`Interrupted` for a request, anything else from the call itself. After
-a cut-short call the session must be closed: a lock call cut short may still have been
-granted on the server.
+The caller learns why a call ended from the exception: `TimeoutError` for the timeout,
+`Interrupted` for a request, anything else from the call itself. After a cut-short call the
+session must be closed: a lock call cut short may still have been granted on the server.
 """
 
 from __future__ import annotations

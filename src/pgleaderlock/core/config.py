@@ -29,7 +29,7 @@ _APPLICATION_NAME_MAX = 63  # NAMEDATALEN - 1
 
 
 def optional_positive(name: str, value: object) -> float | None:
-    """``None``, or ``value`` checked by :func:`positive`."""
+    """``None``, or ``value`` checked by `positive`."""
     return None if value is None else positive(name, value)
 
 

@@ -1,9 +1,9 @@
 """The exception hierarchy (spec §6.1). Every error the library raises derives from
-:class:`PgLeaderLockError`.
+[`PgLeaderLockError`][pgleaderlock.PgLeaderLockError].
 
 ``ConnectionError`` keeps the spec's name and also derives from the builtin
-:class:`ConnectionError`, so ``except ConnectionError`` catches it whichever of the two
-names is in scope.
+`ConnectionError`, so ``except ConnectionError`` catches it whichever of the two names is in
+scope.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Lifecycle hooks: one pluggy mechanism for plugins and decorator callbacks.
 
-Every :class:`~pgleaderlock.LeaderLock` has its own plugin manager, ``lock.plugins``.
+Every [`LeaderLock`][pgleaderlock.LeaderLock] has its own plugin manager, ``lock.plugins``.
 The decorator callbacks (``@lock.on_acquired`` ...) are registered there as tiny
 plugins, so callbacks and plugins are one mechanism with one contract (spec §4.4):
 
@@ -13,16 +13,18 @@ plugins, so callbacks and plugins are one mechanism with one contract (spec §4.
 Plugins for every lock of the process are found through the entry-point group
 ``pgleaderlock.plugins``; set ``PGLEADERLOCK_DISABLE_PLUGIN_AUTOLOAD=1`` or pass
 ``load_plugins=False`` to a lock to skip them. A plugin is any object (a module, an
-instance) with methods named like the hookspecs below and marked ``@hookimpl``::
+instance) with methods named like the hookspecs below and marked ``@hookimpl``:
 
-    from pgleaderlock import hookimpl
+```python
+from pgleaderlock import hookimpl
 
-    class Audit:
-        @hookimpl
-        def pgleaderlock_acquired(self, lock):
-            print("leader:", lock.name)
+class Audit:
+    @hookimpl
+    def pgleaderlock_acquired(self, lock):
+        print("leader:", lock.name)
 
-    lock.plugins.register(Audit())
+lock.plugins.register(Audit())
+```
 
 Implementations may accept any subset of a hook's arguments.
 """

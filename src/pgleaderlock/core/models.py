@@ -43,15 +43,20 @@ class Event(enum.Enum):
     """
 
     STATE_CHANGE = "state_change"
-    """The state changed (every change, RECONNECTING included)."""
+    """The state changed (every change, RECONNECTING included); `old` and `new` are
+    [`LockState`][pgleaderlock.LockState]s."""
     ACQUIRED = "acquired"
-    """Leadership acquired: this session holds the lock."""
+    """Leadership acquired: this session holds the lock. Not reported after a silent
+    recovery during flap damping (`reconnect_grace_s`)."""
     LOST = "lost"
     """Leadership that was held is lost involuntarily: stop leader-only work now."""
     RELEASED = "released"
-    """Leadership given up voluntarily (``step_down()`` or ``shutdown()``)."""
+    """Leadership given up voluntarily
+    ([`step_down()`][pgleaderlock.LeaderLock.step_down] or
+    [`shutdown()`][pgleaderlock.LeaderLock.shutdown])."""
     ACQUIRE_FAILED = "acquire_failed"
-    """An attempt found the lock held elsewhere (in wait mode: a wait ended without it)."""
+    """An attempt found the lock held elsewhere (in wait mode: a wait ended without it);
+    `attempt` is its 1-based number in the current cycle."""
     ERROR = "error"
     """A database error, or an exception raised by a callback or a plugin."""
     STOPPED = "stopped"

@@ -1,18 +1,20 @@
 """The backend registry: driver adapters found through the entry-point group
 ``pgleaderlock.backends``.
 
-A backend is a :class:`~pgleaderlock.core.session.Backend` object. This module imports
-no driver and no adapter: the built-in backends (``psycopg``, ``asyncpg``,
-``sqlalchemy``) are declared in pgleaderlock's own ``pyproject.toml`` and found through
-their entry points exactly like a third-party one, which registers the same way::
+A backend is a [`Backend`][pgleaderlock.Backend] object. This module imports no driver and
+no adapter: the built-in backends (``psycopg``, ``asyncpg``, ``sqlalchemy``) are declared in
+pgleaderlock's own ``pyproject.toml`` and found through their entry points exactly like a
+third-party one, which registers the same way:
 
-    [project.entry-points."pgleaderlock.backends"]
-    mydriver = "mypackage.pgleaderlock_backend:backend"
+```toml
+[project.entry-points."pgleaderlock.backends"]
+mydriver = "mypackage.pgleaderlock_backend:backend"
+```
 
 Backends are imported lazily, when first asked for, so a missing optional driver only
 matters to the lock that wants it.
 
-How ``LeaderLock(dsn, ..., backend=None)`` picks one (:func:`resolve`):
+How ``LeaderLock(dsn, ..., backend=None)`` picks one (`resolve`):
 
 1. ``backend="name"`` wins. A DSN string is passed to it unchanged, except that a
    ``+name`` in its scheme is removed (``postgresql+asyncpg://`` -> ``postgresql://``
@@ -126,7 +128,7 @@ def get(name: str) -> Backend:
         name: a registered backend name (``"psycopg"``, ``"asyncpg"``, ...).
 
     Returns:
-        The :class:`~pgleaderlock.Backend` its entry point names.
+        The [`Backend`][pgleaderlock.Backend] its entry point names.
 
     Raises:
         BackendUnavailableError: unknown name, or its driver is not installed (the

@@ -1,10 +1,11 @@
 """The contract between the core and a database backend.
 
-A :class:`LockSession` is one dedicated database session that the lifecycle task owns
-alone. Backends implement it with thin I/O adapters: no retries, no timers, no policy.
-The core bounds every call with a timeout and closes a session after any call that was
-interrupted (a ``pg_try_advisory_lock`` cut off by a timeout may still have been granted
-on the server: only closing the session makes sure the lock is not left behind).
+A [`LockSession`][pgleaderlock.LockSession] is one dedicated database session that the
+lifecycle task owns alone. Backends implement it with thin I/O adapters: no retries, no
+timers, no policy. The core bounds every call with a timeout and closes a session after any
+call that was interrupted (a ``pg_try_advisory_lock`` cut off by a timeout may still have
+been granted on the server: only closing the session makes sure the lock is not left
+behind).
 
 This module is the home of these types; backend authors import them from
 ``pgleaderlock.backends``, their public interface, together with the shared base.
@@ -33,8 +34,8 @@ __all__ = [
 class LockSession(Protocol):
     """One dedicated session holding (or trying to hold) one advisory lock.
 
-    Every method may raise :class:`~pgleaderlock.ConnectionError` (the session is dead
-    or unusable) or :class:`~pgleaderlock.LockError`. Implementations translate their
+    Every method may raise [`ConnectionError`][pgleaderlock.ConnectionError] (the session is dead
+    or unusable) or [`LockError`][pgleaderlock.LockError]. Implementations translate their
     driver's exceptions into those, with the driver's exception as ``__cause__``.
     """
 
@@ -172,7 +173,8 @@ class SetupSession(Protocol):
 
 
 SessionFactory = Callable[[], Awaitable[object]]
-"""``connect_fn``: returns a :class:`LockSession` or a raw driver connection to wrap."""
+"""``connect_fn``: returns a [`LockSession`][pgleaderlock.LockSession] or a raw driver
+connection to wrap."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +202,8 @@ class Backend:
         connect: opens a new dedicated session for a DSN.
         wrap: adapts a raw driver connection returned by ``connect_fn``, or returns
             ``None`` if the object is not one of this driver's connections.
-        check_dsn: raises :class:`~pgleaderlock.ConfigurationError` for a DSN the driver
-            cannot parse (called once, before any I/O).
+        check_dsn: raises [`ConfigurationError`][pgleaderlock.ConfigurationError] for a DSN
+            the driver cannot parse (called once, before any I/O).
         claims: for backends that connect with something other than a DSN string
             (a SQLAlchemy ``AsyncEngine``): True if this object is theirs.
         connect_budget: ``(dsn, connect_timeout_s) -> seconds``: the longest ``connect``

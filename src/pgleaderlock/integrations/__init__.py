@@ -1,15 +1,15 @@
 """Framework integrations, each behind its own extra.
 
-- :mod:`pgleaderlock.integrations.fastapi` (extra ``fastapi``): a lifespan that runs a
-  :class:`~pgleaderlock.LeaderLock` with the app, leader-only background tasks, a
-  leadership status route.
-- :mod:`pgleaderlock.integrations.apscheduler` (extra ``apscheduler``, APScheduler 3.x):
-  singleton jobs across replicas, per job (``leader_only``) or per scheduler
-  (``bind_scheduler``).
+- [`pgleaderlock.integrations.fastapi`][pgleaderlock.integrations.fastapi] (extra
+  ``fastapi``): a lifespan that runs a [`LeaderLock`][pgleaderlock.LeaderLock] with the app,
+  leader-only background tasks, a leadership status route.
+- [`pgleaderlock.integrations.apscheduler`][pgleaderlock.integrations.apscheduler] (extra
+  ``apscheduler``, APScheduler 3.x): singleton jobs across replicas, per job
+  (``leader_only``) or per scheduler (``bind_scheduler``).
 
-What they are built on needs no extra and is imported from :mod:`pgleaderlock`:
-:class:`~pgleaderlock.LeaderTasks` (coroutines that run only while a lock is LEADER, for
-any asyncio program) and :class:`~pgleaderlock.ThreadedLeaderLock` (a lock in its own
+What they are built on needs no extra and is imported from `pgleaderlock`:
+[`LeaderTasks`][pgleaderlock.LeaderTasks] (coroutines that run only while a lock is LEADER, for
+any asyncio program) and [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock] (a lock in its own
 thread, for code without an event loop).
 
 The rule every integration follows: leader-only work runs only while the lock's state is

@@ -3,27 +3,31 @@
 Install with ``pip install 'pgleaderlock[apscheduler]'``. Every replica runs the same
 scheduler configuration; each job runs on the leader only. Two shapes:
 
-- :func:`leader_only` wraps one job: on a follower the run is skipped with a log line.
-  For a coroutine job, a run in progress is cancelled when leadership is lost.
-- :func:`bind_scheduler` binds a whole scheduler: it is paused on followers and resumed
-  on the leader, so jobs are not even submitted on followers, and within a leadership
-  term ``misfire_grace_time``, ``coalesce`` and ``max_instances`` behave as APScheduler
-  documents. On resume, run times that fell due while this replica was a follower are
-  not replayed: they belonged to the leader of that time.
+- [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only] wraps one job: on a
+  follower the run is skipped with a log line. For a coroutine job, a run in progress is
+  cancelled when leadership is lost.
+- [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler] binds a whole
+  scheduler: it is paused on followers and resumed on the leader, so jobs are not even
+  submitted on followers, and within a leadership term ``misfire_grace_time``, ``coalesce``
+  and ``max_instances`` behave as APScheduler documents. On resume, run times that fell due
+  while this replica was a follower are not replayed: they belonged to the leader of that
+  time.
 
-With ``AsyncIOScheduler`` use a :class:`~pgleaderlock.LeaderLock` on the same event loop.
-With ``BackgroundScheduler`` (threads, no event loop) wrap the lock in
-:class:`~pgleaderlock.ThreadedLeaderLock`, which runs it on an event loop in a dedicated
-thread.
+With ``AsyncIOScheduler`` use a [`LeaderLock`][pgleaderlock.LeaderLock] on the same event
+loop. With ``BackgroundScheduler`` (threads, no event loop) wrap the lock in
+[`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock], which runs it on an event loop in a
+dedicated thread.
 
-Example::
+Example:
 
-    lock = LeaderLock.from_name("reports", dsn=DSN)
-    scheduler = AsyncIOScheduler()
-    scheduler.add_job(send_report, "cron", minute="*/5")
-    bind_scheduler(scheduler, lock)
-    scheduler.start()
-    await lock.start()
+```python
+lock = LeaderLock.from_name("reports", dsn=DSN)
+scheduler = AsyncIOScheduler()
+scheduler.add_job(send_report, "cron", minute="*/5")
+bind_scheduler(scheduler, lock)
+scheduler.start()
+await lock.start()
+```
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ class _Run:
 
 
 class _LeaderOnly:
-    """The decorator returned by :func:`leader_only`."""
+    """The decorator returned by
+    [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]."""
 
     def __init__(self, lock: LeaderLock) -> None:
         self._lock = lock
@@ -206,19 +211,21 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
     finishes: keep sync jobs short, or check ``lock.is_leader`` between steps.
 
     Args:
-        lock: a :class:`~pgleaderlock.LeaderLock` (same event loop as the scheduler) or
-            a :class:`ThreadedLeaderLock`.
+        lock: a [`LeaderLock`][pgleaderlock.LeaderLock] (same event loop as the scheduler) or
+            a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock].
 
     Returns:
         A decorator; the wrapped function returns the job's result, or ``None`` when
         the run was skipped or cancelled.
 
-    Example::
+    Example:
 
-        @leader_only(lock)
-        async def send_report() -> None: ...
+    ```python
+    @leader_only(lock)
+    async def send_report() -> None: ...
 
-        scheduler.add_job(send_report, "interval", minutes=5)
+    scheduler.add_job(send_report, "interval", minutes=5)
+    ```
     """
     return _LeaderOnly(_lock_of(lock))
 
@@ -229,7 +236,9 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
 class SchedulerBinding:
     """Keeps a scheduler paused while the lock is not LEADER, running while it is.
 
-    Made by :func:`bind_scheduler`; see there. :meth:`sync` is safe from any thread.
+    Made by [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler]; see
+    there. [`sync`][pgleaderlock.integrations.apscheduler.SchedulerBinding.sync] is safe
+    from any thread.
     """
 
     def __init__(self, scheduler: Any, lock: Leadership, *, catch_up_s: float = 0.0) -> None:
@@ -320,9 +329,10 @@ def bind_scheduler(
     is not LEADER is paused before it processes any job (and a lock that is never
     started keeps it paused). The binding owns ``pause()``/``resume()`` from then on.
 
-    When the lock leaves LEADER the scheduler is paused at once: no new run starts. A
-    run already in progress is not interrupted (APScheduler cannot cancel one); decorate
-    coroutine jobs with :func:`leader_only` too if they must stop at once.
+    When the lock leaves LEADER the scheduler is paused at once: no new run starts. A run
+    already in progress is not interrupted (APScheduler cannot cancel one); decorate
+    coroutine jobs with [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]
+    too if they must stop at once.
 
     When the lock becomes LEADER, every job whose next run time has already passed is
     first moved to its first fire time at or after now (minus ``catch_up_s``): those
@@ -334,14 +344,16 @@ def bind_scheduler(
 
     Args:
         scheduler: an APScheduler 3.x scheduler (``AsyncIOScheduler`` with a lock on the
-            same loop, ``BackgroundScheduler`` with a :class:`ThreadedLeaderLock`, ...).
-        lock: the lock, or a :class:`ThreadedLeaderLock`.
+            same loop, ``BackgroundScheduler`` with a
+            [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock], ...).
+        lock: the lock, or a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock].
         catch_up_s: run times up to this many seconds before the hand-over are left to
             APScheduler's misfire handling instead of being skipped. That closes the gap
             of a slow failover, at the price that such a run may execute on both the old
             and the new leader. Default 0: each run time runs at most once.
 
     Returns:
-        The binding (keep it to :meth:`~SchedulerBinding.close` it).
+        The binding (keep it to
+        [`close`][pgleaderlock.integrations.apscheduler.SchedulerBinding.close] it).
     """
     return SchedulerBinding(scheduler, lock, catch_up_s=catch_up_s)

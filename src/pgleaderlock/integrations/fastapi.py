@@ -1,21 +1,23 @@
 """FastAPI integration: the lock's lifespan, leader-only background tasks, a status route.
 
-Install with ``pip install 'pgleaderlock[fastapi]'``. One line to adopt::
+Install with ``pip install 'pgleaderlock[fastapi]'``. One line to adopt:
 
-    leader = LeaderLifespan(LeaderLock.from_name("my-app", dsn=DSN))
+```python
+leader = LeaderLifespan(LeaderLock.from_name("my-app", dsn=DSN))
 
-    @leader.task
-    async def refresh_cache() -> None:  # runs on exactly one replica at a time
-        while True:
-            await do_refresh()
-            await asyncio.sleep(30)
+@leader.task
+async def refresh_cache() -> None:  # runs on exactly one replica at a time
+    while True:
+        await do_refresh()
+        await asyncio.sleep(30)
 
-    app = FastAPI(lifespan=leader)           # or lifespan=leader.wrap(your_lifespan)
-    app.include_router(leader.router())      # GET /leader: this replica's leadership
+app = FastAPI(lifespan=leader)           # or lifespan=leader.wrap(your_lifespan)
+app.include_router(leader.router())      # GET /leader: this replica's leadership
+```
 
-Failover behaviour (see :class:`~pgleaderlock.LeaderTasks`): a leader task
-is cancelled, and awaited, the moment the lock leaves LEADER, including RECONNECTING
-under flap damping; it starts again from the beginning when the lock is LEADER again.
+Failover behaviour (see [`LeaderTasks`][pgleaderlock.LeaderTasks]): a leader task is
+cancelled, and awaited, the moment the lock leaves LEADER, including RECONNECTING under flap
+damping; it starts again from the beginning when the lock is LEADER again.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ TF = TypeVar("TF", bound=TaskFunction)
 
 
 class LeaderStatus(BaseModel):
-    """This replica's view of the leadership, as served by :meth:`LeaderLifespan.router`.
+    """This replica's view of the leadership, as served by
+    [`LeaderLifespan.router`][pgleaderlock.integrations.fastapi.LeaderLifespan.router].
 
     Attributes:
         name: the lock's name (``None`` for a lock made from raw keys).
@@ -73,13 +76,13 @@ class LeaderStatus(BaseModel):
 
 
 class LeaderLifespan:
-    """Runs a :class:`~pgleaderlock.LeaderLock` for the lifetime of a FastAPI app.
+    """Runs a [`LeaderLock`][pgleaderlock.LeaderLock] for the lifetime of a FastAPI app.
 
     The instance is a FastAPI ``lifespan``: ``FastAPI(lifespan=leader)``. On startup it
     starts the lock (without waiting for leadership: the app serves requests as a
     follower too); on shutdown it shuts the lock down (which stops every leader task
     before the lock is released), then awaits any task still ending. To combine it with
-    the app's own lifespan use :meth:`wrap`.
+    the app's own lifespan use [`wrap`][pgleaderlock.integrations.fastapi.LeaderLifespan.wrap].
 
     Args:
         lock: the lock; the lifespan owns it (starts and shuts it down).
@@ -211,7 +214,8 @@ class LeaderLifespan:
         tags: Sequence[str] = ("leadership",),
         include_in_schema: bool = True,
     ) -> APIRouter:
-        """A router with ``GET path`` returning :class:`LeaderStatus` as JSON.
+        """A router with ``GET path`` returning
+        [`LeaderStatus`][pgleaderlock.integrations.fastapi.LeaderStatus] as JSON.
 
         Args:
             path: the route's path.

@@ -1,14 +1,15 @@
 """Plugins bundled with pgleaderlock.
 
 A plugin is an object whose methods implement the hookspecs of
-:class:`pgleaderlock.core.hooks.LockHookSpec`, marked with :func:`pgleaderlock.hookimpl`,
-and registered on a lock with ``lock.plugins.register(plugin)`` (or for every lock of
-the process through the ``pgleaderlock.plugins`` entry-point group).
+`pgleaderlock.core.hooks.LockHookSpec`, marked with
+[`pgleaderlock.hookimpl`][pgleaderlock.hookimpl], and registered on a lock with
+``lock.plugins.register(plugin)`` (or for every lock of the process through the
+``pgleaderlock.plugins`` entry-point group).
 
 Bundled plugins, each in its own module so that importing this package imports no
 optional dependency:
 
-- :mod:`pgleaderlock.plugins.metrics`: Prometheus counters and gauges
+- [`pgleaderlock.plugins.metrics`][pgleaderlock.plugins.metrics]: Prometheus counters and gauges
   (``pip install 'pgleaderlock[metrics]'``).
 """
 

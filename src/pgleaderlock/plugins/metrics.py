@@ -1,36 +1,40 @@
 """Prometheus metrics for leader election: a plugin built on the lock's hooks.
 
 Install the extra, then register the plugin on each lock (one instance may serve any
-number of locks)::
+number of locks):
 
-    pip install 'pgleaderlock[metrics]'
+```bash
+pip install 'pgleaderlock[metrics]'
+```
 
-    from prometheus_client import start_http_server
-    from pgleaderlock.plugins.metrics import MetricsPlugin
+```python
+from prometheus_client import start_http_server
+from pgleaderlock.plugins.metrics import MetricsPlugin
 
-    metrics = MetricsPlugin()              # the default prometheus_client registry
-    lock.plugins.register(metrics)
-    start_http_server(9100)
+metrics = MetricsPlugin()              # the default prometheus_client registry
+lock.plugins.register(metrics)
+start_http_server(9100)
+```
 
-Every series carries the label ``lock``: ``LeaderLock.label``, that is the lock's name
-(``LeaderLock.from_name``), or ``"key1,key2"`` for a lock made from keys. The metrics,
+Every series carries the label ``lock``:
+[`LeaderLock.label`][pgleaderlock.LeaderLock.label], that is the lock's name
+([`LeaderLock.from_name`][pgleaderlock.LeaderLock.from_name]), or ``"key1,key2"`` for a lock
+made from keys. The metrics,
 with the default namespace ``pgleaderlock``:
 
-=========================================== ======= ==========================================
-``pgleaderlock_is_leader``                  gauge   1 while this process holds the lock
-``pgleaderlock_state{state=...}``           gauge   1 for the current state, 0 for the others
-``pgleaderlock_leader_duration_seconds``    gauge   length of the current leadership, 0 if none
-``pgleaderlock_leader_seconds_total``       counter total time spent as leader (live)
-``pgleaderlock_transitions_total``          counter state changes, by ``from_state`` and
-                                                    ``to_state``
-``pgleaderlock_acquired_total``             counter leadership acquired
-``pgleaderlock_lost_total``                 counter leadership lost involuntarily
-``pgleaderlock_released_total``             counter leadership given up (step_down/shutdown)
-``pgleaderlock_acquire_attempts_total``     counter acquisition attempts (entries into
-                                                    ACQUIRING)
-``pgleaderlock_acquire_failures_total``     counter attempts that found the lock held elsewhere
-``pgleaderlock_errors_total{error=...}``    counter errors reported to ``on_error``, by type
-=========================================== ======= ==========================================
+| Metric | Type | Meaning |
+|---|---|---|
+| ``pgleaderlock_is_leader`` | gauge | 1 while this process holds the lock |
+| ``pgleaderlock_state{state=...}`` | gauge | 1 for the current state, 0 for the others |
+| ``pgleaderlock_leader_duration_seconds`` | gauge | length of the current leadership, 0 if none |
+| ``pgleaderlock_leader_seconds_total`` | counter | total time spent as leader (live) |
+| ``pgleaderlock_transitions_total`` | counter | state changes, by ``from_state``, ``to_state`` |
+| ``pgleaderlock_acquired_total`` | counter | leadership acquired |
+| ``pgleaderlock_lost_total`` | counter | leadership lost involuntarily |
+| ``pgleaderlock_released_total`` | counter | leadership given up (step_down/shutdown) |
+| ``pgleaderlock_acquire_attempts_total`` | counter | attempts (entries into ACQUIRING) |
+| ``pgleaderlock_acquire_failures_total`` | counter | attempts that found the lock held elsewhere |
+| ``pgleaderlock_errors_total{error=...}`` | counter | errors reported to ``on_error``, by type |
 
 The values are computed when the registry is scraped, so the time metrics are current
 at every scrape. Importing this module needs ``prometheus_client``; the rest of
@@ -294,11 +298,14 @@ _default_plugin: MetricsPlugin | None = None
 
 
 def __getattr__(name: str) -> MetricsPlugin:
-    """``plugin``: a shared :class:`MetricsPlugin` on the default registry, created on
-    first use, for the ``pgleaderlock.plugins`` entry-point group::
+    """``plugin``: a shared [`MetricsPlugin`][pgleaderlock.plugins.metrics.MetricsPlugin] on
+    the default registry, created on first use, for the ``pgleaderlock.plugins`` entry-point
+    group:
 
-        [project.entry-points."pgleaderlock.plugins"]
-        metrics = "pgleaderlock.plugins.metrics:plugin"
+    ```toml
+    [project.entry-points."pgleaderlock.plugins"]
+    metrics = "pgleaderlock.plugins.metrics:plugin"
+    ```
     """
     global _default_plugin
     if name == "plugin":

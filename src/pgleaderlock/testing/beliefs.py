@@ -1,15 +1,16 @@
 """The leadership-belief checker: did two candidates ever believe they led at once?
 
-:class:`BeliefLog` records, for every candidate, the intervals during which it
-*believed* it was leader (from entering LEADER / ``on_acquired`` to leaving LEADER /
-``on_lost`` / ``on_released`` / ``on_stopped`` / its death) and checks that no two
-intervals overlap. Feed it from in-process locks (:meth:`BeliefLog.attach`) or from
-candidate processes (:class:`~pgleaderlock.testing.candidate.CandidateProcess` does it).
+[`BeliefLog`][pgleaderlock.testing.beliefs.BeliefLog] records, for every candidate, the
+intervals during which it *believed* it was leader (from entering LEADER / ``on_acquired``
+to leaving LEADER / ``on_lost`` / ``on_released`` / ``on_stopped`` / its death) and checks
+that no two intervals overlap. Feed it from in-process locks
+([`BeliefLog.attach`][pgleaderlock.testing.beliefs.BeliefLog.attach]) or from candidate
+processes ([`CandidateProcess`][pgleaderlock.testing.candidate.CandidateProcess] does it).
 
-Overlaps that follow an external ``pg_terminate_backend`` of the old leader (recorded
-with :meth:`BeliefLog.fault`) are reported separately as *terminate overlaps* with their
-size: the server frees the lock before the old leader can know, so those can be made
-short but not zero (see ``docs/guarantees.md``).
+Overlaps that follow an external ``pg_terminate_backend`` of the old leader (recorded with
+[`BeliefLog.fault`][pgleaderlock.testing.beliefs.BeliefLog.fault]) are reported separately
+as *terminate overlaps* with their size: the server frees the lock before the old leader
+can know, so those can be made short but not zero (see ``docs/guarantees.md``).
 
 All timestamps are ``time.monotonic()`` seconds (one clock for every process of a Linux
 host, network namespaces included).
@@ -111,7 +112,7 @@ class Gap:
 
 @dataclass(frozen=True)
 class BeliefReport:
-    """What :meth:`BeliefLog.report` found."""
+    """What [`BeliefLog.report`][pgleaderlock.testing.beliefs.BeliefLog.report] found."""
 
     intervals: tuple[BeliefInterval, ...]
     faults: tuple[Fault, ...]
@@ -165,10 +166,13 @@ class BeliefReport:
 class BeliefLog:
     """Records when each candidate believes it is leader, and checks for overlaps.
 
-    Feed it from in-process locks with :meth:`attach`, from candidate processes with
-    :meth:`feed` (done by :class:`~pgleaderlock.testing.candidate.CandidateProcess`), or
-    by hand with :meth:`begin` and :meth:`end` (e.g. ``end(name, "killed", t)`` for a
-    SIGKILLed process, ``end(name, "stop")`` after a ``shutdown()`` that cancelled the
+    Feed it from in-process locks with
+    [`attach`][pgleaderlock.testing.beliefs.BeliefLog.attach], from candidate processes with
+    [`feed`][pgleaderlock.testing.beliefs.BeliefLog.feed] (done by
+    [`CandidateProcess`][pgleaderlock.testing.candidate.CandidateProcess]), or by hand with
+    [`begin`][pgleaderlock.testing.beliefs.BeliefLog.begin] and
+    [`end`][pgleaderlock.testing.beliefs.BeliefLog.end] (e.g. ``end(name, "killed", t)`` for
+    a SIGKILLed process, ``end(name, "stop")`` after a ``shutdown()`` that cancelled the
     task, which emits no event).
 
     A belief begins at the earliest of ``on_state_change(..., LEADER)`` and

@@ -1,10 +1,13 @@
-"""A :class:`~pgleaderlock.LeaderLock` in a child process that prints its events as JSON lines.
+"""A [`LeaderLock`][pgleaderlock.LeaderLock] in a child process that prints its events as
+JSON lines.
 
 **The child**, ``python -m pgleaderlock.testing.candidate --lock-name NAME`` (or
 ``--key1 K1 --key2 K2``), runs one lock against the DSN in ``$PGLEADERLOCK_CANDIDATE_DSN``
-(or ``--dsn``) and prints one JSON object per line on stdout::
+(or ``--dsn``) and prints one JSON object per line on stdout:
 
-    {"t": 81234.567891, "event": "acquired", "backend_pid": 4242}
+```json
+{"t": 81234.567891, "event": "acquired", "backend_pid": 4242}
+```
 
 ``t`` is ``time.monotonic()``: one clock for every process of a Linux host, network
 namespaces included. The events are ``ready`` (the lock has started; ``pid``), ``state``
@@ -13,11 +16,14 @@ namespaces included. The events are ``ready`` (the lock has started; ``pid``), `
 (``error``) and, last, ``exit`` (``state``). stdin takes ``step_down`` and ``shutdown``
 lines; EOF (the parent is gone), SIGTERM and SIGINT shut the lock down too.
 
-**The parent**: :class:`CandidateProcess` starts and observes one child from asyncio and
-can feed a :class:`~pgleaderlock.testing.beliefs.BeliefLog`. Other parents (threads,
-other languages) build the command with :func:`candidate_command` and read the lines
-with :func:`parse_event`; :func:`write_event` prints a line in the same format, for
-programs of your own that should be observed the same way.
+**The parent**: [`CandidateProcess`][pgleaderlock.testing.candidate.CandidateProcess] starts
+and observes one child from asyncio and can feed a
+[`BeliefLog`][pgleaderlock.testing.beliefs.BeliefLog]. Other parents (threads, other
+languages) build the command with
+[`candidate_command`][pgleaderlock.testing.candidate.candidate_command] and read the lines
+with [`parse_event`][pgleaderlock.testing.candidate.parse_event];
+[`write_event`][pgleaderlock.testing.candidate.write_event] prints a line in the same
+format, for programs of your own that should be observed the same way.
 """
 
 from __future__ import annotations
@@ -66,10 +72,12 @@ MODULE: Final = "pgleaderlock.testing.candidate"
 
 @dataclass(frozen=True)
 class CandidateOptions:
-    """The :class:`~pgleaderlock.LeaderLock` settings of a candidate process.
+    """The [`LeaderLock`][pgleaderlock.LeaderLock] settings of a candidate process.
 
     The defaults are short timings for tests. ``None`` leaves a setting at the library's
-    default; :meth:`library_defaults` gives options with every timing there.
+    default;
+    [`library_defaults`][pgleaderlock.testing.candidate.CandidateOptions.library_defaults]
+    gives options with every timing there.
 
     Attributes:
         retry_s: the retry strategy is ``FixedInterval(retry_s)``; ``None``: the
@@ -166,7 +174,8 @@ def write_event(event: str, backend_pid: int | None = None, **data: object) -> N
 
 
 def parse_event(line: str | bytes) -> CandidateEvent | None:
-    """The event in one line printed by :func:`write_event`, or None for any other line."""
+    """The event in one line printed by
+    [`write_event`][pgleaderlock.testing.candidate.write_event], or None for any other line."""
     try:
         raw = json.loads(line)
         return CandidateEvent(
@@ -184,7 +193,8 @@ def candidate_command(
     options: CandidateOptions | None = None,
     prefix: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of a candidate process; put the DSN in its environment as :data:`DSN_ENV`.
+    """The argv of a candidate process; put the DSN in its environment as
+    [`DSN_ENV`][pgleaderlock.testing.candidate.DSN_ENV].
 
     Args:
         lock_name: the lock is ``LeaderLock.from_name(lock_name)``...
@@ -215,11 +225,11 @@ def candidate_command(
 
 
 class CandidateProcess:
-    """A :class:`~pgleaderlock.LeaderLock` in a child process, observed through its events.
+    """A [`LeaderLock`][pgleaderlock.LeaderLock] in a child process, observed through its events.
 
     Args:
         name: the candidate's name in the
-            :class:`~pgleaderlock.testing.beliefs.BeliefLog` (and in the child's argv).
+            [`BeliefLog`][pgleaderlock.testing.beliefs.BeliefLog] (and in the child's argv).
         dsn: the DSN the child connects to (passed in its environment, not its argv).
         key1: lock key.
         key2: lock key.
@@ -283,7 +293,8 @@ class CandidateProcess:
         return False
 
     def argv(self) -> list[str]:
-        """The child's command line (see :func:`candidate_command`)."""
+        """The child's command line (see
+        [`candidate_command`][pgleaderlock.testing.candidate.candidate_command])."""
         return candidate_command(
             keys=self.keys, name=self.name, options=self.options, prefix=self.prefix
         )

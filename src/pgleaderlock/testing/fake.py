@@ -3,10 +3,12 @@
 ``FakeServer`` models session-level advisory locks (exclusive, re-entrant per session,
 freed when the session ends) and lets a test script failures: refuse connections,
 terminate a session, make a call hang, grant a lock and then hang (the reply "lost on
-the wire"). ``FakeServer.connect`` is a ready-made ``connect_fn``::
+the wire"). ``FakeServer.connect`` is a ready-made ``connect_fn``:
 
-    server = FakeServer()
-    lock = LeaderLock(None, 1, 2, connect_fn=server.connect)
+```python
+server = FakeServer()
+lock = LeaderLock(None, 1, 2, connect_fn=server.connect)
+```
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class FakeServer:
         return session
 
     def hang(self, *methods: str, grant_first: bool = False) -> None:
-        """Make calls of ``methods`` block until :meth:`release_hangs`.
+        """Make calls of ``methods`` block until
+        [`release_hangs`][pgleaderlock.testing.FakeServer.release_hangs].
 
         With ``grant_first``, ``try_lock`` takes the lock on the server before hanging:
         the client never learns that it was granted.
@@ -120,7 +123,8 @@ class FakeServer:
 
 
 class FakeSession:
-    """A :class:`~pgleaderlock.LockSession` on a :class:`FakeServer`."""
+    """A [`LockSession`][pgleaderlock.LockSession] on a
+    [`FakeServer`][pgleaderlock.testing.FakeServer]."""
 
     def __init__(self, server: FakeServer, pid: int) -> None:
         self._server = server

@@ -3,19 +3,23 @@
 Everything here is synchronous and subprocess based, so it works in any test runner and
 in the demo; it needs no database driver.
 
-Typical use::
+Typical use:
 
-    with ThrowawayPostgres() as pg:
-        run_something(pg.dsn)
-        pg.kill()          # SIGKILL the postmaster (the Popen pid *is* the postmaster)
-        pg.start_again()   # same port, same data directory
+```python
+with ThrowawayPostgres() as pg:
+    run_something(pg.dsn)
+    pg.kill()          # SIGKILL the postmaster (the Popen pid *is* the postmaster)
+    pg.start_again()   # same port, same data directory
+```
 
 A streaming standby of a running server (its data directory cloned with
-``pg_basebackup -R`` instead of made by ``initdb``)::
+``pg_basebackup -R`` instead of made by ``initdb``):
 
-    with ThrowawayPostgres() as primary:
-        with ThrowawayPostgres(base_backup_from=primary.dsn) as standby:
-            ...    # standby.dsn answers read-only queries; pg_is_in_recovery() is true
+```python
+with ThrowawayPostgres() as primary:
+    with ThrowawayPostgres(base_backup_from=primary.dsn) as standby:
+        ...    # standby.dsn answers read-only queries; pg_is_in_recovery() is true
+```
 
 When the current user is root, ``initdb`` and ``postgres`` refuse to run, so the cluster
 directory is handed to the ``postgres`` user (or ``nobody``) and every server binary is
@@ -211,34 +215,40 @@ class ThrowawayPostgres:
     """A private, disposable PostgreSQL cluster in a temp dir under /tmp.
 
     The postmaster is started directly (``postgres -D data``, not via ``pg_ctl``), so
-    :attr:`pid` is the postmaster and :meth:`kill` is a real SIGKILL of the server.
+    [`pid`][pgleaderlock.testing.ThrowawayPostgres.pid] is the postmaster and
+    [`kill`][pgleaderlock.testing.ThrowawayPostgres.kill] is a real SIGKILL of the server.
     Everything the cluster needs is written into ``postgresql.conf``, so
-    :meth:`start_again` comes back on the same port and socket directory.
+    [`start_again`][pgleaderlock.testing.ThrowawayPostgres.start_again] comes back on the
+    same port and socket directory.
 
     Args:
-        bin_dir: Directory with ``initdb`` and ``postgres``; default :func:`find_pg_bin`.
-        port: TCP port; default a free port picked at :meth:`start`.
+        bin_dir: Directory with ``initdb`` and ``postgres``; default
+            [`find_pg_bin`][pgleaderlock.testing.find_pg_bin].
+        port: TCP port; default a free port picked at
+            [`start`][pgleaderlock.testing.ThrowawayPostgres.start].
         listen_addresses: Value for ``listen_addresses``; ``""`` means unix socket only
-            (then :attr:`dsn` equals :attr:`socket_dsn`).
+            (then [`dsn`][pgleaderlock.testing.ThrowawayPostgres.dsn] equals
+            [`socket_dsn`][pgleaderlock.testing.ThrowawayPostgres.socket_dsn]).
         max_connections: Value for ``max_connections``.
         settings: Extra ``postgresql.conf`` settings (they win over the defaults here,
             except ``port``, ``listen_addresses`` and ``unix_socket_directories``).
         hba_extra: Lines appended to ``pg_hba.conf``.
-        base_backup_from: Connection string (URL or ``key=value``) of a running server.
-            When given, :meth:`start` makes the data directory with ``pg_basebackup -R``
-            from that server (run as the cluster's user, like ``initdb`` would be) instead
-            of ``initdb``, so the cluster starts as its streaming standby: it answers
-            read-only queries and ``pg_is_in_recovery()`` is true. The source must accept
-            a replication connection from this host (an ``initdb``-made ``pg_hba.conf``
-            does, with trust, from 127.0.0.1 and the unix socket) and have a free WAL
-            sender (``max_wal_senders``). ``postgresql.conf`` and ``pg_hba.conf`` are the
-            source's, minus the block a source :class:`ThrowawayPostgres` appended to
+        base_backup_from: Connection string (URL or ``key=value``) of a running server. When
+            given, [`start`][pgleaderlock.testing.ThrowawayPostgres.start] makes the data
+            directory with ``pg_basebackup -R`` from that server (run as the cluster's user,
+            like ``initdb`` would be) instead of ``initdb``, so the cluster starts as its
+            streaming standby: it answers read-only queries and ``pg_is_in_recovery()`` is
+            true. The source must accept a replication connection from this host (an
+            ``initdb``-made ``pg_hba.conf`` does, with trust, from 127.0.0.1 and the unix
+            socket) and have a free WAL sender (``max_wal_senders``). ``postgresql.conf``
+            and ``pg_hba.conf`` are the source's, minus the block a source
+            [`ThrowawayPostgres`][pgleaderlock.testing.ThrowawayPostgres] appended to
             ``postgresql.conf``; this instance's own settings then apply as usual.
             ``max_connections`` (and ``max_worker_processes``, ``max_wal_senders``,
             ``max_prepared_transactions``, ``max_locks_per_transaction``) must be at least
-            the source's, and ``hot_standby`` must stay on (the default) or :meth:`start`
-            never sees the server accept connections. Needs ``pg_basebackup`` next to the
-            other binaries.
+            the source's, and ``hot_standby`` must stay on (the default) or
+            [`start`][pgleaderlock.testing.ThrowawayPostgres.start] never sees the server
+            accept connections. Needs ``pg_basebackup`` next to the other binaries.
 
     Raises:
         ValueError: ``settings`` tries to set a parameter managed by this class.
@@ -394,8 +404,10 @@ class ThrowawayPostgres:
 
         Retries for a few seconds while the port or the old shared memory is still busy.
         Orphaned backends of a postmaster that died on its own (or was signalled by the
-        caller) are killed first; after signalling :attr:`pid` yourself, wait until
-        :attr:`is_running` is False before calling this.
+        caller) are killed first; after signalling
+        [`pid`][pgleaderlock.testing.ThrowawayPostgres.pid] yourself, wait until
+        [`is_running`][pgleaderlock.testing.ThrowawayPostgres.is_running] is False before
+        calling this.
 
         Raises:
             RuntimeError: Not started yet, still running, or the server failed to start.
@@ -413,7 +425,7 @@ class ThrowawayPostgres:
         """Stop the server with ``mode`` and start it again on the same port.
 
         Args:
-            mode: Shutdown mode passed to :meth:`stop`.
+            mode: Shutdown mode passed to [`stop`][pgleaderlock.testing.ThrowawayPostgres.stop].
         """
         self.stop(mode)
         self.start_again()
@@ -450,8 +462,9 @@ class ThrowawayPostgres:
     def kill(self) -> None:
         """SIGKILL the postmaster, wait for it, then kill any orphaned backends.
 
-        Backends left over from a killed postmaster would keep the old shared memory in
-        use and block :meth:`start_again`, so they are killed and waited for too.
+        Backends left over from a killed postmaster would keep the old shared memory in use
+        and block [`start_again`][pgleaderlock.testing.ThrowawayPostgres.start_again], so
+        they are killed and waited for too.
         """
         proc = self._proc
         if proc is None:
