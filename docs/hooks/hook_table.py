@@ -3,13 +3,11 @@
 `pgleaderlock.Event` is the one list of events: each member names a pluggy hook, its
 arguments and the `on_*` decorator. A page asks for the table with the marker
 ``<!-- hook-table -->`` on a line of its own; each row shows the hook, its arguments,
-the decorator with the arguments its callbacks get, and the member's docstring (read
-from the source, as enum members keep no docstring at run time).
+the decorator with the arguments its callbacks get, and `Event.description`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 MARKER = "<!-- hook-table -->"
@@ -21,26 +19,21 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     """The Markdown table, one row per `Event` member, in the enum's order."""
-    # Imported here so that a page without the marker never needs them.
-    import griffe
-
+    # Imported here so that a page without the marker never needs the package.
     from pgleaderlock import Event
 
-    src = Path(__file__).resolve().parents[2] / "src"
-    enum = griffe.load("pgleaderlock.core.models", search_paths=[str(src)])["Event"]
     lines = [
         "| Hook | Arguments | Decorator callback | Called when |",
         "|---|---|---|---|",
     ]
     for event in Event:
-        docstring = enum.members[event.name].docstring
         args = ", ".join(("lock", *event.hook_args))
         called = f"`({', '.join(event.callback_args)})`" if event.callback_args else "no arguments"
         decorator = f"[`@lock.{event.decorator}`][pgleaderlock.LeaderLock.{event.decorator}]"
         callback = f"{decorator}, called with {called}"
         lines.append(
             f"| `{event.hook}` | `{args}` | {callback} "
-            f"| {_cell(docstring.value if docstring else '')} |"
+            f"| {_cell(event.description)} |"
         )
     return "\n".join(lines)
 

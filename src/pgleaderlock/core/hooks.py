@@ -97,7 +97,7 @@ def _hookspec(event: Event) -> Callable[..., None]:
     template = _TEMPLATES[event.hook_args]
     spec = types.FunctionType(template.__code__, template.__globals__, event.hook)
     spec.__qualname__ = f"LockHookSpec.{event.hook}"
-    spec.__doc__ = event.__doc__
+    spec.__doc__ = event.description
     spec.__annotations__ = dict(template.__annotations__)
     return hookspec(spec)
 

@@ -39,28 +39,22 @@ class Event(enum.Enum):
 
     This enum is the one list of events: each member names the decorator that registers a
     callback (``@lock.on_<value>``), the pluggy hook that plugins implement
-    (``pgleaderlock_<value>``), and the arguments both receive.
+    (``pgleaderlock_<value>``), the arguments both receive, and says when it happens
+    (``description``; the docs' hook table is made from it).
     """
 
     STATE_CHANGE = "state_change"
-    """The state changed (every change, RECONNECTING included); `old` and `new` are
-    [`LockState`][pgleaderlock.LockState]s."""
     ACQUIRED = "acquired"
-    """Leadership acquired: this session holds the lock. Not reported after a silent
-    recovery during flap damping (`reconnect_grace_s`)."""
     LOST = "lost"
-    """Leadership that was held is lost involuntarily: stop leader-only work now."""
     RELEASED = "released"
-    """Leadership given up voluntarily
-    ([`step_down()`][pgleaderlock.LeaderLock.step_down] or
-    [`shutdown()`][pgleaderlock.LeaderLock.shutdown])."""
     ACQUIRE_FAILED = "acquire_failed"
-    """An attempt found the lock held elsewhere (in wait mode: a wait ended without it);
-    `attempt` is its 1-based number in the current cycle."""
     ERROR = "error"
-    """A database error, or an exception raised by a callback or a plugin."""
     STOPPED = "stopped"
-    """The lock reached STOPPED."""
+
+    @property
+    def description(self) -> str:
+        """When the event happens (the hook's and the decorator's documentation)."""
+        return _DESCRIPTIONS[self]
 
     @property
     def decorator(self) -> str:
@@ -83,6 +77,17 @@ class Event(enum.Enum):
         return _CALLBACK_ARGS.get(self, ())
 
 
+_DESCRIPTIONS = {
+    Event.STATE_CHANGE: "The state changed (every change, RECONNECTING included).",
+    Event.ACQUIRED: "Leadership acquired: this session holds the lock.",
+    Event.LOST: "Leadership that was held is lost involuntarily: stop leader-only work now.",
+    Event.RELEASED: "Leadership given up voluntarily (`step_down()` or `shutdown()`).",
+    Event.ACQUIRE_FAILED: (
+        "An attempt found the lock held elsewhere (in wait mode: a wait ended without it)."
+    ),
+    Event.ERROR: "A database error, or an exception raised by a callback or a plugin.",
+    Event.STOPPED: "The lock reached STOPPED.",
+}
 _HOOK_ARGS = {
     Event.STATE_CHANGE: ("old", "new"),
     Event.ERROR: ("error",),
