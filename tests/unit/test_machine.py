@@ -664,3 +664,99 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
     else:
         m.request(Request.STOP)
     assert m.state in LockState
+
+
+# ---------------------------------------------------------------------- fencing
+
+
+def fencing_driver(**kwargs: object) -> Driver:
+    from pgleaderlock.core.config import TermTable
+
+    d = Driver(**kwargs)
+    d.machine = Machine(
+        config(term_table=TermTable(), **kwargs),  # type: ignore[arg-type]
+        FixedInterval(1.0),
+    )
+    return d
+
+
+def test_fencing_bumps_the_term_before_announcing_leadership() -> None:
+    from pgleaderlock.core.machine import TermBumped
+
+    d = fencing_driver()
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    assert d.machine.state is S.ACQUIRING  # not LEADER before the term is known
+    assert d.emitted() == []
+    bump = d.blocking
+    assert isinstance(bump, Call)
+    assert bump.op is Op.BUMP_TERM
+    assert d.machine.term is None
+    d.feed(TermBumped(42))
+    assert d.machine.state is S.LEADER
+    assert d.emitted() == [Event.ACQUIRED]
+    assert d.machine.term == 42
+
+
+def test_acquire_delay_holds_on_acquired_back() -> None:
+    from pgleaderlock.core.machine import TermBumped
+
+    d = fencing_driver(acquire_delay_s=0.25)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    d.feed(TermBumped(7))
+    assert d.machine.state is S.ACQUIRING
+    assert d.blocking == Sleep(d.now + 0.25)
+    d.feed(Woke(), after=0.1)  # woken early (a request that is not a stop)
+    assert d.blocking == Sleep(d.now + 0.15)
+    d.feed(Woke(), after=0.15)
+    assert d.machine.state is S.LEADER
+    assert d.machine.term == 7
+
+
+def test_a_stop_during_the_acquire_delay_closes_the_session() -> None:
+    from pgleaderlock.core.machine import TermBumped
+
+    d = fencing_driver(acquire_delay_s=1.0)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    d.feed(TermBumped(7))
+    d.machine.request(Request.STOP)
+    d.feed(Woke())
+    assert d.machine.state is S.STOPPED
+    assert CloseSession() in d.effects
+    assert Event.ACQUIRED not in d.emitted()
+
+
+def test_a_failed_term_bump_gives_the_lock_back() -> None:
+    d = fencing_driver()
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    d.feed(Failed(ConnectionError("fencing term timed out")))
+    assert d.machine.state is S.FOLLOWER
+    assert CloseSession() in d.effects  # closing the session frees the lock
+    assert d.emitted() == [Event.ERROR]
+
+
+def test_a_silent_recovery_bumps_the_term_too() -> None:
+    from pgleaderlock.core.machine import TermBumped
+
+    d = fencing_driver(reconnect_grace_s=4.0)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    d.feed(TermBumped(1))
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))
+    assert d.machine.state is S.RECONNECTING
+    assert d.machine.term is None  # not leading: no valid term
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    assert d.blocking is not None and getattr(d.blocking, "op", None) is Op.BUMP_TERM
+    d.feed(TermBumped(2))
+    assert d.machine.state is S.LEADER
+    assert d.machine.term == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
@@ -21,6 +22,7 @@ import asyncpg
 import asyncpg.pool
 
 from ..core._logging import mask_dsn
+from ..core.config import TermTable
 from ..core.errors import (
     ConfigurationError,
     ConnectionError,
@@ -39,6 +41,7 @@ from .base import (
     Statement,
     by_sqlstate,
     check_target_session_attrs,
+    fence_statement,
     sqlstate,
     translate,
 )
@@ -152,6 +155,11 @@ class AsyncpgSession(BaseSession):
 
     def _closed(self) -> bool:
         return bool(self._conn.is_closed())
+
+    async def _execute_ddl(self, sql: str) -> None:
+        if self._watch is not None:
+            self.watch(None)
+        await self._conn.execute(sql)
 
     def _protocol_pid(self) -> int | None:
         pid = self._conn.get_server_pid()
@@ -328,10 +336,28 @@ def wrap(obj: object) -> LockSession | None:
     return AsyncpgSession(obj)
 
 
+def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable[int | None] | None:
+    """For ``fence()``: the lock's term, read in the caller's transaction on an asyncpg
+    ``Connection`` (a pool's too: the caller's own work may run anywhere)."""
+    if not isinstance(conn, asyncpg.Connection):
+        return None
+    return _read_term(conn, table, key1, key2)
+
+
+async def _read_term(conn: Any, table: TermTable, key1: int, key2: int) -> int | None:
+    if not conn.is_in_transaction():
+        raise ConfigurationError(
+            "fence() must run inside the transaction it protects (`async with conn.transaction():`)"
+        )
+    term = await conn.fetchval(fence_statement(table).sql("$1", "$2"), key1, key2)
+    return None if term is None else int(term)
+
+
 backend = Backend(
     name="asyncpg",
     connect=connect,
     wrap=wrap,
     check_dsn=check_dsn,
     connect_budget=connect_budget,
+    read_term=read_term,
 )

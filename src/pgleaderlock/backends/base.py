@@ -21,11 +21,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..core._logging import mask_dsn
+from ..core.config import TermTable
 from ..core.errors import (
     ConfigurationError,
     ConnectionError,
@@ -51,8 +53,12 @@ __all__ = [
     "ErrorClass",
     "Statement",
     "REFUSED_SQLSTATES",
+    "DUPLICATE_TABLE",
+    "bump_term_statement",
     "by_sqlstate",
     "check_target_session_attrs",
+    "create_terms_statement",
+    "fence_statement",
     "configure_statement",
     "refused_by_message",
     "check_pid",
@@ -139,6 +145,54 @@ Values: the two keys as oids."""
 IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery(), pg_backend_pid()")
 """Who serves this session: is the server a standby, and which backend runs it."""
 STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, IDENTIFY)
+
+
+# ---------------------------------------------------------------- fencing terms
+
+
+def create_terms_statement(table: TermTable) -> Statement:
+    """``CREATE TABLE IF NOT EXISTS`` for the fencing terms: one row per lock, keyed by
+    its keys, with the holder's ``application_name`` and the acquisition time."""
+    return Statement(
+        "create fencing table",
+        f"CREATE TABLE IF NOT EXISTS {table.sql} (key1 int4 NOT NULL, key2 int4 NOT NULL,"
+        " term int8 NOT NULL, holder text, acquired_at timestamptz NOT NULL,"
+        " PRIMARY KEY (key1, key2))",
+    )
+
+
+def bump_term_statement(table: TermTable) -> Statement:
+    """Increment a lock's term, durably, on the session that holds the lock (values: the
+    two keys and the session's pid). The new term is ``max(old + 1, timeline << 32 |
+    1)``: strictly increasing, and never equal across two primaries on different
+    timelines. The upsert needs the row's exclusive lock, so it waits for every fenced
+    transaction of the old term (they hold the row ``FOR SHARE``) to end."""
+    timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
+    return Statement(
+        "fencing term",
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),"
+        f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
+        f" SELECT ({{0}})::int4, ({{1}})::int4, {timeline} + 1,"
+        " current_setting('application_name'), now()"
+        " WHERE pg_backend_pid() = ({2})::int4"
+        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
+        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at RETURNING term)"
+        " SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable), pg_backend_pid()",
+    )
+
+
+def fence_statement(table: TermTable) -> Statement:
+    """The lock's current term, with a shared lock on its row until the caller's
+    transaction ends (values: the two keys)."""
+    return Statement(
+        "fence",
+        f"SELECT term FROM {table.sql} WHERE key1 = ({{0}})::int4 AND key2 = ({{1}})::int4"
+        " FOR SHARE",
+    )
+
+
+DUPLICATE_TABLE = frozenset({"42P07", "23505"})
+"""What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race."""
 
 
 def configure_statement(settings: Mapping[str, str], application_name: str) -> Statement:
@@ -332,6 +386,14 @@ def check_pid(expected: int | None, got: int) -> None:
 # ---------------------------------------------------------------- the session
 
 
+_KNOWN_TABLES: set[TermTable] = set()
+
+
+@functools.cache
+def _bump_statement(table: TermTable) -> Statement:
+    return bump_term_statement(table)
+
+
 class BaseSession(abc.ABC):
     """A [`LockSession`][pgleaderlock.LockSession] with every optional capability
     (``wait_lock``, ``watch``, ``abort``), written once over a few driver calls.
@@ -387,6 +449,10 @@ class BaseSession(abc.ABC):
     @abc.abstractmethod
     async def _reset(self) -> None:
         """Roll back an open transaction and switch to autocommit, if needed."""
+
+    @abc.abstractmethod
+    async def _execute_ddl(self, sql: str) -> None:
+        """Run one statement without a result (``CREATE TABLE``)."""
 
     @abc.abstractmethod
     def _abort(self) -> None:
@@ -458,6 +524,25 @@ class BaseSession(abc.ABC):
         statement = configure_statement(options.server_settings, options.application_name)
         direct_pid = -1 if info.behind_pooler else info.backend_pid
         await self._row(statement, (direct_pid,))
+
+    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
+        """Increment the lock's fencing term (``FencingSession``); the table is created
+        the first time a session of this process meets it."""
+        if table not in _KNOWN_TABLES:
+            create = create_terms_statement(table)
+            try:
+                await self._execute_ddl(create.template)
+            except Exception as exc:
+                cls = self._classify(exc)
+                if cls is None:
+                    raise
+                if sqlstate(exc) not in DUPLICATE_TABLE:
+                    raise translate(exc, create.what, cls) from exc
+            _KNOWN_TABLES.add(table)
+        term = await self._lock_call(_bump_statement(table), key1, key2)
+        if not isinstance(term, int):
+            raise ConnectionError(f"fencing term: unexpected result {term!r}")
+        return term
 
     async def try_lock(self, key1: int, key2: int) -> bool:
         """``pg_try_advisory_lock(key1, key2)``: True if granted now."""

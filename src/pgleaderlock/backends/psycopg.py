@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import psycopg
@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from ..core._logging import mask_dsn
+from ..core.config import TermTable
 from ..core.errors import (
     ConfigurationError,
     ConnectionError,
@@ -36,6 +37,7 @@ from .base import (
     ErrorClass,
     Statement,
     check_target_session_attrs,
+    fence_statement,
     refused_by_message,
     translate,
 )
@@ -131,6 +133,11 @@ class PsycopgSession(BaseSession):
 
     def _closed(self) -> bool:
         return self._conn.closed
+
+    async def _execute_ddl(self, sql: str) -> None:
+        if self._watch is not None:
+            self.watch(None)
+        await self._conn.execute(sql.encode())
 
     def _protocol_pid(self) -> int | None:
         return self._conn.info.backend_pid
@@ -240,10 +247,52 @@ def wrap(obj: object) -> LockSession | None:
     return PsycopgSession(obj)
 
 
+def _not_in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+_OUTSIDE = (
+    "fence() must run inside the transaction it protects; this connection is in "
+    "autocommit mode with no transaction open (use `async with conn.transaction():`)"
+)
+
+
+def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable[int | None] | None:
+    """For ``fence()``: the lock's term, read in the caller's transaction on a psycopg
+    ``AsyncConnection`` (``None`` for another kind of connection)."""
+    if not isinstance(conn, psycopg.AsyncConnection):
+        return None
+    return _read_term(conn, table, key1, key2)
+
+
+async def _read_term(
+    conn: psycopg.AsyncConnection[Any], table: TermTable, key1: int, key2: int
+) -> int | None:
+    if _not_in_transaction(conn):
+        raise ConfigurationError(_OUTSIDE)
+    cur = await conn.execute(fence_statement(table).sql("%s", "%s").encode(), (key1, key2))
+    row = await cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+def read_term_sync(
+    conn: object, table: TermTable, key1: int, key2: int
+) -> tuple[int | None] | None:
+    """``read_term`` for a synchronous psycopg ``Connection`` (the threaded lock)."""
+    if not isinstance(conn, psycopg.Connection):
+        return None
+    if _not_in_transaction(conn):
+        raise ConfigurationError(_OUTSIDE.replace("async with", "with"))
+    row = conn.execute(fence_statement(table).sql("%s", "%s").encode(), (key1, key2)).fetchone()
+    return (None if row is None else int(row[0]),)
+
+
 backend = Backend(
     name="psycopg",
     connect=connect,
     wrap=wrap,
     check_dsn=check_dsn,
     connect_budget=connect_budget,
+    read_term=read_term,
+    read_term_sync=read_term_sync,
 )

@@ -27,20 +27,21 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, make_url
+from sqlalchemy import Engine, make_url, text
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from ..core._logging import mask_dsn
+from ..core.config import TermTable
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
 from ..core.session import Backend, ConnectOptions, LockSession, SessionInfo
-from .base import translate
+from .base import fence_statement, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -120,6 +121,11 @@ class SQLAlchemySession:
         """Apply the lock's settings; free advisory locks left by the connection's
         earlier use in the engine's pool (``SetupSession``)."""
         await self._inner.configure(options)
+
+    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
+        """Increment the lock's fencing term (``FencingSession``)."""
+        term: int = await self._inner.bump_term(table, key1, key2)
+        return term
 
     async def try_lock(self, key1: int, key2: int) -> bool:
         return bool(await self._inner.try_lock(key1, key2))
@@ -274,4 +280,35 @@ def wrap(obj: object) -> LockSession | None:
     return SQLAlchemySession(driver_connection, origin=origin)
 
 
-backend = Backend(name="sqlalchemy", connect=connect, wrap=wrap, check_dsn=check_dsn, claims=claims)
+def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable[int | None] | None:
+    """For ``fence()``: the lock's term, read in the caller's transaction on a SQLAlchemy
+    ``AsyncConnection`` or ``AsyncSession`` (which begin one if none is open)."""
+    if not isinstance(conn, AsyncConnection | AsyncSession):
+        return None
+    return _read_term(conn, table, key1, key2)
+
+
+async def _read_term(
+    conn: AsyncConnection | AsyncSession, table: TermTable, key1: int, key2: int
+) -> int | None:
+    sync = conn.sync_connection if isinstance(conn, AsyncConnection) else None
+    options = sync.get_execution_options() if sync is not None else {}
+    if options.get("isolation_level") == "AUTOCOMMIT":
+        raise ConfigurationError(
+            "fence() must run inside the transaction it protects; this connection uses "
+            "isolation_level='AUTOCOMMIT'"
+        )
+    query = text(fence_statement(table).sql(":key1", ":key2"))
+    result = await conn.execute(query, {"key1": key1, "key2": key2})
+    term = result.scalar()
+    return None if term is None else int(term)
+
+
+backend = Backend(
+    name="sqlalchemy",
+    connect=connect,
+    wrap=wrap,
+    check_dsn=check_dsn,
+    claims=claims,
+    read_term=read_term,
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Literal
@@ -13,6 +14,7 @@ from .errors import ConfigurationError
 
 __all__ = [
     "IMMUNE_SETTINGS",
+    "TermTable",
     "FollowerMode",
     "LockConfig",
     "default_application_name",
@@ -92,6 +94,36 @@ def partition_settings(demotion_bound_s: float, tcp_user_timeout_s: float) -> di
     }
 
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+
+
+@dataclass(frozen=True)
+class TermTable:
+    """The table that holds fencing terms: one row per lock, keyed by its keys.
+
+    Attributes:
+        name: the table's name.
+        schema: its schema; ``None``: the first schema of the session's ``search_path``.
+    """
+
+    name: str = "pgleaderlock_terms"
+    schema: str | None = None
+
+    def __post_init__(self) -> None:
+        for what, value in (("fencing_table", self.name), ("fencing_schema", self.schema)):
+            if value is not None and not (isinstance(value, str) and _IDENTIFIER.match(value)):
+                raise ConfigurationError(
+                    f"{what} must be a plain SQL identifier (letters, digits, _; at most "
+                    f"63 bytes), got {value!r}"
+                )
+
+    @property
+    def sql(self) -> str:
+        """The quoted, qualified name, for statements."""
+        quoted = f'"{self.name}"'
+        return f'"{self.schema}".{quoted}' if self.schema else quoted
+
+
 @dataclass(frozen=True)
 class LockConfig:
     """A lock's validated timings and behaviour (see ``LeaderLock``'s arguments)."""
@@ -105,6 +137,10 @@ class LockConfig:
     auto_reacquire: bool
     follower_mode: FollowerMode
     retry_permanent_errors: bool = False
+    term_table: TermTable | None = None
+    """Where fencing terms live; ``None``: fencing is off."""
+    acquire_delay_s: float = 0.0
+    """With fencing: how long ``on_acquired`` waits after the term bump."""
     connect_budget_s: float | None = None
     """How long opening one session may take in all (several hosts, the pooler check);
     default ``connect_timeout_s``."""
@@ -126,6 +162,10 @@ def lock_config(
     auto_reacquire: object,
     follower_mode: object,
     retry_permanent_errors: object = False,
+    fencing: object = False,
+    fencing_table: object = "pgleaderlock_terms",
+    fencing_schema: object = None,
+    acquire_delay_s: object = 0.0,
 ) -> LockConfig:
     """Check a lock's settings before any I/O.
 
@@ -148,6 +188,7 @@ def lock_config(
     for name, flag in (
         ("auto_reacquire", auto_reacquire),
         ("retry_permanent_errors", retry_permanent_errors),
+        ("fencing", fencing),
     ):
         if not isinstance(flag, bool):
             raise ConfigurationError(f"{name} must be a bool, got {flag!r}")
@@ -163,4 +204,20 @@ def lock_config(
         auto_reacquire=bool(auto_reacquire),
         follower_mode="wait" if follower_mode == "wait" else "poll",
         retry_permanent_errors=bool(retry_permanent_errors),
+        term_table=_term_table(fencing_table, fencing_schema) if fencing else None,
+        acquire_delay_s=_acquire_delay(acquire_delay_s, bool(fencing)),
     )
+
+
+def _term_table(name: object, schema: object) -> TermTable:
+    return TermTable(name, schema)  # type: ignore[arg-type]  # validated there
+
+
+def _acquire_delay(value: object, fencing: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(f"acquire_delay_s must be a number, got {value!r}")
+    if value < 0:
+        raise ConfigurationError(f"acquire_delay_s must not be negative, got {value!r}")
+    if value and not fencing:
+        raise ConfigurationError("acquire_delay_s needs fencing=True (it follows the term bump)")
+    return float(value)

@@ -15,6 +15,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigurationError",
     "ConnectionError",
+    "FencedError",
     "LockError",
     "LockNotHeldError",
     "PgLeaderLockError",
@@ -87,6 +88,12 @@ class LockError(PgLeaderLockError):
     """Failed to acquire or release the advisory lock."""
 
 
+class FencedError(LockError):
+    """``fence()`` found that the lock's term has moved on (or that this process does not
+    lead): another leader has begun, so this transaction must not commit. Roll it back.
+    """
+
+
 class LockNotHeldError(LockError):
     """The health probe found that this session no longer holds the lock."""
 
@@ -108,6 +115,7 @@ for _cls in (
     StandbyError,
     PooledConnectionError,
     LockError,
+    FencedError,
     LockNotHeldError,
     ShutdownError,
     BackendUnavailableError,

@@ -22,6 +22,7 @@ import pluggy
 from ._logging import get_logger
 from .config import FollowerMode, default_application_name, lock_config, session_settings
 from .errors import ConfigurationError, ShutdownError
+from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
 from .keys import check_key, lock_keys
 from .machine import Machine, Request
@@ -46,7 +47,7 @@ log = get_logger()
 _EXIT_TIMEOUT_S = 10.0
 
 
-class LeaderLock:
+class LeaderLock(Fencing):
     """Leader election on one PostgreSQL session-level advisory lock.
 
     One `LeaderLock` owns one lifecycle task and one dedicated database session (never
@@ -112,6 +113,16 @@ class LeaderLock:
             failed, unknown role or database), e.g. while a password is rotated. By
             default the lock reports such an error and stops, and
             [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership] raises it.
+        fencing: keep a fencing term per lock in a table (created if missing): each
+            acquisition increments it on the lock's own session before the lock is
+            announced as LEADER, [`term`][pgleaderlock.LeaderLock.term] holds it while
+            LEADER, and [`fence`][pgleaderlock.LeaderLock.fence] lets a transaction on
+            any connection commit only under the current term. See the Fencing page.
+        fencing_table: the table of terms (default ``pgleaderlock_terms``).
+        fencing_schema: its schema (default: the first of the session's search_path).
+        acquire_delay_s: with fencing, how long ``on_acquired`` (and ``is_leader``)
+            waits after the term bump: a margin for side effects outside the database
+            after the old leader's session was terminated (default 0).
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -141,6 +152,10 @@ class LeaderLock:
         follower_mode: FollowerMode = "wait",
         load_plugins: bool = True,
         retry_permanent_errors: bool = False,
+        fencing: bool = False,
+        fencing_table: str = "pgleaderlock_terms",
+        fencing_schema: str | None = None,
+        acquire_delay_s: float = 0.0,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -155,6 +170,10 @@ class LeaderLock:
             auto_reacquire=auto_reacquire,
             follower_mode=follower_mode,
             retry_permanent_errors=retry_permanent_errors,
+            fencing=fencing,
+            fencing_table=fencing_table,
+            fencing_schema=fencing_schema,
+            acquire_delay_s=acquire_delay_s,
         )
         if retry_strategy is not None and not callable(
             getattr(retry_strategy, "next_delay_s", None)

@@ -134,6 +134,8 @@ class LockStatistics:
         leader_since: ``time.time()`` when the current leadership began, or ``None``
             when not LEADER.
         backend_pid: the server pid of the current session, if any.
+        term: with ``fencing=True``, the fencing term of the current leadership;
+            ``None`` when not LEADER or without fencing.
     """
 
     state: LockState
@@ -146,6 +148,7 @@ class LockStatistics:
     last_error: Exception | None
     leader_since: float | None
     backend_pid: int | None
+    term: int | None = None
 
 
 Callback = Callable[[], None] | Callable[[], Awaitable[None]]

@@ -33,10 +33,13 @@ import re
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
+from .config import TermTable
 from .errors import BackendUnavailableError, ConfigurationError
 from .session import Backend, LockSession
 
 __all__ = [
+    "read_term",
+    "read_term_sync",
     "DEFAULT",
     "GROUP",
     "available",
@@ -268,4 +271,39 @@ def wrap_connection(obj: object) -> LockSession:
     raise ConfigurationError(
         f"connect_fn returned {type(obj).__module__}.{type(obj).__qualname__}, which is "
         f"neither a LockSession nor a connection of an installed backend ({', '.join(available())})"
+    )
+
+
+async def read_term(conn: object, table: TermTable, key1: int, key2: int) -> int | None:
+    """Read a lock's fencing term on a connection of the caller's, inside the caller's
+    transaction, with a shared lock on its row (the first available backend that knows
+    the connection's type does it).
+
+    Raises:
+        ConfigurationError: no installed backend knows ``conn``, or it is not in a
+            transaction.
+    """
+    for name in available():
+        reader = _load(name).read_term
+        pending = None if reader is None else reader(conn, table, key1, key2)
+        if pending is not None:
+            return await pending
+    raise _unknown_connection(conn)
+
+
+def read_term_sync(conn: object, table: TermTable, key1: int, key2: int) -> int | None:
+    """[`read_term`][pgleaderlock.core.registry.read_term] for a synchronous connection."""
+    for name in available():
+        reader = _load(name).read_term_sync
+        found = None if reader is None else reader(conn, table, key1, key2)
+        if found is not None:
+            return found[0]
+    raise _unknown_connection(conn)
+
+
+def _unknown_connection(conn: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"fence() got a {type(conn).__module__}.{type(conn).__qualname__}; it takes a "
+        "psycopg AsyncConnection (or Connection with the threaded lock), an asyncpg "
+        "Connection, or a SQLAlchemy AsyncConnection or AsyncSession"
     )

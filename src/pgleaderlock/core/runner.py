@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from ._logging import get_logger
 from .calls import CallGuard, Interrupted, call_failure
+from .errors import ConfigurationError
 from .machine import (
     Aborted,
     Answered,
@@ -36,12 +37,13 @@ from .machine import (
     Result,
     Sleep,
     Started,
+    TermBumped,
     WatchSession,
     Woke,
 )
 from .machine import Interrupted as CutShort
 from .models import Event, LockState
-from .session import WaitingSession
+from .session import FencingSession, WaitingSession
 from .slot import SessionSlot, can
 
 __all__ = ["Runner"]
@@ -228,6 +230,14 @@ class Runner:
                     value = await guard(session.holds(k1, k2), *bound)
                 case Op.UNLOCK:
                     value = await guard(session.unlock(k1, k2), *bound)
+                case Op.BUMP_TERM:
+                    table = self._machine.config.term_table
+                    if table is None or not can(session, FencingSession):
+                        raise ConfigurationError(
+                            f"fencing needs sessions that can bump a term; {session!r} cannot"
+                        )
+                    bumping = cast(FencingSession, session).bump_term(table, k1, k2)
+                    return TermBumped(await guard(bumping, *bound))
             return Answered(bool(value))
         except Interrupted:
             return CutShort()

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .config import TermTable
 
 __all__ = [
     "Backend",
@@ -24,6 +27,7 @@ __all__ = [
     "AbortableSession",
     "SessionFactory",
     "SessionInfo",
+    "FencingSession",
     "SetupSession",
     "WaitingSession",
     "WatchableSession",
@@ -172,6 +176,20 @@ class SetupSession(Protocol):
         ...
 
 
+@runtime_checkable
+class FencingSession(Protocol):
+    """Optional capability, needed for ``fencing=True``: bump the lock's fencing term."""
+
+    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
+        """Increment the lock's term in ``table`` (created if missing) on this session,
+        which holds the lock, and return the new term. The statement commits durably
+        (``synchronous_commit=on``) and waits for every transaction that holds the term
+        row (``fence()``'s shared row lock) to end. The term's high 32 bits are the
+        server's timeline, so that two primaries after a split never hand out the same
+        term."""
+        ...
+
+
 SessionFactory = Callable[[], Awaitable[object]]
 """``connect_fn``: returns a [`LockSession`][pgleaderlock.LockSession] or a raw driver
 connection to wrap."""
@@ -206,6 +224,13 @@ class Backend:
             the driver cannot parse (called once, before any I/O).
         claims: for backends that connect with something other than a DSN string
             (a SQLAlchemy ``AsyncEngine``): True if this object is theirs.
+        read_term: ``(conn, table, key1, key2)``: for ``fence()``, read the lock's term on
+            a connection of the caller's, inside the caller's transaction, with a shared
+            lock on its row (``SELECT term ... FOR SHARE``): an awaitable of the term
+            (``None`` without a row), or ``None`` (not an awaitable) when ``conn`` is
+            not one of this driver's connections. Raises
+            [`ConfigurationError`][pgleaderlock.ConfigurationError] outside a transaction.
+        read_term_sync: the same for a synchronous connection (the threaded lock).
         connect_budget: ``(dsn, connect_timeout_s) -> seconds``: the longest ``connect``
             may take for this DSN when each host gets its own attempt of
             ``connect_timeout_s`` (or the DSN's own ``connect_timeout``). ``None``: one
@@ -218,3 +243,5 @@ class Backend:
     check_dsn: Callable[[Any], None]
     claims: Callable[[object], bool] | None = None
     connect_budget: Callable[[Any, float], float] | None = None
+    read_term: Callable[[object, TermTable, int, int], Awaitable[int | None] | None] | None = None
+    read_term_sync: Callable[[object, TermTable, int, int], tuple[int | None] | None] | None = None

@@ -60,6 +60,7 @@ from .effects import (
     Result,
     Sleep,
     Started,
+    TermBumped,
     WatchSession,
     Woke,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "Row",
     "Sleep",
     "Started",
+    "TermBumped",
     "Transition",
     "WatchSession",
     "Woke",

@@ -30,6 +30,7 @@ __all__ = [
     "Result",
     "Sleep",
     "Started",
+    "TermBumped",
     "WatchSession",
     "Woke",
 ]
@@ -86,6 +87,13 @@ class Woke:
 
 
 @dataclass(frozen=True)
+class TermBumped:
+    """The fencing term was incremented on the lock's session: this is the new term."""
+
+    term: int
+
+
+@dataclass(frozen=True)
 class Aborted:
     """The lifecycle task was cancelled or crashed.
 
@@ -98,7 +106,7 @@ class Aborted:
     stop_reported: bool
 
 
-Result = Started | Connected | Answered | Failed | Interrupted | Woke | Aborted
+Result = Started | Connected | Answered | TermBumped | Failed | Interrupted | Woke | Aborted
 """What the runner reports to [`Machine.handle`][pgleaderlock.core.machine.Machine.handle]."""
 
 
@@ -128,6 +136,8 @@ class Op(enum.Enum):
     """[`LockSession.holds`][pgleaderlock.LockSession.holds]: the health probe."""
     UNLOCK = "unlock"
     """[`LockSession.unlock`][pgleaderlock.LockSession.unlock]."""
+    BUMP_TERM = "fencing term"
+    """``FencingSession.bump_term``: its outcome is a ``TermBumped``."""
 
 
 @dataclass(frozen=True)

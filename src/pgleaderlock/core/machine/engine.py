@@ -37,6 +37,7 @@ from .effects import (
     Result,
     Sleep,
     Started,
+    TermBumped,
     WatchSession,
     Woke,
 )
@@ -100,6 +101,8 @@ class Machine:
         self._last_error: Exception | None = None
         self._give_up_reason: tuple[LogLevel, str] = ("info", "")
         self._fatal_error: Exception | None = None
+        self._term: int | None = None  # fencing: the term of the current leadership
+        self._announce_at: float | None = None  # fencing: on_acquired after acquire_delay_s
         # LEADER and RECONNECTING schedules.
         self._probe_at = 0.0
         self._grace_start = 0.0
@@ -124,6 +127,11 @@ class Machine:
         return self._stop
 
     @property
+    def term(self) -> int | None:
+        """The fencing term of the current leadership (``None`` when not LEADER)."""
+        return self._term if self._state is S.LEADER else None
+
+    @property
     def fatal_error(self) -> Exception | None:
         """The error that stopped the last run for good (retrying could not mend it)."""
         return self._fatal_error
@@ -146,6 +154,7 @@ class Machine:
             last_error=self._last_error,
             leader_since=leader_since if self._state is S.LEADER else None,
             backend_pid=backend_pid,
+            term=self.term,
         )
 
     @property
@@ -261,16 +270,30 @@ class Machine:
                 if value is None:
                     self._fire(I.DB_ERROR)
                 elif value:
-                    self._fire(I.ACQUIRE_SUCCEEDED)
+                    self._granted(I.ACQUIRE_SUCCEEDED)
                 else:
                     self._last_error = None
                     self._fire(I.ACQUIRE_FAILED)
             case Op.TRY_LOCK, S.RECONNECTING:
                 if value is None:
                     self._fire(I.RECONNECT_FAILED)
+                elif value:
+                    self._granted(I.REACQUIRE_SUCCEEDED)
                 else:
                     self._last_error = None  # held by another session: not an error
-                    self._fire(I.REACQUIRE_SUCCEEDED if value else I.REACQUIRE_FAILED)
+                    self._fire(I.REACQUIRE_FAILED)
+            case Op.BUMP_TERM, (S.ACQUIRING | S.RECONNECTING):
+                if not isinstance(result, TermBumped):
+                    self._fire(I.DB_ERROR if self._state is S.ACQUIRING else I.RECONNECT_FAILED)
+                    return
+                self._term = result.term
+                self._log("info", "term_bumped", term=result.term)
+                delay = self.config.acquire_delay_s
+                if self._state is S.ACQUIRING and delay > 0:
+                    self._announce_at = self._now + delay  # the next decision sleeps
+                else:
+                    self._fire(I.ACQUIRE_SUCCEEDED if self._state is S.ACQUIRING
+                               else I.REACQUIRE_SUCCEEDED)  # fmt: skip
             case Op.PROBE, S.LEADER:
                 if value is False:
                     self._last_error = LockNotHeldError(
@@ -289,6 +312,15 @@ class Machine:
                     self._fire(I.RELEASE_FAILED)
             case _:
                 raise IllegalTransitionError(f"{result!r} of {call.op.name} in {self._state.name}")
+
+    def _granted(self, input_: Input) -> None:
+        """The lock was granted: with fencing, bump the term before announcing it (the
+        table's input comes once the term is known, and ``acquire_delay_s`` later)."""
+        if self.config.term_table is None:
+            self._fire(input_)
+            return
+        self._block(Call(Op.BUMP_TERM, self.config.command_timeout_s,
+                         interruptible=Request.STOP, what="fencing term"))  # fmt: skip
 
     # ------------------------------------------------------------------ decisions
 
@@ -324,6 +356,12 @@ class Machine:
                         self._block(Sleep(self._probe_at))
                 case S.RECONNECTING:
                     self._decide_reconnecting()
+                case S.ACQUIRING if self._announce_at is not None:
+                    if now < self._announce_at:
+                        self._block(Sleep(self._announce_at))  # acquire_delay_s
+                    else:
+                        self._announce_at = None
+                        self._fire(I.ACQUIRE_SUCCEEDED)
                 case S.ACQUIRING | S.RELEASING:  # pragma: no cover - their rows block
                     raise IllegalTransitionError(f"{state.name} without a call in flight")
 
@@ -375,6 +413,8 @@ class Machine:
             self._out.append(Emit(Event.STATE_CHANGE, old=source, new=transition.target))
         if source is S.RELEASING:
             self._step_down = False
+        if source is S.ACQUIRING:
+            self._announce_at = None
         for action in transition.actions:
             self._act(action, transition)
         if self._state is S.STOPPED:
@@ -530,6 +570,7 @@ class Machine:
         self._has_session = self._can_wait = False
         self._attempt, self._cycle_start, self._last_error = 0, None, None
         self._fatal_error = None
+        self._term = self._announce_at = None
         self._wait_budget_s = 0.0
 
     def _log(self, level: LogLevel, message: str, /, exc: BaseException | None = None,

@@ -1,0 +1,110 @@
+"""Fencing tokens for a lock's leadership: the term, and ``fence()`` for transactions.
+
+With ``LeaderLock(..., fencing=True)`` every acquisition increments the lock's term in a
+table, on the lock's own session, before the lock is announced as LEADER. A transaction
+on any connection calls [`fence`][pgleaderlock.LeaderLock.fence] first: it takes a
+shared lock on the term row until the transaction ends and checks that the term is
+still the one this process leads under. The next leader's increment needs that row, so
+it waits for every fenced transaction of the old term to end: a transaction that passed
+``fence()`` under term *t* and commits is ordered before every transaction that passes
+``fence()`` under term *t + 1*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from .config import LockConfig, TermTable
+from .errors import ConfigurationError, FencedError
+from .machine import Machine
+from .models import LockState
+from .registry import read_term, read_term_sync
+
+__all__ = ["Fencing", "check_term"]
+
+
+def check_term(term: int, current: int | None, label: str) -> None:
+    """Raise [`FencedError`][pgleaderlock.FencedError] unless the table still holds
+    ``term`` (``current``) for the lock called ``label``."""
+    if current != term:
+        raise FencedError(
+            f"{label}: the fencing term moved on from {term} to {current}: another leader "
+            "began, so this transaction must not commit (roll it back)"
+        )
+
+
+class _Lock(Protocol):
+    """What the fencing methods use of a [`LeaderLock`][pgleaderlock.LeaderLock]."""
+
+    _config: LockConfig
+    _machine: Machine
+    _key1: int
+    _key2: int
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def state(self) -> LockState: ...
+    @property
+    def term(self) -> int | None: ...
+    def _fencing(self) -> tuple[TermTable, int]: ...
+    async def fence(self, conn: object) -> int: ...
+
+
+class Fencing:
+    """The fencing part of [`LeaderLock`][pgleaderlock.LeaderLock]'s API."""
+
+    @property
+    def term(self: _Lock) -> int | None:
+        """With ``fencing=True``: the fencing token of the current leadership, strictly
+        increasing per lock across all processes (also after a server restart or a
+        failover); ``None`` when not LEADER or without fencing."""
+        return self._machine.term
+
+    async def fence(self: _Lock, conn: object) -> int:
+        """Fence the caller's transaction on ``conn``: call it inside the transaction,
+        before its writes; the transaction may commit only if this returns.
+
+        It takes a shared lock on the lock's term row until the transaction ends, so the
+        next leader's term bump waits for this transaction, and a transaction fenced
+        here can never commit after a later term began.
+
+        Args:
+            conn: a psycopg ``AsyncConnection``, an asyncpg ``Connection``, or a
+                SQLAlchemy ``AsyncConnection`` or ``AsyncSession``, in a transaction.
+
+        Returns:
+            The term the transaction runs under.
+
+        Raises:
+            FencedError: this lock is not LEADER, or its term has moved on: roll back.
+            ConfigurationError: the lock has no fencing, or ``conn`` is not in a
+                transaction, or of a kind no installed backend knows.
+        """
+        table, term = self._fencing()
+        check_term(term, await read_term(conn, table, self._key1, self._key2), self.label)
+        return term
+
+    @contextlib.asynccontextmanager
+    async def fenced(self: _Lock, conn: object) -> AsyncIterator[int]:
+        """``async with lock.fenced(conn) as term:``: [`fence`][pgleaderlock.LeaderLock.fence]
+        on entry; the caller's transaction then commits or rolls back as usual."""
+        yield await self.fence(conn)
+
+    def fence_sync(self: _Lock, conn: object) -> int:
+        """[`fence`][pgleaderlock.LeaderLock.fence] for a synchronous connection (psycopg
+        ``Connection``), from any thread: what the threaded lock uses."""
+        table, term = self._fencing()
+        check_term(term, read_term_sync(conn, table, self._key1, self._key2), self.label)
+        return term
+
+    def _fencing(self: _Lock) -> tuple[TermTable, int]:
+        table = self._config.term_table
+        if table is None:
+            raise ConfigurationError("fence() needs LeaderLock(..., fencing=True)")
+        term = self.term
+        if term is None:
+            raise FencedError(f"{self.label} is not leader (state {self.state.value})")
+        return table, term
