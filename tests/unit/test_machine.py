@@ -30,6 +30,7 @@ from pgleaderlock.core.machine import (
     Aborted,
     Action,
     Answered,
+    Await,
     Call,
     CloseSession,
     Conditions,
@@ -85,6 +86,16 @@ EXPECTED: list[tuple[When, Then]] = [
     ((S.ACQUIRING, I.DB_ERROR, False, None, None), (S.STOPPED, (A.EMIT_ERROR, *CLOSE_STOP))),
     ((S.ACQUIRING, I.STOP_REQUESTED, None, None, None), (S.STOPPED, CLOSE_STOP)),
     ((S.LEADER, I.HEALTH_OK, None, None, None), (S.LEADER, (A.START_HEALTH_LOOP,))),
+    # a late probe suspends leadership without events; its answer decides
+    ((S.LEADER, I.PROBE_LATE, None, None, None), (S.RECONNECTING, (A.LOG_PROBE_LATE,))),
+    ((S.RECONNECTING, I.HEALTH_OK, None, None, None),
+     (S.LEADER, (A.LOG_RECOVERED, A.START_HEALTH_LOOP))),
+    ((S.RECONNECTING, I.HEALTH_FAILED, None, True, None),
+     (S.RECONNECTING, (A.LOG_SESSION_LOST, A.CLOSE_SESSION, A.START_GRACE))),
+    ((S.RECONNECTING, I.HEALTH_FAILED, True, False, None),
+     (S.FOLLOWER, (A.LOG_SESSION_LOST, A.EMIT_LOST, A.CLOSE_SESSION, A.SCHEDULE_ATTEMPT))),
+    ((S.RECONNECTING, I.HEALTH_FAILED, False, False, None),
+     (S.STOPPED, (A.LOG_SESSION_LOST, A.EMIT_LOST, *CLOSE_STOP))),
     # HealthFailed / DbError in LEADER: RECONNECTING, or footnote 3 (+ footnote 1)
     *[
         row
@@ -194,7 +205,7 @@ def test_at_most_one_row_matches() -> None:
         (S.FOLLOWER, I.RELEASE_REQUESTED),
         (S.LEADER, I.ACQUIRE_ATTEMPT),
         (S.LEADER, I.ACQUIRE_SUCCEEDED),
-        (S.RECONNECTING, I.HEALTH_OK),
+        (S.RECONNECTING, I.ACQUIRE_SUCCEEDED),
         (S.RELEASING, I.STOP_REQUESTED),
         (S.ACQUIRING, I.HEALTH_FAILED),
     ],
@@ -268,11 +279,21 @@ class Recording:
         return self.delays.pop(0) if self.delays else 1.0
 
 
+class LatestPhase(random.Random):
+    """A random source whose draws are the top of their range: a new leadership's first
+    probe comes a full interval later, as without jitter."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
 class Driver:
     """Feeds a machine by hand: the clock is ``now``, effects are kept for assertions."""
 
-    def __init__(self, retry: RetryStrategy | None = None, **kwargs: Any) -> None:
-        self.machine = Machine(config(**kwargs), retry or FixedInterval(1.0))
+    def __init__(
+        self, retry: RetryStrategy | None = None, rng: random.Random | None = None, **kwargs: Any
+    ) -> None:
+        self.machine = Machine(config(**kwargs), retry or FixedInterval(1.0), rng or LatestPhase())
         self.now = 100.0
         self.effects: list[Effect] = []
 
@@ -284,7 +305,7 @@ class Driver:
     @property
     def blocking(self) -> Effect | None:
         last = self.effects[-1] if self.effects else None
-        return last if isinstance(last, Call | Sleep) else None
+        return last if isinstance(last, Call | Sleep | Await) else None
 
     @property
     def call(self) -> Call:
@@ -321,7 +342,7 @@ def test_start_connects_then_tries_then_leads() -> None:
     d.feed(Answered(True), after=0.01)
     assert d.machine.state is S.LEADER
     assert d.emitted() == [Event.ACQUIRED]
-    assert d.effects[-2:] == [WatchSession(), Sleep(d.now + 5.0)]
+    assert d.effects[-2:] == [WatchSession(), Sleep(d.now + 5.0)]  # LatestPhase: no jitter
     assert d.machine.leader_since == d.now
 
 
@@ -496,7 +517,8 @@ def test_probe_schedule_alarm_and_loss() -> None:
     assert d.blocking == Sleep(d.now + 3.0)
     d.machine.request(Request.ALARM)
     d.feed(Woke())
-    assert d.call.op is Op.PROBE  # the alarm probes at once
+    assert d.call == Call(Op.PROBE, 9.0, soft_timeout_s=2.0, what="health check")
+    # the alarm probes at once; late after health_timeout_s, given up at tcp_user_timeout_s
     d.feed(Answered(True))
     assert d.blocking == Sleep(d.now + 5.0)
     d.feed(Woke(), after=5.0)
@@ -504,7 +526,7 @@ def test_probe_schedule_alarm_and_loss() -> None:
     assert d.machine.state is S.FOLLOWER
     assert d.emitted() == [Event.LOST]
     assert isinstance(d.machine.last_error, LockNotHeldError)
-    assert d.call.op is Op.CONNECT  # type: ignore[comparison-overlap]  # right away: a lost lock is contested at once
+    assert d.call.op is Op.CONNECT  # right away: a lost lock is contested at once
 
 
 def test_grace_reconnects_within_its_deadline() -> None:
@@ -599,11 +621,17 @@ def test_results_that_make_no_sense_raise() -> None:
 
 
 def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequence[Result]:
+    from pgleaderlock.core.machine import Late, TermBumped
+
     if call.interruptible in requested:
         return [Interrupted()]
     error = Failed(ConnectionError("boom"))
     if call.op is Op.CONNECT:
         return [Connected(can_wait=rng.random() < 0.7), error]
+    if call.op is Op.BUMP_TERM:
+        return [TermBumped(rng.randrange(1, 100)), error]
+    if call.soft_timeout_s is not None:
+        return [Answered(True), Answered(False), error, Late(True), Late(False)]
     return [Answered(True), Answered(False), error]
 
 
@@ -613,16 +641,26 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
     last, while running; none once stopped; on_lost only after on_acquired; on_acquired
     never twice without the leadership ending between (lost, released, or a release that
     failed with on_error)."""
+    from pgleaderlock.core.config import TermTable
+
     rng = random.Random(seed)
     auto, grace, mode = rng.choice(ANY), rng.choice([None, 3.0]), rng.choice(["wait", "poll"])
+    fencing = TermTable() if rng.random() < 0.5 else None
     m = Machine(
-        config(auto_reacquire=auto, reconnect_grace_s=grace, follower_mode=mode),
+        config(
+            auto_reacquire=auto,
+            reconnect_grace_s=grace,
+            follower_mode=mode,
+            term_table=fencing,
+            acquire_delay_s=rng.choice([0.0, 0.05]) if fencing else 0.0,
+        ),
         FixedInterval(rng.choice([0.1, 1.0])),
+        random.Random(seed),
     )
     now, leading = 0.0, False
     effects = m.handle(Started(), now)
     for _ in range(400):
-        blocking = [e for e in effects if isinstance(e, Call | Sleep)]
+        blocking = [e for e in effects if isinstance(e, Call | Sleep | Await)]
         assert len(blocking) <= 1
         if blocking:
             assert effects[-1] is blocking[0]
@@ -652,7 +690,14 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
             m.request(Request.STOP)
             requested.add(Request.STOP)
         effect = blocking[0]
-        if isinstance(effect, Sleep):
+        if isinstance(effect, Await):
+            cut = effect.interruptible & requested or {
+                r for r in effect.interruptible if m.requested(r)
+            }
+            answers: list[Result] = [Answered(True), Answered(False), Failed(ConnectionError("x"))]
+            answer = rng.choice(answers)
+            effects = m.handle(Interrupted() if cut else answer, now)
+        elif isinstance(effect, Sleep):
             now = max(now, effect.until) if rng.random() < 0.8 else now
             effects = m.handle(Woke(), now)
         else:
@@ -755,3 +800,78 @@ def test_a_silent_recovery_bumps_the_term_too() -> None:
     d.feed(TermBumped(2))
     assert d.machine.state is S.LEADER  # type: ignore[comparison-overlap]
     assert d.machine.term == 2
+
+
+# ---------------------------------------------------------------------- probes
+
+
+def test_new_leaderships_probe_at_spread_phases() -> None:
+    """Locks that lead from the same moment must not probe in one burst, and no first
+    probe comes later than health_interval_s (the partition bound)."""
+    firsts = []
+    for seed in range(200):
+        d = Driver(rng=random.Random(seed))
+        d.lead()
+        sleep = d.blocking
+        assert isinstance(sleep, Sleep)
+        firsts.append(sleep.until - d.now)
+    assert all(0.5 - 1e-9 <= first <= 5.0 for first in firsts)
+    buckets = {int(first) for first in firsts}
+    assert buckets == {0, 1, 2, 3, 4}  # spread over the whole interval
+    d.feed(Woke(), after=firsts[-1])
+    d.feed(Answered(True))
+    assert d.blocking == Sleep(d.now + 5.0)  # then every interval
+
+
+def late_leader() -> Driver:
+    from pgleaderlock.core.machine import Late
+
+    d = Driver()
+    d.lead()
+    d.feed(Woke(), after=5.0)
+    assert d.call.op is Op.PROBE
+    d.feed(Late(acknowledged=True), after=2.0)  # the server has our probe: slow
+    return d
+
+
+def test_a_late_probe_demotes_without_events_and_waits_for_the_answer() -> None:
+    d = late_leader()
+    assert d.machine.state is S.RECONNECTING  # not leading from health_timeout_s on
+    assert d.emitted() == []  # no on_lost: the session may well be fine
+    assert "probe_late" in d.logged()
+    assert d.blocking == Await(frozenset({Request.STOP, Request.RELEASE}))
+    d.feed(Answered(True), after=1.5)  # a slow server answered, same backend
+    assert d.machine.state is S.LEADER  # type: ignore[comparison-overlap]
+    assert d.emitted() == []
+    assert d.machine.statistics(leader_since=None, backend_pid=None).losses == 0
+
+
+def test_a_late_probe_that_fails_loses_the_lock() -> None:
+    d = late_leader()
+    d.feed(Failed(ConnectionError("health check timed out after 9 s")), after=7.0)
+    assert d.machine.state is S.FOLLOWER
+    assert d.emitted() == [Event.LOST]
+    assert CloseSession() in d.effects
+
+
+def test_a_late_probe_the_server_never_acknowledged_is_a_loss_at_the_bound() -> None:
+    """A silent network (the partition the bound is about) is not given more time."""
+    from pgleaderlock.core.machine import Late
+
+    for acknowledged in (False, None):
+        d = Driver()
+        d.lead()
+        d.feed(Woke(), after=5.0)
+        d.feed(Late(acknowledged=acknowledged), after=2.0)
+        assert d.machine.state is S.FOLLOWER
+        assert d.emitted() == [Event.LOST]
+        assert CloseSession() in d.effects
+        assert "not acknowledged" in str(d.machine.last_error)
+
+
+def test_a_stop_cuts_a_late_probe_short() -> None:
+    d = late_leader()
+    d.machine.request(Request.STOP)
+    d.feed(Interrupted())
+    assert d.machine.state is S.STOPPED
+    assert CloseSession() in d.effects

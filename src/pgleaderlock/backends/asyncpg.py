@@ -178,6 +178,11 @@ class AsyncpgSession(BaseSession):
         # closes the socket: no network wait, so a stuck network cannot hold it up.
         self._conn.terminate()
 
+    def _socket(self) -> int:
+        transport = getattr(self._conn, "_transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        return sock.fileno() if sock is not None else -1
+
     def _arm(self) -> None:
         # asyncpg reads its socket all the time: its termination listener is the watch.
         self._conn.add_termination_listener(self._listener)

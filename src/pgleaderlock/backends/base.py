@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import functools
 import re
+import socket
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -42,6 +44,7 @@ from ..core.session import ConnectOptions, SessionInfo
 __all__ = [
     "CANCEL_TIMEOUT_S",
     "CONNECTION_SQLSTATE_CLASSES",
+    "ALIVE",
     "HOLDS",
     "LOCK_NOT_AVAILABLE",
     "IDENTIFY",
@@ -56,6 +59,7 @@ __all__ = [
     "DUPLICATE_TABLE",
     "bump_term_statement",
     "by_sqlstate",
+    "tcp_acknowledged",
     "check_target_session_attrs",
     "create_terms_statement",
     "fence_statement",
@@ -141,10 +145,18 @@ HOLDS = Statement(
     " pg_is_in_recovery(), pg_backend_pid()",
 )
 """Does this session hold the lock (``pg_locks``), and is its server still a primary?
-Values: the two keys as oids."""
+Values: the two keys as oids. ``pg_locks`` scans the whole lock table and every
+connection slot: its cost grows with ``max_connections`` and the locks held, which is
+why the periodic probe is [`ALIVE`][pgleaderlock.backends.ALIVE]."""
+ALIVE = Statement("health check", "SELECT true, pg_is_in_recovery(), pg_backend_pid()")
+"""The periodic probe: the session answers, on the same backend (the pid check), and the
+server is still a primary. On a dedicated session that is enough: a session-level lock
+is freed only by an unlock of the session's own or by the session's end, and a session
+that answers with the same backend pid has not ended. Its cost does not depend on the
+lock table or ``max_connections``."""
 IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery(), pg_backend_pid()")
 """Who serves this session: is the server a standby, and which backend runs it."""
-STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, IDENTIFY)
+STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
 
 
 # ---------------------------------------------------------------- fencing terms
@@ -196,25 +208,34 @@ DUPLICATE_TABLE = frozenset({"42P07", "23505"})
 
 
 def configure_statement(settings: Mapping[str, str], application_name: str) -> Statement:
-    """One statement that sets ``settings`` and ``application_name`` for the whole
-    session (``set_config(..., false)``, which a session-mode pooler accepts, unlike
-    startup parameters), skipping settings this server version does not know, and frees
-    any advisory lock a connection taken over from a pool still holds.
+    """One statement that says who serves the session and, on a direct connection to a
+    primary, sets ``settings`` and ``application_name`` for the whole session
+    (``set_config(..., false)``, which a session-mode pooler accepts, unlike startup
+    parameters; settings this server version does not know are skipped) and frees any
+    advisory lock a connection taken over from a pool still holds.
+
+    "Direct" means that ``pg_backend_pid()`` equals the pid the protocol reported (the
+    statement's value): behind a pooler nothing is set or freed, since the server
+    connection may be shared between clients; the core checks the pooler first and
+    then has ``BaseSession.configure`` set the settings.
 
     Args:
         settings: setting name -> value.
         application_name: the session's ``application_name``.
 
     Returns:
-        The statement (its values are the session's pid).
+        The statement; its row is (in recovery, settings applied or NULL, pid) and its
+        value is the pid that counts as direct.
     """
     pairs = [*settings.items(), ("application_name", application_name)]
     rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
+    direct = "pg_backend_pid() = ({0})::int4 AND NOT pg_is_in_recovery()"
     sql = (
-        "SELECT CASE WHEN pg_backend_pid() = ({0})::int4 THEN pg_advisory_unlock_all() END,"
-        " (SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
+        f"SELECT pg_is_in_recovery(), CASE WHEN {direct} THEN"
+        " (SELECT count(set_config(s.name, s.value, false)) + count(pg_advisory_unlock_all())"
+        " FROM (VALUES "
         + rows.replace("{", "{{").replace("}", "}}")
-        + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL),"
+        + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL) END,"
         " pg_backend_pid()"
     )
     return Statement("session setup", sql)
@@ -394,6 +415,46 @@ def _bump_statement(table: TermTable) -> Statement:
     return bump_term_statement(table)
 
 
+_TCP_INFO_LEN = 104
+_UNACKED_OFFSET = 24  # struct tcp_info: 8 bytes of u8 fields, then u32 rto, ato, snd_mss,
+# rcv_mss, unacked (Linux include/uapi/linux/tcp.h)
+
+
+def tcp_acknowledged(fd: int) -> bool | None:
+    """Has the peer acknowledged every byte sent on this socket?
+
+    True for a unix socket (there is no network to lose), ``None`` where TCP_INFO is
+    not available (not Linux, or not a socket).
+
+    Args:
+        fd: the socket's file descriptor (left open).
+
+    Returns:
+        Whether the server's kernel has received all we sent.
+    """
+    if fd < 0:
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.family == socket.AF_UNIX:
+            return True
+        tcp_info = getattr(socket, "TCP_INFO", None)
+        if tcp_info is None:
+            return None
+        info = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, _TCP_INFO_LEN)
+        if len(info) < _UNACKED_OFFSET + 4:
+            return None
+        (unacked,) = struct.unpack_from("I", info, _UNACKED_OFFSET)
+        return bool(unacked == 0)
+    except OSError:
+        return None
+    finally:
+        sock.detach()  # the driver owns the descriptor
+
+
 class BaseSession(abc.ABC):
     """A [`LockSession`][pgleaderlock.LockSession] with every optional capability
     (``wait_lock``, ``watch``, ``abort``), written once over a few driver calls.
@@ -420,6 +481,9 @@ class BaseSession(abc.ABC):
         self._pid: int | None = None
         self._watch: Callable[[], None] | None = None
         self._info: SessionInfo | None = None
+        self._configured = False  # the lock's settings are applied
+        self._held = False  # a lock call granted the lock (and no unlock since)
+        self._verified = False  # held, and a pg_locks probe since the grant said so
 
     @property
     def backend_pid(self) -> int | None:
@@ -462,6 +526,18 @@ class BaseSession(abc.ABC):
     async def _close(self) -> None:
         """Close the connection, bounded even on a stuck network (may raise: ignored)."""
 
+    def _socket(self) -> int:
+        """The connection's socket descriptor, or -1 when not known (then
+        ``acknowledged()`` cannot tell)."""
+        return -1
+
+    def acknowledged(self) -> bool | None:
+        """Has the server acknowledged everything this session sent (TCP)? A probe that
+        is late on a session whose bytes the server has acknowledged is slow, not lost:
+        the path to the server works, so the server will not drop the session for
+        silence. ``None`` when this cannot be told."""
+        return tcp_acknowledged(self._socket())
+
     def _arm(self) -> None:  # noqa: B027 - optional: without it a loss waits for a probe
         """Have `_fire` called once the server ends the idle session. Does nothing
         here: a session that cannot tell learns of the loss at its next probe."""
@@ -499,9 +575,13 @@ class BaseSession(abc.ABC):
             pid = (await self.identify()).backend_pid
         return (await self._row(statement, (*values, pid)))[0]
 
-    async def identify(self) -> SessionInfo:
+    async def identify(self, options: ConnectOptions | None = None) -> SessionInfo:
         """Roll back an open transaction, switch to autocommit and ask who serves this
-        session (``SetupSession``); run once, later calls return the same answer."""
+        session (``SetupSession``); run once, later calls return the same answer.
+
+        With ``options``, a direct session to a primary also gets its settings in the
+        same round trip (``configure()`` then has nothing left to do).
+        """
         if self._info is None:
             try:
                 await self._reset()
@@ -510,20 +590,36 @@ class BaseSession(abc.ABC):
                 if cls is None:
                     raise
                 raise translate(exc, IDENTIFY.what, cls) from exc
-            in_recovery, pid = await self._row(IDENTIFY, ())
+            protocol_pid = self._protocol_pid()
+            if options is None or protocol_pid is None:
+                in_recovery, pid = await self._row(IDENTIFY, ())
+            else:
+                statement = configure_statement(options.server_settings, options.application_name)
+                in_recovery, applied, pid = await self._row(statement, (protocol_pid,))
+                self._configured = applied is not None
             assert isinstance(pid, int)
-            self._info = SessionInfo(pid, self._protocol_pid(), bool(in_recovery))
+            self._info = SessionInfo(pid, protocol_pid, bool(in_recovery))
         return self._info
 
     async def configure(self, options: ConnectOptions) -> None:
         """Apply the lock's session settings and ``application_name`` for the whole
-        session, and free advisory locks that a connection taken over from a pool still
-        holds (on a direct connection only: behind a pooler the backend is not ours to
-        clear) (``SetupSession``)."""
-        info = await self.identify()
-        statement = configure_statement(options.server_settings, options.application_name)
-        direct_pid = -1 if info.behind_pooler else info.backend_pid
-        await self._row(statement, (direct_pid,))
+        session (``SetupSession``), unless ``identify()`` did. Behind a pooler (which the
+        core has accepted as session mode by then) no advisory lock is freed: the
+        session's server connection was reset by the pooler."""
+        if self._configured:
+            return
+        await self.identify()
+        settings = dict(options.server_settings)
+        pairs = [*settings.items(), ("application_name", options.application_name)]
+        rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
+        sql = (
+            "SELECT (SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
+            + rows.replace("{", "{{").replace("}", "}}")
+            + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL),"
+            " pg_backend_pid()"
+        )
+        await self._row(Statement("session setup", sql), ())
+        self._configured = True
 
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
         """Increment the lock's fencing term (``FencingSession``); the table is created
@@ -546,16 +642,33 @@ class BaseSession(abc.ABC):
 
     async def try_lock(self, key1: int, key2: int) -> bool:
         """``pg_try_advisory_lock(key1, key2)``: True if granted now."""
-        return bool(await self._lock_call(TRY_LOCK, key1, key2))
+        granted = bool(await self._lock_call(TRY_LOCK, key1, key2))
+        if granted:
+            self._held, self._verified = True, False
+        return granted
 
     async def unlock(self, key1: int, key2: int) -> bool:
         """``pg_advisory_unlock(key1, key2)``: True if this session held the lock."""
+        self._held = self._verified = False
         return bool(await self._lock_call(UNLOCK, key1, key2))
 
     async def holds(self, key1: int, key2: int) -> bool:
-        """Does this session still hold the lock (``pg_locks``)? Raises if it is dead,
-        and [`StandbyError`][pgleaderlock.StandbyError] if its server became a standby."""
-        held, in_recovery, _ = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
+        """Does this session still hold the lock? Raises if it is dead, and
+        [`StandbyError`][pgleaderlock.StandbyError] if its server became a standby.
+
+        The first probe after the lock was granted asks ``pg_locks``
+        ([`HOLDS`][pgleaderlock.backends.HOLDS]): it checks once per leadership that
+        the lock really stays with the session (a pooler that resets server connections
+        after every transaction would free it). Later probes only check that the session
+        answers on the same backend ([`ALIVE`][pgleaderlock.backends.ALIVE]), which costs
+        the server the same whatever the size of its lock table. A session that does not
+        know itself to hold the lock always asks ``pg_locks``.
+        """
+        if self._verified:
+            held, in_recovery, _ = await self._row(ALIVE, ())
+        else:
+            held, in_recovery, _ = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
+            self._verified = bool(held) and self._held
         if in_recovery:
             raise StandbyError("health check: the server is now a standby (in recovery)")
         return bool(held)
@@ -569,6 +682,7 @@ class BaseSession(abc.ABC):
             if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
                 return False  # lock_timeout: the wait ended without the lock
             raise
+        self._held, self._verified = True, False
         return True
 
     def watch(self, callback: Callable[[], None] | None) -> None:

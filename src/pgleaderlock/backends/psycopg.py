@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import math
 from collections.abc import Awaitable, Mapping
 from typing import Any
@@ -170,6 +171,9 @@ class PsycopgSession(BaseSession):
         # non-blocking socket), so a stuck network cannot hold it up.
         await self._conn.close()
 
+    def _socket(self) -> int:
+        return -1 if self._conn.closed else self._conn.pgconn.socket
+
     def _arm(self) -> None:
         # psycopg waits on the same fd for its queries; asyncio keeps one reader per fd,
         # which is why every statement disarms the watch first.
@@ -207,6 +211,24 @@ def connect_budget(dsn: str, connect_timeout_s: float) -> float:
     return _hosts(params) * max(2.0, math.ceil(per_host))
 
 
+# psycopg >= 3.2 wakes every task that waits on a query every 100 ms (its ``wait()``
+# "interval"), so that a sync caller could see Ctrl-C; in asyncio a cancellation needs no
+# such wake-up. For a follower that waits on the server for seconds, with hundreds of
+# them in one process, those wake-ups were most of the client's CPU: the library's own
+# connections wait without them.
+_QUIET_INTERVAL_S = 3600.0
+_HAS_INTERVAL = "interval" in inspect.signature(psycopg.AsyncConnection.wait).parameters
+
+
+class _QuietConnection(psycopg.AsyncConnection[Any]):
+    """An ``AsyncConnection`` whose waits do not wake up every 100 ms."""
+
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if _HAS_INTERVAL and not args and "interval" not in kwargs:
+            kwargs["interval"] = _QUIET_INTERVAL_S
+        return await super().wait(gen, *args, **kwargs)
+
+
 async def connect(dsn: str, options: ConnectOptions) -> LockSession:
     """Open a new dedicated session: autocommit, ``application_name``, each host within
     its own ``connect_timeout``; a multi-host DSN gets ``target_session_attrs=read-write``
@@ -219,7 +241,7 @@ async def connect(dsn: str, options: ConnectOptions) -> LockSession:
     if _hosts(params) > 1 and not params.get("target_session_attrs"):
         extra["target_session_attrs"] = "read-write"
     try:
-        conn = await psycopg.AsyncConnection.connect(
+        conn = await _QuietConnection.connect(
             dsn, autocommit=True, application_name=options.application_name, **extra
         )
     except psycopg.Error as exc:

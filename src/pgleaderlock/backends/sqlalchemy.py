@@ -111,10 +111,10 @@ class SQLAlchemySession:
         pid: int | None = self._inner.backend_pid
         return pid
 
-    async def identify(self) -> SessionInfo:
+    async def identify(self, options: ConnectOptions | None = None) -> SessionInfo:
         """Roll back what the connection's earlier user left open and report who serves
         it (``SetupSession``)."""
-        info: SessionInfo = await self._inner.identify()
+        info: SessionInfo = await self._inner.identify(options)
         return info
 
     async def configure(self, options: ConnectOptions) -> None:
@@ -138,6 +138,11 @@ class SQLAlchemySession:
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         return bool(await self._inner.wait_lock(key1, key2, timeout_s))
+
+    def acknowledged(self) -> bool | None:
+        """Has the server acknowledged everything this session sent (TCP)?"""
+        acked: bool | None = self._inner.acknowledged()
+        return acked
 
     def watch(self, callback: Callable[[], None] | None) -> None:
         self._inner.watch(callback)

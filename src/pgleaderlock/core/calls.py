@@ -44,7 +44,7 @@ class CallGuard:
         self._task: asyncio.Task[object] | None = None
         self._deadline: float | None = None  # loop time: when the call in flight expires
         self._timer: asyncio.TimerHandle | None = None  # fires at or before the deadline
-        self._interruptible: object = None
+        self._interruptible: frozenset[object] = frozenset()
         self._abort_on_interrupt = True
         self._cut: object = None  # "timeout", or the request that cut the call short
 
@@ -73,7 +73,7 @@ class CallGuard:
         assert task is not None, "calls run in a task"
         assert self._task is None, "one call at a time"
         self._task = task
-        self._interruptible = interruptible
+        self._interruptible = frozenset() if interruptible is None else frozenset({interruptible})
         self._abort_on_interrupt = abort_on_interrupt
         loop = asyncio.get_running_loop()
         self._deadline = deadline = loop.time() + timeout_s
@@ -96,13 +96,20 @@ class CallGuard:
         finally:
             self._deadline = None
             self._task = None
-            self._interruptible = None
+            self._interruptible = frozenset()
             self._cut = None
 
     def interrupt(self, reason: object) -> None:
         """Cut short the call in flight, if it allows ``reason``; else do nothing."""
-        if reason is not None and self._interruptible == reason:
+        if reason in self._interruptible:
             self._cut_short(reason, abort=self._abort_on_interrupt)
+
+    def allow(self, reasons: frozenset[object]) -> None:
+        """Let ``reasons`` cut short the call in flight from now on (the session is then
+        aborted): for a call that may go on after the task stopped relying on it."""
+        if self._task is not None:
+            self._interruptible = self._interruptible | reasons
+            self._abort_on_interrupt = True
 
     def close(self) -> None:
         """Drop the timer (when the lock's task ends)."""

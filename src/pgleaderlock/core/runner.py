@@ -23,12 +23,14 @@ from .errors import ConfigurationError
 from .machine import (
     Aborted,
     Answered,
+    Await,
     Call,
     CloseSession,
     Connected,
     Effect,
     Emit,
     Failed,
+    Late,
     Log,
     Machine,
     Op,
@@ -43,7 +45,7 @@ from .machine import (
 )
 from .machine import Interrupted as CutShort
 from .models import Event, LockState
-from .session import FencingSession, WaitingSession
+from .session import FencingSession, TransportSession, WaitingSession
 from .slot import SessionSlot, can
 
 __all__ = ["Runner"]
@@ -85,6 +87,7 @@ class Runner:
         self._leader_waiters: set[asyncio.Future[None]] = set()
         self._release_done: asyncio.Future[None] | None = None
         self._leader_ready = False  # LEADER, and the transition's callbacks have run
+        self._late: asyncio.Task[Result] | None = None  # a call reported Late, still running
         self._stop_reported = False  # on_stopped has run for this run of the task
 
     # ------------------------------------------------------------------ for the API
@@ -153,9 +156,11 @@ class Runner:
         except Exception as exc:  # a bug: the machine reports it while stopping
             crash = exc
         finally:
-            if watcher is not None:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
+            for pending in (watcher, self._late):
+                if pending is not None:
+                    pending.cancel()
+                    await asyncio.gather(pending, return_exceptions=True)
+            self._late = None
             self._call.close()
             await self._slot.close()
             await self._stop_abnormally(crash)
@@ -194,6 +199,7 @@ class Runner:
                 case Log():
                     self._log(effect)
                 case CloseSession():
+                    await self._drop_late()  # a late call on it is abandoned
                     await self._slot.close()
                 case WatchSession():
                     self._slot.watch(self._alarm)
@@ -203,13 +209,58 @@ class Runner:
                     self._settle()
                     if self._machine.preempted(effect):
                         return CutShort()
-                    return await self._perform_call(effect)
+                    if effect.soft_timeout_s is None:
+                        return await self._perform_call(effect)
+                    return await self._perform_soft(effect, effect.soft_timeout_s)
+                case Await(interruptible=reasons):
+                    self._settle()
+                    return await self._await_late(reasons)
                 case Sleep(until=until):
                     self._settle()
                     await self._sleep_until(until)
                     return Woke()
         self._settle()
         return None
+
+    async def _perform_soft(self, call: Call, soft_timeout_s: float) -> Result:
+        """Run ``call`` in a task of its own; after ``soft_timeout_s`` report ``Late``
+        and keep the task, which an ``Await`` effect waits for."""
+        task = asyncio.get_running_loop().create_task(self._perform_call(call))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=soft_timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        if not done:
+            self._late = task
+            session = self._slot.session
+            acked = None
+            if session is not None and can(session, TransportSession):
+                acked = cast(TransportSession, session).acknowledged()
+            return Late(acknowledged=acked)
+        return task.result()
+
+    async def _drop_late(self) -> None:
+        task, self._late = self._late, None
+        if task is not None:
+            self._slot.abort()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _await_late(self, reasons: frozenset[Request]) -> Result:
+        task, self._late = self._late, None
+        assert task is not None, "Await without a late call"
+        self._call.allow(frozenset(reasons))
+        for reason in reasons:  # requests that came while the late call was reported
+            if self._machine.requested(reason):
+                self._call.interrupt(reason)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
 
     async def _perform_call(self, call: Call) -> Result:
         guard, session = self._call, self._slot.session

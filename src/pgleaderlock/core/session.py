@@ -29,6 +29,7 @@ __all__ = [
     "SessionInfo",
     "FencingSession",
     "SetupSession",
+    "TransportSession",
     "WaitingSession",
     "WatchableSession",
 ]
@@ -164,15 +165,34 @@ class SetupSession(Protocol):
     then calls ``configure()``.
     """
 
-    async def identify(self) -> SessionInfo:
+    async def identify(self, options: ConnectOptions | None = None) -> SessionInfo:
         """Roll back an open transaction, switch to autocommit, and report what the
-        server says about this session. Later calls return the same answer."""
+        server says about this session. Later calls return the same answer. With
+        ``options``, a session that is plainly direct (its protocol pid is its backend
+        pid) on a primary may get its settings in the same round trip."""
         ...
 
     async def configure(self, options: ConnectOptions) -> None:
         """Apply ``options.server_settings`` and ``application_name`` for the whole
         session, in a way a session-mode pooler accepts (``set_config``, not startup
         parameters)."""
+        ...
+
+
+@runtime_checkable
+class TransportSession(Protocol):
+    """Optional capability: tell a slow server from a silent network.
+
+    When a health probe is late, the core asks whether the server has acknowledged
+    everything the session sent (TCP). If it has, the path works and the server will
+    not drop the session for silence, so the lock is kept while the answer is awaited
+    (not LEADER meanwhile); if it has not, or it cannot be told, the session is treated
+    as lost at once.
+    """
+
+    def acknowledged(self) -> bool | None:
+        """True if the server acknowledged all sent data (or the session is a unix
+        socket); False if not; None if unknown."""
         ...
 
 

@@ -166,7 +166,7 @@ class SessionSlot:
             raise
 
     async def _check(self, session: SetupSession) -> None:
-        info = await session.identify()
+        info = await session.identify(self._options)
         if info.in_recovery:
             raise StandbyError(
                 f"the server (backend {info.backend_pid}) is a standby: an advisory lock "

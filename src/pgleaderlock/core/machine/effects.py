@@ -15,6 +15,7 @@ from ..models import Event, LockState
 __all__ = [
     "Aborted",
     "Answered",
+    "Await",
     "Call",
     "CloseSession",
     "Connected",
@@ -22,6 +23,7 @@ __all__ = [
     "Emit",
     "Failed",
     "Interrupted",
+    "Late",
     "Log",
     "LogLevel",
     "Op",
@@ -87,6 +89,18 @@ class Woke:
 
 
 @dataclass(frozen=True)
+class Late:
+    """The call's ``soft_timeout_s`` passed and it has not answered yet; it goes on.
+
+    Attributes:
+        acknowledged: the server has acknowledged everything the session sent (the path
+            works: slow, not lost); ``None`` when that cannot be told.
+    """
+
+    acknowledged: bool | None = None
+
+
+@dataclass(frozen=True)
 class TermBumped:
     """The fencing term was incremented on the lock's session: this is the new term."""
 
@@ -106,7 +120,7 @@ class Aborted:
     stop_reported: bool
 
 
-Result = Started | Connected | Answered | TermBumped | Failed | Interrupted | Woke | Aborted
+Result = Started | Connected | Answered | TermBumped | Late | Failed | Interrupted | Woke | Aborted
 """What the runner reports to [`Machine.handle`][pgleaderlock.core.machine.Machine.handle]."""
 
 
@@ -162,6 +176,16 @@ class Call:
     interruptible: Request | None = None
     abort_on_interrupt: bool = True
     what: str = ""
+    soft_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Await:
+    """Blocking: keep waiting for the call that was reported ``Late``; its outcome is the
+    next result. ``interruptible`` requests may now cut it short (the session is
+    aborted)."""
+
+    interruptible: frozenset[Request]
 
 
 @dataclass(frozen=True)
@@ -232,7 +256,7 @@ class ReleaseDone:
     waits for it."""
 
 
-Effect = Call | Sleep | Emit | Log | CloseSession | WatchSession | ReleaseDone
+Effect = Call | Await | Sleep | Emit | Log | CloseSession | WatchSession | ReleaseDone
 """What [`Machine.handle`][pgleaderlock.core.machine.Machine.handle] returns, in order. A
 list holds at most one blocking effect ([`Call`][pgleaderlock.core.machine.Call] or
 [`Sleep`][pgleaderlock.core.machine.Sleep]), always last; a list

@@ -5,6 +5,7 @@ actions into effects. Every policy of the lock lives here (see the package docst
 from __future__ import annotations
 
 import math
+import random
 
 from .._logging import mask_dsn
 from ..config import LockConfig
@@ -22,6 +23,7 @@ from ..retry import RetryStrategy
 from .effects import (
     Aborted,
     Answered,
+    Await,
     Call,
     CloseSession,
     Connected,
@@ -29,6 +31,7 @@ from .effects import (
     Emit,
     Failed,
     Interrupted,
+    Late,
     Log,
     LogLevel,
     Op,
@@ -78,9 +81,12 @@ class Machine:
         retry: asked for every delay; a strategy that raises or returns `None` gives up.
     """
 
-    def __init__(self, config: LockConfig, retry: RetryStrategy) -> None:
+    def __init__(
+        self, config: LockConfig, retry: RetryStrategy, rng: random.Random | None = None
+    ) -> None:
         self.config = config
         self.retry = retry
+        self._rng = rng or random.Random()
         self._state = S.STOPPED
         self._out: list[Effect] = []
         self._now = 0.0
@@ -102,6 +108,7 @@ class Machine:
         self._give_up_reason: tuple[LogLevel, str] = ("info", "")
         self._fatal_error: Exception | None = None
         self._term: int | None = None  # fencing: the term of the current leadership
+        self._probe_pending = False  # a late probe is still in flight
         self._announce_at: float | None = None  # fencing: on_acquired after acquire_delay_s
         # LEADER and RECONNECTING schedules.
         self._probe_at = 0.0
@@ -165,6 +172,10 @@ class Machine:
     def preempted(self, call: Call) -> bool:
         """True if a request that may cut `call` short came before it started."""
         return call.interruptible is not None and self._pending(call.interruptible)
+
+    def requested(self, request: Request) -> bool:
+        """A request of this kind is recorded and not yet acted on."""
+        return self._pending(request)
 
     # ------------------------------------------------------------------ requests
 
@@ -239,6 +250,16 @@ class Machine:
                 return self._out
             case Woke():
                 pass
+            case Late(acknowledged=acked) if call is not None and call.op is Op.PROBE:
+                if acked:  # the server has our probe: slow, not lost; await the answer
+                    self._call, self._probe_pending = call, True
+                    self._fire(I.PROBE_LATE)
+                else:  # a silent network (or no way to tell): lost at the bound
+                    self._last_error = ConnectionError(
+                        f"health check timed out after {self.config.health_timeout_s:g} s "
+                        "and the server has not acknowledged it"
+                    )
+                    self._fire(I.HEALTH_FAILED)
             case _:
                 if call is None:
                     raise IllegalTransitionError(f"{result!r} without a call in flight")
@@ -249,6 +270,8 @@ class Machine:
     def _on_outcome(self, call: Call, result: Result) -> None:
         """Map the outcome of ``call`` onto the table's inputs (or onto nothing, when the
         next decision covers it: a connect that succeeded, a call a request cut short)."""
+        if call.op is Op.PROBE:
+            self._probe_pending = False
         if isinstance(result, Interrupted):
             if call.op is Op.UNLOCK:
                 self._last_error = ConnectionError(
@@ -294,7 +317,7 @@ class Machine:
                 else:
                     self._fire(I.ACQUIRE_SUCCEEDED if self._state is S.ACQUIRING
                                else I.REACQUIRE_SUCCEEDED)  # fmt: skip
-            case Op.PROBE, S.LEADER:
+            case Op.PROBE, (S.LEADER | S.RECONNECTING):
                 if value is False:
                     self._last_error = LockNotHeldError(
                         "the health probe found that this session no longer holds the lock"
@@ -330,6 +353,9 @@ class Machine:
             state, now = self._state, self._now
             if state is S.STOPPED:
                 return
+            if self._probe_pending:
+                self._decide_reconnecting()
+                continue
             if self._stop:
                 self._fire(I.STOP_REQUESTED)
                 continue
@@ -349,8 +375,15 @@ class Machine:
                         if self._alarm:
                             self._log("debug", "session_alarm")
                         self._alarm = False
-                        timeout = self.config.health_timeout_s
-                        self._block(Call(Op.PROBE, timeout, what="health check"))
+                        # A probe that is late demotes at health_timeout_s (the partition
+                        # bound) but may still answer: it is then awaited up to
+                        # tcp_user_timeout_s, after which the server would have dropped a
+                        # silent session anyway. A late "yes, same backend" means the
+                        # session was alive all along: the machine was slow, not the lock lost.
+                        config = self.config
+                        self._block(Call(Op.PROBE, config.tcp_user_timeout_s,
+                                         soft_timeout_s=config.health_timeout_s,
+                                         what="health check"))  # fmt: skip
                     else:
                         self._out.append(WatchSession())
                         self._block(Sleep(self._probe_at))
@@ -366,6 +399,9 @@ class Machine:
                     raise IllegalTransitionError(f"{state.name} without a call in flight")
 
     def _decide_reconnecting(self) -> None:
+        if self._probe_pending:  # a request cuts the late probe short (then acted on)
+            self._block(Await(frozenset({Request.STOP, Request.RELEASE})))
+            return
         remaining = self._grace_deadline - self._now
         if remaining <= 0:
             self._fire(I.GRACE_EXPIRED)
@@ -384,7 +420,7 @@ class Machine:
     def _connect(self, timeout_s: float, what: str) -> None:
         self._block(Call(Op.CONNECT, timeout_s, interruptible=Request.STOP, what=what))
 
-    def _block(self, effect: Call | Sleep) -> None:
+    def _block(self, effect: Call | Await | Sleep) -> None:
         self._out.append(effect)
         self._blocked = True
         if isinstance(effect, Call):
@@ -449,7 +485,12 @@ class Machine:
                 self._block(Call(Op.UNLOCK, config.command_timeout_s,
                                  interruptible=Request.FORCE, what="unlock"))  # fmt: skip
             case A.START_HEALTH_LOOP:
-                self._probe_at = now + config.health_interval_s
+                interval = config.health_interval_s
+                if transition.source is not S.LEADER:
+                    # A new leadership starts its probes at a random phase, so that many
+                    # locks that lead from the same moment never probe in one burst.
+                    interval *= self._rng.uniform(0.1, 1.0)
+                self._probe_at = now + interval
             case A.START_GRACE:
                 assert config.reconnect_grace_s is not None
                 self._grace_start = now
@@ -476,6 +517,8 @@ class Machine:
                 self._attempt, self._cycle_start, self._last_error = 0, None, None
             case A.LOG_SESSION_LOST:
                 self._log("warning", "health_check_failed", error=describe(self._last_error))
+            case A.LOG_PROBE_LATE:
+                self._log("warning", "probe_late", timeout_s=config.health_timeout_s)
             case A.LOG_RECOVERED:
                 self._log("info", "leadership_recovered")
             case A.LOG_GIVING_UP:
@@ -571,6 +614,7 @@ class Machine:
         self._attempt, self._cycle_start, self._last_error = 0, None, None
         self._fatal_error = None
         self._term = self._announce_at = None
+        self._probe_pending = False
         self._wait_budget_s = 0.0
 
     def _log(self, level: LogLevel, message: str, /, exc: BaseException | None = None,

@@ -42,6 +42,7 @@ class Input(enum.Enum):
     DB_ERROR = "DbError"
     HEALTH_OK = "HealthOk"
     HEALTH_FAILED = "HealthFailed"
+    PROBE_LATE = "ProbeLate"
     REACQUIRE_SUCCEEDED = "ReacquireSucceeded"
     REACQUIRE_FAILED = "ReacquireFailed"
     RECONNECT_FAILED = "ReconnectFailed"
@@ -67,6 +68,7 @@ class Action(enum.Enum):
     RESET_RETRY = "reset the retry state"
     LOG_SESSION_LOST = "log a warning: the session failed"
     LOG_RECOVERED = "log a notice: leadership recovered"
+    LOG_PROBE_LATE = "log a warning: the probe is late; not leading until it answers"
     LOG_GIVING_UP = "log why the lock gives up"
     EMIT_ACQUIRED = "emit on_acquired"
     EMIT_ACQUIRE_FAILED = "emit on_acquire_failed"
@@ -157,16 +159,17 @@ I = Input  # noqa: E741
 _STOP = (A.CLOSE_SESSION, A.EMIT_STOPPED)
 
 
-def _session_failed(input_: Input) -> tuple[Row, ...]:
-    """LEADER + HealthFailed/DbError, with footnotes 3 and 1 expanded."""
+def _session_failed(input_: Input, source: LockState = S.LEADER) -> tuple[Row, ...]:
+    """LEADER (or RECONNECTING after a late probe) + HealthFailed/DbError, with footnotes
+    3 and 1 expanded."""
     return (
-        Row(S.LEADER, input_, S.RECONNECTING,
+        Row(source, input_, S.RECONNECTING,
             (A.LOG_SESSION_LOST, A.CLOSE_SESSION, A.START_GRACE),
             grace_enabled=True),
-        Row(S.LEADER, input_, S.FOLLOWER,
+        Row(source, input_, S.FOLLOWER,
             (A.LOG_SESSION_LOST, A.EMIT_LOST, A.CLOSE_SESSION, A.SCHEDULE_ATTEMPT),
             grace_enabled=False, auto_reacquire=True, note="footnote 3"),
-        Row(S.LEADER, input_, S.STOPPED,
+        Row(source, input_, S.STOPPED,
             (A.LOG_SESSION_LOST, A.EMIT_LOST, *_STOP),
             grace_enabled=False, auto_reacquire=False, note="footnotes 3, 1"),
     )  # fmt: skip
@@ -215,9 +218,14 @@ TABLE: tuple[Row, ...] = (
     Row(S.LEADER, I.HEALTH_OK, S.LEADER, (A.START_HEALTH_LOOP,)),
     *_session_failed(I.HEALTH_FAILED),
     *_session_failed(I.DB_ERROR),
+    Row(S.LEADER, I.PROBE_LATE, S.RECONNECTING, (A.LOG_PROBE_LATE,),
+        note="no events: the session may be fine, the probe slow; its answer decides"),
     Row(S.LEADER, I.STOP_REQUESTED, S.RELEASING, (A.UNLOCK,)),
     Row(S.LEADER, I.RELEASE_REQUESTED, S.RELEASING, (A.UNLOCK,)),
     _aborted(S.LEADER),
+    Row(S.RECONNECTING, I.HEALTH_OK, S.LEADER, (A.LOG_RECOVERED, A.START_HEALTH_LOOP),
+        note="the late probe answered: the session was alive and held the lock"),
+    *_session_failed(I.HEALTH_FAILED, S.RECONNECTING),
     Row(S.RECONNECTING, I.REACQUIRE_SUCCEEDED, S.LEADER,
         (A.LOG_RECOVERED, A.RESET_RETRY, A.START_HEALTH_LOOP), note="no events"),
     Row(S.RECONNECTING, I.REACQUIRE_FAILED, S.FOLLOWER, (A.EMIT_LOST, A.SCHEDULE_ATTEMPT),

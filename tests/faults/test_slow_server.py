@@ -1,0 +1,58 @@
+"""A slow server is not a lost session: a probe that is late while the server has
+acknowledged it suspends leadership (not LEADER) and resumes when the answer comes, with
+no ``on_lost``; a silent network still loses the lock at the demotion bound (the
+partition test in test_network_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+
+from pgleaderlock import LeaderLock, LockState
+from pgleaderlock.testing.beliefs import BeliefLog
+
+if TYPE_CHECKING:
+    from conftest import Recorder
+
+S = LockState
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+async def test_a_frozen_backend_suspends_leadership_without_losing_it(
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    beliefs: BeliefLog,
+    figures: Callable[[str, float, str], None],
+) -> None:
+    """SIGSTOP of the lock's own server backend: the kernel still acknowledges the probe,
+    the backend does not answer. The lock leaves LEADER at the demotion bound, keeps its
+    session, and is LEADER again, silently, once the backend answers (SIGCONT)."""
+    lock = make_lock(pg_dsn, keys, "slow", health_interval_s=0.3, health_timeout_s=0.3)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    pid = lock.backend_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        await rec.wait_state(S.RECONNECTING, timeout=5)
+        figures("demoted after the backend froze", time.monotonic() - stopped_at, "s")
+        assert not lock.is_leader
+        await asyncio.sleep(0.5)  # well past health_timeout_s: still waiting, not lost
+        assert lock.state is S.RECONNECTING
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await rec.wait_state(S.LEADER, timeout=5)
+    assert lock.backend_pid == pid  # the same session: the lock was held all along
+    assert "lost" not in rec.names()
+    assert lock.statistics().losses == 0
+    beliefs.report().assert_safe()
