@@ -313,10 +313,17 @@ class SchedulerBinding:
                 continue  # paused by the user, or not due yet
             upcoming = job.trigger.get_next_fire_time(None, cutoff)
             if upcoming is None or upcoming < cutoff:
-                log.info("job_expired", job=job.id, reason="its only run time passed earlier")
+                log.info(
+                    "job_expired",
+                    job=job.id,
+                    lock=self._lock.label,
+                    reason="its only run time passed earlier",
+                )
                 job.remove()
                 continue
-            log.debug("job_fast_forwarded", job=job.id, was=next_run, now=upcoming)
+            log.debug(
+                "job_fast_forwarded", job=job.id, lock=self._lock.label, was=next_run, now=upcoming
+            )
             job.modify(next_run_time=upcoming)
 
 
