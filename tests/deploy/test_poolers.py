@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -41,6 +41,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
+from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
 from support.pgbouncer import PgBouncer, PoolMode
 from support.poll import eventually
 
@@ -591,3 +592,132 @@ async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
         await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
     show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
     beliefs.report().assert_safe()
+
+
+# ---------------------------------------------------------------- session mode: partitions
+
+
+class PgBouncerOn(PgBouncer):
+    """A PgBouncer that listens on ``addr`` (a local address other than 127.0.0.1), so
+    that a client in a network namespace can reach it over a link that can be cut."""
+
+    def __init__(self, addr: str, backend_dsn: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(backend_dsn, *args, **kwargs)
+        self._addr = addr
+
+    @property
+    def host(self) -> str:
+        return self._addr
+
+
+@pytest.fixture
+def netns_link() -> Iterator[NetnsLink]:
+    """A namespace + veth link on a private /30; skipped when netns cannot be used."""
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    link = NetnsLink()
+    try:
+        link.start()
+    except NetnsUnavailableError as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    try:
+        yield link
+    finally:
+        link.close()
+
+
+PARTITION_CHILD: Final = CandidateOptions(
+    health_interval_s=1.0,
+    health_timeout_s=0.5,
+    connect_timeout_s=1.0,
+    command_timeout_s=1.0,
+    retry_s=0.2,
+)
+"""D = 1.5 s (U = 2.5 s by default, which only guards PgBouncer's hop to the server)."""
+CLIENT_SIDE_TIMEOUTS: Final = {
+    "tcp_keepidle": "2",
+    "tcp_keepintvl": "1",
+    "tcp_keepcnt": "1",
+    "tcp_user_timeout": "2500",
+}
+"""PgBouncer's own TCP settings, longer than D = 1.5 s: a silent client is dropped (and
+its server connection reset) after about 3 s."""
+
+
+@pytest.mark.parametrize(
+    "client_side", ["pgbouncer_timeouts_above_D", "stock"], ids=["timeouts", "stock"]
+)
+async def test_session_mode_partition_between_client_and_pooler(
+    client_side: str,
+    netns_link: NetnsLink,
+    pg_dsn: str,
+    keys: tuple[int, int],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    record_property: Record,
+) -> None:
+    """The leader's link to PgBouncer is cut silently (no FIN, no RST). The leader
+    demotes itself within D either way. Who frees the lock is PgBouncer: the server's
+    TCP settings that the lock applies guard only PgBouncer's connection to the server,
+    which is fine.
+
+    - With PgBouncer's ``tcp_keep*``/``tcp_user_timeout`` above D, PgBouncer drops the
+      silent client, resets its server connection (``DISCARD ALL``) and the follower
+      leads, after the old leader's demotion.
+    - With the stock settings (OS keepalive: 2 h idle), the lock stays held by the
+      partitioned leader's server connection: nobody leads, for hours.
+    """
+    link = netns_link
+    settings = CLIENT_SIDE_TIMEOUTS if client_side != "stock" else {}
+    demotion_bound = 1.5
+    with PgBouncerOn(link.host_addr, pg_dsn, "session", settings=settings) as bouncer:
+        beliefs = BeliefLog()
+        follower = LeaderLock(
+            bouncer.dsn(),
+            *keys,
+            name="follower",
+            **{**FAST, "health_interval_s": 1.0, "retry_strategy": FixedInterval(0.2)},
+        )
+        beliefs.attach(follower, "follower")
+        rec = recorder(follower)
+        inside = CandidateProcess(
+            "inside",
+            bouncer.dsn(),
+            *keys,
+            options=PARTITION_CHILD,
+            beliefs=beliefs,
+            prefix=link.exec_prefix(),
+        )
+        try:
+            await inside.start()
+            await inside.wait_event("acquired", timeout_s=TAKEOVER_BOUND_S)
+            await follower.start()
+            await rec.wait(lambda: "acquire_failed" in rec.names(), TAKEOVER_BOUND_S)
+            server = inside.backend_pid
+            assert await holders(*keys) == [server]
+
+            cut_at = time.monotonic()
+            link.cut()
+            lost = await inside.wait_event("lost", since=cut_at, timeout_s=TAKEOVER_BOUND_S)
+            show(record_property, f"partition ({client_side}): demotion after cut", lost.t - cut_at)
+            assert lost.t - cut_at <= demotion_bound + 1.0
+            if client_side == "stock":
+                await asyncio.sleep(4 * demotion_bound)
+                assert await holders(*keys) == [server]  # still the partitioned leader's
+                assert not follower.is_leader
+            else:
+                await eventually(lambda: follower.is_leader, TAKEOVER_BOUND_S, "a new leader")
+                took = next(i.start for i in beliefs.intervals_of("follower") if i.start > cut_at)
+                show(
+                    record_property, f"partition ({client_side}): takeover after cut", took - cut_at
+                )
+                assert lost.t < took, "the pooler freed the lock before the old leader demoted"
+                assert await holders(*keys) == [follower.backend_pid]
+        finally:
+            link.heal()
+            await inside.kill()
+            await follower.shutdown(timeout_s=10)
+        beliefs.report().assert_safe()
+    # Closing PgBouncer closed its server connections, which freed anything left.
+    await assert_freed(holders, keys)
