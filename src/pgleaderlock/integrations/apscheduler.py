@@ -224,7 +224,9 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
     @leader_only(lock)
     async def send_report() -> None: ...
 
-    scheduler.add_job(send_report, "interval", minutes=5)
+    # A fixed start_date gives every replica the same run times (see the guide).
+    EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    scheduler.add_job(send_report, "interval", minutes=5, start_date=EPOCH)
     ```
     """
     return _LeaderOnly(_lock_of(lock))
