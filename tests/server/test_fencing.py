@@ -28,7 +28,9 @@ from pgleaderlock import (
     FixedInterval,
     LeaderLock,
     LockState,
+    lock_keys,
 )
+from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.server import dsn_to_url, lock_holders
 
@@ -609,3 +611,19 @@ async def test_fence_refuses_a_sqlalchemy_autocommit_engine(
                 await lock.fence(session)
     finally:
         await engine.dispose()
+
+
+async def test_candidate_process_with_fencing(
+    pg_dsn: str, fencing_table: str, admin: Admin
+) -> None:
+    """``CandidateOptions(fencing=True, ...)``: the child's lock bumps the term, and its
+    ``acquired`` event carries it; without the options the command line is unchanged."""
+    assert not any("fenc" in arg or "delay" in arg for arg in CandidateOptions().argv())
+    options = CandidateOptions(fencing=True, fencing_table=fencing_table, acquire_delay_s=0.01)
+    keys = lock_keys(unique("test-fencing-candidate"))
+    async with CandidateProcess("fenced", pg_dsn, *keys, options=options) as child:
+        acquired = await child.wait_event("acquired", timeout_s=10)
+        cur = await admin.execute(
+            f"SELECT term FROM {fencing_table} WHERE key1 = %s AND key2 = %s".encode(), keys
+        )
+        assert await cur.fetchone() == (acquired.data["term"],)
