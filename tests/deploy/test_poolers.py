@@ -542,6 +542,37 @@ async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
         assert (await fetch(conn, "SELECT pg_backend_pid()"))[0] == server
 
 
+async def test_session_mode_a_reset_query_without_discard_keeps_a_disconnected_clients_lock(
+    make_pgbouncer: Callable[..., PgBouncer],
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    terminate: Callable[[int | None], Awaitable[None]],
+) -> None:
+    """Why the docs say to keep ``server_reset_query = DISCARD ALL``: with a lighter reset
+    (``DEALLOCATE ALL``) a client that disconnects leaves its lock on the server
+    connection, and the next client gets that connection, lock included."""
+    bouncer = await asyncio.to_thread(
+        make_pgbouncer, "session", settings={"server_reset_query": "DEALLOCATE ALL"}
+    )
+    async with plain_client(bouncer.dsn()) as conn:
+        taken, server = await fetch(
+            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+        )
+        assert taken is True
+    try:
+        await asyncio.sleep(0.2)
+        assert await holders(*keys) == [server]
+        async with plain_client(bouncer.dsn()) as other:
+            same, held = await fetch(
+                other,
+                "SELECT pg_backend_pid(), count(*) FROM pg_locks"
+                " WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+            )
+            assert (same, held) == (server, 1)
+    finally:
+        await terminate(server)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
     backend: Backend,
