@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import random
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+import pgleaderlock
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.server import lock_holders, resolve_test_dsn
@@ -18,6 +23,7 @@ from support.server import lock_holders, resolve_test_dsn
 pytest_plugins = ["support.pgbouncer"]
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
+_JSON_LOG_RECORDS = pytest.StashKey[list[int]]()  # records checked, records that failed
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +58,103 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     description = terminalreporter.config.stash.get(_PG_DESCRIPTION, None)
     if description is not None:
         terminalreporter.write_sep("-", f"pgleaderlock test database: {description}")
+    records, failed = terminalreporter.config.stash.get(_JSON_LOG_RECORDS, [0, 0])
+    if records:
+        terminalreporter.write_sep(
+            "-",
+            f"JSON log check: {records} pgleaderlock log records formatted as JSON, {failed} failed",
+        )
+
+
+# ---------------------------------------------------------------- JSON log records
+
+_PACKAGE_DIR = str(Path(pgleaderlock.__file__).resolve().parent)
+
+_FORMATTER = logging.Formatter()
+
+PROCESS_EVENTS = frozenset({"plugin_load_failed"})
+"""Events about the process rather than one lock: their records carry no ``lock``."""
+
+
+class JsonLogCheck(logging.Handler):
+    """Formats every record of the ``pgleaderlock`` logger as one JSON object, as a JSON
+    log formatter would, and keeps what went wrong: a value ``json.dumps`` cannot
+    serialise, or a record written by the library without its ``event`` and ``lock``
+    fields. Records may come from any thread (a ThreadedLeaderLock's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.problems: list[str] = []
+        self.records = 0
+        self._mutex = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            problem = self._check(record)
+        except Exception as exc:  # the formatter raised: exactly what must not happen
+            problem = f"{record.name}: {record.getMessage()!r}: {type(exc).__name__}: {exc}"
+        with self._mutex:
+            self.records += 1
+            if problem is not None:
+                self.problems.append(problem)
+
+    def _check(self, record: logging.LogRecord) -> str | None:
+        fields = getattr(record, "pgleaderlock", None)
+        line = {
+            "time": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **(fields if isinstance(fields, dict) else {}),
+        }
+        if record.exc_info:
+            line["exception"] = _FORMATTER.formatException(record.exc_info)
+        json.dumps(line)
+        if not record.pathname.startswith(_PACKAGE_DIR):
+            return None  # written by a test, not by the library
+        if not isinstance(fields, dict) or not isinstance(fields.get("event"), str):
+            return f"{record.name}: {record.getMessage()!r}: no event field"
+        if "lock" not in fields and fields["event"] not in PROCESS_EVENTS:
+            return f"{record.name}: {record.getMessage()!r}: no lock field"
+        return None
+
+
+@pytest.fixture
+def json_log_level() -> int | None:
+    """The ``pgleaderlock`` logger's level during a test under ``json_log_check``; None
+    leaves it as it is (WARNING and up reach the handler). tests/faults sets DEBUG."""
+    return None
+
+
+@pytest.fixture(autouse=True)
+def json_log_check(
+    json_log_level: int | None, request: pytest.FixtureRequest
+) -> Iterator[JsonLogCheck]:
+    """Every test: each record the library logs is formatted as JSON
+    (``json.dumps`` of ``record.pgleaderlock`` and the standard fields) and must carry
+    ``event`` and ``lock``; the test fails at teardown if one did not, or could not be
+    formatted."""
+    logger = logging.getLogger("pgleaderlock")
+    handler = JsonLogCheck()
+    level = logger.level
+    logger.addHandler(handler)
+    if json_log_level is not None:
+        logger.setLevel(json_log_level)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    totals = request.config.stash.setdefault(_JSON_LOG_RECORDS, [0, 0])
+    totals[0] += handler.records
+    totals[1] += len(handler.problems)
+    if handler.problems:
+        shown = "\n".join(handler.problems[:20])
+        pytest.fail(
+            f"{len(handler.problems)} of {handler.records} log records failed the JSON "
+            f"check:\n{shown}",
+            pytrace=False,
+        )
 
 
 class Recorder:

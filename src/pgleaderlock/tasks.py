@@ -320,13 +320,17 @@ class LeaderTasks:
                 del self._stragglers[name]
         self._consume(task)
 
-    @staticmethod
-    def _consume(task: asyncio.Task[None]) -> None:
+    def _consume(self, task: asyncio.Task[None]) -> None:
         """Retrieve a finished task's outcome, so asyncio never reports it as lost."""
         if task.done() and not task.cancelled():
             exc = task.exception()
             if exc is not None:
-                log.error("leader_task_failed", task=task.get_name(), error=repr(exc))
+                log.error(
+                    "leader_task_failed",
+                    task=task.get_name(),
+                    lock=self._lock.label,
+                    error=repr(exc),
+                )
 
     # ------------------------------------------------------------------ one task
 
@@ -334,7 +338,9 @@ class LeaderTasks:
         try:
             delay = self._retry.next_delay_s(ctx)
         except Exception as exc:
-            log.error("retry_strategy_failed", error=repr(exc), exc_info=True)
+            log.error(
+                "retry_strategy_failed", lock=self._lock.label, error=repr(exc), exc_info=True
+            )
             return None
         return None if delay is None else max(0.0, float(delay))
 

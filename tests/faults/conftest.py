@@ -9,6 +9,7 @@ the overlap must stay under ``TERMINATE_OVERLAP_LIMIT_S``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,13 @@ FAST: dict[str, Any] = {
 """Short timings: demotion bound D = 1 s, tcp_user_timeout U = 2 s."""
 
 _FIGURES = pytest.StashKey[list[tuple[str, str, str]]]()
+
+
+@pytest.fixture
+def json_log_level() -> int | None:
+    """The whole fault run logs at DEBUG, so every record the library writes under
+    faults goes through the JSON check of ``json_log_check`` (tests/conftest.py)."""
+    return logging.DEBUG
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import asyncio
 import importlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -15,7 +15,13 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import Depends, FastAPI, Request
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import (
+    ConnectionError,
+    FixedInterval,
+    LeaderLock,
+    LockState,
+    ServerRefusedError,
+)
 from pgleaderlock.integrations.fastapi import LeaderLifespan, LeaderStatus
 from pgleaderlock.testing import FakeServer
 
@@ -152,6 +158,130 @@ async def test_status_route_and_dependencies(fake_lock: Callable[..., LeaderLock
             assert (await http_b.get("/whoami")).json() == {"leader": False}
             schema = (await http_a.get("/openapi.json")).json()
             assert "/leader" in schema["paths"]
+
+
+async def test_a_lock_stopped_on_a_permanent_error_is_not_ready(
+    fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
+    """The lock stops on an error that retrying cannot mend: the status shows the error,
+    and neither the status route nor the readiness route looks healthy."""
+    server.refuse_connections = ServerRefusedError('password authentication failed for "app"')
+    lock = fake_lock(name="refused")
+    leader = LeaderLifespan(lock)
+    app = FastAPI(lifespan=leader)
+    app.include_router(leader.router())
+    async with LifespanManager(app) as manager, client(manager.app) as http:
+        with pytest.raises(ServerRefusedError):
+            await lock.wait_for_leadership(5)
+        assert lock.state is S.STOPPED
+        for path in ("/leader", "/leader/ready"):
+            response = await http.get(path)
+            assert response.status_code == 503, path
+            body = response.json()
+            assert body["state"] == "stopped"
+            assert body["ready"] is False
+            assert body["is_leader"] is False
+            assert body["last_error"] == (
+                'ServerRefusedError: password authentication failed for "app"'
+            )
+        assert leader.status().ready is False
+
+
+async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
+    fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
+    """Ready while the lock takes part in the election (leader, follower, or retrying
+    a connection error that may go away); not ready before startup and after shutdown."""
+    a, b = fake_lock(name="ready"), fake_lock(name="ready")
+    apps = {}
+    for lock in (a, b):
+        leader = LeaderLifespan(lock)
+        apps[lock] = app = FastAPI(lifespan=leader)
+        app.include_router(leader.router(follower_status_code=503, ready_path="/healthz"))
+        app.include_router(leader.router("/plain", ready_path=None))
+
+    async with client(apps[a]) as http:  # the lifespan has not run: the lock is stopped
+        response = await http.get("/leader/healthz")
+        assert response.status_code == 503
+        assert response.json()["ready"] is False
+        assert (await http.get("/plain/ready")).status_code == 404  # ready_path=None
+
+    async with LifespanManager(apps[a]) as ma, client(ma.app) as http_a:
+        assert await a.wait_for_leadership(5)
+        async with LifespanManager(apps[b]) as mb, client(mb.app) as http_b:
+            await until(lambda: b.statistics().failed_attempts > 0)
+            assert (await http_a.get("/leader/healthz")).status_code == 200
+            assert (await http_a.get("/leader")).status_code == 200
+            follower = await http_b.get("/leader/healthz")
+            assert follower.status_code == 200  # a follower is ready ...
+            assert follower.json()["ready"] is True
+            assert follower.json()["last_error"] is None
+            assert (await http_b.get("/leader")).status_code == 503  # ... but not leader
+
+            server.refuse_connections = ConnectionError("connection refused")
+            for session in server.open_sessions:  # reconnecting fails, and is retried
+                server.terminate(session)
+            await until(lambda: a.statistics().last_error is not None)
+            await until(lambda: b.statistics().last_error is not None)
+            for http in (http_a, http_b):
+                retrying = await http.get("/leader/healthz")
+                assert retrying.status_code == 200
+                assert retrying.json()["ready"] is True
+                assert retrying.json()["last_error"] == "ConnectionError: connection refused"
+            server.refuse_connections = None
+            await until(lambda: a.is_leader or b.is_leader)
+        assert b.state is S.STOPPED
+        assert (await http_a.get("/leader/healthz")).status_code == 200
+    async with client(apps[a]) as http:
+        assert (await http.get("/leader/healthz")).status_code == 503  # after shutdown
+
+
+async def test_two_leader_lifespans_combine_with_wrap(
+    fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
+    """``a.wrap(b)``: two locks in one app. ``b`` starts first and stops last, as the
+    lifespan given to ``wrap`` does; each lock runs its own leader tasks."""
+    lock_a = fake_lock(name="a")
+    lock_b = LeaderLock(
+        None, 3, 4, name="b", connect_fn=server.connect, retry_strategy=FixedInterval(0.01)
+    )
+    a, b = LeaderLifespan(lock_a), LeaderLifespan(lock_b)
+    events: list[str] = []
+    for name, lock in (("a", lock_a), ("b", lock_b)):
+        lock.on_state_change(
+            lambda old, new, name=name: events.append(f"{name} {old.value}->{new.value}")
+        )
+    running: set[str] = set()
+
+    def task_of(name: str) -> Callable[[], Awaitable[None]]:
+        async def work() -> None:
+            running.add(name)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                running.discard(name)
+
+        return work
+
+    a.task(name="task-a")(task_of("a"))
+    b.task(name="task-b")(task_of("b"))
+    app = FastAPI(lifespan=a.wrap(b))
+    app.include_router(a.router("/leader/a"))
+    app.include_router(b.router("/leader/b"))
+    try:
+        async with LifespanManager(app) as manager, client(manager.app) as http:
+            assert await lock_a.wait_for_leadership(5)
+            assert await lock_b.wait_for_leadership(5)
+            await until(lambda: running == {"a", "b"})
+            assert (await http.get("/leader/a")).json()["name"] == "a"
+            assert (await http.get("/leader/b")).json()["tasks"] == ["task-b"]
+        assert lock_a.state is S.STOPPED
+        assert lock_b.state is S.STOPPED
+        assert running == set()
+        assert events.index("b stopped->follower") < events.index("a stopped->follower")
+        assert events.index("a releasing->stopped") < events.index("b releasing->stopped")
+    finally:
+        await lock_b.shutdown(timeout_s=5)
 
 
 def test_missing_fastapi_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,13 +14,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
+from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import FixedInterval, LeaderLock, LockState, ServerRefusedError
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -168,6 +170,42 @@ async def test_shutting_down_the_leader_app_hands_over_without_overlap(
     assert cluster.events == ["start a", "stop a", "start c", "stop c"]
     assert cluster.violations == []
     assert leader_a.lock.state is leader_c.lock.state is LockState.STOPPED
+
+
+@pytest.mark.parametrize("backend", ["psycopg", "asyncpg"])
+async def test_unknown_database_stops_the_lock_and_the_app_is_not_ready(
+    pg_dsn: str, lock_name: str, backend: str
+) -> None:
+    """A permanent error (the database does not exist): the lock stops at once instead
+    of retrying, the status shows why, and the readiness route answers 503."""
+    dbname = f"no_such_db_{lock_name.replace('-', '_')}"
+    parts = urlsplit(pg_dsn)
+    if parts.scheme:
+        dsn = urlunsplit(parts._replace(path="/" + dbname))
+    elif backend == "psycopg":
+        dsn = make_conninfo(pg_dsn, dbname=dbname)
+    else:
+        pytest.skip("asyncpg takes URLs only; the test DSN is in key=value form")
+    lock = LeaderLock.from_name(lock_name, dsn=dsn, backend=backend, **FAST_PG)
+    leader = LeaderLifespan(lock)
+    app = FastAPI(lifespan=leader)
+    app.include_router(leader.router())
+    started = time.monotonic()
+    async with LifespanManager(app) as manager:
+        with pytest.raises(ServerRefusedError):
+            await lock.wait_for_leadership(BOUND_S)
+        assert time.monotonic() - started < BOUND_S
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
+            ready = await http.get("/leader/ready")
+            status = await http.get("/leader")
+    assert ready.status_code == status.status_code == 503
+    body = ready.json()
+    assert body["ready"] is False
+    assert body["state"] == "stopped"
+    assert body["last_error"].startswith("ServerRefusedError: ")
+    assert dbname in body["last_error"]
+    assert lock.statistics().errors == 1  # reported once, not retried
 
 
 # ---------------------------------------------------------------------- the example app

@@ -1,14 +1,25 @@
-"""lock_keys golden values, key validation, DSN masking and structured log lines."""
+"""lock_keys golden values, key validation, DSN masking and structured log lines: every
+record names its event and lock, and every event the library logs is documented."""
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import json
 import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import ConfigurationError, lock_keys
+import pgleaderlock
+from pgleaderlock import ConfigurationError, LeaderLock, lock_keys
 from pgleaderlock.core._logging import format_event, get_logger, mask_dsn
 from pgleaderlock.core.keys import check_key
+
+if TYPE_CHECKING:
+    from conftest import JsonLogCheck
 
 # Computed by PostgreSQL 15: SELECT ('x'||substr(md5(n),1,8))::bit(32)::int, ...9,8...
 GOLDEN = {
@@ -82,3 +93,121 @@ def test_structured_fields_are_json_serialisable(caplog: pytest.LogCaptureFixtur
     fields = caplog.records[-1].pgleaderlock  # type: ignore[attr-defined]
     assert fields == {"event": "state_change", "to": "leader", "error": "x", "lock": "a"}
     json.dumps(fields)
+
+
+# ---------------------------------------------------------------- every event documented
+
+SRC = Path(pgleaderlock.__file__).resolve().parent
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+LEVELS = {"debug", "info", "warning", "error"}
+
+
+def logging_calls() -> Iterator[tuple[str, ast.Call, ast.expr]]:
+    """Every call in the library that writes a log record: (file, call, event argument).
+
+    The shapes: ``log.info("event", ...)`` and ``self._log.info(...)`` (StructuredLogger),
+    ``self._log(level, "event", ...)`` and ``Log(level, "event", ...)`` (the state
+    machine), ``log(level, "event", ...)`` (the command line's own lines).
+    """
+    for path in sorted(SRC.rglob("*.py")):
+        if "testing" in path.relative_to(SRC).parts:
+            continue  # test helpers for users, not the library's own logging
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            func, where = node.func, str(path.relative_to(SRC))
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in LEVELS
+                and (
+                    (isinstance(func.value, ast.Name) and func.value.id == "log")
+                    or (isinstance(func.value, ast.Attribute) and func.value.attr == "_log")
+                )
+                and node.args
+            ):
+                yield where, node, node.args[0]
+            elif (
+                (isinstance(func, ast.Attribute) and func.attr == "_log")
+                or (isinstance(func, ast.Name) and func.id in ("Log", "log"))
+            ) and len(node.args) >= 2:
+                yield where, node, node.args[1]
+
+
+def emitted_events() -> set[str]:
+    events: set[str] = set()
+    for _, _call, event in logging_calls():
+        if isinstance(event, ast.Constant) and isinstance(event.value, str):
+            events.add(event.value)
+    # The command line's "held elsewhere" line: its name is passed to contend()/lead().
+    for path in (SRC / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                for kw in node.keywords:
+                    value = kw.value
+                    if kw.arg == "event" and isinstance(value, ast.Constant):
+                        events.add(str(value.value))
+    return events
+
+
+def test_the_scan_finds_the_library_events() -> None:
+    events = emitted_events()
+    for event in ("state_change", "lock_acquired", "session_opened", "leader_task_started",
+                  "job_skipped", "callback_failed", "run_started", "not_acquired", "lock_busy"):  # fmt: skip
+        assert event in events
+
+
+def test_no_logging_call_passes_a_field_named_event() -> None:
+    """``event`` is the record's event name; a field of that name would replace it in
+    ``record.pgleaderlock``."""
+    clashes = [
+        f"{where}:{call.lineno}"
+        for where, call, _ in logging_calls()
+        if any(kw.arg == "event" for kw in call.keywords)
+    ]
+    assert clashes == []
+
+
+def test_every_event_is_documented() -> None:
+    documented = (DOCS / "logging.md").read_text()
+    missing = sorted(e for e in emitted_events() if f"`{e}`" not in documented)
+    assert missing == [], f"events missing from docs/logging.md: {missing}"
+
+
+def test_lifecycle_records_carry_event_and_lock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lock's records, DEBUG included, each name the event and the lock."""
+    from pgleaderlock.testing import FakeServer
+
+    server = FakeServer()
+
+    async def lead_and_stop() -> None:
+        lock = LeaderLock(None, 7, -8, connect_fn=server.connect, load_plugins=False)
+        async with lock:
+            assert await lock.wait_for_leadership(5)
+
+    with caplog.at_level(logging.DEBUG, logger="pgleaderlock"):
+        asyncio.run(lead_and_stop())
+    records = [r for r in caplog.records if r.name.startswith("pgleaderlock")]
+    events = [r.pgleaderlock["event"] for r in records]  # type: ignore[attr-defined]
+    assert {"input", "state_change", "session_opened", "lock_acquired", "lock_stopped"} <= set(
+        events
+    )
+    for record in records:
+        fields = record.pgleaderlock  # type: ignore[attr-defined]
+        assert fields["lock"] == "7,-8", record.getMessage()
+        assert record.getMessage().split()[0] == fields["event"]
+        json.dumps(fields)
+
+
+def test_the_json_log_check_fails_a_record_a_json_formatter_cannot_write(
+    json_log_check: JsonLogCheck,
+) -> None:
+    """The autouse check (tests/conftest.py) would fail this test at teardown."""
+    from pgleaderlock import LockState
+
+    raw = logging.getLogger("pgleaderlock")
+    raw.error("raw", extra={"pgleaderlock": {"event": "raw", "state": LockState.LEADER}})
+    assert len(json_log_check.problems) == 1
+    assert "TypeError" in json_log_check.problems[0]
+    json_log_check.problems.clear()

@@ -208,6 +208,51 @@ async def test_locks_that_share_a_label_add_up(
     assert value(registry, "pgleaderlock_is_leader", "shared") == 0
 
 
+async def test_concurrent_locks_with_one_name_add_up_and_never_overwrite(
+    make_lock: Callable[..., LeaderLock],
+    registry: CollectorRegistry,
+    recorder: Callable[[LeaderLock], Recorder],
+) -> None:
+    """Two live locks named alike, one leader and one follower: the gauges count both
+    (the follower's events do not hide the leader), the counters are their sums."""
+    clock = FakeClock()
+    plugin = MetricsPlugin(registry, clock=clock)
+    leader, follower = make_lock(name="shared"), make_lock(name="shared", follower_mode="poll")
+    for lock in (leader, follower):
+        lock.plugins.register(plugin)
+    await leader.start()
+    assert await leader.wait_for_leadership(5)
+    rec = recorder(follower)
+    await follower.start()
+    await rec.wait_event("acquire_failed", count=2)  # its events came after the leader's
+    assert follower.state is not LockState.LEADER
+
+    assert value(registry, "pgleaderlock_is_leader", "shared") == 1
+    assert value(registry, "pgleaderlock_state", "shared", state="leader") == 1
+    in_follower_states = sum(
+        value(registry, "pgleaderlock_state", "shared", state=s) for s in ("follower", "acquiring")
+    )
+    assert in_follower_states == 1
+    assert (
+        sum(value(registry, "pgleaderlock_state", "shared", state=s.value) for s in LockState) == 2
+    )
+    clock.now += 4.0
+    assert value(registry, "pgleaderlock_leader_duration_seconds", "shared") == 4.0
+    assert value(registry, "pgleaderlock_leader_seconds_total", "shared") == 4.0
+    assert value(registry, "pgleaderlock_acquire_failures_total", "shared") >= 2
+    assert value(registry, "pgleaderlock_acquired_total", "shared") == 1
+
+    await leader.shutdown()  # the follower takes over: both leaderships count
+    assert await follower.wait_for_leadership(5)
+    clock.now += 1.0
+    assert value(registry, "pgleaderlock_acquired_total", "shared") == 2
+    assert value(registry, "pgleaderlock_released_total", "shared") == 1
+    assert value(registry, "pgleaderlock_is_leader", "shared") == 1
+    assert value(registry, "pgleaderlock_state", "shared", state="stopped") == 1
+    assert value(registry, "pgleaderlock_leader_duration_seconds", "shared") == 1.0
+    assert value(registry, "pgleaderlock_leader_seconds_total", "shared") == 5.0
+
+
 async def test_exposition_reads_well(
     make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
 ) -> None:

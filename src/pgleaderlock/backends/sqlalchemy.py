@@ -296,17 +296,29 @@ def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable
 async def _read_term(
     conn: AsyncConnection | AsyncSession, table: TermTable, key1: int, key2: int
 ) -> int | None:
-    sync = conn.sync_connection if isinstance(conn, AsyncConnection) else None
-    options = sync.get_execution_options() if sync is not None else {}
-    if options.get("isolation_level") == "AUTOCOMMIT":
+    connection = conn if isinstance(conn, AsyncConnection) else await conn.connection()
+    if _autocommit(connection):
         raise ConfigurationError(
-            "fence() must run inside the transaction it protects; this connection uses "
-            "isolation_level='AUTOCOMMIT'"
+            "fence() must run inside the transaction it protects; this connection runs "
+            "in autocommit mode (isolation_level='AUTOCOMMIT', on the connection or its "
+            "engine), where the fence's row lock would end with the fence itself"
         )
     query = text(fence_statement(table).sql(":key1", ":key2"))
     result = await conn.execute(query, {"key1": key1, "key2": key2})
     term = result.scalar()
     return None if term is None else int(term)
+
+
+def _autocommit(conn: AsyncConnection) -> bool:
+    """Does ``conn`` run every statement in a transaction of its own? Set by its
+    execution options, or by the engine's ``isolation_level`` (which SQLAlchemy applies
+    to the driver connection only): the driver connection knows either way."""
+    sync = conn.sync_connection
+    if sync is None:  # not started: execute() raises the usual error
+        return False
+    if sync.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return True
+    return bool(getattr(sync.connection.dbapi_connection, "autocommit", False))
 
 
 backend = Backend(

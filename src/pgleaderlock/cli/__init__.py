@@ -18,7 +18,7 @@ Exit codes (also in ``pgleaderlock --help``):
 |---|---|
 | 0 | success; ``run`` stopped by SIGTERM/SIGINT (lock released) |
 | 1 | ``acquire``: the lock is held elsewhere; ``run``: the lock stopped by itself |
-| 2 | bad input (no DSN, malformed DSN, keys out of range, ...) or unreachable server |
+| 2 | bad input (no or malformed DSN, keys out of range, ...), unreachable or refusing server |
 | 75 | ``exec``: the lock is held elsewhere, COMMAND was not run (``--held-exit-code``) |
 | 76 | ``exec``/``acquire --hold``: leadership was lost; COMMAND was terminated |
 | 126 | ``exec``: COMMAND cannot be executed; 127: COMMAND not found |
@@ -88,7 +88,8 @@ Examples:
 Exit codes:
   0      success; run: stopped by SIGTERM/SIGINT (the lock was released)
   1      acquire: the lock is held elsewhere; run: the lock stopped by itself
-  2      bad input (no or malformed DSN, keys out of range, ...) or unreachable server
+  2      bad input (no or malformed DSN, keys out of range, ...), unreachable server,
+         or refused for good (authentication, unknown role or database, pooler)
   75     exec: the lock is held elsewhere, COMMAND did not run (--held-exit-code)
   76     exec, acquire --hold: leadership was lost (COMMAND was terminated)
   126    exec: COMMAND cannot be executed (127: not found)

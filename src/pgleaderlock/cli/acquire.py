@@ -1,7 +1,8 @@
 """``pgleaderlock acquire``: try once (or for ``--wait`` seconds) to take the lock.
 
 Exit 0 if it was acquired (and held for ``--hold`` seconds, then released), 1 if it is
-held elsewhere, 76 if leadership was lost while holding, 128+N on signal N.
+held elsewhere, 76 if leadership was lost while holding, 128+N on signal N; 2 for bad
+input, an unreachable server, or an error that retrying cannot mend.
 """
 
 from __future__ import annotations
@@ -79,5 +80,5 @@ async def _acquire(
                 return EXIT_LOST
             if which == "signal":
                 sig = signals.take()[0]
-                log("INFO", "signal_received", signal=sig.name, action="release")
+                log("INFO", "signal_received", signal=sig.name, action="release", lock=lock.label)
     return EXIT_OK

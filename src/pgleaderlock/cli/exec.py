@@ -51,8 +51,9 @@ Examples:
 \b
 Exit codes: COMMAND's own exit code (128+N if it died of signal N); 75 if the lock is
 held elsewhere (COMMAND did not run); 76 if leadership was lost while COMMAND ran
-(COMMAND was sent SIGTERM, then SIGKILL after --kill-after); 2 for bad input or an
-unreachable server; 126/127 if COMMAND cannot be executed / is not found.
+(COMMAND was sent SIGTERM, then SIGKILL after --kill-after); 2 for bad input, an
+unreachable server or a server that refuses this client for good (COMMAND did not run);
+126/127 if COMMAND cannot be executed / is not found.
 
 COMMAND runs in its own session (process group); SIGTERM and SIGINT sent to
 pgleaderlock are forwarded to that group. On Linux COMMAND is also killed if
@@ -174,10 +175,16 @@ async def _supervise(
             *command, start_new_session=True, preexec_fn=_pdeathsig()
         )
     except FileNotFoundError:
-        log("ERROR", "command_not_found", command=command[0], exit_code=EXIT_NOT_FOUND)
+        log(
+            "ERROR",
+            "command_not_found",
+            command=command[0],
+            exit_code=EXIT_NOT_FOUND,
+            lock=lock.label,
+        )
         return EXIT_NOT_FOUND
     except OSError as exc:
-        log("ERROR", "command_failed", command=command[0], error=str(exc))
+        log("ERROR", "command_failed", command=command[0], error=str(exc), lock=lock.label)
         return EXIT_CANNOT_EXECUTE
     log(
         "INFO",
@@ -201,11 +208,11 @@ async def _supervise(
             )
             if which == "child":
                 code = _exit_status(await child)
-                log("INFO", "command_exited", pid=proc.pid, exit_code=code)
+                log("INFO", "command_exited", pid=proc.pid, exit_code=code, lock=lock.label)
                 return code
             if which == "signal":
                 for sig in signals.take():
-                    log("INFO", "signal_forwarded", signal=sig.name, pid=proc.pid)
+                    log("INFO", "signal_forwarded", signal=sig.name, pid=proc.pid, lock=lock.label)
                     kill(sig)
                 continue
             log(
@@ -221,10 +228,10 @@ async def _supervise(
                 async with asyncio.timeout(kill_after_s):
                     await asyncio.shield(child)
             except TimeoutError:
-                log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL")
+                log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL", lock=lock.label)
                 kill(signal.SIGKILL)
             await child
-            log("WARNING", "command_terminated", pid=proc.pid, exit_code=EXIT_LOST)
+            log("WARNING", "command_terminated", pid=proc.pid, exit_code=EXIT_LOST, lock=lock.label)
             return EXIT_LOST
     finally:
         if not child.done():  # cancelled or a bug: never leave COMMAND running unsupervised

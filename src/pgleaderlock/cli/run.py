@@ -2,7 +2,8 @@
 
 It runs until SIGTERM or SIGINT (exit 0, the lock released) or until the lock stops by
 itself (exit 1, e.g. lost with ``--no-auto-reacquire``); a server that cannot be reached
-at start is a one-line error (exit 2).
+at start, and an error that retrying cannot mend (the server refused this client, a
+transaction-mode pooler) at any time, are a one-line error (exit 2).
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import signal
 import click
 
 from ..core._logging import mask_dsn
-from ..core.errors import ConfigurationError, SessionNotDedicatedError
+from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
 from ..core.retry import ExponentialBackoff
 from .exits import EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
 from .options import Common, lock_options, log_options, seconds_option
-from .runtime import Signals, build_lock, first, not_acquired_error, preflight
+from .runtime import (
+    Signals,
+    build_lock,
+    first,
+    is_permanent,
+    not_acquired_error,
+    permanent_error,
+    preflight,
+)
 from .tracker import Tracker
 
 __all__ = ["run"]
@@ -86,8 +95,9 @@ def run(
 
     Connects, competes for the lock, and logs each state change and event (acquired,
     lost, released, errors) to stderr. SIGTERM or SIGINT releases the lock and exits
-    0. Exits 2 if the server cannot be reached at start; later connection trouble is
-    retried with the backoff.
+    0. Exits 2 if the server cannot be reached at start, or on an error that retrying
+    cannot mend (the server refused this client, a transaction-mode pooler); other
+    connection trouble later is retried with the backoff.
     """
     try:
         strategy = ExponentialBackoff(base_s=retry_base, max_s=retry_max)
@@ -123,14 +133,20 @@ async def _run(common: Common, lock: LeaderLock, tracker: Tracker) -> int:
             which, _ = await first(signal=signals.wait(), stopped=tracker.stopped.wait())
             if which == "signal":
                 sig = signals.take()[0]
-                log("INFO", "signal_received", signal=sig.name, action="release and exit")
+                log(
+                    "INFO",
+                    "signal_received",
+                    signal=sig.name,
+                    action="release and exit",
+                    lock=lock.label,
+                )
     if sig is not None:
-        log("INFO", "run_stopped", reason=sig.name, exit_code=EXIT_OK)
+        log("INFO", "run_stopped", reason=sig.name, exit_code=EXIT_OK, lock=lock.label)
         return EXIT_OK
     last = lock.statistics().last_error
-    if isinstance(last, ConfigurationError | SessionNotDedicatedError) or (
-        last is not None and not tracker.reached_server
-    ):
+    if last is not None and is_permanent(last):
+        raise permanent_error(common, last)
+    if last is not None and not tracker.reached_server:
         raise not_acquired_error(common, lock)
     log("WARNING", "run_stopped", reason="the lock stopped", exit_code=EXIT_NOT_ACQUIRED)
     return EXIT_NOT_ACQUIRED

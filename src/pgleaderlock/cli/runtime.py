@@ -5,7 +5,10 @@
 - `preflight`: one session opened and closed first, so that an unreachable server is a clear
   one-line error rather than a lock that retries;
 - `Signals` (SIGTERM and SIGINT, queued) and `first` (race awaitables);
-- `lead`: wait until the lock leads, or say why not (held elsewhere, a signal, an error).
+- `lead`: wait until the lock leads, or say why not (held elsewhere, a signal, an error);
+- `permanent_error`: the one line for an error that retrying cannot mend (the server
+  refused this client, a transaction-mode pooler, bad configuration): the lock stops on
+  it, and every command exits 2 with that line.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
+from ..core.machine import NON_RETRYABLE
 from ..core.registry import driver_dsn
 from ..core.retry import RetryStrategy
 from .exits import CliError, first_line, signal_exit
@@ -33,6 +37,7 @@ __all__ = [
     "first",
     "lead",
     "not_acquired_error",
+    "permanent_error",
     "preflight",
 ]
 
@@ -76,7 +81,8 @@ async def preflight(common: Common, lock: LeaderLock) -> None:
     """Open (and close) one session, so that an unreachable server is a clear error.
 
     Raises:
-        CliError: the server cannot be reached within ``--connect-timeout``.
+        CliError: the server cannot be reached within ``--connect-timeout``, or it refused
+            this client (see `permanent_error`).
     """
     backend = lock.backend  # resolved once, by the lock
     assert backend is not None, "the CLI's locks open sessions through a backend"
@@ -90,10 +96,33 @@ async def preflight(common: Common, lock: LeaderLock) -> None:
             f"{common.connect_timeout_s:g} s; DSN: {common.dsn}"
         ) from None
     except Exception as exc:
+        if isinstance(exc, NON_RETRYABLE):
+            raise permanent_error(common, exc) from None
         raise CliError(
             f"cannot connect to the database: {first_line(exc)}; DSN: {common.dsn}"
         ) from None
     await session.close()
+
+
+def is_permanent(error: BaseException | None) -> bool:
+    """Whether ``error`` is one that the lock stops on instead of retrying
+    (``wait_for_leadership()`` raises it): see `permanent_error`."""
+    return isinstance(error, NON_RETRYABLE)
+
+
+def permanent_error(common: Common, error: BaseException) -> CliError:
+    """The one-line error (exit 2) for an error that retrying cannot mend.
+
+    [`ServerRefusedError`][pgleaderlock.ServerRefusedError] (authentication failed, unknown
+    role or database), [`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError]
+    (a transaction- or statement-mode pooler) or
+    [`ConfigurationError`][pgleaderlock.ConfigurationError]: the lock stops on them, so the
+    command ends at once instead of retrying, and the line names the error's type.
+    """
+    return CliError(
+        f"permanent error, not retried: {type(error).__name__}: {first_line(error)}; "
+        f"DSN: {common.dsn}"
+    )
 
 
 def not_acquired_error(common: Common, lock: LeaderLock) -> CliError:
@@ -179,12 +208,16 @@ async def lead(
         on_signal: what the log line for a signal says is done about it.
 
     Raises:
-        CliError: the attempt failed for another reason than "held elsewhere".
+        CliError: the attempt failed for another reason than "held elsewhere"; the lock
+            stopped on an error that retrying cannot mend (see `permanent_error`).
     """
-    which, leader = await first(leader=lock.wait_for_leadership(), signal=signals.wait())
+    try:
+        which, leader = await first(leader=lock.wait_for_leadership(), signal=signals.wait())
+    except PgLeaderLockError as exc:  # the lock stopped on a permanent error
+        raise permanent_error(common, exc) from None
     if which == "signal":
         sig = signals.take()[0]
-        log("INFO", "signal_received", signal=sig.name, action=on_signal)
+        log("INFO", "signal_received", signal=sig.name, action=on_signal, lock=lock.label)
         return signal_exit(sig)
     if leader:
         return None

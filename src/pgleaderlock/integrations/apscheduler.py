@@ -224,7 +224,9 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
     @leader_only(lock)
     async def send_report() -> None: ...
 
-    scheduler.add_job(send_report, "interval", minutes=5)
+    # A fixed start_date gives every replica the same run times (see the guide).
+    EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    scheduler.add_job(send_report, "interval", minutes=5, start_date=EPOCH)
     ```
     """
     return _LeaderOnly(_lock_of(lock))
@@ -313,10 +315,17 @@ class SchedulerBinding:
                 continue  # paused by the user, or not due yet
             upcoming = job.trigger.get_next_fire_time(None, cutoff)
             if upcoming is None or upcoming < cutoff:
-                log.info("job_expired", job=job.id, reason="its only run time passed earlier")
+                log.info(
+                    "job_expired",
+                    job=job.id,
+                    lock=self._lock.label,
+                    reason="its only run time passed earlier",
+                )
                 job.remove()
                 continue
-            log.debug("job_fast_forwarded", job=job.id, was=next_run, now=upcoming)
+            log.debug(
+                "job_fast_forwarded", job=job.id, lock=self._lock.label, was=next_run, now=upcoming
+            )
             job.modify(next_run_time=upcoming)
 
 

@@ -12,7 +12,7 @@ async def refresh_cache() -> None:  # runs on exactly one replica at a time
         await asyncio.sleep(30)
 
 app = FastAPI(lifespan=leader)           # or lifespan=leader.wrap(your_lifespan)
-app.include_router(leader.router())      # GET /leader: this replica's leadership
+app.include_router(leader.router())      # GET /leader, GET /leader/ready
 ```
 
 Failover behaviour (see [`LeaderTasks`][pgleaderlock.LeaderTasks]): a leader task is
@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from ..core._logging import get_logger
 from ..core.errors import ShutdownError
 from ..core.lock import LeaderLock
+from ..core.machine import describe
 from ..core.models import LockState
 from ..core.retry import RetryStrategy
 from ..tasks import LeaderTasks, TaskFunction
@@ -47,6 +48,9 @@ from ..tasks import LeaderTasks, TaskFunction
 __all__ = ["LeaderLifespan", "LeaderStatus"]
 
 log = get_logger("pgleaderlock.integrations.fastapi")
+
+NOT_READY_STATUS_CODE = 503
+"""HTTP status of the status and readiness routes while the lock is not ready."""
 
 AppT = TypeVar("AppT")
 StateT = TypeVar("StateT")
@@ -63,7 +67,16 @@ class LeaderStatus(BaseModel):
         state: the lock's state: ``stopped``, ``follower``, ``acquiring``, ``leader``,
             ``reconnecting`` or ``releasing``.
         is_leader: True only in state ``leader``.
+        ready: True while the lock takes part in the election (any state but
+            ``stopped``). False before the app's startup, after its shutdown, and once
+            the lock has stopped by itself, in particular on an error that retrying
+            cannot mend (authentication failed, unknown database or role, a
+            transaction-mode pooler): such a replica will never lead.
         leader_since: when the current leadership began (UTC), or ``None``.
+        last_error: the lock's last database error as ``"TypeName: message"``
+            (passwords masked), from
+            [`statistics()`][pgleaderlock.LeaderLock.statistics]; ``None`` when the last
+            attempt succeeded.
         tasks: names of the leader-only tasks running in this replica now.
     """
 
@@ -71,7 +84,9 @@ class LeaderStatus(BaseModel):
     keys: tuple[int, int]
     state: LockState
     is_leader: bool
+    ready: bool
     leader_since: dt.datetime | None
+    last_error: str | None
     tasks: list[str]
 
 
@@ -173,6 +188,10 @@ class LeaderLifespan:
         leader task starts and until every leader task has ended. Whatever your
         lifespan yields (a state dict, or nothing) is passed on unchanged. Usable as a
         decorator on top of ``@asynccontextmanager``.
+
+        ``lifespan`` may be another ``LeaderLifespan``: ``a.wrap(b)`` runs two locks in
+        one app (``b`` starts first and is shut down last); add
+        ``a.wrap(b.wrap(your_lifespan))`` for your own lifespan as well.
         """
 
         @asynccontextmanager
@@ -188,13 +207,16 @@ class LeaderLifespan:
         """This replica's leadership now; also usable as a dependency
         (``Depends(leader.status)``)."""
         lock = self._lock
-        since = lock.leader_since
+        stats = lock.statistics()
+        since = stats.leader_since
         return LeaderStatus(
             name=lock.name,
             keys=lock.keys,
-            state=lock.state,
-            is_leader=lock.is_leader,
+            state=stats.state,
+            is_leader=stats.state is LockState.LEADER,
+            ready=stats.state is not LockState.STOPPED,
             leader_since=None if since is None else dt.datetime.fromtimestamp(since, dt.UTC),
+            last_error=None if stats.last_error is None else describe(stats.last_error),
             tasks=self._tasks.running,
         )
 
@@ -211,19 +233,30 @@ class LeaderLifespan:
         path: str = "/leader",
         *,
         follower_status_code: int = 200,
+        ready_path: str | None = "/ready",
         tags: Sequence[str] = ("leadership",),
         include_in_schema: bool = True,
     ) -> APIRouter:
         """A router with ``GET path`` returning
-        [`LeaderStatus`][pgleaderlock.integrations.fastapi.LeaderStatus] as JSON.
+        [`LeaderStatus`][pgleaderlock.integrations.fastapi.LeaderStatus] as JSON, and a
+        readiness route ``GET path + ready_path`` (``/leader/ready``).
+
+        Both answer **503** while the lock is not ready (``ready`` is false: the lock is
+        stopped, before startup, after shutdown, or because it stopped on an error that
+        retrying cannot mend; ``last_error`` then says which), so neither looks healthy
+        for a replica that will never lead. The readiness route answers 200 otherwise,
+        leader or follower: point a readiness probe at it. The body of both is the
+        status.
 
         Args:
-            path: the route's path.
-            follower_status_code: HTTP status when this replica is not the leader; the
-                default 200 suits dashboards, 503 suits a load balancer or readiness
-                probe that should pick the leader only.
+            path: the status route's path.
+            follower_status_code: HTTP status of the status route when this replica is
+                a ready follower; the default 200 suits dashboards, 503 suits a load
+                balancer that should pick the leader only.
+            ready_path: the readiness route's path below ``path``; ``None`` leaves it
+                out.
             tags: OpenAPI tags.
-            include_in_schema: list the route in the OpenAPI schema.
+            include_in_schema: list the routes in the OpenAPI schema.
         """
         router = APIRouter()
         route_tags: list[str | Enum] = list(tags)
@@ -237,8 +270,25 @@ class LeaderLifespan:
         )
         async def leader_status(response: Response) -> LeaderStatus:
             status = self.status()
-            if not status.is_leader:
+            if not status.ready:
+                response.status_code = NOT_READY_STATUS_CODE
+            elif not status.is_leader:
                 response.status_code = follower_status_code
             return status
+
+        if ready_path is not None:
+
+            @router.get(
+                path.rstrip("/") + ready_path,
+                response_model=LeaderStatus,
+                tags=route_tags,
+                include_in_schema=include_in_schema,
+                summary="Whether this replica's lock takes part in the election",
+            )
+            async def leader_ready(response: Response) -> LeaderStatus:
+                status = self.status()
+                if not status.ready:
+                    response.status_code = NOT_READY_STATUS_CODE
+                return status
 
         return router

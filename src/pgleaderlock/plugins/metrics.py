@@ -19,7 +19,10 @@ start_http_server(9100)
 Every series carries the label ``lock``:
 [`LeaderLock.label`][pgleaderlock.LeaderLock.label], that is the lock's name
 ([`LeaderLock.from_name`][pgleaderlock.LeaderLock.from_name]), or ``"key1,key2"`` for a lock
-made from keys. The metrics,
+made from keys. Locks that share a label share its series, and their values add up:
+counters are sums, ``state{state=S}`` counts the locks in state S and ``is_leader`` the
+locks that lead, ``leader_seconds_total`` adds up their time as leader and
+``leader_duration_seconds`` is the longest current leadership among them. The metrics,
 with the default namespace ``pgleaderlock``:
 
 | Metric | Type | Meaning |
@@ -79,55 +82,72 @@ _COUNTS = ("acquisitions", "losses", "releases", "failed_attempts")
 
 @dataclass
 class _Stats:
-    """What the plugin knows about one lock (one value of the ``lock`` label).
+    """The series of one value of the ``lock`` label, summed over the locks that carry it.
 
-    The state and the four counters of ``_COUNTS`` come from the locks'
-    [`statistics()`][pgleaderlock.LeaderLock.statistics], summed over the locks that share
-    the label. The rest is the plugin's own bookkeeping, as statistics do not hold it:
-    transitions by (from, to) pair, entries into ACQUIRING, errors by type (callback
-    errors included), and the time as leader on the plugin's injectable clock.
+    The four counters of ``_COUNTS`` come from the locks'
+    [`statistics()`][pgleaderlock.LeaderLock.statistics]. The rest is the plugin's own
+    bookkeeping, as statistics do not hold it: transitions by (from, to) pair, entries
+    into ACQUIRING, errors by type (callback errors included), and the time as leader of
+    leaderships that have ended, on the plugin's injectable clock.
     """
 
-    state: LockState = LockState.STOPPED
     counts: Counter[str] = field(default_factory=Counter)
     transitions: Counter[tuple[str, str]] = field(default_factory=Counter)
     attempts: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     leader_seconds: float = 0.0
-    leader_since: float | None = None  # clock() when the current leadership began
+
+
+@dataclass
+class _Seen:
+    """What the plugin last saw of one lock: its state, its counters at its last event
+    (the label's counters grow by the difference), and when its current leadership began
+    (``clock()``), if it leads."""
+
+    label: str
+    state: LockState = LockState.STOPPED
+    counts: Counter[str] = field(default_factory=Counter)
+    leader_since: float | None = None
 
 
 class _LockCollector:
     """One collector per (registry, namespace): every plugin on that registry shares it,
     so registering several plugins, or one plugin on many locks, never duplicates a
-    time series."""
+    time series.
+
+    Locks that share a label add up: counters are the sums of their counters (a lock
+    that is gone keeps its share), ``state{state=S}`` counts the locks in state S,
+    ``is_leader`` the locks that lead, and the time metrics cover every leadership
+    among them (see [`MetricsPlugin`][pgleaderlock.plugins.metrics.MetricsPlugin]).
+    """
 
     def __init__(self, namespace: str, clock: Callable[[], float]) -> None:
         self.namespace = namespace
         self.clock = clock
         self._mutex = threading.Lock()  # scrapes run in the exporter's thread
         self._stats: dict[str, _Stats] = {}
-        # The counters of each lock at its last event: a label's counters grow by the
-        # difference, so locks that share a label add up, and a lock that is gone keeps
-        # its share.
-        self._seen: weakref.WeakKeyDictionary[LeaderLock, Counter[str]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._seen: weakref.WeakKeyDictionary[LeaderLock, _Seen] = weakref.WeakKeyDictionary()
 
-    def update(self, lock: LeaderLock, change: Callable[[_Stats], None] | None = None) -> None:
+    def update(
+        self, lock: LeaderLock, change: Callable[[_Stats, _Seen], None] | None = None
+    ) -> None:
         """Read ``lock``'s statistics into its label's series, then apply ``change``."""
         snapshot = lock.statistics()
         counts = Counter({name: getattr(snapshot, name) for name in _COUNTS})
+        label = lock.label
         with self._mutex:
-            stats = self._stats.get(lock.label)
+            stats = self._stats.get(label)
             if stats is None:
-                stats = self._stats[lock.label] = _Stats()
+                stats = self._stats[label] = _Stats()
+            seen = self._seen.get(lock)
+            if seen is None:
+                seen = self._seen[lock] = _Seen(label)
             stats.counts.update(counts)
-            stats.counts.subtract(self._seen.get(lock, Counter()))
-            self._seen[lock] = counts
-            stats.state = snapshot.state
+            stats.counts.subtract(seen.counts)
+            seen.counts = counts
+            seen.state = snapshot.state
             if change is not None:
-                change(stats)
+                change(stats, seen)
 
     def _families(self) -> dict[str, _Family]:
         ns = self.namespace
@@ -139,13 +159,21 @@ class _LockCollector:
             return GaugeMetricFamily(f"{ns}_{name}", doc, labels=["lock", *labels])
 
         return {
-            "is_leader": gauge("is_leader", "1 while this process holds the lock, else 0."),
+            "is_leader": gauge(
+                "is_leader",
+                "1 while this process holds the lock, else 0 (locks sharing the label: "
+                "how many lead).",
+            ),
             "state": gauge(
-                "state", "The lock's state: 1 for the current state, 0 for the others.", "state"
+                "state",
+                "The lock's state: 1 for the current state, 0 for the others (locks "
+                "sharing the label: how many are in each state).",
+                "state",
             ),
             "duration": gauge(
                 "leader_duration_seconds",
-                "Seconds since the current leadership began; 0 when not leader.",
+                "Seconds since the current leadership began; 0 when not leader (locks "
+                "sharing the label: the longest).",
             ),
             "leader_seconds": counter(
                 "leader_seconds", "Total seconds this process has spent as leader."
@@ -174,17 +202,22 @@ class _LockCollector:
         yield from self._families().values()
 
     def collect(self) -> Iterator[Metric]:
-        """The metric families with one sample set per lock, computed now."""
+        """The metric families with one sample set per label, computed now."""
         fam = self._families()
         with self._mutex:
             now = self.clock()
+            locks: dict[str, list[_Seen]] = {}
+            for seen in list(self._seen.values()):
+                locks.setdefault(seen.label, []).append(seen)
             for label, s in sorted(self._stats.items()):
-                current = now - s.leader_since if s.leader_since is not None else 0.0
-                fam["is_leader"].add_metric([label], float(s.state is LockState.LEADER))
+                members = locks.get(label, [])
+                spans = [now - m.leader_since for m in members if m.leader_since is not None]
+                in_state = Counter(m.state for m in members)
+                fam["is_leader"].add_metric([label], float(in_state[LockState.LEADER]))
                 for state in LockState:
-                    fam["state"].add_metric([label, state.value], float(state is s.state))
-                fam["duration"].add_metric([label], current)
-                fam["leader_seconds"].add_metric([label], s.leader_seconds + current)
+                    fam["state"].add_metric([label, state.value], float(in_state[state]))
+                fam["duration"].add_metric([label], max(spans, default=0.0))
+                fam["leader_seconds"].add_metric([label], s.leader_seconds + sum(spans))
                 for (old, new), count in sorted(s.transitions.items()):
                     fam["transitions"].add_metric([label, old, new], count)
                 fam["acquired"].add_metric([label], s.counts["acquisitions"])
@@ -220,8 +253,15 @@ class MetricsPlugin:
     """Prometheus counters and gauges for every lock it is registered on.
 
     Register it per lock with ``lock.plugins.register(plugin)``; the same instance may
-    be registered on many locks (each lock is one value of the ``lock`` label). Several
+    be registered on many locks (each lock's
+    [`label`][pgleaderlock.LeaderLock.label] is one value of the ``lock`` label). Several
     instances on one registry share their metrics.
+
+    Locks with the same label add up, they never overwrite each other: the counters are
+    sums over them, ``state{state=S}`` is how many of them are in state S,
+    ``is_leader`` how many lead, ``leader_seconds_total`` their time as leader added up
+    and ``leader_duration_seconds`` the longest current leadership among them. Give
+    locks distinct names to tell them apart.
 
     Args:
         registry: the ``prometheus_client`` registry to expose the metrics in; default
@@ -251,15 +291,15 @@ class MetricsPlugin:
         """Track the transition counts, attempts and the time as leader."""
         now = self._collector.clock()
 
-        def change(s: _Stats) -> None:
+        def change(s: _Stats, seen: _Seen) -> None:
             s.transitions[(old.value, new.value)] += 1
             if new is LockState.ACQUIRING:
                 s.attempts += 1
-            if old is LockState.LEADER and s.leader_since is not None:
-                s.leader_seconds += max(0.0, now - s.leader_since)
-                s.leader_since = None
+            if old is LockState.LEADER and seen.leader_since is not None:
+                s.leader_seconds += max(0.0, now - seen.leader_since)
+                seen.leader_since = None
             if new is LockState.LEADER:
-                s.leader_since = now
+                seen.leader_since = now
 
         self._collector.update(lock, change)
 
@@ -288,7 +328,7 @@ class MetricsPlugin:
         """Count an error by its type name."""
         kind = type(error).__name__
 
-        def change(s: _Stats) -> None:
+        def change(s: _Stats, seen: _Seen) -> None:
             s.errors[kind] += 1
 
         self._collector.update(lock, change)

@@ -11,7 +11,8 @@ JSON lines.
 
 ``t`` is ``time.monotonic()``: one clock for every process of a Linux host, network
 namespaces included. The events are ``ready`` (the lock has started; ``pid``), ``state``
-(``old``, ``new``), ``acquired``, ``acquire_failed``, ``lost``, ``released``, ``error``
+(``old``, ``new``), ``acquired`` (``term``: the fencing term, or ``null`` without
+fencing), ``acquire_failed``, ``lost``, ``released``, ``error``
 (``error``), ``stopped``, ``step_down_returned`` (``state``), ``shutdown_error``
 (``error``) and, last, ``exit`` (``state``). stdin takes ``step_down`` and ``shutdown``
 lines; EOF (the parent is gone), SIGTERM and SIGINT shut the lock down too.
@@ -86,6 +87,10 @@ class CandidateOptions:
         shutdown_timeout_s: bound of the final ``shutdown()``.
         quiet: silence the library's log; otherwise its warnings go to the child's
             stderr.
+        fencing: ``LeaderLock(fencing=True)``: the term is bumped before every
+            acquisition is announced (its ``acquired`` events carry it).
+        fencing_table: the table of terms; ``None``: the library's default.
+        acquire_delay_s: with fencing, ``acquire_delay_s``; ``None``: the default (0).
     """
 
     health_interval_s: float | None = 1.0
@@ -100,6 +105,9 @@ class CandidateOptions:
     shutdown_timeout_s: float = 10.0
     application_name: str | None = None
     quiet: bool = False
+    fencing: bool = False
+    fencing_table: str | None = None
+    acquire_delay_s: float | None = None
 
     @classmethod
     def library_defaults(cls, **changes: Any) -> CandidateOptions:
@@ -124,6 +132,8 @@ class CandidateOptions:
             "--retry": self.retry_s,
             "--grace": self.reconnect_grace_s,
             "--application-name": self.application_name,
+            "--fencing-table": self.fencing_table,
+            "--acquire-delay": self.acquire_delay_s,
         }
         args = [f"{flag}={value}" for flag, value in optional.items() if value is not None]
         args += [
@@ -133,6 +143,8 @@ class CandidateOptions:
         ]
         if self.quiet:
             args.append("--quiet")
+        if self.fencing:
+            args.append("--fencing")
         return args
 
 
@@ -494,6 +506,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     parser.add_argument("--application-name")
     parser.add_argument("--quiet", action="store_true", help="silence the library's log")
+    parser.add_argument("--fencing", action="store_true", help="LeaderLock(fencing=True)")
+    parser.add_argument("--fencing-table", help="fencing_table (with --fencing)")
+    parser.add_argument("--acquire-delay", type=float, help="acquire_delay_s (with --fencing)")
     return parser
 
 
@@ -505,6 +520,12 @@ def _make_lock(opts: argparse.Namespace, dsn: str) -> LeaderLock:
         "application_name": opts.application_name,
         "load_plugins": False,
     }
+    if opts.fencing:
+        kwargs["fencing"] = True
+        if opts.fencing_table is not None:
+            kwargs["fencing_table"] = opts.fencing_table
+        if opts.acquire_delay is not None:
+            kwargs["acquire_delay_s"] = opts.acquire_delay
     timings = {
         "health_interval_s": opts.health_interval,
         "health_timeout_s": opts.health_timeout,
@@ -542,7 +563,7 @@ async def _run(opts: argparse.Namespace, dsn: str) -> int:
         stop.set()
 
     lock.on_state_change(state_change)
-    lock.on_acquired(lambda: emit("acquired"))
+    lock.on_acquired(lambda: emit("acquired", term=lock.term))
     lock.on_lost(lambda: emit("lost"))
     lock.on_released(lambda: emit("released"))
     lock.on_acquire_failed(lambda: emit("acquire_failed"))
