@@ -362,7 +362,7 @@ async def test_stopped_waiter_leaves_no_backend_behind(
         await terminate(pid)
         await rec_b.wait_event("error", timeout=5)
         await b.shutdown()
-    # At once, not after client_connection_check_interval (0.5 s): the wait was cancelled
+    # At once, not after the wait's lock_timeout: the wait was cancelled
     # on the server and the session closed.
     await wait_until(lambda: _not(backend_alive(pid)), 0.3, f"the waiter to go ({how})")
     assert await waiters(*keys) == []

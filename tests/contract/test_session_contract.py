@@ -376,7 +376,7 @@ async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
     await asyncio.gather(wait, return_exceptions=True)
     assert wait.cancelled()
     assert time.monotonic() - started < 0.5
-    # Cancelled on the server, not left queued until client_connection_check_interval
+    # Cancelled on the server, not left queued until its lock_timeout
     # (0.5 s) notices the closed socket.
     await wait_until(lambda: _eq(waiters(*keys), []), 0.3, "the wait to be cancelled")
     await b.close()

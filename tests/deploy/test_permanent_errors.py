@@ -293,13 +293,6 @@ async def test_a_wrong_connect_fn_at_runtime_stops_the_lock(
 # ---------------------------------------------------------------- found while testing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a driver's refusal raised inside connect_fn is not classified: the core "
-    "(core/calls.call_failure) wraps it into a retryable ConnectionError, so the lock "
-    "retries an unknown database forever",
-)
 async def test_a_server_refusal_inside_connect_fn_stops_the_lock(
     cluster: PasswordCluster,
     backend: str,

@@ -76,8 +76,8 @@ async def test_sigkilled_waiting_follower_is_never_granted(
     holders: Callable[[int, int], Awaitable[list[int]]],
 ) -> None:
     """A follower process queued in pg_advisory_lock is SIGKILLed, and the leader steps
-    down right after: the dead follower's backend must not keep the lock (it notices the
-    vanished client within client_connection_check_interval), so a live candidate leads."""
+    down right after: the dead follower's backend must not keep the lock (granted, it
+    finds its client gone when it answers, and exits), so a live candidate leads."""
     leader = make_lock(pg_dsn, keys, "leader", retry_strategy=FixedInterval(10.0))
     other = make_lock(pg_dsn, keys, "other", retry_strategy=FixedInterval(0.2))
     opts = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=30.0)

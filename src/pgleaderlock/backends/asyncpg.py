@@ -83,6 +83,13 @@ def _classify(exc: BaseException, conn: asyncpg.Connection | None = None) -> Err
     return cls
 
 
+def _driver_connect_error(exc: BaseException) -> Exception | None:
+    """``_connect_error`` for asyncpg's own errors only (a ``connect_fn``'s)."""
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return _connect_error(exc)
+    return None
+
+
 def _connect_error(exc: BaseException) -> Exception:
     """A connect error: refused for good (``REFUSED_SQLSTATES``) or a connection error."""
     code = sqlstate(exc) if isinstance(exc, asyncpg.PostgresError) else None
@@ -365,4 +372,5 @@ backend = Backend(
     check_dsn=check_dsn,
     connect_budget=connect_budget,
     read_term=read_term,
+    connect_error=_driver_connect_error,
 )

@@ -601,6 +601,12 @@ class BaseSession(abc.ABC):
             self._info = SessionInfo(pid, protocol_pid, bool(in_recovery))
         return self._info
 
+    async def backend_now(self) -> int:
+        """Ask for the backend again, checked like every statement (``SetupSession``)."""
+        pid = (await self._row(IDENTIFY, ()))[-1]
+        assert isinstance(pid, int)
+        return pid
+
     async def configure(self, options: ConnectOptions) -> None:
         """Apply the lock's session settings and ``application_name`` for the whole
         session (``SetupSession``), unless ``identify()`` did. Behind a pooler (which the

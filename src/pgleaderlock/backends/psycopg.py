@@ -245,9 +245,20 @@ async def connect(dsn: str, options: ConnectOptions) -> LockSession:
             dsn, autocommit=True, application_name=options.application_name, **extra
         )
     except psycopg.Error as exc:
-        cls = ServerRefusedError if refused_by_message(str(exc)) else ConnectionError
-        raise translate(exc, "connect", cls) from exc
+        raise translate(exc, "connect", _connect_error_class(exc)) from exc
     return PsycopgSession(conn)
+
+
+def _connect_error(exc: BaseException) -> Exception | None:
+    """A psycopg connect error: refused for good, or a connection error."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    return translate(exc, "connect", _connect_error_class(exc))
+
+
+def _connect_error_class(exc: psycopg.Error) -> ErrorClass:
+    # libpq's connect errors carry no SQLSTATE: the server's message tells a refusal.
+    return ServerRefusedError if refused_by_message(str(exc)) else ConnectionError
 
 
 def wrap(obj: object) -> LockSession | None:
@@ -317,4 +328,5 @@ backend = Backend(
     connect_budget=connect_budget,
     read_term=read_term,
     read_term_sync=read_term_sync,
+    connect_error=_connect_error,
 )

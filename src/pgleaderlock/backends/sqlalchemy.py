@@ -117,6 +117,11 @@ class SQLAlchemySession:
         info: SessionInfo = await self._inner.identify(options)
         return info
 
+    async def backend_now(self) -> int:
+        """Ask for the backend again (``SetupSession``)."""
+        pid: int = await self._inner.backend_now()
+        return pid
+
     async def configure(self, options: ConnectOptions) -> None:
         """Apply the lock's settings; free advisory locks left by the connection's
         earlier use in the engine's pool (``SetupSession``)."""

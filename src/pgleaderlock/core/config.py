@@ -68,11 +68,6 @@ def session_settings(config: LockConfig) -> dict[str, str]:
     server does not know, on an older version, are skipped)."""
     settings = {**IMMUNE_SETTINGS}
     settings.update(partition_settings(config.demotion_bound_s, config.tcp_user_timeout_s))
-    if config.follower_mode == "wait":
-        # A backend waiting in pg_advisory_lock does not read its socket: without this
-        # (PostgreSQL >= 14) a follower that went away would stay queued for the lock
-        # until its lock_timeout, and could even be granted it.
-        settings["client_connection_check_interval"] = "500"
     return settings
 
 

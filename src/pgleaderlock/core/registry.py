@@ -38,6 +38,7 @@ from .errors import BackendUnavailableError, ConfigurationError
 from .session import Backend, LockSession
 
 __all__ = [
+    "connect_error",
     "read_term",
     "read_term_sync",
     "DEFAULT",
@@ -307,3 +308,14 @@ def _unknown_connection(conn: object) -> ConfigurationError:
         "psycopg AsyncConnection (or Connection with the threaded lock), an asyncpg "
         "Connection, or a SQLAlchemy AsyncConnection or AsyncSession"
     )
+
+
+def connect_error(exc: BaseException) -> Exception | None:
+    """The library error for a driver error raised inside a ``connect_fn`` (the first
+    available backend that knows it), or ``None``."""
+    for name in available():
+        classify = _load(name).connect_error
+        found = None if classify is None else classify(exc)
+        if found is not None:
+            return found
+    return None

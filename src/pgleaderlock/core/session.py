@@ -178,6 +178,12 @@ class SetupSession(Protocol):
         parameters)."""
         ...
 
+    async def backend_now(self) -> int:
+        """Ask ``pg_backend_pid()`` again; raise
+        [`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError] if it is
+        not the session's backend any more."""
+        ...
+
 
 @runtime_checkable
 class TransportSession(Protocol):
@@ -251,6 +257,10 @@ class Backend:
             not one of this driver's connections. Raises
             [`ConfigurationError`][pgleaderlock.ConfigurationError] outside a transaction.
         read_term_sync: the same for a synchronous connection (the threaded lock).
+        connect_error: ``(exc) -> error or None``: the library error for a driver error
+            raised while connecting outside the adapter (inside a ``connect_fn``), e.g.
+            [`ServerRefusedError`][pgleaderlock.ServerRefusedError] for a wrong
+            password; ``None`` when ``exc`` is not this driver's.
         connect_budget: ``(dsn, connect_timeout_s) -> seconds``: the longest ``connect``
             may take for this DSN when each host gets its own attempt of
             ``connect_timeout_s`` (or the DSN's own ``connect_timeout``). ``None``: one
@@ -265,3 +275,4 @@ class Backend:
     connect_budget: Callable[[Any, float], float] | None = None
     read_term: Callable[[object, TermTable, int, int], Awaitable[int | None] | None] | None = None
     read_term_sync: Callable[[object, TermTable, int, int], tuple[int | None] | None] | None = None
+    connect_error: Callable[[BaseException], Exception | None] | None = None

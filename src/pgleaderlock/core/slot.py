@@ -35,7 +35,7 @@ from .errors import (
     SessionNotDedicatedError,
     StandbyError,
 )
-from .registry import wrap_connection
+from .registry import connect_error, wrap_connection
 from .session import (
     AbortableSession,
     Backend,
@@ -49,6 +49,8 @@ from .session import (
 __all__ = ["SessionSlot", "can", "check_connect_fn"]
 
 CLOSE_TIMEOUT_S = 5.0
+POOLER_CHECK_ROUNDS = 4
+"""How many more times the pooler check compares backends after the first look."""
 
 _CAPABILITIES: dict[tuple[type, type], bool] = {}
 
@@ -154,7 +156,13 @@ class SessionSlot:
             raise ConfigurationError(
                 f"connect_fn must be an async function; it returned {type(made).__name__}"
             )
-        obj = await made
+        try:
+            obj = await made
+        except Exception as exc:
+            error = connect_error(exc)  # e.g. a refusal for good, not a retryable failure
+            if error is None:
+                raise
+            raise error from exc
         try:
             return wrap_connection(obj)
         except PooledConnectionError as exc:
@@ -173,20 +181,40 @@ class SessionSlot:
                 "taken there does not exclude one taken on the primary"
             )
         if info.behind_pooler:
-            probe = await self._connect()
-            try:
-                shared = (await cast(SetupSession, probe).identify()).backend_pid
-            finally:
-                await _close(probe)
-            if shared == info.backend_pid:
-                raise SessionNotDedicatedError(
-                    f"a pooler in transaction or statement mode sits between this client "
-                    f"and PostgreSQL: a second client was served by the same server backend "
-                    f"({shared}). Session-level advisory locks need a direct connection or "
-                    "a session-mode pooler"
-                )
-            self._log.debug("session_behind_pooler", mode="session", **self._fields)
+            await self._check_pooler(session, info.backend_pid)
         await session.configure(self._options)
+
+    async def _check_pooler(self, session: SetupSession, own: int) -> None:
+        """Tell a session-mode pooler (accepted) from one that shares server connections.
+
+        A second client asks for its backend right after this session asked for its
+        own, a few times over. A session-mode pooler keeps this session's backend for
+        it: the two never meet, and this session never moves. A transaction or statement
+        pooler hands an idle client's backend to the next client that asks: with no
+        other traffic the second client gets this session's backend at once (PgBouncer
+        reuses the most recently released one); with other clients' traffic in between,
+        this session itself lands on another backend. Either gives it away.
+        """
+        probe = cast(SetupSession, await self._connect())
+        try:
+            theirs = (await probe.identify()).backend_pid
+            for _ in range(POOLER_CHECK_ROUNDS):
+                if theirs == own:
+                    break
+                # Each raises SessionNotDedicatedError if its session moved to another
+                # backend between two statements.
+                await session.backend_now()
+                theirs = await probe.backend_now()
+        finally:
+            await _close(cast(LockSession, probe))
+        if theirs == own:
+            raise SessionNotDedicatedError(
+                "a pooler in transaction or statement mode sits between this client and "
+                f"PostgreSQL: a second client was served by this session's server backend "
+                f"({own}). Session-level advisory locks need a direct connection or a "
+                "session-mode pooler"
+            )
+        self._log.debug("session_behind_pooler", mode="session", **self._fields)
 
     async def close(self) -> None:
         """Close the session, if any (which frees its locks on the server)."""
