@@ -201,12 +201,17 @@ def configure_statement(settings: Mapping[str, str], application_name: str) -> S
     startup parameters), skipping settings this server version does not know, and frees
     any advisory lock a connection taken over from a pool still holds.
 
+    Like the lock statements it changes nothing unless it runs on the session's own
+    backend: a pooler that moved it to a shared server connection gets no settings
+    there (and the pid check refuses the session).
+
     Args:
         settings: setting name -> value.
         application_name: the session's ``application_name``.
 
     Returns:
-        The statement (its values are the session's pid).
+        The statement. Its values: the pid whose advisory locks to free (``-1``: none),
+        and the session's own pid.
     """
     pairs = [*settings.items(), ("application_name", application_name)]
     rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
@@ -214,7 +219,8 @@ def configure_statement(settings: Mapping[str, str], application_name: str) -> S
         "SELECT CASE WHEN pg_backend_pid() = ({0})::int4 THEN pg_advisory_unlock_all() END,"
         " (SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
         + rows.replace("{", "{{").replace("}", "}}")
-        + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL),"
+        + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL"
+        " AND pg_backend_pid() = ({1})::int4),"
         " pg_backend_pid()"
     )
     return Statement("session setup", sql)
@@ -523,7 +529,7 @@ class BaseSession(abc.ABC):
         info = await self.identify()
         statement = configure_statement(options.server_settings, options.application_name)
         direct_pid = -1 if info.behind_pooler else info.backend_pid
-        await self._row(statement, (direct_pid,))
+        await self._row(statement, (direct_pid, info.backend_pid))
 
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
         """Increment the lock's fencing term (``FencingSession``); the table is created
