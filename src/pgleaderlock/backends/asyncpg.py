@@ -123,7 +123,7 @@ class AsyncpgSession(BaseSession):
     async def _prepare(self, statement: Statement) -> Any:
         if not self._ready:
             await self._reset()
-        placeholders = [f"${n}" for n in range(1, 5)]
+        placeholders = [f"${n}" for n in range(1, 8)]
         prepared = self._statements[statement] = await self._conn.prepare(
             statement.sql(*placeholders)
         )

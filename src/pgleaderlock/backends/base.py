@@ -22,8 +22,10 @@ import abc
 import asyncio
 import contextlib
 import functools
+import random
 import re
 import socket
+import string
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,6 +93,13 @@ class Statement:
     what: str
     template: str
 
+    @functools.cached_property
+    def arity(self) -> int:
+        """How many values the template takes (``{0}`` ... ``{n}``)."""
+        fields = [int(name) for _, name, _, _ in string.Formatter().parse(self.template)
+                  if name is not None and name.isdigit()]  # fmt: skip
+        return max(fields, default=-1) + 1
+
     def sql(self, *values: object) -> str:
         """The statement text with ``values`` in place of ``{0}``, ``{1}``, ...
 
@@ -104,37 +113,52 @@ class Statement:
         return self.template.format(*values)
 
 
-# Keys are parenthesised: "-2147483648::int4" parses as -(2147483648::int4) and overflows.
-# Every lock statement runs only on the session's own server backend ({2} is its pid):
-# behind a pooler that moved the statement to another backend it takes (or frees)
-# nothing, returns NULL and the other pid, and the pid check refuses the session. So no
-# lock is ever left on a pooled server connection that another client gets next.
+# Every statement ends with the session's token and its backend's pid, both checked by
+# the session (a pooler that moved the statement, or another client that set up on the
+# same server backend, is refused). Keys are parenthesised: "-2147483648::int4" parses as
+# -(2147483648::int4) and overflows.
+_TAIL = ", current_setting('pgleaderlock.session', true), pg_backend_pid()"
+# A lock statement changes nothing unless it runs on the session's own backend with the
+# session's token set there ({2} the pid, {3} the token); behind a pooler ({4} = 1) it
+# also refuses a lock the backend already holds: the session never asks twice, so that
+# would be another client's (a re-entrant grant is how two leaders share one backend).
+_OWN = (
+    "WHEN pg_backend_pid() <> ({2})::int4"
+    " OR current_setting('pgleaderlock.session', true) IS DISTINCT FROM ({3})::int8::text"
+    " THEN NULL"
+)
+_HELD = (
+    "WHEN ({4})::int4 = 1 AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
+    " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    " AND classid = ((({0})::int8 & 4294967295)::oid)"
+    " AND objid = ((({1})::int8 & 4294967295)::oid) AND objsubid = 2)"
+    " THEN NULL"
+)
 TRY_LOCK = Statement(
     "try_lock",
-    "SELECT CASE WHEN pg_backend_pid() = ({2})::int4"
-    " THEN pg_try_advisory_lock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
+    f"SELECT CASE {_OWN} {_HELD} ELSE pg_try_advisory_lock(({{0}})::int4, ({{1}})::int4) END"
+    + _TAIL,
 )
-"""``pg_try_advisory_lock(key1, key2)``; values: the two keys and the session's pid."""
+"""``pg_try_advisory_lock(key1, key2)``; values: the two keys, the session's pid and
+token, and 1 behind a pooler (else 0). NULL: refused (see ``BaseSession``)."""
 UNLOCK = Statement(
     "unlock",
-    "SELECT CASE WHEN pg_backend_pid() = ({2})::int4"
-    " THEN pg_advisory_unlock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
+    f"SELECT CASE {_OWN} ELSE pg_advisory_unlock(({{0}})::int4, ({{1}})::int4) END" + _TAIL,
 )
-"""``pg_advisory_unlock(key1, key2)``; values: the two keys and the session's pid."""
+"""``pg_advisory_unlock(key1, key2)``; values: the two keys, the session's pid and token."""
 # One round trip: the lock_timeout is local to this statement's implicit transaction and
 # is set before pg_advisory_lock starts waiting (the target list runs left to right).
 # The timeout is a value like the keys, so that a driver that prepares statements needs
 # one for waits of any length. A timeout raises lock_not_available (SQLSTATE 55P03).
 WAIT_LOCK = Statement(
     "wait_lock",
-    "SELECT CASE WHEN pg_backend_pid() = ({3})::int4"
-    " THEN set_config('lock_timeout', ({2})::int4::text, true) END,"
-    " CASE WHEN pg_backend_pid() = ({3})::int4"
-    " THEN pg_advisory_lock(({0})::int4, ({1})::int4) END, pg_backend_pid()",
+    f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{5}})::int4::text, true) END,"
+    f" CASE {_OWN} {_HELD} ELSE pg_advisory_lock(({{0}})::int4, ({{1}})::int4)::text END"
+    + _TAIL,
 )
 """``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
-timeout in ms ([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms]) and the
-session's pid."""
+session's pid and token, 1 behind a pooler, and the timeout in ms
+([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms])."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by key_to_oid().
 HOLDS = Statement(
@@ -142,20 +166,20 @@ HOLDS = Statement(
     "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
     " WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
     " AND classid = ({0})::int8::oid AND objid = ({1})::int8::oid AND objsubid = 2),"
-    " pg_is_in_recovery(), pg_backend_pid()",
+    " pg_is_in_recovery()" + _TAIL,
 )
 """Does this session hold the lock (``pg_locks``), and is its server still a primary?
 Values: the two keys as oids. ``pg_locks`` scans the whole lock table and every
 connection slot: its cost grows with ``max_connections`` and the locks held, which is
 why the periodic probe is [`ALIVE`][pgleaderlock.backends.ALIVE]."""
-ALIVE = Statement("health check", "SELECT true, pg_is_in_recovery(), pg_backend_pid()")
-"""The periodic probe: the session answers, on the same backend (the pid check), and the
-server is still a primary. On a dedicated session that is enough: a session-level lock
-is freed only by an unlock of the session's own or by the session's end, and a session
-that answers with the same backend pid has not ended. Its cost does not depend on the
-lock table or ``max_connections``."""
-IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery(), pg_backend_pid()")
-"""Who serves this session: is the server a standby, and which backend runs it."""
+ALIVE = Statement("health check", "SELECT true, pg_is_in_recovery()" + _TAIL)
+"""The periodic probe: the session answers, on the same backend with its token (the
+checks every statement gets), and the server is still a primary. On a dedicated session
+that is enough: a session-level lock is freed only by an unlock of the session's own or
+by the session's end, and a session that answers on the same backend has not ended. Its
+cost does not depend on the lock table or ``max_connections``."""
+IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery()" + _TAIL)
+"""Who serves this session (is the server a standby, which backend runs it), checked."""
 STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
 
 
@@ -189,7 +213,7 @@ def bump_term_statement(table: TermTable) -> Statement:
         " WHERE pg_backend_pid() = ({2})::int4"
         " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
         " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at RETURNING term)"
-        " SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable), pg_backend_pid()",
+        " SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
     )
 
 
@@ -207,38 +231,69 @@ DUPLICATE_TABLE = frozenset({"42P07", "23505"})
 """What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race."""
 
 
-def configure_statement(settings: Mapping[str, str], application_name: str) -> Statement:
-    """One statement that says who serves the session and, on a direct connection to a
-    primary, sets ``settings`` and ``application_name`` for the whole session
-    (``set_config(..., false)``, which a session-mode pooler accepts, unlike startup
-    parameters; settings this server version does not know are skipped) and frees any
-    advisory lock a connection taken over from a pool still holds.
+def setup_statement(settings: Mapping[str, str] | None, application_name: str = "") -> Statement:
+    """The session's first statement: it says who serves the session and sets the
+    session's token (``pgleaderlock.session``) on that backend; with ``settings`` it
+    also, on a direct connection to a primary, sets them and ``application_name`` for
+    the whole session (``set_config(..., false)``, which a session-mode pooler accepts,
+    unlike startup parameters; settings this server version does not know are skipped)
+    and frees any advisory lock a connection taken over from a pool still holds.
 
-    "Direct" means that ``pg_backend_pid()`` equals the pid the protocol reported (the
-    statement's value): behind a pooler nothing is set or freed, since the server
-    connection may be shared between clients; the core checks the pooler first and
-    then has ``BaseSession.configure`` set the settings.
+    "Direct" means that ``pg_backend_pid()`` equals the pid the protocol reported:
+    behind a pooler nothing is set or freed, since the server connection may be shared
+    between clients; the core checks the pooler first and then has
+    [`configure_statement`][pgleaderlock.backends.base.configure_statement] set them.
+
+    Args:
+        settings: setting name -> value, or ``None`` to set nothing but the token.
+        application_name: the session's ``application_name``.
+
+    Returns:
+        The statement. Its values: the session's token, and the protocol's pid. Its row:
+        (in recovery, the token, settings applied or NULL, token, pid).
+    """
+    token = "set_config('pgleaderlock.session', ({0})::int8::text, false)"
+    if settings is None:
+        return Statement("session setup", f"SELECT pg_is_in_recovery(), {token}, NULL" + _TAIL)
+    direct = "pg_backend_pid() = ({1})::int4 AND NOT pg_is_in_recovery()"
+    sql = (
+        f"SELECT pg_is_in_recovery(), {token}, CASE WHEN {direct} THEN"
+        f" {_settings_count(settings, application_name)}"
+        " + (SELECT count(*) FROM (SELECT pg_advisory_unlock_all()) AS freed) END" + _TAIL
+    )
+    return Statement("session setup", sql)
+
+
+def configure_statement(settings: Mapping[str, str], application_name: str) -> Statement:
+    """Set ``settings`` and ``application_name`` for the whole session, only on the
+    session's own backend (values: its pid and token): a pooler that moved the statement
+    to another client's server connection gets none of them there.
 
     Args:
         settings: setting name -> value.
         application_name: the session's ``application_name``.
 
     Returns:
-        The statement; its row is (in recovery, settings applied or NULL, pid) and its
-        value is the pid that counts as direct.
+        The statement.
     """
+    count = _settings_count(settings, application_name, own=True)
+    return Statement("session setup", f"SELECT {count}" + _TAIL)
+
+
+def _settings_count(settings: Mapping[str, str], application_name: str, own: bool = False) -> str:
     pairs = [*settings.items(), ("application_name", application_name)]
     rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
-    direct = "pg_backend_pid() = ({0})::int4 AND NOT pg_is_in_recovery()"
-    sql = (
-        f"SELECT pg_is_in_recovery(), CASE WHEN {direct} THEN"
-        " (SELECT count(set_config(s.name, s.value, false)) + count(pg_advisory_unlock_all())"
-        " FROM (VALUES "
+    where = "current_setting(s.name, true) IS NOT NULL"
+    if own:
+        where += (
+            " AND pg_backend_pid() = ({0})::int4"
+            " AND current_setting('pgleaderlock.session', true) = ({1})::int8::text"
+        )
+    return (
+        "(SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
         + rows.replace("{", "{{").replace("}", "}}")
-        + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL) END,"
-        " pg_backend_pid()"
+        + f") AS s(name, value) WHERE {where})"
     )
-    return Statement("session setup", sql)
 
 
 def _literal(text: str) -> str:
@@ -408,6 +463,7 @@ def check_pid(expected: int | None, got: int) -> None:
 
 
 _KNOWN_TABLES: set[TermTable] = set()
+_SESSION_TOKENS = random.SystemRandom()
 
 
 @functools.cache
@@ -481,6 +537,7 @@ class BaseSession(abc.ABC):
         self._pid: int | None = None
         self._watch: Callable[[], None] | None = None
         self._info: SessionInfo | None = None
+        self._token = _SESSION_TOKENS.getrandbits(62) + 1  # marks the session's backend
         self._configured = False  # the lock's settings are applied
         self._held = False  # a lock call granted the lock (and no unlock since)
         self._verified = False  # held, and a pg_locks probe since the grant said so
@@ -548,36 +605,63 @@ class BaseSession(abc.ABC):
     # ------------------------------------------------ the LockSession
 
     async def _row(self, statement: Statement, values: tuple[int, ...]) -> tuple[object, ...]:
-        """Run ``statement``; return its row after checking its last column,
-        ``pg_backend_pid()``, against the session's pid."""
+        """Run ``statement``; return its row after checking its last two columns: the
+        session's token and its backend's pid."""
         if self._watch is not None:
             self.watch(None)  # never compete with the driver for the connection
         try:
-            row = await self._fetch(statement, values)
+            row = await self._fetch(statement, values[: statement.arity])
         except Exception as exc:
             cls = self._classify(exc)
             if cls is None:
                 raise
             raise translate(exc, statement.what, cls) from exc
-        if not isinstance(row, tuple) or len(row) < 2 or not isinstance(row[-1], int):
+        if not isinstance(row, tuple) or len(row) < 3 or not isinstance(row[-1], int):
             raise ConnectionError(f"{statement.what}: unexpected result {row!r}")
         pid = row[-1]
         if pid != self._pid:
             check_pid(self._pid, pid)
             self._pid = pid
+        if self._info is not None and row[-2] != str(self._token):
+            raise SessionNotDedicatedError(
+                f"{statement.what}: another client set up on this session's server backend "
+                f"({pid}): a pooler in transaction or statement mode shares it. "
+                "Session-level advisory locks need a direct connection or a session-mode "
+                "pooler"
+            )
         return row
 
     async def _lock_call(self, statement: Statement, *values: int) -> object:
-        """A lock statement, run only on the session's own backend (its pid is the last
-        value): the session identifies itself first if it has not yet."""
-        pid = self._pid
-        if pid is None:
-            pid = (await self.identify()).backend_pid
-        return (await self._row(statement, (*values, pid)))[0]
+        """A lock statement, guarded: it runs only on the session's own backend, with
+        its token (the session identifies itself first if it has not yet)."""
+        info = self._info or await self.identify()
+        pooled = int(info.behind_pooler)
+        value = (await self._row(statement, (*values, info.backend_pid, self._token, pooled)))[0]
+        if value is None and statement is not UNLOCK:
+            raise SessionNotDedicatedError(
+                f"{statement.what}: this session's server backend ({info.backend_pid}) "
+                "already holds the lock it asked for: another client shares the backend "
+                "(a pooler in transaction or statement mode)"
+            )
+        return value
+
+    async def _lock_call_wait(self, key1: int, key2: int, timeout_ms: int) -> object:
+        info = self._info or await self.identify()
+        pooled = int(info.behind_pooler)
+        values = (key1, key2, info.backend_pid, self._token, pooled, timeout_ms)
+        row = await self._row(WAIT_LOCK, values)
+        if row[1] is None:
+            raise SessionNotDedicatedError(
+                f"wait_lock: this session's server backend ({info.backend_pid}) already "
+                "holds the lock it asked for: another client shares the backend (a pooler "
+                "in transaction or statement mode)"
+            )
+        return row[1]
 
     async def identify(self, options: ConnectOptions | None = None) -> SessionInfo:
-        """Roll back an open transaction, switch to autocommit and ask who serves this
-        session (``SetupSession``); run once, later calls return the same answer.
+        """Roll back an open transaction, switch to autocommit, set the session's token
+        on its backend and ask who serves it (``SetupSession``); run once, later calls
+        return the same answer.
 
         With ``options``, a direct session to a primary also gets its settings in the
         same round trip (``configure()`` then has nothing left to do).
@@ -592,39 +676,32 @@ class BaseSession(abc.ABC):
                 raise translate(exc, IDENTIFY.what, cls) from exc
             protocol_pid = self._protocol_pid()
             if options is None or protocol_pid is None:
-                in_recovery, pid = await self._row(IDENTIFY, ())
+                statement = setup_statement(None)
             else:
-                statement = configure_statement(options.server_settings, options.application_name)
-                in_recovery, applied, pid = await self._row(statement, (protocol_pid,))
-                self._configured = applied is not None
-            assert isinstance(pid, int)
-            self._info = SessionInfo(pid, protocol_pid, bool(in_recovery))
+                statement = setup_statement(options.server_settings, options.application_name)
+            row = await self._row(statement, (self._token, protocol_pid or -1))
+            self._configured = row[2] is not None
+            assert self._pid is not None
+            self._info = SessionInfo(self._pid, protocol_pid, bool(row[0]))
         return self._info
 
     async def backend_now(self) -> int:
         """Ask for the backend again, checked like every statement (``SetupSession``)."""
-        pid = (await self._row(IDENTIFY, ()))[-1]
-        assert isinstance(pid, int)
-        return pid
+        await self.identify()
+        await self._row(IDENTIFY, ())
+        assert self._pid is not None
+        return self._pid
 
     async def configure(self, options: ConnectOptions) -> None:
         """Apply the lock's session settings and ``application_name`` for the whole
         session (``SetupSession``), unless ``identify()`` did. Behind a pooler (which the
         core has accepted as session mode by then) no advisory lock is freed: the
-        session's server connection was reset by the pooler."""
+        pooler reset the server connection when its last client left."""
         if self._configured:
             return
-        await self.identify()
-        settings = dict(options.server_settings)
-        pairs = [*settings.items(), ("application_name", options.application_name)]
-        rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
-        sql = (
-            "SELECT (SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
-            + rows.replace("{", "{{").replace("}", "}}")
-            + ") AS s(name, value) WHERE current_setting(s.name, true) IS NOT NULL),"
-            " pg_backend_pid()"
-        )
-        await self._row(Statement("session setup", sql), ())
+        info = await self.identify()
+        statement = configure_statement(options.server_settings, options.application_name)
+        await self._row(statement, (info.backend_pid, self._token))
         self._configured = True
 
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
@@ -683,7 +760,7 @@ class BaseSession(abc.ABC):
         """Wait on the server for the lock: True once granted, False after ``timeout_s``
         (a ``lock_not_available`` error on a live session)."""
         try:
-            await self._lock_call(WAIT_LOCK, key1, key2, lock_timeout_ms(timeout_s))
+            await self._lock_call_wait(key1, key2, lock_timeout_ms(timeout_s))
         except PgLeaderLockError as exc:
             if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
                 return False  # lock_timeout: the wait ended without the lock
