@@ -244,16 +244,6 @@ async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
     await assert_no_settings_left(bouncer, pg_dsn, watched_settings(lock))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the pooler check (core/slot.py SessionSlot._check) compares the second "
-    "session's backend with the first's only: with two candidates starting together each "
-    "one's second session is often served by the server connection the other just "
-    "released, both pass as session mode, and one leads through the pooler (the lock can "
-    "stay on that pooled server connection after shutdown, and its settings stay there); "
-    "fails within the first ~12 of 30 rounds",
-)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", POOLED)
 async def test_candidates_started_together_are_all_refused(

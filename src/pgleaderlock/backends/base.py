@@ -153,8 +153,7 @@ UNLOCK = Statement(
 WAIT_LOCK = Statement(
     "wait_lock",
     f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{5}})::int4::text, true) END,"
-    f" CASE {_OWN} {_HELD} ELSE pg_advisory_lock(({{0}})::int4, ({{1}})::int4)::text END"
-    + _TAIL,
+    f" CASE {_OWN} {_HELD} ELSE pg_advisory_lock(({{0}})::int4, ({{1}})::int4)::text END" + _TAIL,
 )
 """``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
 session's pid and token, 1 behind a pooler, and the timeout in ms
@@ -748,9 +747,10 @@ class BaseSession(abc.ABC):
         know itself to hold the lock always asks ``pg_locks``.
         """
         if self._verified:
-            held, in_recovery, _ = await self._row(ALIVE, ())
+            held, in_recovery, *_ = await self._row(ALIVE, ())
         else:
-            held, in_recovery, _ = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
+            row = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
+            held, in_recovery, *_ = row
             self._verified = bool(held) and self._held
         if in_recovery:
             raise StandbyError("health check: the server is now a standby (in recovery)")
