@@ -91,7 +91,11 @@ def _driver_connect_error(exc: BaseException) -> Exception | None:
 
 
 def _connect_error(exc: BaseException) -> Exception:
-    """A connect error: refused for good (``REFUSED_SQLSTATES``) or a connection error."""
+    """A connect error: a bad connection parameter (asyncpg's client configuration, or a
+    URL parameter the server does not know as a setting), refused for good
+    (``REFUSED_SQLSTATES``), or a connection error."""
+    if isinstance(exc, asyncpg.ClientConfigurationError) or sqlstate(exc) == "42704":
+        return translate(exc, "connect", ConfigurationError)
     code = sqlstate(exc) if isinstance(exc, asyncpg.PostgresError) else None
     cls = by_sqlstate(code, REFUSED_SQLSTATES, ConnectionError) if code else ConnectionError
     return translate(exc, "connect", cls)

@@ -66,6 +66,7 @@ __all__ = [
     "create_terms_statement",
     "fence_statement",
     "configure_statement",
+    "misconfigured_by_message",
     "refused_by_message",
     "check_pid",
     "lock_timeout_ms",
@@ -355,6 +356,18 @@ _REFUSED = re.compile(
     r"|role \S+ does not exist|database \S+ does not exist|no pg_hba\.conf entry"
     r"|is not permitted to log in|permission denied for database|no password supplied"
 )
+
+
+_MISCONFIGURED = re.compile(
+    r"invalid \S+ value|invalid connection option|invalid integer value|invalid port number"
+)
+
+
+def misconfigured_by_message(message: str) -> bool:
+    """For libpq's connect errors: does the message say that a connection option is
+    wrong (``invalid sslmode value``, ``invalid connection option``)? That is the
+    client's configuration, which retrying does not mend."""
+    return _MISCONFIGURED.search(message) is not None
 
 
 def refused_by_message(message: str) -> bool:

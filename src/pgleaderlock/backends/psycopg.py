@@ -39,6 +39,7 @@ from .base import (
     Statement,
     check_target_session_attrs,
     fence_statement,
+    misconfigured_by_message,
     refused_by_message,
     translate,
 )
@@ -200,6 +201,9 @@ def check_dsn(dsn: str) -> None:
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad port {port!r}")
+    timeout = str(params.get("connect_timeout") or "0")
+    if not timeout.lstrip("-").isdigit():
+        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad connect_timeout")
     check_target_session_attrs(params.get("target_session_attrs"), mask_dsn(dsn))
 
 
@@ -257,7 +261,10 @@ def _connect_error(exc: BaseException) -> Exception | None:
 
 
 def _connect_error_class(exc: psycopg.Error) -> ErrorClass:
-    # libpq's connect errors carry no SQLSTATE: the server's message tells a refusal.
+    # libpq's connect errors carry no SQLSTATE: the server's message tells a refusal. A
+    # connection option libpq itself rejects (a bad sslmode) is a ProgrammingError.
+    if isinstance(exc, psycopg.ProgrammingError) or misconfigured_by_message(str(exc)):
+        return ConfigurationError
     return ServerRefusedError if refused_by_message(str(exc)) else ConnectionError
 
 

@@ -41,7 +41,7 @@ from ..core._logging import mask_dsn
 from ..core.config import TermTable
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
 from ..core.session import Backend, ConnectOptions, LockSession, SessionInfo
-from .base import fence_statement, translate
+from .base import check_target_session_attrs, fence_statement, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -191,6 +191,8 @@ def _url(dsn: str) -> URL:
             f"the sqlalchemy backend needs an asyncio driver, postgresql+asyncpg or "
             f"postgresql+psycopg; got postgresql+{driver}"
         )
+    attrs = url.query.get("target_session_attrs")
+    check_target_session_attrs(attrs if isinstance(attrs, str) else None, mask_dsn(dsn))
     return url.set(drivername=f"postgresql+{driver}")
 
 

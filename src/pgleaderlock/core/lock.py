@@ -298,6 +298,14 @@ class LeaderLock(Fencing):
         """The server pid of the current session, if any."""
         return self._slot.backend_pid
 
+    @property
+    def stop_error(self) -> Exception | None:
+        """The error that stopped the lock for good in its last run (one that retrying
+        cannot mend, e.g. [`ServerRefusedError`][pgleaderlock.ServerRefusedError]), or
+        ``None``: what [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership]
+        raises, for status pages and readiness checks."""
+        return self._machine.fatal_error
+
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock's state and counters (cheap; no I/O).
 

@@ -136,7 +136,7 @@ class SessionSlot:
             if can(session, SetupSession):
                 await self._check(cast(SetupSession, session))
         except BaseException:
-            await _close(session)
+            await self._close(session)
             raise
         self.session = session
         self._log.debug(
@@ -206,7 +206,7 @@ class SessionSlot:
                 await session.backend_now()
                 theirs = await probe.backend_now()
         finally:
-            await _close(cast(LockSession, probe))
+            await self._close(cast(LockSession, probe))
         if theirs == own:
             raise SessionNotDedicatedError(
                 "a pooler in transaction or statement mode sits between this client and "
@@ -220,7 +220,10 @@ class SessionSlot:
         """Close the session, if any (which frees its locks on the server)."""
         session, self.session = self.session, None
         if session is not None:
-            await _close(session, self._log, self._fields)
+            await self._close(session)
+
+    async def _close(self, session: LockSession) -> None:
+        await _close(session, self._log, self._fields)
 
     def abort(self) -> None:
         """Drop the session's connection synchronously (see
@@ -240,12 +243,9 @@ class SessionSlot:
             cast(WatchableSession, session).watch(callback)
 
 
-async def _close(
-    session: LockSession, log: StructuredLogger | None = None, fields: dict[str, Any] | None = None
-) -> None:
+async def _close(session: LockSession, log: StructuredLogger, fields: dict[str, Any]) -> None:
     try:
         async with asyncio.timeout(CLOSE_TIMEOUT_S):
             await session.close()
     except Exception as exc:  # close() must not raise; be defensive anyway
-        if log is not None:
-            log.warning("session_close_failed", error=repr(exc), **(fields or {}))
+        log.warning("session_close_failed", error=repr(exc), **fields)
