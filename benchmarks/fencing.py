@@ -64,6 +64,8 @@ from _common import (
 )
 
 from pgleaderlock import LeaderLock, lock_keys
+from pgleaderlock.backends.base import bump_term_statement, create_terms_statement
+from pgleaderlock.core.config import TermTable
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateOptions, CandidateProcess
 from support.server import dsn_to_url
@@ -350,14 +352,38 @@ async def measure_failover(dsn: str, args: argparse.Namespace) -> dict[str, Any]
         await _drop(dsn, table)
     on, off = summarize(times["fencing on"]), summarize(times["fencing off"])
     rows = [[label, *_cells(summarize(values))] for label, values in times.items()]
+    bump = await measure_bump(dsn, table, 300)
+    rows.append(["(the term bump statement alone)", *_cells(bump["bump"])])
+    rows.append(["(a SELECT 1 round trip, for reference)", *_cells(bump["select1"])])
+    await _drop(dsn, table)
     print()
     print(markdown_table(["SIGKILL of the leader", "median", "p95", "max", "n"], rows))
     print(f"\nThe term bump adds {fmt_ms(on.median - off.median)} to the median failover.")
-    return {label: summarize(v).as_dict() | {"values": v} for label, v in times.items()}
+    figures = {label: summarize(v).as_dict() | {"values": v} for label, v in times.items()}
+    return figures | {f"statement: {k}": v.as_dict() for k, v in bump.items()}
 
 
 def _cells(s: Summary) -> list[str]:
     return [fmt_ms(s.median), fmt_ms(s.p95), fmt_ms(s.max), str(s.n)]
+
+
+async def measure_bump(dsn: str, table: str, n: int) -> dict[str, Summary]:
+    """The term bump statement alone (what a new leader runs before it is announced),
+    on a connection of its own, against a ``SELECT 1`` round trip: ``n`` of each."""
+    terms = TermTable(table)
+    key1, key2 = lock_keys(unique("bench-bump"))
+    times: dict[str, list[float]] = {"bump": [], "select1": []}
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(create_terms_statement(terms).template.encode())
+        row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert row is not None
+        bump = bump_term_statement(terms).sql(key1, key2, row[0]).encode()
+        for _ in range(n):
+            for variant in random.sample(list(times), 2):
+                started = time.perf_counter()
+                await conn.execute(bump if variant == "bump" else b"SELECT 1")
+                times[variant].append(time.perf_counter() - started)
+    return {k: summarize(v) for k, v in times.items()}
 
 
 # ================================================================== 3. acquire_delay_s

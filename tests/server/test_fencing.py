@@ -28,6 +28,7 @@ from pgleaderlock import (
     FixedInterval,
     LeaderLock,
     LockState,
+    ThreadedLeaderLock,
     lock_keys,
 )
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
@@ -563,6 +564,73 @@ async def test_terms_increase_across_server_restarts(
     await lock.shutdown(timeout_s=10)
     terms.append(await leads(make_lock(throwaway_pg.dsn)))
     assert terms == sorted(set(terms)), terms
+
+
+async def test_acquire_delay_holds_leader_back_after_the_bump(
+    make_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+) -> None:
+    """With ``acquire_delay_s`` the term is bumped first, then the lock stays ACQUIRING
+    (no term, fence() refused) for the delay, then leads with that term."""
+    lock = make_lock(acquire_delay_s=2.0)
+    await lock.start()
+
+    async def bumped() -> bool:
+        cur = await admin.execute("SELECT to_regclass(%s) IS NOT NULL", (fencing_table,))
+        if await cur.fetchone() != (True,):
+            return False
+        cur = await admin.execute(f"SELECT term FROM {fencing_table}".encode())
+        return bool(await cur.fetchall())
+
+    await until(bumped, "the term bump")
+    assert lock.state is LockState.ACQUIRING
+    assert lock.term is None
+    with pytest.raises(FencedError, match="not leader"):
+        await lock.fence(object())
+    assert await lock.wait_for_leadership(10)
+    cur = await admin.execute(f"SELECT term FROM {fencing_table}".encode())
+    assert await cur.fetchall() == [(lock.term,)]
+
+
+async def test_fencing_schema(pg_dsn: str, admin: Admin) -> None:
+    """``fencing_schema``: the table is created in that schema and fence() reads it."""
+    schema, table = unique("test_fencing_schema"), unique("Test_Terms")
+    await admin.execute(f"CREATE SCHEMA {schema}".encode())
+    lock = LeaderLock.from_name(
+        unique("test-fencing"),
+        pg_dsn,
+        **{**FAST, "fencing": True, "fencing_table": table, "fencing_schema": schema},
+    )
+    try:
+        term = await leads(lock)
+        cur = await admin.execute(f'SELECT term FROM {schema}."{table}"'.encode())
+        assert await cur.fetchall() == [(term,)]
+        async with PsycopgBlock(pg_dsn).transaction() as conn:
+            assert await lock.fence(conn) == term
+    finally:
+        await lock.shutdown(timeout_s=10)
+        await admin.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+
+
+def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
+    """The threaded lock's way, with no event loop in the caller's thread:
+    ``threaded.lock.fence_sync(conn)`` inside ``with conn.transaction():``."""
+    table = unique("test_terms")
+    options = {**FAST, "fencing": True, "fencing_table": table}
+    options["retry_strategy"] = FixedInterval(10.0)  # stays a follower after step_down
+    inner = LeaderLock.from_name(unique("test-fencing-threaded"), pg_dsn, **options)
+    try:
+        with ThreadedLeaderLock(inner) as threaded, psycopg.connect(pg_dsn) as conn:
+            assert threaded.wait_for_leadership(10)
+            term = threaded.lock.term
+            assert term is not None
+            with conn.transaction():
+                assert threaded.lock.fence_sync(conn) == term
+            threaded.step_down()
+            with pytest.raises(FencedError), conn.transaction():
+                threaded.lock.fence_sync(conn)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS {table}".encode())
 
 
 # ---------------------------------------------------------------- refusals
