@@ -473,6 +473,39 @@ async def test_next_leader_waits_for_an_open_fenced_transaction(
     assert await rows(admin, work_table) == [(term,)]
 
 
+async def test_fenced_transaction_longer_than_the_bump_timeout(
+    pg_dsn: str, make_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+) -> None:
+    """A fenced transaction that stays open longer than the next leader's
+    ``command_timeout_s``: its term bump gives up (on_error, and the session is closed),
+    the lock never leads while the transaction is open, and leads once it has ended.
+
+    The closed session's backend does not notice while it waits for the row (with
+    ``client_connection_check_interval`` off): it keeps the advisory lock and commits
+    its bump when the transaction ends, then exits. So the new leader's term is
+    ``term + 2`` then: terms may skip a value, never repeat or go back."""
+    first = make_lock(retry_strategy=FixedInterval(10.0))
+    second = make_lock(retry_strategy=FixedInterval(0.2), command_timeout_s=0.5)
+    errors: list[Exception] = []
+    second.on_error(errors.append)
+    states: list[LockState] = []
+    second.on_state_change(lambda old, new: states.append(new))
+    term = await leads(first)
+    await second.start()
+    await queued(admin, second)
+    async with PsycopgBlock(pg_dsn).transaction() as conn:
+        assert await first.fence(conn) == term
+        await first.step_down()
+        await until(lambda: asyncio.sleep(0, errors), "a term bump timed out")
+        await asyncio.sleep(0.3)
+        await conn.execute(f"INSERT INTO {work_table} (term) VALUES ({term})".encode())
+    assert LockState.LEADER not in states
+    assert all("fencing term timed out" in str(exc) for exc in errors), errors
+    assert await second.wait_for_leadership(10)
+    assert second.term in (term + 1, term + 2)
+    assert await rows(admin, work_table) == [(term,)]
+
+
 # ---------------------------------------------------------------- the term
 
 
