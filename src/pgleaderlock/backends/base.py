@@ -206,7 +206,13 @@ def bump_term_statement(table: TermTable) -> Statement:
     timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
     return Statement(
         "fencing term",
-        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),"
+        # Durable (synchronous_commit), and a backend whose client gave up on it while it
+        # waited for the row (a bump past command_timeout_s: the session was dropped) stops
+        # waiting within a second instead of keeping the lock and committing the bump.
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true),"
+        " (SELECT count(set_config(s.name, '1000', true))"
+        " FROM (VALUES ('client_connection_check_interval')) AS s(name)"
+        " WHERE current_setting(s.name, true) IS NOT NULL)),"
         f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
         f" SELECT ({{0}})::int4, ({{1}})::int4, {timeline} + 1,"
         " current_setting('application_name'), now()"
