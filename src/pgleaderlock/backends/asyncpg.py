@@ -22,7 +22,6 @@ import asyncpg
 import asyncpg.pool
 
 from ..core._logging import mask_dsn
-from ..core.config import TermTable
 from ..core.errors import (
     ConfigurationError,
     ConnectionError,
@@ -41,7 +40,6 @@ from .base import (
     Statement,
     by_sqlstate,
     check_target_session_attrs,
-    fence_statement,
     sqlstate,
     translate,
 )
@@ -352,21 +350,26 @@ def wrap(obj: object) -> LockSession | None:
     return AsyncpgSession(obj)
 
 
-def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable[int | None] | None:
-    """For ``fence()``: the lock's term, read in the caller's transaction on an asyncpg
-    ``Connection`` (a pool's too: the caller's own work may run anywhere)."""
+def fetch_row(
+    conn: object, template: str, values: tuple[object, ...]
+) -> Awaitable[tuple[Any, ...] | None] | None:
+    """One statement in the caller's transaction on an asyncpg ``Connection`` (a pool's
+    too: the caller's own work may run anywhere)."""
     if not isinstance(conn, asyncpg.Connection):
         return None
-    return _read_term(conn, table, key1, key2)
+    return _fetch_row(conn, template, values)
 
 
-async def _read_term(conn: Any, table: TermTable, key1: int, key2: int) -> int | None:
+async def _fetch_row(
+    conn: Any, template: str, values: tuple[object, ...]
+) -> tuple[Any, ...] | None:
     if not conn.is_in_transaction():
         raise ConfigurationError(
-            "fence() must run inside the transaction it protects (`async with conn.transaction():`)"
+            "fencing must run inside the transaction it protects (`async with conn.transaction():`)"
         )
-    term = await conn.fetchval(fence_statement(table).sql("$1", "$2"), key1, key2)
-    return None if term is None else int(term)
+    sql = template.format(*[f"${n}" for n in range(1, len(values) + 1)])
+    row = await conn.fetchrow(sql, *values)
+    return None if row is None else tuple(row)
 
 
 backend = Backend(
@@ -375,6 +378,6 @@ backend = Backend(
     wrap=wrap,
     check_dsn=check_dsn,
     connect_budget=connect_budget,
-    read_term=read_term,
+    fetch_row=fetch_row,
     connect_error=_driver_connect_error,
 )

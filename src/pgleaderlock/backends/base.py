@@ -64,7 +64,6 @@ __all__ = [
     "tcp_acknowledged",
     "check_target_session_attrs",
     "create_terms_statement",
-    "fence_statement",
     "configure_statement",
     "misconfigured_by_message",
     "refused_by_message",
@@ -220,16 +219,6 @@ def bump_term_statement(table: TermTable) -> Statement:
         " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
         " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at RETURNING term)"
         " SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
-    )
-
-
-def fence_statement(table: TermTable) -> Statement:
-    """The lock's current term, with a shared lock on its row until the caller's
-    transaction ends (values: the two keys)."""
-    return Statement(
-        "fence",
-        f"SELECT term FROM {table.sql} WHERE key1 = ({{0}})::int4 AND key2 = ({{1}})::int4"
-        " FOR SHARE",
     )
 
 

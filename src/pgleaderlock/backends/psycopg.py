@@ -22,7 +22,6 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from ..core._logging import mask_dsn
-from ..core.config import TermTable
 from ..core.errors import (
     ConfigurationError,
     ConnectionError,
@@ -38,7 +37,6 @@ from .base import (
     ErrorClass,
     Statement,
     check_target_session_attrs,
-    fence_statement,
     misconfigured_by_message,
     refused_by_message,
     translate,
@@ -292,39 +290,45 @@ def _not_in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[
 
 
 _OUTSIDE = (
-    "fence() must run inside the transaction it protects; this connection is in "
+    "fencing must run inside the transaction it protects; this connection is in "
     "autocommit mode with no transaction open (use `async with conn.transaction():`)"
 )
 
 
-def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable[int | None] | None:
-    """For ``fence()``: the lock's term, read in the caller's transaction on a psycopg
-    ``AsyncConnection`` (``None`` for another kind of connection)."""
+def fetch_row(
+    conn: object, template: str, values: tuple[object, ...]
+) -> Awaitable[tuple[Any, ...] | None] | None:
+    """One statement in the caller's transaction on a psycopg ``AsyncConnection``
+    (``None`` for another kind of connection)."""
     if not isinstance(conn, psycopg.AsyncConnection):
         return None
-    return _read_term(conn, table, key1, key2)
+    return _fetch_row(conn, template, values)
 
 
-async def _read_term(
-    conn: psycopg.AsyncConnection[Any], table: TermTable, key1: int, key2: int
-) -> int | None:
+async def _fetch_row(
+    conn: psycopg.AsyncConnection[Any], template: str, values: tuple[object, ...]
+) -> tuple[Any, ...] | None:
     if _not_in_transaction(conn):
         raise ConfigurationError(_OUTSIDE)
-    cur = await conn.execute(fence_statement(table).sql("%s", "%s").encode(), (key1, key2))
+    cur = await conn.execute(_with_params(template, values), values)
     row = await cur.fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None else tuple(row)
 
 
-def read_term_sync(
-    conn: object, table: TermTable, key1: int, key2: int
-) -> tuple[int | None] | None:
-    """``read_term`` for a synchronous psycopg ``Connection`` (the threaded lock)."""
+def fetch_row_sync(
+    conn: object, template: str, values: tuple[object, ...]
+) -> tuple[tuple[Any, ...] | None] | None:
+    """``fetch_row`` for a synchronous psycopg ``Connection`` (the threaded lock)."""
     if not isinstance(conn, psycopg.Connection):
         return None
     if _not_in_transaction(conn):
         raise ConfigurationError(_OUTSIDE.replace("async with", "with"))
-    row = conn.execute(fence_statement(table).sql("%s", "%s").encode(), (key1, key2)).fetchone()
-    return (None if row is None else int(row[0]),)
+    row = conn.execute(_with_params(template, values), values).fetchone()
+    return (None if row is None else tuple(row),)
+
+
+def _with_params(template: str, values: tuple[object, ...]) -> bytes:
+    return template.format(*["%s"] * len(values)).encode()
 
 
 backend = Backend(
@@ -333,7 +337,7 @@ backend = Backend(
     wrap=wrap,
     check_dsn=check_dsn,
     connect_budget=connect_budget,
-    read_term=read_term,
-    read_term_sync=read_term_sync,
+    fetch_row=fetch_row,
+    fetch_row_sync=fetch_row_sync,
     connect_error=_connect_error,
 )

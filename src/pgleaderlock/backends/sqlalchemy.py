@@ -41,7 +41,7 @@ from ..core._logging import mask_dsn
 from ..core.config import TermTable
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
 from ..core.session import Backend, ConnectOptions, LockSession, SessionInfo
-from .base import check_target_session_attrs, fence_statement, translate
+from .base import check_target_session_attrs, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -292,28 +292,31 @@ def wrap(obj: object) -> LockSession | None:
     return SQLAlchemySession(driver_connection, origin=origin)
 
 
-def read_term(conn: object, table: TermTable, key1: int, key2: int) -> Awaitable[int | None] | None:
-    """For ``fence()``: the lock's term, read in the caller's transaction on a SQLAlchemy
-    ``AsyncConnection`` or ``AsyncSession`` (which begin one if none is open)."""
+def fetch_row(
+    conn: object, template: str, values: tuple[object, ...]
+) -> Awaitable[tuple[Any, ...] | None] | None:
+    """One statement in the caller's transaction on a SQLAlchemy ``AsyncConnection`` or
+    ``AsyncSession`` (which begin one if none is open)."""
     if not isinstance(conn, AsyncConnection | AsyncSession):
         return None
-    return _read_term(conn, table, key1, key2)
+    return _fetch_row(conn, template, values)
 
 
-async def _read_term(
-    conn: AsyncConnection | AsyncSession, table: TermTable, key1: int, key2: int
-) -> int | None:
+async def _fetch_row(
+    conn: AsyncConnection | AsyncSession, template: str, values: tuple[object, ...]
+) -> tuple[Any, ...] | None:
     connection = conn if isinstance(conn, AsyncConnection) else await conn.connection()
     if _autocommit(connection):
         raise ConfigurationError(
-            "fence() must run inside the transaction it protects; this connection runs "
+            "fencing must run inside the transaction it protects; this connection runs "
             "in autocommit mode (isolation_level='AUTOCOMMIT', on the connection or its "
-            "engine), where the fence's row lock would end with the fence itself"
+            "engine), where a row lock would end with its own statement"
         )
-    query = text(fence_statement(table).sql(":key1", ":key2"))
-    result = await conn.execute(query, {"key1": key1, "key2": key2})
-    term = result.scalar()
-    return None if term is None else int(term)
+    names = [f"p{n}" for n in range(len(values))]
+    query = text(template.format(*[f":{name}" for name in names]))
+    result = await conn.execute(query, dict(zip(names, values, strict=True)))
+    row = result.first()
+    return None if row is None else tuple(row)
 
 
 def _autocommit(conn: AsyncConnection) -> bool:
@@ -334,5 +337,5 @@ backend = Backend(
     wrap=wrap,
     check_dsn=check_dsn,
     claims=claims,
-    read_term=read_term,
+    fetch_row=fetch_row,
 )

@@ -20,9 +20,23 @@ from .config import LockConfig, TermTable
 from .errors import ConfigurationError, FencedError
 from .machine import Machine
 from .models import LockState
-from .registry import read_term, read_term_sync
+from .registry import fetch_row, fetch_row_sync
 
-__all__ = ["Fencing", "check_term"]
+__all__ = ["Fencing", "check_term", "fence_template"]
+
+
+def fence_template(table: TermTable) -> str:
+    """The lock's current term, with a shared lock on its row until the caller's
+    transaction ends (parameters: the two keys)."""
+    return (
+        f"SELECT term FROM {table.sql} WHERE key1 = ({{0}})::int4 AND key2 = ({{1}})::int4"
+        " FOR SHARE"
+    )
+
+
+def _term_of(row: tuple[object, ...] | None) -> int | None:
+    value = None if row is None else row[0]
+    return None if value is None else int(value)  # type: ignore[call-overload]
 
 
 def check_term(term: int, current: int | None, label: str) -> None:
@@ -84,7 +98,8 @@ class Fencing:
                 transaction, or of a kind no installed backend knows.
         """
         table, term = self._fencing()
-        check_term(term, await read_term(conn, table, self._key1, self._key2), self.label)
+        row = await fetch_row(conn, fence_template(table), (self._key1, self._key2))
+        check_term(term, _term_of(row), self.label)
         return term
 
     @contextlib.asynccontextmanager
@@ -97,7 +112,8 @@ class Fencing:
         """[`fence`][pgleaderlock.LeaderLock.fence] for a synchronous connection (psycopg
         ``Connection``), from any thread: what the threaded lock uses."""
         table, term = self._fencing()
-        check_term(term, read_term_sync(conn, table, self._key1, self._key2), self.label)
+        row = fetch_row_sync(conn, fence_template(table), (self._key1, self._key2))
+        check_term(term, _term_of(row), self.label)
         return term
 
     def _fencing(self: _Lock) -> tuple[TermTable, int]:

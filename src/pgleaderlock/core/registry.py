@@ -33,14 +33,13 @@ import re
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
-from .config import TermTable
 from .errors import BackendUnavailableError, ConfigurationError
-from .session import Backend, LockSession
+from .session import Backend, LockSession, Row
 
 __all__ = [
     "connect_error",
-    "read_term",
-    "read_term_sync",
+    "fetch_row",
+    "fetch_row_sync",
     "DEFAULT",
     "GROUP",
     "available",
@@ -275,28 +274,35 @@ def wrap_connection(obj: object) -> LockSession:
     )
 
 
-async def read_term(conn: object, table: TermTable, key1: int, key2: int) -> int | None:
-    """Read a lock's fencing term on a connection of the caller's, inside the caller's
-    transaction, with a shared lock on its row (the first available backend that knows
-    the connection's type does it).
+async def fetch_row(conn: object, template: str, values: tuple[object, ...]) -> Row | None:
+    """Run one statement on a connection of the caller's, inside the caller's transaction
+    (the first available backend that knows the connection's type does it).
+
+    Args:
+        conn: the caller's connection.
+        template: the statement, its parameters numbered ``{0}``, ``{1}``, ...
+        values: the parameters.
+
+    Returns:
+        The first row, or ``None``.
 
     Raises:
         ConfigurationError: no installed backend knows ``conn``, or it is not in a
             transaction.
     """
     for name in available():
-        reader = _load(name).read_term
-        pending = None if reader is None else reader(conn, table, key1, key2)
+        fetch = _load(name).fetch_row
+        pending = None if fetch is None else fetch(conn, template, values)
         if pending is not None:
             return await pending
     raise _unknown_connection(conn)
 
 
-def read_term_sync(conn: object, table: TermTable, key1: int, key2: int) -> int | None:
-    """[`read_term`][pgleaderlock.core.registry.read_term] for a synchronous connection."""
+def fetch_row_sync(conn: object, template: str, values: tuple[object, ...]) -> Row | None:
+    """[`fetch_row`][pgleaderlock.core.registry.fetch_row] for a synchronous connection."""
     for name in available():
-        reader = _load(name).read_term_sync
-        found = None if reader is None else reader(conn, table, key1, key2)
+        fetch = _load(name).fetch_row_sync
+        found = None if fetch is None else fetch(conn, template, values)
         if found is not None:
             return found[0]
     raise _unknown_connection(conn)
@@ -304,7 +310,7 @@ def read_term_sync(conn: object, table: TermTable, key1: int, key2: int) -> int 
 
 def _unknown_connection(conn: object) -> ConfigurationError:
     return ConfigurationError(
-        f"fence() got a {type(conn).__module__}.{type(conn).__qualname__}; it takes a "
+        f"got a {type(conn).__module__}.{type(conn).__qualname__} connection; fencing takes a "
         "psycopg AsyncConnection (or Connection with the threaded lock), an asyncpg "
         "Connection, or a SQLAlchemy AsyncConnection or AsyncSession"
     )

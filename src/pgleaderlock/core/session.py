@@ -25,6 +25,7 @@ __all__ = [
     "ConnectOptions",
     "LockSession",
     "AbortableSession",
+    "Row",
     "SessionFactory",
     "SessionInfo",
     "FencingSession",
@@ -216,6 +217,9 @@ class FencingSession(Protocol):
         ...
 
 
+Row = tuple[Any, ...]
+"""A row a statement returned."""
+
 SessionFactory = Callable[[], Awaitable[object]]
 """``connect_fn``: returns a [`LockSession`][pgleaderlock.LockSession] or a raw driver
 connection to wrap."""
@@ -250,13 +254,14 @@ class Backend:
             the driver cannot parse (called once, before any I/O).
         claims: for backends that connect with something other than a DSN string
             (a SQLAlchemy ``AsyncEngine``): True if this object is theirs.
-        read_term: ``(conn, table, key1, key2)``: for ``fence()``, read the lock's term on
-            a connection of the caller's, inside the caller's transaction, with a shared
-            lock on its row (``SELECT term ... FOR SHARE``): an awaitable of the term
-            (``None`` without a row), or ``None`` (not an awaitable) when ``conn`` is
-            not one of this driver's connections. Raises
+        fetch_row: ``(conn, template, values)``: run one statement on a connection of the
+            caller's, inside the caller's transaction (``fence()``, checkpoints): the
+            template numbers its parameters ``{0}``, ``{1}``, ...; an awaitable of the
+            first row (``None`` without one), or ``None`` (not an awaitable) when
+            ``conn`` is not one of this driver's connections. Raises
             [`ConfigurationError`][pgleaderlock.ConfigurationError] outside a transaction.
-        read_term_sync: the same for a synchronous connection (the threaded lock).
+        fetch_row_sync: the same for a synchronous connection (the threaded lock); its
+            row comes wrapped in a 1-tuple, so that "no row" and "not mine" differ.
         connect_error: ``(exc) -> error or None``: the library error for a driver error
             raised while connecting outside the adapter (inside a ``connect_fn``), e.g.
             [`ServerRefusedError`][pgleaderlock.ServerRefusedError] for a wrong
@@ -273,6 +278,10 @@ class Backend:
     check_dsn: Callable[[Any], None]
     claims: Callable[[object], bool] | None = None
     connect_budget: Callable[[Any, float], float] | None = None
-    read_term: Callable[[object, TermTable, int, int], Awaitable[int | None] | None] | None = None
-    read_term_sync: Callable[[object, TermTable, int, int], tuple[int | None] | None] | None = None
+    fetch_row: Callable[[object, str, tuple[object, ...]], Awaitable[Row | None] | None] | None = (
+        None
+    )
+    fetch_row_sync: Callable[[object, str, tuple[object, ...]], tuple[Row | None] | None] | None = (
+        None
+    )
     connect_error: Callable[[BaseException], Exception | None] | None = None
