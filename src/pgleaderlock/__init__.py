@@ -19,6 +19,7 @@ async with lock:
 
 from __future__ import annotations
 
+from .coordination import Coordinator, WorkerContext
 from .core.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -58,6 +59,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectOptions",
     "ConnectionError",
+    "Coordinator",
     "DecorrelatedJitter",
     "ErrorCallback",
     "Event",
@@ -80,6 +82,7 @@ __all__ = [
     "StandbyError",
     "StateChangeCallback",
     "ThreadedLeaderLock",
+    "WorkerContext",
     "__version__",
     "hookimpl",
     "lock_keys",

@@ -25,7 +25,7 @@ from .core.lock import LeaderLock
 from .core.models import LockState, RetryContext
 from .core.retry import RetryStrategy
 
-__all__ = ["LeaderTasks", "TaskFunction", "follow_state"]
+__all__ = ["LeaderTasks", "TaskFunction", "follow_state", "next_delay", "supervise"]
 
 log = get_logger("pgleaderlock.tasks")
 
@@ -334,50 +334,79 @@ class LeaderTasks:
 
     # ------------------------------------------------------------------ one task
 
-    def _next_delay(self, ctx: RetryContext) -> float | None:
-        try:
-            delay = self._retry.next_delay_s(ctx)
-        except Exception as exc:
-            log.error(
-                "retry_strategy_failed", lock=self._lock.label, error=repr(exc), exc_info=True
-            )
-            return None
-        return None if delay is None else max(0.0, float(delay))
-
     async def _supervise(self, spec: _TaskSpec) -> None:
-        label = self._lock.label
-        attempt = 0
-        cycle_start = time.monotonic()
-        while True:
-            log.info("leader_task_started", task=spec.name, lock=label, attempt=attempt + 1)
-            run_start = time.monotonic()
-            try:
-                await spec.fn()
-            except Exception as exc:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise asyncio.CancelledError from exc  # it swallowed our cancel
-                now = time.monotonic()
-                if now - run_start >= HEALTHY_RUN_S:
-                    attempt, cycle_start = 0, run_start
-                attempt += 1
-                delay = self._next_delay(RetryContext(attempt, now - cycle_start, exc))
-                log.error(
-                    "leader_task_crashed",
-                    task=spec.name,
-                    lock=label,
-                    attempt=attempt,
-                    error=repr(exc),
-                    restart_in_s=None if delay is None else round(delay, 3),
-                    exc_info=True,
-                )
-                if delay is None:
-                    log.error("leader_task_gave_up", task=spec.name, lock=label, attempt=attempt)
-                    return
-                await asyncio.sleep(delay)
-            else:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise asyncio.CancelledError  # it swallowed our cancel and returned
-                log.info("leader_task_finished", task=spec.name, lock=label)
-                return
+        await supervise(spec.fn, task=spec.name, lock=self._lock.label, retry=self._retry)
+
+
+def next_delay(retry: RetryStrategy, ctx: RetryContext, lock: str) -> float | None:
+    """Ask ``retry`` for a delay; a strategy that raises gives up, like one returning
+    None."""
+    try:
+        delay = retry.next_delay_s(ctx)
+    except Exception as exc:
+        log.error("retry_strategy_failed", lock=lock, error=repr(exc), exc_info=True)
+        return None
+    return None if delay is None else max(0.0, float(delay))
+
+
+async def supervise(
+    run: TaskFunction,
+    *,
+    task: str,
+    lock: str,
+    retry: RetryStrategy,
+    give_up_after: int | None = None,
+) -> bool:
+    """Run ``run()`` until it returns; restart it after a crash with ``retry``'s delays.
+
+    A run that returns normally has finished for this leadership term. A run that
+    lasted [`HEALTHY_RUN_S`][pgleaderlock.tasks.HEALTHY_RUN_S] before crashing starts a
+    fresh retry cycle.
+
+    Args:
+        run: the task's coroutine function.
+        task: its name, for logs.
+        lock: the label of the lock (or name) it serves, for logs.
+        retry: delays between restarts; ``None`` from it gives up.
+        give_up_after: give up after this many crashes in a row (``None``: never).
+
+    Returns:
+        True if the task finished, False if it was given up.
+    """
+    attempt = 0
+    cycle_start = time.monotonic()
+    while True:
+        log.info("leader_task_started", task=task, lock=lock, attempt=attempt + 1)
+        run_start = time.monotonic()
+        try:
+            await run()
+        except Exception as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise asyncio.CancelledError from exc  # it swallowed our cancel
+            now = time.monotonic()
+            if now - run_start >= HEALTHY_RUN_S:
+                attempt, cycle_start = 0, run_start
+            attempt += 1
+            delay = next_delay(retry, RetryContext(attempt, now - cycle_start, exc), lock)
+            if give_up_after is not None and attempt >= give_up_after:
+                delay = None
+            log.error(
+                "leader_task_crashed",
+                task=task,
+                lock=lock,
+                attempt=attempt,
+                error=repr(exc),
+                restart_in_s=None if delay is None else round(delay, 3),
+                exc_info=True,
+            )
+            if delay is None:
+                log.error("leader_task_gave_up", task=task, lock=lock, attempt=attempt)
+                return False
+            await asyncio.sleep(delay)
+        else:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise asyncio.CancelledError  # it swallowed our cancel and returned
+            log.info("leader_task_finished", task=task, lock=lock)
+            return True

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
@@ -131,7 +131,7 @@ class AsyncpgSession(BaseSession):
         )
         return prepared
 
-    async def _fetch(self, statement: Statement, values: tuple[int, ...]) -> object:
+    async def _fetch(self, statement: Statement, values: tuple[Any, ...]) -> object:
         """Run ``statement`` as a prepared statement of the session's own.
 
         A cancelled call drops the connection at once: the core closes a session after
@@ -158,6 +158,29 @@ class AsyncpgSession(BaseSession):
             conn.terminate()
             raise
         return None if row is None else tuple(row)
+
+    async def _fetch_all(self, statement: Statement, values: tuple[Any, ...]) -> list[Any]:
+        try:
+            prepared = self._statements.get(statement) or await self._prepare(statement)
+            return [tuple(row) for row in await prepared.fetch(*values)]
+        except asyncio.CancelledError:
+            self._conn.terminate()
+            raise
+
+    async def _notifications(self, channel: str) -> AsyncIterator[str]:
+        queue: asyncio.Queue[str] = asyncio.Queue()
+
+        def received(conn: object, pid: int, channel: str, payload: str) -> None:
+            queue.put_nowait(payload)
+
+        await self._conn.add_listener(channel, received)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            if not self._conn.is_closed():
+                with contextlib.suppress(Exception):
+                    await self._conn.remove_listener(channel, received)
 
     def _classify(self, exc: Exception) -> ErrorClass:
         return _classify(exc, self._conn)

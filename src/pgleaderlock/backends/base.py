@@ -27,8 +27,9 @@ import re
 import socket
 import string
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 from ..core._logging import mask_dsn
 from ..core.config import TermTable
@@ -48,6 +49,9 @@ __all__ = [
     "CONNECTION_SQLSTATE_CLASSES",
     "ALIVE",
     "HOLDS",
+    "NOTIFY",
+    "TRY_LOCK_MANY",
+    "UNLOCK_MANY",
     "LOCK_NOT_AVAILABLE",
     "IDENTIFY",
     "STATEMENTS",
@@ -60,6 +64,8 @@ __all__ = [
     "REFUSED_SQLSTATES",
     "DUPLICATE_TABLE",
     "bump_term_statement",
+    "bump_terms_statement",
+    "GROUP_SNAPSHOT",
     "by_sqlstate",
     "tcp_acknowledged",
     "check_target_session_attrs",
@@ -180,6 +186,68 @@ cost does not depend on the lock table or ``max_connections``."""
 IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery()" + _TAIL)
 """Who serves this session (is the server a standby, which backend runs it), checked."""
 STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
+
+
+# ---------------------------------------------------------------- coordinated groups
+
+# Many locks on one session (a Coordinator's shared session). Arrays of keys; each lock
+# statement is guarded like the single ones (the session's backend and token).
+_OWN_MANY = (
+    "pg_backend_pid() = ({2})::int4"
+    " AND current_setting('pgleaderlock.session', true) = ({3})::int8::text"
+)
+TRY_LOCK_MANY = Statement(
+    "try_lock",
+    "SELECT (SELECT array_agg(k.i) FROM unnest(({0})::int4[], ({1})::int4[])"
+    f" WITH ORDINALITY AS k(k1, k2, i) WHERE CASE WHEN {_OWN_MANY}"
+    " THEN pg_try_advisory_lock(k.k1, k.k2) ELSE false END)" + _TAIL,
+)
+"""``pg_try_advisory_lock`` for many keys; values: the keys' two arrays, the session's
+pid and token. The value: the 1-based positions of the keys granted (or NULL)."""
+UNLOCK_MANY = Statement(
+    "unlock",
+    "SELECT (SELECT count(*) FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+    f" WHERE CASE WHEN {_OWN_MANY} THEN pg_advisory_unlock(k.k1, k.k2) ELSE false END)" + _TAIL,
+)
+"""``pg_advisory_unlock`` for many keys; the value: how many were held."""
+NOTIFY = Statement("notify", "SELECT pg_notify(({0})::text, ({1})::text)" + _TAIL)
+"""``pg_notify(channel, payload)``."""
+
+
+GROUP_SNAPSHOT = Statement(
+    "group snapshot",
+    "SELECT a.application_name, l.pid, l.classid::int8, l.objid::int8, l.granted"
+    " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2"
+    " UNION ALL SELECT a.application_name, a.pid, NULL, NULL, NULL"
+    " FROM pg_catalog.pg_stat_activity a"
+    " WHERE starts_with(a.application_name, ({0})::text)",
+)
+"""Every two-key advisory lock held or waited for, with its session's
+``application_name`` and pid, and every session whose ``application_name`` starts with
+the value (a row with NULL keys each). Rows: application name, pid, key1 and key2 as
+unsigned oids, granted. ``pg_stat_activity`` and ``pg_locks`` are visible to every
+role."""
+
+
+def bump_terms_statement(table: TermTable) -> Statement:
+    """[`bump_term_statement`][pgleaderlock.backends.base.bump_term_statement] for many
+    keys at once (values: the keys' two arrays, the session's pid). Rows come back as
+    arrays: key1s, key2s, terms."""
+    timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
+    return Statement(
+        "fencing term",
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),"
+        f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
+        f" SELECT k.k1, k.k2, {timeline} + 1, current_setting('application_name'), now()"
+        " FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+        " WHERE pg_backend_pid() = ({2})::int4"
+        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
+        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at"
+        " RETURNING key1, key2, term)"
+        " SELECT (SELECT array_agg(key1) FROM bumped), (SELECT array_agg(key2) FROM bumped),"
+        " (SELECT array_agg(term) FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
+    )
 
 
 # ---------------------------------------------------------------- fencing terms
@@ -478,6 +546,11 @@ def _bump_statement(table: TermTable) -> Statement:
     return bump_term_statement(table)
 
 
+@functools.cache
+def _bump_many_statement(table: TermTable) -> Statement:
+    return bump_terms_statement(table)
+
+
 _TCP_INFO_LEN = 104
 _UNACKED_OFFSET = 24  # struct tcp_info: 8 bytes of u8 fields, then u32 rto, ato, snd_mss,
 # rcv_mss, unacked (Linux include/uapi/linux/tcp.h)
@@ -557,9 +630,20 @@ class BaseSession(abc.ABC):
     # ------------------------------------------------ for the subclass to implement
 
     @abc.abstractmethod
-    async def _fetch(self, statement: Statement, values: tuple[int, ...]) -> object:
-        """Run ``statement`` with ``values`` and return its one row (a tuple), or
+    async def _fetch(self, statement: Statement, values: tuple[Any, ...]) -> object:
+        """Run ``statement`` with ``values`` (integers; also lists of integers and
+        strings, for the coordinator's statements) and return its one row (a tuple), or
         ``None``; let driver errors propagate."""
+
+    async def _fetch_all(self, statement: Statement, values: tuple[Any, ...]) -> list[Any]:
+        """Run ``statement`` and return all its rows (tuples); for the coordinator's
+        snapshots. Adapters that serve a Coordinator implement it."""
+        raise ConnectionError(f"{type(self).__name__} cannot fetch several rows")
+
+    def _notifications(self, channel: str) -> AsyncIterator[str]:
+        """``LISTEN channel`` and yield each notification's payload, until cancelled;
+        for the coordinator. Adapters that serve a Coordinator implement it."""
+        raise ConnectionError(f"{type(self).__name__} cannot listen for notifications")
 
     @abc.abstractmethod
     def _classify(self, exc: Exception) -> ErrorClass | None:
@@ -611,7 +695,7 @@ class BaseSession(abc.ABC):
 
     # ------------------------------------------------ the LockSession
 
-    async def _row(self, statement: Statement, values: tuple[int, ...]) -> tuple[object, ...]:
+    async def _row(self, statement: Statement, values: tuple[Any, ...]) -> tuple[object, ...]:
         """Run ``statement``; return its row after checking its last two columns: the
         session's token and its backend's pid."""
         if self._watch is not None:
@@ -711,24 +795,99 @@ class BaseSession(abc.ABC):
         await self._row(statement, (info.backend_pid, self._token))
         self._configured = True
 
+    async def _create_terms(self, table: TermTable) -> None:
+        """Create the table of fencing terms the first time this process meets it."""
+        if table not in _KNOWN_TABLES:
+            await self.run_ddl(create_terms_statement(table).template)
+            _KNOWN_TABLES.add(table)
+
+    async def run_ddl(self, sql: str) -> None:
+        """Run a ``CREATE ... IF NOT EXISTS``; losing a race with another creator (which
+        PostgreSQL may report as a duplicate) is fine."""
+        if self._watch is not None:
+            self.watch(None)
+        try:
+            await self._execute_ddl(sql)
+        except Exception as exc:
+            cls = self._classify(exc)
+            if cls is None:
+                raise
+            if sqlstate(exc) not in DUPLICATE_TABLE:
+                raise translate(exc, "create table", cls) from exc
+
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
         """Increment the lock's fencing term (``FencingSession``); the table is created
         the first time a session of this process meets it."""
-        if table not in _KNOWN_TABLES:
-            create = create_terms_statement(table)
-            try:
-                await self._execute_ddl(create.template)
-            except Exception as exc:
-                cls = self._classify(exc)
-                if cls is None:
-                    raise
-                if sqlstate(exc) not in DUPLICATE_TABLE:
-                    raise translate(exc, create.what, cls) from exc
-            _KNOWN_TABLES.add(table)
+        await self._create_terms(table)
         term = await self._lock_call(_bump_statement(table), key1, key2)
         if not isinstance(term, int):
             raise ConnectionError(f"fencing term: unexpected result {term!r}")
         return term
+
+    # ------------------------------------------------ many locks (GroupSession)
+
+    async def try_lock_many(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``pg_try_advisory_lock`` for each of ``keys``: those granted now."""
+        if not keys:
+            return []
+        info = self._info or await self.identify()
+        firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
+        row = await self._row(TRY_LOCK_MANY, (firsts, seconds, info.backend_pid, self._token))
+        positions = cast(list[int] | None, row[0]) or []
+        return [keys[i - 1] for i in positions]
+
+    async def unlock_many(self, keys: list[tuple[int, int]]) -> int:
+        """``pg_advisory_unlock`` for each of ``keys``: how many this session held."""
+        if not keys:
+            return 0
+        info = self._info or await self.identify()
+        firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
+        row = await self._row(UNLOCK_MANY, (firsts, seconds, info.backend_pid, self._token))
+        return int(cast(int, row[0]))
+
+    async def bump_terms(
+        self, table: TermTable, keys: list[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
+        """Increment the fencing terms of ``keys`` (held by this session): key -> term."""
+        if not keys:
+            return {}
+        await self._create_terms(table)
+        info = self._info or await self.identify()
+        firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
+        row = await self._row(_bump_many_statement(table), (firsts, seconds, info.backend_pid))
+        k1s, k2s, terms = (cast(list[int] | None, value) or [] for value in row[:3])
+        return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
+
+    async def group_snapshot(self, prefix: str) -> list[Any]:
+        """The sessions named ``prefix...`` and their two-key advisory locks (see
+        [`GROUP_SNAPSHOT`][pgleaderlock.backends.base.GROUP_SNAPSHOT])."""
+        statement = GROUP_SNAPSHOT
+        if self._watch is not None:
+            self.watch(None)
+        try:
+            return await self._fetch_all(statement, (prefix,))
+        except Exception as exc:
+            cls = self._classify(exc)
+            if cls is None:
+                raise
+            raise translate(exc, statement.what, cls) from exc
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """``pg_notify(channel, payload)``."""
+        await self._row(NOTIFY, (channel, payload))
+
+    async def listen(self, channel: str) -> AsyncIterator[str]:
+        """``LISTEN channel``, then every notification's payload until cancelled."""
+        if self._watch is not None:
+            self.watch(None)
+        try:
+            async for payload in self._notifications(channel):
+                yield payload
+        except Exception as exc:
+            cls = self._classify(exc)
+            if cls is None:
+                raise
+            raise translate(exc, "listen", cls) from exc
 
     async def try_lock(self, key1: int, key2: int) -> bool:
         """``pg_try_advisory_lock(key1, key2)``: True if granted now."""

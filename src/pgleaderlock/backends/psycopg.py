@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import inspect
 import math
-from collections.abc import Awaitable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -79,9 +79,10 @@ class PsycopgSession(BaseSession):
         """The underlying driver connection."""
         return self._conn
 
-    async def _fetch(self, statement: Statement, values: tuple[int, ...]) -> object:
-        """Run ``statement``: the values are formatted in (integers only), and the bytes
-        kept for the session, except for the wait, whose timeout varies.
+    async def _fetch(self, statement: Statement, values: tuple[Any, ...]) -> object:
+        """Run ``statement``: integer values are formatted in, and the bytes kept for the
+        session, except for the wait, whose timeout varies; other values (the
+        coordinator's lists and strings) are sent as parameters.
 
         The long server-side wait runs in a task of its own, so that an interrupted wait can
         first ask the server to cancel the statement (see `_cancellable`). Every other call
@@ -89,6 +90,8 @@ class PsycopgSession(BaseSession):
         """
         if statement is WAIT_LOCK:
             return await self._cancellable(statement.sql(*values).encode())
+        if not all(type(value) is int for value in values):
+            return await self._with_parameters(statement, values, all_rows=False)
         key = (statement, *values)
         query = self._queries.get(key)
         if query is None:
@@ -98,6 +101,28 @@ class PsycopgSession(BaseSession):
         except asyncio.CancelledError:
             self.abort()
             raise
+
+    async def _fetch_all(self, statement: Statement, values: tuple[Any, ...]) -> list[Any]:
+        return cast(list[Any], await self._with_parameters(statement, values, all_rows=True))
+
+    async def _with_parameters(
+        self, statement: Statement, values: tuple[Any, ...], *, all_rows: bool
+    ) -> object:
+        query = statement.sql(*["%s"] * len(values)).encode()
+        if self._watch is not None:
+            self.watch(None)
+        try:
+            cursor = self._conn.cursor()
+            await cursor.execute(query, values)
+            return await (cursor.fetchall() if all_rows else cursor.fetchone())
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+
+    async def _notifications(self, channel: str) -> AsyncIterator[str]:
+        await self._conn.execute(f'LISTEN "{channel}"'.encode())
+        async for notify in self._conn.notifies():
+            yield notify.payload
 
     async def _execute(self, query: bytes) -> object:
         cursor = self._cursor

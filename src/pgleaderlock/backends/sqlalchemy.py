@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -126,6 +126,34 @@ class SQLAlchemySession:
         """Apply the lock's settings; free advisory locks left by the connection's
         earlier use in the engine's pool (``SetupSession``)."""
         await self._inner.configure(options)
+
+    async def try_lock_many(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        granted: list[tuple[int, int]] = await self._inner.try_lock_many(keys)
+        return granted
+
+    async def unlock_many(self, keys: list[tuple[int, int]]) -> int:
+        count: int = await self._inner.unlock_many(keys)
+        return count
+
+    async def bump_terms(
+        self, table: TermTable, keys: list[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
+        terms: dict[tuple[int, int], int] = await self._inner.bump_terms(table, keys)
+        return terms
+
+    async def group_snapshot(self, prefix: str) -> list[Any]:
+        rows: list[Any] = await self._inner.group_snapshot(prefix)
+        return rows
+
+    async def notify(self, channel: str, payload: str) -> None:
+        await self._inner.notify(channel, payload)
+
+    async def run_ddl(self, sql: str) -> None:
+        await self._inner.run_ddl(sql)
+
+    def listen(self, channel: str) -> AsyncIterator[str]:
+        payloads: AsyncIterator[str] = self._inner.listen(channel)
+        return payloads
 
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
         """Increment the lock's fencing term (``FencingSession``)."""

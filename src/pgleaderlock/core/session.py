@@ -13,7 +13,7 @@ This module is the home of these types; backend authors import them from
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -29,6 +29,7 @@ __all__ = [
     "SessionFactory",
     "SessionInfo",
     "FencingSession",
+    "GroupSession",
     "SetupSession",
     "TransportSession",
     "WaitingSession",
@@ -200,6 +201,49 @@ class TransportSession(Protocol):
     def acknowledged(self) -> bool | None:
         """True if the server acknowledged all sent data (or the session is a unix
         socket); False if not; None if unknown."""
+        ...
+
+
+@runtime_checkable
+class GroupSession(Protocol):
+    """Optional capability, needed by a [`Coordinator`][pgleaderlock.Coordinator]: many
+    locks on one session, a view of a group's sessions and locks, and notifications."""
+
+    async def try_lock_many(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``pg_try_advisory_lock`` for each of ``keys``: those granted now."""
+        ...
+
+    async def unlock_many(self, keys: list[tuple[int, int]]) -> int:
+        """``pg_advisory_unlock`` for each of ``keys``: how many this session held."""
+        ...
+
+    async def bump_terms(
+        self, table: TermTable, keys: list[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
+        """Increment the fencing terms of ``keys`` (see ``FencingSession``)."""
+        ...
+
+    async def group_snapshot(self, prefix: str) -> list[Any]:
+        """Rows ``(application_name, pid, key1_oid, key2_oid, granted)`` for every
+        session whose ``application_name`` starts with ``prefix`` and each two-key
+        advisory lock it holds or waits for (NULL keys for a session without any)."""
+        ...
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """``pg_notify(channel, payload)``."""
+        ...
+
+    async def run_ddl(self, sql: str) -> None:
+        """Run a ``CREATE ... IF NOT EXISTS`` (a race with another creator is fine)."""
+        ...
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        """As [`LockSession.holds`][pgleaderlock.LockSession.holds]."""
+        ...
+
+    def listen(self, channel: str) -> AsyncIterator[str]:
+        """``LISTEN channel``, then every payload until cancelled (the session does
+        nothing else meanwhile)."""
         ...
 
 

@@ -1,0 +1,100 @@
+"""The group's balance, decided by each member for itself: no coordinator of
+coordinators, no table. Pure functions, tested without a database.
+
+Every member sees the same things (the group's sessions and locks) and follows the same
+rules, so they agree without talking more than a request and a grant:
+
+- a free name is taken by the member that rendezvous hashing (HRW) gives it among the
+  live members: deterministic, so members do not race for it, and a member's departure
+  spreads its names over the survivors;
+- a member that leads at least two names fewer than another asks that one for names
+  it also registered, one at a time, until the difference is at most one; the giver
+  agrees only while the difference still holds. The sum of squares falls with every
+  move, so it ends, each member leading ⌊N/M⌋ or ⌈N/M⌉ of the N names; at that point no
+  member asks anything, so a steady group never moves a name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .protocol import Key
+
+__all__ = ["View", "hrw_owner", "requests", "should_grant"]
+
+
+def _weight(key: Key, member: str) -> int:
+    digest = hashlib.md5(f"{key[0]},{key[1]}:{member}".encode(), usedforsecurity=False)
+    return int.from_bytes(digest.digest()[:8], "big")
+
+
+def hrw_owner(key: Key, members: Iterable[str]) -> str | None:
+    """The member that rendezvous hashing gives ``key`` (None without members)."""
+    return max(members, key=lambda member: (_weight(key, member), member), default=None)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a member knows of its group at one moment.
+
+    Attributes:
+        me: this member.
+        members: the live members, this one included.
+        holders: for each of this member's registered names (by key) that someone
+            holds, who: a member, or ``""`` for a session outside the group (a plain
+            lock, another group).
+        keys: this member's registered names' keys.
+    """
+
+    me: str
+    members: frozenset[str]
+    holders: Mapping[Key, str]
+    keys: frozenset[Key]
+
+    def counts(self) -> dict[str, int]:
+        """How many of this member's names each member leads."""
+        counts = dict.fromkeys(self.members, 0)
+        for holder in self.holders.values():
+            if holder in counts:
+                counts[holder] += 1
+        return counts
+
+    def free(self) -> list[Key]:
+        """This member's names that nobody holds, in a stable order."""
+        return sorted(k for k in self.keys if k not in self.holders)
+
+    def mine_to_take(self) -> list[Key]:
+        """The free names whose rendezvous owner among the live members is this one."""
+        return [k for k in self.free() if hrw_owner(k, self.members) == self.me]
+
+
+def requests(view: View) -> dict[str, list[Key]]:
+    """What this member asks of whom, to come within one name of every other member.
+
+    Only names this member registered, held by members of the group, are asked for.
+    """
+    counts = view.counts()
+    mine = counts.get(view.me, 0)
+    held_by: dict[str, list[Key]] = {}
+    for key, holder in sorted(view.holders.items()):
+        if holder in counts and holder != view.me:
+            held_by.setdefault(holder, []).append(key)
+    asks: dict[str, list[Key]] = {}
+    while True:
+        givers = [m for m in counts if m != view.me and held_by.get(m)]
+        if not givers:
+            break
+        giver = max(givers, key=lambda m: (counts[m], m))
+        if counts[giver] - mine < 2:
+            break
+        asks.setdefault(giver, []).append(held_by[giver].pop())
+        counts[giver] -= 1
+        mine += 1
+    return asks
+
+
+def should_grant(my_count: int, requester_count: int) -> bool:
+    """Give one name away: only while it makes the two members more even."""
+    return my_count - requester_count >= 2

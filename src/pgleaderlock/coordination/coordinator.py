@@ -1,0 +1,253 @@
+"""``Coordinator``: many named workers across replicas, each name run by exactly one
+replica at a time, balanced, with fenced checkpoints."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Literal, Self
+
+from ..core.config import lock_config, positive
+from ..core.errors import ConfigurationError
+from ..core.keys import lock_keys
+from ..core.registry import resolve
+from ..core.retry import RetryStrategy, default_retry_strategy
+from ..core.session import SessionFactory
+from ..core.slot import check_connect_fn
+from .dedicated import DedicatedEngine
+from .engine import Engine, GroupView, Settings
+from .protocol import check_group, new_member_id
+from .shared import SharedEngine
+from .workers import CheckpointTable, WorkerFunction
+
+__all__ = ["Coordinator"]
+
+Sessions = Literal["dedicated", "shared"]
+
+# LeaderLock arguments a Coordinator passes on (dedicated sessions) or applies itself.
+_LOCK_KNOBS = frozenset({
+    "health_interval_s", "health_timeout_s", "reconnect_grace_s", "connect_timeout_s",
+    "command_timeout_s", "tcp_user_timeout_s", "follower_mode", "load_plugins",
+    "retry_permanent_errors", "acquire_delay_s", "backend",
+})  # fmt: skip
+
+
+class Coordinator:
+    """Named workers, run by the replicas of one group: each name by exactly one replica
+    at a time, spread evenly over the replicas, taken over when its replica dies.
+
+    A name's lock is [`lock_keys(name)`][pgleaderlock.lock_keys], the same lock as
+    [`LeaderLock.from_name(name)`][pgleaderlock.LeaderLock.from_name] and the seeds'
+    SQL: a coordinator and a plain lock on the same name exclude each other.
+
+    Args:
+        dsn: as for [`LeaderLock`][pgleaderlock.LeaderLock]; ``None`` with ``connect_fn``.
+        group: the group's name (1-32 letters, digits, ``_``, ``.``, ``-``); the
+            replicas of a service use the same one. They find each other through
+            ``pg_stat_activity`` and ``pg_locks``, and talk with ``NOTIFY``.
+        sessions: ``"dedicated"`` (default): one session per name, a
+            [`LeaderLock`][pgleaderlock.LeaderLock] each, whose followers wait on the
+            server; for tens of names. ``"shared"``: every name this replica leads is
+            held by one session (three sessions per replica in all, whatever the number
+            of names); losing that session loses all its names at once.
+        fencing: keep a fencing term per name (see
+            [`LeaderLock`][pgleaderlock.LeaderLock]'s ``fencing``); needed for
+            [`WorkerContext.fence`][pgleaderlock.WorkerContext.fence] and checkpoints.
+        checkpoint_table: the table of checkpoints (created if missing with fencing).
+        give_away_after_crashes: after this many crashes in a row, a worker's name is
+            released for another replica (``None``: never; the worker is restarted).
+        give_away_cooldown_s: how long a replica leaves a name it gave away to others.
+        balance_interval_s: how often an unsettled group looks at its balance again.
+        idle_tick_s: how often a settled group checks itself (a safety net: changes
+            are notified at once).
+        retry_strategy: delays between worker restarts and reconnections; default as
+            for ``LeaderLock``.
+        connect_fn: as for ``LeaderLock``; called for each session.
+        fencing_table: the table of fencing terms.
+        **lock_knobs: other ``LeaderLock`` arguments: ``health_interval_s``,
+            ``health_timeout_s``, ``connect_timeout_s``, ``command_timeout_s``,
+            ``tcp_user_timeout_s``, ``backend`` (both modes); ``reconnect_grace_s``,
+            ``follower_mode``, ``acquire_delay_s``, ``load_plugins``,
+            ``retry_permanent_errors`` (dedicated sessions).
+
+    Raises:
+        ConfigurationError: bad input, before any I/O.
+    """
+
+    def __init__(
+        self,
+        dsn: Any = None,
+        *,
+        group: str,
+        sessions: Sessions = "dedicated",
+        fencing: bool = False,
+        checkpoint_table: str = "pgleaderlock_subscriptions",
+        give_away_after_crashes: int | None = None,
+        give_away_cooldown_s: float = 60.0,
+        balance_interval_s: float = 0.5,
+        idle_tick_s: float = 10.0,
+        retry_strategy: RetryStrategy | None = None,
+        connect_fn: SessionFactory | None = None,
+        fencing_table: str = "pgleaderlock_terms",
+        **lock_knobs: Any,
+    ) -> None:
+        unknown = set(lock_knobs) - _LOCK_KNOBS
+        if unknown:
+            raise ConfigurationError(f"unknown Coordinator arguments: {', '.join(sorted(unknown))}")
+        if sessions not in ("dedicated", "shared"):
+            raise ConfigurationError(f"sessions must be 'dedicated' or 'shared', got {sessions!r}")
+        if give_away_after_crashes is not None and (
+            isinstance(give_away_after_crashes, bool)
+            or not isinstance(give_away_after_crashes, int)
+            or give_away_after_crashes < 1
+        ):
+            raise ConfigurationError(
+                f"give_away_after_crashes must be a positive int or None, "
+                f"got {give_away_after_crashes!r}"
+            )
+        backend_name = lock_knobs.get("backend")
+        config = lock_config(
+            health_interval_s=lock_knobs.get("health_interval_s", 5.0),
+            health_timeout_s=lock_knobs.get("health_timeout_s", 2.0),
+            reconnect_grace_s=lock_knobs.get("reconnect_grace_s"),
+            connect_timeout_s=lock_knobs.get("connect_timeout_s", 5.0),
+            command_timeout_s=lock_knobs.get("command_timeout_s", 5.0),
+            tcp_user_timeout_s=lock_knobs.get("tcp_user_timeout_s"),
+            auto_reacquire=True,
+            follower_mode=lock_knobs.get("follower_mode", "wait"),
+            retry_permanent_errors=lock_knobs.get("retry_permanent_errors", False),
+            fencing=fencing,
+            fencing_table=fencing_table,
+            acquire_delay_s=lock_knobs.get("acquire_delay_s", 0.0),
+        )
+        backend = None
+        driver_dsn = None
+        if connect_fn is None:
+            backend, driver_dsn = resolve(backend_name, dsn)
+            backend.check_dsn(driver_dsn)
+            budget = config.connect_timeout_s
+            if backend.connect_budget is not None:
+                budget = backend.connect_budget(driver_dsn, budget)
+        else:
+            check_connect_fn(connect_fn)
+            budget = config.connect_timeout_s
+        config = replace(config, connect_budget_s=2 * budget + config.command_timeout_s)
+        passed = {k: v for k, v in lock_knobs.items() if k != "backend"}
+        if backend_name is not None:
+            passed["backend"] = backend_name
+        passed.update(fencing=fencing, fencing_table=fencing_table, retry_strategy=retry_strategy)
+        self._settings = Settings(
+            group=check_group(group),
+            member=new_member_id(),
+            config=config,
+            retry=retry_strategy or default_retry_strategy(),
+            backend=backend,
+            dsn=driver_dsn,
+            user_dsn=dsn,
+            connect_fn=connect_fn,
+            checkpoints=CheckpointTable(checkpoint_table),
+            give_away_after_crashes=give_away_after_crashes,
+            give_away_cooldown_s=positive("give_away_cooldown_s", give_away_cooldown_s),
+            balance_interval_s=positive("balance_interval_s", balance_interval_s),
+            idle_tick_s=positive("idle_tick_s", idle_tick_s),
+            lock_kwargs=passed if connect_fn is None else {**passed, "connect_fn": connect_fn},
+        )
+        engine: type[Engine] = DedicatedEngine if sessions == "dedicated" else SharedEngine
+        self._engine = engine(self._settings)
+        self._sessions: Sessions = sessions
+
+    # ------------------------------------------------------------------ workers
+
+    def worker(self, name: str) -> Callable[[WorkerFunction], WorkerFunction]:
+        """Decorator: register ``fn(ctx)`` as the worker of ``name``."""
+
+        def register(fn: WorkerFunction) -> WorkerFunction:
+            self.add(name, fn)
+            return fn
+
+        return register
+
+    def add(self, name: str, fn: WorkerFunction) -> None:
+        """Register ``fn(ctx)`` as the worker of ``name``; after ``start()`` the
+        coordinator competes for the name at once.
+
+        Raises:
+            ConfigurationError: ``fn`` is not a coroutine function, or ``name`` is
+                already registered here.
+        """
+        lock_keys(name)  # validates the name
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(f"a worker must be an async function, got {fn!r}")
+        if name in self._engine.functions:
+            raise ConfigurationError(f"a worker named {name!r} is already registered")
+        self._engine.register(name, fn)
+
+    async def remove(self, name: str) -> None:
+        """Unsubscribe ``name`` on this replica: stop its worker and release its lock at
+        once (another replica that registered it takes it); do nothing if unknown."""
+        if name in self._engine.functions:
+            await self._engine.unregister(name)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open the sessions and compete for every registered name. Idempotent."""
+        await self._engine.start()
+
+    async def shutdown(self) -> None:
+        """Stop every worker, release every name, close the sessions. Idempotent."""
+        await self._engine.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def group(self) -> str:
+        return self._settings.group
+
+    @property
+    def member(self) -> str:
+        """This replica's id in the group (new at every process start)."""
+        return self._settings.member
+
+    @property
+    def sessions(self) -> Sessions:
+        return self._sessions
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The names registered here."""
+        return frozenset(self._engine.functions)
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The names this replica leads now (their workers run here)."""
+        return self._engine.owned
+
+    @property
+    def running(self) -> frozenset[str]:
+        """The names whose worker runs here now."""
+        return self._engine.workers.running
+
+    @property
+    def moves(self) -> int:
+        """Names handed between replicas by this one so far (given or taken)."""
+        return self._engine.moves
+
+    def view(self) -> GroupView:
+        """Who leads what in the group, as of this replica's last look (at most
+        ``idle_tick_s`` old; every change it is told of refreshes it)."""
+        return self._engine.view
+
+    def __repr__(self) -> str:
+        return (
+            f"<Coordinator group={self.group!r} member={self.member} sessions={self._sessions}"
+            f" names={len(self.names)} owned={len(self.owned)}>"
+        )

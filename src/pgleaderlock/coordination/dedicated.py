@@ -1,0 +1,204 @@
+"""Dedicated sessions: one [`LeaderLock`][pgleaderlock.LeaderLock] per name (the seeds'
+pattern), with all its guarantees: followers wait on the server and take over the
+instant a holder dies, flap damping, late probes, fencing. Two more sessions per member:
+**util** reads the group's snapshot and sends notifications, **listen** receives them.
+
+A name is handed to a member that leads fewer names without letting anyone else in:
+the giver announces the hand-off, the other members stop waiting for the name, and
+only when the receiver is the one waiter left does the giver release it, so that the
+server grants it to the receiver at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..core._logging import get_logger
+from ..core.keys import oid_to_key
+from ..core.lock import LeaderLock
+from ..core.models import LockState
+from ..core.session import GroupSession
+from ..tasks import follow_state
+from . import balance
+from .engine import Engine
+from .protocol import Key, Message, app_name, parse_app_name, prefix
+
+__all__ = ["DedicatedEngine"]
+
+log = get_logger("pgleaderlock.coordination")
+
+HANDOFF_WAIT_S = 1.0
+"""How long a giver waits for the other members to stop waiting for a name."""
+PAUSE_S = 2.0
+"""How long a member stops competing for a name handed to another member."""
+
+
+class DedicatedEngine(Engine):
+    """A member with a session per name (``sessions="dedicated"``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._util_slot = self.slot("util")
+        self._util: GroupSession | None = None
+        self._locks: dict[Key, LeaderLock] = {}
+        self._leading: set[Key] = set()
+        self._paused: dict[Key, float] = {}  # key -> resume at (monotonic)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _open(self) -> None:
+        self._util = await self.open_session(self._util_slot)
+        if self.s.terms is not None:
+            await self.bounded(self._util_slot, self._util.run_ddl(self.s.checkpoints.create))
+        self.spawn(self.listen_forever(), f"pgleaderlock-listen:{self.group}")
+        for key in list(self.names):
+            await self._compete(key)
+        await self.notify(Message("join", self.member))
+
+    async def _close(self) -> None:
+        locks = list(self._locks.values())
+        self._locks.clear()
+        await asyncio.gather(*(lock.shutdown() for lock in locks), return_exceptions=True)
+        await self.workers.stop()
+        if self._util is not None:
+            try:
+                await self.notify(Message("leave", self.member))
+            except Exception as exc:
+                log.warning("leave_notify_failed", error=repr(exc), **self._fields)
+        self._util = None
+        await self._util_slot.close()
+
+    async def _utility(self) -> GroupSession:
+        if self._util is None:
+            self._util = await self.open_session(self._util_slot)
+        return self._util
+
+    async def _group_rows(self) -> list[Any]:
+        try:
+            session = await self._utility()
+            return await self.bounded(self._util_slot, session.group_snapshot(prefix(self.group)))
+        except Exception:
+            self._util = None
+            await self._util_slot.close()
+            raise
+
+    async def notify(self, message: Message) -> None:
+        session = await self._utility()
+        for payload in message.payloads():
+            await self.bounded(self._util_slot, session.notify(self.channel, payload))
+
+    # ------------------------------------------------------------------ names
+
+    def _lock_for(self, key: Key) -> LeaderLock:
+        name = self.names[key]
+        lock = LeaderLock.from_name(
+            name,
+            self.s.user_dsn,
+            application_name=app_name(self.group, self.member, "lock"),
+            **self.s.lock_kwargs,
+        )
+        follow_state(lock, lambda old, new: self._on_state(key, lock, old, new))
+        return lock
+
+    async def _compete(self, key: Key) -> None:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = self._lock_for(key)
+        await lock.start()
+
+    async def _on_state(self, key: Key, lock: LeaderLock, old: LockState, new: LockState) -> None:
+        name = self.names.get(key)
+        if name is None:
+            return
+        if new is LockState.LEADER:
+            self._leading.add(key)
+            self.start_worker(name, lock.term)
+            self.events.put_nowait(("changed", None))
+        elif old is LockState.LEADER:
+            self._leading.discard(key)
+            await self.workers.stop({name})  # before an unlock, and before anyone else leads
+            self.events.put_nowait(("changed", None))
+
+    def _held(self) -> set[Key]:
+        return set(self._leading)
+
+    def _to_take(self, view: balance.View) -> list[Key]:
+        now = time.monotonic()
+        due = [k for k, at in self._paused.items() if at <= now]
+        return [k for k in due if k in self.names]
+
+    async def _take(self, keys: list[Key], *, handoff: bool) -> None:
+        for key in keys:
+            self._paused.pop(key, None)
+            if key in self.names:
+                await self._compete(key)
+
+    async def _give(self, keys: list[Key], to: str) -> None:
+        await self.notify(Message("handoff", self.member, to, tuple(keys)))
+        for key in keys:
+            lock = self._locks.get(key)
+            if lock is None or not lock.is_leader:
+                continue
+            if not await self._only_waiter(key, to):
+                log.info("handoff_skipped", name=self.names.get(key), to=to, **self._fields)
+                continue
+            await lock.shutdown()  # releases: the receiver, the one waiter, is granted it
+            self._paused[key] = time.monotonic() + PAUSE_S
+        await self.notify(Message("done", self.member, to, tuple(keys)))
+
+    async def _only_waiter(self, key: Key, to: str) -> bool:
+        """Wait (bounded) until the receiver's session is the one waiting for ``key``."""
+        deadline = time.monotonic() + HANDOFF_WAIT_S
+        while time.monotonic() < deadline:
+            waiters = set()
+            for application, _pid, c, o, granted in await self._group_rows():
+                if c is None or granted or (oid_to_key(int(c)), oid_to_key(int(o))) != key:
+                    continue
+                parsed = parse_app_name(str(application or ""), self.group)
+                waiters.add(parsed[0] if parsed else "")
+            if waiters == {to}:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def _on_handoff(self, message: Message) -> None:
+        if message.to == self.member:
+            return
+        for key in message.keys:
+            lock = self._locks.get(key)
+            if lock is not None and not lock.is_leader:
+                await lock.shutdown()  # stop waiting: the name goes to message.to
+                self._paused[key] = time.monotonic() + PAUSE_S
+
+    async def _on_handoff_done(self, message: Message) -> None:
+        for key in message.keys:
+            if key in self._paused and key in self.names:
+                self._paused[key] = time.monotonic()  # resume at the next tick
+
+    async def _remove(self, name: str) -> None:
+        key = self.keys.get(name)
+        lock = self._locks.pop(key, None) if key is not None else None
+        if lock is not None:
+            await lock.shutdown()  # releases at once if it leads
+        if key is not None:
+            self._leading.discard(key)
+            self._paused.pop(key, None)
+            await self.notify(Message("released", self.member, keys=(key,)))
+
+    async def _give_away(self, name: str) -> None:
+        key = self.keys.get(name)
+        lock = self._locks.get(key) if key is not None else None
+        if key is None or lock is None:
+            return
+        await lock.shutdown()
+        self._paused[key] = time.monotonic() + self.s.give_away_cooldown_s
+        log.warning("name_given_away", name=name, **self._fields)
+        await self.notify(Message("released", self.member, keys=(key,)))
+
+    async def _on_event(self, kind: str, data: Any) -> None:
+        if kind == "add":
+            key = self.keys.get(str(data))
+            if key is not None:
+                await self._compete(key)

@@ -1,0 +1,419 @@
+"""The part of a Coordinator that both session modes share: the member's event loop,
+its view of the group, the balance protocol, and the workers.
+
+One task per member runs the loop: it waits for an event (a notification from the
+group, a tick, a lock's change, a request of the API) and acts, one event at a time, so
+that the member's decisions never race each other. What differs between the session
+modes (how names are taken and given back) is a subclass's.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from ..core._logging import get_logger
+from ..core.config import LockConfig, TermTable, session_settings
+from ..core.keys import lock_keys, oid_to_key
+from ..core.retry import RetryStrategy
+from ..core.session import Backend, ConnectOptions, GroupSession, SessionFactory
+from ..core.slot import SessionSlot, can
+from . import balance
+from .protocol import Key, Message, Role, app_name, channel, member_key, parse_app_name
+from .workers import CheckpointTable, WorkerContext, WorkerFunction, Workers
+
+__all__ = ["Engine", "GroupView", "Settings"]
+
+log = get_logger("pgleaderlock.coordination")
+
+T = TypeVar("T")
+
+RECENT_GRANT_S = 2.0
+"""How long a name granted to another member is left for that member to take."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A coordinator's validated settings (see [`Coordinator`][pgleaderlock.Coordinator])."""
+
+    group: str
+    member: str
+    config: LockConfig
+    retry: RetryStrategy
+    backend: Backend | None
+    dsn: Any
+    """The DSN the backend's driver takes (``resolve``'s)."""
+    user_dsn: Any
+    """The DSN as given (a LeaderLock resolves it again)."""
+    connect_fn: SessionFactory | None
+    checkpoints: CheckpointTable
+    give_away_after_crashes: int | None
+    give_away_cooldown_s: float
+    balance_interval_s: float
+    idle_tick_s: float
+    lock_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terms(self) -> TermTable | None:
+        return self.config.term_table
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """Who leads what in a group, as one member saw it.
+
+    Attributes:
+        members: the live members and how many of this member's names each leads.
+        leaders: for each name registered here: the member that leads it, ``""`` for a
+            session outside the group (a plain lock), or ``None`` if nobody does.
+        others: locks held by the group's members that are not names registered here,
+            by keys, with their holder.
+    """
+
+    members: dict[str, int]
+    leaders: dict[str, str | None]
+    others: dict[Key, str]
+
+
+Event = tuple[str, Any]
+
+
+class Engine(abc.ABC):
+    """The member's loop; see the module docstring."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.group, self.member = settings.group, settings.member
+        self.channel = channel(settings.group)
+        self.functions: dict[str, WorkerFunction] = {}
+        self.keys: dict[str, Key] = {}
+        self.names: dict[Key, str] = {}
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.workers = Workers(
+            settings.retry,
+            settings.give_away_after_crashes,
+            lambda name: self.events.put_nowait(("crashed", name)),
+        )
+        self.excluded: dict[Key, float] = {}  # key -> until (monotonic): not ours to take
+        self.view: GroupView = GroupView({}, {}, {})
+        self.members: frozenset[str] = frozenset()
+        self.moves = 0  # names given or taken in a hand-off, for statistics
+        self._task: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
+        self._helpers: list[asyncio.Task[None]] = []
+        self._unsettled = True
+        self._fields: dict[str, Any] = {
+            "lock": f"group:{settings.group}",
+            "member": settings.member,
+        }
+
+    # ------------------------------------------------------------------ for the API
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The names this member leads now."""
+        return frozenset(self.names[k] for k in self._held() if k in self.names)
+
+    def register(self, name: str, fn: WorkerFunction) -> None:
+        key = lock_keys(name)
+        self.functions[name], self.keys[name], self.names[key] = fn, key, name
+        if self.running:
+            self.events.put_nowait(("add", name))
+
+    async def unregister(self, name: str) -> None:
+        done = asyncio.get_running_loop().create_future()
+        if self.running:
+            self.events.put_nowait(("remove", (name, done)))
+            await done
+        else:
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        key = self.keys.pop(name, None)
+        self.functions.pop(name, None)
+        if key is not None:
+            self.names.pop(key, None)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        if not self.running:
+            loop = asyncio.get_running_loop()
+            self._started = loop.create_future()
+            self._task = loop.create_task(self._main(), name=f"pgleaderlock-group:{self.group}")
+        assert self._started is not None
+        await asyncio.shield(self._started)
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is None or task.done():
+            return
+        self.events.put_nowait(("stop", None))
+        await asyncio.shield(task)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _main(self) -> None:
+        assert self._started is not None
+        try:
+            await self._open()
+            self._set_started()
+            next_tick = 0.0
+            while True:
+                timeout = max(0.0, next_tick - time.monotonic())
+                try:
+                    async with asyncio.timeout(timeout):
+                        kind, data = await self.events.get()
+                except TimeoutError:
+                    kind, data = "tick", None
+                if kind == "stop":
+                    break
+                await self._handle(kind, data)
+                if kind in ("tick", "left", "join", "leave", "released", "add", "lost", "changed"):
+                    await self._tick()
+                    wait = self.s.balance_interval_s if self._unsettled else self.s.idle_tick_s
+                    next_tick = time.monotonic() + wait
+        except Exception as exc:
+            log.error("coordinator_failed", error=repr(exc), exc_info=True, **self._fields)
+            raise
+        finally:
+            self._set_started()
+            with contextlib.suppress(Exception):
+                await self._close()
+            for helper in self._helpers:
+                helper.cancel()
+            await asyncio.gather(*self._helpers, return_exceptions=True)
+            self._helpers.clear()
+
+    def _set_started(self) -> None:
+        if self._started is not None and not self._started.done():
+            self._started.set_result(None)
+
+    async def _handle(self, kind: str, data: Any) -> None:
+        match kind:
+            case "message":
+                await self._on_message(cast(Message, data))
+            case "crashed":
+                await self._give_away(cast(str, data))
+            case "remove":
+                name, done = cast(tuple[str, asyncio.Future[None]], data)
+                try:
+                    await self._remove(name)
+                finally:
+                    self._forget(name)
+                    if not done.done():
+                        done.set_result(None)
+            case _:
+                await self._on_event(kind, data)
+
+    async def _on_message(self, message: Message) -> None:
+        if message.sender == self.member:
+            return
+        match message.kind:
+            case "request" if message.to == self.member:
+                await self._on_request(message)
+            case "grant" if message.to == self.member:
+                await self._take(list(message.keys), handoff=True)
+            case "grant" | "handoff":
+                until = time.monotonic() + RECENT_GRANT_S
+                self.excluded.update(dict.fromkeys(message.keys, until))
+                if message.kind == "handoff":
+                    await self._on_handoff(message)
+            case "done":
+                await self._on_handoff_done(message)
+            case "join" | "leave" | "left" | "released":
+                self.events.put_nowait((message.kind, None))
+
+    async def _on_request(self, message: Message) -> None:
+        mine, theirs = len(self._held()), message.count
+        give: list[Key] = []
+        for key in message.keys:
+            if key in self._held() and balance.should_grant(mine, theirs):
+                give.append(key)
+                mine, theirs = mine - 1, theirs + 1
+        if give:
+            log.info("names_given", to=message.sender, count=len(give), **self._fields)
+            self.moves += len(give)
+            await self._give(give, message.sender)
+
+    async def _tick(self) -> None:
+        try:
+            view = await self._snapshot()
+        except Exception as exc:
+            log.warning("group_snapshot_failed", error=repr(exc), **self._fields)
+            self._unsettled = True
+            return
+        now = time.monotonic()
+        self.excluded = {k: until for k, until in self.excluded.items() if until > now}
+        take = [k for k in self._to_take(view) if k not in self.excluded]
+        if take:
+            await self._take(take, handoff=False)
+            view = await self._snapshot()
+        asks = balance.requests(view)
+        count = view.counts().get(self.member, 0)
+        for giver, keys in asks.items():
+            await self.notify(Message("request", self.member, giver, tuple(keys), count))
+        self._unsettled = bool(take or asks or view.free())
+
+    async def _snapshot(self) -> balance.View:
+        """Read who holds what (the group's sessions, and every advisory lock, so that
+        a name held outside the group counts as taken) and remember it."""
+        rows = await self._group_rows()
+        holders: dict[Key, str] = {}
+        members: set[str] = {self.member}
+        others: dict[Key, str] = {}
+        for application, _pid, c, o, granted in rows:
+            parsed = parse_app_name(str(application or ""), self.group)
+            member = parsed[0] if parsed is not None else ""
+            if parsed is not None and parsed[1] in ("hold", "lock", "util"):
+                members.add(member)
+            if c is None or not granted:
+                continue
+            key = (oid_to_key(int(c)), oid_to_key(int(o)))
+            if key in self.names:
+                holders[key] = member
+            elif parsed is not None and parsed[1] in ("hold", "lock"):
+                others[key] = member
+        for member in members:
+            others.pop(member_key(self.group, member), None)
+        view = balance.View(self.member, frozenset(members), holders, frozenset(self.names))
+        self.members = view.members
+        leaders = {self.names[k]: holders.get(k) for k in self.names}
+        self.view = GroupView(view.counts(), leaders, others)
+        return view
+
+    # ------------------------------------------------------------------ workers
+
+    def context(self, name: str, term: int | None) -> WorkerContext:
+        return WorkerContext(name, term, self.member, self.s.terms, self.s.checkpoints)
+
+    def start_worker(self, name: str, term: int | None) -> None:
+        fn = self.functions.get(name)
+        if fn is not None:
+            self.workers.start(name, fn, self.context(name, term))
+
+    # ------------------------------------------------------------------ sessions
+
+    def options(self, role: Role) -> ConnectOptions:
+        return ConnectOptions(
+            application_name=app_name(self.group, self.member, role),
+            connect_timeout_s=self.s.config.connect_timeout_s,
+            server_settings=session_settings(self.s.config),
+        )
+
+    def slot(self, role: Role) -> SessionSlot:
+        return SessionSlot(
+            backend=self.s.backend,
+            dsn=self.s.dsn,
+            options=self.options(role),
+            connect_fn=self.s.connect_fn,
+            log=log,
+            fields=self._fields,
+        )
+
+    async def open_session(self, slot: SessionSlot) -> GroupSession:
+        """Open a checked session (bounded); it must be able to serve a group."""
+        session = await self.bounded(slot, slot.open(), self.s.config.connect_budget_s or 30.0)
+        if not can(session, GroupSession):
+            await slot.close()
+            raise ConnectionError(
+                f"{type(session).__name__} sessions cannot serve a Coordinator "
+                "(no GroupSession capability)"
+            )
+        return cast(GroupSession, session)
+
+    async def bounded(
+        self, slot: SessionSlot, call: Awaitable[T], timeout_s: float | None = None
+    ) -> T:
+        """``await call`` within ``timeout_s`` (default ``command_timeout_s``); on expiry
+        the session is dropped first, so no driver spends time cancelling on a server
+        it cannot reach."""
+        try:
+            async with asyncio.timeout(timeout_s or self.s.config.command_timeout_s):
+                return await call
+        except TimeoutError:
+            slot.abort()
+            raise
+
+    def spawn(self, coro: Awaitable[None], name: str) -> None:
+        self._helpers.append(asyncio.get_running_loop().create_task(coro, name=name))  # type: ignore[arg-type]
+
+    async def listen_forever(self) -> None:
+        """Feed the group's notifications into the loop, reconnecting as needed."""
+        slot = self.slot("listen")
+        attempt = 0
+        while True:
+            try:
+                session = await self.open_session(slot)
+                attempt = 0
+                async for payload in session.listen(self.channel):
+                    message = Message.parse(payload)
+                    if message is not None:
+                        self.events.put_nowait(("message", message))
+            except asyncio.CancelledError:
+                await slot.close()
+                raise
+            except Exception as exc:
+                attempt += 1
+                log.warning("listen_failed", error=repr(exc), attempt=attempt, **self._fields)
+            await slot.close()
+            self.events.put_nowait(("tick", None))  # notifications may have been missed
+            await asyncio.sleep(min(self.s.balance_interval_s * attempt, 5.0))
+
+    # ------------------------------------------------------------------ for the modes
+
+    @abc.abstractmethod
+    async def _open(self) -> None:
+        """Open the sessions, take the member's place in the group."""
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Stop the workers, release every name, close the sessions."""
+
+    @abc.abstractmethod
+    def _held(self) -> set[Key]:
+        """The keys this member leads now."""
+
+    @abc.abstractmethod
+    def _to_take(self, view: balance.View) -> list[Key]:
+        """The free names this member should take now."""
+
+    @abc.abstractmethod
+    async def _take(self, keys: list[Key], *, handoff: bool) -> None:
+        """Take ``keys`` (free, or granted to this member)."""
+
+    @abc.abstractmethod
+    async def _give(self, keys: list[Key], to: str) -> None:
+        """Hand ``keys`` to member ``to``."""
+
+    @abc.abstractmethod
+    async def _remove(self, name: str) -> None:
+        """Stop competing for ``name`` and release it at once."""
+
+    @abc.abstractmethod
+    async def _give_away(self, name: str) -> None:
+        """Release ``name``, whose worker crashed too often, for another member."""
+
+    @abc.abstractmethod
+    async def _group_rows(self) -> list[Any]:
+        """The group's sessions and their locks (``GroupSession.group_snapshot``)."""
+
+    @abc.abstractmethod
+    async def notify(self, message: Message) -> None:
+        """Send ``message`` to the group."""
+
+    async def _on_event(self, kind: str, data: Any) -> None:  # noqa: B027 - optional
+        """Mode-specific events (default: none)."""
+
+    async def _on_handoff(self, message: Message) -> None:  # noqa: B027 - optional
+        """Another member hands names to a third: stop competing for them meanwhile."""
+
+    async def _on_handoff_done(self, message: Message) -> None:  # noqa: B027 - optional
+        """That hand-off is over."""

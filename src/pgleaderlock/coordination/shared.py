@@ -1,0 +1,269 @@
+"""Shared sessions: every name a member leads is held by one session, whatever their
+number. Three sessions per member in all:
+
+- **hold** holds the member's own lock (its place in the group) and the lock of every
+  name it leads; it takes and gives names in batches, reads the group's snapshot, sends
+  the notifications, and is probed like a lock's session;
+- **listen** receives the group's notifications;
+- **watch** waits on the server for the lock of the next member in the ring of members:
+  when that member dies (its sessions end), the lock is granted at once and this member
+  tells the group, so that the dead member's names are led again within milliseconds.
+
+Losing the hold session loses every name at once (its workers are cancelled), which is
+the trade-off of this mode; the member then reconnects with the retry strategy and
+takes its share again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..core._logging import get_logger
+from ..core.models import RetryContext
+from ..core.session import GroupSession, WaitingSession
+from ..core.slot import can
+from ..tasks import next_delay
+from . import balance
+from .engine import Engine
+from .protocol import Key, Message, member_key, prefix
+
+__all__ = ["SharedEngine"]
+
+log = get_logger("pgleaderlock.coordination")
+
+WATCH_WAIT_S = 2.0
+"""How long one wait of the ring watch lasts before it looks at the ring again."""
+
+
+class SharedEngine(Engine):
+    """A member whose names share one session (``sessions="shared"``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hold_slot = self.slot("hold")
+        self._hold: GroupSession | None = None
+        self._owned: dict[Key, int | None] = {}  # key -> fencing term (None without)
+        self._key = member_key(self.group, self.member)
+        self._probe_at = 0.0
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _open(self) -> None:
+        await self._connect()
+        self.spawn(self.listen_forever(), f"pgleaderlock-listen:{self.group}")
+        self.spawn(self._watch_forever(), f"pgleaderlock-watch:{self.group}")
+        self.spawn(self._probe_forever(), f"pgleaderlock-probe:{self.group}")
+
+    async def _connect(self) -> None:
+        """Open the hold session and take the member's place; retried until it works
+        (the retry strategy's delays; ``None`` from it stops the coordinator)."""
+        attempt, started = 0, time.monotonic()
+        while True:
+            try:
+                session = await self.open_session(self._hold_slot)
+                granted = await self.bounded(self._hold_slot, session.try_lock_many([self._key]))
+                if not granted:
+                    raise ConnectionError(f"member lock of {self.member} is taken")
+                if self.s.terms is not None:
+                    await self.bounded(self._hold_slot, self._prepare_tables(session))
+                self._hold = session
+                await self.notify(Message("join", self.member))
+                return
+            except Exception as exc:
+                await self._hold_slot.close()
+                attempt += 1
+                ctx = RetryContext(attempt, time.monotonic() - started, exc)
+                delay = next_delay(self.s.retry, ctx, self._fields["lock"])
+                log.warning("hold_session_failed", error=repr(exc), attempt=attempt,
+                            retry_in_s=delay, **self._fields)  # fmt: skip
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def _prepare_tables(self, session: GroupSession) -> None:
+        await session.run_ddl(self.s.checkpoints.create)
+
+    async def _close(self) -> None:
+        await self.workers.stop()
+        held = list(self._owned)
+        self._owned.clear()
+        if self._hold is not None and held:
+            try:
+                await self.bounded(self._hold_slot, self._hold.unlock_many(held))
+                await self.notify(Message("leave", self.member))
+            except Exception as exc:  # closing the session frees the locks anyway
+                log.warning("release_failed", error=repr(exc), **self._fields)
+        self._hold = None
+        await self._hold_slot.close()
+
+    async def _lost(self, error: BaseException) -> None:
+        """The hold session failed: every name is lost at once."""
+        names = {self.names[k] for k in self._owned if k in self.names}
+        log.warning("names_lost", error=repr(error), count=len(names), **self._fields)
+        await self.workers.stop(names)
+        self._owned.clear()
+        self._hold = None
+        await self._hold_slot.close()
+        await self._connect()
+        self.events.put_nowait(("tick", None))
+
+    def _session(self) -> GroupSession:
+        if self._hold is None:
+            raise ConnectionError("the hold session is being reopened")
+        return self._hold
+
+    async def _group_rows(self) -> list[Any]:
+        rows = self._session().group_snapshot(prefix(self.group))
+        return await self.bounded(self._hold_slot, rows)
+
+    async def notify(self, message: Message) -> None:
+        for payload in message.payloads():
+            await self.bounded(self._hold_slot, self._session().notify(self.channel, payload))
+
+    # ------------------------------------------------------------------ names
+
+    def _held(self) -> set[Key]:
+        return set(self._owned)
+
+    def _to_take(self, view: balance.View) -> list[Key]:
+        take = view.mine_to_take()
+        if not take and not balance.requests(view):
+            # Nobody else will take what is still free (a member that registered it
+            # died, or the rendezvous owner did not register it): take it.
+            take = view.free()
+        return take
+
+    async def _take(self, keys: list[Key], *, handoff: bool) -> None:
+        keys = [k for k in keys if k in self.names and k not in self._owned]
+        if not keys:
+            return
+        try:
+            session = self._session()
+            granted = await self.bounded(self._hold_slot, session.try_lock_many(keys))
+            terms: dict[Key, int] = {}
+            if granted and self.s.terms is not None:
+                terms = await self.bounded(
+                    self._hold_slot, session.bump_terms(self.s.terms, granted)
+                )
+        except Exception as exc:
+            await self._lost(exc)
+            return
+        for key in granted:
+            self._owned[key] = terms.get(key)
+            self.start_worker(self.names[key], terms.get(key))
+        if handoff:
+            self.moves += len(granted)
+        if granted:
+            log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
+
+    async def _release(self, keys: list[Key]) -> list[Key]:
+        """Stop the workers of ``keys``, then unlock them."""
+        keys = [k for k in keys if k in self._owned]
+        await self.workers.stop({self.names[k] for k in keys if k in self.names})
+        for key in keys:
+            self._owned.pop(key, None)
+        try:
+            await self.bounded(self._hold_slot, self._session().unlock_many(keys))
+        except Exception as exc:
+            await self._lost(exc)
+        return keys
+
+    async def _give(self, keys: list[Key], to: str) -> None:
+        given = await self._release(keys)
+        if given:
+            await self.notify(Message("grant", self.member, to, tuple(given)))
+
+    async def _remove(self, name: str) -> None:
+        key = self.keys.get(name)
+        if key is not None and key in self._owned:
+            await self._release([key])
+            await self.notify(Message("released", self.member, keys=(key,)))
+
+    async def _give_away(self, name: str) -> None:
+        key = self.keys.get(name)
+        if key is None or key not in self._owned:
+            return
+        self.excluded[key] = time.monotonic() + self.s.give_away_cooldown_s
+        await self._release([key])
+        log.warning("name_given_away", name=name, **self._fields)
+        await self.notify(Message("released", self.member, keys=(key,)))
+
+    async def _on_event(self, kind: str, data: Any) -> None:
+        if kind == "lost":
+            await self._lost(data)
+        elif kind == "member_died":
+            await self.notify(Message("left", self.member, keys=()))
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _probe_forever(self) -> None:
+        """Probe the hold session every health_interval_s; a failure loses every name
+        (handled by the loop)."""
+        config = self.s.config
+        while True:
+            await asyncio.sleep(config.health_interval_s)
+            session = self._hold
+            if session is None:
+                continue
+            try:
+                held = await self.bounded(
+                    self._hold_slot, _holds(session, self._key), config.health_timeout_s
+                )
+                if not held:
+                    raise ConnectionError("the hold session no longer holds its member lock")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._hold is session:
+                    self.events.put_nowait(("lost", exc))
+
+    async def _watch_forever(self) -> None:
+        """Wait on the server for the next member's lock, around the ring of members;
+        when it is granted, that member is gone: tell the loop (which tells the group)."""
+        slot = self.slot("watch")
+        session: GroupSession | None = None
+        while True:
+            ring = sorted(self.members | {self.member})
+            successor = ring[(ring.index(self.member) + 1) % len(ring)]
+            if successor == self.member:
+                await asyncio.sleep(WATCH_WAIT_S)
+                continue
+            try:
+                if session is None:
+                    session = await self.open_session(slot)
+                waiting = session if can(session, WaitingSession) else None
+                if waiting is None:
+                    await asyncio.sleep(WATCH_WAIT_S)
+                    continue
+                key = member_key(self.group, successor)
+                wait = _wait(waiting, key)
+                if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
+                    await self.bounded(slot, _unlock(waiting, key))
+                    log.info("member_died", dead=successor, **self._fields)
+                    self.members = self.members - {successor}
+                    self.events.put_nowait(("member_died", successor))
+                    self.events.put_nowait(("left", successor))
+            except asyncio.CancelledError:
+                await slot.close()
+                raise
+            except Exception as exc:
+                log.warning("watch_failed", error=repr(exc), **self._fields)
+                session = None
+                await slot.close()
+                await asyncio.sleep(WATCH_WAIT_S)
+
+
+async def _holds(session: GroupSession, key: Key) -> bool:
+    held: bool = await session.holds(*key)
+    return held
+
+
+async def _wait(session: Any, key: Key) -> bool:
+    granted: bool = await session.wait_lock(key[0], key[1], WATCH_WAIT_S)
+    return granted
+
+
+async def _unlock(session: Any, key: Key) -> None:
+    await session.unlock(*key)

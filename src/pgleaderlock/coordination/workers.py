@@ -1,0 +1,194 @@
+"""The workers of one member: a coroutine per name, run only while the member leads the
+name, cancelled and awaited the moment it does not, restarted after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ..core._logging import get_logger
+from ..core.config import TermTable
+from ..core.errors import ConfigurationError
+from ..core.fencing import check_term, fence_template
+from ..core.keys import lock_keys
+from ..core.registry import fetch_row
+from ..core.retry import RetryStrategy
+from ..tasks import supervise
+
+__all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
+
+log = get_logger("pgleaderlock.coordination")
+
+
+@dataclass(frozen=True)
+class CheckpointTable:
+    """Where fenced checkpoints live: the seeds' subscriptions table
+    (``subscription_name text primary key, last_position bigint, updated_at
+    timestamptz``)."""
+
+    name: str = "pgleaderlock_subscriptions"
+
+    def __post_init__(self) -> None:
+        TermTable(self.name)  # the same identifier rules
+
+    @property
+    def create(self) -> str:
+        return (
+            f'CREATE TABLE IF NOT EXISTS "{self.name}" (subscription_name text PRIMARY KEY,'
+            " last_position bigint, updated_at timestamptz NOT NULL DEFAULT now())"
+        )
+
+    @property
+    def load(self) -> str:
+        return f'SELECT last_position FROM "{self.name}" WHERE subscription_name = {{0}}'
+
+    @property
+    def save(self) -> str:
+        return (
+            f'INSERT INTO "{self.name}" (subscription_name, last_position, updated_at)'
+            " VALUES ({0}, ({1})::int8, now()) ON CONFLICT (subscription_name) DO UPDATE"
+            " SET last_position = EXCLUDED.last_position, updated_at = EXCLUDED.updated_at"
+            " RETURNING last_position"
+        )
+
+
+class WorkerContext:
+    """What a worker is told: its name, the fencing term of this leadership, and fenced
+    checkpoints.
+
+    Attributes:
+        name: the name this worker runs for.
+        term: with ``fencing=True``, the name's fencing term for this leadership (the
+            token to hand to other systems); ``None`` without fencing.
+        member: the member (replica) that runs it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        term: int | None,
+        member: str,
+        terms: TermTable | None,
+        checkpoints: CheckpointTable,
+    ) -> None:
+        self.name = name
+        self.term = term
+        self.member = member
+        self._terms = terms
+        self._checkpoints = checkpoints
+        self._keys = lock_keys(name)
+
+    async def fence(self, conn: object) -> int:
+        """Fence the caller's transaction on ``conn`` with this name's term (like
+        [`LeaderLock.fence`][pgleaderlock.LeaderLock.fence]); call it before the
+        transaction's writes.
+
+        Raises:
+            FencedError: a newer leadership of this name has begun: roll back.
+            ConfigurationError: the coordinator has no fencing, or ``conn`` is not in a
+                transaction.
+        """
+        if self._terms is None or self.term is None:
+            raise ConfigurationError(
+                "fenced work and checkpoints need Coordinator(..., fencing=True)"
+            )
+        row = await fetch_row(conn, fence_template(self._terms), self._keys)
+        value = None if row is None else row[0]
+        check_term(self.term, None if value is None else int(value), self.name)
+        return self.term
+
+    async def load_checkpoint(self, conn: object) -> int | None:
+        """The name's last saved position (or ``None``), read in the caller's
+        transaction on ``conn``, fenced.
+
+        Raises:
+            FencedError: a newer leadership of this name has begun.
+        """
+        await self.fence(conn)
+        row = await fetch_row(conn, self._checkpoints.load, (self.name,))
+        return None if row is None or row[0] is None else int(row[0])
+
+    async def save_checkpoint(self, conn: object, position: int) -> None:
+        """Save the name's position in the caller's transaction on ``conn``, fenced: a
+        stale leader can never move a checkpoint. Commit the transaction (with the
+        writes the position stands for) to make it count.
+
+        Raises:
+            FencedError: a newer leadership of this name has begun: roll back.
+        """
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise ConfigurationError(f"a checkpoint position is an int, got {position!r}")
+        await self.fence(conn)
+        await fetch_row(conn, self._checkpoints.save, (self.name, position))
+
+    def __repr__(self) -> str:
+        return f"<WorkerContext name={self.name!r} term={self.term} member={self.member}>"
+
+
+WorkerFunction = Callable[[WorkerContext], Awaitable[object]]
+"""A worker: a coroutine function taking its [`WorkerContext`][pgleaderlock.WorkerContext]."""
+
+
+class Workers:
+    """The running workers of one member, by name.
+
+    Args:
+        retry: delays between restarts of a crashed worker.
+        give_up_after: crashes in a row after which ``crashed_out`` is called for the
+            name (``None``: never; the worker then keeps being restarted).
+        crashed_out: called with the name whose worker crashed too often.
+        cancel_timeout_s: how long to wait for a cancelled worker to end.
+    """
+
+    def __init__(
+        self,
+        retry: RetryStrategy,
+        give_up_after: int | None,
+        crashed_out: Callable[[str], None],
+        cancel_timeout_s: float = 10.0,
+    ) -> None:
+        self._retry = retry
+        self._give_up_after = give_up_after
+        self._crashed_out = crashed_out
+        self._cancel_timeout_s = cancel_timeout_s
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def running(self) -> frozenset[str]:
+        return frozenset(name for name, task in self._tasks.items() if not task.done())
+
+    def start(self, name: str, fn: WorkerFunction, context: WorkerContext) -> None:
+        """Start ``fn(context)`` for ``name`` unless it runs already."""
+        current = self._tasks.get(name)
+        if current is not None and not current.done():
+            return
+        self._tasks[name] = asyncio.get_running_loop().create_task(
+            self._run(name, fn, context), name=f"pgleaderlock-worker:{name}"
+        )
+
+    async def _run(self, name: str, fn: WorkerFunction, context: WorkerContext) -> None:
+        async def once() -> object:
+            return await fn(context)
+
+        finished = await supervise(
+            once, task=name, lock=name, retry=self._retry, give_up_after=self._give_up_after
+        )
+        if not finished and self._give_up_after is not None:
+            self._crashed_out(name)
+
+    async def stop(self, names: set[str] | frozenset[str] | None = None) -> None:
+        """Cancel and await the workers of ``names`` (all when ``None``)."""
+        chosen = set(self._tasks) if names is None else set(names) & set(self._tasks)
+        tasks = [self._tasks.pop(name) for name in chosen]
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=self._cancel_timeout_s)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("worker_failed", lock=task.get_name(), error=repr(task.exception()))
+        for task in pending:
+            timeout = self._cancel_timeout_s
+            log.error("worker_ignores_cancel", lock=task.get_name(), timeout_s=timeout)
