@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
@@ -116,6 +116,7 @@ class AsyncpgSession(BaseSession):
         # The session's own prepared statements: a little faster per call than
         # conn.fetchrow(), which looks the statement up in asyncpg's cache each time.
         self._statements: dict[Statement, Any] = {}
+        self._inbox: asyncio.Queue[str | None] | None = None  # notifications, None: lost
 
     @property
     def connection(self) -> asyncpg.Connection:
@@ -167,20 +168,31 @@ class AsyncpgSession(BaseSession):
             self._conn.terminate()
             raise
 
-    async def _notifications(self, channel: str) -> AsyncIterator[str]:
-        queue: asyncio.Queue[str] = asyncio.Queue()
+    async def _listen(self, channel: str) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            inbox = self._inbox = asyncio.Queue()
+            # asyncpg reads its socket all the time: a lost connection ends the wait.
+            self._conn.add_termination_listener(lambda _conn: inbox.put_nowait(None))
+        await self._conn.add_listener(channel, lambda *args: inbox.put_nowait(args[-1]))
 
-        def received(conn: object, pid: int, channel: str, payload: str) -> None:
-            queue.put_nowait(payload)
-
-        await self._conn.add_listener(channel, received)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            if not self._conn.is_closed():
-                with contextlib.suppress(Exception):
-                    await self._conn.remove_listener(channel, received)
+    async def _receive(self, timeout_s: float) -> list[str]:
+        inbox = self._inbox
+        if inbox is None:
+            raise ConnectionError("not listening")
+        if inbox.empty() and not self._conn.is_closed():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    inbox.put_nowait(await inbox.get())
+        payloads: list[str] = []
+        while not inbox.empty():
+            payload = inbox.get_nowait()
+            if payload is None:
+                break
+            payloads.append(payload)
+        if self._conn.is_closed():
+            raise ConnectionError("the connection is closed")
+        return payloads
 
     def _classify(self, exc: Exception) -> ErrorClass:
         return _classify(exc, self._conn)

@@ -27,9 +27,9 @@ import re
 import socket
 import string
 import struct
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ..core._logging import mask_dsn
 from ..core.config import TermTable
@@ -43,6 +43,8 @@ from ..core.errors import (
 )
 from ..core.keys import key_to_oid
 from ..core.session import ConnectOptions, SessionInfo
+
+T = TypeVar("T")
 
 __all__ = [
     "CANCEL_TIMEOUT_S",
@@ -640,9 +642,14 @@ class BaseSession(abc.ABC):
         snapshots. Adapters that serve a Coordinator implement it."""
         raise ConnectionError(f"{type(self).__name__} cannot fetch several rows")
 
-    def _notifications(self, channel: str) -> AsyncIterator[str]:
-        """``LISTEN channel`` and yield each notification's payload, until cancelled;
-        for the coordinator. Adapters that serve a Coordinator implement it."""
+    async def _listen(self, channel: str) -> None:
+        """``LISTEN channel``; for the coordinator. Adapters that serve a Coordinator
+        implement it and `_receive`."""
+        raise ConnectionError(f"{type(self).__name__} cannot listen for notifications")
+
+    async def _receive(self, timeout_s: float) -> list[str]:
+        """The payloads of the notifications received, waiting up to ``timeout_s`` for
+        the first; raises once the connection is lost."""
         raise ConnectionError(f"{type(self).__name__} cannot listen for notifications")
 
     @abc.abstractmethod
@@ -834,6 +841,8 @@ class BaseSession(abc.ABC):
         firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
         row = await self._row(TRY_LOCK_MANY, (firsts, seconds, info.backend_pid, self._token))
         positions = cast(list[int] | None, row[0]) or []
+        if positions:  # the next probe checks pg_locks once (see holds)
+            self._held, self._verified = True, False
         return [keys[i - 1] for i in positions]
 
     async def unlock_many(self, keys: list[tuple[int, int]]) -> int:
@@ -859,35 +868,43 @@ class BaseSession(abc.ABC):
         return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
 
     async def group_snapshot(self, prefix: str) -> list[Any]:
-        """The sessions named ``prefix...`` and their two-key advisory locks (see
+        """The sessions named ``prefix...`` and every two-key advisory lock (see
         [`GROUP_SNAPSHOT`][pgleaderlock.backends.base.GROUP_SNAPSHOT])."""
-        statement = GROUP_SNAPSHOT
-        if self._watch is not None:
-            self.watch(None)
-        try:
-            return await self._fetch_all(statement, (prefix,))
-        except Exception as exc:
-            cls = self._classify(exc)
-            if cls is None:
-                raise
-            raise translate(exc, statement.what, cls) from exc
+        rows: list[Any] = await self._translated(
+            GROUP_SNAPSHOT.what, self._fetch_all(GROUP_SNAPSHOT, (prefix,))
+        )
+        return rows
 
     async def notify(self, channel: str, payload: str) -> None:
         """``pg_notify(channel, payload)``."""
         await self._row(NOTIFY, (channel, payload))
 
-    async def listen(self, channel: str) -> AsyncIterator[str]:
-        """``LISTEN channel``, then every notification's payload until cancelled."""
+    async def listen(self, channel: str) -> None:
+        """``LISTEN channel``: from now on `notifications` returns its payloads."""
+        await self._translated("listen", self._listen(channel))
+
+    async def notifications(self, timeout_s: float) -> list[str]:
+        """The payloads received on the channels listened to: those already in, or
+        else the first to come within ``timeout_s`` (an empty list if none). Raises
+        once the session is lost."""
+        payloads: list[str] = await self._translated("listen", self._receive(timeout_s))
+        return payloads
+
+    async def ping(self) -> None:
+        """Check that the session answers, on its own backend
+        ([`ALIVE`][pgleaderlock.backends.ALIVE])."""
+        await self._row(ALIVE, ())
+
+    async def _translated(self, what: str, call: Awaitable[T]) -> T:
         if self._watch is not None:
             self.watch(None)
         try:
-            async for payload in self._notifications(channel):
-                yield payload
+            return await call
         except Exception as exc:
             cls = self._classify(exc)
             if cls is None:
                 raise
-            raise translate(exc, "listen", cls) from exc
+            raise translate(exc, what, cls) from exc
 
     async def try_lock(self, key1: int, key2: int) -> bool:
         """``pg_try_advisory_lock(key1, key2)``: True if granted now."""

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, cast
 
 import psycopg
@@ -119,10 +119,12 @@ class PsycopgSession(BaseSession):
             self.abort()
             raise
 
-    async def _notifications(self, channel: str) -> AsyncIterator[str]:
+    async def _listen(self, channel: str) -> None:
         await self._conn.execute(f'LISTEN "{channel}"'.encode())
-        async for notify in self._conn.notifies():
-            yield notify.payload
+
+    async def _receive(self, timeout_s: float) -> list[str]:
+        # psycopg keeps what arrives between calls and returns it first.
+        return [n.payload async for n in self._conn.notifies(timeout=timeout_s, stop_after=1)]
 
     async def _execute(self, query: bytes) -> object:
         cursor = self._cursor

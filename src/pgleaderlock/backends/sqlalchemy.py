@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -151,9 +151,15 @@ class SQLAlchemySession:
     async def run_ddl(self, sql: str) -> None:
         await self._inner.run_ddl(sql)
 
-    def listen(self, channel: str) -> AsyncIterator[str]:
-        payloads: AsyncIterator[str] = self._inner.listen(channel)
+    async def listen(self, channel: str) -> None:
+        await self._inner.listen(channel)
+
+    async def notifications(self, timeout_s: float) -> list[str]:
+        payloads: list[str] = await self._inner.notifications(timeout_s)
         return payloads
+
+    async def ping(self) -> None:
+        await self._inner.ping()
 
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
         """Increment the lock's fencing term (``FencingSession``)."""

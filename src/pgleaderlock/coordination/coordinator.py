@@ -238,7 +238,8 @@ class Coordinator:
 
     @property
     def moves(self) -> int:
-        """Names handed between replicas by this one so far (given or taken)."""
+        """How many names this replica has handed to other replicas so far, to even
+        out the group (the group's moves are the sum over its replicas)."""
         return self._engine.moves
 
     def view(self) -> GroupView:

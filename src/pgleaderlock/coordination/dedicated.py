@@ -49,13 +49,18 @@ class DedicatedEngine(Engine):
     # ------------------------------------------------------------------ sessions
 
     async def _open(self) -> None:
-        self._util = await self.open_session(self._util_slot)
-        if self.s.terms is not None:
-            await self.bounded(self._util_slot, self._util.run_ddl(self.s.checkpoints.create))
-        self.spawn(self.listen_forever(), f"pgleaderlock-listen:{self.group}")
         for key in list(self.names):
-            await self._compete(key)
-        await self.notify(Message("join", self.member))
+            await self._compete(key)  # each lock connects (and retries) by itself
+        await self.start_listening()
+
+        async def attempt() -> GroupSession:
+            session = await self._utility()
+            if self.s.terms is not None:
+                await self.bounded(self._util_slot, session.run_ddl(self.s.checkpoints.create))
+            return session
+
+        await self.retrying("util_session_failed", attempt)
+        await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
         locks = list(self._locks.values())
@@ -63,16 +68,17 @@ class DedicatedEngine(Engine):
         await asyncio.gather(*(lock.shutdown() for lock in locks), return_exceptions=True)
         await self.workers.stop()
         if self._util is not None:
-            try:
-                await self.notify(Message("leave", self.member))
-            except Exception as exc:
-                log.warning("leave_notify_failed", error=repr(exc), **self._fields)
+            await self.announce(Message("leave", self.member))
         self._util = None
         await self._util_slot.close()
 
     async def _utility(self) -> GroupSession:
         if self._util is None:
-            self._util = await self.open_session(self._util_slot)
+            try:
+                self._util = await self.open_session(self._util_slot)
+            except BaseException:
+                await self._util_slot.close()
+                raise
         return self._util
 
     async def _group_rows(self) -> list[Any]:
@@ -137,31 +143,33 @@ class DedicatedEngine(Engine):
 
     async def _give(self, keys: list[Key], to: str) -> None:
         await self.notify(Message("handoff", self.member, to, tuple(keys)))
-        for key in keys:
-            lock = self._locks.get(key)
-            if lock is None or not lock.is_leader:
-                continue
-            if not await self._only_waiter(key, to):
-                log.info("handoff_skipped", name=self.names.get(key), to=to, **self._fields)
-                continue
-            await lock.shutdown()  # releases: the receiver, the one waiter, is granted it
-            self._paused[key] = time.monotonic() + PAUSE_S
+        pending = {k for k in keys if (lock := self._locks.get(k)) is not None and lock.is_leader}
+        deadline = time.monotonic() + HANDOFF_WAIT_S
+        while pending:
+            ready = await self._only_waiter(pending, to)
+            for key in ready:
+                self._paused[key] = time.monotonic() + PAUSE_S
+            # Releases: the receiver, the one waiter left, is granted each at once.
+            await asyncio.gather(*(self._locks[k].shutdown() for k in ready if k in self._locks))
+            pending -= ready
+            if not pending or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+        if pending:
+            log.info("handoff_skipped", count=len(pending), to=to, **self._fields)
         await self.notify(Message("done", self.member, to, tuple(keys)))
 
-    async def _only_waiter(self, key: Key, to: str) -> bool:
-        """Wait (bounded) until the receiver's session is the one waiting for ``key``."""
-        deadline = time.monotonic() + HANDOFF_WAIT_S
-        while time.monotonic() < deadline:
-            waiters = set()
-            for application, _pid, c, o, granted in await self._group_rows():
-                if c is None or granted or (oid_to_key(int(c)), oid_to_key(int(o))) != key:
-                    continue
+    async def _only_waiter(self, keys: set[Key], to: str) -> set[Key]:
+        """Those of ``keys`` for which the receiver's session is the one waiter."""
+        waiters: dict[Key, set[str]] = {key: set() for key in keys}
+        for application, _pid, c, o, granted in await self._group_rows():
+            if c is None or granted:
+                continue
+            key = (oid_to_key(int(c)), oid_to_key(int(o)))
+            if key in waiters:
                 parsed = parse_app_name(str(application or ""), self.group)
-                waiters.add(parsed[0] if parsed else "")
-            if waiters == {to}:
-                return True
-            await asyncio.sleep(0.02)
-        return False
+                waiters[key].add(parsed[0] if parsed else "")
+        return {key for key, who in waiters.items() if who == {to}}
 
     async def _on_handoff(self, message: Message) -> None:
         if message.to == self.member:

@@ -13,21 +13,25 @@ import abc
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from ..core._logging import get_logger
 from ..core.config import LockConfig, TermTable, session_settings
+from ..core.errors import ServerRefusedError
 from ..core.keys import lock_keys, oid_to_key
+from ..core.machine.engine import NON_RETRYABLE
+from ..core.models import RetryContext
 from ..core.retry import RetryStrategy
 from ..core.session import Backend, ConnectOptions, GroupSession, SessionFactory
 from ..core.slot import SessionSlot, can
+from ..tasks import next_delay
 from . import balance
 from .protocol import Key, Message, Role, app_name, channel, member_key, parse_app_name
 from .workers import CheckpointTable, WorkerContext, WorkerFunction, Workers
 
-__all__ = ["Engine", "GroupView", "Settings"]
+__all__ = ["Engine", "GroupView", "Settings", "Stopping"]
 
 log = get_logger("pgleaderlock.coordination")
 
@@ -35,6 +39,9 @@ T = TypeVar("T")
 
 RECENT_GRANT_S = 2.0
 """How long a name granted to another member is left for that member to take."""
+ANSWER_WAIT_S = 5.0
+"""How long a member waits for the answer to a request before it asks that member
+again (an answer normally comes within milliseconds: a grant, or an empty ``done``)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,17 @@ class GroupView:
 Event = tuple[str, Any]
 
 
+class Stopping(Exception):
+    """The coordinator is shutting down: ends a reconnection loop."""
+
+
+def permanent(error: BaseException, config: LockConfig) -> bool:
+    """An error retrying cannot mend (as for a ``LeaderLock``)."""
+    if isinstance(error, ServerRefusedError) and config.retry_permanent_errors:
+        return False
+    return isinstance(error, NON_RETRYABLE)
+
+
 class Engine(abc.ABC):
     """The member's loop; see the module docstring."""
 
@@ -102,11 +120,17 @@ class Engine(abc.ABC):
         self.excluded: dict[Key, float] = {}  # key -> until (monotonic): not ours to take
         self.view: GroupView = GroupView({}, {}, {})
         self.members: frozenset[str] = frozenset()
-        self.moves = 0  # names given or taken in a hand-off, for statistics
+        self.moves = 0  # names handed to other members, for statistics
+        self.listening = asyncio.Event()
+        self._asked: dict[str, float] = {}  # member -> until: a request awaits its answer
         self._task: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._helpers: list[asyncio.Task[None]] = []
         self._unsettled = True
+        self._stopping = False
+        self._stop_event = asyncio.Event()
+        self._connecting = False
+        self.error: BaseException | None = None
         self._fields: dict[str, Any] = {
             "lock": f"group:{settings.group}",
             "member": settings.member,
@@ -126,11 +150,12 @@ class Engine(abc.ABC):
             self.events.put_nowait(("add", name))
 
     async def unregister(self, name: str) -> None:
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.running:
+            assert self._task is not None
             self.events.put_nowait(("remove", (name, done)))
-            await done
-        else:
+            await asyncio.wait([done, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():  # not running, or stopped meanwhile: nothing held any more
             self._forget(name)
 
     def _forget(self, name: str) -> None:
@@ -146,17 +171,61 @@ class Engine(abc.ABC):
     async def start(self) -> None:
         if not self.running:
             loop = asyncio.get_running_loop()
+            self._stopping = False
+            self._stop_event.clear()
+            self.listening.clear()
+            self.error = None
             self._started = loop.create_future()
             self._task = loop.create_task(self._main(), name=f"pgleaderlock-group:{self.group}")
         assert self._started is not None
+        assert self._task is not None
         await asyncio.shield(self._started)
+        if self._task.done() and self.error is not None:
+            raise self.error
 
     async def stop(self) -> None:
         task = self._task
         if task is None or task.done():
             return
+        self._stopping = True
+        self._stop_event.set()
         self.events.put_nowait(("stop", None))
-        await asyncio.shield(task)
+        if self._connecting:
+            task.cancel()  # a connection attempt would otherwise run to its timeout
+        await asyncio.wait([task])
+
+    async def retrying(self, event: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``await attempt()`` until it succeeds, with the retry strategy's delays; each
+        failure is logged as ``event``.
+
+        Raises:
+            Stopping: the coordinator is shutting down.
+            Exception: an error retrying cannot mend, or the last one when the
+                strategy gives up (``None``).
+        """
+        count, started = 0, time.monotonic()
+        while True:
+            if self._stopping:
+                raise Stopping
+            self._connecting = True
+            try:
+                return await attempt()
+            except Exception as exc:
+                count += 1
+                if permanent(exc, self.s.config):
+                    raise
+                ctx = RetryContext(count, time.monotonic() - started, exc)
+                delay = next_delay(self.s.retry, ctx, self._fields["lock"])
+                log.warning(event, error=repr(exc), attempt=count, retry_in_s=delay,
+                            **self._fields)  # fmt: skip
+                if delay is None:
+                    raise
+            finally:
+                self._connecting = False
+            self._set_started()  # start() returns after the first attempt, as a lock's does
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop_event.wait()
 
     # ------------------------------------------------------------------ the loop
 
@@ -168,6 +237,8 @@ class Engine(abc.ABC):
             next_tick = 0.0
             while True:
                 timeout = max(0.0, next_tick - time.monotonic())
+                if self.events.empty():
+                    self.idle()
                 try:
                     async with asyncio.timeout(timeout):
                         kind, data = await self.events.get()
@@ -175,14 +246,27 @@ class Engine(abc.ABC):
                     kind, data = "tick", None
                 if kind == "stop":
                     break
-                await self._handle(kind, data)
-                if kind in ("tick", "left", "join", "leave", "released", "add", "lost", "changed"):
-                    await self._tick()
-                    wait = self.s.balance_interval_s if self._unsettled else self.s.idle_tick_s
-                    next_tick = time.monotonic() + wait
+                try:
+                    await self._handle(kind, data)
+                    if kind in ("tick", "left", "join", "leave", "released", "add", "changed"):
+                        await self._tick()
+                        wait = self.s.balance_interval_s if self._unsettled else self.s.idle_tick_s
+                        next_tick = time.monotonic() + wait
+                except (Stopping, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    if permanent(exc, self.s.config):
+                        raise
+                    log.warning("group_event_failed", kind=kind, error=repr(exc),
+                                **self._fields)  # fmt: skip
+                    self._unsettled = True
+                    next_tick = min(next_tick, time.monotonic() + self.s.balance_interval_s)
+        except (Stopping, asyncio.CancelledError):
+            if not self._stopping:
+                raise
         except Exception as exc:
+            self.error = exc
             log.error("coordinator_failed", error=repr(exc), exc_info=True, **self._fields)
-            raise
         finally:
             self._set_started()
             with contextlib.suppress(Exception):
@@ -220,6 +304,7 @@ class Engine(abc.ABC):
             case "request" if message.to == self.member:
                 await self._on_request(message)
             case "grant" if message.to == self.member:
+                self._asked.pop(message.sender, None)
                 await self._take(list(message.keys), handoff=True)
             case "grant" | "handoff":
                 until = time.monotonic() + RECENT_GRANT_S
@@ -227,21 +312,29 @@ class Engine(abc.ABC):
                 if message.kind == "handoff":
                     await self._on_handoff(message)
             case "done":
+                if message.to == self.member:
+                    self._asked.pop(message.sender, None)
                 await self._on_handoff_done(message)
             case "join" | "leave" | "left" | "released":
                 self.events.put_nowait((message.kind, None))
 
     async def _on_request(self, message: Message) -> None:
-        mine, theirs = len(self._held()), message.count
+        """Give what keeps the two members within balance; always answer (an empty
+        ``done``), so that the requester may ask again."""
+        held = self._held()
+        seen = self.view.members.get(message.sender, 0)
+        mine, theirs = len(held), max(message.count, seen)
         give: list[Key] = []
         for key in message.keys:
-            if key in self._held() and balance.should_grant(mine, theirs):
+            if key in held and balance.should_grant(mine, theirs):
                 give.append(key)
                 mine, theirs = mine - 1, theirs + 1
         if give:
             log.info("names_given", to=message.sender, count=len(give), **self._fields)
             self.moves += len(give)
             await self._give(give, message.sender)
+        else:
+            await self.announce(Message("done", self.member, message.sender))
 
     async def _tick(self) -> None:
         try:
@@ -258,8 +351,11 @@ class Engine(abc.ABC):
             view = await self._snapshot()
         asks = balance.requests(view)
         count = view.counts().get(self.member, 0)
+        self._asked = {m: until for m, until in self._asked.items() if until > now}
         for giver, keys in asks.items():
-            await self.notify(Message("request", self.member, giver, tuple(keys), count))
+            if giver not in self._asked:  # one request at a time per giver
+                self._asked[giver] = now + ANSWER_WAIT_S
+                await self.notify(Message("request", self.member, giver, tuple(keys), count))
         self._unsettled = bool(take or asks or view.free())
 
     async def _snapshot(self) -> balance.View:
@@ -346,26 +442,53 @@ class Engine(abc.ABC):
         self._helpers.append(asyncio.get_running_loop().create_task(coro, name=name))  # type: ignore[arg-type]
 
     async def listen_forever(self) -> None:
-        """Feed the group's notifications into the loop, reconnecting as needed."""
+        """Feed the group's notifications into the loop, reconnecting as needed; a
+        quiet session is pinged every ``health_interval_s``."""
         slot = self.slot("listen")
+        config = self.s.config
         attempt = 0
         while True:
             try:
                 session = await self.open_session(slot)
+                await self.bounded(slot, session.listen(self.channel))
+                self.listening.set()
                 attempt = 0
-                async for payload in session.listen(self.channel):
-                    message = Message.parse(payload)
-                    if message is not None:
-                        self.events.put_nowait(("message", message))
+                while True:
+                    wait = config.health_interval_s
+                    payloads = await self.bounded(
+                        slot, session.notifications(wait), wait + config.command_timeout_s
+                    )
+                    for payload in payloads:
+                        message = Message.parse(payload)
+                        if message is not None:
+                            self.events.put_nowait(("message", message))
+                    if not payloads:
+                        await self.bounded(slot, session.ping(), config.health_timeout_s)
             except asyncio.CancelledError:
                 await slot.close()
                 raise
             except Exception as exc:
                 attempt += 1
                 log.warning("listen_failed", error=repr(exc), attempt=attempt, **self._fields)
+            self.listening.clear()
             await slot.close()
             self.events.put_nowait(("tick", None))  # notifications may have been missed
             await asyncio.sleep(min(self.s.balance_interval_s * attempt, 5.0))
+
+    async def start_listening(self) -> None:
+        """Start `listen_forever` and wait (within the connection budget) until it
+        listens, so that no answer to this member's first requests is missed."""
+        self.spawn(self.listen_forever(), f"pgleaderlock-listen:{self.group}")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.s.config.connect_budget_s or 30.0):
+                await self.listening.wait()
+
+    async def announce(self, message: Message) -> None:
+        """``notify``, for news that nobody's safety depends on: a failure is logged."""
+        try:
+            await self.notify(message)
+        except Exception as exc:
+            log.warning("notify_failed", kind=message.kind, error=repr(exc), **self._fields)
 
     # ------------------------------------------------------------------ for the modes
 
@@ -408,6 +531,9 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def notify(self, message: Message) -> None:
         """Send ``message`` to the group."""
+
+    def idle(self) -> None:  # noqa: B027 - optional
+        """Called when the loop is about to wait for the next event (default: nothing)."""
 
     async def _on_event(self, kind: str, data: Any) -> None:  # noqa: B027 - optional
         """Mode-specific events (default: none)."""

@@ -3,7 +3,9 @@ number. Three sessions per member in all:
 
 - **hold** holds the member's own lock (its place in the group) and the lock of every
   name it leads; it takes and gives names in batches, reads the group's snapshot, sends
-  the notifications, and is probed like a lock's session;
+  the notifications, and is probed like a lock's session (every ``health_interval_s``,
+  and at once when the server ends it while idle). Only the member's loop uses it, one
+  call at a time;
 - **listen** receives the group's notifications;
 - **watch** waits on the server for the lock of the next member in the ring of members:
   when that member dies (its sessions end), the lock is granted at once and this member
@@ -17,14 +19,13 @@ takes its share again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
 from ..core._logging import get_logger
-from ..core.models import RetryContext
-from ..core.session import GroupSession, WaitingSession
+from ..core.session import GroupSession, WaitingSession, WatchableSession
 from ..core.slot import can
-from ..tasks import next_delay
 from . import balance
 from .engine import Engine
 from .protocol import Key, Message, member_key, prefix
@@ -46,21 +47,21 @@ class SharedEngine(Engine):
         self._hold: GroupSession | None = None
         self._owned: dict[Key, int | None] = {}  # key -> fencing term (None without)
         self._key = member_key(self.group, self.member)
-        self._probe_at = 0.0
+        self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ sessions
 
     async def _open(self) -> None:
         await self._connect()
-        self.spawn(self.listen_forever(), f"pgleaderlock-listen:{self.group}")
+        await self.start_listening()
         self.spawn(self._watch_forever(), f"pgleaderlock-watch:{self.group}")
         self.spawn(self._probe_forever(), f"pgleaderlock-probe:{self.group}")
 
     async def _connect(self) -> None:
-        """Open the hold session and take the member's place; retried until it works
-        (the retry strategy's delays; ``None`` from it stops the coordinator)."""
-        attempt, started = 0, time.monotonic()
-        while True:
+        """Open the hold session and take the member's place, retried with the retry
+        strategy's delays until it works."""
+
+        async def attempt() -> GroupSession:
             try:
                 session = await self.open_session(self._hold_slot)
                 granted = await self.bounded(self._hold_slot, session.try_lock_many([self._key]))
@@ -68,19 +69,13 @@ class SharedEngine(Engine):
                     raise ConnectionError(f"member lock of {self.member} is taken")
                 if self.s.terms is not None:
                     await self.bounded(self._hold_slot, self._prepare_tables(session))
-                self._hold = session
-                await self.notify(Message("join", self.member))
-                return
-            except Exception as exc:
+                return session
+            except BaseException:
                 await self._hold_slot.close()
-                attempt += 1
-                ctx = RetryContext(attempt, time.monotonic() - started, exc)
-                delay = next_delay(self.s.retry, ctx, self._fields["lock"])
-                log.warning("hold_session_failed", error=repr(exc), attempt=attempt,
-                            retry_in_s=delay, **self._fields)  # fmt: skip
-                if delay is None:
-                    raise
-                await asyncio.sleep(delay)
+                raise
+
+        self._hold = await self.retrying("hold_session_failed", attempt)
+        await self.announce(Message("join", self.member))
 
     async def _prepare_tables(self, session: GroupSession) -> None:
         await session.run_ddl(self.s.checkpoints.create)
@@ -89,12 +84,14 @@ class SharedEngine(Engine):
         await self.workers.stop()
         held = list(self._owned)
         self._owned.clear()
-        if self._hold is not None and held:
+        if self._hold is not None:
             try:
-                await self.bounded(self._hold_slot, self._hold.unlock_many(held))
-                await self.notify(Message("leave", self.member))
+                if held:
+                    await self.bounded(self._hold_slot, self._hold.unlock_many(held))
             except Exception as exc:  # closing the session frees the locks anyway
                 log.warning("release_failed", error=repr(exc), **self._fields)
+            else:
+                await self.announce(Message("leave", self.member))
         self._hold = None
         await self._hold_slot.close()
 
@@ -153,8 +150,6 @@ class SharedEngine(Engine):
         for key in granted:
             self._owned[key] = terms.get(key)
             self.start_worker(self.names[key], terms.get(key))
-        if handoff:
-            self.moves += len(granted)
         if granted:
             log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
 
@@ -191,33 +186,45 @@ class SharedEngine(Engine):
         await self.notify(Message("released", self.member, keys=(key,)))
 
     async def _on_event(self, kind: str, data: Any) -> None:
-        if kind == "lost":
-            await self._lost(data)
+        if kind == "probe":
+            await self._probe()
         elif kind == "member_died":
             await self.notify(Message("left", self.member, keys=()))
 
     # ------------------------------------------------------------------ helpers
 
     async def _probe_forever(self) -> None:
-        """Probe the hold session every health_interval_s; a failure loses every name
-        (handled by the loop)."""
-        config = self.s.config
+        """Ask the loop for a probe every ``health_interval_s``, or at once when the
+        server ends the idle hold session (its socket turns readable)."""
         while True:
-            await asyncio.sleep(config.health_interval_s)
-            session = self._hold
-            if session is None:
-                continue
-            try:
-                held = await self.bounded(
-                    self._hold_slot, _holds(session, self._key), config.health_timeout_s
-                )
-                if not held:
-                    raise ConnectionError("the hold session no longer holds its member lock")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self._hold is session:
-                    self.events.put_nowait(("lost", exc))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.s.config.health_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            self.events.put_nowait(("probe", None))
+
+    async def _probe(self) -> None:
+        """Check that the hold session still holds the member lock (bounded by
+        ``health_timeout_s``); a failure loses every name."""
+        session = self._hold
+        if session is None:
+            return
+        try:
+            held = await self.bounded(
+                self._hold_slot, _holds(session, self._key), self.s.config.health_timeout_s
+            )
+            if not held:
+                raise ConnectionError("the hold session no longer holds its member lock")
+        except Exception as exc:
+            if self._hold is session:
+                await self._lost(exc)
+
+    def idle(self) -> None:
+        """Between events, watch the idle hold session: a server that ends it (a
+        terminated backend, a shutdown) wakes the probe at once."""
+        session = self._hold
+        if session is not None and can(session, WatchableSession):
+            cast(WatchableSession, session).watch(self._wake.set)
 
     async def _watch_forever(self) -> None:
         """Wait on the server for the next member's lock, around the ring of members;

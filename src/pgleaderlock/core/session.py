@@ -13,7 +13,7 @@ This module is the home of these types; backend authors import them from
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -224,9 +224,9 @@ class GroupSession(Protocol):
         ...
 
     async def group_snapshot(self, prefix: str) -> list[Any]:
-        """Rows ``(application_name, pid, key1_oid, key2_oid, granted)`` for every
-        session whose ``application_name`` starts with ``prefix`` and each two-key
-        advisory lock it holds or waits for (NULL keys for a session without any)."""
+        """Rows ``(application_name, pid, key1_oid, key2_oid, granted)``: one for every
+        two-key advisory lock held or waited for (by any session), and one with NULL
+        keys for every session whose ``application_name`` starts with ``prefix``."""
         ...
 
     async def notify(self, channel: str, payload: str) -> None:
@@ -241,9 +241,18 @@ class GroupSession(Protocol):
         """As [`LockSession.holds`][pgleaderlock.LockSession.holds]."""
         ...
 
-    def listen(self, channel: str) -> AsyncIterator[str]:
-        """``LISTEN channel``, then every payload until cancelled (the session does
-        nothing else meanwhile)."""
+    async def listen(self, channel: str) -> None:
+        """``LISTEN channel`` (the session does nothing else afterwards but
+        ``notifications`` and ``ping``)."""
+        ...
+
+    async def notifications(self, timeout_s: float) -> list[str]:
+        """The payloads received: those already in, or else the first to come within
+        ``timeout_s`` (an empty list if none). Raises once the session is lost."""
+        ...
+
+    async def ping(self) -> None:
+        """Check that the session answers (raises if not)."""
         ...
 
 
