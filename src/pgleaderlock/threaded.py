@@ -2,7 +2,9 @@
 
 [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock] runs a lock on an event loop in a
 dedicated thread, for code without an event loop: Flask or Django apps, scripts,
-``BackgroundScheduler`` jobs, any threaded code that asks "am I the leader?".
+``BackgroundScheduler`` jobs, any threaded code that asks "am I the leader?". With
+``fencing=True`` it also fences the caller's transactions on synchronous psycopg
+connections ([`fence`][pgleaderlock.ThreadedLeaderLock.fence]).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Self
 
 from .core.errors import ConfigurationError, ShutdownError
@@ -25,9 +28,11 @@ class ThreadedLeaderLock:
 
     For code without an event loop: a Flask or Django app, a script, ``BackgroundScheduler``
     jobs. The lock's callbacks and plugins run in that thread.
-    [`is_leader`][pgleaderlock.ThreadedLeaderLock.is_leader] and
-    [`state`][pgleaderlock.ThreadedLeaderLock.state] may be read from any thread (each is
-    one attribute read); [`start`][pgleaderlock.ThreadedLeaderLock.start],
+    [`is_leader`][pgleaderlock.ThreadedLeaderLock.is_leader],
+    [`state`][pgleaderlock.ThreadedLeaderLock.state] and
+    [`term`][pgleaderlock.ThreadedLeaderLock.term] may be read from any thread (each is
+    one attribute read), and [`fence`][pgleaderlock.ThreadedLeaderLock.fence] called
+    from any thread; [`start`][pgleaderlock.ThreadedLeaderLock.start],
     [`shutdown`][pgleaderlock.ThreadedLeaderLock.shutdown],
     [`step_down`][pgleaderlock.ThreadedLeaderLock.step_down] and
     [`wait_for_leadership`][pgleaderlock.ThreadedLeaderLock.wait_for_leadership] block the
@@ -102,6 +107,64 @@ class ThreadedLeaderLock:
     def name(self) -> str | None:
         """The lock's name."""
         return self._lock.name
+
+    @property
+    def term(self) -> int | None:
+        """With ``fencing=True``: the fencing term of the current leadership, as
+        [`LeaderLock.term`][pgleaderlock.LeaderLock.term]; ``None`` when not LEADER or
+        without fencing (thread-safe).
+
+        A value read here may be outdated by the time it is used, like
+        [`is_leader`][pgleaderlock.ThreadedLeaderLock.is_leader]: only
+        [`fence`][pgleaderlock.ThreadedLeaderLock.fence] inside a transaction says
+        whether that transaction may still commit under it.
+        """
+        return self._lock.term
+
+    # ------------------------------------------------------------------ fencing
+
+    def fence(self, conn: object) -> int:
+        """Fence the caller's transaction on a synchronous psycopg ``Connection``: call
+        it inside the transaction, before its writes; the transaction may commit only
+        if this returns. Any thread may call it; it blocks that thread for one round trip
+        on ``conn`` (longer while a new leader's term bump holds the row). It calls
+        [`LeaderLock.fence_sync`][pgleaderlock.LeaderLock.fence_sync].
+
+        It takes a shared lock on the lock's term row until the transaction ends, so
+        the next leader's term bump waits for this transaction: a transaction fenced
+        here under term *t* that commits is ordered before every transaction fenced
+        under a later term. See the Fencing page of the documentation.
+
+        ```python
+        with conn.transaction():
+            term = lock.fence(conn)      # FencedError: roll back, do not retry as is
+            conn.execute("INSERT INTO sink ...")
+        ```
+
+        Avoid calling it from the lock's own callbacks: it would block the lock's event
+        loop for the round trip (await ``lock.lock.fence(aconn)`` on an async
+        connection there).
+
+        Args:
+            conn: a psycopg ``Connection`` inside a transaction (``with
+                conn.transaction():``, or a connection not in autocommit mode).
+
+        Returns:
+            The term the transaction runs under.
+
+        Raises:
+            FencedError: this lock is not LEADER, or its term has moved on: roll back.
+            ConfigurationError: the lock has no fencing, or ``conn`` is not in a
+                transaction, or not a synchronous psycopg connection.
+        """
+        return self._lock.fence_sync(conn)
+
+    @contextlib.contextmanager
+    def fenced(self, conn: object) -> Iterator[int]:
+        """``with lock.fenced(conn) as term:``:
+        [`fence`][pgleaderlock.ThreadedLeaderLock.fence] on entry; the caller's
+        transaction then commits or rolls back as usual."""
+        yield self.fence(conn)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -14,7 +14,8 @@ a group role (a ``scram-sha-256`` line put *before* ``initdb``'s trust lines in
   awaitable, or whose coroutine returns no connection, stops the lock with a
   ``ConfigurationError`` that ``wait_for_leadership()`` raises;
 - ``retry_permanent_errors=True`` keeps retrying a wrong password, and leads once the
-  password is changed to the one the lock uses.
+  password is changed to the one the lock uses;
+- the same refusal raised by the driver inside a ``connect_fn`` stops the lock too.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import pytest
 
 from pgleaderlock import (
     ConfigurationError,
-    ConnectionError,
     LeaderLock,
     LockState,
     PgLeaderLockError,
@@ -290,7 +290,7 @@ async def test_a_wrong_connect_fn_at_runtime_stops_the_lock(
     assert rec.names() == ["error", "stopped"]
 
 
-# ---------------------------------------------------------------- found while testing
+# ---------------------------------------------------------------- refused inside connect_fn
 
 
 async def test_a_server_refusal_inside_connect_fn_stops_the_lock(
@@ -298,6 +298,7 @@ async def test_a_server_refusal_inside_connect_fn_stops_the_lock(
     backend: str,
     recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
+    """The driver's own error, raised by the user's ``connect_fn``, is classified too."""
     dsn = cluster.url(backend, "postgres", database="no_such_db").replace(f"+{backend}", "")
 
     async def connect_fn() -> Any:
@@ -308,9 +309,8 @@ async def test_a_server_refusal_inside_connect_fn_stops_the_lock(
     lock = LeaderLock(None, 1, 2, connect_fn=connect_fn, load_plugins=False)
     rec = recorder(lock)
     async with lock:
-        try:
-            leads = await lock.wait_for_leadership(timeout_s=FAIL_FAST_S)
-        except ServerRefusedError:
-            leads = None
-        assert leads is None, f"still {lock.state.value} after {len(rec.errors())} errors"
-    assert isinstance(rec.errors()[0], ConnectionError)
+        with pytest.raises(ServerRefusedError) as raised:
+            await lock.wait_for_leadership(timeout_s=FAIL_FAST_S)
+        assert lock.state is LockState.STOPPED
+    assert isinstance(raised.value.__cause__, DRIVER_ERRORS[backend]), repr(raised.value.__cause__)
+    assert rec.names() == ["error", "stopped"]

@@ -13,6 +13,11 @@ scheduler configuration; each job runs on the leader only. Two shapes:
   while this replica was a follower are not replayed: they belonged to the leader of that
   time.
 
+With ``LeaderLock(..., fencing=True)`` a run learns the term of the leadership it
+started under: [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
+inside a ``leader_only`` job, and a bound scheduler's
+[`term`][pgleaderlock.integrations.apscheduler.SchedulerBinding.term].
+
 With ``AsyncIOScheduler`` use a [`LeaderLock`][pgleaderlock.LeaderLock] on the same event
 loop. With ``BackgroundScheduler`` (threads, no event loop) wrap the lock in
 [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock], which runs it on an event loop in a
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
 import functools
 import inspect
@@ -59,7 +65,7 @@ from ..core.models import LockState
 from ..tasks import follow_state
 from ..threaded import ThreadedLeaderLock
 
-__all__ = ["SchedulerBinding", "bind_scheduler", "leader_only"]
+__all__ = ["SchedulerBinding", "bind_scheduler", "current_term", "leader_only"]
 
 log = get_logger("pgleaderlock.integrations.apscheduler")
 
@@ -72,6 +78,71 @@ CANCEL_TIMEOUT_S = 10.0
 
 Leadership = LeaderLock | ThreadedLeaderLock
 """What the APScheduler helpers accept: a lock, or a lock running in its own thread."""
+
+
+_RUN_TERM: contextvars.ContextVar[tuple[int | None]] = contextvars.ContextVar(
+    "pgleaderlock_run_term"
+)
+"""Inside a run of a ``leader_only`` job: a 1-tuple of the term it started under."""
+
+
+def current_term() -> int | None:
+    """The fencing term of the leadership under which the current run of a
+    [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only] job started.
+
+    Call it anywhere inside the run: in the job, in a function it calls, in a task it
+    creates or in ``asyncio.to_thread`` (each copies the run's context). The value is
+    fixed for the run: it is the lock's [`term`][pgleaderlock.LeaderLock.term] when
+    the run was let through, even if the lock has since lost and regained leadership
+    under a newer term. So a run can tell whether it still works under the leadership
+    it began in (``lock.fence(conn) != current_term()``: it does not), and can hand
+    that term to an external system as a fencing token.
+
+    ```python
+    @leader_only(lock)
+    async def relay() -> None:
+        term = current_term()
+        async with await psycopg.AsyncConnection.connect(DSN) as conn, conn.transaction():
+            if await lock.fence(conn) != term:
+                raise RuntimeError("leadership changed since this run began")
+            ...
+    ```
+
+    Returns:
+        The term; ``None`` when the lock has no fencing (``fencing=False``).
+
+    Raises:
+        RuntimeError: called outside a run of a ``leader_only`` job (a job of a bound
+            scheduler that is not decorated with it reads
+            [`SchedulerBinding.term`][pgleaderlock.integrations.apscheduler.SchedulerBinding.term]
+            instead).
+    """
+    try:
+        return _RUN_TERM.get()[0]
+    except LookupError:
+        raise RuntimeError(
+            "current_term() is called outside a run of a job decorated with leader_only(lock)"
+        ) from None
+
+
+def _leadership(lock: LeaderLock) -> tuple[bool, int | None]:
+    """Whether ``lock`` leads, and its term, read together from any thread: the term
+    first, then the state (a term read as None while the lock became leader in between
+    is read again)."""
+    term = lock.term
+    if not lock.is_leader:
+        return False, None
+    if term is None:
+        term = lock.term
+        if term is None and not lock.is_leader:
+            return False, None
+    return True, term
+
+
+def _run_context(term: int | None) -> contextvars.Context:
+    context = contextvars.copy_context()
+    context.run(_RUN_TERM.set, (term,))
+    return context
 
 
 def _lock_of(source: Leadership) -> LeaderLock:
@@ -129,10 +200,11 @@ class _LeaderOnly:
     def _wrap_sync(self, fn: Callable[P, R]) -> Callable[P, R | None]:
         @functools.wraps(fn)
         def run_if_leader(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            if not self._lock.is_leader:
+            leads, term = _leadership(self._lock)
+            if not leads:
                 self._skip(fn)
                 return None
-            return fn(*args, **kwargs)
+            return _run_context(term).run(fn, *args, **kwargs)
 
         return run_if_leader
 
@@ -143,10 +215,12 @@ class _LeaderOnly:
         async def run_if_leader(*args: P.args, **kwargs: P.kwargs) -> R | None:
             loop = asyncio.get_running_loop()
             with self._mutex:  # against a state change in the lock's thread
-                if not self._lock.is_leader:
+                leads, term = _leadership(self._lock)
+                if not leads:
                     run = None
                 else:
-                    run = _Run(loop, loop.create_task(fn(*args, **kwargs)))
+                    context = _run_context(term)
+                    run = _Run(loop, loop.create_task(fn(*args, **kwargs), context=context))
                     self._runs[run.task] = run
             if run is None:
                 self._skip(fn)
@@ -210,6 +284,10 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
     logs ``job_cancelled``); a sync job cannot be interrupted, so a run in progress
     finishes: keep sync jobs short, or check ``lock.is_leader`` between steps.
 
+    Inside a run, [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
+    returns the fencing term of the leadership the run started under (with
+    ``fencing=True``).
+
     Args:
         lock: a [`LeaderLock`][pgleaderlock.LeaderLock] (same event loop as the scheduler) or
             a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock].
@@ -255,6 +333,7 @@ class SchedulerBinding:
         self._catch_up = dt.timedelta(seconds=catch_up_s)
         self._mutex = threading.RLock()  # scheduler listeners may call sync() again
         self._closed = False
+        self._term: int | None = None
         self._plugin = follow_state(self._lock, self._on_state_change)
         scheduler.add_listener(self._on_scheduler_started, EVENT_SCHEDULER_STARTED)
         self.sync()
@@ -268,6 +347,22 @@ class SchedulerBinding:
     def active(self) -> bool:
         """True while the scheduler is running (not paused) under this binding."""
         return bool(self._scheduler.state == STATE_RUNNING)
+
+    @property
+    def term(self) -> int | None:
+        """With ``fencing=True``: the fencing term of the leadership the scheduler was
+        resumed under; ``None`` while it is not running under this binding, and always
+        without fencing.
+
+        Every run of a bound scheduler is submitted while the lock leads, so a job that
+        reads this first thing learns the term it runs under. A run that outlives the
+        leadership (the scheduler is paused, the run goes on) and reads it later gets
+        ``None``, or a newer term after a re-acquisition: read it once at the start, or
+        decorate the job with [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]
+        as well and call [`current_term`][pgleaderlock.integrations.apscheduler.current_term],
+        which is fixed per run.
+        """
+        return self._term if self.active else None
 
     def close(self) -> None:
         """Stop following the lock; the scheduler stays as it is."""
@@ -292,8 +387,10 @@ class SchedulerBinding:
             if self._closed:
                 return
             scheduler = self._scheduler
+            leads, term = _leadership(self._lock)
+            self._term = term
             try:
-                if self._lock.is_leader:
+                if leads:
                     if scheduler.state == STATE_PAUSED:
                         self._skip_followers_runs()
                         scheduler.resume()
@@ -350,6 +447,9 @@ def bind_scheduler(
     ``coalesce``, ``max_instances``) apply. Give interval triggers an explicit
     ``start_date`` (or use cron triggers) so that every replica computes the same run
     times.
+
+    With ``fencing=True``, [`term`][pgleaderlock.integrations.apscheduler.SchedulerBinding.term]
+    is the term the scheduler runs under.
 
     Args:
         scheduler: an APScheduler 3.x scheduler (``AsyncIOScheduler`` with a lock on the

@@ -73,6 +73,11 @@ class LeaderStatus(BaseModel):
             cannot mend (authentication failed, unknown database or role, a
             transaction-mode pooler): such a replica will never lead.
         leader_since: when the current leadership began (UTC), or ``None``.
+        term: with ``LeaderLock(..., fencing=True)``, the fencing term of the current
+            leadership ([`LeaderLock.term`][pgleaderlock.LeaderLock.term]); ``None``
+            while not leader, and always without fencing. Terms exceed 2^32 (the
+            server's timeline is in the high 32 bits) and stay below 2^53 for
+            timelines below 2^21, so JavaScript clients read them exactly.
         last_error: the lock's last database error as ``"TypeName: message"``
             (passwords masked), from
             [`statistics()`][pgleaderlock.LeaderLock.statistics]; ``None`` when the last
@@ -86,6 +91,7 @@ class LeaderStatus(BaseModel):
     is_leader: bool
     ready: bool
     leader_since: dt.datetime | None
+    term: int | None
     last_error: str | None
     tasks: list[str]
 
@@ -216,6 +222,7 @@ class LeaderLifespan:
             is_leader=stats.state is LockState.LEADER,
             ready=stats.state is not LockState.STOPPED,
             leader_since=None if since is None else dt.datetime.fromtimestamp(since, dt.UTC),
+            term=stats.term,
             last_error=None if stats.last_error is None else describe(stats.last_error),
             tasks=self._tasks.running,
         )
