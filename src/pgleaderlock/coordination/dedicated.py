@@ -23,7 +23,7 @@ from ..core.session import GroupSession
 from ..tasks import follow_state
 from . import balance
 from .engine import Engine
-from .protocol import Key, Message, app_name, parse_app_name, prefix
+from .protocol import Key, Message, app_name, member_key, parse_app_name, prefix
 
 __all__ = ["DedicatedEngine"]
 
@@ -45,6 +45,8 @@ class DedicatedEngine(Engine):
         self._locks: dict[Key, LeaderLock] = {}
         self._leading: set[Key] = set()
         self._paused: dict[Key, float] = {}  # key -> resume at (monotonic)
+        self._key = member_key(self.group, self.member)
+        self._tables_ready = False
 
     # ------------------------------------------------------------------ sessions
 
@@ -53,13 +55,7 @@ class DedicatedEngine(Engine):
             await self._compete(key)  # each lock connects (and retries) by itself
         await self.start_listening()
 
-        async def attempt() -> GroupSession:
-            session = await self._utility()
-            if self.s.terms is not None:
-                await self.bounded(self._util_slot, session.run_ddl(self.s.checkpoints.create))
-            return session
-
-        await self.retrying("util_session_failed", attempt)
+        await self.retrying("util_session_failed", self._utility)
         await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
@@ -73,12 +69,21 @@ class DedicatedEngine(Engine):
         await self._util_slot.close()
 
     async def _utility(self) -> GroupSession:
+        """The util session, opened (again) if needed: it holds the member lock, by
+        which the others count this member as alive."""
         if self._util is None:
             try:
-                self._util = await self.open_session(self._util_slot)
+                session = await self.open_session(self._util_slot)
+                if not await self.bounded(self._util_slot, session.try_lock_many([self._key])):
+                    raise ConnectionError(f"member lock of {self.member} is taken")
+                if self.s.terms is not None and not self._tables_ready:
+                    ddl = session.run_ddl(self.s.checkpoints.create)
+                    await self.bounded(self._util_slot, ddl)
+                    self._tables_ready = True
             except BaseException:
                 await self._util_slot.close()
                 raise
+            self._util = session
         return self._util
 
     async def _group_rows(self) -> list[Any]:

@@ -360,25 +360,29 @@ class Engine(abc.ABC):
 
     async def _snapshot(self) -> balance.View:
         """Read who holds what (the group's sessions, and every advisory lock, so that
-        a name held outside the group counts as taken) and remember it."""
+        a name held outside the group counts as taken) and remember it.
+
+        A member is alive while its hold (shared) or util (dedicated) session holds
+        its member lock: a dying member's other sessions may linger for a moment, but
+        the server has then released that lock along with its names."""
         rows = await self._group_rows()
         holders: dict[Key, str] = {}
         members: set[str] = {self.member}
         others: dict[Key, str] = {}
         for application, _pid, c, o, granted in rows:
-            parsed = parse_app_name(str(application or ""), self.group)
-            member = parsed[0] if parsed is not None else ""
-            if parsed is not None and parsed[1] in ("hold", "lock", "util"):
-                members.add(member)
             if c is None or not granted:
                 continue
+            parsed = parse_app_name(str(application or ""), self.group)
+            member = parsed[0] if parsed is not None else ""
             key = (oid_to_key(int(c)), oid_to_key(int(o)))
             if key in self.names:
                 holders[key] = member
-            elif parsed is not None and parsed[1] in ("hold", "lock"):
+            elif parsed is None:
+                continue
+            elif parsed[1] in ("hold", "util") and key == member_key(self.group, member):
+                members.add(member)
+            elif parsed[1] in ("hold", "lock"):
                 others[key] = member
-        for member in members:
-            others.pop(member_key(self.group, member), None)
         view = balance.View(self.member, frozenset(members), holders, frozenset(self.names))
         self.members = view.members
         leaders = {self.names[k]: holders.get(k) for k in self.names}

@@ -10,6 +10,7 @@ listens, and never needed for safety (the locks decide who leads).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -85,8 +86,11 @@ def channel(group: str) -> str:
     return "pgleaderlock_" + hashlib.md5(group.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1024)
 def member_key(group: str, member: str) -> Key:
-    """The lock a member holds while it is alive (its sessions' watchers wait for it)."""
+    """The lock a member holds while it is alive, on its hold (shared) or util
+    (dedicated) session: other members count it as alive while it does, and (shared)
+    wait for it to learn of its death at once."""
     return lock_keys(f"pgleaderlock-member:{group}:{member}")
 
 

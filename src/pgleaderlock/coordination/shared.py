@@ -36,6 +36,8 @@ log = get_logger("pgleaderlock.coordination")
 
 WATCH_WAIT_S = 2.0
 """How long one wait of the ring watch lasts before it looks at the ring again."""
+FREE_GRACE_S = 1.0
+"""How long a name stays free before a member that is not its rendezvous owner takes it."""
 
 
 class SharedEngine(Engine):
@@ -48,6 +50,7 @@ class SharedEngine(Engine):
         self._owned: dict[Key, int | None] = {}  # key -> fencing term (None without)
         self._key = member_key(self.group, self.member)
         self._wake = asyncio.Event()
+        self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
 
     # ------------------------------------------------------------------ sessions
 
@@ -125,11 +128,14 @@ class SharedEngine(Engine):
         return set(self._owned)
 
     def _to_take(self, view: balance.View) -> list[Key]:
+        now = time.monotonic()
+        free = view.free()
+        self._free_since = {k: self._free_since.get(k, now) for k in free}
         take = view.mine_to_take()
         if not take and not balance.requests(view):
-            # Nobody else will take what is still free (a member that registered it
-            # died, or the rendezvous owner did not register it): take it.
-            take = view.free()
+            # What stays free has no other taker (its rendezvous owner did not register
+            # it, or is gone): take it, after a grace that lets the owner go first.
+            take = [k for k in free if now - self._free_since[k] >= FREE_GRACE_S]
         return take
 
     async def _take(self, keys: list[Key], *, handoff: bool) -> None:
