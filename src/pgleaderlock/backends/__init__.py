@@ -45,6 +45,7 @@ from ..core.session import (
     WatchableSession,
 )
 from .base import (
+    ALIVE,
     CANCEL_TIMEOUT_S,
     CONNECTION_SQLSTATE_CLASSES,
     HOLDS,
@@ -77,6 +78,7 @@ __all__ = [
     "UNLOCK",
     "WAIT_LOCK",
     "HOLDS",
+    "ALIVE",
     "LOCK_NOT_AVAILABLE",
     "CANCEL_TIMEOUT_S",
     "CONNECTION_SQLSTATE_CLASSES",

@@ -1,0 +1,351 @@
+"""The SQL every built-in adapter runs, as templates (see
+[`Statement`][pgleaderlock.backends.Statement]).
+
+Each lock statement returns, after its own columns, the session's token and
+``pg_backend_pid()``: [`BaseSession`][pgleaderlock.backends.BaseSession] checks both, so
+that a statement that ran on another server backend (a pooler) never counts.
+"""
+
+from __future__ import annotations
+
+import functools
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..core.config import TermTable
+
+__all__ = [
+    "ALIVE",
+    "CANCEL_TIMEOUT_S",
+    "DUPLICATE_TABLE",
+    "GROUP_SNAPSHOT",
+    "HOLDS",
+    "IDENTIFY",
+    "LOCK_NOT_AVAILABLE",
+    "NOTIFY",
+    "STATEMENTS",
+    "TRY_LOCK",
+    "TRY_LOCK_MANY",
+    "UNLOCK",
+    "UNLOCK_MANY",
+    "WAIT_LOCK",
+    "Statement",
+    "bump_term_statement",
+    "bump_terms_statement",
+    "configure_statement",
+    "create_terms_statement",
+    "lock_timeout_ms",
+    "setup_statement",
+]
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: cheap cache keys
+class Statement:
+    """One statement a session runs. Its template numbers its values ``{0}``, ``{1}``,
+    ``{2}``; an adapter fills them with literals or with its driver's placeholders.
+
+    Attributes:
+        what: the operation, as error messages name it (``"try_lock"``, ...).
+        template: the SQL; the last column is always ``pg_backend_pid()``.
+    """
+
+    what: str
+    template: str
+
+    @functools.cached_property
+    def arity(self) -> int:
+        """How many values the template takes (``{0}`` ... ``{n}``)."""
+        fields = [int(name) for _, name, _, _ in string.Formatter().parse(self.template)
+                  if name is not None and name.isdigit()]  # fmt: skip
+        return max(fields, default=-1) + 1
+
+    def sql(self, *values: object) -> str:
+        """The statement text with ``values`` in place of ``{0}``, ``{1}``, ...
+
+        Args:
+            *values: literals (integers only: they are not quoted) or placeholders
+                such as ``"$1"``.
+
+        Returns:
+            The SQL to send.
+        """
+        return self.template.format(*values)
+
+
+# Every statement ends with the session's token and its backend's pid, both checked by
+# the session (a pooler that moved the statement, or another client that set up on the
+# same server backend, is refused). Keys are parenthesised: "-2147483648::int4" parses as
+# -(2147483648::int4) and overflows.
+_TAIL = ", current_setting('pgleaderlock.session', true), pg_backend_pid()"
+# A lock statement changes nothing unless it runs on the session's own backend with the
+# session's token set there ({2} the pid, {3} the token); behind a pooler ({4} = 1) it
+# also refuses a lock the backend already holds: the session never asks twice, so that
+# would be another client's (a re-entrant grant is how two leaders share one backend).
+_OWN = (
+    "WHEN pg_backend_pid() <> ({2})::int4"
+    " OR current_setting('pgleaderlock.session', true) IS DISTINCT FROM ({3})::int8::text"
+    " THEN NULL"
+)
+_HELD = (
+    "WHEN ({4})::int4 = 1 AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
+    " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    " AND classid = ((({0})::int8 & 4294967295)::oid)"
+    " AND objid = ((({1})::int8 & 4294967295)::oid) AND objsubid = 2)"
+    " THEN NULL"
+)
+TRY_LOCK = Statement(
+    "try_lock",
+    f"SELECT CASE {_OWN} {_HELD} ELSE pg_try_advisory_lock(({{0}})::int4, ({{1}})::int4) END"
+    + _TAIL,
+)
+"""``pg_try_advisory_lock(key1, key2)``; values: the two keys, the session's pid and
+token, and 1 behind a pooler (else 0). NULL: refused (see ``BaseSession``)."""
+UNLOCK = Statement(
+    "unlock",
+    f"SELECT CASE {_OWN} ELSE pg_advisory_unlock(({{0}})::int4, ({{1}})::int4) END" + _TAIL,
+)
+"""``pg_advisory_unlock(key1, key2)``; values: the two keys, the session's pid and token."""
+# One round trip: the lock_timeout is local to this statement's implicit transaction and
+# is set before pg_advisory_lock starts waiting (the target list runs left to right).
+# The timeout is a value like the keys, so that a driver that prepares statements needs
+# one for waits of any length. A timeout raises lock_not_available (SQLSTATE 55P03).
+WAIT_LOCK = Statement(
+    "wait_lock",
+    f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{5}})::int4::text, true) END,"
+    f" CASE {_OWN} {_HELD} ELSE pg_advisory_lock(({{0}})::int4, ({{1}})::int4)::text END" + _TAIL,
+)
+"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
+session's pid and token, 1 behind a pooler, and the timeout in ms
+([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms])."""
+# Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
+# both as oid (unsigned): negative keys are passed already converted by key_to_oid().
+HOLDS = Statement(
+    "health check",
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
+    " WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+    " AND classid = ({0})::int8::oid AND objid = ({1})::int8::oid AND objsubid = 2),"
+    " pg_is_in_recovery()" + _TAIL,
+)
+"""Does this session hold the lock (``pg_locks``), and is its server still a primary?
+Values: the two keys as oids. ``pg_locks`` scans the whole lock table and every
+connection slot: its cost grows with ``max_connections`` and the locks held, which is
+why the periodic probe is [`ALIVE`][pgleaderlock.backends.ALIVE]."""
+ALIVE = Statement("health check", "SELECT true, pg_is_in_recovery()" + _TAIL)
+"""The periodic probe: the session answers, on the same backend with its token (the
+checks every statement gets), and the server is still a primary. On a dedicated session
+that is enough: a session-level lock is freed only by an unlock of the session's own or
+by the session's end, and a session that answers on the same backend has not ended. Its
+cost does not depend on the lock table or ``max_connections``."""
+IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery()" + _TAIL)
+"""Who serves this session (is the server a standby, which backend runs it), checked."""
+STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
+
+
+# ---------------------------------------------------------------- coordinated groups
+
+# Many locks on one session (a Coordinator's shared session). Arrays of keys; each lock
+# statement is guarded like the single ones (the session's backend and token).
+_OWN_MANY = (
+    "pg_backend_pid() = ({2})::int4"
+    " AND current_setting('pgleaderlock.session', true) = ({3})::int8::text"
+)
+TRY_LOCK_MANY = Statement(
+    "try_lock",
+    "SELECT (SELECT array_agg(k.i) FROM unnest(({0})::int4[], ({1})::int4[])"
+    f" WITH ORDINALITY AS k(k1, k2, i) WHERE CASE WHEN {_OWN_MANY}"
+    " THEN pg_try_advisory_lock(k.k1, k.k2) ELSE false END)" + _TAIL,
+)
+"""``pg_try_advisory_lock`` for many keys; values: the keys' two arrays, the session's
+pid and token. The value: the 1-based positions of the keys granted (or NULL)."""
+UNLOCK_MANY = Statement(
+    "unlock",
+    "SELECT (SELECT count(*) FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+    f" WHERE CASE WHEN {_OWN_MANY} THEN pg_advisory_unlock(k.k1, k.k2) ELSE false END)" + _TAIL,
+)
+"""``pg_advisory_unlock`` for many keys; the value: how many were held."""
+NOTIFY = Statement("notify", "SELECT pg_notify(({0})::text, ({1})::text)" + _TAIL)
+"""``pg_notify(channel, payload)``."""
+
+
+GROUP_SNAPSHOT = Statement(
+    "group snapshot",
+    "SELECT a.application_name, l.pid, l.classid::int8, l.objid::int8, l.granted"
+    " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2"
+    " UNION ALL SELECT a.application_name, a.pid, NULL, NULL, NULL"
+    " FROM pg_catalog.pg_stat_activity a"
+    " WHERE starts_with(a.application_name, ({0})::text)",
+)
+"""Every two-key advisory lock held or waited for, with its session's
+``application_name`` and pid, and every session whose ``application_name`` starts with
+the value (a row with NULL keys each). Rows: application name, pid, key1 and key2 as
+unsigned oids, granted. ``pg_stat_activity`` and ``pg_locks`` are visible to every
+role."""
+
+
+def bump_terms_statement(table: TermTable) -> Statement:
+    """[`bump_term_statement`][pgleaderlock.backends.sql.bump_term_statement] for many
+    keys at once (values: the keys' two arrays, the session's pid). Rows come back as
+    arrays: key1s, key2s, terms."""
+    timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
+    return Statement(
+        "fencing term",
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),"
+        f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
+        f" SELECT k.k1, k.k2, {timeline} + 1, current_setting('application_name'), now()"
+        " FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+        " WHERE pg_backend_pid() = ({2})::int4"
+        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
+        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at"
+        " RETURNING key1, key2, term)"
+        " SELECT (SELECT array_agg(key1) FROM bumped), (SELECT array_agg(key2) FROM bumped),"
+        " (SELECT array_agg(term) FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
+    )
+
+
+# ---------------------------------------------------------------- fencing terms
+
+
+def create_terms_statement(table: TermTable) -> Statement:
+    """``CREATE TABLE IF NOT EXISTS`` for the fencing terms: one row per lock, keyed by
+    its keys, with the holder's ``application_name`` and the acquisition time."""
+    return Statement(
+        "create fencing table",
+        f"CREATE TABLE IF NOT EXISTS {table.sql} (key1 int4 NOT NULL, key2 int4 NOT NULL,"
+        " term int8 NOT NULL, holder text, acquired_at timestamptz NOT NULL,"
+        " PRIMARY KEY (key1, key2))",
+    )
+
+
+def bump_term_statement(table: TermTable) -> Statement:
+    """Increment a lock's term, durably, on the session that holds the lock (values: the
+    two keys and the session's pid). The new term is ``max(old + 1, timeline << 32 |
+    1)``: strictly increasing, and never equal across two primaries on different
+    timelines. The upsert needs the row's exclusive lock, so it waits for every fenced
+    transaction of the old term (they hold the row ``FOR SHARE``) to end."""
+    timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
+    return Statement(
+        "fencing term",
+        # Durable (synchronous_commit), and a backend whose client gave up on it while it
+        # waited for the row (a bump past command_timeout_s: the session was dropped) stops
+        # waiting within a second instead of keeping the lock and committing the bump.
+        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true),"
+        " (SELECT count(set_config(s.name, '1000', true))"
+        " FROM (VALUES ('client_connection_check_interval')) AS s(name)"
+        " WHERE current_setting(s.name, true) IS NOT NULL)),"
+        f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
+        f" SELECT ({{0}})::int4, ({{1}})::int4, {timeline} + 1,"
+        " current_setting('application_name'), now()"
+        " WHERE pg_backend_pid() = ({2})::int4"
+        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
+        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at RETURNING term)"
+        " SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
+    )
+
+
+DUPLICATE_TABLE = frozenset({"42P07", "23505"})
+"""What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race."""
+
+
+def setup_statement(settings: Mapping[str, str] | None, application_name: str = "") -> Statement:
+    """The session's first statement: it says who serves the session and sets the
+    session's token (``pgleaderlock.session``) on that backend; with ``settings`` it
+    also, on a direct connection to a primary, sets them and ``application_name`` for
+    the whole session (``set_config(..., false)``, which a session-mode pooler accepts,
+    unlike startup parameters; settings this server version does not know are skipped)
+    and frees any advisory lock a connection taken over from a pool still holds.
+
+    "Direct" means that ``pg_backend_pid()`` equals the pid the protocol reported:
+    behind a pooler nothing is set or freed, since the server connection may be shared
+    between clients; the core checks the pooler first and then has
+    [`configure_statement`][pgleaderlock.backends.sql.configure_statement] set them.
+
+    Args:
+        settings: setting name -> value, or ``None`` to set nothing but the token.
+        application_name: the session's ``application_name``.
+
+    Returns:
+        The statement. Its values: the session's token, and the protocol's pid. Its row:
+        (in recovery, the token, settings applied or NULL, token, pid).
+    """
+    token = "set_config('pgleaderlock.session', ({0})::int8::text, false)"
+    if settings is None:
+        return Statement("session setup", f"SELECT pg_is_in_recovery(), {token}, NULL" + _TAIL)
+    direct = "pg_backend_pid() = ({1})::int4 AND NOT pg_is_in_recovery()"
+    sql = (
+        f"SELECT pg_is_in_recovery(), {token}, CASE WHEN {direct} THEN"
+        f" {_settings_count(settings, application_name)}"
+        " + (SELECT count(*) FROM (SELECT pg_advisory_unlock_all()) AS freed) END" + _TAIL
+    )
+    return Statement("session setup", sql)
+
+
+def configure_statement(settings: Mapping[str, str], application_name: str) -> Statement:
+    """Set ``settings`` and ``application_name`` for the whole session, only on the
+    session's own backend (values: its pid and token): a pooler that moved the statement
+    to another client's server connection gets none of them there.
+
+    Args:
+        settings: setting name -> value.
+        application_name: the session's ``application_name``.
+
+    Returns:
+        The statement.
+    """
+    count = _settings_count(settings, application_name, own=True)
+    return Statement("session setup", f"SELECT {count}" + _TAIL)
+
+
+def _settings_count(settings: Mapping[str, str], application_name: str, own: bool = False) -> str:
+    pairs = [*settings.items(), ("application_name", application_name)]
+    rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
+    where = "current_setting(s.name, true) IS NOT NULL"
+    if own:
+        where += (
+            " AND pg_backend_pid() = ({0})::int4"
+            " AND current_setting('pgleaderlock.session', true) = ({1})::int8::text"
+        )
+    return (
+        "(SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
+        + rows.replace("{", "{{").replace("}", "}}")
+        + f") AS s(name, value) WHERE {where})"
+    )
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal (standard_conforming_strings: only quotes need doubling)."""
+    if "\x00" in text:
+        raise ValueError("a setting cannot contain a NUL character")
+    return "'" + text.replace("'", "''") + "'"
+
+
+LOCK_NOT_AVAILABLE = "55P03"
+"""The SQLSTATE of a ``lock_timeout`` that ended a
+[`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK]."""
+
+CANCEL_TIMEOUT_S = 1.0
+"""How long an interrupted lock wait may spend asking the server to cancel it (so the
+queued backend leaves the queue at once) before the connection is simply dropped."""
+
+
+def lock_timeout_ms(timeout_s: float) -> int:
+    """``lock_timeout`` in ms for a wait of ``timeout_s``; never 0 (0 disables it).
+
+    Args:
+        timeout_s: how long the wait may last, in seconds.
+
+    Returns:
+        Whole milliseconds, at least 1.
+    """
+    return max(1, round(timeout_s * 1000))
+
+
+@functools.cache
+def _bump_statement(table: TermTable) -> Statement:
+    return bump_term_statement(table)
+
+
+@functools.cache
+def _bump_many_statement(table: TermTable) -> Statement:
+    return bump_terms_statement(table)
