@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Literal, Self
 
 from ..core.config import lock_config, positive
 from ..core.errors import ConfigurationError
 from ..core.keys import lock_keys
-from ..core.registry import resolve
-from ..core.retry import RetryStrategy, default_retry_strategy
+from ..core.retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from ..core.session import SessionFactory
-from ..core.slot import check_connect_fn
+from ..core.slot import connection_target
 from .dedicated import DedicatedEngine
 from .engine import Engine, GroupView, Settings
 from .protocol import check_group, new_member_id
@@ -121,22 +119,10 @@ class Coordinator:
             fencing_table=fencing_table,
             acquire_delay_s=lock_knobs.get("acquire_delay_s", 0.0),
         )
-        backend = None
-        driver_dsn = None
-        if connect_fn is None:
-            backend, driver_dsn = resolve(backend_name, dsn)
-            backend.check_dsn(driver_dsn)
-            budget = config.connect_timeout_s
-            if backend.connect_budget is not None:
-                budget = backend.connect_budget(driver_dsn, budget)
-        else:
-            check_connect_fn(connect_fn)
-            budget = config.connect_timeout_s
-        config = replace(config, connect_budget_s=2 * budget + config.command_timeout_s)
-        passed = {k: v for k, v in lock_knobs.items() if k != "backend"}
-        if backend_name is not None:
-            passed["backend"] = backend_name
-        passed.update(fencing=fencing, fencing_table=fencing_table, retry_strategy=retry_strategy)
+        backend, driver_dsn, config = connection_target(backend_name, dsn, connect_fn, config)
+        check_retry_strategy(retry_strategy)
+        passed = dict(lock_knobs, fencing=fencing, fencing_table=fencing_table)
+        passed.update(retry_strategy=retry_strategy)
         self._settings = Settings(
             group=check_group(group),
             member=new_member_id(),

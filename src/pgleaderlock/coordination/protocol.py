@@ -50,7 +50,7 @@ def check_group(group: object) -> str:
     Raises:
         ConfigurationError: anything else.
     """
-    if not isinstance(group, str) or not _GROUP.match(group):
+    if not isinstance(group, str) or not _GROUP.fullmatch(group):
         raise ConfigurationError(
             f"group must be 1-32 letters, digits, '_', '.' or '-', got {group!r}"
         )
@@ -147,6 +147,8 @@ class Message:
         """The message in ``payload``, or ``None`` for anything else."""
         try:
             body = json.loads(payload)
+            if not isinstance(body, dict):
+                return None
             keys = tuple((int(k[0]), int(k[1])) for k in body.get("x", ()))
             kind = body["k"]
             if kind not in ("join", "leave", "left", "request", "grant", "released",

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 from typing import Any, Self
 
 import pluggy
 
 from ._logging import get_logger
 from .config import FollowerMode, default_application_name, lock_config, session_settings
-from .errors import ConfigurationError, ShutdownError
+from .errors import ShutdownError
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
 from .keys import check_key, lock_keys
@@ -34,11 +33,10 @@ from .models import (
     LockStatistics,
     StateChangeCallback,
 )
-from .registry import resolve
-from .retry import RetryStrategy, default_retry_strategy
+from .retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from .runner import Runner
 from .session import Backend, ConnectOptions, SessionFactory
-from .slot import SessionSlot, check_connect_fn
+from .slot import SessionSlot, connection_target
 
 __all__ = ["LeaderLock"]
 
@@ -175,12 +173,7 @@ class LeaderLock(Fencing):
             fencing_schema=fencing_schema,
             acquire_delay_s=acquire_delay_s,
         )
-        if retry_strategy is not None and not callable(
-            getattr(retry_strategy, "next_delay_s", None)
-        ):
-            raise ConfigurationError(
-                f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
-            )
+        check_retry_strategy(retry_strategy)
         self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
         self._external_stop = shutdown_event
         self._application_name = application_name or default_application_name(self.label)
@@ -189,19 +182,10 @@ class LeaderLock(Fencing):
             connect_timeout_s=self._config.connect_timeout_s,
             server_settings=session_settings(self._config),
         )
-        self._backend: Backend | None = None
-        driver_dsn = None
-        budget = self._config.connect_timeout_s
-        if connect_fn is None:
-            self._backend, driver_dsn = resolve(backend, dsn)
-            self._backend.check_dsn(driver_dsn)
-            if self._backend.connect_budget is not None:
-                budget = self._backend.connect_budget(driver_dsn, budget)
-        else:
-            check_connect_fn(connect_fn)
-        # Every host once, the pooler check's second session, and the setup statements.
-        bound = 2 * budget + self._config.command_timeout_s
-        self._config = replace(self._config, connect_budget_s=bound)
+        self._backend: Backend | None
+        self._backend, driver_dsn, self._config = connection_target(
+            backend, dsn, connect_fn, self._config
+        )
 
         self.plugins: pluggy.PluginManager = new_plugin_manager(load_entry_points=load_plugins)
         """This lock's plugin manager: ``lock.plugins.register(plugin)``."""

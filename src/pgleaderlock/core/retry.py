@@ -16,6 +16,7 @@ from .errors import ConfigurationError
 from .models import RetryContext
 
 __all__ = [
+    "check_retry_strategy",
     "default_retry_strategy",
     "DecorrelatedJitter",
     "ExponentialBackoff",
@@ -80,6 +81,18 @@ class ExponentialBackoff:
         return (
             f"ExponentialBackoff(base_s={self.base_s}, max_s={self.max_s}, "
             f"multiplier={self.multiplier}{error})"
+        )
+
+
+def check_retry_strategy(strategy: object) -> None:
+    """Refuse a ``retry_strategy`` (other than ``None``) without ``next_delay_s(ctx)``.
+
+    Raises:
+        ConfigurationError: it has none.
+    """
+    if strategy is not None and not callable(getattr(strategy, "next_delay_s", None)):
+        raise ConfigurationError(
+            f"retry_strategy must have a next_delay_s(ctx) method, got {strategy!r}"
         )
 
 

@@ -26,16 +26,18 @@ import asyncio
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 from ._logging import StructuredLogger
+from .config import LockConfig
 from .errors import (
     ConfigurationError,
     PooledConnectionError,
     SessionNotDedicatedError,
     StandbyError,
 )
-from .registry import connect_error, wrap_connection
+from .registry import connect_error, resolve, wrap_connection
 from .session import (
     AbortableSession,
     Backend,
@@ -46,7 +48,7 @@ from .session import (
     WatchableSession,
 )
 
-__all__ = ["SessionSlot", "can", "check_connect_fn"]
+__all__ = ["SessionSlot", "can", "check_connect_fn", "connection_target"]
 
 CLOSE_TIMEOUT_S = 5.0
 POOLER_CHECK_ROUNDS = 4
@@ -63,6 +65,32 @@ def can(session: object, capability: type) -> bool:
     if found is None:
         found = _CAPABILITIES[key] = isinstance(session, capability)
     return found
+
+
+def connection_target(
+    backend: str | None, dsn: Any, connect_fn: object, config: LockConfig
+) -> tuple[Backend | None, Any, LockConfig]:
+    """Where sessions come from, checked before any I/O: the backend and the DSN its
+    driver takes (``None, None`` with ``connect_fn``, which must be an ``async def``),
+    and ``config`` with its ``connect_budget_s``: every host once, the pooler check's
+    second session, and the setup statements.
+
+    Raises:
+        ConfigurationError: a bad DSN, backend or ``connect_fn``.
+        BackendUnavailableError: the backend's driver is not installed.
+    """
+    found: Backend | None = None
+    driver_dsn = None
+    budget = config.connect_timeout_s
+    if connect_fn is None:
+        found, driver_dsn = resolve(backend, dsn)
+        found.check_dsn(driver_dsn)
+        if found.connect_budget is not None:
+            budget = found.connect_budget(driver_dsn, budget)
+    else:
+        check_connect_fn(connect_fn)
+    bound = 2 * budget + config.command_timeout_s
+    return found, driver_dsn, replace(config, connect_budget_s=bound)
 
 
 def check_connect_fn(connect_fn: object) -> None:
