@@ -16,7 +16,7 @@ def _format_value(value: Any) -> str:
     if hasattr(value, "value") and hasattr(value, "name") and not isinstance(value, str):
         value = value.value  # enums log as their value: state=leader
     text = str(value)
-    if text and _BARE.match(text):
+    if text and _BARE.fullmatch(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

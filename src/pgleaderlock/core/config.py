@@ -106,7 +106,7 @@ class TermTable:
 
     def __post_init__(self) -> None:
         for what, value in (("fencing_table", self.name), ("fencing_schema", self.schema)):
-            if value is not None and not (isinstance(value, str) and _IDENTIFIER.match(value)):
+            if value is not None and not (isinstance(value, str) and _IDENTIFIER.fullmatch(value)):
                 raise ConfigurationError(
                     f"{what} must be a plain SQL identifier (letters, digits, _; at most "
                     f"63 bytes), got {value!r}"
