@@ -19,9 +19,12 @@ Scenarios:
 - ``partition``: the switchover the client cannot see in time. The old leader reaches the
   primary through a TCP proxy that goes silent (a network partition); the primary is
   then stopped and the standby promoted at once, faster than the old leader's demotion
-  bound (``health_interval_s + health_timeout_s`` = 7 s by default). Measured: how long
-  the old leader still believed it led after the new leader's ``on_acquired`` (two
-  leaders on two servers; only fencing by the HA manager or fencing tokens prevent it).
+  bound (``health_interval_s + health_timeout_s`` = 7 s by default). Measured: when the
+  old leader demoted itself (left LEADER: ``is_leader`` False) and when its ``on_lost``
+  came (a late probe on a connection whose peer, here the proxy, still acknowledges TCP
+  is awaited up to ``tcp_user_timeout_s``), and how long it still believed it led after
+  the new leader's ``on_acquired`` (two leaders on two servers; only the HA manager's
+  fencing prevents it).
 - ``dead-first-host``: the first host of the DSN is a black hole (a listener that never
   answers), the second a healthy primary. Measured: ``start()`` -> LEADER, with
   ``connect_timeout_s`` 2 and the default 5.
@@ -61,7 +64,7 @@ from _common import (
     summarize,
 )
 
-from pgleaderlock import ExponentialBackoff, FixedInterval, LeaderLock, RetryStrategy
+from pgleaderlock import ExponentialBackoff, FixedInterval, LeaderLock, LockState, RetryStrategy
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.blackhole import BlackHole
 from support.proxy import TcpProxy
@@ -95,9 +98,15 @@ class Candidate:
     def __init__(self, name: str, dsn: str, backend: str, **kwargs: Any) -> None:
         self.lock = LeaderLock(dsn, *KEYS, name=name, backend=backend, **kwargs)
         self.acquired: list[float] = []
+        self.demoted: list[float] = []  # left LEADER: is_leader turned False
         self.lost: list[float] = []
         self.lock.on_acquired(lambda: self.acquired.append(time.monotonic()))
         self.lock.on_lost(lambda: self.lost.append(time.monotonic()))
+        self.lock.on_state_change(self._changed)
+
+    def _changed(self, old: LockState, new: LockState) -> None:
+        if old is LockState.LEADER:
+            self.demoted.append(time.monotonic())
 
 
 async def until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> float:
@@ -208,12 +217,13 @@ async def trial_partition(backend: str, variant: str, args: argparse.Namespace) 
             await until(lambda: any(c.lock.is_leader for c in others), "a new leader")
             new_at = min(t for c in others for t in c.acquired if t > partitioned_at)
             await until(lambda: bool(old.lost), "the old leader's on_lost")
-            lost_at = old.lost[0]
+            demoted_at, lost_at = old.demoted[0], old.lost[0]
             proxy.resume()
             return {
                 "promotion -> new leader": new_at - promoted_at,
+                "partition -> old leader demoted (is_leader False)": demoted_at - partitioned_at,
                 "partition -> old leader's on_lost": lost_at - partitioned_at,
-                "two leaders (old on_lost - new on_acquired)": max(0.0, lost_at - new_at),
+                "two leaders (old demoted - new on_acquired)": max(0.0, demoted_at - new_at),
             }
 
 
