@@ -45,7 +45,7 @@ GROUP = "projector-faults"
 NAMES = ("projection:balances", "projection:counts")
 REPLICAS = 3
 KILLS = int(os.environ.get("PGLEADERLOCK_PROJECTOR_KILLS", "8"))
-KILL_PHASE_S = 30.0
+KILL_PHASE_S = max(30.0, 3.0 * KILLS)
 """Bound of the kill phase (8 kills take about 10 s)."""
 CATCH_UP_S = 30.0
 """Bound of the wait for the checkpoints to reach the last event."""
