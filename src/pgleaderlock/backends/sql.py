@@ -244,8 +244,9 @@ def bump_term_statement(table: TermTable) -> Statement:
     )
 
 
-DUPLICATE_TABLE = frozenset({"42P07", "23505"})
-"""What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race."""
+DUPLICATE_TABLE = frozenset({"42P07", "23505", "42710"})
+"""What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race: the
+table, its row type (42710) or its index (23505 on pg_type or pg_class) created meanwhile."""
 
 
 def setup_statement(settings: Mapping[str, str] | None, application_name: str = "") -> Statement:

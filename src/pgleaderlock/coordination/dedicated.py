@@ -51,11 +51,11 @@ class DedicatedEngine(Engine):
     # ------------------------------------------------------------------ sessions
 
     async def _open(self) -> None:
+        # The util session first: it creates the checkpoint table that workers use.
+        await self.retrying("util_session_failed", self._utility)
+        await self.start_listening()
         for key in list(self.names):
             await self._compete(key)  # each lock connects (and retries) by itself
-        await self.start_listening()
-
-        await self.retrying("util_session_failed", self._utility)
         await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
