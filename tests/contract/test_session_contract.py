@@ -176,6 +176,43 @@ async def test_wait_lock_times_out_then_is_granted(
     assert await b.unlock(*keys)  # re-entrant on the server: two holds, two unlocks
 
 
+async def _lock_on_the_driver_connection(session: LockSession, keys: tuple[int, int]) -> None:
+    """``pg_advisory_lock`` run on the session's own driver connection, past the session."""
+    conn: Any = getattr(session, "connection", None)
+    if conn is None:
+        pytest.skip(f"{type(session).__name__} does not show its driver connection")
+    if hasattr(conn, "fetchrow"):  # asyncpg
+        await conn.execute("SELECT pg_advisory_lock($1, $2)", *keys)
+    else:
+        await conn.execute("SELECT pg_advisory_lock(%s, %s)", keys)
+
+
+@pytest.mark.postgres_only("runs SQL on the session's driver connection")
+async def test_a_wait_granted_as_its_timeout_fired_counts_once(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
+    """The server may grant a wait at the instant its lock_timeout fires: the statement
+    fails (the wait "timed out") and the session-level lock stays. The session's next
+    lock call counts that lock as granted once: not refused, not granted a second time
+    (one unlock must free it)."""
+    await target.require(WaitingSession)
+    a = await target.session()
+    b = await target.session()
+    assert isinstance(b, WaitingSession)
+    assert await a.try_lock(*keys)
+    assert await b.wait_lock(*keys, 0.1) is False
+    assert await a.unlock(*keys)
+    await _lock_on_the_driver_connection(b, keys)  # the grant the timeout hid
+    async with asyncio.timeout(5):
+        assert await b.wait_lock(*keys, 1.0) is True
+    assert await holders(*keys) == [b.backend_pid]
+    assert await b.unlock(*keys)
+    assert await holders(*keys) == []  # one unlock freed it
+    assert await a.try_lock(*keys)
+
+
 @pytest.mark.parametrize("method", ["try_lock", "unlock", "holds", "wait_lock"])
 async def test_terminated_session_raises_connection_error(
     target: Target,

@@ -192,6 +192,7 @@ class BaseSession(abc.ABC):
         self._configured = False  # the lock's settings are applied
         self._held = False  # a lock call granted the lock (and no unlock since)
         self._verified = False  # held, and a pg_locks probe since the grant said so
+        self._unsure = False  # the last wait timed out: it may have been granted meanwhile
 
     @property
     def backend_pid(self) -> int | None:
@@ -298,12 +299,22 @@ class BaseSession(abc.ABC):
             )
         return row
 
+    @property
+    def _mode(self) -> int:
+        """The lock statements' ``{4}``: 2 after a wait that timed out, 1 behind a
+        pooler, else 0."""
+        if self._unsure:
+            return 2
+        return int(self._info is not None and self._info.behind_pooler)
+
     async def _lock_call(self, statement: Statement, *values: int) -> object:
         """A lock statement, guarded: it runs only on the session's own backend, with
         its token (the session identifies itself first if it has not yet)."""
         info = self._info or await self.identify()
-        pooled = int(info.behind_pooler)
-        value = (await self._row(statement, (*values, info.backend_pid, self._token, pooled)))[0]
+        value = (await self._row(statement, (*values, info.backend_pid, self._token, self._mode)))[
+            0
+        ]
+        self._unsure = False
         if value is None and statement is not UNLOCK:
             raise SessionNotDedicatedError(
                 f"{statement.what}: this session's server backend ({info.backend_pid}) "
@@ -314,9 +325,9 @@ class BaseSession(abc.ABC):
 
     async def _lock_call_wait(self, key1: int, key2: int, timeout_ms: int) -> object:
         info = self._info or await self.identify()
-        pooled = int(info.behind_pooler)
-        values = (key1, key2, info.backend_pid, self._token, pooled, timeout_ms)
+        values = (key1, key2, info.backend_pid, self._token, self._mode, timeout_ms)
         row = await self._row(WAIT_LOCK, values)
+        self._unsure = False
         if row[1] is None:
             raise SessionNotDedicatedError(
                 f"wait_lock: this session's server backend ({info.backend_pid}) already "
@@ -516,6 +527,7 @@ class BaseSession(abc.ABC):
             await self._lock_call_wait(key1, key2, lock_timeout_ms(timeout_s))
         except PgLeaderLockError as exc:
             if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
+                self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
                 return False  # lock_timeout: the wait ended without the lock
             raise
         self._held, self._verified = True, False

@@ -87,20 +87,30 @@ _OWN = (
     " OR current_setting('pgleaderlock.session', true) IS DISTINCT FROM ({3})::int8::text"
     " THEN NULL"
 )
-_HELD = (
-    "WHEN ({4})::int4 = 1 AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
-    " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+_BACKEND_HOLDS = (
+    "EXISTS (SELECT 1 FROM pg_catalog.pg_locks"
+    " WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
     " AND classid = ((({0})::int8 & 4294967295)::oid)"
     " AND objid = ((({1})::int8 & 4294967295)::oid) AND objsubid = 2)"
-    " THEN NULL"
 )
+# {4} = 2 after a wait that ended in lock_timeout: the server may have granted the lock
+# as the timeout fired (the statement fails, the session-level lock stays). The lock the
+# backend holds is then this session's own: counted as granted, not asked for again (a
+# second, re-entrant grant would outlive the session's unlock).
+_HELD = (
+    f"WHEN ({{4}})::int4 = 2 AND {_BACKEND_HOLDS} THEN {{held}}"
+    f" WHEN ({{4}})::int4 = 1 AND {_BACKEND_HOLDS} THEN NULL"
+)
+_HELD_TRY = _HELD.replace("{held}", "true")
+_HELD_WAIT = _HELD.replace("{held}", "''")
 TRY_LOCK = Statement(
     "try_lock",
-    f"SELECT CASE {_OWN} {_HELD} ELSE pg_try_advisory_lock(({{0}})::int4, ({{1}})::int4) END"
-    + _TAIL,
+    f"SELECT CASE {_OWN} {_HELD_TRY}"
+    " ELSE pg_try_advisory_lock(({0})::int4, ({1})::int4) END" + _TAIL,
 )
 """``pg_try_advisory_lock(key1, key2)``; values: the two keys, the session's pid and
-token, and 1 behind a pooler (else 0). NULL: refused (see ``BaseSession``)."""
+token, and 1 behind a pooler, 2 after a wait that timed out (else 0). NULL: refused (see
+``BaseSession``)."""
 UNLOCK = Statement(
     "unlock",
     f"SELECT CASE {_OWN} ELSE pg_advisory_unlock(({{0}})::int4, ({{1}})::int4) END" + _TAIL,
@@ -113,10 +123,12 @@ UNLOCK = Statement(
 WAIT_LOCK = Statement(
     "wait_lock",
     f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{5}})::int4::text, true) END,"
-    f" CASE {_OWN} {_HELD} ELSE pg_advisory_lock(({{0}})::int4, ({{1}})::int4)::text END" + _TAIL,
+    f" CASE {_OWN} {_HELD_WAIT}"
+    " ELSE pg_advisory_lock(({0})::int4, ({1})::int4)::text END" + _TAIL,
 )
 """``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
-session's pid and token, 1 behind a pooler, and the timeout in ms
+session's pid and token, 1 behind a pooler or 2 after a wait that timed out (else 0),
+and the timeout in ms
 ([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms])."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by key_to_oid().
