@@ -96,10 +96,24 @@ class LeaderTasks:
     When the lock is LEADER again, the tasks start again from the beginning.
 
     A task that raises is logged and restarted after the delay its retry strategy gives
-    (the lock's own strategy by default); leadership is not affected. A task that
-    returns normally has finished for this leadership term and is started again at the
-    next one. A task that ignores cancellation for longer than ``cancel_timeout_s`` is
-    logged as an error and is not started again until it has ended.
+    (the lock's own strategy by default); leadership is not affected, unless
+    ``give_away_after_crashes`` is set: after that many crashes of one task in a row,
+    this replica gives its leadership away (see below). A task that returns normally has
+    finished for this leadership term and is started again at the next one. A task that
+    ignores cancellation for longer than ``cancel_timeout_s`` is logged as an error and
+    is not started again until it has ended.
+
+    **Giving leadership away.** A task that crashes on one replica only (a bad local
+    disk, a missing dependency, a corrupt cache) keeps the work from being done while
+    that replica leads. With ``give_away_after_crashes=N``, once a task has crashed
+    ``N`` times in a row (or its retry strategy gave it up), this replica shuts its
+    lock down, which stops every task and releases the lock, so that a healthy replica
+    takes over at once, and starts the lock again after ``give_away_cooldown_s``.
+    Meanwhile [`paused_until`][pgleaderlock.LeaderTasks.paused_until] says until when
+    (the lock's state is ``STOPPED``). A single replica gives leadership away too: the
+    tasks then run nowhere during the cool-down. [`stop`][pgleaderlock.LeaderTasks.stop]
+    and [`close`][pgleaderlock.LeaderTasks.close] end a cool-down without restarting the
+    lock; a lock shut down by other code during a cool-down is started again at its end.
 
     Create the ``LeaderTasks`` before starting the lock (tasks follow the state changes
     it sees). [`close`][pgleaderlock.LeaderTasks.close] detaches it from the lock.
@@ -112,6 +126,14 @@ class LeaderTasks:
         cancel_timeout_s: how long to wait for a cancelled task to end before going on
             without it. The lock's lifecycle task waits this long at most (it does not
             probe or unlock meanwhile).
+        give_away_after_crashes: after this many crashes in a row of one task, release
+            the lock for another replica and stay out of the election for
+            ``give_away_cooldown_s``; ``None`` (default): never, the task is restarted.
+        give_away_cooldown_s: how long a replica that gave its leadership away stays
+            out of the election.
+
+    Raises:
+        ConfigurationError: bad arguments.
 
     Example:
 
@@ -137,6 +159,8 @@ class LeaderTasks:
         *,
         retry_strategy: RetryStrategy | None = None,
         cancel_timeout_s: float = 10.0,
+        give_away_after_crashes: int | None = None,
+        give_away_cooldown_s: float = 60.0,
     ) -> None:
         if not isinstance(lock, LeaderLock):
             raise ConfigurationError(f"LeaderTasks needs a LeaderLock, got {lock!r}")
@@ -146,15 +170,14 @@ class LeaderTasks:
             raise ConfigurationError(
                 f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
             )
-        if isinstance(cancel_timeout_s, bool) or not (
-            isinstance(cancel_timeout_s, int | float) and cancel_timeout_s > 0
-        ):
-            raise ConfigurationError(
-                f"cancel_timeout_s must be a positive number, got {cancel_timeout_s!r}"
-            )
+        _positive("cancel_timeout_s", cancel_timeout_s)
         self._lock = lock
         self._retry: RetryStrategy = retry_strategy or lock.retry_strategy
         self._cancel_timeout_s = float(cancel_timeout_s)
+        self._give_away_after = check_give_away(give_away_after_crashes)
+        self._cooldown_s = _positive("give_away_cooldown_s", give_away_cooldown_s)
+        self._cooldown: asyncio.Task[None] | None = None  # giving leadership away
+        self._paused_until: float | None = None
         self._specs: dict[str, _TaskSpec] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()  # cancelled, not yet ended
@@ -178,6 +201,13 @@ class LeaderTasks:
     def running(self) -> list[str]:
         """Names of the tasks running in this process now (empty unless LEADER)."""
         return [name for name, task in self._running.items() if not task.done()]
+
+    @property
+    def paused_until(self) -> float | None:
+        """While this replica stays out of the election after giving its leadership
+        away (``give_away_after_crashes``): when it competes again, as a UNIX time;
+        otherwise ``None``."""
+        return self._paused_until
 
     def add(self, fn: TaskFunction, *, name: str | None = None) -> None:
         """Register a leader-only task.
@@ -229,6 +259,11 @@ class LeaderTasks:
         ended after ``cancel_timeout_s`` is logged as an error and left behind.
         """
         self._leading = False
+        cooldown, self._cooldown = self._cooldown, None
+        if cooldown is not None and cooldown is not asyncio.current_task():
+            cooldown.cancel()
+            await asyncio.gather(cooldown, return_exceptions=True)
+        self._paused_until = None
         tasks = {*self._running.values(), *self._stopping, *self._stragglers.values()}
         self._running.clear()
         for task in tasks:
@@ -335,7 +370,62 @@ class LeaderTasks:
     # ------------------------------------------------------------------ one task
 
     async def _supervise(self, spec: _TaskSpec) -> None:
-        await supervise(spec.fn, task=spec.name, lock=self._lock.label, retry=self._retry)
+        finished = await supervise(
+            spec.fn,
+            task=spec.name,
+            lock=self._lock.label,
+            retry=self._retry,
+            give_up_after=self._give_away_after,
+        )
+        if not finished and self._give_away_after is not None and self._cooldown is None:
+            # A task of its own: giving away stops every leader task, this one included.
+            self._cooldown = asyncio.get_running_loop().create_task(
+                self._give_away(spec.name), name=f"pgleaderlock-give-away:{self._lock.label}"
+            )
+
+    async def _give_away(self, task: str) -> None:
+        """Release the lock for another replica, stay out of the election for the
+        cool-down, then compete again."""
+        lock = self._lock
+        try:
+            if not lock.is_leader:
+                return  # lost meanwhile: nothing to give
+            self._paused_until = time.time() + self._cooldown_s
+            log.warning(
+                "leadership_given_away",
+                task=task,
+                lock=lock.label,
+                crashes=self._give_away_after,
+                cooldown_s=self._cooldown_s,
+            )
+            await lock.shutdown()  # stops every leader task, then releases the lock
+            await asyncio.sleep(self._cooldown_s)
+            self._paused_until = None
+            log.info("leadership_competing_again", lock=lock.label)
+            await lock.start()
+        finally:
+            self._paused_until = None
+            if self._cooldown is asyncio.current_task():
+                self._cooldown = None
+
+
+def _positive(what: str, value: object) -> float:
+    if isinstance(value, bool) or not (isinstance(value, int | float) and value > 0):
+        raise ConfigurationError(f"{what} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def check_give_away(value: object) -> int | None:
+    """``give_away_after_crashes``: a positive int or ``None``.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigurationError(
+            f"give_away_after_crashes must be a positive int or None, got {value!r}"
+        )
+    return value
 
 
 def next_delay(retry: RetryStrategy, ctx: RetryContext, lock: str) -> float | None:

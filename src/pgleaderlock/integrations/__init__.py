@@ -2,10 +2,12 @@
 
 - [`pgleaderlock.integrations.fastapi`][pgleaderlock.integrations.fastapi] (extra
   ``fastapi``): a lifespan that runs a [`LeaderLock`][pgleaderlock.LeaderLock] with the app,
-  leader-only background tasks, a leadership status route.
+  leader-only background tasks, a leadership status route; ``GroupLifespan``: several
+  leader-only tasks spread over the replicas by a [`Coordinator`][pgleaderlock.Coordinator].
 - [`pgleaderlock.integrations.apscheduler`][pgleaderlock.integrations.apscheduler] (extra
   ``apscheduler``, APScheduler 3.x): singleton jobs across replicas, per job
-  (``leader_only``) or per scheduler (``bind_scheduler``).
+  (``leader_only``) or per scheduler (``bind_scheduler``), or spread over the replicas
+  by a coordinator (``owned_only``).
 
 What they are built on needs no extra and is imported from `pgleaderlock`:
 [`LeaderTasks`][pgleaderlock.LeaderTasks] (coroutines that run only while a lock is LEADER, for
@@ -15,5 +17,6 @@ thread, for code without an event loop).
 The rule every integration follows: leader-only work runs only while the lock's state is
 LEADER. It stops the moment the lock leaves LEADER (to RECONNECTING, FOLLOWER,
 RELEASING or STOPPED), because exclusivity is no longer guaranteed then, and it may
-start again when the lock is LEADER again.
+start again when the lock is LEADER again. With a coordinator, the same holds per name:
+work runs only while this replica leads the work's name.
 """

@@ -1,7 +1,7 @@
 """APScheduler 3.x integration: singleton jobs across replicas.
 
 Install with ``pip install 'pgleaderlock[apscheduler]'``. Every replica runs the same
-scheduler configuration; each job runs on the leader only. Two shapes:
+scheduler configuration; each job runs on the leader only. Three shapes:
 
 - [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only] wraps one job: on a
   follower the run is skipped with a log line. For a coroutine job, a run in progress is
@@ -12,6 +12,9 @@ scheduler configuration; each job runs on the leader only. Two shapes:
   and ``max_instances`` behave as APScheduler documents. On resume, run times that fell due
   while this replica was a follower are not replayed: they belonged to the leader of that
   time.
+- [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only] spreads the jobs over
+  the replicas: each job has a name, the replicas' [`Coordinator`][pgleaderlock.Coordinator]s
+  share the names out, and a job runs on the replica that leads its name.
 
 With ``LeaderLock(..., fencing=True)`` a run learns the term of the leadership it
 started under: [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
@@ -37,6 +40,7 @@ await lock.start()
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import contextvars
@@ -58,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         "install it with pip install 'pgleaderlock[apscheduler]'"
     ) from exc
 
+from ..coordination import Coordinator, WorkerContext
 from ..core._logging import get_logger
 from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
@@ -65,7 +70,14 @@ from ..core.models import LockState
 from ..tasks import follow_state
 from ..threaded import ThreadedLeaderLock
 
-__all__ = ["SchedulerBinding", "bind_scheduler", "current_term", "leader_only"]
+__all__ = [
+    "SchedulerBinding",
+    "bind_scheduler",
+    "current_context",
+    "current_term",
+    "leader_only",
+    "owned_only",
+]
 
 log = get_logger("pgleaderlock.integrations.apscheduler")
 
@@ -73,7 +85,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 CANCEL_TIMEOUT_S = 10.0
-"""How long the lock waits for a cancelled coroutine run of a ``leader_only`` job to end."""
+"""How long the lock (or the coordinator) waits for a cancelled coroutine run of a
+``leader_only`` (or ``owned_only``) job to end."""
 
 
 Leadership = LeaderLock | ThreadedLeaderLock
@@ -83,12 +96,19 @@ Leadership = LeaderLock | ThreadedLeaderLock
 _RUN_TERM: contextvars.ContextVar[tuple[int | None]] = contextvars.ContextVar(
     "pgleaderlock_run_term"
 )
-"""Inside a run of a ``leader_only`` job: a 1-tuple of the term it started under."""
+"""Inside a run of a ``leader_only`` or ``owned_only`` job: a 1-tuple of the term it
+started under."""
+_RUN_CONTEXT: contextvars.ContextVar[WorkerContext] = contextvars.ContextVar(
+    "pgleaderlock_run_context"
+)
+"""Inside a run of an ``owned_only`` job: the name's worker context."""
 
 
 def current_term() -> int | None:
     """The fencing term of the leadership under which the current run of a
-    [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only] job started.
+    [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only] job started (for
+    an [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only] job: its name's
+    term, as the coordinator's [`WorkerContext.term`][pgleaderlock.WorkerContext]).
 
     Call it anywhere inside the run: in the job, in a function it calls, in a task it
     creates or in ``asyncio.to_thread`` (each copies the run's context). The value is
@@ -109,10 +129,12 @@ def current_term() -> int | None:
     ```
 
     Returns:
-        The term; ``None`` when the lock has no fencing (``fencing=False``).
+        The term; ``None`` when the lock (or coordinator) has no fencing
+        (``fencing=False``).
 
     Raises:
-        RuntimeError: called outside a run of a ``leader_only`` job (a job of a bound
+        RuntimeError: called outside a run of a ``leader_only`` or ``owned_only`` job (a
+            job of a bound
             scheduler that is not decorated with it reads
             [`SchedulerBinding.term`][pgleaderlock.integrations.apscheduler.SchedulerBinding.term]
             instead).
@@ -122,6 +144,7 @@ def current_term() -> int | None:
     except LookupError:
         raise RuntimeError(
             "current_term() is called outside a run of a job decorated with leader_only(lock)"
+            " or owned_only(coordinator, name)"
         ) from None
 
 
@@ -139,10 +162,43 @@ def _leadership(lock: LeaderLock) -> tuple[bool, int | None]:
     return True, term
 
 
-def _run_context(term: int | None) -> contextvars.Context:
+def _run_context(term: int | None, ctx: WorkerContext | None) -> contextvars.Context:
     context = contextvars.copy_context()
     context.run(_RUN_TERM.set, (term,))
+    if ctx is not None:
+        context.run(_RUN_CONTEXT.set, ctx)
     return context
+
+
+def current_context() -> WorkerContext:
+    """The [`WorkerContext`][pgleaderlock.WorkerContext] of the name under which the
+    current run of an [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only]
+    job started: its name, its fencing term, and fenced checkpoints
+    ([`load_checkpoint`][pgleaderlock.WorkerContext.load_checkpoint],
+    [`save_checkpoint`][pgleaderlock.WorkerContext.save_checkpoint]).
+
+    Like [`current_term`][pgleaderlock.integrations.apscheduler.current_term], it is
+    fixed for the run and seen by the tasks and threads the run starts.
+
+    ```python
+    @owned_only(coord, "billing:invoices")
+    async def invoice_batch() -> None:
+        ctx = current_context()
+        async with await psycopg.AsyncConnection.connect(DSN) as conn, conn.transaction():
+            position = await ctx.load_checkpoint(conn) or 0
+            await ctx.save_checkpoint(conn, await invoice_after(conn, position))
+    ```
+
+    Raises:
+        RuntimeError: called outside a run of an ``owned_only`` job.
+    """
+    try:
+        return _RUN_CONTEXT.get()
+    except LookupError:
+        raise RuntimeError(
+            "current_context() is called outside a run of a job decorated with "
+            "owned_only(coordinator, name)"
+        ) from None
 
 
 def _lock_of(source: Leadership) -> LeaderLock:
@@ -163,15 +219,28 @@ class _Run:
     lost: bool = False
 
 
-class _LeaderOnly:
-    """The decorator returned by
-    [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]."""
+class _Gate(abc.ABC):
+    """A job decorator that lets a run through only while this replica leads, and
+    cancels the coroutine runs it let through once it no longer does. What "leads"
+    means is a subclass's: a lock's leadership, or a coordinator's name."""
 
-    def __init__(self, lock: LeaderLock) -> None:
-        self._lock = lock
+    def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._runs: dict[asyncio.Task[Any], _Run] = {}
-        follow_state(lock, self._on_state_change)
+
+    @property
+    @abc.abstractmethod
+    def _label(self) -> str:
+        """What leads, for logs (the ``lock`` field)."""
+
+    @abc.abstractmethod
+    def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
+        """Whether a run may start now, the term and the context it runs under
+        (called with the mutex held, from any thread)."""
+
+    @abc.abstractmethod
+    def _skip(self, fn: Callable[..., Any]) -> None:
+        """Log a skipped run."""
 
     @overload
     def __call__(
@@ -183,28 +252,20 @@ class _LeaderOnly:
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         if not callable(fn):
-            raise ConfigurationError(f"leader_only needs a callable, got {fn!r}")
+            raise ConfigurationError(f"{type(self).__name__} needs a callable, got {fn!r}")
         if inspect.iscoroutinefunction(fn):
             return self._wrap_async(fn)
         return self._wrap_sync(fn)
 
-    def _skip(self, fn: Callable[..., Any]) -> None:
-        log.info(
-            "job_skipped",
-            job=getattr(fn, "__qualname__", repr(fn)),
-            reason="not leader",
-            state=self._lock.state,
-            lock=self._lock.label,
-        )
-
     def _wrap_sync(self, fn: Callable[P, R]) -> Callable[P, R | None]:
         @functools.wraps(fn)
         def run_if_leader(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            leads, term = _leadership(self._lock)
+            with self._mutex:
+                leads, term, ctx = self._admit()
             if not leads:
                 self._skip(fn)
                 return None
-            return _run_context(term).run(fn, *args, **kwargs)
+            return _run_context(term, ctx).run(fn, *args, **kwargs)
 
         return run_if_leader
 
@@ -214,12 +275,12 @@ class _LeaderOnly:
         @functools.wraps(fn)
         async def run_if_leader(*args: P.args, **kwargs: P.kwargs) -> R | None:
             loop = asyncio.get_running_loop()
-            with self._mutex:  # against a state change in the lock's thread
-                leads, term = _leadership(self._lock)
+            with self._mutex:  # against a change of leadership in another thread
+                leads, term, ctx = self._admit()
                 if not leads:
                     run = None
                 else:
-                    context = _run_context(term)
+                    context = _run_context(term, ctx)
                     run = _Run(loop, loop.create_task(fn(*args, **kwargs), context=context))
                     self._runs[run.task] = run
             if run is None:
@@ -235,7 +296,7 @@ class _LeaderOnly:
                         "job_cancelled",
                         job=getattr(fn, "__qualname__", repr(fn)),
                         reason="leadership lost",
-                        lock=self._lock.label,
+                        lock=self._label,
                     )
                     return None
                 raise
@@ -245,9 +306,9 @@ class _LeaderOnly:
 
         return run_if_leader
 
-    async def _on_state_change(self, old: LockState, new: LockState) -> None:
-        if old is not LockState.LEADER or new is LockState.LEADER:
-            return
+    async def _lost(self) -> None:
+        """Leadership is gone: cancel every coroutine run in progress, and await those
+        on this loop (bounded by ``CANCEL_TIMEOUT_S``)."""
         with self._mutex:
             runs = list(self._runs.values())
             self._runs.clear()
@@ -267,9 +328,40 @@ class _LeaderOnly:
                 log.error(
                     "job_ignores_cancel",
                     jobs=len(pending),
-                    lock=self._lock.label,
+                    lock=self._label,
                     timeout_s=CANCEL_TIMEOUT_S,
                 )
+
+
+class _LeaderOnly(_Gate):
+    """The decorator returned by
+    [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]."""
+
+    def __init__(self, lock: LeaderLock) -> None:
+        super().__init__()
+        self._lock = lock
+        follow_state(lock, self._on_state_change)
+
+    @property
+    def _label(self) -> str:
+        return self._lock.label
+
+    def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
+        leads, term = _leadership(self._lock)
+        return leads, term, None
+
+    def _skip(self, fn: Callable[..., Any]) -> None:
+        log.info(
+            "job_skipped",
+            job=getattr(fn, "__qualname__", repr(fn)),
+            reason="not leader",
+            state=self._lock.state,
+            lock=self._lock.label,
+        )
+
+    async def _on_state_change(self, old: LockState, new: LockState) -> None:
+        if old is LockState.LEADER and new is not LockState.LEADER:
+            await self._lost()
 
 
 def leader_only(lock: Leadership) -> _LeaderOnly:
@@ -308,6 +400,119 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
     ```
     """
     return _LeaderOnly(_lock_of(lock))
+
+
+# ---------------------------------------------------------------------- owned_only
+
+
+class _OwnedOnly(_Gate):
+    """The decorator returned by
+    [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only]: the name's worker
+    on the coordinator does nothing but mark, while it runs, that this replica leads
+    the name."""
+
+    def __init__(self, coordinator: Coordinator, name: str) -> None:
+        super().__init__()
+        self._coordinator = coordinator
+        self._name = name
+        self._context: WorkerContext | None = None  # while this replica leads the name
+        coordinator.add(name, self._lead)
+
+    @property
+    def name(self) -> str:
+        """The name the job runs under."""
+        return self._name
+
+    @property
+    def _label(self) -> str:
+        return self._name
+
+    def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
+        ctx = self._context
+        return (False, None, None) if ctx is None else (True, ctx.term, ctx)
+
+    def _skip(self, fn: Callable[..., Any]) -> None:
+        log.debug(
+            "job_skipped",
+            job=getattr(fn, "__qualname__", repr(fn)),
+            reason="name led elsewhere",
+            lock=self._name,
+        )
+
+    async def _lead(self, ctx: WorkerContext) -> None:
+        """The name's worker: runs exactly while this replica leads the name; when it
+        is cancelled (the name is about to be released, or is lost), the runs in
+        progress are cancelled and awaited first."""
+        with self._mutex:
+            self._context = ctx
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with self._mutex:
+                self._context = None
+            await self._lost()
+
+
+def owned_only(coordinator: Coordinator, name: str) -> _OwnedOnly:
+    """Decorator: run the job only on the replica whose
+    [`Coordinator`][pgleaderlock.Coordinator] leads ``name``; skip it elsewhere, with a
+    log line (``job_skipped``, level DEBUG).
+
+    Singleton jobs spread over the replicas: give each job a name, and every replica
+    the same scheduler configuration and a coordinator of the same group. Each name is
+    led by one replica at a time, the names are balanced over the replicas, and a
+    replica's names are taken over when it stops or dies; each job runs where its name
+    is led.
+
+    ``owned_only`` registers ``name`` on the coordinator (as a worker that marks the
+    leadership while it lasts): call it before or after the coordinator starts, once
+    per name. Leadership is checked when a run starts; for an ``async def`` job, a run
+    in progress is cancelled, and awaited, before the name is released or as soon as it
+    is lost (the wrapper then returns ``None`` and logs ``job_cancelled``); a sync job
+    cannot be interrupted, so a run in progress finishes.
+
+    Inside a run, [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
+    returns the name's fencing term (with ``Coordinator(..., fencing=True)``), and
+    [`current_context`][pgleaderlock.integrations.apscheduler.current_context] its
+    [`WorkerContext`][pgleaderlock.WorkerContext], for fenced writes and checkpoints.
+
+    Use it with ``AsyncIOScheduler`` and a coordinator on the same event loop (sync
+    jobs run in the scheduler's thread pool and are checked from there).
+
+    Args:
+        coordinator: the replica's coordinator.
+        name: the job's name in the group, and its lock
+            ([`lock_keys(name)`][pgleaderlock.lock_keys]): say whose job it is, for
+            example ``"billing:daily-report"``.
+
+    Returns:
+        A decorator; the wrapped function returns the job's result, or ``None`` when
+        the run was skipped or cancelled.
+
+    Raises:
+        ConfigurationError: ``coordinator`` is not a Coordinator, or ``name`` is invalid
+            or already registered on it.
+
+    Example:
+
+    ```python
+    coord = Coordinator(DSN, group="reports")
+
+    @owned_only(coord, "reports:daily")
+    async def daily_report() -> None: ...
+
+    @owned_only(coord, "reports:cleanup")
+    async def cleanup() -> None: ...
+
+    scheduler.add_job(daily_report, "cron", hour=6)
+    scheduler.add_job(cleanup, "interval", minutes=10, start_date=EPOCH)
+    scheduler.start()
+    await coord.start()
+    ```
+    """
+    if not isinstance(coordinator, Coordinator):
+        raise ConfigurationError(f"owned_only needs a Coordinator, got {coordinator!r}")
+    return _OwnedOnly(coordinator, name)
 
 
 # ---------------------------------------------------------------------- bind_scheduler

@@ -18,15 +18,34 @@ app.include_router(leader.router())      # GET /leader, GET /leader/ready
 Failover behaviour (see [`LeaderTasks`][pgleaderlock.LeaderTasks]): a leader task is
 cancelled, and awaited, the moment the lock leaves LEADER, including RECONNECTING under flap
 damping; it starts again from the beginning when the lock is LEADER again.
+
+Several leader-only tasks spread over the replicas, each task on one replica at a time:
+[`GroupLifespan`][pgleaderlock.integrations.fastapi.GroupLifespan], built on a
+[`Coordinator`][pgleaderlock.Coordinator]:
+
+```python
+group = GroupLifespan(DSN, group="billing")
+
+@group.task(name="billing:outbox")
+async def relay_outbox() -> None: ...
+
+@group.task(name="projection:invoices")
+async def project(ctx: WorkerContext) -> None: ...  # fenced checkpoints with fencing=True
+
+app = FastAPI(lifespan=group)
+app.include_router(group.router())       # GET /group, GET /group/ready
+```
 """
 
 from __future__ import annotations
 
+import abc
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Sequence
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from enum import Enum
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 try:
     from fastapi import APIRouter, HTTPException, Response
@@ -37,15 +56,16 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         "install it with pip install 'pgleaderlock[fastapi]'"
     ) from exc
 
+from ..coordination import Coordinator, WorkerContext, WorkerFunction
 from ..core._logging import get_logger
-from ..core.errors import ShutdownError
+from ..core.errors import ConfigurationError, ShutdownError
 from ..core.lock import LeaderLock
 from ..core.machine import describe
 from ..core.models import LockState
 from ..core.retry import RetryStrategy
 from ..tasks import LeaderTasks, TaskFunction
 
-__all__ = ["LeaderLifespan", "LeaderStatus"]
+__all__ = ["GroupLifespan", "GroupStatus", "GroupTaskFunction", "LeaderLifespan", "LeaderStatus"]
 
 log = get_logger("pgleaderlock.integrations.fastapi")
 
@@ -55,6 +75,18 @@ NOT_READY_STATUS_CODE = 503
 AppT = TypeVar("AppT")
 StateT = TypeVar("StateT")
 TF = TypeVar("TF", bound=TaskFunction)
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+GroupTaskFunction = Callable[[], Awaitable[object]] | Callable[[WorkerContext], Awaitable[object]]
+"""A task of a [`GroupLifespan`][pgleaderlock.integrations.fastapi.GroupLifespan]: a
+coroutine function without arguments, or with one, its
+[`WorkerContext`][pgleaderlock.WorkerContext]."""
+
+GF = TypeVar("GF", bound=GroupTaskFunction)
+
+
+def _utc(timestamp: float | None) -> dt.datetime | None:
+    return None if timestamp is None else dt.datetime.fromtimestamp(timestamp, dt.UTC)
 
 
 class LeaderStatus(BaseModel):
@@ -68,9 +100,10 @@ class LeaderStatus(BaseModel):
             ``reconnecting`` or ``releasing``.
         is_leader: True only in state ``leader``.
         ready: True while the lock takes part in the election (any state but
-            ``stopped``). False before the app's startup, after its shutdown, and once
-            the lock has stopped by itself, in particular on an error that retrying
-            cannot mend (authentication failed, unknown database or role, a
+            ``stopped``), and during a cool-down after giving leadership away
+            (``paused_until``). False before the app's startup, after its shutdown,
+            and once the lock has stopped by itself, in particular on an error that
+            retrying cannot mend (authentication failed, unknown database or role, a
             transaction-mode pooler): such a replica will never lead.
         leader_since: when the current leadership began (UTC), or ``None``.
         term: with ``LeaderLock(..., fencing=True)``, the fencing term of the current
@@ -83,6 +116,9 @@ class LeaderStatus(BaseModel):
             [`statistics()`][pgleaderlock.LeaderLock.statistics]; ``None`` when the last
             attempt succeeded.
         tasks: names of the leader-only tasks running in this replica now.
+        paused_until: with ``give_away_after_crashes``: after a task crashed that many
+            times in a row, this replica gave its leadership away and stays out of the
+            election until then (UTC); ``None`` otherwise.
     """
 
     name: str | None
@@ -94,9 +130,139 @@ class LeaderStatus(BaseModel):
     term: int | None
     last_error: str | None
     tasks: list[str]
+    paused_until: dt.datetime | None = None
 
 
-class LeaderLifespan:
+class GroupStatus(BaseModel):
+    """Who leads what in a group, as this replica sees it, as served by
+    [`GroupLifespan.router`][pgleaderlock.integrations.fastapi.GroupLifespan.router].
+
+    Attributes:
+        group: the group's name.
+        member: this replica's member id in the group (new at every process start).
+        sessions: the coordinator's session mode, ``dedicated`` or ``shared``.
+        ready: True while the coordinator runs (from the app's startup to its
+            shutdown); False before and after, and once it stopped on an error that
+            retrying cannot mend (``last_error`` says which).
+        names: the task names registered in this replica.
+        owned: the names this replica leads now.
+        running: the names whose task runs in this replica now.
+        members: the live members of the group and how many of these names each
+            leads.
+        leaders: for each name: the member that leads it, ``""`` for a session outside
+            the group (for example a plain [`LeaderLock`][pgleaderlock.LeaderLock] on
+            that name), ``null`` while nobody does.
+        moves: how many names this replica has handed to other members so far.
+        last_error: the error that stopped the coordinator, as ``"TypeName:
+            message"``; ``None`` while it runs.
+
+    ``members`` and ``leaders`` are the coordinator's last look at the group
+    ([`Coordinator.view`][pgleaderlock.Coordinator.view]), at most ``idle_tick_s``
+    old; ``owned`` and ``running`` are this replica's own, exact.
+    """
+
+    group: str
+    member: str
+    sessions: Literal["dedicated", "shared"]
+    ready: bool
+    names: list[str]
+    owned: list[str]
+    running: list[str]
+    members: dict[str, int]
+    leaders: dict[str, str | None]
+    moves: int
+    last_error: str | None
+
+
+class _AppLifespan(abc.ABC):
+    """What the lifespans share: the lifespan protocol, composition with other
+    lifespans, and the status routes."""
+
+    @abc.abstractmethod
+    def run(self) -> AbstractAsyncContextManager[None]:
+        """Start, and on exit stop (the building block of the lifespan)."""
+
+    def __call__(self, app: object) -> AbstractAsyncContextManager[None]:
+        """The FastAPI lifespan: ``FastAPI(lifespan=leader)``."""
+        return self.run()
+
+    def wrap(
+        self, lifespan: Callable[[AppT], AbstractAsyncContextManager[StateT]]
+    ) -> Callable[[AppT], AbstractAsyncContextManager[StateT]]:
+        """Compose with the app's own lifespan: ``FastAPI(lifespan=leader.wrap(lifespan))``.
+
+        Order: your lifespan's startup runs first, then the lock (or coordinator)
+        starts; at shutdown the lock is shut down (leader tasks stopped) first, then
+        your lifespan's shutdown runs. So whatever your lifespan sets up (pools,
+        clients) exists before any leader task starts and until every leader task has
+        ended. Whatever your lifespan yields (a state dict, or nothing) is passed on
+        unchanged. Usable as a decorator on top of ``@asynccontextmanager``.
+
+        ``lifespan`` may be another ``LeaderLifespan`` or ``GroupLifespan``:
+        ``a.wrap(b)`` runs both in one app (``b`` starts first and is shut down last);
+        add ``a.wrap(b.wrap(your_lifespan))`` for your own lifespan as well.
+        """
+
+        @asynccontextmanager
+        async def composed(app: AppT) -> AsyncIterator[StateT]:
+            async with lifespan(app) as state, self.run():
+                yield state
+
+        return composed
+
+
+def _status_router(
+    kind: str,
+    model: type[ModelT],
+    status: Callable[[], ModelT],
+    status_code: Callable[[ModelT], int | None],
+    path: str,
+    ready_path: str | None,
+    tags: Sequence[str],
+    include_in_schema: bool,
+) -> APIRouter:
+    """``GET path`` answering ``status()`` with ``status_code(status)`` (``None``:
+    200), and ``GET path + ready_path`` answering 503 unless ``status().ready``."""
+    router = APIRouter()
+    route_tags: list[str | Enum] = list(tags)
+
+    async def status_route(response: Response) -> Any:
+        current = status()
+        code = status_code(current)
+        if code is not None:
+            response.status_code = code
+        return current
+
+    router.get(
+        path,
+        response_model=model,
+        tags=route_tags,
+        include_in_schema=include_in_schema,
+        name=f"{kind}_status",
+        summary=f"This replica's {'leadership' if kind == 'leader' else 'view of its group'}",
+    )(status_route)
+
+    if ready_path is not None:
+
+        async def ready_route(response: Response) -> Any:
+            current = status()
+            if not getattr(current, "ready", False):
+                response.status_code = NOT_READY_STATUS_CODE
+            return current
+
+        what = "lock takes part in the election" if kind == "leader" else "coordinator runs"
+        router.get(
+            path.rstrip("/") + ready_path,
+            response_model=model,
+            tags=route_tags,
+            include_in_schema=include_in_schema,
+            name=f"{kind}_ready",
+            summary=f"Whether this replica's {what}",
+        )(ready_route)
+    return router
+
+
+class LeaderLifespan(_AppLifespan):
     """Runs a [`LeaderLock`][pgleaderlock.LeaderLock] for the lifetime of a FastAPI app.
 
     The instance is a FastAPI ``lifespan``: ``FastAPI(lifespan=leader)``. On startup it
@@ -112,6 +278,12 @@ class LeaderLifespan:
         cancel_timeout_s: how long a cancelled leader task may take to end.
         shutdown_timeout_s: bound for the lock's shutdown at app shutdown; after it the
             lock's session is closed, which frees the lock on the server.
+        give_away_after_crashes: after this many crashes in a row of one leader task,
+            this replica releases the lock so that a healthy replica takes over, and
+            stays out of the election for ``give_away_cooldown_s`` (see
+            [`LeaderTasks`][pgleaderlock.LeaderTasks]); ``None`` (default): never.
+        give_away_cooldown_s: how long a replica that gave its leadership away stays
+            out of the election.
     """
 
     def __init__(
@@ -121,10 +293,16 @@ class LeaderLifespan:
         retry_strategy: RetryStrategy | None = None,
         cancel_timeout_s: float = 10.0,
         shutdown_timeout_s: float = 30.0,
+        give_away_after_crashes: int | None = None,
+        give_away_cooldown_s: float = 60.0,
     ) -> None:
         self._lock = lock
         self._tasks = LeaderTasks(
-            lock, retry_strategy=retry_strategy, cancel_timeout_s=cancel_timeout_s
+            lock,
+            retry_strategy=retry_strategy,
+            cancel_timeout_s=cancel_timeout_s,
+            give_away_after_crashes=give_away_after_crashes,
+            give_away_cooldown_s=give_away_cooldown_s,
         )
         self._shutdown_timeout_s = shutdown_timeout_s
 
@@ -152,7 +330,8 @@ class LeaderLifespan:
         ``@leader.task`` or ``@leader.task(name="sync")`` on a coroutine function without
         arguments. It starts when this replica becomes leader, is cancelled when it stops
         being leader, and starts again on re-acquisition. A crash is logged and the task
-        restarted after a retry delay; leadership is not affected.
+        restarted after a retry delay; leadership is not affected (unless
+        ``give_away_after_crashes`` is set).
         """
         if fn is not None:
             return self._tasks.task(fn)
@@ -179,34 +358,6 @@ class LeaderLifespan:
             finally:
                 await self._tasks.stop()
 
-    def __call__(self, app: object) -> AbstractAsyncContextManager[None]:
-        """The FastAPI lifespan: ``FastAPI(lifespan=leader)``."""
-        return self.run()
-
-    def wrap(
-        self, lifespan: Callable[[AppT], AbstractAsyncContextManager[StateT]]
-    ) -> Callable[[AppT], AbstractAsyncContextManager[StateT]]:
-        """Compose with the app's own lifespan: ``FastAPI(lifespan=leader.wrap(lifespan))``.
-
-        Order: your lifespan's startup runs first, then the lock starts; at shutdown the
-        lock is shut down (leader tasks stopped) first, then your lifespan's shutdown
-        runs. So whatever your lifespan sets up (pools, clients) exists before any
-        leader task starts and until every leader task has ended. Whatever your
-        lifespan yields (a state dict, or nothing) is passed on unchanged. Usable as a
-        decorator on top of ``@asynccontextmanager``.
-
-        ``lifespan`` may be another ``LeaderLifespan``: ``a.wrap(b)`` runs two locks in
-        one app (``b`` starts first and is shut down last); add
-        ``a.wrap(b.wrap(your_lifespan))`` for your own lifespan as well.
-        """
-
-        @asynccontextmanager
-        async def composed(app: AppT) -> AsyncIterator[StateT]:
-            async with lifespan(app) as state, self.run():
-                yield state
-
-        return composed
-
     # ------------------------------------------------------------------ status
 
     def status(self) -> LeaderStatus:
@@ -214,17 +365,18 @@ class LeaderLifespan:
         (``Depends(leader.status)``)."""
         lock = self._lock
         stats = lock.statistics()
-        since = stats.leader_since
+        paused = self._tasks.paused_until
         return LeaderStatus(
             name=lock.name,
             keys=lock.keys,
             state=stats.state,
             is_leader=stats.state is LockState.LEADER,
-            ready=stats.state is not LockState.STOPPED,
-            leader_since=None if since is None else dt.datetime.fromtimestamp(since, dt.UTC),
+            ready=stats.state is not LockState.STOPPED or paused is not None,
+            leader_since=_utc(stats.leader_since),
             term=stats.term,
             last_error=None if stats.last_error is None else describe(stats.last_error),
             tasks=self._tasks.running,
+            paused_until=_utc(paused),
         )
 
     async def require_leader(self) -> None:
@@ -265,37 +417,227 @@ class LeaderLifespan:
             tags: OpenAPI tags.
             include_in_schema: list the routes in the OpenAPI schema.
         """
-        router = APIRouter()
-        route_tags: list[str | Enum] = list(tags)
 
-        @router.get(
-            path,
-            response_model=LeaderStatus,
-            tags=route_tags,
-            include_in_schema=include_in_schema,
-            summary="This replica's leadership",
-        )
-        async def leader_status(response: Response) -> LeaderStatus:
-            status = self.status()
+        def status_code(status: LeaderStatus) -> int | None:
             if not status.ready:
-                response.status_code = NOT_READY_STATUS_CODE
-            elif not status.is_leader:
-                response.status_code = follower_status_code
-            return status
+                return NOT_READY_STATUS_CODE
+            return None if status.is_leader else follower_status_code
 
-        if ready_path is not None:
+        return _status_router(
+            "leader", LeaderStatus, self.status, status_code,
+            path, ready_path, tags, include_in_schema,
+        )  # fmt: skip
 
-            @router.get(
-                path.rstrip("/") + ready_path,
-                response_model=LeaderStatus,
-                tags=route_tags,
-                include_in_schema=include_in_schema,
-                summary="Whether this replica's lock takes part in the election",
-            )
-            async def leader_ready(response: Response) -> LeaderStatus:
-                status = self.status()
-                if not status.ready:
-                    response.status_code = NOT_READY_STATUS_CODE
-                return status
 
-        return router
+class GroupLifespan(_AppLifespan):
+    """Several leader-only tasks spread over the replicas of a FastAPI app: each task
+    runs on exactly one replica at a time, the tasks are balanced over the replicas,
+    and a replica's tasks are taken over when it stops or dies.
+
+    Built on a [`Coordinator`][pgleaderlock.Coordinator]: each task is a named worker,
+    its name a lock ([`lock_keys(name)`][pgleaderlock.lock_keys]). The instance is a
+    FastAPI ``lifespan`` (``FastAPI(lifespan=group)``) that starts the coordinator with
+    the app (without waiting for any name: the app serves requests meanwhile) and
+    shuts it down with the app: every task is cancelled and awaited, then its name
+    released, and the other replicas take the names over. Combine it with the app's
+    own lifespan, or with a [`LeaderLifespan`][pgleaderlock.integrations.fastapi.LeaderLifespan],
+    with [`wrap`][pgleaderlock.integrations.fastapi.GroupLifespan.wrap].
+
+    A task runs as [`LeaderLifespan`][pgleaderlock.integrations.fastapi.LeaderLifespan]'s
+    do, per name: started when this replica leads the name, cancelled and awaited as
+    soon as it does not, started again from the beginning at its next leadership;
+    restarted after a crash with the retry strategy; a task that returns has finished
+    for this leadership of its name.
+
+    Args:
+        dsn: as for [`Coordinator`][pgleaderlock.Coordinator].
+        group: the group's name, the same in every replica of the app.
+        sessions: ``"dedicated"`` (a session per task name) or ``"shared"`` (three
+            sessions per replica whatever the number of tasks); see
+            [`Coordinator`][pgleaderlock.Coordinator].
+        **coordinator_args: any other [`Coordinator`][pgleaderlock.Coordinator]
+            argument: ``fencing``, ``give_away_after_crashes``,
+            ``give_away_cooldown_s``, ``retry_strategy``, ``connect_fn``, the lock
+            knobs, ...
+
+    Raises:
+        ConfigurationError: bad arguments (from the coordinator), before any I/O.
+    """
+
+    def __init__(
+        self,
+        dsn: Any = None,
+        *,
+        group: str,
+        sessions: Literal["dedicated", "shared"] = "dedicated",
+        **coordinator_args: Any,
+    ) -> None:
+        self._coordinator = Coordinator(dsn, group=group, sessions=sessions, **coordinator_args)
+        self._running = False
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The coordinator (its [`owned`][pgleaderlock.Coordinator.owned],
+        [`view()`][pgleaderlock.Coordinator.view], ...)."""
+        return self._coordinator
+
+    # ------------------------------------------------------------------ tasks
+
+    @overload
+    def task(self, fn: GF, /) -> GF: ...
+
+    @overload
+    def task(self, fn: None = None, /, *, name: str | None = None) -> Callable[[GF], GF]: ...
+
+    def task(self, fn: GroupTaskFunction | None = None, /, *, name: str | None = None) -> Any:
+        """Register a task (decorator): ``@group.task`` or ``@group.task(name="...")``.
+
+        The task is a coroutine function without arguments, or with one argument, its
+        [`WorkerContext`][pgleaderlock.WorkerContext] (the name, the fencing term with
+        ``fencing=True``, fenced checkpoints).
+
+        The name is the task's lock, shared by every replica and by every app on the
+        database: give each task a name that says whose it is. Without ``name``, it
+        is ``"<group>:<function name>"``. Registered after the app's startup, the task
+        competes for its name at once.
+
+        Raises:
+            ConfigurationError: not a coroutine function, more than one required
+                argument, or the name is taken in this replica.
+        """
+
+        def register(func: GroupTaskFunction) -> GroupTaskFunction:
+            task_name = name if name is not None else f"{self._coordinator.group}:{_name_of(func)}"
+            self._coordinator.add(task_name, _worker(func))
+            return func
+
+        return register(fn) if fn is not None else register
+
+    # ------------------------------------------------------------------ lifespan
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """Start the coordinator, and on exit shut it down (every task stopped, every
+        name released, every session closed).
+
+        The building block of the lifespan; usable on its own outside FastAPI. It may
+        run again afterwards, on the same or on a new event loop.
+
+        Raises:
+            PgLeaderLockError: at startup, an error retrying cannot mend (a wrong
+                password, an unknown database): the app does not start.
+        """
+        await self._coordinator.start()
+        self._running = True
+        try:
+            yield
+        finally:
+            self._running = False
+            await self._coordinator.shutdown()
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> GroupStatus:
+        """Who leads what in the group, as this replica sees it now; also usable as a
+        dependency (``Depends(group.status)``)."""
+        coord = self._coordinator
+        view = coord.view()
+        error = _coordinator_error(coord)
+        return GroupStatus(
+            group=coord.group,
+            member=coord.member,
+            sessions=coord.sessions,
+            ready=self._running and _coordinator_alive(coord),
+            names=sorted(coord.names),
+            owned=sorted(coord.owned),
+            running=sorted(coord.running),
+            members=dict(sorted(view.members.items())),
+            leaders=dict(sorted(view.leaders.items())),
+            moves=coord.moves,
+            last_error=None if error is None else describe(error),
+        )
+
+    def require_owner(self, name: str) -> Callable[[], Awaitable[None]]:
+        """A dependency for endpoints that must run where ``name`` is led: 503 unless
+        this replica leads it.
+
+        ``@app.post("/flush", dependencies=[Depends(group.require_owner("billing:outbox"))])``.
+        """
+
+        async def owner() -> None:
+            if name not in self._coordinator.owned:
+                raise HTTPException(status_code=503, detail=f"this replica does not lead {name}")
+
+        return owner
+
+    def router(
+        self,
+        path: str = "/group",
+        *,
+        ready_path: str | None = "/ready",
+        tags: Sequence[str] = ("leadership",),
+        include_in_schema: bool = True,
+    ) -> APIRouter:
+        """A router with ``GET path`` returning
+        [`GroupStatus`][pgleaderlock.integrations.fastapi.GroupStatus] as JSON, and a
+        readiness route ``GET path + ready_path`` (``/group/ready``).
+
+        Both answer **503** while the coordinator is not ready (before startup, after
+        shutdown, or stopped on an error that retrying cannot mend), 200 otherwise,
+        whatever this replica leads. The body of both is the status.
+
+        Args:
+            path: the status route's path.
+            ready_path: the readiness route's path below ``path``; ``None`` leaves it
+                out.
+            tags: OpenAPI tags.
+            include_in_schema: list the routes in the OpenAPI schema.
+        """
+
+        def status_code(status: GroupStatus) -> int | None:
+            return None if status.ready else NOT_READY_STATUS_CODE
+
+        return _status_router(
+            "group", GroupStatus, self.status, status_code,
+            path, ready_path, tags, include_in_schema,
+        )  # fmt: skip
+
+
+def _name_of(fn: object) -> str:
+    return str(getattr(fn, "__name__", None) or repr(fn))
+
+
+def _worker(fn: GroupTaskFunction) -> WorkerFunction:
+    """``fn`` as a coordinator's worker: ``fn(ctx)``, or ``fn()`` when it takes no
+    argument."""
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigurationError(f"a task must be a coroutine function (async def), got {fn!r}")
+    required = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(required) > 1:
+        raise ConfigurationError(
+            f"a task takes no argument or one (its WorkerContext), got {fn!r} with {len(required)}"
+        )
+    if required:
+        return fn
+    without_context: Callable[[], Awaitable[object]] = fn
+
+    async def worker(ctx: WorkerContext) -> object:
+        return await without_context()
+
+    return worker
+
+
+# The Coordinator has no public "is it running" or "why did it stop" yet: read its loop.
+def _coordinator_alive(coord: Coordinator) -> bool:
+    engine = getattr(coord, "_engine", None)
+    return bool(getattr(engine, "running", False))
+
+
+def _coordinator_error(coord: Coordinator) -> BaseException | None:
+    engine = getattr(coord, "_engine", None)
+    error = getattr(engine, "error", None)
+    return error if isinstance(error, BaseException) else None
