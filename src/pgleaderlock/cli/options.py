@@ -34,6 +34,7 @@ __all__ = [
     "resolve_dsn",
     "resolve_target",
     "seconds_option",
+    "names_target_options",
     "target_options",
     "wait_option",
 ]
@@ -131,30 +132,39 @@ def _apply(f: F, options: list[Callable[[F], F]]) -> F:
     return f
 
 
+def _target_option_list(*, many_names: bool) -> list[Any]:
+    name_help = (
+        "Lock name; the keys are derived from it exactly as "
+        "('x'||substr(md5(NAME),1,8))::bit(32)::int and (…,9,8) in SQL."
+    )
+    if many_names:
+        name_help += " With --group: a name of the group's workers (repeatable)."
+    return [
+        click.option(
+            "--dsn",
+            envvar="PG_DSN",
+            show_envvar=True,
+            metavar="DSN",
+            help="PostgreSQL connection string (URL or key=value). Prefer $PG_DSN or "
+            "~/.pgpass to a password on the command line. A postgresql+DRIVER:// "
+            "scheme selects the backend.",
+        ),
+        click.option("--name", metavar="NAME", multiple=many_names, help=name_help),
+        click.option("--key1", type=int, metavar="INT", help="Advisory lock key 1 (int4)."),
+        click.option("--key2", type=int, metavar="INT", help="Advisory lock key 2 (int4)."),
+    ]
+
+
 def target_options(f: F) -> F:
     """``--dsn``, ``--name``, ``--key1``, ``--key2``."""
-    return _apply(
-        f,
-        [
-            click.option(
-                "--dsn",
-                envvar="PG_DSN",
-                show_envvar=True,
-                metavar="DSN",
-                help="PostgreSQL connection string (URL or key=value). Prefer $PG_DSN or "
-                "~/.pgpass to a password on the command line. A postgresql+DRIVER:// "
-                "scheme selects the backend.",
-            ),
-            click.option(
-                "--name",
-                metavar="NAME",
-                help="Lock name; the keys are derived from it exactly as "
-                "('x'||substr(md5(NAME),1,8))::bit(32)::int and (…,9,8) in SQL.",
-            ),
-            click.option("--key1", type=int, metavar="INT", help="Advisory lock key 1 (int4)."),
-            click.option("--key2", type=int, metavar="INT", help="Advisory lock key 2 (int4)."),
-        ],
-    )
+    return _apply(f, _target_option_list(many_names=False))
+
+
+def names_target_options(f: F) -> F:
+    """[`target_options`][pgleaderlock.cli.options.target_options] with a repeatable
+    ``--name`` (the command gets a tuple of names): ``status``, whose ``--group`` takes
+    several names."""
+    return _apply(f, _target_option_list(many_names=True))
 
 
 def lock_options(f: F) -> F:

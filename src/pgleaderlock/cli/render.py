@@ -1,7 +1,8 @@
 """Text and JSON output of ``pgleaderlock status``, from the reports it builds.
 
 `render_one` lays out one lock (holder, then waiting sessions) as labelled lines;
-`render_all` lays out every advisory lock as an aligned table; `json_default` lets
+`render_all` lays out every advisory lock as an aligned table; `render_group` a
+coordinator group's members and who leads what, as two tables; `json_default` lets
 ``json.dumps`` write the reports' timestamps.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-__all__ = ["json_default", "render_all", "render_one"]
+__all__ = ["json_default", "render_all", "render_group", "render_one"]
 
 
 def json_default(value: object) -> str:
@@ -56,8 +57,14 @@ def render_one(report: dict[str, Any]) -> str:
     if not report["holders"]:
         lines.append("holder    none: the lock is free")
     for s in report["holders"]:
+        lines.append(
+            f"holder    pid {s['pid']}  {s['application_name'] or '(no application_name)'}"
+        )
+        if s.get("group") is not None:
+            lines.append(
+                f"          group {s['group']}  member {s['member']}  ({s['role']} session)"
+            )
         lines += [
-            f"holder    pid {s['pid']}  {s['application_name'] or '(no application_name)'}",
             f"          client {_client(s)}  user {s['usename'] or 'unknown'}  mode {s['mode']}",
             f"          session started {_when(s['backend_start'], s['backend_start_age_s'])}",
             f"          {s['state'] or 'state unknown'} since "
@@ -105,3 +112,66 @@ def render_all(report: dict[str, Any]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _sessions(sessions: list[dict[str, Any]]) -> str:
+    """``hold 123, watch 124, listen 125``; many sessions of one role as a count."""
+    by_role: dict[str, list[str]] = {}
+    for session in sessions:
+        by_role.setdefault(session["role"], []).append(str(session["pid"]))
+    return ", ".join(
+        f"{role} {' '.join(pids)}" if len(pids) <= 3 else f"{role} x{len(pids)}"
+        for role, pids in by_role.items()
+    )
+
+
+def _leader(entry: dict[str, Any]) -> str:
+    if entry["member"] is None:
+        return "(free)"
+    return entry["member"] or "(outside the group)"
+
+
+def _waiting(entry: dict[str, Any]) -> str:
+    waiting = entry["waiting"]
+    if not waiting:
+        return "-"
+    who = sorted({w["member"] or "(outside)" for w in waiting})
+    return f"{len(waiting)}: {', '.join(who)}"
+
+
+def render_group(report: dict[str, Any]) -> str:
+    """A coordinator group: its members (mode, how many names each leads, sessions),
+    then each name's leader and waiting sessions."""
+    count = len(report["members"])
+    lines = [
+        f"group     {report['group']}",
+        f"database  {report['database']}",
+        f"members   {count}",
+    ]
+    if report["members"]:
+        rows: list[tuple[str, ...]] = [("MEMBER", "MODE", "NAMES", "SESSIONS")]
+        for m in report["members"]:
+            sessions = _sessions(m["sessions"])
+            if m["watching"]:
+                sessions += f" (watching {m['watching']})"
+            rows.append((m["member"], m["mode"] or "-", str(m["names"]), sessions))
+        lines += ["", *_table(rows)]
+    if report["leaders"]:
+        rows = [("NAME", "KEY1", "KEY2", "LEADER", "PID", "WAITING")]
+        for e in report["leaders"]:
+            pid = "-" if e["pid"] is None else str(e["pid"])
+            rows.append(
+                (e["name"] or "-", str(e["key1"]), str(e["key2"]), _leader(e), pid, _waiting(e))
+            )
+        lines += ["", *_table(rows)]
+    elif not count:
+        lines.append(f"no member of group {report['group']} is connected")
+    return "\n".join(lines)

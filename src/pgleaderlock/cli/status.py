@@ -1,9 +1,15 @@
-"""``pgleaderlock status``: who holds the lock now, and who waits for it.
+"""``pgleaderlock status``: who holds the lock now, and who waits for it; with
+``--group``, who leads what in a [`Coordinator`][pgleaderlock.Coordinator]'s group.
 
 One short psycopg (sync) connection reads ``pg_locks`` joined with
 ``pg_stat_activity``, under a statement timeout. The queries and the reports they build
 (plain dicts, also the ``--json`` output) are here; the text layout is in
 `pgleaderlock.cli.render`.
+
+A coordinator's sessions are named ``pgl:<group>:<member>:<role>``
+(`pgleaderlock.coordination.protocol`): every report says which group member a session
+belongs to, and ``--group`` reads the whole group from the server alone, as the members
+themselves do.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from typing import Any
 
 import click
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from ..coordination.protocol import check_group, member_key, prefix
 from ..core.errors import ConfigurationError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
@@ -28,13 +36,13 @@ from .exits import EXIT_OK, CliError, first_line
 from .options import (
     Target,
     log_options,
+    names_target_options,
     positive,
     resolve_dsn,
     resolve_target,
     seconds_option,
-    target_options,
 )
-from .render import json_default, render_all, render_one
+from .render import json_default, render_all, render_group, render_one
 
 __all__ = ["status"]
 
@@ -43,6 +51,8 @@ Examples:
   pgleaderlock status --name billing-scheduler
   pgleaderlock status --key1 1234 --key2 5678 --json | jq .holders[0].pid
   pgleaderlock status --all
+  pgleaderlock status --group billing
+  pgleaderlock status --group billing --name projection:users --name saga:fulfillment --json
 
 Informational: it shows what pg_locks says at this instant. Only followers that wait
 on the server (--follower-mode wait, the default) are counted as waiting; polling
@@ -50,6 +60,12 @@ followers hold no row in pg_locks between attempts.
 """
 
 _APP_NAME = re.compile(r"^pgleaderlock:(?P<label>.*)@[^@]*$")
+_GROUP_APP_NAME = re.compile(
+    r"^pgl:(?P<group>[A-Za-z0-9_.-]{1,32}):(?P<member>[^:]+):(?P<role>[a-z]+)$"
+)
+"""A coordinator's session (see `pgleaderlock.coordination.protocol.app_name`)."""
+_NAME_ROLES = ("hold", "lock")
+"""The roles of the sessions that hold a member's names (shared, dedicated)."""
 
 _SESSION_COLUMNS = """
     l.pid, l.granted, l.mode, a.application_name, host(a.client_addr) AS client_addr,
@@ -73,6 +89,26 @@ WHERE l.locktype = 'advisory'
   AND l.database = (SELECT oid FROM pg_catalog.pg_database
                     WHERE datname = pg_catalog.current_database())
 """
+_CURRENT_DATABASE = (
+    "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
+)
+_GROUP = f"""
+SELECT l.classid::int8, l.objid::int8, {_SESSION_COLUMNS}
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.database = {_CURRENT_DATABASE}
+UNION ALL
+SELECT NULL, NULL, a.pid, NULL, NULL, a.application_name, host(a.client_addr), a.client_port,
+       a.usename, a.backend_start, a.state_change, a.state, NULL
+FROM pg_catalog.pg_stat_activity a
+WHERE pg_catalog.starts_with(a.application_name, %(prefix)s)
+  AND a.datname = pg_catalog.current_database()
+"""
+_CHECKPOINT_TABLE = (
+    "SELECT c.oid::regclass::text FROM pg_catalog.pg_class c"
+    " WHERE c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(%s))"
+    " AND pg_catalog.has_table_privilege(c.oid, 'SELECT')"
+)
 _SESSION_FIELDS = (
     "pid",
     "granted",
@@ -89,8 +125,23 @@ _SESSION_FIELDS = (
 
 
 @click.command("status", epilog=_STATUS_EPILOG)
-@target_options
+@names_target_options
 @click.option("--all", "all_locks", is_flag=True, help="List every advisory lock in the database.")
+@click.option(
+    "--group",
+    metavar="GROUP",
+    help="Who leads what in a Coordinator's group: its members and their sessions, each "
+    "name's leader and waiting members. Names are shown for the --name values, the "
+    "checkpoint table's rows and plain pgleaderlock locks; other locks by their keys.",
+)
+@click.option(
+    "--checkpoint-table",
+    metavar="TABLE",
+    default="pgleaderlock_subscriptions",
+    show_default=True,
+    help="With --group: the table of checkpoints whose names are shown (if it exists and "
+    "can be read).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @seconds_option(
     "--timeout",
@@ -100,39 +151,61 @@ _SESSION_FIELDS = (
 @log_options(cli="WARNING", library="WARNING")
 def status(
     dsn: str | None,
-    name: str | None,
+    name: tuple[str, ...],
     key1: int | None,
     key2: int | None,
     all_locks: bool,
+    group: str | None,
+    checkpoint_table: str,
     as_json: bool,
     timeout: float,
 ) -> int:
     """Show who holds the lock now and how many sessions wait for it.
 
     Reads pg_locks joined with pg_stat_activity: the holder's backend pid,
-    application_name (pgleaderlock sets it to pgleaderlock:NAME@HOST:PID), client
-    address, user, when its session started and when its state last changed; then the
-    sessions waiting for the lock. --all lists every advisory lock held or awaited in
-    the database, with two-key locks decoded back to signed key1/key2.
+    application_name (pgleaderlock sets it to pgleaderlock:NAME@HOST:PID; a
+    Coordinator's sessions to pgl:GROUP:MEMBER:ROLE), client address, user, when its
+    session started and when its state last changed; then the sessions waiting for the
+    lock. --all lists every advisory lock held or awaited in the database, with two-key
+    locks decoded back to signed key1/key2. --group shows who leads what in a
+    Coordinator's group.
     """
     dsn = resolve_dsn(dsn)
-    if all_locks:
-        if name is not None or key1 is not None or key2 is not None:
+    target: Target | None = None
+    if group is not None:
+        if all_locks or key1 is not None or key2 is not None:
+            raise CliError("--group names the locks with --name: leave out --all/--key1/--key2")
+        try:
+            group = check_group(group)
+            names = {lock_keys(n): n for n in name}
+        except ConfigurationError as exc:
+            raise CliError(str(exc)) from None
+    elif len(name) > 1:
+        raise CliError("one --name, or several with --group")
+    elif all_locks:
+        if name or key1 is not None or key2 is not None:
             raise CliError("--all lists every lock: leave out --name/--key1/--key2")
-        target = None
     else:
-        target = resolve_target(name, key1, key2)
+        target = resolve_target(name[0] if name else None, key1, key2)
     timeout = positive("--timeout", timeout)
     with _connect(dsn, timeout) as conn:
         try:
             info = _server_info(conn)
-            report = _one_lock(conn, info, target) if target else _all_locks(conn, info)
+            if group is not None:
+                names = {**_checkpoint_names(conn, checkpoint_table), **names}
+                report = _group(conn, info, group, names)
+            elif target is not None:
+                report = _one_lock(conn, info, target)
+            else:
+                report = _all_locks(conn, info)
         except psycopg.errors.QueryCanceled:
             raise CliError(f"the status query took longer than {timeout:g} s") from None
         except psycopg.Error as exc:
             raise CliError(f"status query failed: {first_line(exc)}") from None
     if as_json:
         click.echo(json.dumps(report, indent=2, default=json_default))
+    elif group is not None:
+        click.echo(render_group(report))
     elif target is None:
         click.echo(render_all(report))
     else:
@@ -193,6 +266,10 @@ def _session(row: Sequence[Any], now: datetime) -> dict[str, Any]:
         session[f"{field}_age_s"] = (
             round((now - value).total_seconds(), 3) if isinstance(value, datetime) else None
         )
+    match = _GROUP_APP_NAME.match(session["application_name"] or "")
+    session["group"], session["member"], session["role"] = (
+        match.group("group", "member", "role") if match else (None, None, None)
+    )
     return session
 
 
@@ -217,11 +294,16 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
 
 
 def _name_for(keys: tuple[int, int], application_name: str | None) -> str | None:
-    """The lock name, when the holder is a pgleaderlock session whose name gives these keys."""
+    """The lock name, when the holder is a pgleaderlock session whose name gives these
+    keys, or a coordinator's session holding its member lock."""
     match = _APP_NAME.match(application_name or "")
-    if match is None:
-        return None
-    label = match.group("label")
+    if match is not None:
+        label = match.group("label")
+    else:
+        member = _GROUP_APP_NAME.match(application_name or "")
+        if member is None:
+            return None
+        label = f"pgleaderlock-member:{member.group('group')}:{member.group('member')}"
     try:
         return label if label and lock_keys(label) == keys else None
     except ConfigurationError:  # pragma: no cover - label is a non-empty str
@@ -254,3 +336,115 @@ def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, An
         )
     )
     return {"database": info.database, "checked_at": info.now, "locks": locks}
+
+
+# ---------------------------------------------------------------------- --group
+
+Key = tuple[int, int]
+
+
+def _checkpoint_names(conn: psycopg.Connection[Any], table: str) -> dict[Key, str]:
+    """The names in the checkpoint table, by their keys; none if the table does not
+    exist, cannot be read, or has no ``subscription_name`` column."""
+    try:
+        row = conn.execute(_CHECKPOINT_TABLE, (table,)).fetchone()
+        if row is None:
+            return {}
+        query = sql.SQL("SELECT subscription_name FROM {} WHERE subscription_name <> ''")
+        rows = conn.execute(query.format(sql.SQL(row[0]))).fetchall()
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error:
+        return {}
+    return {lock_keys(str(name)): str(name) for (name,) in rows if name}
+
+
+def _group(
+    conn: psycopg.Connection[Any], info: _ServerInfo, group: str, names: dict[Key, str]
+) -> dict[str, Any]:
+    """Who leads what in ``group``: its members (from their sessions' names) and, for
+    every lock one of its members holds or waits for and every name asked about, the
+    holder and the waiting sessions."""
+    query = _GROUP.format(waitstart=_waitstart(info))
+    rows = conn.execute(query.encode(), {"prefix": prefix(group)}).fetchall()
+    members: dict[str, dict[str, Any]] = {}
+    locks: list[tuple[Key, dict[str, Any]]] = []
+    for classid, objid, *session_row in rows:
+        session = _session(session_row, info.now)
+        if classid is None:
+            if session["group"] == group:
+                member = members.setdefault(session["member"], _member(session["member"]))
+                member["sessions"].append(_brief(session))
+        else:
+            locks.append(((oid_to_key(classid), oid_to_key(objid)), session))
+    member_keys = {member_key(group, m): m for m in members}
+    ours = {k for k, s in locks if s["group"] == group and s["role"] in _NAME_ROLES}
+    relevant = (ours | set(names)) - set(member_keys)
+    leaders: dict[Key, dict[str, Any]] = {
+        key: {"name": names.get(key), "key1": key[0], "key2": key[1], "member": None,
+              "pid": None, "role": None, "application_name": None, "waiting": []}
+        for key in relevant
+    }  # fmt: skip
+    for key, session in locks:
+        mine = session["group"] == group
+        if key in member_keys:  # a member's own lock, or a watcher's wait for it
+            if mine and session["role"] == "watch" and not session["granted"]:
+                watcher = members.get(session["member"])
+                if watcher is not None:
+                    watcher["watching"] = member_keys[key]
+            continue
+        entry = leaders.get(key)
+        if entry is None:
+            continue
+        if entry["name"] is None:
+            entry["name"] = _name_for(key, session["application_name"])
+        who = session["member"] if mine else ""
+        if session["granted"]:
+            entry.update(member=who, pid=session["pid"], role=session["role"],
+                         application_name=session["application_name"])  # fmt: skip
+            if mine and who in members and session["role"] in _NAME_ROLES:
+                members[who]["names"] += 1
+        else:
+            entry["waiting"].append(
+                {"member": who, "pid": session["pid"], "role": session["role"],
+                 "application_name": session["application_name"],
+                 "wait_start_age_s": session["wait_start_age_s"]}
+            )  # fmt: skip
+    for entry in leaders.values():
+        entry["waiting"].sort(key=lambda w: (w["member"] or "~", w["pid"]))
+    for member in members.values():
+        member["mode"] = _mode({s["role"] for s in member["sessions"]})
+        member["sessions"].sort(key=lambda s: (_ROLE_ORDER.get(s["role"], 9), s["pid"]))
+    return {
+        "group": group,
+        "database": info.database,
+        "checked_at": info.now,
+        "members": [members[m] for m in sorted(members)],
+        "leaders": sorted(
+            leaders.values(),
+            key=lambda e: (e["name"] is None, e["name"] or "", e["key1"], e["key2"]),
+        ),
+    }
+
+
+_ROLE_ORDER = {"hold": 0, "lock": 0, "watch": 1, "util": 1, "listen": 2}
+
+
+def _member(member: str) -> dict[str, Any]:
+    return {"member": member, "mode": None, "names": 0, "sessions": [], "watching": None}
+
+
+def _brief(session: dict[str, Any]) -> dict[str, Any]:
+    """A member's session, without the lock fields."""
+    keep = ("pid", "role", "application_name", "client_addr", "client_port", "usename",
+            "backend_start", "backend_start_age_s", "state")  # fmt: skip
+    return {k: session[k] for k in keep}
+
+
+def _mode(roles: set[str]) -> str | None:
+    """The member's session mode, from its sessions' roles."""
+    if roles & {"hold", "watch"}:
+        return "shared"
+    if roles & {"lock", "util"}:
+        return "dedicated"
+    return None
