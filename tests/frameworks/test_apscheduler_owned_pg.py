@@ -179,12 +179,12 @@ async def test_a_run_in_progress_is_cancelled_before_its_name_is_released(
     async with asyncio.timeout(BOUND_S):
         await started.wait()
     await coord.remove(name)  # the replica unsubscribes: the run stops, then the unlock
-    assert await asyncio.wait_for(run, BOUND_S) is None
+    assert await asyncio.wait_for(run, BOUND_S) is None  # type: ignore[func-returns-value]
     assert held_at_cancel == [True]
     lock = LeaderLock.from_name(name, pg_dsn, **FAST)
     async with lock:
         assert await lock.wait_for_leadership(BOUND_S), "released at once"
-    assert await long_job() is None  # no longer registered: skipped
+    assert await long_job() is None  # type: ignore[func-returns-value]  # skipped: not registered
 
 
 async def test_term_and_context_inside_runs(
@@ -219,7 +219,9 @@ async def test_term_and_context_inside_runs(
     assert ctx.name == name
     assert isinstance(seen["term"], int)
     assert seen["term"] == ctx.term
-    term, sync_name = await asyncio.to_thread(sync_job)
+    ran = await asyncio.to_thread(sync_job)
+    assert ran is not None
+    term, sync_name = ran
     assert isinstance(term, int)
     assert sync_name == f"{group}:sync"
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:

@@ -209,11 +209,11 @@ async def test_task_names_arguments_and_context(pg_dsn: str, group: str) -> None
         lifespan.task(name=f"{group}:plain")(plain)
     with pytest.raises(ConfigurationError, match="no argument or one"):
 
-        @lifespan.task(name=f"{group}:two")
+        @lifespan.task(name=f"{group}:two")  # type: ignore[type-var]
         async def two(ctx: WorkerContext, other: int) -> None: ...
 
     with pytest.raises(ConfigurationError, match="coroutine function"):
-        lifespan.task(name=f"{group}:sync")(lambda: None)  # type: ignore[arg-type, return-value]
+        lifespan.task(name=f"{group}:sync")(lambda: None)  # type: ignore[type-var]
 
     app = app_of(lifespan)
     owner_only = lifespan.require_owner(f"{group}:default_name")

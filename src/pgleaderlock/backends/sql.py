@@ -185,15 +185,17 @@ GROUP_SNAPSHOT = Statement(
     "SELECT a.application_name, l.pid, l.classid::int8, l.objid::int8, l.granted"
     " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
     " WHERE l.locktype = 'advisory' AND l.objsubid = 2"
+    " AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"
     " UNION ALL SELECT a.application_name, a.pid, NULL, NULL, NULL"
     " FROM pg_catalog.pg_stat_activity a"
-    " WHERE starts_with(a.application_name, ({0})::text)",
+    " WHERE starts_with(a.application_name, ({0})::text) AND a.datname = current_database()",
 )
-"""Every two-key advisory lock held or waited for, with its session's
-``application_name`` and pid, and every session whose ``application_name`` starts with
-the value (a row with NULL keys each). Rows: application name, pid, key1 and key2 as
-unsigned oids, granted. ``pg_stat_activity`` and ``pg_locks`` are visible to every
-role."""
+"""Every two-key advisory lock of this database held or waited for, with its session's
+``application_name`` and pid, and every session of this database whose
+``application_name`` starts with the value (a row with NULL keys each): advisory locks
+are per database, and ``pg_locks`` lists every database's. Rows: application name, pid,
+key1 and key2 as unsigned oids, granted. ``pg_stat_activity`` and ``pg_locks`` are
+visible to every role."""
 
 
 def bump_terms_statement(table: TermTable) -> Statement:

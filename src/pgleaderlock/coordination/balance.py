@@ -95,6 +95,8 @@ def requests(view: View) -> dict[str, list[Key]]:
     return asks
 
 
-def should_grant(my_count: int, requester_count: int) -> bool:
-    """Give one name away: only while it makes the two members more even."""
-    return my_count - requester_count >= 2
+def should_grant(my_count: int, requester_count: int, floor: int = 0) -> bool:
+    """Give one name away: only while it makes the two members more even, and never
+    below ``floor`` (the giver's fair share, ⌊N/M⌋: with several members joining at
+    once, a request made before the requester saw the others would take too much)."""
+    return my_count - requester_count >= 2 and my_count > floor

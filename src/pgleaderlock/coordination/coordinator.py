@@ -195,6 +195,18 @@ class Coordinator:
     # ------------------------------------------------------------------ state
 
     @property
+    def started(self) -> bool:
+        """True from ``start()`` until ``shutdown()``, or until an error retrying cannot
+        mend stops the coordinator (see `stop_error`)."""
+        return self._engine.running
+
+    @property
+    def stop_error(self) -> BaseException | None:
+        """The error that stopped the coordinator (authentication, configuration: what
+        stops a ``LeaderLock`` for good), or ``None``; ``start()`` raises it too."""
+        return self._engine.error
+
+    @property
     def group(self) -> str:
         return self._settings.group
 

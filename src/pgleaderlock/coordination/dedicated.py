@@ -32,7 +32,8 @@ log = get_logger("pgleaderlock.coordination")
 HANDOFF_WAIT_S = 1.0
 """How long a giver waits for the other members to stop waiting for a name."""
 PAUSE_S = 2.0
-"""How long a member stops competing for a name handed to another member."""
+"""How long a member stops competing for a name handed to another member, at most: it
+competes again as soon as the giver says the hand-off is over."""
 
 
 class DedicatedEngine(Engine):
@@ -151,12 +152,13 @@ class DedicatedEngine(Engine):
         pending = {k for k in keys if (lock := self._locks.get(k)) is not None and lock.is_leader}
         deadline = time.monotonic() + HANDOFF_WAIT_S
         while pending:
-            ready = await self._only_waiter(pending, to)
+            ready = [k for k in await self._only_waiter(pending, to) if k in self._locks]
+            # Releases: the receiver, the one waiter left, is granted each at once; then
+            # this member waits again, behind it.
+            await asyncio.gather(*(self._locks[k].shutdown() for k in ready))
             for key in ready:
-                self._paused[key] = time.monotonic() + PAUSE_S
-            # Releases: the receiver, the one waiter left, is granted each at once.
-            await asyncio.gather(*(self._locks[k].shutdown() for k in ready if k in self._locks))
-            pending -= ready
+                await self._compete(key)
+            pending -= set(ready)
             if not pending or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.02)
@@ -177,18 +179,26 @@ class DedicatedEngine(Engine):
         return {key for key, who in waiters.items() if who == {to}}
 
     async def _on_handoff(self, message: Message) -> None:
-        if message.to == self.member:
-            return
         for key in message.keys:
             lock = self._locks.get(key)
-            if lock is not None and not lock.is_leader:
+            if message.to == self.member:
+                # Handed to this member: wait for it now, whatever an earlier hand-off
+                # (of the same name, to another member) left paused.
+                self.excluded.pop(key, None)
+                if self._paused.pop(key, None) is not None and key in self.names:
+                    await self._compete(key)
+            elif lock is not None and not lock.is_leader:
                 await lock.shutdown()  # stop waiting: the name goes to message.to
                 self._paused[key] = time.monotonic() + PAUSE_S
 
     async def _on_handoff_done(self, message: Message) -> None:
+        """The hand-off is over (done or skipped): wait for the names again at once."""
         for key in message.keys:
-            if key in self._paused and key in self.names:
-                self._paused[key] = time.monotonic()  # resume at the next tick
+            if self._paused.pop(key, None) is not None and key in self.names:
+                await self._compete(key)
+
+    def _pending(self) -> bool:
+        return bool(self._paused)
 
     async def _remove(self, name: str) -> None:
         key = self.keys.get(name)

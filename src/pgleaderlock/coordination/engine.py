@@ -306,11 +306,11 @@ class Engine(abc.ABC):
             case "grant" if message.to == self.member:
                 self._asked.pop(message.sender, None)
                 await self._take(list(message.keys), handoff=True)
-            case "grant" | "handoff":
+            case "handoff":
+                await self._on_handoff(message)
+            case "grant":
                 until = time.monotonic() + RECENT_GRANT_S
                 self.excluded.update(dict.fromkeys(message.keys, until))
-                if message.kind == "handoff":
-                    await self._on_handoff(message)
             case "done":
                 if message.to == self.member:
                     self._asked.pop(message.sender, None)
@@ -324,15 +324,17 @@ class Engine(abc.ABC):
         held = self._held()
         seen = self.view.members.get(message.sender, 0)
         mine, theirs = len(held), max(message.count, seen)
+        floor = len(self.names) // max(1, len(self.members))
         give: list[Key] = []
         for key in message.keys:
-            if key in held and balance.should_grant(mine, theirs):
+            if key in held and balance.should_grant(mine, theirs, floor):
                 give.append(key)
                 mine, theirs = mine - 1, theirs + 1
         if give:
             log.info("names_given", to=message.sender, count=len(give), **self._fields)
             self.moves += len(give)
             await self._give(give, message.sender)
+            self.events.put_nowait(("changed", None))  # look again: the view moved
         else:
             await self.announce(Message("done", self.member, message.sender))
 
@@ -356,7 +358,7 @@ class Engine(abc.ABC):
             if giver not in self._asked:  # one request at a time per giver
                 self._asked[giver] = now + ANSWER_WAIT_S
                 await self.notify(Message("request", self.member, giver, tuple(keys), count))
-        self._unsettled = bool(take or asks or view.free())
+        self._unsettled = bool(take or asks or view.free() or self._pending())
 
     async def _snapshot(self) -> balance.View:
         """Read who holds what (the group's sessions, and every advisory lock, so that
@@ -535,6 +537,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def notify(self, message: Message) -> None:
         """Send ``message`` to the group."""
+
+    def _pending(self) -> bool:
+        """Something waits for a later tick (default: nothing)."""
+        return False
 
     def idle(self) -> None:  # noqa: B027 - optional
         """Called when the loop is about to wait for the next event (default: nothing)."""

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from ..core._logging import get_logger
 from ..core.session import GroupSession, WaitingSession, WatchableSession
-from ..core.slot import can
+from ..core.slot import SessionSlot, can
 from . import balance
 from .engine import Engine
 from .protocol import Key, Message, member_key, prefix
@@ -88,9 +88,8 @@ class SharedEngine(Engine):
         held = list(self._owned)
         self._owned.clear()
         if self._hold is not None:
-            try:
-                if held:
-                    await self.bounded(self._hold_slot, self._hold.unlock_many(held))
+            try:  # the member lock too: the others no longer count this member
+                await self.bounded(self._hold_slot, self._hold.unlock_many([*held, self._key]))
             except Exception as exc:  # closing the session frees the locks anyway
                 log.warning("release_failed", error=repr(exc), **self._fields)
             else:
@@ -236,36 +235,36 @@ class SharedEngine(Engine):
         """Wait on the server for the next member's lock, around the ring of members;
         when it is granted, that member is gone: tell the loop (which tells the group)."""
         slot = self.slot("watch")
-        session: GroupSession | None = None
-        while True:
-            ring = sorted(self.members | {self.member})
-            successor = ring[(ring.index(self.member) + 1) % len(ring)]
-            if successor == self.member:
+        try:
+            while True:
+                await self._watch_once(slot)
+        finally:
+            await slot.close()
+
+    async def _watch_once(self, slot: SessionSlot) -> None:
+        ring = sorted(self.members | {self.member})
+        successor = ring[(ring.index(self.member) + 1) % len(ring)]
+        if successor == self.member:
+            await slot.close()  # alone: nobody to watch
+            await asyncio.sleep(WATCH_WAIT_S)
+            return
+        try:
+            session = slot.session or await self.open_session(slot)
+            if not can(session, WaitingSession):
                 await asyncio.sleep(WATCH_WAIT_S)
-                continue
-            try:
-                if session is None:
-                    session = await self.open_session(slot)
-                waiting = session if can(session, WaitingSession) else None
-                if waiting is None:
-                    await asyncio.sleep(WATCH_WAIT_S)
-                    continue
-                key = member_key(self.group, successor)
-                wait = _wait(waiting, key)
-                if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
-                    await self.bounded(slot, _unlock(waiting, key))
-                    log.info("member_died", dead=successor, **self._fields)
-                    self.members = self.members - {successor}
-                    self.events.put_nowait(("member_died", successor))
-                    self.events.put_nowait(("left", successor))
-            except asyncio.CancelledError:
-                await slot.close()
-                raise
-            except Exception as exc:
-                log.warning("watch_failed", error=repr(exc), **self._fields)
-                session = None
-                await slot.close()
-                await asyncio.sleep(WATCH_WAIT_S)
+                return
+            key = member_key(self.group, successor)
+            wait = _wait(session, key)
+            if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
+                await self.bounded(slot, _unlock(session, key))
+                log.info("member_died", dead=successor, **self._fields)
+                self.members = self.members - {successor}
+                self.events.put_nowait(("member_died", successor))
+                self.events.put_nowait(("left", successor))
+        except Exception as exc:
+            log.warning("watch_failed", error=repr(exc), **self._fields)
+            await slot.close()
+            await asyncio.sleep(WATCH_WAIT_S)
 
 
 async def _holds(session: GroupSession, key: Key) -> bool:

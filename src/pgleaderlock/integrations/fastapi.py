@@ -542,12 +542,12 @@ class GroupLifespan(_AppLifespan):
         dependency (``Depends(group.status)``)."""
         coord = self._coordinator
         view = coord.view()
-        error = _coordinator_error(coord)
+        error = coord.stop_error
         return GroupStatus(
             group=coord.group,
             member=coord.member,
             sessions=coord.sessions,
-            ready=self._running and _coordinator_alive(coord),
+            ready=self._running and coord.started,
             names=sorted(coord.names),
             owned=sorted(coord.owned),
             running=sorted(coord.running),
@@ -629,15 +629,3 @@ def _worker(fn: GroupTaskFunction) -> WorkerFunction:
         return await without_context()
 
     return worker
-
-
-# The Coordinator has no public "is it running" or "why did it stop" yet: read its loop.
-def _coordinator_alive(coord: Coordinator) -> bool:
-    engine = getattr(coord, "_engine", None)
-    return bool(getattr(engine, "running", False))
-
-
-def _coordinator_error(coord: Coordinator) -> BaseException | None:
-    engine = getattr(coord, "_engine", None)
-    error = getattr(engine, "error", None)
-    return error if isinstance(error, BaseException) else None
