@@ -8,10 +8,11 @@ sessions (or a server restart, which ends every session), where the old worker m
 on until its replica notices: that window is bounded by the replicas' health check
 (``health_interval_s + health_timeout_s`` = 1 s here).
 
-With fencing on, the workers' effects are checked too: each worker runs fenced
-transactions that move its name's checkpoint by one and log ``(position, term)``; a
-name's log must hold every position exactly once, with terms that never go back, so no
-two leaderships of a name ever interleave their committed work, whatever the beliefs.
+With fencing on, no overlap is allowed at all, not even in that window, and the
+workers' effects are checked too: each worker runs fenced transactions that move its
+name's checkpoint by one and log ``(position, term)``; a name's log must hold every
+position exactly once, with terms that never go back, so no two leaderships of a name
+ever interleave their committed work.
 
 Faults: SIGKILL, SIGTERM and ``pg_terminate_backend`` of one replica, and a server
 restart: every name must be led again within a generous bound (the measured figures
@@ -279,7 +280,12 @@ class Group:
         if terminate_overlaps:
             figures("longest terminate overlap", max(terminate_overlaps), "ms")
         assert not overlaps, "two replicas ran a name at once:\n  " + "\n  ".join(overlaps[:20])
-        assert max(terminate_overlaps, default=0.0) < DETECTION_S
+        # with fencing, not even inside the terminate window (the issue's bar); the work
+        # itself is checked by check_log
+        limit = 0.0 if self.fencing else DETECTION_S
+        assert max(terminate_overlaps, default=0.0) <= limit, (
+            f"terminate overlaps {sorted(terminate_overlaps)[-5:]} s (limit {limit} s)"
+        )
 
     async def check_log(self, figures: Callable[[str, float, str], None]) -> None:
         """Every name's log: each position once, 1..n, terms never going back; the
@@ -479,9 +485,12 @@ async def test_server_restart(
         await asyncio.to_thread(pg.restart, "fast")
         up = time.monotonic()
         figures(f"{mode}: restart took", up - at, "s")
-        releads = await group.releads(set(group.names), up, anyone)
-        figures(f"{mode}: names led again after the server was up ({spread(releads)})",
-                max(releads.values()), "ms")  # fmt: skip
+        # replicas may lead again before to_thread returns: count every begin since the
+        # restart began (the old workers' ends are checked with the beliefs)
+        releads = await group.releads(set(group.names), at, anyone)
+        after_up = {name: at + t - up for name, t in releads.items()}
+        figures(f"{mode}: names led again after the server was up ({spread(after_up)})",
+                max(after_up.values()), "ms")  # fmt: skip
         took = await group.settle("after restart")
         figures(f"{mode}: balanced again after", took, "s")
     group.check_beliefs(figures)
