@@ -62,6 +62,7 @@ from .sql import (
     STATEMENTS,
     TRY_LOCK,
     TRY_LOCK_MANY,
+    UNDEFINED_TABLE,
     UNLOCK,
     UNLOCK_MANY,
     WAIT_LOCK,
@@ -388,6 +389,20 @@ class BaseSession(abc.ABC):
             await self.run_ddl(create_terms_statement(table).template)
             _KNOWN_TABLES.add(table)
 
+    async def _with_terms(self, table: TermTable, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, the table of fencing terms created first if this process has not
+        met it; and again if it is missing after all (another database of the same
+        process, a table dropped since)."""
+        await self._create_terms(table)
+        try:
+            return await call()
+        except PgLeaderLockError as exc:
+            if sqlstate(exc.__cause__) != UNDEFINED_TABLE:
+                raise
+        _KNOWN_TABLES.discard(table)
+        await self._create_terms(table)
+        return await call()
+
     async def run_ddl(self, sql: str) -> None:
         """Run a ``CREATE ... IF NOT EXISTS``; losing a race with another creator (which
         PostgreSQL may report as a duplicate) is fine."""
@@ -405,8 +420,9 @@ class BaseSession(abc.ABC):
     async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
         """Increment the lock's fencing term (``FencingSession``); the table is created
         the first time a session of this process meets it."""
-        await self._create_terms(table)
-        term = await self._lock_call(_bump_statement(table), key1, key2)
+        term = await self._with_terms(
+            table, lambda: self._lock_call(_bump_statement(table), key1, key2)
+        )
         if not isinstance(term, int):
             raise ConnectionError(f"fencing term: unexpected result {term!r}")
         return term
@@ -440,10 +456,10 @@ class BaseSession(abc.ABC):
         """Increment the fencing terms of ``keys`` (held by this session): key -> term."""
         if not keys:
             return {}
-        await self._create_terms(table)
         info = self._info or await self.identify()
         firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
-        row = await self._row(_bump_many_statement(table), (firsts, seconds, info.backend_pid))
+        values = (firsts, seconds, info.backend_pid)
+        row = await self._with_terms(table, lambda: self._row(_bump_many_statement(table), values))
         k1s, k2s, terms = (cast(list[int] | None, value) or [] for value in row[:3])
         return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
 

@@ -12,7 +12,9 @@ server grants it to the receiver at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core._logging import get_logger
@@ -48,6 +50,7 @@ class DedicatedEngine(Engine):
         self._paused: dict[Key, float] = {}  # key -> resume at (monotonic)
         self._key = member_key(self.group, self.member)
         self._tables_ready = False
+        self._changing: dict[Key, asyncio.Task[None]] = {}  # key -> its lock's last start/stop
 
     # ------------------------------------------------------------------ sessions
 
@@ -60,6 +63,7 @@ class DedicatedEngine(Engine):
         await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
+        await asyncio.gather(*self._changing.values(), return_exceptions=True)
         locks = list(self._locks.values())
         self._locks.clear()
         await asyncio.gather(*(lock.shutdown() for lock in locks), return_exceptions=True)
@@ -114,11 +118,46 @@ class DedicatedEngine(Engine):
         follow_state(lock, lambda old, new: self._on_state(key, lock, old, new))
         return lock
 
-    async def _compete(self, key: Key) -> None:
+    def _change(self, key: Key, change: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """Run ``change()`` (a start or stop of ``key``'s lock) after the previous change
+        of that lock: the loop and the listener both start and stop locks."""
+        previous = self._changing.get(key)
+
+        async def after_previous() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            await change()
+
+        task = asyncio.get_running_loop().create_task(after_previous())
+        self._changing[key] = task
+        task.add_done_callback(lambda done: self._changed(key, done))
+        return task
+
+    def _changed(self, key: Key, task: asyncio.Task[None]) -> None:
+        if self._changing.get(key) is task:
+            del self._changing[key]
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            name = self.names.get(key)
+            log.warning("lock_change_failed", name=name, error=repr(error), **self._fields)
+
+    async def _start_lock(self, key: Key) -> None:
+        if key not in self.names:
+            return
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = self._lock_for(key)
         await lock.start()
+
+    async def _compete(self, key: Key) -> None:
+        """Start ``key``'s lock: this member leads the name or waits for it."""
+        await self._change(key, lambda: self._start_lock(key))
+
+    async def _stop(self, key: Key) -> None:
+        """Shut ``key``'s lock down (releasing it at once if it leads)."""
+        lock = self._locks.get(key)
+        if lock is not None:
+            await self._change(key, lock.shutdown)
 
     async def _on_state(self, key: Key, lock: LeaderLock, old: LockState, new: LockState) -> None:
         name = self.names.get(key)
@@ -141,23 +180,25 @@ class DedicatedEngine(Engine):
         due = [k for k, at in self._paused.items() if at <= now]
         return [k for k in due if k in self.names]
 
-    async def _take(self, keys: list[Key], *, handoff: bool) -> None:
-        for key in keys:
+    async def _take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
+        for key in keys:  # their locks compete: who leads is known at the next look
             self._paused.pop(key, None)
             if key in self.names:
                 await self._compete(key)
+        return []
 
-    async def _give(self, keys: list[Key], to: str) -> None:
+    async def _give(self, keys: list[Key], to: str) -> int:
         await self.notify(Message("handoff", self.member, to, tuple(keys)))
+        given = 0
         pending = {k for k in keys if (lock := self._locks.get(k)) is not None and lock.is_leader}
         deadline = time.monotonic() + HANDOFF_WAIT_S
         while pending:
             ready = [k for k in await self._only_waiter(pending, to) if k in self._locks]
             # Releases: the receiver, the one waiter left, is granted each at once; then
             # this member waits again, behind it.
-            await asyncio.gather(*(self._locks[k].shutdown() for k in ready))
-            for key in ready:
-                await self._compete(key)
+            await asyncio.gather(*(self._stop(k) for k in ready))
+            await asyncio.gather(*(self._compete(k) for k in ready))
+            given += len(ready)
             pending -= set(ready)
             if not pending or time.monotonic() >= deadline:
                 break
@@ -165,6 +206,7 @@ class DedicatedEngine(Engine):
         if pending:
             log.info("handoff_skipped", count=len(pending), to=to, **self._fields)
         await self.notify(Message("done", self.member, to, tuple(keys)))
+        return given
 
     async def _only_waiter(self, keys: set[Key], to: str) -> set[Key]:
         """Those of ``keys`` for which the receiver's session is the one waiter."""
@@ -178,34 +220,38 @@ class DedicatedEngine(Engine):
                 waiters[key].add(parsed[0] if parsed else "")
         return {key for key, who in waiters.items() if who == {to}}
 
-    async def _on_handoff(self, message: Message) -> None:
-        for key in message.keys:
-            lock = self._locks.get(key)
-            if message.to == self.member:
-                # Handed to this member: wait for it now, whatever an earlier hand-off
-                # (of the same name, to another member) left paused.
+    def note(self, message: Message) -> None:
+        """Hand-offs are acted on as they arrive, not when the loop gets to them: a
+        giver waits for the others to stop waiting, and the others may be givers busy
+        with a hand-off of their own."""
+        super().note(message)
+        if message.sender == self.member:
+            return
+        if message.kind == "handoff" and message.to == self.member:
+            for key in message.keys:  # wait for it now, whatever an earlier hand-off paused
                 self.excluded.pop(key, None)
-                if self._paused.pop(key, None) is not None and key in self.names:
-                    await self._compete(key)
-            elif lock is not None and not lock.is_leader:
-                await lock.shutdown()  # stop waiting: the name goes to message.to
-                self._paused[key] = time.monotonic() + PAUSE_S
-
-    async def _on_handoff_done(self, message: Message) -> None:
-        """The hand-off is over (done or skipped): wait for the names again at once."""
-        for key in message.keys:
-            if self._paused.pop(key, None) is not None and key in self.names:
-                await self._compete(key)
+                if self._paused.pop(key, None) is not None:
+                    self._change(key, functools.partial(self._start_lock, key))
+        elif message.kind == "handoff":
+            resume_at = time.monotonic() + PAUSE_S
+            for key in message.keys:
+                lock = self._locks.get(key)
+                if lock is not None and not lock.is_leader:
+                    self._paused[key] = resume_at
+                    self._change(key, lock.shutdown)
+        elif message.kind == "done":  # over (done or skipped): wait for the names again
+            for key in message.keys:
+                if self._paused.pop(key, None) is not None:
+                    self._change(key, functools.partial(self._start_lock, key))
 
     def _pending(self) -> bool:
         return bool(self._paused)
 
     async def _remove(self, name: str) -> None:
         key = self.keys.get(name)
-        lock = self._locks.pop(key, None) if key is not None else None
-        if lock is not None:
-            await lock.shutdown()  # releases at once if it leads
         if key is not None:
+            await self._stop(key)  # releases at once if it leads
+            self._locks.pop(key, None)
             self._leading.discard(key)
             self._paused.pop(key, None)
             await self.notify(Message("released", self.member, keys=(key,)))
@@ -215,8 +261,8 @@ class DedicatedEngine(Engine):
         lock = self._locks.get(key) if key is not None else None
         if key is None or lock is None:
             return
-        await lock.shutdown()
         self._paused[key] = time.monotonic() + self.s.give_away_cooldown_s
+        await self._stop(key)
         log.warning("name_given_away", name=name, **self._fields)
         await self.notify(Message("released", self.member, keys=(key,)))
 

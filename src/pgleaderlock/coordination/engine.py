@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,9 +38,12 @@ log = get_logger("pgleaderlock.coordination")
 
 T = TypeVar("T")
 
-RECENT_GRANT_S = 2.0
+RECENT_GRANT_S = 1.0
 """How long a name granted to another member is left for that member to take."""
-ANSWER_WAIT_S = 5.0
+ANSWER_WAIT_S = 2.0
+OUTSIDE_TICK_S = 2.0
+"""How often a member looks at the group while some of its names are held outside the
+group (a plain lock): their release is announced to nobody."""
 """How long a member waits for the answer to a request before it asks that member
 again (an answer normally comes within milliseconds: a grant, or an empty ``done``)."""
 
@@ -117,9 +121,12 @@ class Engine(abc.ABC):
             settings.give_away_after_crashes,
             lambda name: self.events.put_nowait(("crashed", name)),
         )
-        self.excluded: dict[Key, float] = {}  # key -> until (monotonic): not ours to take
+        # key -> (until (monotonic), for whom): not this member's to take meanwhile; ""
+        # for anyone else (a name given away), else the member it was handed to
+        self.excluded: dict[Key, tuple[float, str]] = {}
         self.view: GroupView = GroupView({}, {}, {})
         self.members: frozenset[str] = frozenset()
+        self.last_view: balance.View | None = None
         self.moves = 0  # names handed to other members, for statistics
         self.listening = asyncio.Event()
         self._asked: dict[str, float] = {}  # member -> until: a request awaits its answer
@@ -127,6 +134,7 @@ class Engine(abc.ABC):
         self._started: asyncio.Future[None] | None = None
         self._helpers: list[asyncio.Task[None]] = []
         self._unsettled = True
+        self._outside = False  # some names are held outside the group
         self._stopping = False
         self._stop_event = asyncio.Event()
         self._connecting = False
@@ -251,6 +259,8 @@ class Engine(abc.ABC):
                     if kind in ("tick", "left", "join", "leave", "released", "add", "changed"):
                         await self._tick()
                         wait = self.s.balance_interval_s if self._unsettled else self.s.idle_tick_s
+                        if self._outside:  # nothing tells the group when those are freed
+                            wait = min(wait, OUTSIDE_TICK_S)
                         next_tick = time.monotonic() + wait
                 except (Stopping, asyncio.CancelledError):
                     raise
@@ -306,16 +316,11 @@ class Engine(abc.ABC):
             case "grant" if message.to == self.member:
                 self._asked.pop(message.sender, None)
                 await self._take(list(message.keys), handoff=True)
-            case "handoff":
-                await self._on_handoff(message)
-            case "grant":
-                until = time.monotonic() + RECENT_GRANT_S
-                self.excluded.update(dict.fromkeys(message.keys, until))
-            case "done":
-                if message.to == self.member:
-                    self._asked.pop(message.sender, None)
-                await self._on_handoff_done(message)
-            case "join" | "leave" | "left" | "released":
+            case "done" if message.to == self.member:
+                self._asked.pop(message.sender, None)
+            case "left":
+                self.events.put_nowait(("left", message.to))  # the dead member
+            case "join" | "leave" | "released":
                 self.events.put_nowait((message.kind, None))
 
     async def _on_request(self, message: Message) -> None:
@@ -332,8 +337,7 @@ class Engine(abc.ABC):
                 mine, theirs = mine - 1, theirs + 1
         if give:
             log.info("names_given", to=message.sender, count=len(give), **self._fields)
-            self.moves += len(give)
-            await self._give(give, message.sender)
+            self.moves += await self._give(give, message.sender)
             self.events.put_nowait(("changed", None))  # look again: the view moved
         else:
             await self.announce(Message("done", self.member, message.sender))
@@ -346,19 +350,28 @@ class Engine(abc.ABC):
             self._unsettled = True
             return
         now = time.monotonic()
-        self.excluded = {k: until for k, until in self.excluded.items() if until > now}
+        self.excluded = {  # over once the receiver took it, or is gone
+            k: (until, to)
+            for k, (until, to) in self.excluded.items()
+            if until > now and (not to or (to in view.members and view.holders.get(k) != to))
+        }
         take = [k for k in self._to_take(view) if k not in self.excluded]
-        if take:
-            await self._take(take, handoff=False)
-            view = await self._snapshot()
-        asks = balance.requests(view)
+        taken = await self._take(take, handoff=False) if take else []
+        if taken:  # no second read of the lock table: the view, as it is now
+            holders = {**view.holders, **dict.fromkeys(taken, self.member)}
+            view = dataclasses.replace(view, holders=holders)
+        # Ask only while listening: the answer (a grant) would be missed otherwise.
+        asks = balance.requests(view) if self.listening.is_set() else {}
         count = view.counts().get(self.member, 0)
         self._asked = {m: until for m, until in self._asked.items() if until > now}
         for giver, keys in asks.items():
             if giver not in self._asked:  # one request at a time per giver
                 self._asked[giver] = now + ANSWER_WAIT_S
                 await self.notify(Message("request", self.member, giver, tuple(keys), count))
-        self._unsettled = bool(take or asks or view.free() or self._pending())
+        self._unsettled = bool(
+            take or asks or view.free() or self._pending() or not self.listening.is_set()
+        )
+        self._outside = "" in view.holders.values()
 
     async def _snapshot(self) -> balance.View:
         """Read who holds what (the group's sessions, and every advisory lock, so that
@@ -386,6 +399,7 @@ class Engine(abc.ABC):
             elif parsed[1] in ("hold", "lock"):
                 others[key] = member
         view = balance.View(self.member, frozenset(members), holders, frozenset(self.names))
+        self.last_view = view
         self.members = view.members
         leaders = {self.names[k]: holders.get(k) for k in self.names}
         self.view = GroupView(view.counts(), leaders, others)
@@ -458,6 +472,7 @@ class Engine(abc.ABC):
                 session = await self.open_session(slot)
                 await self.bounded(slot, session.listen(self.channel))
                 self.listening.set()
+                self.events.put_nowait(("tick", None))  # what was held back may go now
                 attempt = 0
                 while True:
                     wait = config.health_interval_s
@@ -467,6 +482,7 @@ class Engine(abc.ABC):
                     for payload in payloads:
                         message = Message.parse(payload)
                         if message is not None:
+                            self.note(message)
                             self.events.put_nowait(("message", message))
                     if not payloads:
                         await self.bounded(slot, session.ping(), config.health_timeout_s)
@@ -478,8 +494,16 @@ class Engine(abc.ABC):
                 log.warning("listen_failed", error=repr(exc), attempt=attempt, **self._fields)
             self.listening.clear()
             await slot.close()
+            self._asked.clear()  # their answers may have been missed: ask again
             self.events.put_nowait(("tick", None))  # notifications may have been missed
-            await asyncio.sleep(min(self.s.balance_interval_s * attempt, 5.0))
+            await asyncio.sleep(min(self.s.balance_interval_s * (attempt - 1), 5.0))
+
+    def note(self, message: Message) -> None:
+        """What must count before the loop gets to ``message``: names handed to another
+        member are not this one's to take, even in a snapshot read meanwhile."""
+        if message.kind in ("handoff", "grant") and message.to not in ("", self.member):
+            until = time.monotonic() + RECENT_GRANT_S
+            self.excluded.update(dict.fromkeys(message.keys, (until, message.to)))
 
     async def start_listening(self) -> None:
         """Start `listen_forever` and wait (within the connection budget) until it
@@ -515,12 +539,13 @@ class Engine(abc.ABC):
         """The free names this member should take now."""
 
     @abc.abstractmethod
-    async def _take(self, keys: list[Key], *, handoff: bool) -> None:
-        """Take ``keys`` (free, or granted to this member)."""
+    async def _take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
+        """Take ``keys`` (free, or granted to this member); return those now led here
+        (with dedicated sessions: none known yet, the locks compete)."""
 
     @abc.abstractmethod
-    async def _give(self, keys: list[Key], to: str) -> None:
-        """Hand ``keys`` to member ``to``."""
+    async def _give(self, keys: list[Key], to: str) -> int:
+        """Hand ``keys`` to member ``to``; return how many were handed over."""
 
     @abc.abstractmethod
     async def _remove(self, name: str) -> None:
@@ -547,9 +572,3 @@ class Engine(abc.ABC):
 
     async def _on_event(self, kind: str, data: Any) -> None:  # noqa: B027 - optional
         """Mode-specific events (default: none)."""
-
-    async def _on_handoff(self, message: Message) -> None:  # noqa: B027 - optional
-        """Another member hands names to a third: stop competing for them meanwhile."""
-
-    async def _on_handoff_done(self, message: Message) -> None:  # noqa: B027 - optional
-        """That hand-off is over."""

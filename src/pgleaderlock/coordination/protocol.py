@@ -106,9 +106,10 @@ class Message:
             watcher saw a member die), ``request`` (``sender`` asks ``to`` for
             ``keys``; ``count`` is how many of the group's names ``sender`` leads),
             ``grant`` (``sender`` released ``keys`` for ``to`` to take), ``released``
-            (``keys`` are free for anyone: removed or given away), ``handoff`` (dedicated
-            sessions: ``sender`` is about to release ``keys`` for ``to``; others stop
-            waiting for them), ``done`` (that hand-off is over).
+            (``keys`` are free for anyone: removed or given away), ``handoff``
+            (``sender`` is about to release ``keys`` for ``to``: the others leave them
+            alone, and with dedicated sessions stop waiting for them), ``done`` (a
+            dedicated hand-off is over, or a request is answered with nothing).
         sender: the member that sent it.
         to: the member it is for, or ``""`` for all.
         keys: the names' keys it is about.

@@ -34,8 +34,11 @@ __all__ = ["SharedEngine"]
 
 log = get_logger("pgleaderlock.coordination")
 
-WATCH_WAIT_S = 2.0
-"""How long one wait of the ring watch lasts before it looks at the ring again."""
+WATCH_WAIT_S = 0.5
+"""How long one wait of the ring watch lasts before it looks at the ring again (a new
+member is watched from then on)."""
+MEMBER_LOCK_WAIT_S = 1.0
+"""How long a reconnecting member tries for its own lock, which a watch may hold."""
 FREE_GRACE_S = 1.0
 """How long a name stays free before a member that is not its rendezvous owner takes it."""
 
@@ -67,9 +70,7 @@ class SharedEngine(Engine):
         async def attempt() -> GroupSession:
             try:
                 session = await self.open_session(self._hold_slot)
-                granted = await self.bounded(self._hold_slot, session.try_lock_many([self._key]))
-                if not granted:
-                    raise ConnectionError(f"member lock of {self.member} is taken")
+                await self._take_member_lock(session)
                 if self.s.terms is not None:
                     await self.bounded(self._hold_slot, self._prepare_tables(session))
                 return session
@@ -79,6 +80,16 @@ class SharedEngine(Engine):
 
         self._hold = await self.retrying("hold_session_failed", attempt)
         await self.announce(Message("join", self.member))
+
+    async def _take_member_lock(self, session: GroupSession) -> None:
+        """Take this member's own lock. After a lost hold session, another member's
+        watch may hold it for a moment (it was granted it, and is about to unlock it):
+        try again for a while before giving up on this attempt."""
+        deadline = time.monotonic() + MEMBER_LOCK_WAIT_S
+        while not await self.bounded(self._hold_slot, session.try_lock_many([self._key])):
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"member lock of {self.member} is taken")
+            await asyncio.sleep(0.02)
 
     async def _prepare_tables(self, session: GroupSession) -> None:
         await session.run_ddl(self.s.checkpoints.create)
@@ -137,10 +148,10 @@ class SharedEngine(Engine):
             take = [k for k in free if now - self._free_since[k] >= FREE_GRACE_S]
         return take
 
-    async def _take(self, keys: list[Key], *, handoff: bool) -> None:
+    async def _take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
         keys = [k for k in keys if k in self.names and k not in self._owned]
         if not keys:
-            return
+            return []
         try:
             session = self._session()
             granted = await self.bounded(self._hold_slot, session.try_lock_many(keys))
@@ -151,12 +162,13 @@ class SharedEngine(Engine):
                 )
         except Exception as exc:
             await self._lost(exc)
-            return
+            return []
         for key in granted:
             self._owned[key] = terms.get(key)
             self.start_worker(self.names[key], terms.get(key))
         if granted:
             log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
+        return granted
 
     async def _release(self, keys: list[Key]) -> list[Key]:
         """Stop the workers of ``keys``, then unlock them."""
@@ -170,10 +182,12 @@ class SharedEngine(Engine):
             await self._lost(exc)
         return keys
 
-    async def _give(self, keys: list[Key], to: str) -> None:
+    async def _give(self, keys: list[Key], to: str) -> int:
+        # Announced before the release, so that no third member takes them meanwhile.
+        await self.notify(Message("handoff", self.member, to, tuple(keys)))
         given = await self._release(keys)
-        if given:
-            await self.notify(Message("grant", self.member, to, tuple(given)))
+        await self.notify(Message("grant", self.member, to, tuple(given)))
+        return len(given)
 
     async def _remove(self, name: str) -> None:
         key = self.keys.get(name)
@@ -185,7 +199,7 @@ class SharedEngine(Engine):
         key = self.keys.get(name)
         if key is None or key not in self._owned:
             return
-        self.excluded[key] = time.monotonic() + self.s.give_away_cooldown_s
+        self.excluded[key] = (time.monotonic() + self.s.give_away_cooldown_s, "")
         await self._release([key])
         log.warning("name_given_away", name=name, **self._fields)
         await self.notify(Message("released", self.member, keys=(key,)))
@@ -194,7 +208,26 @@ class SharedEngine(Engine):
         if kind == "probe":
             await self._probe()
         elif kind == "member_died":
-            await self.notify(Message("left", self.member, keys=()))
+            await self.notify(Message("left", self.member, to=str(data)))
+        elif kind == "left" and data:
+            await self._take_from(str(data))
+
+    async def _take_from(self, dead: str) -> None:
+        """Take, at once, the names of a dead member that the rendezvous gives this one
+        among the survivors, from the last view (a fresh one costs a read of the whole
+        lock table); the tick that follows reads the group again and takes the rest."""
+        view = self.last_view
+        if view is None:
+            return
+        survivors = view.members - {dead}
+        mine = [
+            key
+            for key, holder in view.holders.items()
+            if holder == dead
+            and key not in self.excluded
+            and balance.hrw_owner(key, survivors) == self.member
+        ]
+        await self._take(mine, handoff=False)
 
     # ------------------------------------------------------------------ helpers
 
@@ -259,7 +292,7 @@ class SharedEngine(Engine):
                 await self.bounded(slot, _unlock(session, key))
                 log.info("member_died", dead=successor, **self._fields)
                 self.members = self.members - {successor}
-                self.events.put_nowait(("member_died", successor))
+                self.events.put_nowait(("member_died", successor))  # tells the others
                 self.events.put_nowait(("left", successor))
         except Exception as exc:
             log.warning("watch_failed", error=repr(exc), **self._fields)
