@@ -1393,7 +1393,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.trials_shared = args.trials or (1 if quick else 5)
     args.trials_dedicated = args.trials or (3 if quick else 10)
     args.trials_balance = args.trials or (1 if quick else 3)
-    args.idle_s = args.idle_s if args.idle_s is not None else (5.0 if quick else 10.0)
+    args.idle_s = args.idle_s if args.idle_s is not None else 10.0  # about one idle tick
     args.steady_s = args.steady_s if args.steady_s is not None else (10.0 if quick else 60.0)
     if args.replicas < 2:
         parser.error("--replicas must be >= 2")
