@@ -125,9 +125,10 @@ class ThreadedLeaderLock:
 
     def fence(self, conn: object) -> int:
         """Fence the caller's transaction on a synchronous psycopg ``Connection``: call
-        it inside the transaction, before its writes; the transaction may commit only
-        if this returns. Any thread may call it; it blocks that thread for one round trip
-        on ``conn`` (longer while a new leader's term bump holds the row). It calls
+        it inside the transaction, first (before its writes, and before the reads they
+        depend on); the transaction may commit only if this returns. Any thread may
+        call it; it blocks that thread for one round trip on ``conn`` (longer while a
+        new leader's term bump holds the row). It calls
         [`LeaderLock.fence_sync`][pgleaderlock.LeaderLock.fence_sync].
 
         It takes a shared lock on the lock's term row until the transaction ends, so

@@ -79,7 +79,8 @@ class Fencing:
 
     async def fence(self: _Lock, conn: object) -> int:
         """Fence the caller's transaction on ``conn``: call it inside the transaction,
-        before its writes; the transaction may commit only if this returns.
+        first (before its writes, and before the reads they depend on); the transaction
+        may commit only if this returns.
 
         It takes a shared lock on the lock's term row until the transaction ends, so the
         next leader's term bump waits for this transaction, and a transaction fenced

@@ -115,7 +115,8 @@ class LeaderLock(Fencing):
             acquisition increments it on the lock's own session before the lock is
             announced as LEADER, [`term`][pgleaderlock.LeaderLock.term] holds it while
             LEADER, and [`fence`][pgleaderlock.LeaderLock.fence] lets a transaction on
-            any connection commit only under the current term. See the Fencing page.
+            any connection commit only under the current term. See
+            [Fencing](../fencing.md).
         fencing_table: the table of terms (default ``pgleaderlock_terms``).
         fencing_schema: its schema (default: the first of the session's search_path).
         acquire_delay_s: with fencing, how long ``on_acquired`` (and ``is_leader``)
