@@ -274,6 +274,9 @@ class Engine(abc.ABC):
         except (Stopping, asyncio.CancelledError):
             if not self._stopping:
                 raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                task.uncancel()  # stop() cut a connection attempt short: close normally
         except Exception as exc:
             self.error = exc
             log.error("coordinator_failed", error=repr(exc), exc_info=True, **self._fields)
@@ -359,7 +362,7 @@ class Engine(abc.ABC):
         taken = await self._take(take, handoff=False) if take else []
         if taken:  # no second read of the lock table: the view, as it is now
             holders = {**view.holders, **dict.fromkeys(taken, self.member)}
-            view = dataclasses.replace(view, holders=holders)
+            view = self._remember(dataclasses.replace(view, holders=holders), self.view.others)
         # Ask only while listening: the answer (a grant) would be missed otherwise.
         asks = balance.requests(view) if self.listening.is_set() else {}
         count = view.counts().get(self.member, 0)
@@ -399,9 +402,13 @@ class Engine(abc.ABC):
             elif parsed[1] in ("hold", "lock"):
                 others[key] = member
         view = balance.View(self.member, frozenset(members), holders, frozenset(self.names))
+        return self._remember(view, others)
+
+    def _remember(self, view: balance.View, others: dict[Key, str]) -> balance.View:
+        """Keep ``view`` as the last one, and what ``Coordinator.view()`` shows."""
         self.last_view = view
         self.members = view.members
-        leaders = {self.names[k]: holders.get(k) for k in self.names}
+        leaders = {self.names[k]: view.holders.get(k) for k in self.names}
         self.view = GroupView(view.counts(), leaders, others)
         return view
 
@@ -448,15 +455,35 @@ class Engine(abc.ABC):
     async def bounded(
         self, slot: SessionSlot, call: Awaitable[T], timeout_s: float | None = None
     ) -> T:
-        """``await call`` within ``timeout_s`` (default ``command_timeout_s``); on expiry
-        the session is dropped first, so no driver spends time cancelling on a server
-        it cannot reach."""
-        try:
-            async with asyncio.timeout(timeout_s or self.s.config.command_timeout_s):
-                return await call
-        except TimeoutError:
+        """``await call`` within ``timeout_s`` (default ``command_timeout_s``). On expiry
+        the session is dropped *before* the call is cancelled, so that no driver spends
+        time cancelling the statement on a server it cannot reach (psycopg would, for up
+        to seconds, through a silent network), as a lock's calls are (``CallGuard``).
+
+        Raises:
+            TimeoutError: the call took longer.
+        """
+        task = asyncio.current_task()
+        assert task is not None, "calls run in a task"
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
             slot.abort()
-            raise
+            task.cancel()
+
+        timeout = timeout_s or self.s.config.command_timeout_s
+        timer = asyncio.get_running_loop().call_later(timeout, expire)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if not expired:
+                raise  # cancelled from outside
+            task.uncancel()
+            raise TimeoutError from None
+        finally:
+            timer.cancel()
 
     def spawn(self, coro: Awaitable[None], name: str) -> None:
         self._helpers.append(asyncio.get_running_loop().create_task(coro, name=name))  # type: ignore[arg-type]

@@ -4,8 +4,11 @@ number. Three sessions per member in all:
 - **hold** holds the member's own lock (its place in the group) and the lock of every
   name it leads; it takes and gives names in batches, reads the group's snapshot, sends
   the notifications, and is probed like a lock's session (every ``health_interval_s``,
-  and at once when the server ends it while idle). Only the member's loop uses it, one
-  call at a time;
+  and at once when the server ends it while idle). The member's loop and the probe use
+  it one call at a time, each bounded by ``health_timeout_s`` (a term bump by at most
+  ``health_interval_s + health_timeout_s``), and the first call that fails cancels every
+  worker at once: as for a lock, a member cut off from the server stops its work before
+  the server can free its names (``tcp_user_timeout_s`` exceeds that bound);
 - **listen** receives the group's notifications;
 - **watch** waits on the server for the lock of the next member in the ring of members:
   when that member dies (its sessions end), the lock is granted at once and this member
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from ..core._logging import get_logger
 from ..core.session import GroupSession, WaitingSession, WatchableSession
@@ -33,6 +38,8 @@ from .protocol import Key, Message, member_key, prefix
 __all__ = ["SharedEngine"]
 
 log = get_logger("pgleaderlock.coordination")
+
+T = TypeVar("T")
 
 WATCH_WAIT_S = 0.5
 """How long one wait of the ring watch lasts before it looks at the ring again (a new
@@ -52,6 +59,8 @@ class SharedEngine(Engine):
         self._hold: GroupSession | None = None
         self._owned: dict[Key, int | None] = {}  # key -> fencing term (None without)
         self._key = member_key(self.group, self.member)
+        self._hold_lock = asyncio.Lock()  # one call at a time on the hold session
+        self._broken = False  # the hold session failed; the loop reconnects
         self._wake = asyncio.Event()
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
 
@@ -79,6 +88,8 @@ class SharedEngine(Engine):
                 raise
 
         self._hold = await self.retrying("hold_session_failed", attempt)
+        self._broken = False
+        self._arm(self._hold)
         await self.announce(Message("join", self.member))
 
     async def _take_member_lock(self, session: GroupSession) -> None:
@@ -98,9 +109,9 @@ class SharedEngine(Engine):
         await self.workers.stop()
         held = list(self._owned)
         self._owned.clear()
-        if self._hold is not None:
+        if self._hold is not None and not self._broken:
             try:  # the member lock too: the others no longer count this member
-                await self.bounded(self._hold_slot, self._hold.unlock_many([*held, self._key]))
+                await self._call(lambda s: s.unlock_many([*held, self._key]))
             except Exception as exc:  # closing the session frees the locks anyway
                 log.warning("release_failed", error=repr(exc), **self._fields)
             else:
@@ -108,29 +119,54 @@ class SharedEngine(Engine):
         self._hold = None
         await self._hold_slot.close()
 
-    async def _lost(self, error: BaseException) -> None:
-        """The hold session failed: every name is lost at once."""
-        names = {self.names[k] for k in self._owned if k in self.names}
-        log.warning("names_lost", error=repr(error), count=len(names), **self._fields)
-        await self.workers.stop(names)
+    async def _call(
+        self, call: Callable[[GroupSession], Awaitable[T]], timeout_s: float | None = None
+    ) -> T:
+        """``call(hold session)``, alone on the session, within ``timeout_s`` (default
+        ``health_timeout_s``). If it fails, the session is given up and every worker is
+        cancelled before this raises (see the module docstring)."""
+        session = self._hold
+        if session is None or self._broken:
+            raise ConnectionError("the hold session is being reopened")
+        async with self._hold_lock:
+            if session is not self._hold or self._broken:
+                raise ConnectionError("the hold session is being reopened")
+            try:
+                timeout = timeout_s or self.s.config.health_timeout_s
+                result = await self.bounded(self._hold_slot, call(session), timeout)
+            except Exception as exc:
+                await self._demote(session, exc)
+                raise
+            self._arm(session)
+            return result
+
+    async def _demote(self, session: GroupSession, error: BaseException) -> None:
+        """The hold session failed: the server may grant its names to others at any
+        moment, so every worker stops now; the loop reconnects (``lost``)."""
+        if session is not self._hold or self._broken:
+            return
+        self._broken = True
+        session_names = {self.names[k] for k in self._owned if k in self.names}
+        log.warning("names_lost", error=repr(error), count=len(session_names), **self._fields)
         self._owned.clear()
+        await self.workers.stop(session_names)
+        self.events.put_nowait(("lost", error))
+
+    async def _reconnect(self) -> None:
+        """After ``_demote``: a new hold session, and the member's place again."""
+        if not self._broken:
+            return
         self._hold = None
         await self._hold_slot.close()
         await self._connect()
         self.events.put_nowait(("tick", None))
 
-    def _session(self) -> GroupSession:
-        if self._hold is None:
-            raise ConnectionError("the hold session is being reopened")
-        return self._hold
-
     async def _group_rows(self) -> list[Any]:
-        rows = self._session().group_snapshot(prefix(self.group))
-        return await self.bounded(self._hold_slot, rows)
+        return await self._call(lambda s: s.group_snapshot(prefix(self.group)))
 
     async def notify(self, message: Message) -> None:
         for payload in message.payloads():
-            await self.bounded(self._hold_slot, self._session().notify(self.channel, payload))
+            await self._call(functools.partial(_notify, channel=self.channel, payload=payload))
 
     # ------------------------------------------------------------------ names
 
@@ -153,15 +189,17 @@ class SharedEngine(Engine):
         if not keys:
             return []
         try:
-            session = self._session()
-            granted = await self.bounded(self._hold_slot, session.try_lock_many(keys))
+            granted = await self._call(lambda s: s.try_lock_many(keys))
             terms: dict[Key, int] = {}
             if granted and self.s.terms is not None:
-                terms = await self.bounded(
-                    self._hold_slot, session.bump_terms(self.s.terms, granted)
-                )
-        except Exception as exc:
-            await self._lost(exc)
+                # The bump waits for the fenced transactions of the names' last leaders.
+                bound = self.s.config.health_interval_s + self.s.config.health_timeout_s
+                timeout = min(self.s.config.command_timeout_s, bound)
+                table = self.s.terms
+                terms = await self._call(lambda s: s.bump_terms(table, granted), timeout)
+        except Exception:  # the session is given up (_call): the loop reconnects
+            return []
+        if self._broken:  # the probe gave the session up meanwhile
             return []
         for key in granted:
             self._owned[key] = terms.get(key)
@@ -176,10 +214,8 @@ class SharedEngine(Engine):
         await self.workers.stop({self.names[k] for k in keys if k in self.names})
         for key in keys:
             self._owned.pop(key, None)
-        try:
-            await self.bounded(self._hold_slot, self._session().unlock_many(keys))
-        except Exception as exc:
-            await self._lost(exc)
+        with contextlib.suppress(Exception):  # else the session is given up (_call)
+            await self._call(lambda s: s.unlock_many(keys))
         return keys
 
     async def _give(self, keys: list[Key], to: str) -> int:
@@ -205,8 +241,8 @@ class SharedEngine(Engine):
         await self.notify(Message("released", self.member, keys=(key,)))
 
     async def _on_event(self, kind: str, data: Any) -> None:
-        if kind == "probe":
-            await self._probe()
+        if kind == "lost":
+            await self._reconnect()
         elif kind == "member_died":
             await self.notify(Message("left", self.member, to=str(data)))
         elif kind == "left" and data:
@@ -232,36 +268,30 @@ class SharedEngine(Engine):
     # ------------------------------------------------------------------ helpers
 
     async def _probe_forever(self) -> None:
-        """Ask the loop for a probe every ``health_interval_s``, or at once when the
-        server ends the idle hold session (its socket turns readable)."""
+        """Probe the hold session every ``health_interval_s``, or at once when the
+        server ends it while idle (its socket turns readable): in a task of its own, so
+        that a busy loop never delays it."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.s.config.health_interval_s):
                     await self._wake.wait()
             self._wake.clear()
-            self.events.put_nowait(("probe", None))
-
-    async def _probe(self) -> None:
-        """Check that the hold session still holds the member lock (bounded by
-        ``health_timeout_s``); a failure loses every name."""
-        session = self._hold
-        if session is None:
-            return
-        try:
-            held = await self.bounded(
-                self._hold_slot, _holds(session, self._key), self.s.config.health_timeout_s
-            )
+            session = self._hold
+            if session is None or self._broken:
+                continue
+            try:
+                held = await self._call(lambda s: _holds(s, self._key))
+            except Exception:  # given up (_call)
+                continue
             if not held:
-                raise ConnectionError("the hold session no longer holds its member lock")
-        except Exception as exc:
-            if self._hold is session:
-                await self._lost(exc)
+                error = ConnectionError("the hold session no longer holds its member lock")
+                async with self._hold_lock:
+                    await self._demote(session, error)
 
-    def idle(self) -> None:
-        """Between events, watch the idle hold session: a server that ends it (a
-        terminated backend, a shutdown) wakes the probe at once."""
-        session = self._hold
-        if session is not None and can(session, WatchableSession):
+    def _arm(self, session: GroupSession) -> None:
+        """Watch the idle hold session: a server that ends it (a terminated backend, a
+        shutdown) wakes the probe at once. Any call on the session disarms it."""
+        if can(session, WatchableSession):
             cast(WatchableSession, session).watch(self._wake.set)
 
     async def _watch_forever(self) -> None:
@@ -298,6 +328,10 @@ class SharedEngine(Engine):
             log.warning("watch_failed", error=repr(exc), **self._fields)
             await slot.close()
             await asyncio.sleep(WATCH_WAIT_S)
+
+
+async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
+    await session.notify(channel, payload)
 
 
 async def _holds(session: GroupSession, key: Key) -> bool:
