@@ -50,11 +50,13 @@ class DedicatedEngine(Engine):
         self._paused: dict[Key, float] = {}  # key -> resume at (monotonic)
         self._key = member_key(self.group, self.member)
         self._tables_ready = False
+        self._closing = False
         self._changing: dict[Key, asyncio.Task[None]] = {}  # key -> its lock's last start/stop
 
     # ------------------------------------------------------------------ sessions
 
     async def _open(self) -> None:
+        self._closing = False
         # The util session first: it creates the checkpoint table that workers use.
         await self.retrying("util_session_failed", self._utility)
         await self.start_listening()
@@ -63,6 +65,7 @@ class DedicatedEngine(Engine):
         await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
+        self._closing = True  # no lock starts from here on (the listener still runs)
         await asyncio.gather(*self._changing.values(), return_exceptions=True)
         locks = list(self._locks.values())
         self._locks.clear()
@@ -142,7 +145,7 @@ class DedicatedEngine(Engine):
             log.warning("lock_change_failed", name=name, error=repr(error), **self._fields)
 
     async def _start_lock(self, key: Key) -> None:
-        if key not in self.names:
+        if self._closing or key not in self.names:
             return
         lock = self._locks.get(key)
         if lock is None:
