@@ -21,6 +21,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 STARTED = r"command_started lock=\S+ pid=(\d+) backend_pid=(\d+)"
 
 
+async def traps_set(ready: Path) -> None:
+    """Wait until the shell script wrote ``ready`` after its traps: a signal sent before
+    ``trap`` ran would kill the shell with the default action instead."""
+
+    async def written() -> bool:
+        return await asyncio.to_thread(ready.exists)
+
+    await eventually(written, what=f"{ready} written")
+
+
 def sh(script: str) -> tuple[str, ...]:
     return ("--", "sh", "-c", script)
 
@@ -121,11 +131,13 @@ async def test_lost_leadership_terminates_the_command(
     cli: Start, admin: Admin, holders: Holders, tmp_path: Path, lock_name: str
 ) -> None:
     marker = tmp_path / "term"
-    script = f'trap "echo TERM > {marker}; exit 9" TERM; while :; do sleep 0.05; done'
+    ready = tmp_path / "ready"
+    script = f'trap "echo TERM > {marker}; exit 9" TERM; : > {ready}; while :; do sleep 0.05; done'
     proc = await cli("exec", "--name", lock_name, "-v", *sh(script))
     match = await proc.expect(STARTED)
     child_pid, backend_pid = int(match.group(1)), int(match.group(2))
     assert await holders(lock_name) == [backend_pid]
+    await traps_set(ready)
 
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
     assert await proc.wait() == 76, proc.describe()
@@ -135,12 +147,14 @@ async def test_lost_leadership_terminates_the_command(
 
 
 async def test_command_that_ignores_sigterm_is_killed(
-    cli: Start, admin: Admin, lock_name: str
+    cli: Start, admin: Admin, tmp_path: Path, lock_name: str
 ) -> None:
-    script = 'trap "" TERM; while :; do sleep 0.05; done'
+    ready = tmp_path / "ready"
+    script = f'trap "" TERM; : > {ready}; while :; do sleep 0.05; done'
     proc = await cli("exec", "--name", lock_name, "-v", "--kill-after", "0.5", *sh(script))
     match = await proc.expect(STARTED)
     child_pid, backend_pid = int(match.group(1)), int(match.group(2))
+    await traps_set(ready)
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
     assert await proc.wait() == 76, proc.describe()
     assert "command_killed" in proc.stderr
@@ -151,13 +165,14 @@ async def test_command_that_ignores_sigterm_is_killed(
 async def test_signals_are_forwarded_to_the_command(
     cli: Start, holders: Holders, tmp_path: Path, lock_name: str, sig: signal.Signals
 ) -> None:
-    marker = tmp_path / "got"
+    marker, ready = tmp_path / "got", tmp_path / "ready"
     script = (
         f'trap "echo TERM > {marker}; exit 7" TERM; trap "echo INT > {marker}; exit 8" INT;'
-        " while :; do sleep 0.05; done"
+        f" : > {ready}; while :; do sleep 0.05; done"
     )
     proc = await cli("exec", "--name", lock_name, "-v", *sh(script))
     await proc.expect(STARTED)
+    await traps_set(ready)
     proc.send(sig)
     expected = 7 if sig is signal.SIGTERM else 8
     assert await proc.wait() == expected, proc.describe()
