@@ -342,7 +342,8 @@ def test_start_connects_then_tries_then_leads() -> None:
     d.feed(Answered(True), after=0.01)
     assert d.machine.state is S.LEADER
     assert d.emitted() == [Event.ACQUIRED]
-    assert d.effects[-2:] == [WatchSession(), Sleep(d.now + 5.0)]  # LatestPhase: no jitter
+    # LatestPhase: no jitter; the probe time is rounded down to the 0.1 s grid
+    assert d.effects[-2:] == [WatchSession(), Sleep(105.0)]
     assert d.machine.leader_since == d.now
 
 
@@ -807,17 +808,22 @@ def test_a_silent_recovery_bumps_the_term_too() -> None:
 
 def test_new_leaderships_probe_at_spread_phases() -> None:
     """Locks that lead from the same moment must not probe in one burst, and no first
-    probe comes later than health_interval_s (the partition bound)."""
-    firsts = []
+    probe comes later than health_interval_s (the partition bound). Probe times fall on
+    a 0.1 s grid, so that the probes of one step share the event loop's wake-ups."""
+    firsts, slots = [], set()
     for seed in range(200):
         d = Driver(rng=random.Random(seed))
         d.lead()
         sleep = d.blocking
         assert isinstance(sleep, Sleep)
         firsts.append(sleep.until - d.now)
-    assert all(0.5 - 1e-9 <= first <= 5.0 for first in firsts)
+        slot = round(sleep.until / 0.1)
+        assert sleep.until == pytest.approx(slot * 0.1, abs=1e-9)
+        slots.add(slot)
+    assert all(0.4 - 1e-9 <= first <= 5.0 for first in firsts)
     buckets = {int(first) for first in firsts}
     assert buckets == {0, 1, 2, 3, 4}  # spread over the whole interval
+    assert len(slots) >= 35  # of the 45 steps between 0.5 s and 5 s
     d.feed(Woke(), after=firsts[-1])
     d.feed(Answered(True))
     assert d.blocking == Sleep(d.now + 5.0)  # then every interval

@@ -72,6 +72,18 @@ def describe(error: BaseException | None) -> str:
 
 _LEADING = frozenset({S.LEADER, S.RECONNECTING, S.RELEASING})
 
+PROBE_GRID_S = 0.1
+"""Probe times are rounded down to a grid of this step (at most a tenth of
+``health_interval_s``): the random phases keep N leaders' probes spread over the
+interval, ~N/50 of them per step with the defaults, while the probes of one step share
+the event loop's wake-ups. Rounding down keeps every probe within its interval."""
+
+
+def probe_time(due: float, interval_s: float) -> float:
+    """``due`` rounded down to the probe grid (`PROBE_GRID_S`)."""
+    grid = min(PROBE_GRID_S, interval_s / 10)
+    return math.floor(due / grid) * grid
+
 
 class Machine:
     """The decision engine of one lock (see the module docstring).
@@ -490,7 +502,7 @@ class Machine:
                     # A new leadership starts its probes at a random phase, so that many
                     # locks that lead from the same moment never probe in one burst.
                     interval *= self._rng.uniform(0.1, 1.0)
-                self._probe_at = now + interval
+                self._probe_at = probe_time(now + interval, config.health_interval_s)
             case A.START_GRACE:
                 assert config.reconnect_grace_s is not None
                 self._grace_start = now

@@ -253,8 +253,13 @@ TABLE: tuple[Row, ...] = (
 """Every transition the lock can make. Pairs not listed here are illegal."""
 
 
+_BY_PAIR: dict[tuple[LockState, Input], list[Row]] = {}
+for _row in TABLE:
+    _BY_PAIR.setdefault((_row.source, _row.input), []).append(_row)
+
+
 def _rows(state: LockState, input_: Input, cond: Conditions) -> Iterator[Row]:
-    return (row for row in TABLE if row.matches(state, input_, cond))
+    return (row for row in _BY_PAIR.get((state, input_), ()) if row.matches(state, input_, cond))
 
 
 def step(state: LockState, input_: Input, cond: Conditions) -> Transition:
