@@ -213,6 +213,34 @@ async def test_a_wait_granted_as_its_timeout_fired_counts_once(
     assert await a.try_lock(*keys)
 
 
+async def test_waits_after_a_timed_out_wait_count_each_grant_once(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
+    """After a wait that timed out, the next lock call first checks whether the lock
+    became the session's own: with another session holding it, the session waits again
+    (and takes nothing); once it is free, the session is granted it once (one unlock
+    frees it), as after any wait."""
+    await target.require(WaitingSession)
+    a = await target.session()
+    b = await target.session()
+    assert isinstance(b, WaitingSession)
+    assert await a.try_lock(*keys)
+    assert await b.wait_lock(*keys, 0.1) is False
+    assert await b.wait_lock(*keys, 0.1) is False  # still another's: waited, took nothing
+    assert await b.try_lock(*keys) is False
+    assert await holders(*keys) == [a.backend_pid]
+    assert await b.wait_lock(*keys, 0.1) is False
+    assert await a.unlock(*keys)  # free before b's next call
+    async with asyncio.timeout(5):
+        assert await b.wait_lock(*keys, 1.0) is True
+    assert await holders(*keys) == [b.backend_pid]
+    assert await b.unlock(*keys)
+    assert await holders(*keys) == []  # one unlock freed it
+    assert await a.try_lock(*keys)
+
+
 @pytest.mark.parametrize("method", ["try_lock", "unlock", "holds", "wait_lock"])
 async def test_terminated_session_raises_connection_error(
     target: Target,

@@ -97,9 +97,17 @@ _BACKEND_HOLDS = (
 # {4} = 2 after a wait that ended in lock_timeout: the server may have granted the lock
 # as the timeout fired (the statement fails, the session-level lock stays). The lock the
 # backend holds is then this session's own: counted as granted, not asked for again (a
-# second, re-entrant grant would outlive the session's unlock).
+# second, re-entrant grant would outlive the session's unlock). pg_locks is asked only
+# when a try-and-give-back succeeds, that is when the lock is free or already ours: a
+# follower whose lock another session holds (the usual case) does not pay for a scan of
+# the whole lock table on every wait. CASE keeps the order: try, give back, then look.
+_MAYBE_OURS = (
+    "CASE WHEN pg_try_advisory_lock(({0})::int4, ({1})::int4)"
+    " THEN CASE WHEN pg_advisory_unlock(({0})::int4, ({1})::int4)"
+    f" THEN {_BACKEND_HOLDS} ELSE false END ELSE false END"
+)
 _HELD = (
-    f"WHEN ({{4}})::int4 = 2 AND {_BACKEND_HOLDS} THEN {{held}}"
+    f"WHEN ({{4}})::int4 = 2 AND {_MAYBE_OURS} THEN {{held}}"
     f" WHEN ({{4}})::int4 = 1 AND {_BACKEND_HOLDS} THEN NULL"
 )
 _HELD_TRY = _HELD.replace("{held}", "true")
