@@ -109,21 +109,20 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _library_revision() -> str:
-    """The git commit of the library under test, marked when ``src/`` has local changes."""
-    root = Path(__file__).resolve().parent.parent
+def library_revision(src: Path | None = None) -> str:
+    """The git commit of the checkout that holds ``src`` (default: this repository's
+    ``src/``), marked when ``src`` has local changes; ``"unknown"`` outside git."""
+    src = src if src is not None else Path(__file__).resolve().parent.parent / "src"
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
+            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"],
-            cwd=root,
+            ["git", "-C", str(src), "status", "--porcelain", "--", "."],
             capture_output=True,
             text=True,
             timeout=10,
@@ -131,7 +130,7 @@ def _library_revision() -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return f"{commit}{' + local changes in src/' if dirty else ''}"
+    return f"{commit}{' + local changes' if dirty else ''}"
 
 
 def machine_info() -> dict[str, Any]:
@@ -143,7 +142,7 @@ def machine_info() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "psycopg": psycopg.__version__,
-        "revision": _library_revision(),
+        "revision": library_revision(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 

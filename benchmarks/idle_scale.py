@@ -82,6 +82,7 @@ from _common import (
     database,
     describe_machine,
     interrupt_on_signals,
+    library_revision,
     machine_info,
     markdown_table,
     server_info,
@@ -477,24 +478,7 @@ def _revision(src: Path | None) -> str:
     if src is None:
         pythonpath = os.environ.get("PYTHONPATH", "")
         src = Path(pythonpath.split(os.pathsep)[0]) if pythonpath else HERE.parent / "src"
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(src), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return f"{src}"
-    return f"{commit}{' + local changes' if dirty else ''}"
+    return library_revision(src)
 
 
 class Worker:
