@@ -77,4 +77,6 @@ async def test_the_sick_replica_gives_the_lock_to_the_healthy_one(
             assert leaders["sick"].tasks.paused_until is None
             assert locks["ok"].is_leader
             assert runs == ["ok"]
-    assert crashes == 3
+            assert crashes == 3  # the sick replica has not led since it gave the lock away
+        # (Once the healthy replica leaves, the sick one is granted the lock again and
+        # crashes: what it does then is no longer this test's business.)
