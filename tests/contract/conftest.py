@@ -26,13 +26,13 @@ from typing import Any, NoReturn
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from pgleaderlock import FixedInterval, LeaderLock, LockSession
 from pgleaderlock.backends import ConnectOptions
 from pgleaderlock.core.registry import available, resolve
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing import FakeServer
+from support.proxy import tcp_target
 from support.server import dsn_to_url
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -128,11 +128,7 @@ class Target:
         """(host, port) of the test server, for a proxy in front of it."""
         if self.fake is not None:
             _no_server("server_address()")
-        info = conninfo_to_dict(self.pg_dsn)
-        host = str(info.get("host") or "127.0.0.1")
-        if host.startswith("/"):
-            pytest.skip("the test server is reachable only over a unix socket")
-        return host, int(info.get("port") or 5432)
+        return tcp_target(self.pg_dsn)
 
     def url(self, **override: object) -> str:
         if self.fake is not None:

@@ -21,7 +21,7 @@ import pytest
 
 from pgleaderlock import Coordinator, FixedInterval, WorkerContext
 from support.poll import eventually
-from support.proxy import TcpProxy
+from support.proxy import TcpProxy, tcp_target
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,14 +38,6 @@ TIMINGS: dict[str, Any] = {
 }
 """The detection bound is ``health_interval_s + health_timeout_s`` = 1 s; the server
 gives a silent member's sessions up after ``tcp_user_timeout_s`` = 2 s."""
-
-
-def tcp_target(pg_dsn: str) -> tuple[str, int]:
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    host = str(info.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reachable only over a unix socket")
-    return host, int(info.get("port") or 5432)
 
 
 class Beliefs:

@@ -17,20 +17,12 @@ from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.netns import NetnsLink
 from support.poll import eventually
-from support.proxy import TcpProxy
+from support.proxy import TcpProxy, tcp_target
 
 if TYPE_CHECKING:
     from conftest import Recorder
 
 S = LockState
-
-
-def proxied(pg_dsn: str) -> tuple[str, int]:
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    host = str(info.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reachable only over a unix socket")
-    return host, int(info.get("port") or 5432)
 
 
 @pytest.mark.timeout(60)
@@ -53,7 +45,7 @@ async def test_stalled_proxy(
     bound's server-side timeouts govern the proxy's connection, not the client's (see
     docs/guarantees.md). shutdown() stays bounded either way. Once the proxy drops the
     connections, the lock is freed and the follower leads."""
-    host, port = proxied(pg_dsn)
+    host, port = tcp_target(pg_dsn)
     demotion_bound = 0.5 + 0.5
     async with TcpProxy(host, port) as proxy:
         dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)

@@ -15,21 +15,13 @@ import pytest
 from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
-from support.proxy import TcpProxy
+from support.proxy import TcpProxy, tcp_target
 
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
-
-
-def tcp_target(pg_dsn: str) -> tuple[str, int]:
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    host = str(info.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reachable only over a unix socket")
-    return host, int(info.get("port") or 5432)
 
 
 async def backend_gone(admin: Admin, pid: int | None, timeout_s: float = 5.0) -> None:

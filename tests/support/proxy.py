@@ -17,7 +17,20 @@ import contextlib
 from types import TracebackType
 from typing import Self
 
-__all__ = ["TcpProxy"]
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+__all__ = ["TcpProxy", "tcp_target"]
+
+
+def tcp_target(dsn: str) -> tuple[str, int]:
+    """(host, port) of the server ``dsn`` names, for a proxy in front of it; skips the
+    test when the server is reached over a unix socket (no TCP to proxy or cut)."""
+    info = conninfo_to_dict(dsn)
+    host = str(info.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        pytest.skip("the test server is reachable only over a unix socket")
+    return host, int(info.get("port") or 5432)
 
 
 class TcpProxy:
