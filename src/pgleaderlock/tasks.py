@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from .core.errors import ConfigurationError
 from .core.hooks import hookimpl
 from .core.lock import LeaderLock
 from .core.models import LockState, RetryContext
-from .core.retry import RetryStrategy
+from .core.retry import RetryStrategy, check_retry_strategy
 
 __all__ = ["LeaderTasks", "TaskFunction", "follow_state", "next_delay", "supervise"]
 
@@ -164,12 +165,7 @@ class LeaderTasks:
     ) -> None:
         if not isinstance(lock, LeaderLock):
             raise ConfigurationError(f"LeaderTasks needs a LeaderLock, got {lock!r}")
-        if retry_strategy is not None and not callable(
-            getattr(retry_strategy, "next_delay_s", None)
-        ):
-            raise ConfigurationError(
-                f"retry_strategy must have a next_delay_s(ctx) method, got {retry_strategy!r}"
-            )
+        check_retry_strategy(retry_strategy)
         _positive("cancel_timeout_s", cancel_timeout_s)
         self._lock = lock
         self._retry: RetryStrategy = retry_strategy or lock.retry_strategy
@@ -403,6 +399,8 @@ class LeaderTasks:
             self._paused_until = None
             log.info("leadership_competing_again", lock=lock.label)
             await lock.start()
+        except Exception as exc:  # nobody awaits this task: say why the lock stays out
+            log.error("give_away_failed", lock=lock.label, error=repr(exc), exc_info=True)
         finally:
             self._paused_until = None
             if self._cooldown is asyncio.current_task():
@@ -410,7 +408,9 @@ class LeaderTasks:
 
 
 def _positive(what: str, value: object) -> float:
-    if isinstance(value, bool) or not (isinstance(value, int | float) and value > 0):
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float) and value > 0 and math.isfinite(value)
+    ):
         raise ConfigurationError(f"{what} must be a positive number, got {value!r}")
     return float(value)
 

@@ -135,7 +135,6 @@ class Engine(abc.ABC):
         self._helpers: list[asyncio.Task[None]] = []
         self._unsettled = True
         self._outside = False  # some names are held outside the group
-        self._stopping = False
         self._stop_event = asyncio.Event()
         self._connecting = False
         self.error: BaseException | None = None
@@ -179,8 +178,8 @@ class Engine(abc.ABC):
     async def start(self) -> None:
         if not self.running:
             loop = asyncio.get_running_loop()
-            self._stopping = False
             self._stop_event.clear()
+            self._drop_stale_stops()
             self.listening.clear()
             self.error = None
             self._started = loop.create_future()
@@ -191,11 +190,21 @@ class Engine(abc.ABC):
         if self._task.done() and self.error is not None:
             raise self.error
 
+    def _drop_stale_stops(self) -> None:
+        """A stop that ended the last run before its "stop" event was read must not end
+        the next run: the other queued events stay, in order."""
+        kept = []
+        while not self.events.empty():
+            event = self.events.get_nowait()
+            if event[0] != "stop":
+                kept.append(event)
+        for event in kept:
+            self.events.put_nowait(event)
+
     async def stop(self) -> None:
         task = self._task
         if task is None or task.done():
             return
-        self._stopping = True
         self._stop_event.set()
         self.events.put_nowait(("stop", None))
         if self._connecting:
@@ -213,7 +222,7 @@ class Engine(abc.ABC):
         """
         count, started = 0, time.monotonic()
         while True:
-            if self._stopping:
+            if self._stop_event.is_set():
                 raise Stopping
             self._connecting = True
             try:
@@ -272,7 +281,7 @@ class Engine(abc.ABC):
                     self._unsettled = True
                     next_tick = min(next_tick, time.monotonic() + self.s.balance_interval_s)
         except (Stopping, asyncio.CancelledError):
-            if not self._stopping:
+            if not self._stop_event.is_set():
                 raise
             task = asyncio.current_task()
             if task is not None and task.cancelling():
