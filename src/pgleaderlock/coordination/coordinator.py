@@ -13,6 +13,7 @@ from ..core.keys import lock_keys
 from ..core.retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from ..core.session import SessionFactory
 from ..core.slot import connection_target
+from ..tasks import check_give_away
 from .dedicated import DedicatedEngine
 from .engine import Engine, GroupView, Settings
 from .protocol import check_group, new_member_id
@@ -95,15 +96,7 @@ class Coordinator:
             raise ConfigurationError(f"unknown Coordinator arguments: {', '.join(sorted(unknown))}")
         if sessions not in ("dedicated", "shared"):
             raise ConfigurationError(f"sessions must be 'dedicated' or 'shared', got {sessions!r}")
-        if give_away_after_crashes is not None and (
-            isinstance(give_away_after_crashes, bool)
-            or not isinstance(give_away_after_crashes, int)
-            or give_away_after_crashes < 1
-        ):
-            raise ConfigurationError(
-                f"give_away_after_crashes must be a positive int or None, "
-                f"got {give_away_after_crashes!r}"
-            )
+        check_give_away(give_away_after_crashes)
         backend_name = lock_knobs.get("backend")
         config = lock_config(
             health_interval_s=lock_knobs.get("health_interval_s", 5.0),
