@@ -211,17 +211,13 @@ def bump_terms_statement(table: TermTable) -> Statement:
     """[`bump_term_statement`][pgleaderlock.backends.sql.bump_term_statement] for many
     keys at once (values: the keys' two arrays, the session's pid). Rows come back as
     arrays: key1s, key2s, terms."""
-    timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
     return Statement(
         "fencing term",
-        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true)),"
-        f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
-        f" SELECT k.k1, k.k2, {timeline} + 1, current_setting('application_name'), now()"
-        " FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
-        " WHERE pg_backend_pid() = ({2})::int4"
-        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
-        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at"
-        " RETURNING key1, key2, term)"
+        f"{_DURABLE}, bumped AS ("
+        + _upsert(
+            table, "SELECT k.k1, k.k2", "FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+        )
+        + " RETURNING key1, key2, term)"
         " SELECT (SELECT array_agg(key1) FROM bumped), (SELECT array_agg(key2) FROM bumped),"
         " (SELECT array_agg(term) FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
     )
@@ -241,29 +237,42 @@ def create_terms_statement(table: TermTable) -> Statement:
     )
 
 
+# Durable (synchronous_commit), and a backend whose client gave up on it while it waited
+# for a term row (a bump past its timeout: the session was dropped) stops waiting within a
+# second instead of keeping the locks and committing the bump.
+_DURABLE = (
+    "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true),"
+    " (SELECT count(set_config(s.name, '1000', true))"
+    " FROM (VALUES ('client_connection_check_interval')) AS s(name)"
+    " WHERE current_setting(s.name, true) IS NOT NULL))"
+)
+_TIMELINE = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
+
+
+def _upsert(table: TermTable, keys: str, source: str) -> str:
+    """The term upsert: ``keys`` selects the two key columns from ``source``; only on the
+    session's own backend ({2}); the new term is ``max(old + 1, timeline << 32 | 1)``."""
+    return (
+        f"INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
+        f" {keys}, {_TIMELINE} + 1, current_setting('application_name'), now() {source}"
+        " WHERE pg_backend_pid() = ({2})::int4"
+        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
+        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at"
+    )
+
+
 def bump_term_statement(table: TermTable) -> Statement:
     """Increment a lock's term, durably, on the session that holds the lock (values: the
     two keys and the session's pid). The new term is ``max(old + 1, timeline << 32 |
     1)``: strictly increasing, and never equal across two primaries on different
     timelines. The upsert needs the row's exclusive lock, so it waits for every fenced
     transaction of the old term (they hold the row ``FOR SHARE``) to end."""
-    timeline = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 32)"
     return Statement(
         "fencing term",
-        # Durable (synchronous_commit), and a backend whose client gave up on it while it
-        # waited for the row (a bump past command_timeout_s: the session was dropped) stops
-        # waiting within a second instead of keeping the lock and committing the bump.
-        "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true),"
-        " (SELECT count(set_config(s.name, '1000', true))"
-        " FROM (VALUES ('client_connection_check_interval')) AS s(name)"
-        " WHERE current_setting(s.name, true) IS NOT NULL)),"
-        f" bumped AS (INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
-        f" SELECT ({{0}})::int4, ({{1}})::int4, {timeline} + 1,"
-        " current_setting('application_name'), now()"
-        " WHERE pg_backend_pid() = ({2})::int4"
-        " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
-        " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at RETURNING term)"
-        " SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
+        f"{_DURABLE}, bumped AS ("
+        + _upsert(table, "SELECT ({0})::int4, ({1})::int4", "")
+        + " RETURNING term) SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable)"
+        + _TAIL,
     )
 
 
