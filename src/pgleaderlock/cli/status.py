@@ -67,6 +67,9 @@ _GROUP_APP_NAME = re.compile(
 _NAME_ROLES = ("hold", "lock")
 """The roles of the sessions that hold a member's names (shared, dedicated)."""
 
+_CURRENT_DATABASE = (
+    "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
+)
 _SESSION_COLUMNS = """
     l.pid, l.granted, l.mode, a.application_name, host(a.client_addr) AS client_addr,
     a.client_port, a.usename, a.backend_start, a.state_change, a.state, {waitstart}
@@ -76,8 +79,7 @@ SELECT {_SESSION_COLUMNS}
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.objsubid = 2
-  AND l.database = (SELECT oid FROM pg_catalog.pg_database
-                    WHERE datname = pg_catalog.current_database())
+  AND l.database = {_CURRENT_DATABASE}
   AND l.classid = %(classid)s::int8::oid AND l.objid = %(objid)s::int8::oid
 ORDER BY l.granted DESC, 11 NULLS LAST, l.pid
 """
@@ -86,12 +88,8 @@ SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, {_SESSION_COLUMNS}
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
-  AND l.database = (SELECT oid FROM pg_catalog.pg_database
-                    WHERE datname = pg_catalog.current_database())
+  AND l.database = {_CURRENT_DATABASE}
 """
-_CURRENT_DATABASE = (
-    "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
-)
 _GROUP = f"""
 SELECT l.classid::int8, l.objid::int8, {_SESSION_COLUMNS}
 FROM pg_catalog.pg_locks l

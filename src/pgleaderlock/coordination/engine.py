@@ -41,11 +41,11 @@ T = TypeVar("T")
 RECENT_GRANT_S = 1.0
 """How long a name granted to another member is left for that member to take."""
 ANSWER_WAIT_S = 2.0
+"""How long a member waits for the answer to a request before it asks that member
+again (an answer normally comes within milliseconds: a grant, or an empty ``done``)."""
 OUTSIDE_TICK_S = 2.0
 """How often a member looks at the group while some of its names are held outside the
 group (a plain lock): their release is announced to nobody."""
-"""How long a member waits for the answer to a request before it asks that member
-again (an answer normally comes within milliseconds: a grant, or an empty ``done``)."""
 
 
 @dataclass(frozen=True)

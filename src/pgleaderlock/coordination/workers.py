@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..core._logging import get_logger
 from ..core.config import TermTable
 from ..core.errors import ConfigurationError
-from ..core.fencing import check_term, fence_template
+from ..core.fencing import check_term, fence_template, term_of
 from ..core.keys import lock_keys
 from ..core.registry import fetch_row
 from ..core.retry import RetryStrategy
@@ -94,8 +94,7 @@ class WorkerContext:
                 "fenced work and checkpoints need Coordinator(..., fencing=True)"
             )
         row = await fetch_row(conn, fence_template(self._terms), self._keys)
-        value = None if row is None else row[0]
-        check_term(self.term, None if value is None else int(value), self.name)
+        check_term(self.term, term_of(row), self.name)
         return self.term
 
     async def load_checkpoint(self, conn: object) -> int | None:

@@ -22,7 +22,7 @@ from .machine import Machine
 from .models import LockState
 from .registry import fetch_row, fetch_row_sync
 
-__all__ = ["Fencing", "check_term", "fence_template"]
+__all__ = ["Fencing", "check_term", "fence_template", "term_of"]
 
 
 def fence_template(table: TermTable) -> str:
@@ -34,7 +34,8 @@ def fence_template(table: TermTable) -> str:
     )
 
 
-def _term_of(row: tuple[object, ...] | None) -> int | None:
+def term_of(row: tuple[object, ...] | None) -> int | None:
+    """The term a fence row holds (``None``: no row, or no term)."""
     value = None if row is None else row[0]
     return None if value is None else int(value)  # type: ignore[call-overload]
 
@@ -100,7 +101,7 @@ class Fencing:
         """
         table, term = self._fencing()
         row = await fetch_row(conn, fence_template(table), (self._key1, self._key2))
-        check_term(term, _term_of(row), self.label)
+        check_term(term, term_of(row), self.label)
         return term
 
     @contextlib.asynccontextmanager
@@ -114,7 +115,7 @@ class Fencing:
         ``Connection``), from any thread: what the threaded lock uses."""
         table, term = self._fencing()
         row = fetch_row_sync(conn, fence_template(table), (self._key1, self._key2))
-        check_term(term, _term_of(row), self.label)
+        check_term(term, term_of(row), self.label)
         return term
 
     def _fencing(self: _Lock) -> tuple[TermTable, int]:
