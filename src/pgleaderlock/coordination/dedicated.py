@@ -15,7 +15,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core._logging import get_logger
 from ..core.keys import oid_to_key
@@ -29,6 +29,7 @@ from .protocol import Key, Message, app_name, member_key, parse_app_name, prefix
 
 __all__ = ["DedicatedEngine"]
 
+T = TypeVar("T")
 log = get_logger("pgleaderlock.coordination")
 
 HANDOFF_WAIT_S = 1.0
@@ -94,19 +95,23 @@ class DedicatedEngine(Engine):
             self._util = session
         return self._util
 
-    async def _group_rows(self) -> list[Any]:
+    async def _on_util(self, call: Callable[[GroupSession], Awaitable[T]]) -> T:
+        """``call(util session)``, bounded; a failure gives the session up (the next
+        call opens it again)."""
         try:
             session = await self._utility()
-            return await self.bounded(self._util_slot, session.group_snapshot(prefix(self.group)))
+            return await self.bounded(self._util_slot, call(session))
         except Exception:
             self._util = None
             await self._util_slot.close()
             raise
 
+    async def _group_rows(self) -> list[Any]:
+        return await self._on_util(lambda session: session.group_snapshot(prefix(self.group)))
+
     async def notify(self, message: Message) -> None:
-        session = await self._utility()
         for payload in message.payloads():
-            await self.bounded(self._util_slot, session.notify(self.channel, payload))
+            await self._on_util(functools.partial(_notify, channel=self.channel, payload=payload))
 
     # ------------------------------------------------------------------ names
 
@@ -274,3 +279,7 @@ class DedicatedEngine(Engine):
             key = self.keys.get(str(data))
             if key is not None:
                 await self._compete(key)
+
+
+def _notify(session: GroupSession, *, channel: str, payload: str) -> Awaitable[None]:
+    return session.notify(channel, payload)

@@ -291,12 +291,15 @@ class Engine(abc.ABC):
             log.error("coordinator_failed", error=repr(exc), exc_info=True, **self._fields)
         finally:
             self._set_started()
-            with contextlib.suppress(Exception):
-                await self._close()
+            # The helpers (listener, watch, probe) first: closing needs none of them, and a
+            # message the listener acted on while the member closed would start work that
+            # nobody awaits.
             for helper in self._helpers:
                 helper.cancel()
             await asyncio.gather(*self._helpers, return_exceptions=True)
             self._helpers.clear()
+            with contextlib.suppress(Exception):
+                await self._close()
 
     def _set_started(self) -> None:
         if self._started is not None and not self._started.done():
