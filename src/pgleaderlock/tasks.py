@@ -150,6 +150,7 @@ class LeaderTasks:
 
     async with lock:
         ...  # refresh() runs on whichever process leads
+        await tasks.end_cooldown()  # with give_away_after_crashes: before the lock stops
     await tasks.stop()
     ```
     """
@@ -255,11 +256,7 @@ class LeaderTasks:
         ended after ``cancel_timeout_s`` is logged as an error and left behind.
         """
         self._leading = False
-        cooldown, self._cooldown = self._cooldown, None
-        if cooldown is not None and cooldown is not asyncio.current_task():
-            cooldown.cancel()
-            await asyncio.gather(cooldown, return_exceptions=True)
-        self._paused_until = None
+        await self.end_cooldown()
         tasks = {*self._running.values(), *self._stopping, *self._stragglers.values()}
         self._running.clear()
         for task in tasks:
@@ -276,6 +273,16 @@ class LeaderTasks:
                 lock=self._lock.label,
                 timeout_s=self._cancel_timeout_s,
             )
+
+    async def end_cooldown(self) -> None:
+        """Cancel a give-away's cool-down, so that it does not start the lock again: call
+        it before shutting the lock down for good ([`stop`][pgleaderlock.LeaderTasks.stop]
+        does it too, but after the lock's shutdown a cool-down could have restarted it)."""
+        cooldown, self._cooldown = self._cooldown, None
+        if cooldown is not None and cooldown is not asyncio.current_task():
+            cooldown.cancel()
+            await asyncio.gather(cooldown, return_exceptions=True)
+        self._paused_until = None
 
     async def close(self) -> None:
         """Detach from the lock and [`stop`][pgleaderlock.LeaderTasks.stop] every task;

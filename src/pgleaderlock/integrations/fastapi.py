@@ -351,6 +351,7 @@ class LeaderLifespan(_AppLifespan):
         try:
             yield
         finally:
+            await self._tasks.end_cooldown()  # a cool-down must not start the lock again
             try:
                 await self._lock.shutdown(timeout_s=self._shutdown_timeout_s)
             except ShutdownError as exc:
