@@ -99,6 +99,8 @@ async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(
     assert wrapped.__name__ == "async_job"
     with pytest.raises(ConfigurationError):
         leader_only(object())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"^leader_only needs a callable"):
+        leader_only(a)(42)  # type: ignore[call-overload]
 
 
 async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(

@@ -721,7 +721,8 @@ async def test_start_and_shutdown_are_idempotent(
     await coord.start()  # the same object again: the last run's stop does not end this one
     await eventually(lambda: w.running[x] == 1, BOUND_S, "x led after a restart")
     await asyncio.sleep(0.3)
-    assert coord.started and w.running[x] == 1
+    assert coord.started
+    assert w.running[x] == 1
     await coord.shutdown()
     await no_sessions_left(admin, group)
     async with make_coord(sessions=mode) as again:  # async with: start and shutdown

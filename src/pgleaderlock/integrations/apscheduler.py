@@ -228,6 +228,9 @@ class _Gate(abc.ABC):
         self._mutex = threading.Lock()
         self._runs: dict[asyncio.Task[Any], _Run] = {}
 
+    decorator = "leader_only"
+    """The public name of the decorator, for errors."""
+
     @property
     @abc.abstractmethod
     def _label(self) -> str:
@@ -252,7 +255,7 @@ class _Gate(abc.ABC):
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         if not callable(fn):
-            raise ConfigurationError(f"{type(self).__name__} needs a callable, got {fn!r}")
+            raise ConfigurationError(f"{self.decorator} needs a callable, got {fn!r}")
         if inspect.iscoroutinefunction(fn):
             return self._wrap_async(fn)
         return self._wrap_sync(fn)
@@ -410,6 +413,8 @@ class _OwnedOnly(_Gate):
     [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only]: the name's worker
     on the coordinator does nothing but mark, while it runs, that this replica leads
     the name."""
+
+    decorator = "owned_only"
 
     def __init__(self, coordinator: Coordinator, name: str) -> None:
         super().__init__()
