@@ -18,6 +18,8 @@ over a window of ``--minutes``:
 - **client CPU** of the leaders process and of the followers process (``/proc/<pid>/stat``);
 - **probes** the server ran, from ``pg_stat_statements`` (calls and execution time of the
   probe statements, told apart by their text), against ``N * window / health_interval_s``;
+  a probe that is a bare protocol Sync runs no statement, and is counted by the client
+  (``statistics().probes``);
 - **the machine**: how busy both cores were (``/proc/stat``), so a noisy neighbour shows;
 - **start-up**: how long the N leaders took to all lead, and the client and server CPU
   that took.
@@ -28,7 +30,10 @@ driver sessions instead (each leader ``pg_try_advisory_lock`` once, then idle; e
 follower queued in ``pg_advisory_lock``, its socket watched by the event loop): the floor;
 ``--variant raw-probe`` is the same with each raw leader also running the library's
 periodic probe statement every 5 s at a random phase (what a hand-written loop with the
-same check would cost: the driver's and the kernel's share of a probe).
+same check would cost: the driver's and the kernel's share of a probe); ``--variant
+raw-ping`` has each raw psycopg leader send a bare protocol Sync every 5 s instead, from a
+reader that stays on the event loop and a timer (no task): the floor of the library's
+psycopg probe.
 Without ``--variant`` the workers inherit this process's environment (so ``PYTHONPATH=...
 python benchmarks/idle_scale.py`` measures that library). Configurations run
 interleaved: for each N, every variant in turn. The worker side uses only public API
@@ -210,6 +215,8 @@ class LibraryFleet:
             "acquired": self.acquired,
             "losses": sum(s.losses for s in stats),
             "transitions": sum(s.transitions for s in stats),
+            # statistics().probes is newer than the first versions measured here
+            "probes": sum(getattr(s, "probes", 0) for s in stats),
             "errors": dict(self.errors),
             "states": dict(states),
             "events": dict(self.counter.events),
@@ -230,23 +237,34 @@ RAW_PROBE = (
 
 class RawFleet:
     """N raw driver sessions: leaders take the lock once and idle (or, with
-    ``probe_every_s``, run ``RAW_PROBE`` that often, from a random phase); followers are
-    queued in ``pg_advisory_lock`` (psycopg: sent without waiting, the socket watched by
-    the event loop, so the client does nothing until the grant arrives)."""
+    ``probe_every_s``, run ``RAW_PROBE`` that often, from a random phase; with ``ping``,
+    send a bare protocol Sync instead, psycopg only: the library's probe, hand-written
+    as lean as it gets); followers are queued in ``pg_advisory_lock`` (psycopg: sent
+    without waiting, the socket watched by the event loop, so the client does nothing
+    until the grant arrives)."""
 
     def __init__(
-        self, role: str, dsn: str, names: Sequence[str], backend: str, probe_every_s: float = 0
+        self,
+        role: str,
+        dsn: str,
+        names: Sequence[str],
+        backend: str,
+        probe_every_s: float = 0,
+        ping: bool = False,
     ) -> None:
         from pgleaderlock import lock_keys
 
         self.role, self.dsn, self.backend = role, dsn, backend
-        self.probe_every_s = probe_every_s
+        self.probe_every_s, self.ping = probe_every_s, ping
         self.probes = 0
         self.keys = [lock_keys(name) for name in names]
         self.conns: list[Any] = []
         self.acquired_at: dict[int, float] = {}
         self.errors = collections.Counter[str]()
         self.tasks: list[asyncio.Task[None]] = []
+        self.timers: collections.deque[asyncio.TimerHandle] = collections.deque(
+            maxlen=4 * len(names) + 16
+        )
         self.app = f"idle-scale-raw-{role}"
 
     async def _connect(self) -> Any:
@@ -279,7 +297,10 @@ class RawFleet:
                     asyncio.gather(*(self._lead(*keys) for keys in self.keys)), timeout_s
                 )
             )
-            if self.probe_every_s > 0:
+            if self.ping:
+                for conn in self.conns:
+                    self._ping_psycopg(conn)
+            elif self.probe_every_s > 0:
                 self.tasks = [asyncio.create_task(self._probe(conn)) for conn in self.conns]
             return
         self.conns = list(
@@ -316,6 +337,37 @@ class RawFleet:
 
         loop.add_reader(fd, readable)
 
+    def _ping_psycopg(self, conn: Any) -> None:
+        """Every ``probe_every_s`` (first at a random phase): a Sync in pipeline mode,
+        its answer read by a reader that stays on the event loop; no task, no future."""
+        loop = asyncio.get_running_loop()
+        pgconn, every = conn.pgconn, self.probe_every_s
+
+        def send() -> None:
+            try:
+                pgconn.enter_pipeline_mode()
+                pgconn.pipeline_sync()
+                pgconn.flush()
+            except psycopg.Error:
+                self.errors["ping"] += 1
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()
+                if pgconn.is_busy():
+                    return
+                pgconn.get_result()
+                pgconn.exit_pipeline_mode()
+            except psycopg.Error:
+                loop.remove_reader(pgconn.socket)
+                self.errors["ping"] += 1
+                return
+            self.probes += 1
+            self.timers.append(loop.call_later(every, send))
+
+        loop.add_reader(pgconn.socket, readable)
+        self.timers.append(loop.call_later(random.uniform(0.1, 1.0) * every, send))
+
     async def _probe(self, conn: Any) -> None:
         every = self.probe_every_s
         await asyncio.sleep(random.uniform(0.1, 1.0) * every)
@@ -350,9 +402,12 @@ class RawFleet:
             "acquired": len(self.acquired_at),
             "errors": dict(self.errors),
             "events": {"raw_probes": self.probes} if self.probe_every_s else {},
+            "probes": self.probes if self.ping else 0,  # else counted by the server
         }
 
     async def stop(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -385,8 +440,9 @@ async def _worker(args: argparse.Namespace) -> None:
         connect_fn = args.connect_fn and args.worker == "followers"
         fleet = LibraryFleet(args.worker, args.dsn, names, args.backend, connect_fn)
     else:
-        probe_every_s = HEALTH_INTERVAL_S if args.impl == "raw-probe" else 0
-        fleet = RawFleet(args.worker, args.dsn, names, args.backend, probe_every_s)
+        probe_every_s = HEALTH_INTERVAL_S if args.impl in ("raw-probe", "raw-ping") else 0
+        ping = args.impl == "raw-ping"
+        fleet = RawFleet(args.worker, args.dsn, names, args.backend, probe_every_s, ping)
     await fleet.start(args.ready_timeout)
     startup_s, startup_cpu_s = time.monotonic() - started, _process_cpu_s() - cpu0
     _emit(
@@ -442,7 +498,7 @@ class Variant:
 
     label: str
     src: Path | None  # None: inherit this process's environment
-    impl: str = "lib"  # lib, raw, raw-probe
+    impl: str = "lib"  # lib, raw, raw-probe, raw-ping
     revision: str = ""
 
     @property
@@ -451,11 +507,13 @@ class Variant:
 
     @classmethod
     def parse(cls, text: str) -> Variant:
-        """``LABEL=SRC``, ``raw``, ``raw-probe`` or ``current``."""
+        """``LABEL=SRC``, ``raw``, ``raw-probe``, ``raw-ping`` or ``current``."""
         if text == "raw":
             return cls("raw", None, impl="raw", revision="raw driver sessions")
         if text == "raw-probe":
             return cls("raw-probe", None, impl="raw-probe", revision="raw sessions, probing")
+        if text == "raw-ping":
+            return cls("raw-ping", None, impl="raw-ping", revision="raw sessions, Sync every 5 s")
         if text == "current":
             return cls("current", None, revision=_revision(None))
         label, sep, src = text.partition("=")
@@ -1004,6 +1062,7 @@ def measure(a: Snapshot, b: Snapshot, n: int) -> dict[str, Any]:
         "follower_events": _events_delta(a.followers, b.followers),
         "leader_errors": b.leaders["errors"],
         "probes": probes,
+        "probes_client": b.leaders.get("probes", 0) - a.leaders.get("probes", 0),
         "probes_expected": n * window / HEALTH_INTERVAL_S,
         "server_cpu_s": server_cpu,
         "server_processes_ended": ended,
@@ -1032,7 +1091,11 @@ def print_tables(results: Sequence[dict[str, Any]]) -> None:
         w = r["window_s"]
         probes = r["probes"]
         counted = sum(int(p["calls"]) for p in probes.values())
-        kinds = ", ".join(f"{k} {int(p['calls'])}" for k, p in sorted(probes.items()))
+        kinds = ", ".join(f"{k} {int(p['calls'])}" for k, p in sorted(probes.items()) if p["calls"])
+        client = r.get("probes_client", 0)
+        if client > 2 * counted:  # a bare Sync runs no statement: the client counts
+            kinds = ", ".join(filter(None, [kinds, f"Sync {client - counted}"]))
+            counted = client
         exec_ms = sum(p["exec_ms"] for p in probes.values())
         events = r["leader_events"]
         via = ", followers via connect_fn" if r.get("followers_connect_fn") else ""
@@ -1065,7 +1128,7 @@ def print_tables(results: Sequence[dict[str, Any]]) -> None:
         "left LEADER",
         "followers granted",
         "late probes / recovered",
-        "probes (server)",
+        "probes answered",
         "server: leaders' backends",
         "probe exec time",
         "server: followers' backends",
@@ -1239,7 +1302,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # worker processes
     parser.add_argument("--worker", choices=("leaders", "followers"), help=argparse.SUPPRESS)
     parser.add_argument(
-        "--impl", choices=("lib", "raw", "raw-probe"), default="lib", help=argparse.SUPPRESS
+        "--impl",
+        choices=("lib", "raw", "raw-probe", "raw-ping"),
+        default="lib",
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--ready-timeout", type=float, default=180.0, help=argparse.SUPPRESS)

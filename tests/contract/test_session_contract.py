@@ -20,6 +20,7 @@ from pgleaderlock.backends import (
     AbortableSession,
     ConnectOptions,
     LockSession,
+    ProbingSession,
     WaitingSession,
     WatchableSession,
 )
@@ -325,6 +326,49 @@ async def test_watch_reports_termination_at_once(
     assert len(calls) == 1  # once
     with pytest.raises(ConnectionError):
         await session.holds(*keys)
+
+
+async def test_started_probes_answer_keep_the_watch_and_report_the_end(
+    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+) -> None:
+    """The periodic probe started as a future: only once ``pg_locks`` has confirmed the
+    lock; it answers, leaves the watch armed (the watch still reports a termination
+    afterwards), and fails with ConnectionError on a session the server ended. An adapter
+    without a quick probe returns None, and ``holds()`` serves instead."""
+    session = await target.session()
+    if not isinstance(session, ProbingSession):
+        pytest.skip("an optional capability: the fake has none")
+    assert await session.try_lock(*keys)
+    assert session.start_probe() is None  # pg_locks first: holds() is asked
+    assert await session.holds(*keys)
+    first = session.start_probe()
+    quick = target.flavour.backend == "psycopg"
+    assert (first is not None) == quick
+    if first is None:  # the statement probe, through holds()
+        assert await session.holds(*keys)
+        return
+    async with asyncio.timeout(5):
+        await first  # without a watch: the probe reads the answer itself
+    assert isinstance(session, WatchableSession)
+    fired = asyncio.Event()
+    session.watch(fired.set)
+    for _ in range(3):
+        probe = session.start_probe()
+        assert probe is not None
+        async with asyncio.timeout(5):
+            await probe
+    assert not fired.is_set()  # the answers went to the probes, not to the watch
+    assert await session.holds(*keys)  # and the session is in order for statements
+    session.watch(fired.set)
+    await terminate(session.backend_pid)
+    async with asyncio.timeout(2):
+        await fired.wait()  # the watch survived the probes
+    probe = session.start_probe()
+    assert probe is not None
+    with pytest.raises(ConnectionError) as info:
+        async with asyncio.timeout(5):
+            await probe
+    assert info.value.__cause__ is not None
 
 
 async def test_watch_armed_after_termination_fires(

@@ -24,7 +24,9 @@ S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
+@pytest.mark.parametrize("probes_before", [0, 2], ids=["pg_locks-probe", "periodic-probe"])
 async def test_a_frozen_backend_suspends_leadership_without_losing_it(
+    probes_before: int,
     pg_dsn: str,
     keys: tuple[int, int],
     make_lock: Callable[..., LeaderLock],
@@ -34,11 +36,17 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
 ) -> None:
     """SIGSTOP of the lock's own server backend: the kernel still acknowledges the probe,
     the backend does not answer. The lock leaves LEADER at the demotion bound, keeps its
-    session, and is LEADER again, silently, once the backend answers (SIGCONT)."""
+    session, and is LEADER again, silently, once the backend answers (SIGCONT). Frozen
+    before the leadership's first probe (a ``pg_locks`` statement) or after it (the
+    periodic probe: a bare Sync on psycopg, started without a task)."""
     lock = make_lock(pg_dsn, keys, "slow", health_interval_s=0.3, health_timeout_s=0.3)
     rec = recorder(lock)
     await lock.start()
     assert await lock.wait_for_leadership(5)
+    deadline = time.monotonic() + 5
+    while lock.statistics().probes < probes_before:
+        assert time.monotonic() < deadline, "no probes"
+        await asyncio.sleep(0.01)
     pid = lock.backend_pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
@@ -55,4 +63,46 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
     assert lock.backend_pid == pid  # the same session: the lock was held all along
     assert "lost" not in rec.names()
     assert lock.statistics().losses == 0
+    probes = lock.statistics().probes
+    await asyncio.sleep(0.7)
+    assert lock.statistics().probes > probes  # and it goes on probing
+    assert lock.is_leader
+    beliefs.report().assert_safe()
+
+
+async def test_a_backend_frozen_past_tcp_user_timeout_loses_the_lock(
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    beliefs: BeliefLog,
+    figures: Callable[[str, float, str], None],
+) -> None:
+    """A periodic probe that stays unanswered past ``tcp_user_timeout_s`` (after which
+    the server would drop a silent session) ends the leadership with ``on_lost``; the
+    late probe is bounded although it was started without a task."""
+    lock = make_lock(
+        pg_dsn, keys, "frozen", health_interval_s=0.3, health_timeout_s=0.3,
+        tcp_user_timeout_s=1.5, auto_reacquire=False,
+    )  # fmt: skip
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    deadline = time.monotonic() + 5
+    while lock.statistics().probes < 2:  # past the pg_locks probe: a periodic one is next
+        assert time.monotonic() < deadline, "no probes"
+        await asyncio.sleep(0.01)
+    pid = lock.backend_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        await rec.wait_event("lost", timeout=10)
+        lost_after = time.monotonic() - stopped_at
+        figures("on_lost after the backend froze", lost_after, "s")
+        assert 1.5 <= lost_after < 5.0  # not before the late probe's bound; soon after
+        assert not lock.is_leader
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert lock.statistics().losses == 1
     beliefs.report().assert_safe()

@@ -64,6 +64,28 @@ async def test_one_hold_after_long_leadership(
         await admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
 
 
+async def test_periodic_probes_run_no_statement(
+    pg_dsn: str, keys: tuple[int, int], admin: Admin
+) -> None:
+    """An idle leader's periodic probe is a bare protocol Sync: the server runs no
+    statement for it (the backend's last statement stays the pg_locks probe that
+    confirmed the lock), and statistics() counts the probes."""
+    lock = make(pg_dsn, keys, health_interval_s=0.02)
+    async with lock:
+        assert await lock.wait_for_leadership(10)
+        await asyncio.sleep(0.3)  # the pg_locks probe, then Syncs
+        before = lock.statistics().probes
+        await asyncio.sleep(0.5)
+        assert lock.statistics().probes - before >= 5
+        assert lock.is_leader
+        cur = await admin.execute(
+            "SELECT query FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        assert "pg_locks" in row[0]  # not replaced by any later statement
+
+
 async def test_lock_passes_partition_settings(
     pg_dsn: str, keys: tuple[int, int], admin: Admin
 ) -> None:

@@ -7,8 +7,9 @@ are implementation details:
 - the contract: [`Backend`][pgleaderlock.Backend] (what the entry point names),
   [`ConnectOptions`][pgleaderlock.ConnectOptions], [`LockSession`][pgleaderlock.LockSession]
   and its optional capabilities [`WaitingSession`][pgleaderlock.backends.WaitingSession],
-  [`WatchableSession`][pgleaderlock.backends.WatchableSession] and
-  [`AbortableSession`][pgleaderlock.backends.AbortableSession];
+  [`WatchableSession`][pgleaderlock.backends.WatchableSession],
+  [`AbortableSession`][pgleaderlock.backends.AbortableSession] and
+  [`ProbingSession`][pgleaderlock.backends.ProbingSession];
 - the shared base (``pgleaderlock.backends.base``):
   [`BaseSession`][pgleaderlock.backends.BaseSession], which writes the lock calls, the row
   and pid checks and the error translation once over a few driver calls, the statements
@@ -41,6 +42,7 @@ from ..core.session import (
     Backend,
     ConnectOptions,
     LockSession,
+    ProbingSession,
     WaitingSession,
     WatchableSession,
 )
@@ -71,6 +73,7 @@ __all__ = [
     "WaitingSession",
     "WatchableSession",
     "AbortableSession",
+    "ProbingSession",
     # the shared base
     "BaseSession",
     "Statement",

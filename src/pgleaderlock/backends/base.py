@@ -163,6 +163,9 @@ def tcp_acknowledged(fd: int) -> bool | None:
         sock.detach()  # the driver owns the descriptor
 
 
+_NOW_A_STANDBY = "health check: the server is now a standby (in recovery)"
+
+
 class BaseSession(abc.ABC):
     """A [`LockSession`][pgleaderlock.LockSession] with every optional capability
     (``wait_lock``, ``watch``, ``abort``), written once over a few driver calls.
@@ -527,14 +530,48 @@ class BaseSession(abc.ABC):
         know itself to hold the lock always asks ``pg_locks``.
         """
         if self._verified:
-            held, in_recovery, *_ = await self._row(ALIVE, ())
-        else:
-            row = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
-            held, in_recovery, *_ = row
-            self._verified = bool(held) and self._held
+            await self._alive()
+            return True
+        row = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
+        held, in_recovery, *_ = row
+        self._verified = bool(held) and self._held
         if in_recovery:
-            raise StandbyError("health check: the server is now a standby (in recovery)")
+            raise StandbyError(_NOW_A_STANDBY)
         return bool(held)
+
+    async def _alive(self) -> None:
+        """The periodic probe of a session that knows it holds its lock: the adapter's
+        quick probe (`_start_alive`) if it has one, else the session answers on its own
+        backend, with its token, on a primary ([`ALIVE`][pgleaderlock.backends.ALIVE])."""
+        probe = self._start_alive()
+        if probe is None:
+            _, in_recovery, *_ = await self._row(ALIVE, ())
+            if in_recovery:
+                raise StandbyError(_NOW_A_STANDBY)
+            return
+        try:
+            await probe
+        except asyncio.CancelledError:
+            self.abort()  # cut short half-way through the protocol: unusable
+            raise
+
+    def start_probe(self) -> asyncio.Future[None] | None:
+        """The periodic probe as a future
+        ([`ProbingSession`][pgleaderlock.backends.ProbingSession]): the adapter's quick
+        probe once a ``pg_locks`` probe has confirmed the lock, ``None`` before (the
+        core then calls `holds`)."""
+        return self._start_alive() if self._verified else None
+
+    def _start_alive(self) -> asyncio.Future[None] | None:
+        """Optional: a cheaper probe than [`ALIVE`][pgleaderlock.backends.ALIVE] that
+        proves the same on a session checked at connect, started at once: a future that
+        resolves when the session's own backend has answered on the session's socket,
+        or fails with a translated error (the session then aborted). It must not raise,
+        and must leave the watch (`watch`) armed. A backend cannot change hands or become
+        a standby while its connection lives, so the token and recovery checks add
+        nothing there. ``None``: not possible now (the statement is used). The psycopg
+        adapter sends a bare protocol ``Sync``."""
+        return None
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         """Wait on the server for the lock: True once granted, False after ``timeout_s``
@@ -552,6 +589,9 @@ class BaseSession(abc.ABC):
     def watch(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` once when the server ends the idle session; ``None`` removes
         the watch. On a session already closed it is called soon, from the event loop."""
+        if callback is not None and self._watch is not None and not self._closed():
+            self._watch = callback  # armed already: no need to come off the loop and back
+            return
         if self._watch is not None:
             self._watch = None
             with contextlib.suppress(Exception):

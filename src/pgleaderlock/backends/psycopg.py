@@ -5,7 +5,8 @@ Driver calls only: the lock calls, the row and pid checks and the error wording 
 every call with a timeout and decides what a failure means.
 
 Each session formats its statements once (the keys are literals) and keeps the bytes;
-an idle session's socket is watched on the event loop.
+an idle session's socket is watched on the event loop, and the periodic probe is a bare
+protocol ``Sync`` answered through that same watch (see `PsycopgSession._alive`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, cast
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
@@ -73,6 +75,8 @@ class PsycopgSession(BaseSession):
         self._ready = conn.autocommit
         self._cursor: psycopg.AsyncCursor[Any] | None = None
         self._queries: dict[tuple[object, ...], bytes] = {}
+        self._sync: asyncio.Future[None] | None = None  # a probe's Sync awaits its answer
+        self._sync_io = 0  # what the probe added to the event loop (_READER, _WRITER)
 
     @property
     def connection(self) -> psycopg.AsyncConnection[object]:
@@ -155,6 +159,88 @@ class PsycopgSession(BaseSession):
                 await asyncio.gather(task, return_exceptions=True)
             raise
 
+    def _start_alive(self) -> asyncio.Future[None] | None:
+        """The periodic probe: a bare protocol ``Sync``, which the session's own backend
+        answers with ``ReadyForQuery``. No statement runs: the server's cost is a third
+        of the smallest query's, and the client's is a few libpq calls. The reply comes
+        through the socket's watch, which stays on the event loop (no reader added and
+        removed per probe, no cursor, no result rows).
+
+        Needs libpq's pipeline mode (libpq >= 14) and an idle connection; otherwise
+        ``None`` (the probe is then the [`ALIVE`][pgleaderlock.backends.ALIVE] statement).
+        """
+        conn = self._conn
+        pgconn = conn.pgconn
+        if not _CAN_SYNC or conn.closed or pgconn.transaction_status != TransactionStatus.IDLE:
+            return None
+        loop = asyncio.get_running_loop()
+        reply = self._sync = loop.create_future()
+        fd = pgconn.socket
+        try:
+            pgconn.enter_pipeline_mode()
+            pgconn.pipeline_sync()
+            if pgconn.flush():  # the socket's buffer is full: finish sending when it drains
+                loop.add_writer(fd, self._flush)
+                self._sync_io |= _WRITER
+            if self._watch is None:  # else the watch's reader also takes the reply
+                loop.add_reader(fd, self._on_readable)
+                self._sync_io |= _READER
+        except psycopg.Error as exc:
+            self._answer(exc)
+        return reply
+
+    def _flush(self) -> None:
+        try:
+            if self._conn.pgconn.flush() == 0:
+                asyncio.get_running_loop().remove_writer(self._conn.pgconn.socket)
+                self._sync_io &= ~_WRITER
+        except psycopg.Error as exc:
+            self._answer(exc)
+
+    def _on_readable(self) -> None:
+        """The socket is readable: the answer to a probe's ``Sync``, or (no probe in
+        flight) the server ending the idle session."""
+        if self._sync is None:
+            self._fire()
+            return
+        pgconn = self._conn.pgconn
+        try:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                return  # part of the answer: wait for the rest
+            result = pgconn.get_result()
+            if result is None or result.status != pq.ExecStatus.PIPELINE_SYNC:
+                status = "none" if result is None else pq.ExecStatus(result.status).name
+                raise psycopg.OperationalError(f"unexpected answer to a Sync: {status}")
+            pgconn.exit_pipeline_mode()
+        except psycopg.Error as exc:
+            self._answer(exc)
+            return
+        self._answer(None)
+
+    def _answer(self, error: psycopg.Error | None, *, abort: bool = True) -> None:
+        """The probe in flight is over: resolve its future (failed: translated, and the
+        session aborted) and undo what the probe put on the event loop."""
+        reply, self._sync = self._sync, None
+        if reply is None:
+            return
+        io, self._sync_io = self._sync_io, 0
+        if io and not self._conn.closed:
+            with contextlib.suppress(Exception):
+                loop = asyncio.get_running_loop()
+                if io & _WRITER:
+                    loop.remove_writer(self._conn.pgconn.socket)
+                if io & _READER:
+                    loop.remove_reader(self._conn.pgconn.socket)
+        if error is not None and abort:
+            self.abort()
+        if reply.done():
+            return
+        if error is None:
+            reply.set_result(None)
+        else:
+            reply.set_exception(_probe_failure(error))
+
     def _classify(self, exc: Exception) -> ErrorClass | None:
         return _classify(exc)
 
@@ -191,6 +277,7 @@ class PsycopgSession(BaseSession):
             loop.remove_reader(pgconn.socket)
             loop.remove_writer(pgconn.socket)
         pgconn.finish()
+        self._answer(psycopg.OperationalError("the session was aborted"), abort=False)
 
     async def _close(self) -> None:
         # AsyncConnection.close() does no network wait (libpq's PQfinish on a
@@ -203,10 +290,21 @@ class PsycopgSession(BaseSession):
     def _arm(self) -> None:
         # psycopg waits on the same fd for its queries; asyncio keeps one reader per fd,
         # which is why every statement disarms the watch first.
-        asyncio.get_running_loop().add_reader(self._conn.pgconn.socket, self._fire)
+        asyncio.get_running_loop().add_reader(self._conn.pgconn.socket, self._on_readable)
 
     def _disarm(self) -> None:
         asyncio.get_running_loop().remove_reader(self._conn.pgconn.socket)
+
+
+# The probe's bare Sync needs pipeline mode (libpq >= 14).
+_CAN_SYNC = pq.version() >= 140000
+_READER, _WRITER = 1, 2
+
+
+def _probe_failure(exc: psycopg.Error) -> Exception:
+    error = translate(exc, "health check", ConnectionError)
+    error.__cause__ = exc
+    return error
 
 
 def _hosts(params: Mapping[str, Any]) -> int:

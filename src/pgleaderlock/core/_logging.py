@@ -28,6 +28,10 @@ def format_event(event: str, fields: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}  # fmt: skip
+
+
 class StructuredLogger:
     """A thin wrapper that renders ``event key=value ...`` messages.
 
@@ -43,6 +47,11 @@ class StructuredLogger:
     @property
     def logger(self) -> logging.Logger:
         return self._logger
+
+    def enabled(self, level: str) -> bool:
+        """Would a record at ``level`` (``"debug"``, ``"info"``, ...) be handled? Lets a
+        caller skip building the fields of a record nobody will see."""
+        return self._logger.isEnabledFor(_LEVELS[level])
 
     def _log(
         self, level: int, event: str, fields: dict[str, Any], exc: BaseException | bool | None, /

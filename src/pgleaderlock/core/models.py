@@ -136,6 +136,8 @@ class LockStatistics:
         backend_pid: the server pid of the current session, if any.
         term: with ``fencing=True``, the fencing term of the current leadership;
             ``None`` when not LEADER or without fencing.
+        probes: health probes the session answered (whatever the answer), over the
+            lock's whole life.
     """
 
     state: LockState
@@ -149,6 +151,7 @@ class LockStatistics:
     leader_since: float | None
     backend_pid: int | None
     term: int | None = None
+    probes: int = 0
 
 
 Callback = Callable[[], None] | Callable[[], Awaitable[None]]

@@ -13,6 +13,7 @@ It also holds what the public coroutines wait on: the start of the task, the end
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -45,7 +46,7 @@ from .machine import (
 )
 from .machine import Interrupted as CutShort
 from .models import Event, LockState
-from .session import FencingSession, TransportSession, WaitingSession
+from .session import FencingSession, ProbingSession, TransportSession, WaitingSession
 from .slot import SessionSlot, can
 
 __all__ = ["Runner"]
@@ -81,7 +82,8 @@ class Runner:
         self._key1, self._key2 = keys
         self._fields = log_fields
         self._call = CallGuard(slot.abort)  # bounds every database call
-        self._wake = asyncio.Event()  # a request arrived: a sleep ends early
+        self._woken = False  # a request arrived since the machine last looked
+        self._sleeper: asyncio.Future[None] | None = None  # a sleep a request ends early
         self.task: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._leader_waiters: set[asyncio.Future[None]] = set()
@@ -102,7 +104,6 @@ class Runner:
         if not self.running:
             loop = asyncio.get_running_loop()
             self._stop_reported = False
-            self._wake = asyncio.Event()  # a restart may run on another event loop
             self._started = loop.create_future()
             self.task = loop.create_task(self._run(external_stop), name=name)
         assert self._started is not None
@@ -112,7 +113,8 @@ class Runner:
         """Hand a request to the machine, wake the task, and cut short the call in
         flight if that call allows this request. Returns the machine's answer."""
         accepted = self._machine.request(request)
-        self._wake.set()
+        self._woken = True
+        _resolve(self._sleeper)
         self._call.interrupt(request)
         return accepted
 
@@ -151,7 +153,7 @@ class Runner:
         try:
             result: Result | None = Started()
             while result is not None:
-                self._wake.clear()  # the machine sees every request made before this
+                self._woken = False  # the machine sees every request made before this
                 result = await self._perform(self._machine.handle(result, time.monotonic()))
         except Exception as exc:  # a bug: the machine reports it while stopping
             crash = exc
@@ -223,23 +225,47 @@ class Runner:
         return None
 
     async def _perform_soft(self, call: Call, soft_timeout_s: float) -> Result:
-        """Run ``call`` in a task of its own; after ``soft_timeout_s`` report ``Late``
-        and keep the task, which an ``Await`` effect waits for."""
-        task = asyncio.get_running_loop().create_task(self._perform_call(call))
-        try:
-            done, _ = await asyncio.wait({task}, timeout=soft_timeout_s)
-        except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise
-        if not done:
+        """Run ``call``; after ``soft_timeout_s`` report ``Late`` and keep it running in
+        a task of its own, which an ``Await`` effect waits for.
+
+        A probe that the session starts as a future
+        ([`ProbingSession`][pgleaderlock.backends.ProbingSession]) is awaited directly,
+        and gets its task only when it is late: this runs for every health probe of
+        every leader. Otherwise the call runs in a task from the start.
+        """
+        loop = asyncio.get_running_loop()
+        probe = self._start_probe() if call.op is Op.PROBE else None
+        if probe is not None:
+            started = loop.time()
+            if not await _first(probe, soft_timeout_s, self._slot.abort):
+                remaining = max(0.0, call.timeout_s - (loop.time() - started))
+                self._late = loop.create_task(self._perform_call(call, probe, remaining))
+                await asyncio.sleep(0)  # it starts now, bounded before anyone may cut it short
+                return self._report_late()
+            exc = probe.exception()
+            if exc is None:
+                return Answered(True)
+            return Failed(
+                call_failure(cast(Exception, exc), call.what or "health check", call.timeout_s)
+            )
+        task = loop.create_task(self._perform_call(call))
+        if not await _first(task, soft_timeout_s, None):
             self._late = task
-            session = self._slot.session
-            acked = None
-            if session is not None and can(session, TransportSession):
-                acked = cast(TransportSession, session).acknowledged()
-            return Late(acknowledged=acked)
+            return self._report_late()
         return task.result()
+
+    def _start_probe(self) -> asyncio.Future[None] | None:
+        session = self._slot.session
+        if session is None or not can(session, ProbingSession):
+            return None
+        return cast(ProbingSession, session).start_probe()
+
+    def _report_late(self) -> Result:
+        session = self._slot.session
+        acked = None
+        if session is not None and can(session, TransportSession):
+            acked = cast(TransportSession, session).acknowledged()
+        return Late(acknowledged=acked)
 
     async def _drop_late(self) -> None:
         task, self._late = self._late, None
@@ -262,11 +288,18 @@ class Runner:
             await asyncio.gather(task, return_exceptions=True)
             raise
 
-    async def _perform_call(self, call: Call) -> Result:
+    async def _perform_call(
+        self, call: Call, probe: asyncio.Future[None] | None = None, timeout_s: float = 0.0
+    ) -> Result:
+        """Perform ``call`` bounded by the `CallGuard` (``probe``: a late probe already
+        started, to await for at most ``timeout_s`` more)."""
         guard, session = self._call, self._slot.session
         bound = (call.timeout_s, call.interruptible, call.abort_on_interrupt)
         k1, k2 = self._key1, self._key2
         try:
+            if probe is not None:
+                await guard(probe, timeout_s, call.interruptible, call.abort_on_interrupt)
+                return Answered(True)
             if call.op is Op.CONNECT:
                 session = await guard(self._slot.open(), *bound)
                 return Connected(can_wait=can(session, WaitingSession))
@@ -307,16 +340,20 @@ class Runner:
 
     async def _sleep_until(self, deadline: float) -> None:
         """Sleep until `deadline` (monotonic) or until a request wakes the task."""
-        if self._wake.is_set():
+        if self._woken:
             return
-        loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())
+        loop = asyncio.get_running_loop()
+        sleeper = self._sleeper = loop.create_future()
+        timer = loop.call_at(loop.time() + (deadline - time.monotonic()), _resolve, sleeper)
         try:
-            async with asyncio.timeout_at(loop_deadline):
-                await self._wake.wait()
-        except TimeoutError:
-            pass
+            await sleeper
+        finally:
+            timer.cancel()
+            self._sleeper = None
 
     def _log(self, record: Log) -> None:
+        if not log.enabled(record.level):
+            return  # most often a debug record, on every probe
         fields = {**dict(record.fields), **self._fields}
         if self._slot.session is not None:
             fields.setdefault("backend_pid", self._slot.backend_pid)
@@ -330,3 +367,38 @@ class Runner:
     def _alarm(self) -> None:
         """The watched idle session became readable: most likely the server ended it."""
         self.request(Request.ALARM)
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+def _ended(waiter: asyncio.Future[None], _: object) -> None:
+    _resolve(waiter)
+
+
+async def _first(
+    work: asyncio.Future[Any], timeout_s: float, abort: Callable[[], None] | None
+) -> bool:
+    """Wait until ``work`` is done (True) or ``timeout_s`` has passed (False), with one
+    future and one timer (``asyncio.wait`` costs several times more, and this runs for
+    every health probe). If the wait is cancelled, so is ``work`` (``abort`` called
+    first)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    timer = loop.call_later(timeout_s, _resolve, waiter)
+    ended = functools.partial(_ended, waiter)
+    work.add_done_callback(ended)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        if abort is not None:
+            abort()
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise
+    finally:
+        timer.cancel()
+        work.remove_done_callback(ended)
+    return work.done()

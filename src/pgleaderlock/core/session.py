@@ -13,6 +13,7 @@ This module is the home of these types; backend authors import them from
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -25,6 +26,7 @@ __all__ = [
     "ConnectOptions",
     "LockSession",
     "AbortableSession",
+    "ProbingSession",
     "Row",
     "SessionFactory",
     "SessionInfo",
@@ -184,6 +186,30 @@ class SetupSession(Protocol):
         """Ask ``pg_backend_pid()`` again; raise
         [`SessionNotDedicatedError`][pgleaderlock.SessionNotDedicatedError] if it is
         not the session's backend any more."""
+        ...
+
+
+@runtime_checkable
+class ProbingSession(Protocol):
+    """Optional capability: the periodic health probe, started without a task.
+
+    An idle leader probes every ``health_interval_s``; with a thousand leaders in one
+    process that is hundreds of probes a second, and a task per probe is a large part of
+    their client cost. A session that can start its probe as a plain future lets the core
+    await it directly.
+    """
+
+    def start_probe(self) -> asyncio.Future[None] | None:
+        """Start the probe of a session that knows it holds its lock and return a future
+        that resolves once the session's own backend has answered. It fails with a
+        library error ([`ConnectionError`][pgleaderlock.ConnectionError] when the session
+        is gone), never raises itself, and leaves the watch (``watch()``) armed. A
+        future cancelled before it resolves leaves the session unusable: the caller
+        aborts it.
+
+        Returns ``None`` when the session cannot start such a probe now (it must ask
+        ``pg_locks``, say): the core then calls ``holds()``.
+        """
         ...
 
 

@@ -130,7 +130,7 @@ class Machine:
         self._reconnect_attempt = 0
         # Statistics.
         self._transitions = self._acquisitions = self._losses = self._releases = 0
-        self._failed_attempts = self._errors = 0
+        self._failed_attempts = self._errors = self._probes = 0
         self._leader_since: float | None = None
 
     # ------------------------------------------------------------------ observation
@@ -174,6 +174,7 @@ class Machine:
             leader_since=leader_since if self._state is S.LEADER else None,
             backend_pid=backend_pid,
             term=self.term,
+            probes=self._probes,
         )
 
     @property
@@ -330,6 +331,7 @@ class Machine:
                     self._fire(I.ACQUIRE_SUCCEEDED if self._state is S.ACQUIRING
                                else I.REACQUIRE_SUCCEEDED)  # fmt: skip
             case Op.PROBE, (S.LEADER | S.RECONNECTING):
+                self._probes += value is not None
                 if value is False:
                     self._last_error = LockNotHeldError(
                         "the health probe found that this session no longer holds the lock"
