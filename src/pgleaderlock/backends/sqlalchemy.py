@@ -24,6 +24,7 @@ would otherwise stay held for as long as the lock's long-lived session lives) an
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import sys
@@ -177,6 +178,11 @@ class SQLAlchemySession:
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         return bool(await self._inner.wait_lock(key1, key2, timeout_s))
+
+    def start_probe(self) -> asyncio.Future[None] | None:
+        """The periodic probe as a future: the driver adapter's."""
+        probe: asyncio.Future[None] | None = self._inner.start_probe()
+        return probe
 
     def acknowledged(self) -> bool | None:
         """Has the server acknowledged everything this session sent (TCP)?"""
