@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -105,4 +105,42 @@ async def test_a_backend_frozen_past_tcp_user_timeout_loses_the_lock(
     finally:
         os.kill(pid, signal.SIGCONT)
     assert lock.statistics().losses == 1
+    beliefs.report().assert_safe()
+
+
+async def test_step_down_while_a_periodic_probe_is_in_flight(
+    pg_dsn: str,
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    beliefs: BeliefLog,
+) -> None:
+    """A step-down asked while a periodic probe waits for its answer (the backend frozen,
+    the probe not late yet) releases the lock once the probe has answered: no loss, and
+    the lock is free on the server."""
+    lock = make_lock(pg_dsn, keys, "busy", health_interval_s=0.2, health_timeout_s=2.0)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    deadline = time.monotonic() + 5
+    while lock.statistics().probes < 2:
+        assert time.monotonic() < deadline, "no probes"
+        await asyncio.sleep(0.01)
+    pid = lock.backend_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(0.4)  # the next probe is sent and unanswered
+        assert lock.is_leader  # not late yet
+        stepping = asyncio.ensure_future(lock.step_down(timeout_s=10))
+        await asyncio.sleep(0.2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    async with asyncio.timeout(5):
+        await stepping
+    assert not lock.is_leader
+    assert "released" in rec.names()
+    assert "lost" not in rec.names()
+    assert pid not in await holders(*keys)
     beliefs.report().assert_safe()

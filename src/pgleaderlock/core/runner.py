@@ -90,6 +90,10 @@ class Runner:
         self._release_done: asyncio.Future[None] | None = None
         self._leader_ready = False  # LEADER, and the transition's callbacks have run
         self._late: asyncio.Task[Result] | None = None  # a call reported Late, still running
+        # Between probes a leader runs without its task (see `_idle`): what it waits for.
+        self._handoff: asyncio.Future[Result | list[Effect]] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None  # the next probe, or its lateness
+        self._idle_probe: tuple[asyncio.Future[None], Call, float] | None = None
         self._stop_reported = False  # on_stopped has run for this run of the task
 
     # ------------------------------------------------------------------ for the API
@@ -115,6 +119,8 @@ class Runner:
         accepted = self._machine.request(request)
         self._woken = True
         _resolve(self._sleeper)
+        if self._handoff is not None and self._idle_probe is None:
+            self._hand_off(Woke())  # idle between probes: the task decides
         self._call.interrupt(request)
         return accepted
 
@@ -151,10 +157,14 @@ class Runner:
             watcher = asyncio.get_running_loop().create_task(self._watch(external_stop))
         crash: Exception | None = None
         try:
-            result: Result | None = Started()
-            while result is not None:
-                self._woken = False  # the machine sees every request made before this
-                result = await self._perform(self._machine.handle(result, time.monotonic()))
+            outcome: Result | list[Effect] | None = Started()
+            while outcome is not None:
+                if isinstance(outcome, list):  # handed back by an idle leader
+                    effects = outcome
+                else:
+                    self._woken = False  # the machine sees every request made before this
+                    effects = self._machine.handle(outcome, time.monotonic())
+                outcome = await self._perform(effects)
         except Exception as exc:  # a bug: the machine reports it while stopping
             crash = exc
         finally:
@@ -186,9 +196,10 @@ class Runner:
         except (TimeoutError, asyncio.CancelledError):
             log.warning("stop_callbacks_abandoned", **self._fields)
 
-    async def _perform(self, effects: list[Effect]) -> Result | None:
+    async def _perform(self, effects: list[Effect]) -> Result | list[Effect] | None:
         """Perform `effects` in order; return the outcome of the blocking one (None
-        when there is none: the lock has stopped)."""
+        when there is none: the lock has stopped), or the effects an idle leader hands
+        back to the task."""
         for effect in effects:
             match effect:
                 case Emit(event=event):
@@ -219,10 +230,135 @@ class Runner:
                     return await self._await_late(reasons)
                 case Sleep(until=until):
                     self._settle()
+                    if self._machine.state is LockState.LEADER and self._can_probe():
+                        return await self._idle(until)
                     await self._sleep_until(until)
                     return Woke()
         self._settle()
         return None
+
+    # ------------------------------------------------------------------ idle leader
+
+    # An idle leader sleeps, probes, and sleeps again, hundreds of times a second with a
+    # thousand leaders in one process. While the machine asks for nothing but that (and
+    # logs, and re-arming the watch), the loop runs in plain callbacks on the event loop
+    # instead of waking the task twice per probe: a timer starts the probe, the probe's
+    # answer goes to the machine, and the machine's next Sleep arms the timer again. The
+    # machine decides every step as before; anything else it asks for (callbacks, a
+    # late or failed probe, a request) is handed back to the task, which performs it.
+
+    def _can_probe(self) -> bool:
+        session = self._slot.session
+        return session is not None and can(session, ProbingSession)
+
+    async def _idle(self, until: float) -> Result | list[Effect]:
+        """Run the idle leader's probe loop in callbacks until the machine asks for
+        more than probes and sleeps; return what the task is to do next."""
+        loop = asyncio.get_running_loop()
+        handoff: asyncio.Future[Result | list[Effect]] = loop.create_future()
+        self._handoff = handoff
+        if self._woken:
+            self._hand_off(Woke())
+        else:
+            self._idle_sleep(until)
+        try:
+            return await handoff
+        finally:
+            self._handoff = None
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            pending, self._idle_probe = self._idle_probe, None
+            if pending is not None:  # cancelled with a probe in flight: drop the session
+                self._slot.abort()
+                pending[0].cancel()
+
+    def _idle_sleep(self, until: float) -> None:
+        loop = asyncio.get_running_loop()
+        when = loop.time() + (until - time.monotonic())
+        self._idle_timer = loop.call_at(when, self._idle_step, Woke())
+
+    def _idle_step(self, result: Result) -> None:
+        """Hand ``result`` to the machine and perform its effects here if they are
+        logs and re-arming the watch, then a probe that starts as a future or a sleep;
+        else hand the rest to the task."""
+        self._idle_timer = None
+        try:
+            self._woken = False  # the machine sees every request made before this
+            effects = self._machine.handle(result, time.monotonic())
+            rest = 0
+            while rest < len(effects) and isinstance(effects[rest], (Log, WatchSession)):
+                effect = effects[rest]
+                if isinstance(effect, Log):
+                    self._log(effect)
+                else:
+                    self._slot.watch(self._alarm)
+                rest += 1
+            last = effects[rest] if rest == len(effects) - 1 else None
+            if isinstance(last, Sleep) and self._machine.state is LockState.LEADER:
+                self._settle()
+                self._idle_sleep(last.until)
+                return
+            if (
+                isinstance(last, Call)
+                and last.op is Op.PROBE
+                and last.soft_timeout_s is not None
+                and not self._machine.preempted(last)
+                and (probe := self._start_probe()) is not None
+            ):
+                self._settle()
+                loop = asyncio.get_running_loop()
+                self._idle_probe = (probe, last, loop.time())
+                self._idle_timer = loop.call_later(last.soft_timeout_s, self._idle_late)
+                probe.add_done_callback(self._idle_answered)
+                return
+            self._hand_off(effects[rest:])
+        except Exception as exc:  # a bug: the task reports it
+            self._hand_off(exc)
+
+    def _idle_answered(self, probe: asyncio.Future[None]) -> None:
+        pending, self._idle_probe = self._idle_probe, None
+        if pending is None or pending[0] is not probe:
+            return  # reported late (or the idle loop was left) before it answered
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        call = pending[1]
+        if probe.cancelled():
+            self._hand_off(Failed(call_failure(TimeoutError(), "health check", call.timeout_s)))
+            return
+        exc = probe.exception()
+        if exc is None:
+            self._idle_step(Answered(True))
+        else:
+            what = call.what or "health check"
+            self._hand_off(Failed(call_failure(cast(Exception, exc), what, call.timeout_s)))
+
+    def _idle_late(self) -> None:
+        """The probe is late: from here on it is awaited in a task of its own, as in
+        `_perform_soft`, and the task reports it."""
+        self._idle_timer = None
+        pending, self._idle_probe = self._idle_probe, None
+        if pending is None:
+            return
+        probe, call, started = pending
+        loop = asyncio.get_running_loop()
+        remaining = max(0.0, call.timeout_s - (loop.time() - started))
+        # Created before the task wakes, so that it takes its guard first.
+        self._late = loop.create_task(self._perform_call(call, probe, remaining))
+        self._hand_off(self._report_late())
+
+    def _hand_off(self, outcome: Result | list[Effect] | Exception) -> None:
+        handoff = self._handoff
+        if handoff is None or handoff.done():
+            return
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if isinstance(outcome, Exception):
+            handoff.set_exception(outcome)
+        else:
+            handoff.set_result(outcome)
 
     async def _perform_soft(self, call: Call, soft_timeout_s: float) -> Result:
         """Run ``call``; after ``soft_timeout_s`` report ``Late`` and keep it running in
