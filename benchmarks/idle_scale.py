@@ -235,6 +235,9 @@ RAW_PROBE = (
 )
 
 
+RAW_PING_GRID_S = 0.1  # as the library's probe times (core/machine/engine.py PROBE_GRID_S)
+
+
 class RawFleet:
     """N raw driver sessions: leaders take the lock once and idle (or, with
     ``probe_every_s``, run ``RAW_PROBE`` that often, from a random phase; with ``ping``,
@@ -338,12 +341,14 @@ class RawFleet:
         loop.add_reader(fd, readable)
 
     def _ping_psycopg(self, conn: Any) -> None:
-        """Every ``probe_every_s`` (first at a random phase): a Sync in pipeline mode,
-        its answer read by a reader that stays on the event loop; no task, no future."""
+        """Every ``probe_every_s`` (first at a random phase, on the library's 0.1 s
+        grid): a Sync in pipeline mode, its answer read by a reader that stays on the
+        event loop; no task, no future, no state machine."""
         loop = asyncio.get_running_loop()
         pgconn, every = conn.pgconn, self.probe_every_s
 
         def send() -> None:
+            self.timers.append(loop.call_at(loop.time() + every, send))
             try:
                 pgconn.enter_pipeline_mode()
                 pgconn.pipeline_sync()
@@ -363,10 +368,12 @@ class RawFleet:
                 self.errors["ping"] += 1
                 return
             self.probes += 1
-            self.timers.append(loop.call_later(every, send))
 
         loop.add_reader(pgconn.socket, readable)
-        self.timers.append(loop.call_later(random.uniform(0.1, 1.0) * every, send))
+        # The library's schedule: a random first phase, rounded down to a 0.1 s grid so
+        # that the probes of one step share the event loop's wake-ups, then every 5 s.
+        first = loop.time() + random.uniform(0.1, 1.0) * every
+        self.timers.append(loop.call_at(first - first % RAW_PING_GRID_S, send))
 
     async def _probe(self, conn: Any) -> None:
         every = self.probe_every_s

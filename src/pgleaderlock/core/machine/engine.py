@@ -4,6 +4,7 @@ actions into effects. Every policy of the lock lives here (see the package docst
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -77,6 +78,14 @@ PROBE_GRID_S = 0.1
 ``health_interval_s``): the random phases keep N leaders' probes spread over the
 interval, ~N/50 of them per step with the defaults, while the probes of one step share
 the event loop's wake-ups. Rounding down keeps every probe within its interval."""
+
+
+@functools.lru_cache(maxsize=16)
+def _conditions(
+    auto_reacquire: bool, grace_enabled: bool, step_down: bool, stop_reported: bool
+) -> Conditions:
+    """One `Conditions` per combination (there are 16), shared."""
+    return Conditions(auto_reacquire, grace_enabled, step_down, stop_reported)
 
 
 def probe_time(due: float, interval_s: float) -> float:
@@ -443,11 +452,11 @@ class Machine:
     # ------------------------------------------------------------------ transitions
 
     def _conditions(self, stop_reported: bool = True) -> Conditions:
-        return Conditions(
-            auto_reacquire=self.config.auto_reacquire,
-            grace_enabled=self.config.reconnect_grace_s is not None,
-            step_down=self._step_down and not self._stop,
-            stop_reported=stop_reported,
+        return _conditions(
+            self.config.auto_reacquire,
+            self.config.reconnect_grace_s is not None,
+            self._step_down and not self._stop,
+            stop_reported,
         )
 
     def _fire(self, input_: Input, *, stop_reported: bool = True) -> None:

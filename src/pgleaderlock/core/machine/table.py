@@ -9,6 +9,7 @@ rendered from [`TABLE`][pgleaderlock.core.machine.TABLE].
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -262,6 +263,7 @@ def _rows(state: LockState, input_: Input, cond: Conditions) -> Iterator[Row]:
     return (row for row in _BY_PAIR.get((state, input_), ()) if row.matches(state, input_, cond))
 
 
+@functools.lru_cache(maxsize=1024)  # the table is fixed: a lookup runs on every probe
 def step(state: LockState, input_: Input, cond: Conditions) -> Transition:
     """Return the transition for `input_` in `state` under `cond`.
 
