@@ -6,7 +6,7 @@ every call with a timeout and decides what a failure means.
 
 Each session formats its statements once (the keys are literals) and keeps the bytes;
 an idle session's socket is watched on the event loop, and the periodic probe is a bare
-protocol ``Sync`` answered through that same watch (see `PsycopgSession._alive`).
+protocol ``Sync`` answered through that same watch (see `PsycopgSession._start_alive`).
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ class PsycopgSession(BaseSession):
     def _start_alive(self) -> asyncio.Future[None] | None:
         """The periodic probe: a bare protocol ``Sync``, which the session's own backend
         answers with ``ReadyForQuery``. No statement runs: the server's cost is a third
-        of the smallest query's, and the client's is a few libpq calls. The reply comes
+        of the [`ALIVE`][pgleaderlock.backends.ALIVE] statement's, and the client's is a
+        few libpq calls. The reply comes
         through the socket's watch, which stays on the event loop (no reader added and
         removed per probe, no cursor, no result rows).
 

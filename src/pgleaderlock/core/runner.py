@@ -324,10 +324,7 @@ class Runner:
             self._idle_timer.cancel()
             self._idle_timer = None
         call = pending[1]
-        if probe.cancelled():
-            self._hand_off(Failed(call_failure(TimeoutError(), "health check", call.timeout_s)))
-            return
-        exc = probe.exception()
+        exc = RuntimeError("the probe was cancelled") if probe.cancelled() else probe.exception()
         if exc is None:
             self._idle_step(Answered(True))
         else:
