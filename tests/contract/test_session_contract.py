@@ -351,7 +351,11 @@ async def test_started_probes_answer_keep_the_watch_and_report_the_end(
         await first  # without a watch: the probe reads the answer itself
     assert isinstance(session, WatchableSession)
     fired = asyncio.Event()
-    session.watch(fired.set)
+    second = session.start_probe()
+    assert second is not None
+    session.watch(fired.set)  # armed while a probe that reads for itself is in flight
+    async with asyncio.timeout(5):
+        await second
     for _ in range(3):
         probe = session.start_probe()
         assert probe is not None

@@ -231,7 +231,7 @@ class PsycopgSession(BaseSession):
                 loop = asyncio.get_running_loop()
                 if io & _WRITER:
                     loop.remove_writer(self._conn.pgconn.socket)
-                if io & _READER:
+                if io & _READER and self._watch is None:  # a watch armed since keeps it
                     loop.remove_reader(self._conn.pgconn.socket)
         if error is not None and abort:
             self.abort()
