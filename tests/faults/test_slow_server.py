@@ -16,12 +16,24 @@ import pytest
 
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.poll import eventually
 
 if TYPE_CHECKING:
     from conftest import Recorder
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+async def lead_and_probe(lock: LeaderLock, probes: int) -> int:
+    """Start ``lock``; once it leads and has answered ``probes`` health probes, return
+    its backend's pid."""
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await eventually(lambda: lock.statistics().probes >= probes, 5, f"{probes} probes")
+    pid = lock.backend_pid
+    assert pid is not None
+    return pid
 
 
 @pytest.mark.parametrize("probes_before", [0, 2], ids=["pg_locks-probe", "periodic-probe"])
@@ -41,14 +53,7 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
     periodic probe: a bare Sync on psycopg, started without a task)."""
     lock = make_lock(pg_dsn, keys, "slow", health_interval_s=0.3, health_timeout_s=0.3)
     rec = recorder(lock)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    deadline = time.monotonic() + 5
-    while lock.statistics().probes < probes_before:
-        assert time.monotonic() < deadline, "no probes"
-        await asyncio.sleep(0.01)
-    pid = lock.backend_pid
-    assert pid is not None
+    pid = await lead_and_probe(lock, probes_before)
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -86,14 +91,7 @@ async def test_a_backend_frozen_past_tcp_user_timeout_loses_the_lock(
         tcp_user_timeout_s=1.5, auto_reacquire=False,
     )  # fmt: skip
     rec = recorder(lock)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    deadline = time.monotonic() + 5
-    while lock.statistics().probes < 2:  # past the pg_locks probe: a periodic one is next
-        assert time.monotonic() < deadline, "no probes"
-        await asyncio.sleep(0.01)
-    pid = lock.backend_pid
-    assert pid is not None
+    pid = await lead_and_probe(lock, 2)  # past the pg_locks probe: a periodic one is next
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -121,14 +119,7 @@ async def test_step_down_while_a_periodic_probe_is_in_flight(
     the lock is free on the server."""
     lock = make_lock(pg_dsn, keys, "busy", health_interval_s=0.2, health_timeout_s=2.0)
     rec = recorder(lock)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    deadline = time.monotonic() + 5
-    while lock.statistics().probes < 2:
-        assert time.monotonic() < deadline, "no probes"
-        await asyncio.sleep(0.01)
-    pid = lock.backend_pid
-    assert pid is not None
+    pid = await lead_and_probe(lock, 2)
     os.kill(pid, signal.SIGSTOP)
     try:
         await asyncio.sleep(0.4)  # the next probe is sent and unanswered

@@ -323,13 +323,11 @@ class Runner:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        call = pending[1]
-        exc = RuntimeError("the probe was cancelled") if probe.cancelled() else probe.exception()
-        if exc is None:
-            self._idle_step(Answered(True))
+        outcome = _probe_outcome(probe, pending[1])
+        if isinstance(outcome, Answered):
+            self._idle_step(outcome)
         else:
-            what = call.what or "health check"
-            self._hand_off(Failed(call_failure(cast(Exception, exc), what, call.timeout_s)))
+            self._hand_off(outcome)
 
     def _idle_late(self) -> None:
         """The probe is late: from here on it is awaited in a task of its own, as in
@@ -338,12 +336,7 @@ class Runner:
         pending, self._idle_probe = self._idle_probe, None
         if pending is None:
             return
-        probe, call, started = pending
-        loop = asyncio.get_running_loop()
-        remaining = max(0.0, call.timeout_s - (loop.time() - started))
-        # Created before the task wakes, so that it takes its guard first.
-        self._late = loop.create_task(self._perform_call(call, probe, remaining))
-        self._hand_off(self._report_late())
+        self._hand_off(self._go_late(*pending))  # before the task wakes: its guard first
 
     def _hand_off(self, outcome: Result | list[Effect] | Exception) -> None:
         handoff = self._handoff
@@ -371,16 +364,10 @@ class Runner:
         if probe is not None:
             started = loop.time()
             if not await _first(probe, soft_timeout_s, self._slot.abort):
-                remaining = max(0.0, call.timeout_s - (loop.time() - started))
-                self._late = loop.create_task(self._perform_call(call, probe, remaining))
+                late = self._go_late(probe, call, started)
                 await asyncio.sleep(0)  # it starts now, bounded before anyone may cut it short
-                return self._report_late()
-            exc = probe.exception()
-            if exc is None:
-                return Answered(True)
-            return Failed(
-                call_failure(cast(Exception, exc), call.what or "health check", call.timeout_s)
-            )
+                return late
+            return _probe_outcome(probe, call)
         task = loop.create_task(self._perform_call(call))
         if not await _first(task, soft_timeout_s, None):
             self._late = task
@@ -392,6 +379,14 @@ class Runner:
         if session is None or not can(session, ProbingSession):
             return None
         return cast(ProbingSession, session).start_probe()
+
+    def _go_late(self, probe: asyncio.Future[None], call: Call, started: float) -> Result:
+        """A probe started at ``started`` (loop time) is late: await it in a task of its
+        own for what is left of its bound, and report it."""
+        loop = asyncio.get_running_loop()
+        remaining = max(0.0, call.timeout_s - (loop.time() - started))
+        self._late = loop.create_task(self._perform_call(call, probe, remaining))
+        return self._report_late()
 
     def _report_late(self) -> Result:
         session = self._slot.session
@@ -505,6 +500,14 @@ class Runner:
 def _resolve(future: asyncio.Future[None] | None) -> None:
     if future is not None and not future.done():
         future.set_result(None)
+
+
+def _probe_outcome(probe: asyncio.Future[None], call: Call) -> Result:
+    """What a probe that has ended tells the machine."""
+    exc = RuntimeError("the probe was cancelled") if probe.cancelled() else probe.exception()
+    if exc is None:
+        return Answered(True)
+    return Failed(call_failure(cast(Exception, exc), call.what or "health check", call.timeout_s))
 
 
 def _ended(waiter: asyncio.Future[None], _: object) -> None:
