@@ -473,37 +473,58 @@ async def test_next_leader_waits_for_an_open_fenced_transaction(
     assert await rows(admin, work_table) == [(term,)]
 
 
-async def test_fenced_transaction_longer_than_the_bump_timeout(
-    pg_dsn: str, make_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+async def test_an_old_terms_fenced_transaction_is_ended_after_the_grace(
+    pg_dsn: str,
+    make_lock: Callable[..., LeaderLock],
+    work_table: str,
+    admin: Admin,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A fenced transaction that stays open longer than the next leader's
-    ``command_timeout_s``: its term bump gives up (on_error, and the session is closed),
-    the lock never leads while the transaction is open, and leads once it has ended.
-
-    The closed session's backend does not notice while it waits for the row (with
-    ``client_connection_check_interval`` off): it keeps the advisory lock and commits
-    its bump when the transaction ends, then exits. So the new leader's term is
-    ``term + 2`` then: terms may skip a value, never repeat or go back."""
+    """A fenced transaction of the old term that stays open (its leader frozen, or cut
+    off from the server) does not keep the next leader out: its term bump waits
+    ``fencing_grace_s``, then ends that transaction's session (fencing rolls it back
+    anyway) and leads with term + 1. The old transaction never commits."""
     first = make_lock(retry_strategy=FixedInterval(10.0))
-    second = make_lock(retry_strategy=FixedInterval(0.2), command_timeout_s=0.5)
+    second = make_lock(retry_strategy=FixedInterval(0.2), fencing_grace_s=0.5)
     errors: list[Exception] = []
     second.on_error(errors.append)
-    states: list[LockState] = []
-    second.on_state_change(lambda old, new: states.append(new))
     term = await leads(first)
     await second.start()
     await queued(admin, second)
-    async with PsycopgBlock(pg_dsn).transaction() as conn:
-        assert await first.fence(conn) == term
-        await first.step_down()
-        await until(lambda: asyncio.sleep(0, errors), "a term bump timed out")
-        await asyncio.sleep(0.3)
-        await conn.execute(f"INSERT INTO {work_table} (term) VALUES ({term})".encode())
-    assert LockState.LEADER not in states
-    assert all("fencing term timed out" in str(exc) for exc in errors), errors
-    assert await second.wait_for_leadership(10)
-    assert second.term in (term + 1, term + 2)
-    assert await rows(admin, work_table) == [(term,)]
+    with pytest.raises(psycopg.OperationalError, match="administrator command"):
+        async with PsycopgBlock(pg_dsn).transaction() as conn:
+            assert await first.fence(conn) == term
+            old = conn.info.backend_pid
+            await first.step_down()
+            assert await second.wait_for_leadership(10)
+            await conn.execute(f"INSERT INTO {work_table} (term) VALUES ({term})".encode())
+    assert second.term == term + 1
+    assert errors == []
+    assert await rows(admin, work_table) == []
+    events = [(r.getMessage().split()[0], r.getMessage()) for r in caplog.records]
+    assert [e for e, _ in events if e.startswith(("term_bump", "fenced_"))] == [
+        "term_bump_blocked",
+        "fenced_sessions_ended",
+    ], events
+    assert f'pids="[{old}]"' in dict(events)["fenced_sessions_ended"]
+
+
+async def test_fence_does_not_wait_for_a_term_bump(
+    kind: Kind, make_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+) -> None:
+    """While a term bump holds the term row (a new leadership is beginning), fence()
+    fails at once with FencedError instead of waiting for the bump (``SKIP LOCKED``)."""
+    lock = make_lock()
+    term = await leads(lock)
+    async with await psycopg.AsyncConnection.connect(admin.info.dsn, connect_timeout=5) as bumper:
+        await bumper.execute(  # begins a transaction, as a bump's statement does
+            f"UPDATE {fencing_table} SET term = term + 1 WHERE key1 = %s AND key2 = %s".encode(),
+            lock.keys,
+        )
+        with pytest.raises(FencedError, match=f"term {term} could not be confirmed"):
+            async with asyncio.timeout(5), kind.transaction() as conn:
+                await kind.fence(lock, conn)
+        await bumper.rollback()
 
 
 # ---------------------------------------------------------------- the term

@@ -8,8 +8,10 @@ are implementation details:
   [`ConnectOptions`][pgleaderlock.ConnectOptions], [`LockSession`][pgleaderlock.LockSession]
   and its optional capabilities [`WaitingSession`][pgleaderlock.backends.WaitingSession],
   [`WatchableSession`][pgleaderlock.backends.WatchableSession],
-  [`AbortableSession`][pgleaderlock.backends.AbortableSession] and
-  [`ProbingSession`][pgleaderlock.backends.ProbingSession];
+  [`AbortableSession`][pgleaderlock.backends.AbortableSession],
+  [`ProbingSession`][pgleaderlock.backends.ProbingSession] and
+  [`FencingSession`][pgleaderlock.backends.FencingSession] (with
+  [`FencedSessions`][pgleaderlock.backends.FencedSessions]);
 - the shared base (``pgleaderlock.backends.base``):
   [`BaseSession`][pgleaderlock.backends.BaseSession], which writes the lock calls, the row
   and pid checks and the error translation once over a few driver calls, the statements
@@ -41,6 +43,8 @@ from ..core.session import (
     AbortableSession,
     Backend,
     ConnectOptions,
+    FencedSessions,
+    FencingSession,
     LockSession,
     ProbingSession,
     WaitingSession,
@@ -74,6 +78,8 @@ __all__ = [
     "WatchableSession",
     "AbortableSession",
     "ProbingSession",
+    "FencingSession",
+    "FencedSessions",
     # the shared base
     "BaseSession",
     "Statement",

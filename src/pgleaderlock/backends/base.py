@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import math
 import random
 import socket
 import struct
@@ -37,7 +38,7 @@ from ..core.errors import (
     StandbyError,
 )
 from ..core.keys import key_to_oid
-from ..core.session import ConnectOptions, SessionInfo
+from ..core.session import ConnectOptions, FencedSessions, SessionInfo
 from .errors import (
     CONNECTION_SQLSTATE_CLASSES,
     REFUSED_SQLSTATES,
@@ -69,6 +70,7 @@ from .sql import (
     Statement,
     _bump_many_statement,
     _bump_statement,
+    _end_fenced_statement,
     bump_term_statement,
     bump_terms_statement,
     configure_statement,
@@ -197,6 +199,7 @@ class BaseSession(abc.ABC):
         self._held = False  # a lock call granted the lock (and no unlock since)
         self._verified = False  # held, and a pg_locks probe since the grant said so
         self._unsure = False  # the last wait timed out: it may have been granted meanwhile
+        self._lease_ms = 0  # set by the lock calls once they grant a lock (configure())
 
     @property
     def backend_pid(self) -> int | None:
@@ -315,9 +318,8 @@ class BaseSession(abc.ABC):
         """A lock statement, guarded: it runs only on the session's own backend, with
         its token (the session identifies itself first if it has not yet)."""
         info = self._info or await self.identify()
-        value = (await self._row(statement, (*values, info.backend_pid, self._token, self._mode)))[
-            0
-        ]
+        values = (*values, info.backend_pid, self._token, self._mode, self._lease_ms)
+        value = (await self._row(statement, values))[0]
         self._unsure = False
         if value is None and statement is not UNLOCK:
             raise SessionNotDedicatedError(
@@ -329,7 +331,7 @@ class BaseSession(abc.ABC):
 
     async def _lock_call_wait(self, key1: int, key2: int, timeout_ms: int) -> object:
         info = self._info or await self.identify()
-        values = (key1, key2, info.backend_pid, self._token, self._mode, timeout_ms)
+        values = (key1, key2, info.backend_pid, self._token, self._mode, self._lease_ms, timeout_ms)
         row = await self._row(WAIT_LOCK, values)
         self._unsure = False
         if row[1] is None:
@@ -364,8 +366,16 @@ class BaseSession(abc.ABC):
             row = await self._row(statement, (self._token, protocol_pid or -1))
             self._configured = row[2] is not None
             assert self._pid is not None
-            self._info = SessionInfo(self._pid, protocol_pid, bool(row[0]))
+            self._info = SessionInfo(self._pid, protocol_pid, bool(row[0]), bool(row[3]))
+        if options is not None:
+            self._set_lease(options)
         return self._info
+
+    def _set_lease(self, options: ConnectOptions) -> None:
+        """The lease the lock calls set once they grant a lock (none where the server
+        cannot hold one)."""
+        supported = self._info is not None and self._info.lease_supported
+        self._lease_ms = math.ceil(options.lease_s * 1000) if supported else 0
 
     async def backend_now(self) -> int:
         """Ask for the backend again, checked like every statement (``SetupSession``)."""
@@ -379,6 +389,7 @@ class BaseSession(abc.ABC):
         session (``SetupSession``), unless ``identify()`` did. Behind a pooler (which the
         core has accepted as session mode by then) no advisory lock is freed: the
         pooler reset the server connection when its last client left."""
+        self._set_lease(options)
         if self._configured:
             return
         info = await self.identify()
@@ -420,15 +431,42 @@ class BaseSession(abc.ABC):
             if sqlstate(exc) not in DUPLICATE_TABLE:
                 raise translate(exc, "create table", cls) from exc
 
-    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
-        """Increment the lock's fencing term (``FencingSession``); the table is created
-        the first time a session of this process meets it."""
-        term = await self._with_terms(
-            table, lambda: self._lock_call(_bump_statement(table), key1, key2)
+    async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int | None:
+        """Increment the lock's fencing term (``FencingSession``), waiting at most
+        ``wait_s`` for fenced transactions of older terms (``None`` after that); the table
+        is created the first time a session of this process meets it."""
+        info = self._info or await self.identify()
+        values = (key1, key2, info.backend_pid, lock_timeout_ms(wait_s))
+        row = await self._bumped(table, _bump_statement(table), values)
+        if row is None:
+            return None
+        if not isinstance(row[0], int):
+            raise ConnectionError(f"fencing term: unexpected result {row[0]!r}")
+        return row[0]
+
+    async def _bumped(
+        self, table: TermTable, statement: Statement, values: tuple[Any, ...]
+    ) -> tuple[object, ...] | None:
+        """Run a term bump: its row, or ``None`` when its wait for the term rows ended
+        in ``lock_timeout``."""
+        try:
+            return await self._with_terms(table, lambda: self._row(statement, values))
+        except PgLeaderLockError as exc:
+            if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
+                return None
+            raise
+
+    async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:
+        """End the fenced transactions of older terms that hold the term rows of
+        ``keys`` (``FencingSession``; see
+        [`end_fenced_statement`][pgleaderlock.backends.sql.end_fenced_statement])."""
+        firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
+        row = await self._row(_end_fenced_statement(table), (firsts, seconds))
+        ended, refused, roles = (cast(list[Any] | None, value) or [] for value in row[:3])
+        return FencedSessions(
+            tuple(int(pid) for pid in ended),
+            tuple((int(pid), str(role)) for pid, role in zip(refused, roles, strict=True)),
         )
-        if not isinstance(term, int):
-            raise ConnectionError(f"fencing term: unexpected result {term!r}")
-        return term
 
     # ------------------------------------------------ many locks (GroupSession)
 
@@ -438,7 +476,8 @@ class BaseSession(abc.ABC):
             return []
         info = self._info or await self.identify()
         firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
-        row = await self._row(TRY_LOCK_MANY, (firsts, seconds, info.backend_pid, self._token))
+        values = (firsts, seconds, info.backend_pid, self._token, self._lease_ms)
+        row = await self._row(TRY_LOCK_MANY, values)
         positions = cast(list[int] | None, row[0]) or []
         if positions:  # the next probe checks pg_locks once (see holds)
             self._held, self._verified = True, False
@@ -454,15 +493,19 @@ class BaseSession(abc.ABC):
         return int(cast(int, row[0]))
 
     async def bump_terms(
-        self, table: TermTable, keys: list[tuple[int, int]]
-    ) -> dict[tuple[int, int], int]:
-        """Increment the fencing terms of ``keys`` (held by this session): key -> term."""
+        self, table: TermTable, keys: list[tuple[int, int]], wait_s: float
+    ) -> dict[tuple[int, int], int] | None:
+        """Increment the fencing terms of ``keys`` (held by this session): key -> term;
+        ``None`` when fenced transactions of older terms still hold a row after
+        ``wait_s`` (no term changed)."""
         if not keys:
             return {}
         info = self._info or await self.identify()
         firsts, seconds = [k[0] for k in keys], [k[1] for k in keys]
-        values = (firsts, seconds, info.backend_pid)
-        row = await self._with_terms(table, lambda: self._row(_bump_many_statement(table), values))
+        values = (firsts, seconds, info.backend_pid, lock_timeout_ms(wait_s))
+        row = await self._bumped(table, _bump_many_statement(table), values)
+        if row is None:
+            return None
         k1s, k2s, terms = (cast(list[int] | None, value) or [] for value in row[:3])
         return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
 

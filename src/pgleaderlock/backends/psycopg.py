@@ -112,12 +112,12 @@ class PsycopgSession(BaseSession):
     async def _with_parameters(
         self, statement: Statement, values: tuple[Any, ...], *, all_rows: bool
     ) -> object:
-        query = statement.sql(*["%s"] * len(values)).encode()
+        query, params = _with_params(statement.template, values)
         if self._watch is not None:
             self.watch(None)
         try:
             cursor = self._conn.cursor()
-            await cursor.execute(query, values)
+            await cursor.execute(query, params)
             return await (cursor.fetchall() if all_rows else cursor.fetchone())
         except asyncio.CancelledError:
             self.abort()
@@ -210,6 +210,10 @@ class PsycopgSession(BaseSession):
             if pgconn.is_busy():
                 return  # part of the answer: wait for the rest
             result = pgconn.get_result()
+            if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+                # The server ended the session (terminated, shut down, its lease ran out):
+                # its own message, not the protocol's.
+                raise psycopg.errors.error_from_result(result, self._conn.info.encoding)
             if result is None or result.status != pq.ExecStatus.PIPELINE_SYNC:
                 status = "none" if result is None else pq.ExecStatus(result.status).name
                 raise psycopg.OperationalError(f"unexpected answer to a Sync: {status}")
@@ -436,7 +440,7 @@ async def _fetch_row(
 ) -> tuple[Any, ...] | None:
     if _not_in_transaction(conn):
         raise ConfigurationError(_OUTSIDE)
-    cur = await conn.execute(_with_params(template, values), values)
+    cur = await conn.execute(*_with_params(template, values))
     row = await cur.fetchone()
     return None if row is None else tuple(row)
 
@@ -449,12 +453,16 @@ def fetch_row_sync(
         return None
     if _not_in_transaction(conn):
         raise ConfigurationError(_OUTSIDE.replace("async with", "with"))
-    row = conn.execute(_with_params(template, values), values).fetchone()
+    row = conn.execute(*_with_params(template, values)).fetchone()
     return (None if row is None else tuple(row),)
 
 
-def _with_params(template: str, values: tuple[object, ...]) -> bytes:
-    return template.format(*["%s"] * len(values)).encode()
+def _with_params(template: str, values: tuple[object, ...]) -> tuple[bytes, dict[str, object]]:
+    """The query and its parameters, by name: a template may use a value twice, or out
+    of order."""
+    names = [f"v{i}" for i in range(len(values))]
+    query = template.format(*[f"%({name})s" for name in names]).encode()
+    return query, dict(zip(names, values, strict=True))
 
 
 backend = Backend(

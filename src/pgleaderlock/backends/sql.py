@@ -34,6 +34,7 @@ __all__ = [
     "Statement",
     "bump_term_statement",
     "bump_terms_statement",
+    "end_fenced_statement",
     "configure_statement",
     "create_terms_statement",
     "lock_timeout_ms",
@@ -110,16 +111,34 @@ _HELD = (
     f"WHEN ({{4}})::int4 = 2 AND {_MAYBE_OURS} THEN {{held}}"
     f" WHEN ({{4}})::int4 = 1 AND {_BACKEND_HOLDS} THEN NULL"
 )
-_HELD_TRY = _HELD.replace("{held}", "true")
+
+
+def _lease(value: str) -> str:
+    """True, after setting the session's lease: ``idle_session_timeout`` of ``value`` ms
+    for the rest of the session (0: no lease, nothing is set). A session granted a lock
+    is probed every ``health_interval_s``, and every probe (a bare protocol ``Sync``
+    too) restarts the server's idle clock: a client whose probes stop (a blocked event
+    loop, a frozen process) loses the session, and its locks, ``value`` ms after the
+    last one, with no help from it. The session passes 0 where the server has no such
+    setting (before PostgreSQL 14)."""
+    return (
+        f"(({value})::int4 = 0"
+        f" OR set_config('idle_session_timeout', ({value})::int4::text, false) IS NOT NULL)"
+    )
+
+
+_LEASE = _lease("{5}")
+_HELD_TRY = _HELD.replace("{held}", _LEASE)
 _HELD_WAIT = _HELD.replace("{held}", "''")
 TRY_LOCK = Statement(
     "try_lock",
     f"SELECT CASE {_OWN} {_HELD_TRY}"
-    " ELSE pg_try_advisory_lock(({0})::int4, ({1})::int4) END" + _TAIL,
+    f" WHEN pg_try_advisory_lock(({{0}})::int4, ({{1}})::int4) THEN {_LEASE} ELSE false END"
+    + _TAIL,
 )
-"""``pg_try_advisory_lock(key1, key2)``; values: the two keys, the session's pid and
-token, and 1 behind a pooler, 2 after a wait that timed out (else 0). NULL: refused (see
-``BaseSession``)."""
+"""``pg_try_advisory_lock(key1, key2)``, and the lease once granted; values: the two keys,
+the session's pid and token, 1 behind a pooler or 2 after a wait that timed out (else 0),
+and the lease in ms (0: none). NULL: refused (see ``BaseSession``)."""
 UNLOCK = Statement(
     "unlock",
     f"SELECT CASE {_OWN} ELSE pg_advisory_unlock(({{0}})::int4, ({{1}})::int4) END" + _TAIL,
@@ -129,15 +148,17 @@ UNLOCK = Statement(
 # is set before pg_advisory_lock starts waiting (the target list runs left to right).
 # The timeout is a value like the keys, so that a driver that prepares statements needs
 # one for waits of any length. A timeout raises lock_not_available (SQLSTATE 55P03).
+# The lease is set in a column after the lock's: it runs once the lock is granted.
 WAIT_LOCK = Statement(
     "wait_lock",
-    f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{5}})::int4::text, true) END,"
+    f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{6}})::int4::text, true) END,"
     f" CASE {_OWN} {_HELD_WAIT}"
-    " ELSE pg_advisory_lock(({0})::int4, ({1})::int4)::text END" + _TAIL,
+    " ELSE pg_advisory_lock(({0})::int4, ({1})::int4)::text END,"
+    f" CASE {_OWN} ELSE {_LEASE} END" + _TAIL,
 )
-"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``; values: the two keys, the
-session's pid and token, 1 behind a pooler or 2 after a wait that timed out (else 0),
-and the timeout in ms
+"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``, and the lease once granted;
+values: the two keys, the session's pid and token, 1 behind a pooler or 2 after a wait
+that timed out (else 0), the lease in ms (0: none) and the timeout in ms
 ([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms])."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by key_to_oid().
@@ -173,12 +194,16 @@ _OWN_MANY = (
 )
 TRY_LOCK_MANY = Statement(
     "try_lock",
-    "SELECT (SELECT array_agg(k.i) FROM unnest(({0})::int4[], ({1})::int4[])"
+    "WITH granted AS (SELECT (SELECT array_agg(k.i) FROM unnest(({0})::int4[], ({1})::int4[])"
     f" WITH ORDINALITY AS k(k1, k2, i) WHERE CASE WHEN {_OWN_MANY}"
-    " THEN pg_try_advisory_lock(k.k1, k.k2) ELSE false END)" + _TAIL,
+    " THEN pg_try_advisory_lock(k.k1, k.k2) ELSE false END) AS i)"
+    f" SELECT i, CASE WHEN i IS NOT NULL AND {_OWN_MANY} THEN {_lease('{4}')} END"
+    + _TAIL
+    + " FROM granted",
 )
-"""``pg_try_advisory_lock`` for many keys; values: the keys' two arrays, the session's
-pid and token. The value: the 1-based positions of the keys granted (or NULL)."""
+"""``pg_try_advisory_lock`` for many keys, and the lease if any was granted; values: the
+keys' two arrays, the session's pid and token, the lease in ms (0: none). The value: the
+1-based positions of the keys granted (or NULL)."""
 UNLOCK_MANY = Statement(
     "unlock",
     "SELECT (SELECT count(*) FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
@@ -209,17 +234,17 @@ visible to every role."""
 
 def bump_terms_statement(table: TermTable) -> Statement:
     """[`bump_term_statement`][pgleaderlock.backends.sql.bump_term_statement] for many
-    keys at once (values: the keys' two arrays, the session's pid). Rows come back as
-    arrays: key1s, key2s, terms."""
+    keys at once (values: the keys' two arrays, the session's pid, the wait in ms). Rows
+    come back as arrays: key1s, key2s, terms."""
     return Statement(
         "fencing term",
-        f"{_DURABLE}, bumped AS ("
+        f"{_SETTINGS}, bumped AS ("
         + _upsert(
             table, "SELECT k.k1, k.k2", "FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
         )
         + " RETURNING key1, key2, term)"
         " SELECT (SELECT array_agg(key1) FROM bumped), (SELECT array_agg(key2) FROM bumped),"
-        " (SELECT array_agg(term) FROM bumped), (SELECT count(*) FROM durable)" + _TAIL,
+        " (SELECT array_agg(term) FROM bumped)" + _TAIL,
     )
 
 
@@ -237,11 +262,16 @@ def create_terms_statement(table: TermTable) -> Statement:
     )
 
 
-# Durable (synchronous_commit), and a backend whose client gave up on it while it waited
-# for a term row (a bump past its timeout: the session was dropped) stops waiting within a
-# second instead of keeping the locks and committing the bump.
-_DURABLE = (
-    "WITH durable AS (SELECT set_config('synchronous_commit', 'on', true),"
+# The bump's settings, local to its transaction: durable (synchronous_commit); a wait for
+# the fenced transactions of older terms of at most {3} ms (lock_timeout: then
+# lock_not_available, and the core decides what to do about them); and a backend whose
+# client gave up on it while it waited (the session was dropped) stops waiting within a
+# second instead of keeping the locks and committing the bump. They are applied in the
+# upsert's WHERE, which runs before the upsert looks at the row: a CTE that only the
+# final SELECT reads would run after the upsert, and after its wait.
+_SETTINGS = (
+    "WITH settings AS (SELECT set_config('synchronous_commit', 'on', true),"
+    " set_config('lock_timeout', ({3})::int4::text, true),"
     " (SELECT count(set_config(s.name, '1000', true))"
     " FROM (VALUES ('client_connection_check_interval')) AS s(name)"
     " WHERE current_setting(s.name, true) IS NOT NULL))"
@@ -251,11 +281,12 @@ _TIMELINE = "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(
 
 def _upsert(table: TermTable, keys: str, source: str) -> str:
     """The term upsert: ``keys`` selects the two key columns from ``source``; only on the
-    session's own backend ({2}); the new term is ``max(old + 1, timeline << 32 | 1)``."""
+    session's own backend ({2}), with the bump's settings applied first; the new term is
+    ``max(old + 1, timeline << 32 | 1)``."""
     return (
         f"INSERT INTO {table.sql} AS t (key1, key2, term, holder, acquired_at)"
         f" {keys}, {_TIMELINE} + 1, current_setting('application_name'), now() {source}"
-        " WHERE pg_backend_pid() = ({2})::int4"
+        " WHERE pg_backend_pid() = ({2})::int4 AND (SELECT count(*) FROM settings) = 1"
         " ON CONFLICT (key1, key2) DO UPDATE SET term = GREATEST(t.term + 1, EXCLUDED.term),"
         " holder = EXCLUDED.holder, acquired_at = EXCLUDED.acquired_at"
     )
@@ -263,16 +294,52 @@ def _upsert(table: TermTable, keys: str, source: str) -> str:
 
 def bump_term_statement(table: TermTable) -> Statement:
     """Increment a lock's term, durably, on the session that holds the lock (values: the
-    two keys and the session's pid). The new term is ``max(old + 1, timeline << 32 |
-    1)``: strictly increasing, and never equal across two primaries on different
-    timelines. The upsert needs the row's exclusive lock, so it waits for every fenced
-    transaction of the old term (they hold the row ``FOR SHARE``) to end."""
+    two keys, the session's pid and how long to wait, in ms). The new term is
+    ``max(old + 1, timeline << 32 | 1)``: strictly increasing, and never equal across two
+    primaries on different timelines. The upsert needs the row's exclusive lock, so it
+    waits for every fenced transaction of the old term (they hold the row ``FOR SHARE``)
+    to end, for at most the wait: then it fails with ``lock_not_available``."""
     return Statement(
         "fencing term",
-        f"{_DURABLE}, bumped AS ("
+        f"{_SETTINGS}, bumped AS ("
         + _upsert(table, "SELECT ({0})::int4, ({1})::int4", "")
-        + " RETURNING term) SELECT (SELECT term FROM bumped), (SELECT count(*) FROM durable)"
+        + " RETURNING term) SELECT (SELECT term FROM bumped)"
         + _TAIL,
+    )
+
+
+def end_fenced_statement(table: TermTable) -> Statement:
+    """End the sessions whose transactions passed ``fence()`` for any of the keys, on
+    ``table``, and still hold the terms' rows (values: the keys' two arrays): they are
+    fenced transactions of an older term, which fencing rolls back anyway (see
+    [`fence_template`][pgleaderlock.core.fencing.fence_template]: a fence marks its
+    transaction with a shared transaction-level advisory lock on the key's ``int8``
+    form, and holds ``ROW SHARE`` on the table). ``pg_terminate_backend`` is called only
+    on the sessions this role may end (its own role's, or any but a superuser's with
+    ``pg_signal_backend``). The row: the pids ended, the pids and roles left alone (as
+    arrays, or NULL)."""
+    return Statement(
+        "end fenced transactions",
+        "WITH holders AS (SELECT DISTINCT l.pid, a.usesysid FROM pg_catalog.pg_locks l"
+        " JOIN unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+        " ON l.classid = ((k.k1::int8 & 4294967295)::oid)"
+        " AND l.objid = ((k.k2::int8 & 4294967295)::oid)"
+        " JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ShareLock'"
+        " AND l.granted AND l.pid <> pg_backend_pid() AND l.database ="
+        " (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"
+        " AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks r WHERE r.pid = l.pid"
+        f" AND r.locktype = 'relation' AND r.relation = {_literal(table.sql)}::regclass"
+        " AND r.mode = 'RowShareLock' AND r.granted)),"
+        " decided AS (SELECT h.pid, r.rolname, (NOT r.rolsuper OR (SELECT s.rolsuper"
+        " FROM pg_catalog.pg_roles s WHERE s.rolname = current_user))"
+        " AND (pg_catalog.pg_has_role(h.usesysid, 'USAGE')"
+        " OR pg_catalog.pg_has_role('pg_signal_backend', 'USAGE')) AS permitted"
+        " FROM holders h JOIN pg_catalog.pg_roles r ON r.oid = h.usesysid),"
+        " ended AS (SELECT pid, rolname, permitted AND pg_catalog.pg_terminate_backend(pid)"
+        " AS ended FROM decided)"
+        " SELECT array_agg(pid) FILTER (WHERE ended), array_agg(pid) FILTER (WHERE NOT ended),"
+        " array_agg(rolname::text) FILTER (WHERE NOT ended)" + _TAIL + " FROM ended",
     )
 
 
@@ -302,16 +369,21 @@ def setup_statement(settings: Mapping[str, str] | None, application_name: str = 
 
     Returns:
         The statement. Its values: the session's token, and the protocol's pid. Its row:
-        (in recovery, the token, settings applied or NULL, token, pid).
+        (in recovery, the token, settings applied or NULL, the server can hold a lease
+        (``idle_session_timeout``, PostgreSQL 14 and later), token, pid).
     """
     token = "set_config('pgleaderlock.session', ({0})::int8::text, false)"
+    lease = "current_setting('idle_session_timeout', true) IS NOT NULL"
     if settings is None:
-        return Statement("session setup", f"SELECT pg_is_in_recovery(), {token}, NULL" + _TAIL)
+        return Statement(
+            "session setup", f"SELECT pg_is_in_recovery(), {token}, NULL, {lease}" + _TAIL
+        )
     direct = "pg_backend_pid() = ({1})::int4 AND NOT pg_is_in_recovery()"
     sql = (
         f"SELECT pg_is_in_recovery(), {token}, CASE WHEN {direct} THEN"
         f" {_settings_count(settings, application_name)}"
-        " + (SELECT count(*) FROM (SELECT pg_advisory_unlock_all()) AS freed) END" + _TAIL
+        " + (SELECT count(*) FROM (SELECT pg_advisory_unlock_all()) AS freed) END,"
+        f" {lease}" + _TAIL
     )
     return Statement("session setup", sql)
 
@@ -384,3 +456,8 @@ def _bump_statement(table: TermTable) -> Statement:
 @functools.cache
 def _bump_many_statement(table: TermTable) -> Statement:
     return bump_terms_statement(table)
+
+
+@functools.cache
+def _end_fenced_statement(table: TermTable) -> Statement:
+    return end_fenced_statement(table)

@@ -41,7 +41,7 @@ from sqlalchemy.pool import NullPool
 from ..core._logging import mask_dsn
 from ..core.config import TermTable
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
-from ..core.session import Backend, ConnectOptions, LockSession, SessionInfo
+from ..core.session import Backend, ConnectOptions, FencedSessions, LockSession, SessionInfo
 from .base import check_target_session_attrs, translate
 from .psycopg import PsycopgSession
 
@@ -137,10 +137,15 @@ class SQLAlchemySession:
         return count
 
     async def bump_terms(
-        self, table: TermTable, keys: list[tuple[int, int]]
-    ) -> dict[tuple[int, int], int]:
-        terms: dict[tuple[int, int], int] = await self._inner.bump_terms(table, keys)
+        self, table: TermTable, keys: list[tuple[int, int]], wait_s: float
+    ) -> dict[tuple[int, int], int] | None:
+        terms: dict[tuple[int, int], int] | None = await self._inner.bump_terms(table, keys, wait_s)
         return terms
+
+    async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:
+        """End the fenced transactions of older terms (``FencingSession``)."""
+        ended: FencedSessions = await self._inner.end_fenced(table, keys)
+        return ended
 
     async def group_snapshot(self, prefix: str) -> list[Any]:
         rows: list[Any] = await self._inner.group_snapshot(prefix)
@@ -162,9 +167,9 @@ class SQLAlchemySession:
     async def ping(self) -> None:
         await self._inner.ping()
 
-    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
+    async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int | None:
         """Increment the lock's fencing term (``FencingSession``)."""
-        term: int = await self._inner.bump_term(table, key1, key2)
+        term: int | None = await self._inner.bump_term(table, key1, key2, wait_s)
         return term
 
     async def try_lock(self, key1: int, key2: int) -> bool:

@@ -28,7 +28,8 @@ Sessions = Literal["dedicated", "shared"]
 _LOCK_KNOBS = frozenset({
     "health_interval_s", "health_timeout_s", "reconnect_grace_s", "connect_timeout_s",
     "command_timeout_s", "tcp_user_timeout_s", "follower_mode", "load_plugins",
-    "retry_permanent_errors", "acquire_delay_s", "backend",
+    "retry_permanent_errors", "acquire_delay_s", "backend", "lease_s", "fencing_grace_s",
+    "drain_s",
 })  # fmt: skip
 
 
@@ -66,9 +67,12 @@ class Coordinator:
         fencing_table: the table of fencing terms.
         **lock_knobs: other ``LeaderLock`` arguments: ``health_interval_s``,
             ``health_timeout_s``, ``connect_timeout_s``, ``command_timeout_s``,
-            ``tcp_user_timeout_s``, ``backend`` (both modes); ``reconnect_grace_s``,
-            ``follower_mode``, ``acquire_delay_s``, ``load_plugins``,
-            ``retry_permanent_errors`` (dedicated sessions).
+            ``tcp_user_timeout_s``, ``lease_s``, ``fencing_grace_s``, ``drain_s``,
+            ``backend`` (both modes); ``reconnect_grace_s``, ``follower_mode``,
+            ``acquire_delay_s``, ``load_plugins``, ``retry_permanent_errors`` (dedicated
+            sessions). The lease holds for every session that holds a lock: a name's, the
+            member's own lock (the util session with dedicated sessions, the hold
+            session with shared ones).
 
     Raises:
         ConfigurationError: bad input, before any I/O.
@@ -111,6 +115,9 @@ class Coordinator:
             fencing=fencing,
             fencing_table=fencing_table,
             acquire_delay_s=lock_knobs.get("acquire_delay_s", 0.0),
+            lease_s=lock_knobs.get("lease_s"),
+            fencing_grace_s=lock_knobs.get("fencing_grace_s", 2.0),
+            drain_s=lock_knobs.get("drain_s", 0.0),
         )
         backend, driver_dsn, config = connection_target(backend_name, dsn, connect_fn, config)
         check_retry_strategy(retry_strategy)

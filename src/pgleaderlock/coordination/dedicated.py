@@ -1,7 +1,9 @@
 """Dedicated sessions: one [`LeaderLock`][pgleaderlock.LeaderLock] per name (the seeds'
 pattern), with all its guarantees: followers wait on the server and take over the
 instant a holder dies, flap damping, late probes, fencing. Two more sessions per member:
-**util** reads the group's snapshot and sends notifications, **listen** receives them.
+**util** holds the member's own lock (its place in the group), reads the group's snapshot
+and sends notifications, and is probed every ``health_interval_s`` (so that its lease,
+like a name's, ends a frozen member's place within ``lease_s``); **listen** receives them.
 
 A name is handed to a member that leads fewer names without letting anyone else in:
 the giver announces the hand-off, the other members stop waiting for the name, and
@@ -46,6 +48,7 @@ class DedicatedEngine(Engine):
         super().__init__(*args, **kwargs)
         self._util_slot = self.slot("util")
         self._util: GroupSession | None = None
+        self._util_lock = asyncio.Lock()  # one call at a time on the util session
         self._locks: dict[Key, LeaderLock] = {}
         self._leading: set[Key] = set()
         self._paused: dict[Key, float] = {}  # key -> resume at (monotonic)
@@ -60,6 +63,7 @@ class DedicatedEngine(Engine):
         self._closing = False
         # The util session first: it creates the checkpoint table that workers use.
         await self.retrying("util_session_failed", self._utility)
+        self.spawn(self._probe_util_forever(), f"pgleaderlock-probe:{self.group}")
         await self.start_listening()
         for key in list(self.names):
             await self._compete(key)  # each lock connects (and retries) by itself
@@ -95,16 +99,31 @@ class DedicatedEngine(Engine):
             self._util = session
         return self._util
 
-    async def _on_util(self, call: Callable[[GroupSession], Awaitable[T]]) -> T:
-        """``call(util session)``, bounded; a failure gives the session up (the next
-        call opens it again)."""
-        try:
-            session = await self._utility()
-            return await self.bounded(self._util_slot, call(session))
-        except Exception:
-            self._util = None
-            await self._util_slot.close()
-            raise
+    async def _on_util(
+        self, call: Callable[[GroupSession], Awaitable[T]], timeout_s: float | None = None
+    ) -> T:
+        """``call(util session)``, alone on it and bounded; a failure gives the session up
+        (the next call opens it again)."""
+        async with self._util_lock:
+            try:
+                session = await self._utility()
+                return await self.bounded(self._util_slot, call(session), timeout_s)
+            except Exception:
+                self._util = None
+                await self._util_slot.close()
+                raise
+
+    async def _probe_util_forever(self) -> None:
+        """Ping the util session every ``health_interval_s``: it holds the member lock,
+        and its lease ends a member whose probes stop. A failed ping gives the session
+        up; the next ping opens it again (and takes the member lock again)."""
+        config = self.s.config
+        while True:
+            await asyncio.sleep(config.health_interval_s)
+            try:
+                await self._on_util(_ping, config.health_timeout_s)
+            except Exception as exc:
+                log.warning("util_probe_failed", error=repr(exc), **self._fields)
 
     async def _group_rows(self) -> list[Any]:
         return await self._on_util(lambda session: session.group_snapshot(prefix(self.group)))
@@ -283,3 +302,7 @@ class DedicatedEngine(Engine):
 
 def _notify(session: GroupSession, *, channel: str, payload: str) -> Awaitable[None]:
     return session.notify(channel, payload)
+
+
+def _ping(session: GroupSession) -> Awaitable[None]:
+    return session.ping()

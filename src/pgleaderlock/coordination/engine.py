@@ -441,6 +441,7 @@ class Engine(abc.ABC):
             application_name=app_name(self.group, self.member, role),
             connect_timeout_s=self.s.config.connect_timeout_s,
             server_settings=session_settings(self.s.config),
+            lease_s=self.s.config.lease_s,
         )
 
     def slot(self, role: Role) -> SessionSlot:

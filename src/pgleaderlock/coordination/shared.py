@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from ..core._logging import get_logger
+from ..core.config import TermTable
 from ..core.session import GroupSession, WaitingSession, WatchableSession
 from ..core.slot import SessionSlot, can
 from . import balance
@@ -190,14 +191,14 @@ class SharedEngine(Engine):
             return []
         try:
             granted = await self._call(lambda s: s.try_lock_many(keys))
-            terms: dict[Key, int] = {}
+            terms: dict[Key, int] | None = {}
             if granted and self.s.terms is not None:
-                # The bump waits for the fenced transactions of the names' last leaders.
-                bound = self.s.config.health_interval_s + self.s.config.health_timeout_s
-                timeout = min(self.s.config.command_timeout_s, bound)
-                table = self.s.terms
-                terms = await self._call(lambda s: s.bump_terms(table, granted), timeout)
+                terms = await self._bump_terms(self.s.terms, granted)
         except Exception:  # the session is given up (_call): the loop reconnects
+            return []
+        if terms is None:  # fenced transactions of older terms hold on: try again later
+            with contextlib.suppress(Exception):  # else the session is given up (_call)
+                await self._call(lambda s: s.unlock_many(granted))
             return []
         if self._broken:  # the probe gave the session up meanwhile
             return []
@@ -207,6 +208,31 @@ class SharedEngine(Engine):
         if granted:
             log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
         return granted
+
+    async def _bump_terms(self, table: TermTable, keys: list[Key]) -> dict[Key, int] | None:
+        """Bump the terms of ``keys``, just taken. The bump waits ``fencing_grace_s`` for
+        the fenced transactions of the names' last leaders; those still there then are
+        ended (a frozen or cut-off old leader's), and the bump tried once more. ``None``:
+        some are still there (this role may not end them), nothing was bumped."""
+        config = self.s.config
+        grace = config.fencing_grace_s
+        timeout = grace + config.health_timeout_s
+        terms = await self._call(lambda s: s.bump_terms(table, keys, grace), timeout)
+        if terms is not None:
+            return terms
+        log.warning("term_bump_blocked", grace_s=grace, count=len(keys), **self._fields)
+        ended = await self._call(lambda s: s.end_fenced(table, keys))
+        if ended.ended:
+            log.warning("fenced_sessions_ended", pids=list(ended.ended), **self._fields)
+        if ended.refused:
+            log.error(
+                "fenced_sessions_not_ended",
+                sessions=[f"{pid} ({role})" for pid, role in ended.refused],
+                reason="this role may not end them: that takes their role, or "
+                "pg_signal_backend; the names are given back and taken again later",
+                **self._fields,
+            )
+        return await self._call(lambda s: s.bump_terms(table, keys, grace), timeout)
 
     async def _release(self, keys: list[Key]) -> list[Key]:
         """Stop the workers of ``keys``, then unlock them."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..core._logging import get_logger
 from ..core.config import TermTable
 from ..core.errors import ConfigurationError
-from ..core.fencing import check_term, fence_template, term_of
+from ..core.fencing import check_term, fence_template, fence_values, term_of
 from ..core.keys import lock_keys
 from ..core.registry import fetch_row
 from ..core.retry import RetryStrategy
@@ -93,7 +93,7 @@ class WorkerContext:
             raise ConfigurationError(
                 "fenced work and checkpoints need Coordinator(..., fencing=True)"
             )
-        row = await fetch_row(conn, fence_template(self._terms), self._keys)
+        row = await fetch_row(conn, fence_template(self._terms), fence_values(*self._keys))
         check_term(self.term, term_of(row), self.name)
         return self.term
 

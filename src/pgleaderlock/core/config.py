@@ -18,6 +18,7 @@ __all__ = [
     "FollowerMode",
     "LockConfig",
     "default_application_name",
+    "default_lease_s",
     "lock_config",
     "optional_positive",
     "partition_settings",
@@ -139,6 +140,14 @@ class LockConfig:
     connect_budget_s: float | None = None
     """How long opening one session may take in all (several hosts, the pooler check);
     default ``connect_timeout_s``."""
+    lease_s: float = 0.0
+    """How long the server keeps a lock whose session shows no life
+    (``idle_session_timeout`` on the session once it is granted a lock); 0: no lease."""
+    fencing_grace_s: float = 2.0
+    """With fencing: how long a new term waits for the fenced transactions of older terms
+    before it ends their sessions."""
+    drain_s: float = 0.0
+    """How long a graceful stop lets leader work finish its unit before the release."""
 
     @property
     def demotion_bound_s(self) -> float:
@@ -161,12 +170,16 @@ def lock_config(
     fencing_table: object = "pgleaderlock_terms",
     fencing_schema: object = None,
     acquire_delay_s: object = 0.0,
+    lease_s: object = None,
+    fencing_grace_s: object = 2.0,
+    drain_s: object = 0.0,
 ) -> LockConfig:
     """Check a lock's settings before any I/O.
 
     Raises:
         ConfigurationError: a non-positive or non-finite number, a ``tcp_user_timeout_s``
-            that breaks the partition bound, a wrong type or an unknown follower mode.
+            that breaks the partition bound, a ``lease_s`` that a healthy leader could
+            outlive, a wrong type or an unknown follower mode.
     """
     interval = positive("health_interval_s", health_interval_s)
     probe_timeout = positive("health_timeout_s", health_timeout_s)
@@ -189,6 +202,10 @@ def lock_config(
             raise ConfigurationError(f"{name} must be a bool, got {flag!r}")
     if follower_mode not in ("wait", "poll"):
         raise ConfigurationError(f"follower_mode must be 'wait' or 'poll', got {follower_mode!r}")
+    delay = _not_negative("acquire_delay_s", acquire_delay_s)
+    if delay and not fencing:
+        raise ConfigurationError("acquire_delay_s needs fencing=True (it follows the term bump)")
+    lease = _lease(lease_s, interval, bound, delay)
     return LockConfig(
         health_interval_s=interval,
         health_timeout_s=probe_timeout,
@@ -200,19 +217,46 @@ def lock_config(
         follower_mode="wait" if follower_mode == "wait" else "poll",
         retry_permanent_errors=bool(retry_permanent_errors),
         term_table=_term_table(fencing_table, fencing_schema) if fencing else None,
-        acquire_delay_s=_acquire_delay(acquire_delay_s, bool(fencing)),
+        acquire_delay_s=delay,
+        lease_s=lease,
+        fencing_grace_s=positive("fencing_grace_s", fencing_grace_s),
+        drain_s=_not_negative("drain_s", drain_s),
     )
+
+
+def default_lease_s(health_interval_s: float, health_timeout_s: float) -> float:
+    """The lease when none is given: two probe intervals, and at least the demotion bound
+    plus ``max(1, bound / 4)`` (the partition bound's margin). 10 s with the defaults."""
+    bound = health_interval_s + health_timeout_s
+    return max(2 * health_interval_s, bound + max(1.0, bound / 4))
+
+
+def _lease(value: object, interval: float, bound: float, acquire_delay_s: float) -> float:
+    """``lease_s``, checked: a leader probes every ``health_interval_s`` and each probe
+    may take ``health_timeout_s`` on a busy machine, so a healthy leader's session is
+    idle for less than ``bound``; the first probe of a leadership comes up to
+    ``acquire_delay_s`` later still."""
+    if value is None:
+        return default_lease_s(interval, bound - interval) + acquire_delay_s
+    lease = positive("lease_s", value)
+    floor = bound + acquire_delay_s
+    if lease <= floor:
+        extra = " + acquire_delay_s" if acquire_delay_s else ""
+        raise ConfigurationError(
+            f"lease_s={lease:g} must exceed health_interval_s + health_timeout_s{extra} = "
+            f"{floor:g}: otherwise a healthy leader on a busy machine could lose its lock to "
+            "its own lease between two probes"
+        )
+    return lease
 
 
 def _term_table(name: object, schema: object) -> TermTable:
     return TermTable(name, schema)  # type: ignore[arg-type]  # validated there
 
 
-def _acquire_delay(value: object, fencing: bool) -> float:
+def _not_negative(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigurationError(f"acquire_delay_s must be a number, got {value!r}")
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
     if value < 0:
-        raise ConfigurationError(f"acquire_delay_s must not be negative, got {value!r}")
-    if value and not fencing:
-        raise ConfigurationError("acquire_delay_s needs fencing=True (it follows the term bump)")
+        raise ConfigurationError(f"{name} must not be negative, got {value!r}")
     return float(value)

@@ -8,6 +8,13 @@ still the one this process leads under. The next leader's increment needs that r
 it waits for every fenced transaction of the old term to end: a transaction that passed
 ``fence()`` under term *t* and commits is ordered before every transaction that passes
 ``fence()`` under term *t + 1*.
+
+The wait is bounded both ways. ``fence()`` never waits for a bump: it skips a row that a
+bump has locked (and fails, as the term is moving on). A bump waits for the old term's
+transactions for ``fencing_grace_s``, then ends their sessions: a frozen old leader, or
+one cut off from the server, cannot keep the next leader out. To be found, a fenced
+transaction marks itself with a shared transaction-level advisory lock on the key's
+``int8`` form ([`fence_marker`][pgleaderlock.core.fencing.fence_marker]).
 """
 
 from __future__ import annotations
@@ -22,16 +29,37 @@ from .machine import Machine
 from .models import LockState
 from .registry import fetch_row, fetch_row_sync
 
-__all__ = ["Fencing", "check_term", "fence_template", "term_of"]
+__all__ = ["Fencing", "check_term", "fence_marker", "fence_template", "fence_values", "term_of"]
+
+
+def fence_marker(key1: int, key2: int) -> int:
+    """The ``int8`` advisory key with which a fenced transaction marks itself:
+    ``key1 << 32 | key2`` (``key2`` as unsigned 32 bits). ``pg_locks`` shows it as
+    ``classid = key1, objid = key2, objsubid = 1`` (the lock itself: ``objsubid = 2``),
+    so that the next leader finds the sessions whose fenced transactions hold the term
+    row."""
+    return (key1 << 32) | (key2 & 0xFFFFFFFF)
 
 
 def fence_template(table: TermTable) -> str:
     """The lock's current term, with a shared lock on its row until the caller's
-    transaction ends (parameters: the two keys)."""
+    transaction ends, and the transaction's marker (parameters: the two keys and
+    [`fence_marker`][pgleaderlock.core.fencing.fence_marker]; see
+    [`fence_values`][pgleaderlock.core.fencing.fence_values]).
+
+    ``SKIP LOCKED``: a row that a term bump holds (a new leadership is beginning) is not
+    waited for; no row comes back and the fence fails at once. The marker is taken with
+    ``pg_try_advisory_xact_lock_shared``, which never waits either."""
     return (
-        f"SELECT term FROM {table.sql} WHERE key1 = ({{0}})::int4 AND key2 = ({{1}})::int4"
-        " FOR SHARE"
+        f"SELECT term, pg_catalog.pg_try_advisory_xact_lock_shared(({{2}})::int8)"
+        f" FROM {table.sql} WHERE key1 = ({{0}})::int4 AND key2 = ({{1}})::int4"
+        " FOR SHARE SKIP LOCKED"
     )
+
+
+def fence_values(key1: int, key2: int) -> tuple[int, int, int]:
+    """The parameters of [`fence_template`][pgleaderlock.core.fencing.fence_template]."""
+    return key1, key2, fence_marker(key1, key2)
 
 
 def term_of(row: tuple[object, ...] | None) -> int | None:
@@ -43,6 +71,12 @@ def term_of(row: tuple[object, ...] | None) -> int | None:
 def check_term(term: int, current: int | None, label: str) -> None:
     """Raise [`FencedError`][pgleaderlock.FencedError] unless the table still holds
     ``term`` (``current``) for the lock called ``label``."""
+    if current is None:
+        raise FencedError(
+            f"{label}: the fencing term {term} could not be confirmed: its row is being "
+            "bumped by a new leadership (or is gone), so this transaction must not commit "
+            "(roll it back)"
+        )
     if current != term:
         raise FencedError(
             f"{label}: the fencing term moved on from {term} to {current}: another leader "
@@ -100,7 +134,7 @@ class Fencing:
                 transaction, or of a kind no installed backend knows.
         """
         table, term = self._fencing()
-        row = await fetch_row(conn, fence_template(table), (self._key1, self._key2))
+        row = await fetch_row(conn, fence_template(table), fence_values(self._key1, self._key2))
         check_term(term, term_of(row), self.label)
         return term
 
@@ -114,7 +148,7 @@ class Fencing:
         """[`fence`][pgleaderlock.LeaderLock.fence] for a synchronous connection (psycopg
         ``Connection``), from any thread: what the threaded lock uses."""
         table, term = self._fencing()
-        row = fetch_row_sync(conn, fence_template(table), (self._key1, self._key2))
+        row = fetch_row_sync(conn, fence_template(table), fence_values(self._key1, self._key2))
         check_term(term, term_of(row), self.label)
         return term
 

@@ -122,10 +122,32 @@ class LeaderLock(Fencing):
         acquire_delay_s: with fencing, how long ``on_acquired`` (and ``is_leader``)
             waits after the term bump: a margin for side effects outside the database
             after the old leader's session was terminated (default 0).
+        lease_s: the lease the server enforces: a leader whose session shows no life
+            for this long (its probes stopped: a blocked event loop, a frozen process)
+            loses the lock to the server, with no help from the client
+            (``idle_session_timeout`` on the lock's session, PostgreSQL 14 and later;
+            every probe renews it). Must exceed ``health_interval_s +
+            health_timeout_s`` (+ ``acquire_delay_s``), so that a healthy leader on a
+            busy machine never loses its lock to it. Default: ``2 * health_interval_s``,
+            at least that bound plus ``max(1, bound / 4)`` (10 s with the defaults). See
+            [The lease](../guarantees.md#the-lease).
+        fencing_grace_s: with fencing, how long a new leadership's term bump waits for
+            the fenced transactions of an older term before it ends their sessions
+            (``pg_terminate_backend``, which needs the same role or
+            ``pg_signal_backend``), so that a frozen old leader cannot keep every leader
+            out (default 2 s). See [Fencing](../fencing.md#a-frozen-old-leader).
+        drain_s: on a graceful stop (``step_down()``, ``shutdown()``, SIGTERM in the
+            CLI), how long leader work may finish its current unit before the lock is
+            released: the lock stays LEADER and keeps probing,
+            [`draining`][pgleaderlock.LeaderLock.draining] turns True and the
+            [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks run; the
+            release follows when they have returned, or after ``drain_s``. Default 0:
+            release at once.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
-            intervals, timings that break the partition bound, a malformed DSN.
+            intervals, timings that break the partition bound or the lease, a
+            malformed DSN.
         BackendUnavailableError: for an unknown backend or a missing driver.
     """
 
@@ -155,6 +177,9 @@ class LeaderLock(Fencing):
         fencing_table: str = "pgleaderlock_terms",
         fencing_schema: str | None = None,
         acquire_delay_s: float = 0.0,
+        lease_s: float | None = None,
+        fencing_grace_s: float = 2.0,
+        drain_s: float = 0.0,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -173,6 +198,9 @@ class LeaderLock(Fencing):
             fencing_table=fencing_table,
             fencing_schema=fencing_schema,
             acquire_delay_s=acquire_delay_s,
+            lease_s=lease_s,
+            fencing_grace_s=fencing_grace_s,
+            drain_s=drain_s,
         )
         check_retry_strategy(retry_strategy)
         self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
@@ -182,6 +210,7 @@ class LeaderLock(Fencing):
             application_name=self._application_name,
             connect_timeout_s=self._config.connect_timeout_s,
             server_settings=session_settings(self._config),
+            lease_s=self._config.lease_s,
         )
         self._backend: Backend | None
         self._backend, driver_dsn, self._config = connection_target(

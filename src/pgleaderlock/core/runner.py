@@ -31,6 +31,7 @@ from .machine import (
     Effect,
     Emit,
     Failed,
+    FencedEnded,
     Late,
     Log,
     Machine,
@@ -40,6 +41,7 @@ from .machine import (
     Result,
     Sleep,
     Started,
+    TermBlocked,
     TermBumped,
     WatchSession,
     Woke,
@@ -423,7 +425,7 @@ class Runner:
         started, to await for at most ``timeout_s`` more)."""
         guard, session = self._call, self._slot.session
         bound = (call.timeout_s, call.interruptible, call.abort_on_interrupt)
-        k1, k2 = self._key1, self._key2
+        keys = k1, k2 = self._key1, self._key2
         try:
             if probe is not None:
                 await guard(probe, timeout_s, call.interruptible, call.abort_on_interrupt)
@@ -442,14 +444,17 @@ class Runner:
                     value = await guard(session.holds(k1, k2), *bound)
                 case Op.UNLOCK:
                     value = await guard(session.unlock(k1, k2), *bound)
-                case Op.BUMP_TERM:
+                case Op.BUMP_TERM | Op.END_FENCED:
                     table = self._machine.config.term_table
                     if table is None or not can(session, FencingSession):
                         raise ConfigurationError(
                             f"fencing needs sessions that can bump a term; {session!r} cannot"
                         )
-                    bumping = cast(FencingSession, session).bump_term(table, k1, k2)
-                    return TermBumped(await guard(bumping, *bound))
+                    fencing = cast(FencingSession, session)
+                    if call.op is Op.END_FENCED:
+                        return FencedEnded(await guard(fencing.end_fenced(table, [keys]), *bound))
+                    term = await guard(fencing.bump_term(table, k1, k2, call.wait_s), *bound)
+                    return TermBlocked() if term is None else TermBumped(term)
             return Answered(bool(value))
         except Interrupted:
             return CutShort()

@@ -30,6 +30,7 @@ __all__ = [
     "Row",
     "SessionFactory",
     "SessionInfo",
+    "FencedSessions",
     "FencingSession",
     "GroupSession",
     "SetupSession",
@@ -144,11 +145,15 @@ class SessionInfo:
             of its own, so the two differ behind PgBouncer (in every pool mode) and are
             equal on a direct connection.
         in_recovery: ``pg_is_in_recovery()``: the server is a standby.
+        lease_supported: the server has ``idle_session_timeout`` (PostgreSQL 14 and
+            later), so a session granted a lock can carry the lock's lease
+            ([`ConnectOptions.lease_s`][pgleaderlock.backends.ConnectOptions]).
     """
 
     backend_pid: int
     protocol_pid: int | None
     in_recovery: bool
+    lease_supported: bool = True
 
     @property
     def behind_pooler(self) -> bool:
@@ -244,9 +249,15 @@ class GroupSession(Protocol):
         ...
 
     async def bump_terms(
-        self, table: TermTable, keys: list[tuple[int, int]]
-    ) -> dict[tuple[int, int], int]:
-        """Increment the fencing terms of ``keys`` (see ``FencingSession``)."""
+        self, table: TermTable, keys: list[tuple[int, int]], wait_s: float
+    ) -> dict[tuple[int, int], int] | None:
+        """Increment the fencing terms of ``keys`` (see ``FencingSession``); ``None``
+        when fenced transactions of older terms still hold a row after ``wait_s``."""
+        ...
+
+    async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:
+        """End the fenced transactions of older terms of ``keys`` (see
+        ``FencingSession``)."""
         ...
 
     async def group_snapshot(self, prefix: str) -> list[Any]:
@@ -286,14 +297,37 @@ class GroupSession(Protocol):
 class FencingSession(Protocol):
     """Optional capability, needed for ``fencing=True``: bump the lock's fencing term."""
 
-    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
+    async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int | None:
         """Increment the lock's term in ``table`` (created if missing) on this session,
         which holds the lock, and return the new term. The statement commits durably
         (``synchronous_commit=on``) and waits for every transaction that holds the term
-        row (``fence()``'s shared row lock) to end. The term's high 32 bits are the
+        row (``fence()``'s shared row lock) to end, for at most ``wait_s``: ``None`` if
+        they still hold it then (nothing was changed). The term's high 32 bits are the
         server's timeline, so that two primaries after a split never hand out the same
         term."""
         ...
+
+    async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:
+        """End the sessions whose transactions passed ``fence()`` for any of ``keys``
+        and still hold their term rows: fenced transactions of an older term, kept open
+        by a frozen or partitioned old leader, which fencing rolls back anyway. Only the
+        sessions this role may end are ended (its own role's; any but a superuser's with
+        ``pg_signal_backend``); the others are reported."""
+        ...
+
+
+@dataclass(frozen=True)
+class FencedSessions:
+    """What [`FencingSession.end_fenced`][pgleaderlock.backends.FencingSession] did.
+
+    Attributes:
+        ended: the server pids of the sessions ended (``pg_terminate_backend``).
+        refused: ``(pid, role)`` of the sessions this role may not end: they keep the
+            new term waiting until their transactions end.
+    """
+
+    ended: tuple[int, ...] = ()
+    refused: tuple[tuple[int, str], ...] = ()
 
 
 Row = tuple[Any, ...]
@@ -313,11 +347,17 @@ class ConnectOptions:
         connect_timeout_s: the driver's own connect timeout (the core adds its own too).
         server_settings: session settings (GUCs) to set at connect time, e.g. the
             server-side TCP keepalives that bound a partitioned leader's lock.
+        lease_s: the lease: once a lock call grants this session a lock, the session
+            carries ``idle_session_timeout`` of this many seconds, so that the server
+            ends it (and frees its locks) when the client stops probing it (a blocked
+            event loop, a frozen process). 0: no lease. The built-in adapters set it in
+            the lock statement itself (see [`TRY_LOCK`][pgleaderlock.backends.TRY_LOCK]).
     """
 
     application_name: str
     connect_timeout_s: float
     server_settings: Mapping[str, str] = field(default_factory=dict)
+    lease_s: float = 0.0
 
 
 @dataclass(frozen=True)

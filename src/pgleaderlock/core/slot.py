@@ -143,6 +143,7 @@ class SessionSlot:
         self._connect_fn = connect_fn
         self._log, self._fields = log, fields
         self.session: LockSession | None = None
+        self._warned_lease = False
 
     @property
     def backend_pid(self) -> int | None:
@@ -210,6 +211,14 @@ class SessionSlot:
             )
         if info.behind_pooler:
             await self._check_pooler(session, info.backend_pid)
+        if self._options.lease_s and not info.lease_supported and not self._warned_lease:
+            self._warned_lease = True
+            self._log.warning(
+                "lease_not_enforced",
+                reason="the server has no idle_session_timeout (PostgreSQL < 14): a "
+                "frozen leader keeps its lock until its session ends",
+                **self._fields,
+            )
         await session.configure(self._options)
 
     async def _check_pooler(self, session: SetupSession, own: int) -> None:

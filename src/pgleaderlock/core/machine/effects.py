@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..models import Event, LockState
+from ..session import FencedSessions
 
 __all__ = [
     "Aborted",
@@ -22,6 +23,7 @@ __all__ = [
     "Effect",
     "Emit",
     "Failed",
+    "FencedEnded",
     "Interrupted",
     "Late",
     "Log",
@@ -32,6 +34,7 @@ __all__ = [
     "Result",
     "Sleep",
     "Started",
+    "TermBlocked",
     "TermBumped",
     "WatchSession",
     "Woke",
@@ -108,6 +111,24 @@ class TermBumped:
 
 
 @dataclass(frozen=True)
+class TermBlocked:
+    """The term bump waited its ``wait_s`` and fenced transactions of an older term still
+    hold the term row: nothing was changed."""
+
+
+@dataclass(frozen=True)
+class FencedEnded:
+    """The sessions of the fenced transactions that blocked the term bump were ended
+    (those this role may end).
+
+    Attributes:
+        sessions: which were ended, which were left alone.
+    """
+
+    sessions: FencedSessions
+
+
+@dataclass(frozen=True)
 class Aborted:
     """The lifecycle task was cancelled or crashed.
 
@@ -120,7 +141,19 @@ class Aborted:
     stop_reported: bool
 
 
-Result = Started | Connected | Answered | TermBumped | Late | Failed | Interrupted | Woke | Aborted
+Result = (
+    Started
+    | Connected
+    | Answered
+    | TermBumped
+    | TermBlocked
+    | FencedEnded
+    | Late
+    | Failed
+    | Interrupted
+    | Woke
+    | Aborted
+)
 """What the runner reports to [`Machine.handle`][pgleaderlock.core.machine.Machine.handle]."""
 
 
@@ -151,7 +184,10 @@ class Op(enum.Enum):
     UNLOCK = "unlock"
     """[`LockSession.unlock`][pgleaderlock.LockSession.unlock]."""
     BUMP_TERM = "fencing term"
-    """``FencingSession.bump_term``: its outcome is a ``TermBumped``."""
+    """``FencingSession.bump_term``, waiting ``wait_s`` for fenced transactions of older
+    terms: its outcome is a ``TermBumped``, or a ``TermBlocked``."""
+    END_FENCED = "end fenced transactions"
+    """``FencingSession.end_fenced``: its outcome is a ``FencedEnded``."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +198,9 @@ class Call:
     Attributes:
         op: which call.
         timeout_s: its bound.
-        wait_s: for [`WAIT_LOCK`][pgleaderlock.core.machine.Op.WAIT_LOCK]: how long to
-            wait on the server.
+        wait_s: for [`WAIT_LOCK`][pgleaderlock.core.machine.Op.WAIT_LOCK] and
+            [`BUMP_TERM`][pgleaderlock.core.machine.Op.BUMP_TERM]: how long to wait on the
+            server.
         interruptible: the request that may cut it short, if any.
         abort_on_interrupt: drop the connection before the call is cancelled; False for
             a server-side wait, which the driver should cancel on the server first.

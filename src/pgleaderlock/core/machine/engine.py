@@ -31,6 +31,7 @@ from .effects import (
     Effect,
     Emit,
     Failed,
+    FencedEnded,
     Interrupted,
     Late,
     Log,
@@ -41,6 +42,7 @@ from .effects import (
     Result,
     Sleep,
     Started,
+    TermBlocked,
     TermBumped,
     WatchSession,
     Woke,
@@ -327,18 +329,8 @@ class Machine:
                 else:
                     self._last_error = None  # held by another session: not an error
                     self._fire(I.REACQUIRE_FAILED)
-            case Op.BUMP_TERM, (S.ACQUIRING | S.RECONNECTING):
-                if not isinstance(result, TermBumped):
-                    self._fire(I.DB_ERROR if self._state is S.ACQUIRING else I.RECONNECT_FAILED)
-                    return
-                self._term = result.term
-                self._log("info", "term_bumped", term=result.term)
-                delay = self.config.acquire_delay_s
-                if self._state is S.ACQUIRING and delay > 0:
-                    self._announce_at = self._now + delay  # the next decision sleeps
-                else:
-                    self._fire(I.ACQUIRE_SUCCEEDED if self._state is S.ACQUIRING
-                               else I.REACQUIRE_SUCCEEDED)  # fmt: skip
+            case ((Op.BUMP_TERM | Op.END_FENCED), (S.ACQUIRING | S.RECONNECTING)):
+                self._on_fencing(result)
             case Op.PROBE, (S.LEADER | S.RECONNECTING):
                 self._probes += value is not None
                 if value is False:
@@ -359,13 +351,53 @@ class Machine:
             case _:
                 raise IllegalTransitionError(f"{result!r} of {call.op.name} in {self._state.name}")
 
+    def _on_fencing(self, result: Result) -> None:
+        """The outcome of a term bump, or of ending the fenced transactions that
+        blocked it."""
+        acquiring = self._state is S.ACQUIRING
+        match result:
+            case TermBumped(term=term):
+                self._term = term
+                self._log("info", "term_bumped", term=term)
+                delay = self.config.acquire_delay_s
+                if acquiring and delay > 0:
+                    self._announce_at = self._now + delay  # the next decision sleeps
+                else:
+                    self._fire(I.ACQUIRE_SUCCEEDED if acquiring else I.REACQUIRE_SUCCEEDED)
+            case TermBlocked():
+                # Fenced transactions of an older term still hold the row after the
+                # grace: a frozen or cut-off old leader's. End their sessions (fencing
+                # rolls those transactions back anyway), then bump again.
+                self._log("warning", "term_bump_blocked", grace_s=self.config.fencing_grace_s)
+                self._block(Call(Op.END_FENCED, self.config.command_timeout_s,
+                                 interruptible=Request.STOP, what=Op.END_FENCED.value))  # fmt: skip
+            case FencedEnded(sessions=sessions):
+                if sessions.ended:
+                    self._log("warning", "fenced_sessions_ended", pids=list(sessions.ended))
+                if sessions.refused:
+                    self._log("error", "fenced_sessions_not_ended",
+                              sessions=[f"{pid} ({role})" for pid, role in sessions.refused],
+                              reason="this role may not end them: that takes their role, or "
+                              "pg_signal_backend; the new term waits for them")  # fmt: skip
+                self._bump_term()
+            case _:
+                self._fire(I.DB_ERROR if acquiring else I.RECONNECT_FAILED)
+
     def _granted(self, input_: Input) -> None:
         """The lock was granted: with fencing, bump the term before announcing it (the
         table's input comes once the term is known, and ``acquire_delay_s`` later)."""
         if self.config.term_table is None:
             self._fire(input_)
             return
-        self._block(Call(Op.BUMP_TERM, self.config.command_timeout_s,
+        self._bump_term()
+
+    def _bump_term(self) -> None:
+        """Bump the term, waiting at most ``fencing_grace_s`` for the fenced transactions
+        of older terms (then ``TermBlocked``: their sessions are ended, and it tries
+        again)."""
+        config = self.config
+        grace = config.fencing_grace_s
+        self._block(Call(Op.BUMP_TERM, grace + config.command_timeout_s, wait_s=grace,
                          interruptible=Request.STOP, what="fencing term"))  # fmt: skip
 
     # ------------------------------------------------------------------ decisions
