@@ -21,9 +21,9 @@ from typing import Any, TypeVar, overload
 
 from .core._logging import get_logger
 from .core.errors import ConfigurationError
-from .core.hooks import hookimpl
+from .core.hooks import callback_plugin, hookimpl
 from .core.lock import LeaderLock
-from .core.models import LockState, RetryContext
+from .core.models import Event, LockState, RetryContext
 from .core.retry import RetryStrategy, check_retry_strategy
 
 __all__ = ["LeaderTasks", "TaskFunction", "follow_state", "next_delay", "supervise"]
@@ -104,6 +104,13 @@ class LeaderTasks:
     ignores cancellation for longer than ``cancel_timeout_s`` is logged as an error and
     is not started again until it has ended.
 
+    **Draining.** With the lock's ``drain_s`` > 0, a graceful stop (``step_down()``,
+    ``shutdown()``) first lets the running tasks finish their current unit of work: the
+    lock stays LEADER (and keeps probing) while
+    [`draining`][pgleaderlock.LeaderTasks.draining] is True, until every task has
+    returned or ``drain_s`` has passed; the tasks still running then are cancelled, and
+    the lock is released. A crashed task is not restarted during a drain.
+
     **Giving leadership away.** A task that crashes on one replica only (a bad local
     disk, a missing dependency, a corrupt cache) keeps the work from being done while
     that replica leads. With ``give_away_after_crashes=N``, once a task has crashed
@@ -181,6 +188,8 @@ class LeaderTasks:
         self._stragglers: dict[str, asyncio.Task[None]] = {}  # outlived cancel_timeout_s
         self._leading = False
         self._plugin: object | None = follow_state(lock, self._on_state_change)
+        self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drain)
+        lock.plugins.register(self._drain_plugin)
 
     # ------------------------------------------------------------------ registration
 
@@ -198,6 +207,13 @@ class LeaderTasks:
     def running(self) -> list[str]:
         """Names of the tasks running in this process now (empty unless LEADER)."""
         return [name for name, task in self._running.items() if not task.done()]
+
+    @property
+    def draining(self) -> bool:
+        """True while the lock's graceful stop lets the tasks finish their current unit
+        of work (the lock's ``drain_s``): a task that loops checks it between units and
+        returns. Tasks still running when ``drain_s`` ends are cancelled as usual."""
+        return self._lock.draining
 
     @property
     def paused_until(self) -> float | None:
@@ -287,9 +303,10 @@ class LeaderTasks:
     async def close(self) -> None:
         """Detach from the lock and [`stop`][pgleaderlock.LeaderTasks.stop] every task;
         tasks never start again."""
-        plugin, self._plugin = self._plugin, None
-        if plugin is not None and self._lock.plugins.is_registered(plugin):
-            self._lock.plugins.unregister(plugin)
+        for plugin in (self._plugin, self._drain_plugin):
+            if plugin is not None and self._lock.plugins.is_registered(plugin):
+                self._lock.plugins.unregister(plugin)
+        self._plugin = self._drain_plugin = None
         await self.stop()
 
     async def _on_state_change(self, old: LockState, new: LockState) -> None:
@@ -302,6 +319,15 @@ class LeaderTasks:
         elif old is LockState.LEADER:
             self._leading = False
             await self._stop_running(new)
+
+    async def _drain(self) -> None:
+        """The lock drains (a graceful stop, ``drain_s``): wait for the running tasks to
+        return by themselves (they see ``draining``). The lock cancels this wait when
+        ``drain_s`` is over; leaving LEADER then cancels the tasks still running."""
+        running = {name: task for name, task in self._running.items() if not task.done()}
+        if running:
+            log.info("leader_tasks_draining", lock=self._lock.label, tasks=",".join(running))
+            await asyncio.wait(running.values())
 
     def _start(self, spec: _TaskSpec) -> None:
         current = self._running.get(spec.name)
@@ -379,6 +405,7 @@ class LeaderTasks:
             lock=self._lock.label,
             retry=self._retry,
             give_up_after=self._give_away_after,
+            until=lambda: self._lock.draining,
         )
         if not finished and self._give_away_after is not None and self._cooldown is None:
             # A task of its own: giving away stops every leader task, this one included.
@@ -453,6 +480,7 @@ async def supervise(
     lock: str,
     retry: RetryStrategy,
     give_up_after: int | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> bool:
     """Run ``run()`` until it returns; restart it after a crash with ``retry``'s delays.
 
@@ -466,6 +494,8 @@ async def supervise(
         lock: the label of the lock (or name) it serves, for logs.
         retry: delays between restarts; ``None`` from it gives up.
         give_up_after: give up after this many crashes in a row (``None``: never).
+        until: not restarted once this returns True (a drain: the task is done for
+            this term).
 
     Returns:
         True if the task finished, False if it was given up.
@@ -501,6 +531,8 @@ async def supervise(
                 log.error("leader_task_gave_up", task=task, lock=lock, attempt=attempt)
                 return False
             await asyncio.sleep(delay)
+            if until is not None and until():
+                return True  # draining: no new run
         else:
             current = asyncio.current_task()
             if current is not None and current.cancelling():

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.core.config import TermTable
+from pgleaderlock.core.session import FencedSessions
 from pgleaderlock.integrations.apscheduler import bind_scheduler, current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from pgleaderlock.testing import FakeServer
@@ -68,10 +69,13 @@ class TermSession:
     async def close(self) -> None:
         await self._inner.close()
 
-    async def bump_term(self, table: TermTable, key1: int, key2: int) -> int:
+    async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int:
         assert await self._inner.holds(key1, key2), "the term is bumped by the lock's holder"
         term = self._terms[key1, key2] = max(self._terms.get((key1, key2), 0) + 1, FIRST_TERM)
         return term
+
+    async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:
+        return FencedSessions()  # nothing blocks a bump here
 
 
 @pytest.fixture

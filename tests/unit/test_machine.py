@@ -57,6 +57,7 @@ from pgleaderlock.core.machine import (
     step,
 )
 from pgleaderlock.core.models import Event
+from pgleaderlock.core.session import FencedSessions
 
 S, I, A = LockState, Input, Action
 ANY = (True, False)
@@ -110,6 +111,8 @@ EXPECTED: list[tuple[When, Then]] = [
              (S.STOPPED, (A.LOG_SESSION_LOST, A.EMIT_LOST, *CLOSE_STOP))),
         )
     ],
+    # a graceful stop with drain_s > 0 drains first, still LEADER (the request stays)
+    ((S.LEADER, I.DRAIN_REQUESTED, None, None, None), (S.LEADER, (A.START_DRAIN,))),
     ((S.LEADER, I.STOP_REQUESTED, None, None, None), (S.RELEASING, (A.UNLOCK,))),
     ((S.LEADER, I.RELEASE_REQUESTED, None, None, None), (S.RELEASING, (A.UNLOCK,))),
     # RECONNECTING: silent recovery emits nothing
@@ -622,7 +625,7 @@ def test_results_that_make_no_sense_raise() -> None:
 
 
 def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequence[Result]:
-    from pgleaderlock.core.machine import Late, TermBumped
+    from pgleaderlock.core.machine import FencedEnded, Late, TermBlocked, TermBumped
 
     if call.interruptible in requested:
         return [Interrupted()]
@@ -630,7 +633,9 @@ def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequen
     if call.op is Op.CONNECT:
         return [Connected(can_wait=rng.random() < 0.7), error]
     if call.op is Op.BUMP_TERM:
-        return [TermBumped(rng.randrange(1, 100)), error]
+        return [TermBumped(rng.randrange(1, 100)), TermBlocked(), error]
+    if call.op is Op.END_FENCED:
+        return [FencedEnded(FencedSessions((7,))), FencedEnded(FencedSessions()), error]
     if call.soft_timeout_s is not None:
         return [Answered(True), Answered(False), error, Late(True), Late(False)]
     return [Answered(True), Answered(False), error]
@@ -654,6 +659,8 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
             follower_mode=mode,
             term_table=fencing,
             acquire_delay_s=rng.choice([0.0, 0.05]) if fencing else 0.0,
+            lease_s=rng.choice([0.0, 10.0]),
+            drain_s=rng.choice([0.0, 0.5]),
         ),
         FixedInterval(rng.choice([0.1, 1.0])),
         random.Random(seed),
@@ -801,6 +808,168 @@ def test_a_silent_recovery_bumps_the_term_too() -> None:
     d.feed(TermBumped(2))
     assert d.machine.state is S.LEADER  # type: ignore[comparison-overlap]
     assert d.machine.term == 2
+
+
+def test_a_blocked_term_bump_ends_the_old_terms_fenced_sessions_then_bumps_again() -> None:
+    """The bump waits fencing_grace_s for the old term's fenced transactions; then their
+    sessions are ended (those this role may end) and the bump runs again; leadership is
+    announced only once it has bumped. Sessions it may not end keep it waiting, logged
+    as an error, and the bump is tried again every grace."""
+    from pgleaderlock.core.machine import FencedEnded, TermBlocked, TermBumped
+
+    d = fencing_driver(fencing_grace_s=1.5)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    bump = d.call
+    assert (bump.op, bump.wait_s, bump.timeout_s) == (Op.BUMP_TERM, 1.5, 1.5 + 4.0)
+    d.feed(TermBlocked(), after=1.5)
+    assert d.machine.state is S.ACQUIRING
+    assert d.call == Call(Op.END_FENCED, 4.0, interruptible=Request.STOP,
+                          what="end fenced transactions")  # fmt: skip
+    assert "term_bump_blocked" in d.logged()
+    d.feed(FencedEnded(FencedSessions(ended=(11,), refused=((12, "other"),))))
+    assert d.logged() == ["fenced_sessions_ended", "fenced_sessions_not_ended"]
+    refused = next(e for e in d.effects if isinstance(e, Log) and e.level == "error")
+    assert dict(refused.fields)["sessions"] == ["12 (other)"]
+    assert d.call.op is Op.BUMP_TERM
+    assert d.emitted() == []  # not leading yet
+    d.feed(TermBumped(8))
+    assert d.machine.state is S.LEADER  # type: ignore[comparison-overlap]
+    assert d.machine.term == 8
+    d.machine.request(Request.STOP)  # a stop cuts the bump (or the ending) short
+    assert d.machine.preempted(Call(Op.END_FENCED, 1.0, interruptible=Request.STOP))
+
+
+def test_ending_fenced_sessions_that_fails_gives_the_lock_back() -> None:
+    from pgleaderlock.core.machine import TermBlocked
+
+    d = fencing_driver()
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    d.feed(TermBlocked())
+    d.feed(Failed(ConnectionError("end fenced transactions timed out")))
+    assert d.machine.state is S.FOLLOWER
+    assert CloseSession() in d.effects
+    assert d.emitted() == [Event.ERROR]
+
+
+# ---------------------------------------------------------------------- drain
+
+
+def test_no_drain_by_default() -> None:
+    d = Driver()
+    d.lead()
+    d.machine.request(Request.RELEASE)
+    d.feed(Woke())
+    assert d.machine.state is S.RELEASING
+    assert d.call.op is Op.UNLOCK
+
+
+def test_a_graceful_stop_drains_first_and_keeps_probing() -> None:
+    """With drain_s, step_down() stays LEADER and starts the on_draining callbacks; the
+    probes go on (sleeps end at the next probe or the drain's end); once the callbacks
+    have returned (DRAINED) the drain ends, then the lock is released."""
+    from pgleaderlock.core.machine import EndDrain, StartDrain
+
+    d = Driver(drain_s=3.0)
+    d.lead()  # next probe at now + 5
+    d.machine.request(Request.RELEASE)
+    d.feed(Woke(), after=1.0)
+    assert d.machine.state is S.LEADER
+    assert d.machine.draining
+    assert StartDrain() in d.effects
+    assert "draining" in d.logged()
+    assert d.blocking == Sleep(d.now + 3.0)  # the drain ends before the next probe
+    d.feed(Woke(), after=1.0)  # woken by another request: nothing new
+    assert StartDrain() not in d.effects
+    assert d.blocking == Sleep(d.now + 2.0)
+    d.machine.request(Request.DRAINED)
+    d.feed(Woke(), after=0.5)
+    assert not d.machine.draining
+    assert d.effects.index(EndDrain()) < len(d.effects) - 1
+    assert d.machine.state is S.RELEASING
+    assert d.call.op is Op.UNLOCK
+    d.feed(Answered(True))
+    assert d.emitted() == [Event.RELEASED]
+
+
+def test_a_drain_ends_at_drain_s_and_probes_meanwhile() -> None:
+    from pgleaderlock.core.machine import EndDrain
+
+    d = Driver(drain_s=8.0)
+    d.lead()
+    d.machine.request(Request.STOP)
+    d.feed(Woke(), after=1.0)
+    assert d.blocking == Sleep(105.0)  # the probe comes first
+    d.feed(Woke(), after=4.0)
+    assert d.call.op is Op.PROBE
+    d.feed(Answered(True))
+    assert d.machine.draining
+    assert d.blocking == Sleep(109.0)  # the drain's end
+    d.feed(Woke(), after=4.0)
+    assert EndDrain() in d.effects
+    assert d.machine.state is S.RELEASING
+    assert d.call.op is Op.UNLOCK  # type: ignore[comparison-overlap]
+
+
+def test_a_forced_step_down_or_a_loss_ends_the_drain() -> None:
+    from pgleaderlock.core.machine import EndDrain
+
+    d = Driver(drain_s=30.0)
+    d.lead()
+    d.machine.request(Request.RELEASE)
+    d.feed(Woke())
+    d.machine.request(Request.FORCE)  # step_down(timeout_s) ran out
+    d.feed(Woke())
+    assert EndDrain() in d.effects
+    assert d.machine.state is S.RELEASING
+    assert d.machine.preempted(d.call)  # the unlock is cut short: the session closes
+
+    d = Driver(drain_s=30.0)
+    d.lead()
+    d.machine.request(Request.STOP)
+    d.feed(Woke())
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))  # the probe fails mid-drain
+    first_emit = next(i for i, e in enumerate(d.effects) if isinstance(e, Emit))
+    assert d.effects.index(EndDrain()) < first_emit  # before anything else is told
+    assert d.machine.state is S.STOPPED
+    assert not d.machine.draining
+    assert d.emitted() == [Event.LOST, Event.STOPPED]
+
+
+# ---------------------------------------------------------------------- the lease
+
+
+def test_callbacks_keep_the_lease_while_a_session_holds_the_lock() -> None:
+    """While the session holds the lock (LEADER, RELEASING), callbacks run with
+    keep-alives every health_interval_s: slow callbacks must not cost the lock to its
+    lease. Not without a lease, and not once the session is gone or has unlocked."""
+    d = Driver(lease_s=10.0)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    emits = [e for e in d.effects if isinstance(e, Emit)]
+    assert emits
+    assert {e.keepalive_s for e in emits} == {5.0}
+    d.machine.request(Request.RELEASE)
+    d.feed(Woke())
+    assert {e.keepalive_s for e in d.effects if isinstance(e, Emit)} == {5.0}
+    d.feed(Answered(True))  # unlocked: the session holds nothing any more
+    assert Event.RELEASED in d.emitted()
+    assert {e.keepalive_s for e in d.effects if isinstance(e, Emit)} == {None}
+
+    d = Driver(lease_s=10.0)
+    d.lead()
+    d.feed(Woke(), after=5.0)
+    d.feed(Failed(ConnectionError("gone")))
+    assert {e.keepalive_s for e in d.effects if isinstance(e, Emit)} == {None}
+
+    d = Driver()  # no lease
+    d.lead()
+    assert {e.keepalive_s for e in d.effects if isinstance(e, Emit)} == {None}
 
 
 # ---------------------------------------------------------------------- probes

@@ -605,6 +605,20 @@ class BaseSession(abc.ABC):
         core then calls `holds`)."""
         return self._start_alive() if self._verified else None
 
+    def keep_alive(self) -> asyncio.Future[None] | None:
+        """Renew the session's lease, asking nothing (``KeepAliveSession``): the
+        adapter's quick probe, else the [`ALIVE`][pgleaderlock.backends.ALIVE] statement
+        in a task of its own."""
+        if self._closed():
+            return None
+        probe = self._start_alive()
+        if probe is None:
+            probe = asyncio.get_running_loop().create_task(self._alive_statement())
+        return probe
+
+    async def _alive_statement(self) -> None:
+        await self._row(ALIVE, ())
+
     def _start_alive(self) -> asyncio.Future[None] | None:
         """Optional: a cheaper probe than [`ALIVE`][pgleaderlock.backends.ALIVE] that
         proves the same on a session checked at connect, started at once: a future that

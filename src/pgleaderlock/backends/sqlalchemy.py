@@ -189,6 +189,11 @@ class SQLAlchemySession:
         probe: asyncio.Future[None] | None = self._inner.start_probe()
         return probe
 
+    def keep_alive(self) -> asyncio.Future[None] | None:
+        """Renew the session's lease (``KeepAliveSession``): the driver adapter's."""
+        alive: asyncio.Future[None] | None = self._inner.keep_alive()
+        return alive
+
     def acknowledged(self) -> bool | None:
         """Has the server acknowledged everything this session sent (TCP)?"""
         acked: bool | None = self._inner.acknowledged()

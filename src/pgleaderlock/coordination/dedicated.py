@@ -143,6 +143,7 @@ class DedicatedEngine(Engine):
             **self.s.lock_kwargs,
         )
         follow_state(lock, lambda old, new: self._on_state(key, lock, old, new))
+        lock.on_draining(lambda: self.workers.drain({name}))  # the lock bounds it (drain_s)
         return lock
 
     def _change(self, key: Key, change: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:

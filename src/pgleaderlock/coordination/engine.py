@@ -262,6 +262,7 @@ class Engine(abc.ABC):
                 except TimeoutError:
                     kind, data = "tick", None
                 if kind == "stop":
+                    await self._drain()  # the helpers (the probe) still run meanwhile
                     break
                 try:
                     await self._handle(kind, data)
@@ -606,6 +607,10 @@ class Engine(abc.ABC):
     def _pending(self) -> bool:
         """Something waits for a later tick (default: nothing)."""
         return False
+
+    async def _drain(self) -> None:  # noqa: B027 - optional
+        """A graceful stop begins: let the workers finish their current unit (default:
+        nothing; the mode that holds names itself drains them)."""
 
     def idle(self) -> None:  # noqa: B027 - optional
         """Called when the loop is about to wait for the next event (default: nothing)."""

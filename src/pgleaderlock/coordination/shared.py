@@ -251,9 +251,13 @@ class SharedEngine(Engine):
         await self.notify(Message("grant", self.member, to, tuple(given)))
         return len(given)
 
+    async def _drain(self) -> None:
+        await self.workers.drain(None, self.s.config.drain_s)
+
     async def _remove(self, name: str) -> None:
         key = self.keys.get(name)
         if key is not None and key in self._owned:
+            await self.workers.drain({name}, self.s.config.drain_s)
             await self._release([key])
             await self.notify(Message("released", self.member, keys=(key,)))
 

@@ -78,6 +78,15 @@ class WorkerContext:
         self._terms = terms
         self._checkpoints = checkpoints
         self._keys = lock_keys(name)
+        self._draining = False
+
+    @property
+    def draining(self) -> bool:
+        """True while a graceful stop (the coordinator's ``shutdown()`` or ``remove()``,
+        with ``drain_s`` > 0) lets this worker finish its current unit of work: a worker
+        that loops checks it between units and returns. A worker still running after
+        ``drain_s`` is cancelled as usual."""
+        return self._draining
 
     async def fence(self, conn: object) -> int:
         """Fence the caller's transaction on ``conn`` with this name's term (like
@@ -152,6 +161,7 @@ class Workers:
         self._crashed_out = crashed_out
         self._cancel_timeout_s = cancel_timeout_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._contexts: dict[str, WorkerContext] = {}
 
     @property
     def running(self) -> frozenset[str]:
@@ -162,6 +172,7 @@ class Workers:
         current = self._tasks.get(name)
         if current is not None and not current.done():
             return
+        self._contexts[name] = context
         self._tasks[name] = asyncio.get_running_loop().create_task(
             self._run(name, fn, context), name=f"pgleaderlock-worker:{name}"
         )
@@ -171,14 +182,35 @@ class Workers:
             return await fn(context)
 
         finished = await supervise(
-            once, task=name, lock=name, retry=self._retry, give_up_after=self._give_up_after
+            once,
+            task=name,
+            lock=name,
+            retry=self._retry,
+            give_up_after=self._give_up_after,
+            until=lambda: context.draining,
         )
         if not finished and self._give_up_after is not None:
             self._crashed_out(name)
 
+    async def drain(
+        self, names: set[str] | frozenset[str] | None = None, timeout_s: float | None = None
+    ) -> None:
+        """Let the workers of ``names`` (all when ``None``) finish their current unit of
+        work: their contexts say ``draining``, and this waits until they have returned,
+        for at most ``timeout_s`` (``None``: until cancelled). ``stop`` cancels the rest."""
+        chosen = set(self._tasks) if names is None else set(names) & set(self._tasks)
+        running = [self._tasks[n] for n in chosen if not self._tasks[n].done()]
+        for name in chosen:
+            self._contexts[name]._draining = True
+        if running and (timeout_s is None or timeout_s > 0):
+            log.info("workers_draining", names=",".join(sorted(chosen)), timeout_s=timeout_s)
+            await asyncio.wait(running, timeout=timeout_s)
+
     async def stop(self, names: set[str] | frozenset[str] | None = None) -> None:
         """Cancel and await the workers of ``names`` (all when ``None``)."""
         chosen = set(self._tasks) if names is None else set(names) & set(self._tasks)
+        for name in chosen:
+            self._contexts.pop(name, None)
         tasks = [self._tasks.pop(name) for name in chosen]
         for task in tasks:
             task.cancel()

@@ -260,6 +260,20 @@ class LeaderLock(Fencing):
         return self._machine.state is LockState.LEADER
 
     @property
+    def draining(self) -> bool:
+        """True while a graceful stop lets leader work finish its current unit
+        (``drain_s``): the lock is still LEADER, and releases the lock once the
+        [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks have returned, or
+        ``drain_s`` has passed. Leader work checks it between units of work."""
+        return self._machine.draining
+
+    @property
+    def lease_s(self) -> float:
+        """The lease: how long the server keeps the lock of a leader whose session shows
+        no life (see the ``lease_s`` argument)."""
+        return self._config.lease_s
+
+    @property
     def keys(self) -> tuple[int, int]:
         """``(key1, key2)``."""
         return self._key1, self._key2
@@ -351,6 +365,11 @@ class LeaderLock(Fencing):
     """Register a callback for database errors and exceptions raised by callbacks."""
     on_stopped = On[Callback](Event.STOPPED)
     """Register a callback for the lock reaching STOPPED (decorator)."""
+    on_draining = On[Callback](Event.DRAINING)
+    """Register a callback for the start of a graceful stop's drain (``drain_s`` > 0):
+    finish the current unit of leader work and return. These callbacks run beside the
+    lifecycle task (which keeps probing); the lock is released once they have all
+    returned, or after ``drain_s`` (they are cancelled then)."""
 
     async def _emit(self, event: Event, data: dict[str, Any]) -> None:
         await emit(self.plugins, event, {"lock": self, **data}, self._callback_failed)

@@ -50,6 +50,7 @@ class Event(enum.Enum):
     ACQUIRE_FAILED = "acquire_failed"
     ERROR = "error"
     STOPPED = "stopped"
+    DRAINING = "draining"
 
     @property
     def description(self) -> str:
@@ -87,6 +88,13 @@ _DESCRIPTIONS = {
     ),
     Event.ERROR: "A database error, or an exception raised by a callback or a plugin.",
     Event.STOPPED: "The lock reached STOPPED.",
+    Event.DRAINING: (
+        "A graceful stop (`step_down()`, `shutdown()`) begins while LEADER and `drain_s` > 0: "
+        "finish the current unit of leader work and return. The lock stays LEADER, and keeps "
+        "probing, until every implementation has returned or `drain_s` has passed "
+        "(then they are cancelled), and releases the lock after that. Unlike the other "
+        "events, these run beside the lock's lifecycle task, not on it."
+    ),
 }
 _HOOK_ARGS = {
     Event.STATE_CHANGE: ("old", "new"),

@@ -30,6 +30,7 @@ from .machine import (
     Connected,
     Effect,
     Emit,
+    EndDrain,
     Failed,
     FencedEnded,
     Late,
@@ -40,6 +41,7 @@ from .machine import (
     Request,
     Result,
     Sleep,
+    StartDrain,
     Started,
     TermBlocked,
     TermBumped,
@@ -48,7 +50,13 @@ from .machine import (
 )
 from .machine import Interrupted as CutShort
 from .models import Event, LockState
-from .session import FencingSession, ProbingSession, TransportSession, WaitingSession
+from .session import (
+    FencingSession,
+    KeepAliveSession,
+    ProbingSession,
+    TransportSession,
+    WaitingSession,
+)
 from .slot import SessionSlot, can
 
 __all__ = ["Runner"]
@@ -97,6 +105,7 @@ class Runner:
         self._idle_timer: asyncio.TimerHandle | None = None  # the next probe, or its lateness
         self._idle_probe: tuple[asyncio.Future[None], Call, float] | None = None
         self._stop_reported = False  # on_stopped has run for this run of the task
+        self._drain: asyncio.Task[None] | None = None  # the on_draining callbacks
 
     # ------------------------------------------------------------------ for the API
 
@@ -170,11 +179,11 @@ class Runner:
         except Exception as exc:  # a bug: the machine reports it while stopping
             crash = exc
         finally:
-            for pending in (watcher, self._late):
+            for pending in (watcher, self._late, self._drain):
                 if pending is not None:
                     pending.cancel()
                     await asyncio.gather(pending, return_exceptions=True)
-            self._late = None
+            self._late = self._drain = None
             self._call.close()
             await self._slot.close()
             await self._stop_abnormally(crash)
@@ -207,10 +216,15 @@ class Runner:
                 case Emit(event=event):
                     if event is Event.STOPPED:
                         self._stop_reported = True
-                    await self._emit_hook(event, {
-                        "old": effect.old, "new": effect.new,
-                        "error": effect.error, "attempt": effect.attempt,
-                    })  # fmt: skip
+                    await self._keeping_alive(self._emit(effect), effect.keepalive_s)
+                case StartDrain():
+                    drain = asyncio.get_running_loop().create_task(
+                        self._emit(Emit(Event.DRAINING)), name=_task_name(self.task, "drain")
+                    )
+                    drain.add_done_callback(self._drained)
+                    self._drain = drain
+                case EndDrain():
+                    await self._end_drain()
                 case Log():
                     self._log(effect)
                 case CloseSession():
@@ -238,6 +252,66 @@ class Runner:
                     return Woke()
         self._settle()
         return None
+
+    # ------------------------------------------------------------------ callbacks
+
+    async def _emit(self, effect: Emit) -> None:
+        await self._emit_hook(effect.event, {
+            "old": effect.old, "new": effect.new,
+            "error": effect.error, "attempt": effect.attempt,
+        })  # fmt: skip
+
+    async def _keeping_alive(self, work: Awaitable[None], every_s: float | None) -> None:
+        """``await work`` (callbacks); meanwhile, with ``every_s``, show the server every
+        ``every_s`` that the client lives (a keep-alive on the session, whose answer
+        nobody waits for), so that callbacks slower than the lease do not cost the
+        lock: the lease measures the event loop's life, not the callbacks' speed. A
+        keep-alive still unanswered ``health_timeout_s`` after the callbacks drops the
+        session (the next call then fails, as it would have)."""
+        if every_s is None:
+            await work
+            return
+        loop = asyncio.get_running_loop()
+        alive: asyncio.Future[None] | None = None
+        timer: asyncio.TimerHandle | None = None
+
+        def tick() -> None:
+            nonlocal alive, timer
+            if alive is None or alive.done():
+                alive = self._keep_alive()
+            timer = loop.call_later(every_s, tick)
+
+        timer = loop.call_later(every_s, tick)
+        try:
+            await work
+        finally:
+            timer.cancel()
+            if alive is not None and not alive.done():
+                bound = self._machine.config.health_timeout_s
+                if not await _first(alive, bound, self._slot.abort):
+                    self._slot.abort()
+                    alive.cancel()
+                    await asyncio.gather(alive, return_exceptions=True)
+
+    def _keep_alive(self) -> asyncio.Future[None] | None:
+        session = self._slot.session
+        if session is None or not can(session, KeepAliveSession):
+            return None
+        alive = cast(KeepAliveSession, session).keep_alive()
+        if alive is not None:
+            alive.add_done_callback(_retrieve)
+        return alive
+
+    def _drained(self, drain: asyncio.Task[None]) -> None:
+        """The ``on_draining`` callbacks have returned (not cancelled): tell the machine."""
+        if drain is self._drain and not drain.cancelled():
+            self.request(Request.DRAINED)
+
+    async def _end_drain(self) -> None:
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
 
     # ------------------------------------------------------------------ idle leader
 
@@ -500,6 +574,17 @@ class Runner:
     def _alarm(self) -> None:
         """The watched idle session became readable: most likely the server ended it."""
         self.request(Request.ALARM)
+
+
+def _task_name(task: asyncio.Task[None] | None, what: str) -> str:
+    return f"{task.get_name() if task is not None else 'pgleaderlock'}-{what}"
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """A keep-alive's outcome matters to nobody (the next probe tells): retrieve it, so
+    that asyncio does not report it as lost."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

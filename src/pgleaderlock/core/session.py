@@ -33,6 +33,7 @@ __all__ = [
     "FencedSessions",
     "FencingSession",
     "GroupSession",
+    "KeepAliveSession",
     "SetupSession",
     "TransportSession",
     "WaitingSession",
@@ -215,6 +216,24 @@ class ProbingSession(Protocol):
         Returns ``None`` when the session cannot start such a probe now (it must ask
         ``pg_locks``, say): the core then calls ``holds()``.
         """
+        ...
+
+
+@runtime_checkable
+class KeepAliveSession(Protocol):
+    """Optional capability: show the server that the client lives, asking nothing.
+
+    A session granted a lock carries the lock's lease (``idle_session_timeout``): the
+    server ends it when the client stays silent for ``lease_s``. While the lifecycle task
+    awaits slow callbacks it does not probe; it keeps the lease with this instead, so
+    that only a client whose event loop stops loses the lock to its lease.
+    """
+
+    def keep_alive(self) -> asyncio.Future[None] | None:
+        """Send the server something it answers at once (a protocol ``Sync``, or the
+        cheapest statement) and return a future of the answer; it fails once the session
+        is gone, never raises itself. ``None``: not possible now. A future cancelled
+        before it resolves leaves the session unusable: the caller aborts it."""
         ...
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "Connected",
     "Effect",
     "Emit",
+    "EndDrain",
     "Failed",
     "FencedEnded",
     "Interrupted",
@@ -33,6 +34,7 @@ __all__ = [
     "Request",
     "Result",
     "Sleep",
+    "StartDrain",
     "Started",
     "TermBlocked",
     "TermBumped",
@@ -168,6 +170,8 @@ class Request(enum.Enum):
     """`step_down()` timed out: cut the unlock short and close the session."""
     ALARM = "alarm"
     """The idle session's socket became readable: probe now."""
+    DRAINED = "drained"
+    """Every ``on_draining`` callback has returned: the drain is over."""
 
 
 class Op(enum.Enum):
@@ -247,6 +251,10 @@ class Emit:
         new: for `STATE_CHANGE`: the state entered.
         error: for `ERROR`: the database error.
         attempt: for `ACQUIRE_FAILED`: the attempt's number in this cycle.
+        keepalive_s: the session holds the lock: while the callbacks run, show the
+            server that the client lives this often (a probe whose outcome nobody
+            waits for), so that slow callbacks do not cost the lock to its lease;
+            ``None``: no session holds the lock.
     """
 
     event: Event
@@ -254,6 +262,7 @@ class Emit:
     new: LockState | None = None
     error: Exception | None = None
     attempt: int | None = None
+    keepalive_s: float | None = None
 
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -288,12 +297,35 @@ class WatchSession:
 
 
 @dataclass(frozen=True)
+class StartDrain:
+    """A graceful stop begins with a drain: run the ``on_draining`` callbacks beside the
+    lifecycle task (they end with [`Request.DRAINED`][pgleaderlock.core.machine.Request])."""
+
+
+@dataclass(frozen=True)
+class EndDrain:
+    """The drain is over (done, ``drain_s`` passed, or leadership left): cancel the
+    ``on_draining`` callbacks still running, and await them."""
+
+
+@dataclass(frozen=True)
 class ReleaseDone:
     """A pending [`step_down()`][pgleaderlock.LeaderLock.step_down] is over: wake whoever
     waits for it."""
 
 
-Effect = Call | Await | Sleep | Emit | Log | CloseSession | WatchSession | ReleaseDone
+Effect = (
+    Call
+    | Await
+    | Sleep
+    | Emit
+    | Log
+    | CloseSession
+    | WatchSession
+    | ReleaseDone
+    | StartDrain
+    | EndDrain
+)
 """What [`Machine.handle`][pgleaderlock.core.machine.Machine.handle] returns, in order. A
 list holds at most one blocking effect ([`Call`][pgleaderlock.core.machine.Call] or
 [`Sleep`][pgleaderlock.core.machine.Sleep]), always last; a list

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+from typing import cast
 
 from .._logging import mask_dsn
 from ..config import LockConfig
@@ -30,6 +31,7 @@ from .effects import (
     Connected,
     Effect,
     Emit,
+    EndDrain,
     Failed,
     FencedEnded,
     Interrupted,
@@ -41,6 +43,7 @@ from .effects import (
     Request,
     Result,
     Sleep,
+    StartDrain,
     Started,
     TermBlocked,
     TermBumped,
@@ -133,6 +136,10 @@ class Machine:
         self._term: int | None = None  # fencing: the term of the current leadership
         self._probe_pending = False  # a late probe is still in flight
         self._announce_at: float | None = None  # fencing: on_acquired after acquire_delay_s
+        # A graceful stop's drain (drain_s): until when, whether the callbacks returned,
+        # and whether it is over (it runs once per leadership).
+        self._drain_until: float | None = None
+        self._drained = self._drain_over = False
         # LEADER and RECONNECTING schedules.
         self._probe_at = 0.0
         self._grace_start = 0.0
@@ -160,6 +167,11 @@ class Machine:
     def term(self) -> int | None:
         """The fencing term of the current leadership (``None`` when not LEADER)."""
         return self._term if self._state is S.LEADER else None
+
+    @property
+    def draining(self) -> bool:
+        """A graceful stop's drain is on: leader work should finish its unit."""
+        return self._state is S.LEADER and self._drain_until is not None and not self._drain_over
 
     @property
     def fatal_error(self) -> Exception | None:
@@ -228,6 +240,8 @@ class Machine:
                 self._force = self._state in _LEADING
             case Request.ALARM:
                 self._alarm = self._state is S.LEADER
+            case Request.DRAINED:
+                self._drained = self.draining
         return True
 
     def _pending(self, request: Request) -> bool:
@@ -240,6 +254,8 @@ class Machine:
                 return self._force
             case Request.ALARM:
                 return self._alarm
+            case Request.DRAINED:
+                return self._drained
 
     # ------------------------------------------------------------------ results
 
@@ -269,7 +285,7 @@ class Machine:
             case Aborted(error=error, stop_reported=reported):
                 if error is not None:
                     self._log("error", "lifecycle_task_failed", exc=error, error=repr(error))
-                    self._out.append(Emit(Event.ERROR, error=error))
+                    self._emit(Event.ERROR, error=error)
                 self._fire(I.TASK_ABORTED, stop_reported=reported)
                 return self._out
             case Woke():
@@ -411,11 +427,9 @@ class Machine:
             if self._probe_pending:
                 self._decide_reconnecting()
                 continue
-            if self._stop:
-                self._fire(I.STOP_REQUESTED)
-                continue
-            if self._release and state in (S.LEADER, S.RECONNECTING):
-                self._fire(I.RELEASE_REQUESTED)
+            stopping = self._stop or (self._release and state in (S.LEADER, S.RECONNECTING))
+            if stopping and (state is not S.LEADER or not self._drain_first()):
+                self._fire(I.STOP_REQUESTED if self._stop else I.RELEASE_REQUESTED)
                 continue
             match state:
                 case S.FOLLOWER:
@@ -441,7 +455,10 @@ class Machine:
                                          what="health check"))  # fmt: skip
                     else:
                         self._out.append(WatchSession())
-                        self._block(Sleep(self._probe_at))
+                        wake = self._probe_at
+                        if self.draining:
+                            wake = min(wake, cast(float, self._drain_until))
+                        self._block(Sleep(wake))
                 case S.RECONNECTING:
                     self._decide_reconnecting()
                 case S.ACQUIRING if self._announce_at is not None:
@@ -452,6 +469,26 @@ class Machine:
                         self._fire(I.ACQUIRE_SUCCEEDED)
                 case S.ACQUIRING | S.RELEASING:  # pragma: no cover - their rows block
                     raise IllegalTransitionError(f"{state.name} without a call in flight")
+
+    def _drain_first(self) -> bool:
+        """A graceful stop of a leader: True while its drain (``drain_s``) goes on. The
+        drain starts here, and ends when its callbacks have returned, at its deadline, or
+        when a timed-out ``step_down()`` forces the release."""
+        if self.config.drain_s <= 0 or self._drain_over:
+            return False
+        if self._drain_until is None:
+            self._fire(I.DRAIN_REQUESTED)
+            return True
+        if self._drained or self._force or self._now >= self._drain_until:
+            self._end_drain()
+            return False
+        return True
+
+    def _end_drain(self) -> None:
+        if self.draining:
+            self._drain_over = True
+            self._log("info", "drain_ended", drained=self._drained)
+            self._out.append(EndDrain())
 
     def _decide_reconnecting(self) -> None:
         if self._probe_pending:  # a request cuts the late probe short (then acted on)
@@ -495,13 +532,16 @@ class Machine:
         source = self._state
         transition = step(source, input_, self._conditions(stop_reported))
         self._log("debug", "input", input=input_.value, state=source.value)
+        if source is S.LEADER and transition.target is not S.LEADER:
+            self._end_drain()  # its callbacks end before anything else is told
+            self._drain_until, self._drained, self._drain_over = None, False, False
         if transition.changes_state:
             self._state = transition.target
             self._transitions += 1
             self._leader_since = self._now if transition.target is S.LEADER else None
             fields = (("from", source.value), ("to", self._state.value))
             self._out.append(Log("info", "state_change", fields))
-            self._out.append(Emit(Event.STATE_CHANGE, old=source, new=transition.target))
+            self._emit(Event.STATE_CHANGE, old=source, new=transition.target)
         if source is S.RELEASING:
             self._step_down = False
         if source is S.ACQUIRING:
@@ -582,27 +622,31 @@ class Machine:
             case A.EMIT_ACQUIRED:
                 self._acquisitions += 1
                 self._log("info", "lock_acquired", attempt=self._attempt + 1)
-                self._out.append(Emit(Event.ACQUIRED))
+                self._emit(Event.ACQUIRED)
             case A.EMIT_ACQUIRE_FAILED:
                 self._failed_attempts += 1
-                self._out.append(Emit(Event.ACQUIRE_FAILED, attempt=self._attempt + 1))
+                self._emit(Event.ACQUIRE_FAILED, attempt=self._attempt + 1)
             case A.EMIT_LOST:
                 self._losses += 1
                 self._log("warning", "lock_lost")
-                self._out.append(Emit(Event.LOST))
+                self._emit(Event.LOST)
             case A.EMIT_RELEASED:
                 self._releases += 1
                 self._log("info", "lock_released")
-                self._out.append(Emit(Event.RELEASED))
+                self._emit(Event.RELEASED)
             case A.EMIT_ERROR:
                 self._errors += 1
                 error = self._last_error or PgLeaderLockError("unknown error")
                 self._log("error", "db_error", error=describe(error),
                           state=transition.source.value)  # fmt: skip
-                self._out.append(Emit(Event.ERROR, error=error))
+                self._emit(Event.ERROR, error=error)
             case A.EMIT_STOPPED:
                 self._log("info", "lock_stopped")
-                self._out.append(Emit(Event.STOPPED))
+                self._emit(Event.STOPPED)
+            case A.START_DRAIN:
+                self._drain_until = now + config.drain_s
+                self._log("info", "draining", drain_s=config.drain_s)
+                self._out.append(StartDrain())
 
     # ------------------------------------------------------------------ retry policy
 
@@ -670,7 +714,23 @@ class Machine:
         self._fatal_error = None
         self._term = self._announce_at = None
         self._probe_pending = False
+        self._drain_until, self._drained, self._drain_over = None, False, False
         self._wait_budget_s = 0.0
+
+    def _emit(
+        self,
+        event: Event,
+        *,
+        old: LockState | None = None,
+        new: LockState | None = None,
+        error: Exception | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        """Run ``event``'s callbacks; while a session holds the lock, with keep-alives
+        for its lease (slow callbacks must not cost the lock)."""
+        holding = self._has_session and self._state in (S.LEADER, S.RELEASING)
+        keepalive = self.config.health_interval_s if holding and self.config.lease_s else None
+        self._out.append(Emit(event, old, new, error, attempt, keepalive))
 
     def _log(self, level: LogLevel, message: str, /, exc: BaseException | None = None,
              **fields: object) -> None:  # fmt: skip

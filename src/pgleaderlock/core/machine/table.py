@@ -53,6 +53,7 @@ class Input(enum.Enum):
     RELEASE_FAILED = "ReleaseFailed"
     RETRIES_EXHAUSTED = "RetriesExhausted"
     TASK_ABORTED = "TaskAborted"
+    DRAIN_REQUESTED = "DrainRequested"
 
 
 class Action(enum.Enum):
@@ -77,6 +78,7 @@ class Action(enum.Enum):
     EMIT_RELEASED = "emit on_released"
     EMIT_ERROR = "emit on_error"
     EMIT_STOPPED = "emit on_stopped"
+    START_DRAIN = "run on_draining beside the task; release once they return, or after drain_s"
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,9 @@ TABLE: tuple[Row, ...] = (
     *_session_failed(I.DB_ERROR),
     Row(S.LEADER, I.PROBE_LATE, S.RECONNECTING, (A.LOG_PROBE_LATE,),
         note="no events: the session may be fine, the probe slow; its answer decides"),
+    Row(S.LEADER, I.DRAIN_REQUESTED, S.LEADER, (A.START_DRAIN,),
+        note="drain_s > 0: step_down() or shutdown() lets leader work finish first; "
+        "probes go on, and the release (or the stop) follows"),
     Row(S.LEADER, I.STOP_REQUESTED, S.RELEASING, (A.UNLOCK,)),
     Row(S.LEADER, I.RELEASE_REQUESTED, S.RELEASING, (A.UNLOCK,)),
     _aborted(S.LEADER),
