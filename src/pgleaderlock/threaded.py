@@ -99,6 +99,13 @@ class ThreadedLeaderLock:
         return self._lock.state
 
     @property
+    def draining(self) -> bool:
+        """True while a graceful stop lets leader work finish its current unit (the
+        lock's ``drain_s``; thread-safe): see
+        [`LeaderLock.draining`][pgleaderlock.LeaderLock.draining]."""
+        return self._lock.draining
+
+    @property
     def leader_since(self) -> float | None:
         """``time.time()`` when the current leadership began, or ``None``."""
         return self._lock.leader_since

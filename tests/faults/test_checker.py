@@ -74,6 +74,48 @@ def test_terminate_of_another_candidate_explains_nothing() -> None:
     assert len(report.other_overlaps) == 1
 
 
+def test_a_frozen_leader_may_overlap_only_until_just_after_it_thaws() -> None:
+    """A leader frozen while the next one begins (its lease ran out): a frozen overlap,
+    safe if its belief ended within the resume limit of the thaw; late, or never thawed,
+    it fails."""
+    log = log_with()
+    log.begin("a", 100.0)
+    log.fault("freeze", "a", 101.0)
+    log.begin("b", 111.0)
+    log.fault("thaw", "a", 140.0)
+    log.end("a", "lost", 140.004)
+    report = log.report(until=150.0)
+    assert report.other_overlaps == ()
+    assert len(report.frozen_overlaps) == 1
+    frozen = report.frozen_overlaps[0]
+    assert frozen.size_s == pytest.approx(29.004)
+    assert frozen.resumed_late_s == pytest.approx(0.004)
+    report.assert_safe()
+    with pytest.raises(AssertionError, match=r"frozen overlap \(ended 4\.000 ms after"):
+        report.assert_safe(resume_limit_s=0.001)
+
+    late = log_with(("a", 100.0, 142.0), ("b", 111.0, None))
+    late.fault("freeze", "a", 101.0)
+    late.fault("thaw", "a", 140.0)
+    with pytest.raises(AssertionError, match="frozen overlap"):
+        late.report(until=150.0).assert_safe()
+
+    never = log_with(("a", 100.0, None), ("b", 111.0, None))
+    never.fault("freeze", "a", 101.0)
+    assert len(never.report(until=150.0).other_overlaps) == 1  # no thaw: explains nothing
+
+
+def test_a_freeze_before_the_belief_or_after_the_next_began_explains_nothing() -> None:
+    log = log_with(("a", 100.0, 120.0), ("b", 111.0, None))
+    log.fault("freeze", "a", 99.0)  # before a led
+    log.fault("thaw", "a", 99.5)
+    log.fault("freeze", "a", 112.0)  # after b began: b's start is not explained by it
+    log.fault("thaw", "a", 119.99)
+    report = log.report(until=150.0)
+    assert len(report.other_overlaps) == 1
+    assert report.frozen_overlaps == ()
+
+
 def test_begin_and_end_are_idempotent_and_the_earliest_wins() -> None:
     log = log_with()
     log.feed("a", "state", 100.0, old="acquiring", new="leader")

@@ -15,9 +15,10 @@ exactly once, with terms that never go back, so no two leaderships of a name eve
 interleave their committed work (a worker that still believes learns it at its next
 fence).
 
-Faults: SIGKILL, SIGTERM and ``pg_terminate_backend`` of one replica, and a server
-restart: every name must be led again within a generous bound (the measured figures
-are printed). Balance: 300 names over 3 replicas settle at 100 each; a fourth replica
+Faults: SIGKILL, SIGTERM, SIGSTOP (a frozen replica: its names are led again once the
+lease of its sessions runs out, and it stops its workers as soon as it runs again) and
+``pg_terminate_backend`` of one replica, and a server restart: every name must be led
+again within a generous bound (the measured figures are printed). Balance: 300 names over 3 replicas settle at 100 each; a fourth replica
 reaches its share within 10 s moving no more than its share + 2 names; then a steady
 group makes no move for 15 s.
 """
@@ -42,7 +43,8 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from pgleaderlock.testing.beliefs import BeliefLog
+from pgleaderlock.core.config import default_lease_s
+from pgleaderlock.testing.beliefs import FROZEN_RESUME_LIMIT_S, BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
@@ -57,6 +59,10 @@ SETTLE_BOUND_S = 15.0
 DETECTION_S = 1.0
 """The replicas' ``health_interval_s + health_timeout_s``: how long a replica may take
 to notice that the server ended its sessions, and so the longest terminate overlap."""
+LEASE_S = default_lease_s(0.5, 0.5)
+"""The replicas' lease (their timings' default, 2 s): a frozen replica's names are led
+again within it (plus the slack below)."""
+SLACK_S = 1.5
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -264,18 +270,20 @@ class Group:
                     assert killed is not None, f"{replica.name} exited with {name} running"
                     log.end(replica.name, "killed", killed)
         for kind, victim, t in self.faults:
-            if kind == "terminate":
+            if kind in ("terminate", "freeze", "thaw"):
                 for log in logs.values():
-                    log.fault("terminate", victim, t)
+                    log.fault(kind, victim, t)
         return logs
 
     def check_beliefs(self, figures: Callable[[str, float, str], None]) -> None:
         overlaps, terminate_overlaps, leaderships = [], [], 0
+        resumed: list[float | None] = []  # frozen overlaps: how long after the thaw
         for log in self.beliefs().values():
             report = log.report()
             leaderships += len(report.intervals)
             overlaps += [o.describe(report.origin) for o in report.other_overlaps]
             terminate_overlaps += [o.size_s for o in report.terminate_overlaps]
+            resumed += [o.resumed_late_s for o in report.frozen_overlaps]
         figures("leaderships", leaderships, "")
         figures("terminate overlaps", len(terminate_overlaps), "")
         if terminate_overlaps:
@@ -287,6 +295,12 @@ class Group:
         assert max(terminate_overlaps, default=0.0) <= DETECTION_S, (
             f"terminate overlaps {sorted(terminate_overlaps)[-5:]} s (limit {DETECTION_S} s)"
         )
+        if resumed:  # a frozen replica stopped its workers as soon as it ran again
+            figures("frozen overlaps", len(resumed), "")
+            assert None not in resumed, "a frozen replica's worker ran on after it thawed"
+            late = max(r for r in resumed if r is not None)
+            figures("workers stopped after the thaw, at most", late, "ms")
+            assert late <= FROZEN_RESUME_LIMIT_S
 
     async def check_log(self, figures: Callable[[str, float, str], None]) -> None:
         """Every name's log: each position once, 1..n, terms never going back; the
@@ -368,7 +382,7 @@ def spread(values: dict[str, float]) -> str:
 # ---------------------------------------------------------------- one fault at a time
 
 
-FAULTS = ["kill", "sigterm", "terminate"]
+FAULTS = ["kill", "sigterm", "terminate", "sigstop"]
 SIZES = {"shared": 30, "dedicated": 9}
 
 
@@ -383,10 +397,11 @@ async def test_a_failed_replicas_names_are_led_again(
     fault: str,
 ) -> None:
     """3 replicas start one after the other and settle; the last one (whose names were
-    all handed to it by the others) is SIGKILLed, SIGTERMed, or has its sessions
-    terminated, right away. Each of its names is led again (by a survivor, or after a
-    terminate by anyone) within the bound, the group balances again, and no two
-    replicas ever ran a name at once outside the terminate window."""
+    all handed to it by the others) is SIGKILLed, SIGTERMed, frozen (SIGSTOP), or has
+    its sessions terminated, right away. Each of its names is led again (by a survivor,
+    or after a terminate by anyone) within the bound (a frozen one's within its lease),
+    the group balances again, and no two replicas ever ran a name at once outside the
+    terminate window, or a frozen replica's (until just after it runs again)."""
     async with running(Group(server.dsn, mode, SIZES[mode], stderr)) as group:
         await group.spawn(3)
         took = await group.settle("start")
@@ -398,12 +413,20 @@ async def test_a_failed_replicas_names_are_led_again(
             at = await victim.kill()
         elif fault == "sigterm":
             victim.signal(signal.SIGTERM)
+        elif fault == "sigstop":
+            group.faults.append(("freeze", victim.name, at))
+            victim.signal(signal.SIGSTOP)
         else:
             group.faults.append(("terminate", victim.name, at))
             assert await group.terminate(admin, victim) >= 2
         by = anyone if fault == "terminate" else other_than(victim)
         releads = await group.releads(names, at, by)
         figures(f"{mode}/{fault}: names led again ({spread(releads)})", max(releads.values()), "ms")
+        if fault == "sigstop":
+            assert max(releads.values()) <= LEASE_S + SLACK_S
+            await asyncio.sleep(0.3)  # still frozen while the others lead its names
+            group.faults.append(("thaw", victim.name, time.monotonic()))
+            victim.signal(signal.SIGCONT)
         if fault == "sigterm":
             assert await victim.stop(timeout_s=20) == 0
         took = await group.settle(f"after {fault}")

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import random
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -42,15 +40,15 @@ import pytest
 
 from pgleaderlock import lock_keys
 from pgleaderlock.core.keys import key_to_oid
-from pgleaderlock.testing.candidate import CandidateEvent, CandidateProcess
+from pgleaderlock.testing.candidate import CandidateEvent
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fenced import FencedWorker
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(180)]
 
 K = 4
 RUN_S = float(os.environ.get("PGLEADERLOCK_FENCING_FAULT_S", "25"))
 RESTARTS = 2
-WORKER = Path(__file__).with_name("fenced_worker.py")
 
 FAULTS = ("terminate", "stop", "kill")
 WEIGHTS = (0.55, 0.35, 0.10)
@@ -74,51 +72,6 @@ Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-class FencedWorker(CandidateProcess):
-    """A ``fenced_worker.py`` child, observed like a candidate process."""
-
-    def __init__(
-        self, name: str, dsn: str, keys: tuple[int, int], args: list[str], stderr: IO[str]
-    ) -> None:
-        super().__init__(name, dsn, *keys, stderr=stderr)
-        self.args = args
-
-    def argv(self) -> list[str]:
-        return [
-            sys.executable,
-            str(WORKER),
-            f"--key1={self.keys[0]}",
-            f"--key2={self.keys[1]}",
-            f"--name={self.name}",
-            *self.args,
-        ]
-
-    async def command(self, line: str) -> None:
-        """Write a line to the child's stdin (``hold before``, ``hold after``, ``go``)."""
-        proc = self._proc
-        assert proc is not None
-        assert proc.stdin is not None
-        proc.stdin.write(line.encode() + b"\n")
-        await proc.stdin.drain()
-
-    def signal(self, signum: int) -> None:
-        if self.running and self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    async def first(
-        self, events: tuple[str, ...], since: float, timeout_s: float = 10.0
-    ) -> CandidateEvent:
-        """The first of ``events`` at or after ``since`` (polled, bounded)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = [e for e in self.events if e.event in events and e.t >= since]
-            if found:
-                return found[0]
-            assert time.monotonic() < deadline, f"{self.name}: none of {events}: {self._tail()}"
-            await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -292,7 +245,7 @@ class Run:
         Then SIGCONT and let the old leader finish its transaction."""
         worker, backend = await self.leader()
         since = time.monotonic()
-        await worker.command(f"hold {point}")
+        await worker.send(f"hold {point}")
         held = await worker.first(("holding",), since)
         episode = Episode(point, int(held.data["term"]))
         worker.signal(signal.SIGSTOP)
@@ -314,7 +267,7 @@ class Run:
         finally:
             worker.signal(signal.SIGCONT)
         resumed = time.monotonic()
-        await worker.command("go")
+        await worker.send("go")
         done = await worker.first(("committed", "fenced"), resumed)
         episode.outcome = done.event
         episode.value = done.data.get("value")

@@ -12,6 +12,8 @@ themselves (``benchmarks/_common.py``).
 - :mod:`support.replication`: ``PrimaryStandby``, a primary with a streaming standby
   (two throwaway clusters), and ``multi_host_dsn``.
 - :mod:`support.blackhole`: ``BlackHole``, a listener that never answers a byte.
+- :mod:`support.fenced`: ``FencedWorker``, a child process that leads a fencing lock and
+  runs fenced transactions (``tests/faults/fenced_worker.py``).
 - :mod:`support.pgbouncer`: ``PgBouncer``, a real PgBouncer in any pool mode, and its
   fixtures (a ``pytest_plugins`` module of the root ``conftest.py``).
 """

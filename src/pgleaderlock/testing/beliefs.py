@@ -12,6 +12,14 @@ Overlaps that follow an external ``pg_terminate_backend`` of the old leader (rec
 as *terminate overlaps* with their size: the server frees the lock before the old leader
 can know, so those can be made short but not zero (see ``docs/guarantees.md``).
 
+Overlaps of a leader that was *frozen* (SIGSTOP, or an event loop blocked by a
+synchronous call: recorded as a ``freeze`` fault, and a ``thaw`` when it runs again) are
+reported as *frozen overlaps*: the server ends a frozen leader's session when its lease
+runs out, and the next leader begins while the frozen one cannot know. Its belief must
+end promptly once it runs again (at its first probe: within
+[`FROZEN_RESUME_LIMIT_S`][pgleaderlock.testing.beliefs.FROZEN_RESUME_LIMIT_S] of the
+thaw); only fencing keeps its writes of that moment out (``docs/guarantees.md``).
+
 All timestamps are ``time.monotonic()`` seconds (one clock for every process of a Linux
 host, network namespaces included).
 """
@@ -29,6 +37,7 @@ from ..core.lock import LeaderLock
 from ..core.models import LockState
 
 __all__ = [
+    "FROZEN_RESUME_LIMIT_S",
     "TERMINATE_OVERLAP_LIMIT_S",
     "BeliefInterval",
     "BeliefLog",
@@ -41,6 +50,10 @@ __all__ = [
 
 TERMINATE_OVERLAP_LIMIT_S: Final = 0.05
 """How long a terminate overlap may last (measured: 0.4-2.6 ms on loopback)."""
+
+FROZEN_RESUME_LIMIT_S: Final = 1.0
+"""How long after it runs again a frozen leader may still believe it leads: its next
+probe is overdue, so it runs at once and fails (measured: a few ms)."""
 
 _BEGIN_EVENTS: Final = frozenset({"acquired"})
 _END_EVENTS: Final = frozenset({"lost", "released", "stopped"})
@@ -81,15 +94,32 @@ class Overlap:
     size_s: float
     terminate: Fault | None
     """The termination of ``earlier``'s backend that explains it, or None."""
+    thaw: Fault | None = None
+    """``earlier`` was frozen when ``later`` began: when it ran again (None if not
+    frozen, or never thawed)."""
+
+    @property
+    def resumed_late_s(self) -> float | None:
+        """For a frozen overlap: how long ``earlier`` still believed it led after it ran
+        again (None: not a frozen overlap, or its belief has not ended)."""
+        if self.thaw is None or self.earlier.end is None:
+            return None
+        return max(0.0, self.earlier.end - self.thaw.t)
 
     def describe(self, origin: float = 0.0) -> str:
         what = "terminate overlap" if self.terminate is not None else "OVERLAP"
+        if self.thaw is not None:
+            what = f"frozen overlap (ended {_ms(self.resumed_late_s)} after the thaw)"
         return (
             f"{what} {self.size_s * 1000:.3f} ms: {self.earlier.candidate} "
             f"[{self.earlier.start - origin:.4f}, {_fmt_end(self.earlier, origin)}] vs "
             f"{self.later.candidate} [{self.later.start - origin:.4f}, "
             f"{_fmt_end(self.later, origin)}]"
         )
+
+
+def _ms(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds * 1000:.3f} ms"
 
 
 def _fmt_end(interval: BeliefInterval, origin: float) -> str:
@@ -118,6 +148,7 @@ class BeliefReport:
     faults: tuple[Fault, ...]
     terminate_overlaps: tuple[Overlap, ...]
     other_overlaps: tuple[Overlap, ...]
+    frozen_overlaps: tuple[Overlap, ...]
     longest_gap: Gap | None
     leader_changes: int
     origin: float
@@ -127,13 +158,24 @@ class BeliefReport:
     def max_terminate_overlap_s(self) -> float:
         return max((o.size_s for o in self.terminate_overlaps), default=0.0)
 
-    def assert_safe(self, terminate_limit_s: float = TERMINATE_OVERLAP_LIMIT_S) -> None:
-        """Raise AssertionError for any overlap other than a short terminate overlap."""
+    def assert_safe(
+        self,
+        terminate_limit_s: float = TERMINATE_OVERLAP_LIMIT_S,
+        resume_limit_s: float = FROZEN_RESUME_LIMIT_S,
+    ) -> None:
+        """Raise AssertionError for any overlap other than a short terminate overlap, or
+        a frozen overlap whose frozen leader learned of its loss promptly once it ran
+        again."""
         problems = [o.describe(self.origin) for o in self.other_overlaps]
         problems += [
             o.describe(self.origin) + f" (limit {terminate_limit_s * 1000:g} ms)"
             for o in self.terminate_overlaps
             if o.size_s >= terminate_limit_s
+        ]
+        problems += [
+            o.describe(self.origin) + f" (limit {resume_limit_s * 1000:g} ms)"
+            for o in self.frozen_overlaps
+            if (late := o.resumed_late_s) is None or late > resume_limit_s
         ]
         if problems:
             raise AssertionError(
@@ -146,7 +188,8 @@ class BeliefReport:
             f"{len(self.intervals)} leaderships, {self.leader_changes} leader changes, "
             f"{len(self.other_overlaps)} overlaps, "
             f"{len(self.terminate_overlaps)} terminate overlaps "
-            f"(max {self.max_terminate_overlap_s * 1000:.3f} ms)"
+            f"(max {self.max_terminate_overlap_s * 1000:.3f} ms), "
+            f"{len(self.frozen_overlaps)} frozen overlaps"
         ]
         if self.longest_gap is not None:
             lines.append(
@@ -264,6 +307,7 @@ class BeliefLog:
         intervals = self.intervals()
         terminate: list[Overlap] = []
         other: list[Overlap] = []
+        frozen: list[Overlap] = []
         for j, later in enumerate(intervals):
             for earlier in intervals[:j]:
                 stop = min(earlier.end_or(end_of_time), later.end_or(end_of_time))
@@ -271,14 +315,21 @@ class BeliefLog:
                 if size <= 0 or earlier.candidate == later.candidate:
                     continue
                 cause = self._terminate_cause(earlier, later)
-                overlap = Overlap(earlier, later, size, cause)
-                (terminate if cause is not None else other).append(overlap)
+                thaw = None if cause is not None else self._thaw(earlier, later)
+                overlap = Overlap(earlier, later, size, cause, thaw)
+                if cause is not None:
+                    terminate.append(overlap)
+                elif thaw is not None:
+                    frozen.append(overlap)
+                else:
+                    other.append(overlap)
         changes = sum(1 for a, b in itertools.pairwise(intervals) if a.candidate != b.candidate)
         return BeliefReport(
             intervals=tuple(intervals),
             faults=tuple(self._faults),
             terminate_overlaps=tuple(terminate),
             other_overlaps=tuple(other),
+            frozen_overlaps=tuple(frozen),
             longest_gap=_longest_gap(intervals, end_of_time),
             leader_changes=changes,
             origin=self.origin,
@@ -293,6 +344,22 @@ class BeliefLog:
                 and earlier.start <= f.t <= later.start
             ):
                 return f
+        return None
+
+
+    def _thaw(self, earlier: BeliefInterval, later: BeliefInterval) -> Fault | None:
+        """The ``thaw`` that ended a ``freeze`` of ``earlier``'s candidate during which
+        ``later`` began (None: it was not frozen then, or never ran again)."""
+        frozen_at = None
+        for f in sorted(self._faults, key=lambda f: f.t):
+            if f.candidate != earlier.candidate:
+                continue
+            if f.kind == "freeze" and earlier.start <= f.t <= later.start:
+                frozen_at = f.t
+            elif f.kind == "thaw" and frozen_at is not None and f.t >= later.start:
+                return f
+            elif f.kind == "thaw":
+                frozen_at = None
         return None
 
 

@@ -91,6 +91,10 @@ class CandidateOptions:
             acquisition is announced (its ``acquired`` events carry it).
         fencing_table: the table of terms; ``None``: the library's default.
         acquire_delay_s: with fencing, ``acquire_delay_s``; ``None``: the default (0).
+        lease_s: ``lease_s``; ``None``: the default (from ``health_interval_s``).
+        fencing_grace_s: with fencing, ``fencing_grace_s``; ``None``: the default.
+        backend: the driver backend (``"psycopg"``, ``"asyncpg"``, ...); ``None``: the
+            default (from the DSN, else psycopg).
     """
 
     health_interval_s: float | None = 1.0
@@ -108,6 +112,9 @@ class CandidateOptions:
     fencing: bool = False
     fencing_table: str | None = None
     acquire_delay_s: float | None = None
+    lease_s: float | None = None
+    fencing_grace_s: float | None = None
+    backend: str | None = None
 
     @classmethod
     def library_defaults(cls, **changes: Any) -> CandidateOptions:
@@ -134,6 +141,9 @@ class CandidateOptions:
             "--application-name": self.application_name,
             "--fencing-table": self.fencing_table,
             "--acquire-delay": self.acquire_delay_s,
+            "--lease": self.lease_s,
+            "--fencing-grace": self.fencing_grace_s,
+            "--backend": self.backend,
         }
         args = [f"{flag}={value}" for flag, value in optional.items() if value is not None]
         args += [
@@ -415,13 +425,23 @@ class CandidateProcess:
             for e in self.events[-n:]
         )
 
-    async def send(self, command: Literal["step_down", "shutdown"]) -> None:
-        """Write a command line to the child's stdin (ignored if it has exited)."""
+    async def send(self, command: Literal["step_down", "shutdown"] | str) -> None:
+        """Write a command line to the child's stdin (ignored if it has exited):
+        ``step_down``, ``shutdown``, or ``block SECONDS`` (the child blocks its event
+        loop with a synchronous sleep, between a ``blocking`` and an ``unblocked``
+        event)."""
         if self._proc is None or self._proc.stdin is None or not self.running:
             return
         with contextlib.suppress(ConnectionError, RuntimeError):
             self._proc.stdin.write(command.encode() + b"\n")
             await self._proc.stdin.drain()
+
+    def signal(self, signum: int) -> None:
+        """Send the child ``signum`` (``SIGSTOP`` freezes it, ``SIGCONT`` thaws it);
+        ignored if it has exited."""
+        if self.running and self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
     async def kill(self) -> float:
         """SIGKILL the child; return the monotonic time of the kill once it is gone."""
@@ -486,8 +506,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m {MODULE}",
         description="Run one LeaderLock and print its events as JSON lines; stdin takes "
-        "`step_down` and `shutdown` (EOF = shutdown). Omitted timings keep the library's "
-        "defaults.",
+        "`step_down`, `shutdown` (EOF = shutdown) and `block SECONDS` (a synchronous sleep "
+        "that blocks the event loop). Omitted timings keep the library's defaults.",
     )
     parser.add_argument("--dsn", help=f"default: ${DSN_ENV}")
     parser.add_argument("--lock-name", help="LeaderLock.from_name(LOCK_NAME)")
@@ -509,6 +529,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fencing", action="store_true", help="LeaderLock(fencing=True)")
     parser.add_argument("--fencing-table", help="fencing_table (with --fencing)")
     parser.add_argument("--acquire-delay", type=float, help="acquire_delay_s (with --fencing)")
+    parser.add_argument("--lease", type=float, help="lease_s")
+    parser.add_argument("--fencing-grace", type=float, help="fencing_grace_s (with --fencing)")
+    parser.add_argument("--backend", help="the driver backend (psycopg, asyncpg, ...)")
     return parser
 
 
@@ -519,13 +542,18 @@ def _make_lock(opts: argparse.Namespace, dsn: str) -> LeaderLock:
         "follower_mode": opts.follower_mode,
         "application_name": opts.application_name,
         "load_plugins": False,
+        "backend": opts.backend,
     }
+    if opts.lease is not None:
+        kwargs["lease_s"] = opts.lease
     if opts.fencing:
         kwargs["fencing"] = True
         if opts.fencing_table is not None:
             kwargs["fencing_table"] = opts.fencing_table
         if opts.acquire_delay is not None:
             kwargs["acquire_delay_s"] = opts.acquire_delay
+        if opts.fencing_grace is not None:
+            kwargs["fencing_grace_s"] = opts.fencing_grace
     timings = {
         "health_interval_s": opts.health_interval,
         "health_timeout_s": opts.health_timeout,
@@ -590,6 +618,11 @@ async def _run(opts: argparse.Namespace, dsn: str) -> int:
                 task = loop.create_task(step_down())
                 step_downs.add(task)
                 task.add_done_callback(step_downs.discard)
+            elif line.startswith("block "):
+                seconds = float(line.split()[1])
+                emit("blocking", seconds=seconds)
+                time.sleep(seconds)  # noqa: ASYNC251 - blocks the event loop, on purpose
+                emit("unblocked")
             elif line == "shutdown" or not line:
                 stop.set()
 
