@@ -166,6 +166,19 @@ def server_info(dsn: str) -> dict[str, Any]:
     }
 
 
+RAW_TOKEN = 1
+"""The session token a raw connection sets for itself, so that it can run the library's
+own lock statements (which run only on a session that carries its token)."""
+RAW_SETUP = f"SELECT set_config('pgleaderlock.session', '{RAW_TOKEN}', false)"
+
+
+def raw_lock_values(backend_pid: int) -> tuple[int, int, int, int]:
+    """The values after the two keys of ``TRY_LOCK`` (``UNLOCK`` takes the first two) on
+    a raw connection that ran ``RAW_SETUP``: its pid, its token, not behind a pooler, no
+    lease."""
+    return backend_pid, RAW_TOKEN, 0, 0
+
+
 def rss_bytes() -> int:
     """The current resident set size of this process (Linux ``/proc/self/statm``)."""
     with open("/proc/self/statm", encoding="ascii") as statm:

@@ -64,7 +64,11 @@ from _common import (
 )
 
 from pgleaderlock import LeaderLock, lock_keys
-from pgleaderlock.backends.base import bump_term_statement, create_terms_statement
+from pgleaderlock.backends.base import (
+    bump_term_statement,
+    create_terms_statement,
+    lock_timeout_ms,
+)
 from pgleaderlock.core.config import TermTable
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateOptions, CandidateProcess
@@ -377,7 +381,8 @@ async def measure_bump(dsn: str, table: str, n: int) -> dict[str, Summary]:
         await conn.execute(create_terms_statement(terms).template.encode())
         row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
         assert row is not None
-        bump = bump_term_statement(terms).sql(key1, key2, row[0]).encode()
+        wait_ms = lock_timeout_ms(2.0)  # fencing_grace_s's default: nothing waits here
+        bump = bump_term_statement(terms).sql(key1, key2, row[0], wait_ms).encode()
         for _ in range(n):
             for variant in random.sample(list(times), 2):
                 started = time.perf_counter()

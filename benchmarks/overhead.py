@@ -54,11 +54,13 @@ from typing import Any, ClassVar
 
 import psycopg
 from _common import (
+    RAW_SETUP,
     database,
     describe_machine,
     interrupt_on_signals,
     machine_info,
     markdown_table,
+    raw_lock_values,
     rss_bytes,
     server_info,
 )
@@ -228,13 +230,17 @@ async def bench_attempt(dsn: str, rounds: int, block: int) -> dict[str, Any]:
     options = LeaderLock(dsn, key1, key2, load_plugins=False).connect_options
     session = await psycopg_backend.connect(dsn, options)
     raw = await psycopg.AsyncConnection.connect(
-        dsn,
-        autocommit=True,
-        application_name=options.application_name,
-        options=" ".join(f"-c {k}={v}" for k, v in options.server_settings.items()),
+        dsn, autocommit=True, application_name=options.application_name
     )
-    try_sql = TRY_LOCK.sql(raw_key1, raw_key2).encode()
-    unlock_sql = UNLOCK.sql(raw_key1, raw_key2).encode()
+    for name, value in options.server_settings.items():  # those this server knows
+        await raw.execute(
+            "SELECT set_config(%s, %s, false) WHERE current_setting(%s, true) IS NOT NULL",
+            (name, value, name),
+        )
+    await raw.execute(RAW_SETUP)  # so that it may run the library's own statements
+    extra = raw_lock_values(raw.info.backend_pid)
+    try_sql = TRY_LOCK.sql(raw_key1, raw_key2, *extra).encode()
+    unlock_sql = UNLOCK.sql(raw_key1, raw_key2, *extra[:2]).encode()
 
     guard = CallGuard(session.abort) if CallGuard is not None else None
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import _common  # noqa: F401 - puts tests/ on sys.path, for support.*
 import psycopg
+from _common import RAW_SETUP, raw_lock_values
 
 from pgleaderlock.backends import TRY_LOCK, UNLOCK
 from pgleaderlock.core.calls import CallGuard
@@ -98,8 +99,10 @@ async def raw_op(driver: str, dsn: str) -> tuple[Op, Op, Callable[[], Awaitable[
     k1, k2 = KEYS_RAW
     if driver == "psycopg":
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        try_lock = TRY_LOCK.sql(k1, k2)
-        unlock = UNLOCK.sql(k1, k2)
+        await conn.execute(RAW_SETUP)  # so that it may run the library's own statements
+        extra = raw_lock_values(conn.info.backend_pid)
+        try_lock = TRY_LOCK.sql(k1, k2, *extra)
+        unlock = UNLOCK.sql(k1, k2, *extra[:2])
 
         async def op() -> None:
             cur = await conn.execute(try_lock)
@@ -119,18 +122,20 @@ async def raw_op(driver: str, dsn: str) -> tuple[Op, Op, Callable[[], Awaitable[
     import asyncpg
 
     aconn = await asyncpg.connect(dsn_to_url(dsn, "postgresql"))
-    try_lock_p = TRY_LOCK.sql("$1", "$2")
-    unlock_p = UNLOCK.sql("$1", "$2")
+    await aconn.execute(RAW_SETUP)
+    extra = raw_lock_values(aconn.get_server_pid())
+    try_lock_p = TRY_LOCK.sql(*[f"${n}" for n in range(1, 7)])
+    unlock_p = UNLOCK.sql(*[f"${n}" for n in range(1, 5)])
 
     async def aop() -> None:
-        await aconn.fetchrow(try_lock_p, k1, k2)
-        await aconn.fetchrow(unlock_p, k1, k2)
+        await aconn.fetchrow(try_lock_p, k1, k2, *extra)
+        await aconn.fetchrow(unlock_p, k1, k2, *extra[:2])
 
     async def aop_timeout() -> None:
         async with asyncio.timeout(TIMEOUT_S):
-            await aconn.fetchrow(try_lock_p, k1, k2)
+            await aconn.fetchrow(try_lock_p, k1, k2, *extra)
         async with asyncio.timeout(TIMEOUT_S):
-            await aconn.fetchrow(unlock_p, k1, k2)
+            await aconn.fetchrow(unlock_p, k1, k2, *extra[:2])
 
     async def aclose() -> None:
         await aconn.close()

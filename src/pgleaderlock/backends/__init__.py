@@ -9,7 +9,8 @@ are implementation details:
   and its optional capabilities [`WaitingSession`][pgleaderlock.backends.WaitingSession],
   [`WatchableSession`][pgleaderlock.backends.WatchableSession],
   [`AbortableSession`][pgleaderlock.backends.AbortableSession],
-  [`ProbingSession`][pgleaderlock.backends.ProbingSession] and
+  [`ProbingSession`][pgleaderlock.backends.ProbingSession],
+  [`KeepAliveSession`][pgleaderlock.backends.KeepAliveSession] and
   [`FencingSession`][pgleaderlock.backends.FencingSession] (with
   [`FencedSessions`][pgleaderlock.backends.FencedSessions]);
 - the shared base (``pgleaderlock.backends.base``):
@@ -45,6 +46,7 @@ from ..core.session import (
     ConnectOptions,
     FencedSessions,
     FencingSession,
+    KeepAliveSession,
     LockSession,
     ProbingSession,
     WaitingSession,
@@ -78,6 +80,7 @@ __all__ = [
     "WatchableSession",
     "AbortableSession",
     "ProbingSession",
+    "KeepAliveSession",
     "FencingSession",
     "FencedSessions",
     # the shared base
