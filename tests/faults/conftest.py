@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import psycopg
 import pytest
@@ -102,6 +103,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     width_metric = max(len(r[1]) for r in rows)
     for test, metric, value in rows:
         terminalreporter.write_line(f"{test:<{width_test}}  {metric:<{width_metric}}  {value}")
+
+
+@pytest.fixture
+def children_log(tmp_path: Path) -> Iterator[IO[str]]:
+    """Where child processes' stderr (the library's warnings) goes; its path is printed."""
+    path = tmp_path / "children.log"
+    print(f"children's stderr: {path}")
+    with path.open("w") as log:
+        yield log
 
 
 @pytest.fixture

@@ -30,9 +30,8 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import psycopg
@@ -323,22 +322,13 @@ class Run:
 
 
 @pytest.fixture
-def workers_log(tmp_path: Path) -> Iterator[IO[str]]:
-    """Where the workers' stderr (the library's warnings) goes."""
-    path = tmp_path / "workers.log"
-    print(f"workers' stderr: {path}")
-    with path.open("w") as log:
-        yield log
-
-
-@pytest.fixture
 async def run_factory(
-    throwaway_pg: ThrowawayPostgres, workers_log: IO[str]
+    throwaway_pg: ThrowawayPostgres, children_log: IO[str]
 ) -> AsyncIterator[Callable[[bool], Awaitable[Run]]]:
     runs: list[Run] = []
 
     async def make(fence: bool) -> Run:
-        run = Run(throwaway_pg, fence, workers_log)
+        run = Run(throwaway_pg, fence, children_log)
         runs.append(run)
         await run.setup()
         return run

@@ -27,9 +27,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 import psycopg
@@ -90,15 +89,6 @@ class Timings:
 DEFAULTS = Timings("defaults")
 LOWERED = Timings("lowered", health_interval_s=0.5, health_timeout_s=0.5, lease_s=1.5,
                   fencing_grace_s=0.5)  # fmt: skip
-
-
-@pytest.fixture
-def children_log(tmp_path: Path) -> Iterator[IO[str]]:
-    """Where the children's stderr (the library's warnings) goes."""
-    path = tmp_path / "children.log"
-    print(f"children's stderr: {path}")
-    with path.open("w") as log:
-        yield log
 
 
 @dataclass

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -252,15 +252,6 @@ class Run:
         await asyncio.gather(*(c.kill() for c in children), return_exceptions=True)
         if self.admin is not None:
             await self.admin.close()
-
-
-@pytest.fixture
-def children_log(tmp_path: Path) -> Iterator[IO[str]]:
-    """Where the children's stderr (the library's warnings) goes."""
-    path = tmp_path / "projectors.log"
-    print(f"children's stderr: {path}")
-    with path.open("w") as log:
-        yield log
 
 
 @pytest.fixture
