@@ -346,7 +346,6 @@ class BeliefLog:
                 return f
         return None
 
-
     def _thaw(self, earlier: BeliefInterval, later: BeliefInterval) -> Fault | None:
         """The ``thaw`` that ended a ``freeze`` of ``earlier``'s candidate during which
         ``later`` began (None: it was not frozen then, or never ran again)."""
