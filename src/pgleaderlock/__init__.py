@@ -27,12 +27,14 @@ from .core.errors import (
     FencedError,
     LockError,
     LockNotHeldError,
+    MissingPrivilegeError,
     PgLeaderLockError,
     PooledConnectionError,
     ServerRefusedError,
     SessionNotDedicatedError,
     ShutdownError,
     StandbyError,
+    UntrustedObjectError,
 )
 from .core.hooks import hookimpl
 from .core.keys import lock_keys
@@ -82,6 +84,8 @@ __all__ = [
     "SessionNotDedicatedError",
     "ShutdownError",
     "StandbyError",
+    "UntrustedObjectError",
+    "MissingPrivilegeError",
     "StateChangeCallback",
     "ThreadedLeaderLock",
     "WorkerContext",

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgleaderlock import Coordinator, FixedInterval, LeaderLock, WorkerContext, lock_keys
+from pgleaderlock import Coordinator, FixedInterval, LeaderLock, WorkerContext
+from pgleaderlock.coordination.protocol import name_keys
 
 if TYPE_CHECKING:
     from cli.conftest import Run
@@ -63,17 +64,19 @@ async def settled(coords: list[Coordinator], count: int) -> None:
 async def test_a_shared_group_from_the_server(
     run_cli: Run, coordinators: Callable[..., Coordinator], group: str, admin: Admin
 ) -> None:
-    names = [f"{group}:n{i}" for i in range(5)]
+    names = [f"n{i}" for i in range(5)]
     table = f"ckpt_{group}"
     coords = [coordinators(names, sessions="shared", fencing=True, checkpoint_table=table)
               for _ in range(2)]  # fmt: skip
     for coord in coords:
         await coord.start()
     await settled(coords, len(names))
-    # Names come from --name, and from the checkpoint table's rows.
+    # Names come from --name, and from the checkpoint table's rows of this group (another
+    # group's rows, and rows of no group, are not this group's names).
     await admin.execute(
-        f'INSERT INTO "{table}" (subscription_name, last_position) VALUES (%s, 1), (%s, 2)',
-        (names[0], names[1]),
+        f'INSERT INTO "{table}" (subscription_name, last_position)'
+        " VALUES (%s, 1), (%s, 2), (%s, 3), (%s, 4)",
+        (f"{group}:{names[0]}", f"{group}:{names[1]}", f"other{group}:{names[2]}", "n3"),
     )
     try:
         result = await run_cli(
@@ -97,9 +100,9 @@ async def test_a_shared_group_from_the_server(
                 )
         leaders = {(e["key1"], e["key2"]): e for e in report["leaders"]}
         owner = {name: c.member for c in coords for name in c.owned}
-        assert set(leaders) == {lock_keys(n) for n in names}
+        assert set(leaders) == {name_keys(group, n) for n in names}
         for i, name in enumerate(names):
-            entry = leaders[lock_keys(name)]
+            entry = leaders[name_keys(group, name)]
             assert entry["member"] == owner[name], name
             assert entry["role"] == "hold"
             assert entry["name"] == (name if i < 4 else None), entry  # n4: by its keys
@@ -116,7 +119,7 @@ async def test_a_shared_group_from_the_server(
         header = lines.index(next(line for line in lines if line.startswith("NAME ")))
         assert lines[header].split() == ["NAME", "KEY1", "KEY2", "LEADER", "PID", "WAITING"]
         row = next(line for line in lines if line.startswith(names[4] + " "))
-        key1, key2 = lock_keys(names[4])
+        key1, key2 = name_keys(group, names[4])
         assert row.split()[:4] == [names[4], str(key1), str(key2), owner[names[4]]]
         assert sum(1 for line in lines[header + 1 :] if line.startswith("- ")) == 4
     finally:
@@ -126,9 +129,9 @@ async def test_a_shared_group_from_the_server(
 async def test_a_dedicated_group_with_a_name_held_outside(
     run_cli: Run, coordinators: Callable[..., Coordinator], group: str, pg_dsn: str
 ) -> None:
-    names = [f"{group}:n{i}" for i in range(3)]
+    names = [f"n{i}" for i in range(3)]
     outside = names[2]
-    plain = LeaderLock.from_name(outside, pg_dsn)
+    plain = LeaderLock.from_name(f"{group}:{outside}", pg_dsn)  # the group's n2
     async with plain:
         assert await plain.wait_for_leadership(BOUND_S)
         coords = [coordinators(names, sessions="dedicated") for _ in range(2)]
@@ -170,8 +173,8 @@ async def test_a_dedicated_group_with_a_name_held_outside(
 async def test_plain_status_names_the_group_member(
     run_cli: Run, coordinators: Callable[..., Coordinator], group: str
 ) -> None:
-    name = f"{group}:only"
-    coord = coordinators([name], sessions="shared")
+    name = f"{group}:only"  # the lock of "only" in the group
+    coord = coordinators(["only"], sessions="shared")
     await coord.start()
     await settled([coord], 1)
 

@@ -365,16 +365,18 @@ def backend_alive(request: pytest.FixtureRequest) -> Callable[[int], Awaitable[b
 
 
 @pytest.fixture
-async def fake_pooler_user(admin: Admin) -> AsyncIterator[str]:
-    """A login role whose sessions see another ``pg_backend_pid()`` on every call.
+async def hijacking_role(admin: Admin) -> AsyncIterator[tuple[str, str]]:
+    """A login role whose ``search_path`` puts a schema with a ``pg_backend_pid()`` of
+    its own before ``pg_catalog`` (that function adds a counter to the real pid): what a
+    role's or database's settings can do to every unqualified name. Yields the role and
+    the counter (a sequence) that tells whether the impostor ever ran.
 
-    Its ``search_path`` puts a schema with its own ``pg_backend_pid()`` before
-    ``pg_catalog``; that function adds a counter to the real pid. To the library this
-    looks exactly like a transaction-mode pooler moving the session between server
-    backends, with any driver and without a pooler.
+    (This used to pose as a transaction-mode pooler, a session whose backend pid moves;
+    the library's sessions now never resolve a name through ``search_path``, so only a
+    real pooler can, in tests/deploy.)
     """
     tag = uuid.uuid4().hex[:10]
-    role, schema = f"pgl_pooler_{tag}", f"pgl_pooler_{tag}"
+    role, schema = f"pgl_hijack_{tag}", f"pgl_hijack_{tag}"
     try:
         await admin.execute(f"CREATE ROLE {role} LOGIN")
     except psycopg.Error as exc:
@@ -390,7 +392,7 @@ async def fake_pooler_user(admin: Admin) -> AsyncIterator[str]:
         await admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
         await admin.execute(f"GRANT USAGE, UPDATE ON SEQUENCE {schema}.calls TO {role}")
         await admin.execute(f"ALTER ROLE {role} SET search_path = {schema}, pg_catalog")
-        yield role
+        yield role, f"{schema}.calls"
     finally:
         await admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)

@@ -22,7 +22,6 @@ from pgleaderlock import (
     FixedInterval,
     LeaderLock,
     LockState,
-    SessionNotDedicatedError,
 )
 from pgleaderlock.backends import WaitingSession, WatchableSession
 from support.proxy import TcpProxy
@@ -369,45 +368,30 @@ async def test_stopped_waiter_leaves_no_backend_behind(
     assert a.is_leader
 
 
-@pytest.mark.postgres_only("a role whose pg_backend_pid() moves, like a pooler")
-async def test_pooler_moving_the_session_is_refused(
+@pytest.mark.postgres_only("a role's search_path, on a real server")
+async def test_a_search_path_hijack_reaches_nothing_the_lock_runs(
     target: Target,
     keys: tuple[int, int],
     recorder: Callable[[LeaderLock], Recorder],
     holders: Callable[[int, int], Awaitable[list[int]]],
-    fake_pooler_user: str,
-    caplog: pytest.LogCaptureFixture,
+    admin: Admin,
+    hijacking_role: tuple[str, str],
 ) -> None:
-    """A session whose server backend changes between statements is refused before it
-    takes the lock, and the lock stops: retrying cannot help (a transaction-mode pooler
-    is in the way)."""
-    lock = target.lock(keys, dsn=target.dsn(user=fake_pooler_user))
+    """A role whose search_path puts another schema's ``pg_backend_pid()`` before
+    ``pg_catalog`` (a database's or role's settings can): the lock's statements never
+    call it (every name is qualified, and the session's own search_path is safe). The
+    lock leads on its real backend; the impostor never ran."""
+    role, calls = hijacking_role
+    lock = target.lock(keys, dsn=target.dsn(user=role))
     rec = recorder(lock)
-    with caplog.at_level("WARNING", logger="pgleaderlock"):
-        await lock.start()
-        await rec.wait_state(S.STOPPED, timeout=10)
-    # The session's setup already sees another pid: it never leads, it gives up at once.
-    assert rec.names() == ["error", "stopped"]
-    assert isinstance(rec.errors()[0], SessionNotDedicatedError)
-    assert "transaction-mode pooler" in caplog.text
-    with pytest.raises(SessionNotDedicatedError):
-        await lock.wait_for_leadership(1)
-    assert await holders(*keys) == []
-
-
-@pytest.mark.postgres_only("a role whose pg_backend_pid() moves, like a pooler")
-async def test_session_pid_check_on_every_statement(
-    target: Target,
-    keys: tuple[int, int],
-    fake_pooler_user: str,
-    holders: Callable[[int, int], Awaitable[list[int]]],
-) -> None:
-    session = await target.session(user=fake_pooler_user, setup=False)
-    with pytest.raises(SessionNotDedicatedError, match="transaction-mode pooler"):
-        await session.try_lock(*keys)  # moved: the lock call took nothing
-    assert await holders(*keys) == []
-    with pytest.raises(SessionNotDedicatedError):
-        await session.unlock(*keys)
+    await lock.start()
+    assert await lock.wait_for_leadership(10)
+    await asyncio.sleep(0.3)  # probes
+    assert await holders(*keys) == [lock.backend_pid]
+    await lock.shutdown()
+    assert rec.names() == ["acquired", "released", "stopped"]
+    cur = await admin.execute(f"SELECT is_called FROM {calls}".encode())
+    assert await cur.fetchone() == (False,), "the impostor pg_backend_pid() ran"
 
 
 @pytest.mark.postgres_only("raw driver connections, and pg_stat_activity")

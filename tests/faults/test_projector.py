@@ -34,7 +34,7 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from pgleaderlock import lock_keys
+from pgleaderlock.coordination.protocol import name_keys
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
@@ -195,7 +195,7 @@ class Run:
 
     async def leader(self, name: str) -> Child | None:
         """The live projector whose session holds ``name``'s lock, if known."""
-        oids = tuple(key_to_oid(k) for k in lock_keys(name))
+        oids = tuple(key_to_oid(k) for k in name_keys(GROUP, name))
         for (application,) in await self.query(HOLDER, oids):
             # pgl:<group>:<member>:<role>
             parts = str(application or "").split(":")

@@ -33,8 +33,8 @@ from pgleaderlock import (
     LeaderLock,
     ServerRefusedError,
     WorkerContext,
-    lock_keys,
 )
+from pgleaderlock.coordination.protocol import name_keys
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import lock_holders
@@ -131,8 +131,9 @@ async def no_sessions_left(admin: Admin, group: str) -> float:
     return time.monotonic() - started
 
 
-async def holder_pids(admin: Admin, name: str) -> list[int]:
-    return await lock_holders(admin, *lock_keys(name))
+async def holder_pids(admin: Admin, group: str, name: str) -> list[int]:
+    """Who holds ``name``'s lock in ``group`` (its keys: ``name_keys``)."""
+    return await lock_holders(admin, *name_keys(group, name))
 
 
 def names_of(tag: str, n: int) -> list[str]:
@@ -192,7 +193,7 @@ async def test_add_and_remove_at_runtime(
     assert a not in coord.names
     assert w.cancelled[a] == 1
     assert w.running[a] == 0
-    assert await holder_pids(admin, a) == []  # released at once: before remove returned
+    assert await holder_pids(admin, group, a) == []  # released at once: before remove returned
     await coord.remove("never-registered")  # nothing to do
     assert coord.owned == {b, c}
 
@@ -203,7 +204,7 @@ async def test_add_and_remove_at_runtime(
     gone = await no_sessions_left(admin, group)
     print(f"{mode}/{backend}: sessions gone {gone * 1000:.1f} ms after shutdown returned")
     for name in (b, c):
-        assert await holder_pids(admin, name) == []
+        assert await holder_pids(admin, group, name) == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -247,18 +248,24 @@ async def test_remove_on_the_last_replica_frees_the_name_at_once(
 async def test_plain_lock_keeps_the_coordinator_off_its_name(
     make_coord: Callable[..., Coordinator], pg_dsn: str, mode: str
 ) -> None:
-    """A plain ``LeaderLock.from_name(x)`` leads x: the coordinator leads its other
-    name, shows x as led outside the group, and takes x once the plain lock releases it.
+    """A plain lock on x's lock in the group (``LeaderLock.from_name("<group>:x")``)
+    leads x: the coordinator leads its other name, shows x as led outside the group, and
+    takes x once the plain lock releases it. A plain ``LeaderLock.from_name("x")`` is
+    another lock: groups are namespaces.
 
     In shared mode nothing tells the group that a plain lock let go: the coordinator
     sees it at its next idle tick (``idle_tick_s``, 10 s by default; 1 s here)."""
     w = Workers()
     x, y = unique("x"), unique("y")
-    plain = LeaderLock.from_name(x, pg_dsn, **{k: v for k, v in FAST.items() if "balance" not in k})
+    coord = make_coord(sessions=mode, idle_tick_s=1.0)
+    timings = {k: v for k, v in FAST.items() if "balance" not in k}
+    plain = LeaderLock.from_name(f"{coord.group}:{x}", pg_dsn, **timings)
+    elsewhere = LeaderLock.from_name(x, pg_dsn, **timings)  # not the group's x
     try:
         await plain.start()
         assert await plain.wait_for_leadership(BOUND_S)
-        coord = make_coord(sessions=mode, idle_tick_s=1.0)
+        await elsewhere.start()
+        assert await elsewhere.wait_for_leadership(BOUND_S)
         coord.add(x, w.forever)
         coord.add(y, w.forever)
         await coord.start()
@@ -272,8 +279,10 @@ async def test_plain_lock_keeps_the_coordinator_off_its_name(
         took = await eventually(lambda: x in coord.running, 1.0 + BOUND_S, "x taken")
         print(f"{mode}: x taken {(took - started) * 1000:.1f} ms after the plain lock released")
         await eventually(lambda: coord.view().leaders.get(x) == coord.member, BOUND_S, "view")
+        assert elsewhere.is_leader  # all along: another lock
     finally:
         await plain.shutdown()
+        await elsewhere.shutdown()
 
 
 # ---------------------------------------------------------------- workers
@@ -490,7 +499,8 @@ async def test_checkpoints_load_and_save_fenced(
             assert await new.load_checkpoint(c.conn) == 42
             await new.save_checkpoint(c.conn, 43)
     cur = await admin.execute(f'SELECT subscription_name, last_position FROM "{table}"')
-    assert await cur.fetchall() == [(x, 43)]
+    # the group's namespace: the row is "<group>:<name>"
+    assert await cur.fetchall() == [(f"{first.group}:{x}", 43)]
     await admin.execute(f'DROP TABLE IF EXISTS "{table}", "{terms}"')
 
 
@@ -555,12 +565,13 @@ async def test_view_shows_members_leaders_and_others(
     every name's leader (``""`` for p), and w among the others, held by B."""
     wk = Workers()
     x, y, z, p, w = (unique(t) for t in "xyzpw")
-    plain = LeaderLock.from_name(p, pg_dsn, **{k: v for k, v in FAST.items() if "balance" not in k})
+    a = make_coord(sessions=mode, idle_tick_s=0.5)
+    b = make_coord(sessions=mode, idle_tick_s=0.5)
+    timings = {k: v for k, v in FAST.items() if "balance" not in k}
+    plain = LeaderLock.from_name(f"{a.group}:{p}", pg_dsn, **timings)  # the group's p
     try:
         await plain.start()
         assert await plain.wait_for_leadership(BOUND_S)
-        a = make_coord(sessions=mode, idle_tick_s=0.5)
-        b = make_coord(sessions=mode, idle_tick_s=0.5)
         for name in (x, y, z, p):
             a.add(name, wk.forever)
         for name in (x, y, z, w):
@@ -573,7 +584,7 @@ async def test_view_shows_members_leaders_and_others(
             view = a.view()
             return (
                 set(view.members) == {a.member, b.member}
-                and view.others.get(lock_keys(w)) == b.member
+                and view.others.get(name_keys(a.group, w)) == b.member
                 and sorted(view.members.values()) == [1, 2]
                 and all(view.leaders.get(n) in (a.member, b.member) for n in (x, y, z))
             )
@@ -586,7 +597,7 @@ async def test_view_shows_members_leaders_and_others(
             leader = a if name in a.owned else b
             assert view.leaders[name] == leader.member
         assert view.members[a.member] == len(a.owned)
-        assert set(view.others) == {lock_keys(w)}  # member locks are not listed
+        assert set(view.others) == {name_keys(a.group, w)}  # member locks are not listed
     finally:
         await plain.shutdown()
 

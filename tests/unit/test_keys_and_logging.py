@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pgleaderlock
-from pgleaderlock import ConfigurationError, LeaderLock, lock_keys
+from pgleaderlock import ConfigurationError, Coordinator, LeaderLock, lock_keys
 from pgleaderlock.core._logging import format_event, get_logger, mask_dsn
 from pgleaderlock.core.keys import check_key
 
@@ -40,6 +40,24 @@ def test_lock_keys_golden() -> None:
 def test_lock_keys_rejects_bad_names(bad: object) -> None:
     with pytest.raises(ConfigurationError, match="non-empty string"):
         lock_keys(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "line\nfake_event", "tab\there", "\x7f"])
+def test_bad_names_are_refused(bad: str) -> None:
+    """A NUL would make every connection fail (it goes into ``application_name``), and a
+    newline would forge a log line: refused at construction, before any I/O."""
+    with pytest.raises(ConfigurationError, match="control characters"):
+        lock_keys(bad)
+    with pytest.raises(ConfigurationError, match="control characters"):
+        LeaderLock.from_name(bad, "postgresql://u@h/db")
+    with pytest.raises(ConfigurationError, match="control characters"):
+        LeaderLock("postgresql://u@h/db", 1, 2, application_name=bad)
+    with pytest.raises(ConfigurationError, match="control characters"):
+        Coordinator("postgresql://u@h/db", group="g").add(bad, _worker)
+
+
+async def _worker(ctx: object) -> None:
+    return None
 
 
 def test_check_key_bounds() -> None:
@@ -73,6 +91,10 @@ def test_structured_messages(caplog: pytest.LogCaptureFixture) -> None:
         "state_change from=leader to=follower"
     )
     assert format_event("e", {"error": 'he said "no"'}) == 'e error="he said \\"no\\""'
+    # one line whatever a value holds: no value can forge a record of its own
+    forged = format_event("e", {"lock": "x\nlock_lost lock=y", "why": "a\rb\tc\x00"})
+    assert forged == 'e lock="x\\nlock_lost lock=y" why="a\\rb\\tc\\x00"'
+    assert "\n" not in forged
     with caplog.at_level(logging.INFO, logger="pgleaderlock"):
         get_logger().info("lock_acquired", key1=1, key2=-2, attempt=3)
     record = caplog.records[-1]

@@ -30,15 +30,16 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from ..core.config import TermTable
 from ..core.errors import (
     ConnectionError,
+    MissingPrivilegeError,
     PgLeaderLockError,
     SessionNotDedicatedError,
     StandbyError,
 )
 from ..core.keys import key_to_oid
 from ..core.session import ConnectOptions, FencedSessions, SessionInfo
+from ..core.tables import LibraryTable, TableCheck, TermTable
 from .errors import (
     CONNECTION_SQLSTATE_CLASSES,
     REFUSED_SQLSTATES,
@@ -61,6 +62,7 @@ from .sql import (
     LOCK_NOT_AVAILABLE,
     NOTIFY,
     STATEMENTS,
+    TABLE_CHECK,
     TRY_LOCK,
     TRY_LOCK_MANY,
     UNDEFINED_TABLE,
@@ -121,7 +123,6 @@ __all__ = [
 # ---------------------------------------------------------------- the session
 
 
-_KNOWN_TABLES: set[TermTable] = set()
 _SESSION_TOKENS = random.SystemRandom()
 
 
@@ -200,6 +201,7 @@ class BaseSession(abc.ABC):
         self._verified = False  # held, and a pg_locks probe since the grant said so
         self._unsure = False  # the last wait timed out: it may have been granted meanwhile
         self._lease_ms = 0  # set by the lock calls once they grant a lock (configure())
+        self._prepared: set[LibraryTable] = set()  # checked (and created) by prepare_table
 
     @property
     def backend_pid(self) -> int | None:
@@ -397,24 +399,47 @@ class BaseSession(abc.ABC):
         await self._row(statement, (info.backend_pid, self._token))
         self._configured = True
 
-    async def _create_terms(self, table: TermTable) -> None:
-        """Create the table of fencing terms the first time this process meets it."""
-        if table not in _KNOWN_TABLES:
-            await self.run_ddl(create_terms_statement(table).template)
-            _KNOWN_TABLES.add(table)
+    async def prepare_table(self, table: LibraryTable, create: str) -> None:
+        """Make sure this session may use ``table`` (``TableSession``), once per session:
+        create it if it is missing and the role may (``create``: its ``CREATE TABLE IF NOT
+        EXISTS``), then check that it is a plain table that a trusted role owns, in a
+        schema a trusted role owns, and that the role has the privileges it needs.
+
+        Raises:
+            UntrustedObjectError: the table (or its schema) is another role's, or not a
+                plain table: it is not used.
+            MissingPrivilegeError: the role may not create it, or lacks a privilege on
+                it; the message has the statement that mends it.
+            ConfigurationError: the schema does not exist.
+        """
+        if table in self._prepared:
+            return
+        check = await self._check_table(table)
+        if check.relkind is None and check.schema_owner is not None and check.schema_trusted:
+            if not (check.schema_usage and check.schema_create):
+                raise MissingPrivilegeError(check.cannot_create(create))
+            await self.run_ddl(create)
+            check = await self._check_table(table)
+        check.verify()
+        self._prepared.add(table)
+
+    async def _check_table(self, table: LibraryTable) -> TableCheck:
+        values = (table.schema, table.name, list(table.trusted_roles))
+        row = await self._row(TABLE_CHECK, values)
+        return TableCheck(table, *row[:9])  # type: ignore[arg-type]
 
     async def _with_terms(self, table: TermTable, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()``, the table of fencing terms created first if this process has not
-        met it; and again if it is missing after all (another database of the same
-        process, a table dropped since)."""
-        await self._create_terms(table)
+        """``call()``, the table of fencing terms prepared first (``prepare_table``); and
+        again if it is missing after all (a table dropped since)."""
+        create = create_terms_statement(table).template
+        await self.prepare_table(table, create)
         try:
             return await call()
         except PgLeaderLockError as exc:
             if sqlstate(exc.__cause__) != UNDEFINED_TABLE:
                 raise
-        _KNOWN_TABLES.discard(table)
-        await self._create_terms(table)
+        self._prepared.discard(table)
+        await self.prepare_table(table, create)
         return await call()
 
     async def run_ddl(self, sql: str) -> None:

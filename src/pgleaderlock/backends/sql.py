@@ -79,7 +79,7 @@ class Statement:
 # the session (a pooler that moved the statement, or another client that set up on the
 # same server backend, is refused). Keys are parenthesised: "-2147483648::int4" parses as
 # -(2147483648::int4) and overflows.
-_TAIL = ", current_setting('pgleaderlock.session', true), pg_backend_pid()"
+_TAIL = ", pg_catalog.current_setting('pgleaderlock.session', true), pg_catalog.pg_backend_pid()"
 # A lock statement changes nothing unless it runs on the session's own backend with the
 # session's token set there ({2} the pid, {3} the token); behind a pooler ({4} = 1) it
 # also refuses a lock the backend already holds: the session never asks twice, so that
@@ -179,7 +179,7 @@ checks every statement gets), and the server is still a primary. On a dedicated 
 that is enough: a session-level lock is freed only by an unlock of the session's own or
 by the session's end, and a session that answers on the same backend has not ended. Its
 cost does not depend on the lock table or ``max_connections``."""
-IDENTIFY = Statement("session setup", "SELECT pg_is_in_recovery()" + _TAIL)
+IDENTIFY = Statement("session setup", "SELECT pg_catalog.pg_is_in_recovery()" + _TAIL)
 """Who serves this session (is the server a standby, which backend runs it), checked."""
 STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
 
@@ -343,6 +343,39 @@ def end_fenced_statement(table: TermTable) -> Statement:
     )
 
 
+# Which roles a session trusts: its own, superusers, and those named ({2}: text[]). It
+# runs on the lock's own session, after its set-up made search_path safe.
+_TRUSTED = (
+    "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
+    " OR r.rolsuper OR r.rolname = ANY (({2})::text[])"
+)
+TABLE_CHECK = Statement(
+    "check table",
+    f"WITH trusted AS ({_TRUSTED}),"
+    " ns AS (SELECT n.oid, o.rolname AS owner, n.nspowner IN (SELECT oid FROM trusted)"
+    " OR (o.rolname = 'pg_database_owner' AND (SELECT d.datdba FROM pg_catalog.pg_database d"
+    " WHERE d.datname = pg_catalog.current_database()) IN (SELECT oid FROM trusted)) AS ok"
+    " FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner"
+    " WHERE n.nspname = ({0})::text),"
+    " rel AS (SELECT c.oid, c.relkind, o.rolname AS owner,"
+    " c.relowner IN (SELECT oid FROM trusted) AS ok FROM pg_catalog.pg_class c"
+    " JOIN ns ON c.relnamespace = ns.oid JOIN pg_catalog.pg_roles o ON o.oid = c.relowner"
+    " WHERE c.relname = ({1})::text)"
+    " SELECT (SELECT owner::text FROM ns), (SELECT ok FROM ns),"
+    " (SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') FROM ns),"
+    " (SELECT pg_catalog.has_schema_privilege(oid, 'CREATE') FROM ns),"
+    " (SELECT relkind::text FROM rel), (SELECT owner::text FROM rel), (SELECT ok FROM rel),"
+    " (SELECT pg_catalog.array_agg(p.name) FROM rel, (VALUES ('SELECT'), ('INSERT'),"
+    " ('UPDATE')) AS p(name) WHERE NOT pg_catalog.has_table_privilege(rel.oid, p.name)),"
+    " current_user::text" + _TAIL,
+)
+"""Can the session trust a library table, and use it? Values: the schema, the table's
+name, the trusted roles (besides the session's own role and superusers). The row: the
+schema's owner (NULL: no such schema), whether it is trusted (a schema owned by
+``pg_database_owner`` is when the database's owner is), USAGE and CREATE on it; the
+table's ``relkind`` (NULL: no such table), its owner, whether it is trusted, the
+privileges among SELECT, INSERT, UPDATE the session lacks on it; the session's role."""
+
 UNDEFINED_TABLE = "42P01"
 """What a statement on a table that does not exist raises."""
 DUPLICATE_TABLE = frozenset({"42P07", "23505", "42710"})
@@ -372,18 +405,26 @@ def setup_statement(settings: Mapping[str, str] | None, application_name: str = 
         (in recovery, the token, settings applied or NULL, the server can hold a lease
         (``idle_session_timeout``, PostgreSQL 14 and later), token, pid).
     """
-    token = "set_config('pgleaderlock.session', ({0})::int8::text, false)"
-    lease = "current_setting('idle_session_timeout', true) IS NOT NULL"
+    # It runs before the session's search_path is safe: every function, operator and
+    # type is named with its schema (a role's or database's search_path could put
+    # another role's schema before pg_catalog).
+    token = (
+        "pg_catalog.set_config('pgleaderlock.session',"
+        " ({0})::pg_catalog.int8::pg_catalog.text, false)"
+    )
+    lease = "pg_catalog.current_setting('idle_session_timeout', true) IS NOT NULL"
+    recovery = "pg_catalog.pg_is_in_recovery()"
     if settings is None:
-        return Statement(
-            "session setup", f"SELECT pg_is_in_recovery(), {token}, NULL, {lease}" + _TAIL
-        )
-    direct = "pg_backend_pid() = ({1})::int4 AND NOT pg_is_in_recovery()"
+        return Statement("session setup", f"SELECT {recovery}, {token}, NULL, {lease}" + _TAIL)
+    direct = (
+        "pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) ({1})::pg_catalog.int4"
+        f" AND NOT {recovery}"
+    )
     sql = (
-        f"SELECT pg_is_in_recovery(), {token}, CASE WHEN {direct} THEN"
-        f" {_settings_count(settings, application_name)}"
-        " + (SELECT count(*) FROM (SELECT pg_advisory_unlock_all()) AS freed) END,"
-        f" {lease}" + _TAIL
+        f"SELECT {recovery}, {token}, CASE WHEN {direct} THEN"
+        f" {_settings_count(settings, application_name)} OPERATOR(pg_catalog.+)"
+        " (SELECT pg_catalog.count(*) FROM (SELECT pg_catalog.pg_advisory_unlock_all())"
+        f" AS freed) END, {lease}" + _TAIL
     )
     return Statement("session setup", sql)
 
@@ -407,24 +448,26 @@ def configure_statement(settings: Mapping[str, str], application_name: str) -> S
 def _settings_count(settings: Mapping[str, str], application_name: str, own: bool = False) -> str:
     pairs = [*settings.items(), ("application_name", application_name)]
     rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
-    where = "current_setting(s.name, true) IS NOT NULL"
+    where = "pg_catalog.current_setting(s.name, true) IS NOT NULL"
     if own:
         where += (
-            " AND pg_backend_pid() = ({0})::int4"
-            " AND current_setting('pgleaderlock.session', true) = ({1})::int8::text"
+            " AND pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) ({0})::pg_catalog.int4"
+            " AND pg_catalog.current_setting('pgleaderlock.session', true)"
+            " OPERATOR(pg_catalog.=) ({1})::pg_catalog.int8::pg_catalog.text"
         )
     return (
-        "(SELECT count(set_config(s.name, s.value, false)) FROM (VALUES "
+        "(SELECT pg_catalog.count(pg_catalog.set_config(s.name, s.value, false)) FROM (VALUES "
         + rows.replace("{", "{{").replace("}", "}}")
         + f") AS s(name, value) WHERE {where})"
     )
 
 
 def _literal(text: str) -> str:
-    """A SQL string literal (standard_conforming_strings: only quotes need doubling)."""
+    """A SQL string literal, typed ``pg_catalog.text`` (standard_conforming_strings: only
+    quotes need doubling)."""
     if "\x00" in text:
         raise ValueError("a setting cannot contain a NUL character")
-    return "'" + text.replace("'", "''") + "'"
+    return "'" + text.replace("'", "''") + "'::pg_catalog.text"
 
 
 LOCK_NOT_AVAILABLE = "55P03"

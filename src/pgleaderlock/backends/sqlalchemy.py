@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 from sqlalchemy.pool import NullPool
 
 from ..core._logging import mask_dsn
-from ..core.config import TermTable
+from ..core.config import LibraryTable, TermTable
 from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
 from ..core.session import Backend, ConnectOptions, FencedSessions, LockSession, SessionInfo
 from .base import check_target_session_attrs, translate
@@ -154,8 +154,8 @@ class SQLAlchemySession:
     async def notify(self, channel: str, payload: str) -> None:
         await self._inner.notify(channel, payload)
 
-    async def run_ddl(self, sql: str) -> None:
-        await self._inner.run_ddl(sql)
+    async def prepare_table(self, table: LibraryTable, create: str) -> None:
+        await self._inner.prepare_table(table, create)
 
     async def listen(self, channel: str) -> None:
         await self._inner.listen(channel)

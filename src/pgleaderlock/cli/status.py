@@ -28,10 +28,14 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from ..coordination.protocol import check_group, member_key, prefix
-from ..core.errors import ConfigurationError
+from ..backends.sql import TABLE_CHECK
+from ..coordination.protocol import check_group, checkpoint_name, member_key, name_keys, prefix
+from ..coordination.workers import CheckpointTable
+from ..core.config import check_roles
+from ..core.errors import ConfigurationError, MissingPrivilegeError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
+from ..core.tables import DEFAULT_SCHEMA, TableCheck
 from .exits import EXIT_OK, CliError, first_line
 from .options import (
     Target,
@@ -102,11 +106,6 @@ FROM pg_catalog.pg_stat_activity a
 WHERE pg_catalog.starts_with(a.application_name, %(prefix)s)
   AND a.datname = pg_catalog.current_database()
 """
-_CHECKPOINT_TABLE = (
-    "SELECT c.oid::regclass::text FROM pg_catalog.pg_class c"
-    " WHERE c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(%s))"
-    " AND pg_catalog.has_table_privilege(c.oid, 'SELECT')"
-)
 _SESSION_FIELDS = (
     "pid",
     "granted",
@@ -137,8 +136,24 @@ _SESSION_FIELDS = (
     metavar="TABLE",
     default="pgleaderlock_subscriptions",
     show_default=True,
-    help="With --group: the table of checkpoints whose names are shown (if it exists and "
-    "can be read).",
+    help="With --group: the table of checkpoints whose rows of the group give names "
+    "(if it exists, can be read, and a trusted role owns it and its schema).",
+)
+@click.option(
+    "--checkpoint-schema",
+    metavar="SCHEMA",
+    default=DEFAULT_SCHEMA,
+    show_default=True,
+    help="With --group: the checkpoint table's schema.",
+)
+@click.option(
+    "--trusted-role",
+    "trusted_roles",
+    metavar="ROLE",
+    multiple=True,
+    help="A role trusted besides yours and superusers (repeatable): the owner of the "
+    "checkpoint table, and the group's members' role (sessions of other roles that "
+    "claim to be members are marked).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @seconds_option(
@@ -155,6 +170,8 @@ def status(
     all_locks: bool,
     group: str | None,
     checkpoint_table: str,
+    checkpoint_schema: str,
+    trusted_roles: tuple[str, ...],
     as_json: bool,
     timeout: float,
 ) -> int:
@@ -175,7 +192,8 @@ def status(
             raise CliError("--group names the locks with --name: leave out --all/--key1/--key2")
         try:
             group = check_group(group)
-            names = {lock_keys(n): n for n in name}
+            names = {name_keys(group, n): n for n in name}
+            table = CheckpointTable(checkpoint_table, checkpoint_schema, check_roles(trusted_roles))
         except ConfigurationError as exc:
             raise CliError(str(exc)) from None
     elif len(name) > 1:
@@ -190,8 +208,9 @@ def status(
         try:
             info = _server_info(conn)
             if group is not None:
-                names = {**_checkpoint_names(conn, checkpoint_table), **names}
-                report = _group(conn, info, group, names)
+                found, skipped = _checkpoint_names(conn, table, group)
+                report = _group(conn, info, group, {**found, **names}, table.trusted_roles)
+                report["checkpoint_table"] = {"table": table.shown, "not_read": skipped}
             elif target is not None:
                 report = _one_lock(conn, info, target)
             else:
@@ -341,24 +360,47 @@ def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, An
 Key = tuple[int, int]
 
 
-def _checkpoint_names(conn: psycopg.Connection[Any], table: str) -> dict[Key, str]:
-    """The names in the checkpoint table, by their keys; none if the table does not
-    exist, cannot be read, or has no ``subscription_name`` column."""
+def _checkpoint_names(
+    conn: psycopg.Connection[Any], table: CheckpointTable, group: str
+) -> tuple[dict[Key, str], str | None]:
+    """The group's names in the checkpoint table (its rows ``<group>:<name>``), by their
+    keys, and why the table was not read (``None``: it was). It is read only if it is a
+    plain table that a trusted role owns, in a schema a trusted role owns: another
+    role's table, or a view, could run that role's code as yours."""
     try:
-        row = conn.execute(_CHECKPOINT_TABLE, (table,)).fetchone()
-        if row is None:
-            return {}
-        query = sql.SQL("SELECT subscription_name FROM {} WHERE subscription_name <> ''")
-        rows = conn.execute(query.format(sql.SQL(row[0]))).fetchall()
+        values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
+        row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
+        assert row is not None
+        check = TableCheck(table, *row[:9])
+        if check.relkind is None:
+            return {}, "it does not exist" if check.schema_owner else "its schema does not exist"
+        try:
+            check.verify()
+        except MissingPrivilegeError as exc:
+            if not check.missing or "SELECT" in check.missing:
+                return {}, str(exc)
+        except ConfigurationError as exc:
+            return {}, str(exc)
+        head = checkpoint_name(group, "")
+        query = sql.SQL(
+            "SELECT subscription_name FROM {}.{}"
+            " WHERE pg_catalog.starts_with(subscription_name, %s)"
+        ).format(sql.Identifier(table.schema), sql.Identifier(table.name))
+        rows = conn.execute(query, (head,)).fetchall()
     except psycopg.errors.QueryCanceled:
         raise
-    except psycopg.Error:
-        return {}
-    return {lock_keys(str(name)): str(name) for (name,) in rows if name}
+    except psycopg.Error as exc:
+        return {}, first_line(exc)
+    found = {str(n)[len(head) :] for (n,) in rows if str(n)[len(head) :]}
+    return {name_keys(group, name): name for name in found}, None
 
 
 def _group(
-    conn: psycopg.Connection[Any], info: _ServerInfo, group: str, names: dict[Key, str]
+    conn: psycopg.Connection[Any],
+    info: _ServerInfo,
+    group: str,
+    names: dict[Key, str],
+    trusted_roles: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Who leads what in ``group``: its members (from their sessions' names) and, for
     every lock one of its members holds or waits for and every name asked about, the

@@ -4,19 +4,18 @@ replica at a time, balanced, with fenced checkpoints."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Self
 
-from ..core.config import lock_config, positive
+from ..core.config import DEFAULT_SCHEMA, lock_config, positive
 from ..core.errors import ConfigurationError
-from ..core.keys import lock_keys
 from ..core.retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from ..core.session import SessionFactory
 from ..core.slot import connection_target
 from ..tasks import check_give_away
 from .dedicated import DedicatedEngine
 from .engine import Engine, GroupView, Settings
-from .protocol import check_group, new_member_id
+from .protocol import check_group, name_keys, new_member_id
 from .shared import SharedEngine
 from .workers import CheckpointTable, WorkerFunction
 
@@ -37,9 +36,12 @@ class Coordinator:
     """Named workers, run by the replicas of one group: each name by exactly one replica
     at a time, spread evenly over the replicas, taken over when its replica dies.
 
-    A name's lock is [`lock_keys(name)`][pgleaderlock.lock_keys], the same lock as
-    [`LeaderLock.from_name(name)`][pgleaderlock.LeaderLock.from_name] and the seeds'
-    SQL: a coordinator and a plain lock on the same name exclude each other.
+    A group is a namespace: a name's lock is
+    [`lock_keys("<group>:<name>")`][pgleaderlock.lock_keys]
+    ([`name_keys`][pgleaderlock.coordination.protocol.name_keys]), the same lock as
+    ``LeaderLock.from_name("<group>:<name>")``, and its checkpoint row is
+    ``<group>:<name>``: two groups that register the same name never share its lock,
+    term or checkpoint.
 
     Args:
         dsn: as for [`LeaderLock`][pgleaderlock.LeaderLock]; ``None`` with ``connect_fn``.
@@ -65,6 +67,12 @@ class Coordinator:
             for ``LeaderLock``.
         connect_fn: as for ``LeaderLock``; called for each session.
         fencing_table: the table of fencing terms.
+        fencing_schema: the schema of the library's tables (terms and checkpoints;
+            default ``public``): always named in statements, never found through
+            ``search_path``.
+        trusted_roles: roles trusted besides the sessions' own role and superusers: the
+            owners of the library's tables and their schema, and the group's members
+            (sessions and messages of other roles are not a member's).
         **lock_knobs: other ``LeaderLock`` arguments: ``health_interval_s``,
             ``health_timeout_s``, ``connect_timeout_s``, ``command_timeout_s``,
             ``tcp_user_timeout_s``, ``lease_s``, ``fencing_grace_s``, ``drain_s``,
@@ -93,6 +101,8 @@ class Coordinator:
         retry_strategy: RetryStrategy | None = None,
         connect_fn: SessionFactory | None = None,
         fencing_table: str = "pgleaderlock_terms",
+        fencing_schema: str = DEFAULT_SCHEMA,
+        trusted_roles: Sequence[str] = (),
         **lock_knobs: Any,
     ) -> None:
         unknown = set(lock_knobs) - _LOCK_KNOBS
@@ -114,6 +124,8 @@ class Coordinator:
             retry_permanent_errors=lock_knobs.get("retry_permanent_errors", False),
             fencing=fencing,
             fencing_table=fencing_table,
+            fencing_schema=fencing_schema,
+            trusted_roles=trusted_roles,
             acquire_delay_s=lock_knobs.get("acquire_delay_s", 0.0),
             lease_s=lock_knobs.get("lease_s"),
             fencing_grace_s=lock_knobs.get("fencing_grace_s", 2.0),
@@ -121,7 +133,13 @@ class Coordinator:
         )
         backend, driver_dsn, config = connection_target(backend_name, dsn, connect_fn, config)
         check_retry_strategy(retry_strategy)
-        passed = dict(lock_knobs, fencing=fencing, fencing_table=fencing_table)
+        passed = dict(
+            lock_knobs,
+            fencing=fencing,
+            fencing_table=fencing_table,
+            fencing_schema=fencing_schema,
+            trusted_roles=config.trusted_roles,
+        )
         passed.update(retry_strategy=retry_strategy)
         self._settings = Settings(
             group=check_group(group),
@@ -132,7 +150,7 @@ class Coordinator:
             dsn=driver_dsn,
             user_dsn=dsn,
             connect_fn=connect_fn,
-            checkpoints=CheckpointTable(checkpoint_table),
+            checkpoints=CheckpointTable(checkpoint_table, fencing_schema, config.trusted_roles),
             give_away_after_crashes=give_away_after_crashes,
             give_away_cooldown_s=positive("give_away_cooldown_s", give_away_cooldown_s),
             balance_interval_s=positive("balance_interval_s", balance_interval_s),
@@ -162,7 +180,7 @@ class Coordinator:
             ConfigurationError: ``fn`` is not a coroutine function, or ``name`` is
                 already registered here.
         """
-        lock_keys(name)  # validates the name
+        name_keys(self.group, name)  # validates the name
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"a worker must be an async function, got {fn!r}")
         if name in self._engine.functions:

@@ -90,8 +90,9 @@ class DedicatedEngine(Engine):
                 if not await self.bounded(self._util_slot, session.try_lock_many([self._key])):
                     raise ConnectionError(f"member lock of {self.member} is taken")
                 if self.s.terms is not None and not self._tables_ready:
-                    ddl = session.run_ddl(self.s.checkpoints.create)
-                    await self.bounded(self._util_slot, ddl)
+                    checkpoints = self.s.checkpoints
+                    ready = session.prepare_table(checkpoints, checkpoints.create)
+                    await self.bounded(self._util_slot, ready)
                     self._tables_ready = True
             except BaseException:
                 await self._util_slot.close()
@@ -136,9 +137,10 @@ class DedicatedEngine(Engine):
 
     def _lock_for(self, key: Key) -> LeaderLock:
         name = self.names[key]
-        lock = LeaderLock.from_name(
-            name,
+        lock = LeaderLock(
             self.s.user_dsn,
+            *key,  # the name's keys in this group (name_keys)
+            name=name,
             application_name=app_name(self.group, self.member, "lock"),
             **self.s.lock_kwargs,
         )

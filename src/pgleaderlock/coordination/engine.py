@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 from ..core._logging import get_logger
 from ..core.config import LockConfig, TermTable, session_settings
 from ..core.errors import ServerRefusedError
-from ..core.keys import lock_keys, oid_to_key
+from ..core.keys import oid_to_key
 from ..core.machine.engine import NON_RETRYABLE
 from ..core.models import RetryContext
 from ..core.retry import RetryStrategy
@@ -29,7 +29,16 @@ from ..core.session import Backend, ConnectOptions, GroupSession, SessionFactory
 from ..core.slot import SessionSlot, can
 from ..tasks import next_delay
 from . import balance
-from .protocol import Key, Message, Role, app_name, channel, member_key, parse_app_name
+from .protocol import (
+    Key,
+    Message,
+    Role,
+    app_name,
+    channel,
+    member_key,
+    name_keys,
+    parse_app_name,
+)
 from .workers import CheckpointTable, WorkerContext, WorkerFunction, Workers
 
 __all__ = ["Engine", "GroupView", "Settings", "Stopping"]
@@ -57,9 +66,9 @@ class Settings:
     config: LockConfig
     retry: RetryStrategy
     backend: Backend | None
-    dsn: Any
+    dsn: Any = field(repr=False)  # it may hold a password
     """The DSN the backend's driver takes (``resolve``'s)."""
-    user_dsn: Any
+    user_dsn: Any = field(repr=False)
     """The DSN as given (a LeaderLock resolves it again)."""
     connect_fn: SessionFactory | None
     checkpoints: CheckpointTable
@@ -151,7 +160,7 @@ class Engine(abc.ABC):
         return frozenset(self.names[k] for k in self._held() if k in self.names)
 
     def register(self, name: str, fn: WorkerFunction) -> None:
-        key = lock_keys(name)
+        key = name_keys(self.group, name)
         self.functions[name], self.keys[name], self.names[key] = fn, key, name
         if self.running:
             self.events.put_nowait(("add", name))
@@ -428,7 +437,7 @@ class Engine(abc.ABC):
     # ------------------------------------------------------------------ workers
 
     def context(self, name: str, term: int | None) -> WorkerContext:
-        return WorkerContext(name, term, self.member, self.s.terms, self.s.checkpoints)
+        return WorkerContext(name, term, self.member, self.s.terms, self.s.checkpoints, self.group)
 
     def start_worker(self, name: str, term: int | None) -> None:
         fn = self.functions.get(name)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.errors import ConfigurationError
-from ..core.keys import lock_keys
+from ..core.keys import check_name, lock_keys
 
 __all__ = [
     "Key",
@@ -28,7 +28,9 @@ __all__ = [
     "app_name",
     "channel",
     "check_group",
+    "checkpoint_name",
     "member_key",
+    "name_keys",
     "new_member_id",
     "parse_app_name",
     "prefix",
@@ -84,6 +86,24 @@ def parse_app_name(name: str, group: str) -> tuple[str, str] | None:
 def channel(group: str) -> str:
     """The group's NOTIFY channel (a plain identifier whatever the group's name)."""
     return "pgleaderlock_" + hashlib.md5(group.encode(), usedforsecurity=False).hexdigest()[:16]
+
+
+def name_keys(group: str, name: str) -> Key:
+    """The lock of ``name`` in ``group``: [`lock_keys`][pgleaderlock.lock_keys] of
+    ``"<group>:<name>"``. A group is a namespace: two groups that both register a name
+    never share its lock, its fencing term or its checkpoint. (A group's name has no
+    ``:``, so the two parts never run into each other.) In SQL::
+
+        SELECT ('x' || substr(md5('G:name'), 1, 8))::bit(32)::int AS key1,
+               ('x' || substr(md5('G:name'), 9, 8))::bit(32)::int AS key2
+    """
+    return lock_keys(checkpoint_name(group, check_name(name, "a worker's name")))
+
+
+def checkpoint_name(group: str, name: str) -> str:
+    """How ``name`` of ``group`` is stored in the checkpoint table
+    (``subscription_name``), and what its lock's keys are derived from: ``<group>:<name>``."""
+    return f"{group}:{name}"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -104,7 +104,7 @@ class SharedEngine(Engine):
             await asyncio.sleep(0.02)
 
     async def _prepare_tables(self, session: GroupSession) -> None:
-        await session.run_ddl(self.s.checkpoints.create)
+        await session.prepare_table(self.s.checkpoints, self.s.checkpoints.create)
 
     async def _close(self) -> None:
         await self.workers.stop()

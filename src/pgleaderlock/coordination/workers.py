@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..core._logging import get_logger
-from ..core.config import TermTable
+from ..core.config import LibraryTable, TermTable
 from ..core.errors import ConfigurationError
 from ..core.fencing import check_term, fence_template, fence_values, term_of
-from ..core.keys import lock_keys
 from ..core.registry import fetch_row
 from ..core.retry import RetryStrategy
 from ..tasks import supervise
+from .protocol import checkpoint_name, name_keys
 
 __all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
 
@@ -22,34 +23,36 @@ log = get_logger("pgleaderlock.coordination")
 
 
 @dataclass(frozen=True)
-class CheckpointTable:
+class CheckpointTable(LibraryTable):
     """Where fenced checkpoints live: the seeds' subscriptions table
     (``subscription_name text primary key, last_position bigint, updated_at
-    timestamptz``)."""
+    timestamptz``), named with its schema. A name of a group is stored as
+    ``<group>:<name>`` (see
+    [`checkpoint_name`][pgleaderlock.coordination.protocol.checkpoint_name])."""
 
     name: str = "pgleaderlock_subscriptions"
 
-    def __post_init__(self) -> None:
-        TermTable(self.name)  # the same identifier rules
+    knobs: ClassVar[tuple[str, str]] = ("checkpoint_table", "checkpoint_schema")
+    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
 
     @property
     def create(self) -> str:
         return (
-            f'CREATE TABLE IF NOT EXISTS "{self.name}" (subscription_name text PRIMARY KEY,'
-            " last_position bigint, updated_at timestamptz NOT NULL DEFAULT now())"
+            f"CREATE TABLE IF NOT EXISTS {self.sql} (subscription_name text PRIMARY KEY,"
+            " last_position bigint, updated_at timestamptz NOT NULL DEFAULT pg_catalog.now())"
         )
 
     @property
     def load(self) -> str:
-        return f'SELECT last_position FROM "{self.name}" WHERE subscription_name = {{0}}'
+        return f"SELECT last_position FROM {self.sql} WHERE subscription_name = {{0}}"
 
     @property
     def save(self) -> str:
         return (
-            f'INSERT INTO "{self.name}" (subscription_name, last_position, updated_at)'
-            " VALUES ({0}, ({1})::int8, now()) ON CONFLICT (subscription_name) DO UPDATE"
-            " SET last_position = EXCLUDED.last_position, updated_at = EXCLUDED.updated_at"
-            " RETURNING last_position"
+            f"INSERT INTO {self.sql} (subscription_name, last_position, updated_at)"
+            " VALUES ({0}, ({1})::int8, pg_catalog.now()) ON CONFLICT (subscription_name)"
+            " DO UPDATE SET last_position = EXCLUDED.last_position,"
+            " updated_at = EXCLUDED.updated_at RETURNING last_position"
         )
 
 
@@ -71,13 +74,16 @@ class WorkerContext:
         member: str,
         terms: TermTable | None,
         checkpoints: CheckpointTable,
+        group: str,
     ) -> None:
         self.name = name
         self.term = term
         self.member = member
+        self.group = group
         self._terms = terms
         self._checkpoints = checkpoints
-        self._keys = lock_keys(name)
+        self._keys = name_keys(group, name)
+        self._stored_as = checkpoint_name(group, name)
         self._draining = False
 
     @property
@@ -114,7 +120,7 @@ class WorkerContext:
             FencedError: a newer leadership of this name has begun.
         """
         await self.fence(conn)
-        row = await fetch_row(conn, self._checkpoints.load, (self.name,))
+        row = await fetch_row(conn, self._checkpoints.load, (self._stored_as,))
         return None if row is None or row[0] is None else int(row[0])
 
     async def save_checkpoint(self, conn: object, position: int) -> None:
@@ -128,7 +134,7 @@ class WorkerContext:
         if isinstance(position, bool) or not isinstance(position, int):
             raise ConfigurationError(f"a checkpoint position is an int, got {position!r}")
         await self.fence(conn)
-        await fetch_row(conn, self._checkpoints.save, (self.name, position))
+        await fetch_row(conn, self._checkpoints.save, (self._stored_as, position))
 
     def __repr__(self) -> str:
         return f"<WorkerContext name={self.name!r} term={self.term} member={self.member}>"

@@ -12,13 +12,23 @@ __all__ = ["StructuredLogger", "get_logger", "mask_dsn"]
 _BARE = re.compile(r"^[A-Za-z0-9_.:/@+\-]+$")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _escape(char: re.Match[str]) -> str:
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char[0], f"\\x{ord(char[0]):02x}")
+
+
 def _format_value(value: Any) -> str:
     if hasattr(value, "value") and hasattr(value, "name") and not isinstance(value, str):
         value = value.value  # enums log as their value: state=leader
     text = str(value)
     if text and _BARE.fullmatch(text):
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # Quoted, and one line whatever the value holds: a control character (a newline in
+    # a name, say) is escaped, so that no value can forge a line of its own.
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + _CONTROL.sub(_escape, quoted) + '"'
 
 
 def format_event(event: str, fields: dict[str, Any]) -> str:

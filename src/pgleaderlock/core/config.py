@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 from dataclasses import dataclass
 from typing import Literal
 
 from .errors import ConfigurationError
+from .tables import DEFAULT_SCHEMA, LibraryTable, TermTable, check_identifier
 
 __all__ = [
+    "DEFAULT_SCHEMA",
     "IMMUNE_SETTINGS",
+    "SAFE_SETTINGS",
+    "LibraryTable",
     "TermTable",
+    "check_identifier",
+    "check_roles",
     "FollowerMode",
     "LockConfig",
     "default_application_name",
@@ -64,10 +69,17 @@ on the server, or end an idle leader's session (and its leadership): off for the
 own session. A wait sets its own statement-local ``lock_timeout``."""
 
 
+SAFE_SETTINGS: dict[str, str] = {"search_path": "pg_catalog, pg_temp"}
+"""The lock's own session never resolves a name through a schema another role can
+create objects in: every table it uses is named with its schema, and functions,
+operators and types come from ``pg_catalog`` (``pg_temp`` last, as PostgreSQL advises
+for code that must not be hijacked)."""
+
+
 def session_settings(config: LockConfig) -> dict[str, str]:
     """Everything a lock's session sets for itself when it is set up (settings the
     server does not know, on an older version, are skipped)."""
-    settings = {**IMMUNE_SETTINGS}
+    settings = {**IMMUNE_SETTINGS, **SAFE_SETTINGS}
     settings.update(partition_settings(config.demotion_bound_s, config.tcp_user_timeout_s))
     return settings
 
@@ -90,34 +102,24 @@ def partition_settings(demotion_bound_s: float, tcp_user_timeout_s: float) -> di
     }
 
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+def check_roles(value: object) -> tuple[str, ...]:
+    """``trusted_roles``: role names (any text PostgreSQL takes as a role name).
 
-
-@dataclass(frozen=True)
-class TermTable:
-    """The table that holds fencing terms: one row per lock, keyed by its keys.
-
-    Attributes:
-        name: the table's name.
-        schema: its schema; ``None``: the first schema of the session's ``search_path``.
+    Raises:
+        ConfigurationError: not a sequence of non-empty names without NUL or control
+            characters, of at most 63 bytes.
     """
-
-    name: str = "pgleaderlock_terms"
-    schema: str | None = None
-
-    def __post_init__(self) -> None:
-        for what, value in (("fencing_table", self.name), ("fencing_schema", self.schema)):
-            if value is not None and not (isinstance(value, str) and _IDENTIFIER.fullmatch(value)):
-                raise ConfigurationError(
-                    f"{what} must be a plain SQL identifier (letters, digits, _; at most "
-                    f"63 bytes), got {value!r}"
-                )
-
-    @property
-    def sql(self) -> str:
-        """The quoted, qualified name, for statements."""
-        quoted = f'"{self.name}"'
-        return f'"{self.schema}".{quoted}' if self.schema else quoted
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise ConfigurationError(f"trusted_roles must be a list of role names, got {value!r}")
+    for role in value:
+        if (
+            not isinstance(role, str)
+            or not role
+            or len(role.encode()) > 63
+            or any(ord(ch) < 32 for ch in role)
+        ):
+            raise ConfigurationError(f"trusted_roles: not a role name: {role!r}")
+    return tuple(sorted(set(value)))
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ class LockConfig:
     before it ends their sessions."""
     drain_s: float = 0.0
     """How long a graceful stop lets leader work finish its unit before the release."""
+    trusted_roles: tuple[str, ...] = ()
+    """Roles trusted besides the session's own and superusers: their tables and schemas,
+    and (in a group) their sessions and messages."""
 
     @property
     def demotion_bound_s(self) -> float:
@@ -168,7 +173,8 @@ def lock_config(
     retry_permanent_errors: object = False,
     fencing: object = False,
     fencing_table: object = "pgleaderlock_terms",
-    fencing_schema: object = None,
+    fencing_schema: object = DEFAULT_SCHEMA,
+    trusted_roles: object = (),
     acquire_delay_s: object = 0.0,
     lease_s: object = None,
     fencing_grace_s: object = 2.0,
@@ -206,6 +212,7 @@ def lock_config(
     if delay and not fencing:
         raise ConfigurationError("acquire_delay_s needs fencing=True (it follows the term bump)")
     lease = _lease(lease_s, interval, bound, delay)
+    trusted = check_roles(trusted_roles)
     return LockConfig(
         health_interval_s=interval,
         health_timeout_s=probe_timeout,
@@ -216,7 +223,8 @@ def lock_config(
         auto_reacquire=bool(auto_reacquire),
         follower_mode="wait" if follower_mode == "wait" else "poll",
         retry_permanent_errors=bool(retry_permanent_errors),
-        term_table=_term_table(fencing_table, fencing_schema) if fencing else None,
+        term_table=_term_table(fencing_table, fencing_schema, trusted) if fencing else None,
+        trusted_roles=trusted,
         acquire_delay_s=delay,
         lease_s=lease,
         fencing_grace_s=positive("fencing_grace_s", fencing_grace_s),
@@ -250,8 +258,13 @@ def _lease(value: object, interval: float, bound: float, acquire_delay_s: float)
     return lease
 
 
-def _term_table(name: object, schema: object) -> TermTable:
-    return TermTable(name, schema)  # type: ignore[arg-type]  # validated there
+def _term_table(name: object, schema: object, trusted: tuple[str, ...]) -> TermTable:
+    if schema is None:
+        raise ConfigurationError(
+            "fencing_schema must name a schema (the library's tables are always named "
+            f"with their schema; the default is {DEFAULT_SCHEMA!r})"
+        )
+    return TermTable(name, schema, trusted)  # type: ignore[arg-type]  # validated there
 
 
 def _not_negative(name: str, value: object) -> float:

@@ -18,12 +18,14 @@ __all__ = [
     "FencedError",
     "LockError",
     "LockNotHeldError",
+    "MissingPrivilegeError",
     "PgLeaderLockError",
     "PooledConnectionError",
     "ServerRefusedError",
     "SessionNotDedicatedError",
     "ShutdownError",
     "StandbyError",
+    "UntrustedObjectError",
 ]
 
 
@@ -82,6 +84,21 @@ class PooledConnectionError(ConfigurationError):
     def __init__(self, message: str, give_back: Callable[[], Awaitable[object]] | None = None):
         super().__init__(message)
         self.give_back = give_back
+
+
+class UntrustedObjectError(ConfigurationError):
+    """A table the library would read or write exists, but cannot be trusted: it is not a
+    plain table (a view, say), or its owner, or its schema's owner, is not a role the
+    session trusts (the session's own role, a superuser, or one named in
+    ``trusted_roles``). It is never used: another role's table could run that role's
+    code as this session's role (a trigger, a view calling a function). The message says
+    who owns what and how to fix it. Not retried."""
+
+
+class MissingPrivilegeError(ConfigurationError):
+    """The session's role lacks a privilege the library needs on its own table or
+    schema (and cannot create the table). The message has the ``GRANT`` (or the
+    ``CREATE TABLE``) that mends it. Not retried."""
 
 
 class LockError(PgLeaderLockError):

@@ -7,7 +7,15 @@ import hashlib
 
 from .errors import ConfigurationError
 
-__all__ = ["INT32_MAX", "INT32_MIN", "check_key", "key_to_oid", "lock_keys", "oid_to_key"]
+__all__ = [
+    "INT32_MAX",
+    "INT32_MIN",
+    "check_key",
+    "check_name",
+    "key_to_oid",
+    "lock_keys",
+    "oid_to_key",
+]
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -54,6 +62,21 @@ def oid_to_key(oid: int) -> int:
     return oid - 2**32 if oid > INT32_MAX else oid
 
 
+def check_name(name: object, what: str = "lock name") -> str:
+    """A name the library may put in ``application_name`` and in logs: a non-empty
+    string without control characters (a NUL would make every connection fail; a
+    newline would forge a log line).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"{what} must be a non-empty string, got {name!r}")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise ConfigurationError(f"{what} must not contain control characters, got {name!r}")
+    return name
+
+
 def lock_keys(name: str) -> tuple[int, int]:
     """Derive ``(key1, key2)`` from a lock name, exactly as PostgreSQL would.
 
@@ -67,13 +90,14 @@ def lock_keys(name: str) -> tuple[int, int]:
     on a UTF-8 database, so SQL and Python agree on the lock a name stands for.
 
     Args:
-        name: any non-empty string; it is hashed as UTF-8.
+        name: any non-empty string without control characters (it names the lock in
+            ``application_name`` and in logs); it is hashed as UTF-8.
 
     Raises:
-        ConfigurationError: if ``name`` is not a non-empty string.
+        ConfigurationError: if ``name`` is not a non-empty string, or holds a control
+            character (NUL, a newline, ...).
     """
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"lock name must be a non-empty string, got {name!r}")
+    check_name(name)
     digest = hashlib.md5(name.encode("utf-8"), usedforsecurity=False).hexdigest()
     return oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))
 

@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any, Self
 
 import pluggy
 
 from ._logging import get_logger
-from .config import FollowerMode, default_application_name, lock_config, session_settings
+from .config import (
+    DEFAULT_SCHEMA,
+    FollowerMode,
+    default_application_name,
+    lock_config,
+    session_settings,
+)
 from .errors import ShutdownError
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
-from .keys import check_key, lock_keys
+from .keys import check_key, check_name, lock_keys
 from .machine import Machine, Request
 from .models import (
     Callback,
@@ -118,7 +125,13 @@ class LeaderLock(Fencing):
             any connection commit only under the current term. See
             [Fencing](../fencing.md).
         fencing_table: the table of terms (default ``pgleaderlock_terms``).
-        fencing_schema: its schema (default: the first of the session's search_path).
+        fencing_schema: its schema (default ``public``). The table is always named with
+            its schema (the lock's session never looks a name up through a
+            ``search_path`` another role could put a table in), and used only if it is
+            a plain table that a trusted role owns, in a schema a trusted role owns
+            ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError]).
+        trusted_roles: roles whose tables (and schemas) are trusted besides the
+            session's own role and superusers.
         acquire_delay_s: with fencing, how long ``on_acquired`` (and ``is_leader``)
             waits after the term bump: a margin for side effects outside the database
             after the old leader's session was terminated (default 0).
@@ -175,7 +188,8 @@ class LeaderLock(Fencing):
         retry_permanent_errors: bool = False,
         fencing: bool = False,
         fencing_table: str = "pgleaderlock_terms",
-        fencing_schema: str | None = None,
+        fencing_schema: str = DEFAULT_SCHEMA,
+        trusted_roles: Sequence[str] = (),
         acquire_delay_s: float = 0.0,
         lease_s: float | None = None,
         fencing_grace_s: float = 2.0,
@@ -183,7 +197,7 @@ class LeaderLock(Fencing):
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
-        self._name = name
+        self._name = None if name is None else check_name(name, "name")
         self._config = lock_config(
             health_interval_s=health_interval_s,
             health_timeout_s=health_timeout_s,
@@ -197,6 +211,7 @@ class LeaderLock(Fencing):
             fencing=fencing,
             fencing_table=fencing_table,
             fencing_schema=fencing_schema,
+            trusted_roles=trusted_roles,
             acquire_delay_s=acquire_delay_s,
             lease_s=lease_s,
             fencing_grace_s=fencing_grace_s,
@@ -205,6 +220,8 @@ class LeaderLock(Fencing):
         check_retry_strategy(retry_strategy)
         self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
         self._external_stop = shutdown_event
+        if application_name is not None:
+            check_name(application_name, "application_name")
         self._application_name = application_name or default_application_name(self.label)
         self._connect_options = ConnectOptions(
             application_name=self._application_name,

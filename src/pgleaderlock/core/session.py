@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .config import TermTable
+    from .config import LibraryTable, TermTable
 
 __all__ = [
     "Backend",
@@ -289,8 +289,11 @@ class GroupSession(Protocol):
         """``pg_notify(channel, payload)``."""
         ...
 
-    async def run_ddl(self, sql: str) -> None:
-        """Run a ``CREATE ... IF NOT EXISTS`` (a race with another creator is fine)."""
+    async def prepare_table(self, table: LibraryTable, create: str) -> None:
+        """Make sure the session may use one of the library's tables: create it if
+        missing (and allowed), refuse one another role owns
+        ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError]) or that the role
+        lacks privileges on ([`MissingPrivilegeError`][pgleaderlock.MissingPrivilegeError])."""
         ...
 
     async def holds(self, key1: int, key2: int) -> bool:

@@ -1,0 +1,168 @@
+"""The library's own tables: always named with their schema, and trusted only when a
+trusted role owns them (see [`TableCheck`][pgleaderlock.core.tables.TableCheck]).
+
+Another role's table in a schema the library's statements reach could run that role's
+code as the library's role (a trigger on the table, a view calling a function): the
+class of CVE-2018-1058. So a table is named with its schema in every statement (never
+found through ``search_path``), and used only once a session has checked who owns it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
+
+__all__ = ["DEFAULT_SCHEMA", "LibraryTable", "TableCheck", "TermTable", "check_identifier"]
+
+DEFAULT_SCHEMA = "public"
+"""The schema of the library's tables unless one is given: named in every statement,
+never looked up through ``search_path``."""
+
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+
+
+def check_identifier(what: str, value: object) -> str:
+    """A plain SQL identifier (letters, digits, ``_``, ``$``; at most 63 bytes).
+
+    Raises:
+        ConfigurationError: anything else, naming ``what``.
+    """
+    if not (isinstance(value, str) and _IDENTIFIER.fullmatch(value)):
+        raise ConfigurationError(
+            f"{what} must be a plain SQL identifier (letters, digits, _; at most 63 bytes), "
+            f"got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class LibraryTable:
+    """A table the library creates (if missing) and uses, always named with its schema.
+
+    Before a session first uses it, the session checks that it can be trusted: a plain
+    table owned by a trusted role (the session's own, a superuser, or one of
+    ``trusted_roles``), in a schema owned by one (or by the database's owner, when that
+    is trusted); a table of another role could run that role's code as the session's
+    role. See [`UntrustedObjectError`][pgleaderlock.UntrustedObjectError].
+
+    Attributes:
+        name: the table's name.
+        schema: its schema.
+        trusted_roles: roles whose tables and schemas are trusted besides the session's
+            own role and superusers.
+    """
+
+    name: str
+    schema: str = DEFAULT_SCHEMA
+    trusted_roles: tuple[str, ...] = ()
+
+    knobs: ClassVar[tuple[str, str]] = ("table", "schema")
+    """The arguments that name the table and its schema, for error messages."""
+    privileges: ClassVar[tuple[str, ...]] = ()
+    """What the session's role needs on the table."""
+
+    def __post_init__(self) -> None:
+        check_identifier(self.knobs[0], self.name)
+        check_identifier(self.knobs[1], self.schema)
+
+    @property
+    def sql(self) -> str:
+        """The quoted, qualified name, for statements."""
+        return f'"{self.schema}"."{self.name}"'
+
+    @property
+    def shown(self) -> str:
+        """The qualified name, for messages."""
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True)
+class TermTable(LibraryTable):
+    """The table that holds fencing terms: one row per lock, keyed by its keys."""
+
+    name: str = "pgleaderlock_terms"
+
+    knobs: ClassVar[tuple[str, str]] = ("fencing_table", "fencing_schema")
+    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """What [`TABLE_CHECK`][pgleaderlock.backends.sql.TABLE_CHECK] found about a
+    library table, and the verdict."""
+
+    table: LibraryTable
+    schema_owner: str | None
+    schema_trusted: bool | None
+    schema_usage: bool | None
+    schema_create: bool | None
+    relkind: str | None
+    owner: str | None
+    owner_trusted: bool | None
+    missing: list[str] | None
+    role: str
+
+    def verify(self) -> None:
+        """Raise unless the session may trust and use the table."""
+        table, role = self.table, self.role
+        schema_knob, name = table.knobs[1], table.shown
+        if self.schema_owner is None:
+            raise ConfigurationError(
+                f"the schema {table.schema!r} does not exist: create it, or name another "
+                f"with {schema_knob}"
+            )
+        if not self.schema_trusted:
+            raise UntrustedObjectError(
+                f"the schema {table.schema!r} of {name} is owned by role "
+                f"{self.schema_owner!r}, which this session's role {role!r} does not trust: "
+                "the owner of a schema can drop and replace the tables in it, and another "
+                "role's table can run that role's code as this one (a trigger, a rule). "
+                f"Use a schema owned by {role!r} or a superuser ({schema_knob}=...), or trust "
+                f"{self.schema_owner!r} with trusted_roles"
+            )
+        if self.relkind is None:
+            raise ConfigurationError(f"{name} does not exist")  # created, then dropped
+        if self.relkind not in ("r", "p"):
+            raise UntrustedObjectError(
+                f"{name} is not a table (relkind {self.relkind!r}: a view, say): the "
+                "library only reads and writes a plain table of its own. It is not used; "
+                "drop it, or name another table"
+            )
+        if not self.owner_trusted:
+            raise UntrustedObjectError(
+                f"{name} is owned by role {self.owner!r}, which this session's role "
+                f"{role!r} does not trust: another role's table can run that role's code "
+                "as this one (a trigger, a rule). It is not used. Drop it if it is not "
+                f"yours, or trust {self.owner!r} with trusted_roles"
+            )
+        if not self.schema_usage:
+            raise MissingPrivilegeError(
+                f"role {role!r} may not use the schema {table.schema!r} of {name}: "
+                f"GRANT USAGE ON SCHEMA {_quoted(table.schema)} TO {_quoted(role)}"
+            )
+        wanted = [p for p in table.privileges if p in (self.missing or [])]
+        if wanted:
+            raise MissingPrivilegeError(
+                f"role {role!r} lacks {', '.join(wanted)} on {name}: "
+                f"GRANT {', '.join(wanted)} ON {table.sql} TO {_quoted(role)}"
+            )
+
+    def cannot_create(self, create: str) -> str:
+        """The message when the table is missing and the role may not create it."""
+        table, role = self.table, self.role
+        grant = f"GRANT USAGE, CREATE ON SCHEMA {_quoted(table.schema)} TO {_quoted(role)}"
+        privileges = ", ".join(table.privileges) or "SELECT"
+        return (
+            f"{table.shown} does not exist, and role {role!r} may not create it. Create it "
+            f"beforehand (`pgleaderlock sql` prints the statements): {create}; GRANT "
+            f"{privileges} ON {table.sql} TO {_quoted(role)}. Or let the role create it: "
+            f"{grant}"
+        )
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
