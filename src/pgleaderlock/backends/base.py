@@ -399,10 +399,10 @@ class BaseSession(abc.ABC):
         await self._row(statement, (info.backend_pid, self._token))
         self._configured = True
 
-    async def prepare_table(self, table: LibraryTable, create: str) -> None:
+    async def prepare_table(self, table: LibraryTable) -> None:
         """Make sure this session may use ``table`` (``TableSession``), once per session:
-        create it if it is missing and the role may (``create``: its ``CREATE TABLE IF NOT
-        EXISTS``), then check that it is a plain table that a trusted role owns, in a
+        create it if it is missing and the role may (``table.create``), then check that
+        it is a plain table that a trusted role owns, in a
         schema a trusted role owns, and that the role has the privileges it needs.
 
         Raises:
@@ -417,8 +417,8 @@ class BaseSession(abc.ABC):
         check = await self._check_table(table)
         if check.relkind is None and check.schema_owner is not None and check.schema_trusted:
             if not (check.schema_usage and check.schema_create):
-                raise MissingPrivilegeError(check.cannot_create(create))
-            await self.run_ddl(create)
+                raise MissingPrivilegeError(check.cannot_create())
+            await self.run_ddl(table.create)
             check = await self._check_table(table)
         check.verify()
         self._prepared.add(table)
@@ -431,15 +431,14 @@ class BaseSession(abc.ABC):
     async def _with_terms(self, table: TermTable, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, the table of fencing terms prepared first (``prepare_table``); and
         again if it is missing after all (a table dropped since)."""
-        create = create_terms_statement(table).template
-        await self.prepare_table(table, create)
+        await self.prepare_table(table)
         try:
             return await call()
         except PgLeaderLockError as exc:
             if sqlstate(exc.__cause__) != UNDEFINED_TABLE:
                 raise
         self._prepared.discard(table)
-        await self.prepare_table(table, create)
+        await self.prepare_table(table)
         return await call()
 
     async def run_ddl(self, sql: str) -> None:

@@ -254,12 +254,7 @@ def bump_terms_statement(table: TermTable) -> Statement:
 def create_terms_statement(table: TermTable) -> Statement:
     """``CREATE TABLE IF NOT EXISTS`` for the fencing terms: one row per lock, keyed by
     its keys, with the holder's ``application_name`` and the acquisition time."""
-    return Statement(
-        "create fencing table",
-        f"CREATE TABLE IF NOT EXISTS {table.sql} (key1 int4 NOT NULL, key2 int4 NOT NULL,"
-        " term int8 NOT NULL, holder text, acquired_at timestamptz NOT NULL,"
-        " PRIMARY KEY (key1, key2))",
-    )
+    return Statement("create fencing table", table.create)
 
 
 # The bump's settings, local to its transaction: durable (synchronous_commit); a wait for

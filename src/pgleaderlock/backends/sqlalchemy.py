@@ -154,8 +154,8 @@ class SQLAlchemySession:
     async def notify(self, channel: str, payload: str) -> None:
         await self._inner.notify(channel, payload)
 
-    async def prepare_table(self, table: LibraryTable, create: str) -> None:
-        await self._inner.prepare_table(table, create)
+    async def prepare_table(self, table: LibraryTable) -> None:
+        await self._inner.prepare_table(table)
 
     async def listen(self, channel: str) -> None:
         await self._inner.listen(channel)

@@ -1,4 +1,5 @@
-"""The ``pgleaderlock`` command line (spec §9): ``run``, ``acquire``, ``exec``, ``status``.
+"""The ``pgleaderlock`` command line (spec §9): ``run``, ``acquire``, ``exec``, ``status``,
+and ``sql`` (the tables and grants, for a migration).
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
 works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleaderlock.lock_keys])
@@ -9,7 +10,7 @@ loguru (`InterceptHandler`, spec §9.2) and writes every line to stderr, so that
 belongs to ``status`` output and to the command that ``exec`` runs.
 
 This package holds the click group and the entry point; one module per command (`run`,
-`acquire`, `exec`, `status` with `render`), and what they share: `options`, `logs`, `exits`,
+`acquire`, `exec`, `status` with `render`, `sql`), and what they share: `options`, `logs`, `exits`,
 `runtime`, `retry`, `tracker`.
 
 Exit codes (also in ``pgleaderlock --help``):
@@ -58,6 +59,7 @@ from .exits import (
 )
 from .logs import InterceptHandler, configure_logging
 from .run import run
+from .sql import sql
 from .status import status
 
 __all__ = [
@@ -83,6 +85,7 @@ Examples:
   pgleaderlock exec --name nightly-report -- ./report.sh   # run only if nobody else does
   pgleaderlock status --name billing-scheduler       # who holds it, who waits
   pgleaderlock status --all --json                   # every advisory lock, for scripts
+  pgleaderlock sql --role app > pgleaderlock.sql     # tables and grants, for a migration
 
 \b
 Exit codes:
@@ -113,7 +116,7 @@ def cli() -> None:
     """
 
 
-for _command in (run, acquire, exec_, status):
+for _command in (run, acquire, exec_, status, sql):
     cli.add_command(_command)
 
 

@@ -17,7 +17,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ..core._logging import get_logger
 from ..core.keys import oid_to_key
@@ -90,9 +90,9 @@ class DedicatedEngine(Engine):
                 if not await self.bounded(self._util_slot, session.try_lock_many([self._key])):
                     raise ConnectionError(f"member lock of {self.member} is taken")
                 if self.s.terms is not None and not self._tables_ready:
-                    checkpoints = self.s.checkpoints
-                    ready = session.prepare_table(checkpoints, checkpoints.create)
-                    await self.bounded(self._util_slot, ready)
+                    # Both tables, so that one refused stops the member at start()
+                    for table in (self.s.terms, self.s.checkpoints):
+                        await self.bounded(self._util_slot, session.prepare_table(table))
                     self._tables_ready = True
             except BaseException:
                 await self._util_slot.close()
@@ -201,6 +201,8 @@ class DedicatedEngine(Engine):
             self._leading.discard(key)
             await self.workers.stop({name})  # before an unlock, and before anyone else leads
             self.events.put_nowait(("changed", None))
+        if new is LockState.STOPPED and lock.stop_error is not None:
+            self.events.put_nowait(("fatal", lock.stop_error))  # a missing grant, ...
 
     def _held(self) -> set[Key]:
         return set(self._leading)
@@ -297,6 +299,8 @@ class DedicatedEngine(Engine):
         await self.notify(Message("released", self.member, keys=(key,)))
 
     async def _on_event(self, kind: str, data: Any) -> None:
+        if kind == "fatal":  # a name's lock stopped on an error retrying cannot mend
+            raise cast(Exception, data)
         if kind == "add":
             key = self.keys.get(str(data))
             if key is not None:

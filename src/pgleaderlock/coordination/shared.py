@@ -33,7 +33,7 @@ from ..core.config import TermTable
 from ..core.session import GroupSession, WaitingSession, WatchableSession
 from ..core.slot import SessionSlot, can
 from . import balance
-from .engine import Engine
+from .engine import Engine, permanent
 from .protocol import Key, Message, member_key, prefix
 
 __all__ = ["SharedEngine"]
@@ -81,8 +81,9 @@ class SharedEngine(Engine):
             try:
                 session = await self.open_session(self._hold_slot)
                 await self._take_member_lock(session)
-                if self.s.terms is not None:
-                    await self.bounded(self._hold_slot, self._prepare_tables(session))
+                if self.s.terms is not None:  # a table refused stops the member now
+                    ready = self._prepare_tables(session, self.s.terms)
+                    await self.bounded(self._hold_slot, ready)
                 return session
             except BaseException:
                 await self._hold_slot.close()
@@ -103,8 +104,9 @@ class SharedEngine(Engine):
                 raise ConnectionError(f"member lock of {self.member} is taken")
             await asyncio.sleep(0.02)
 
-    async def _prepare_tables(self, session: GroupSession) -> None:
-        await session.prepare_table(self.s.checkpoints, self.s.checkpoints.create)
+    async def _prepare_tables(self, session: GroupSession, terms: TermTable) -> None:
+        await session.prepare_table(terms)
+        await session.prepare_table(self.s.checkpoints)
 
     async def _close(self) -> None:
         await self.workers.stop()
@@ -194,7 +196,9 @@ class SharedEngine(Engine):
             terms: dict[Key, int] | None = {}
             if granted and self.s.terms is not None:
                 terms = await self._bump_terms(self.s.terms, granted)
-        except Exception:  # the session is given up (_call): the loop reconnects
+        except Exception as exc:  # the session is given up (_call): the loop reconnects
+            if permanent(exc, self.s.config):  # ... unless that cannot help
+                raise
             return []
         if terms is None:  # fenced transactions of older terms hold on: try again later
             with contextlib.suppress(Exception):  # else the session is given up (_call)

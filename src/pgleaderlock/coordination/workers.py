@@ -34,13 +34,10 @@ class CheckpointTable(LibraryTable):
 
     knobs: ClassVar[tuple[str, str]] = ("checkpoint_table", "checkpoint_schema")
     privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
-
-    @property
-    def create(self) -> str:
-        return (
-            f"CREATE TABLE IF NOT EXISTS {self.sql} (subscription_name text PRIMARY KEY,"
-            " last_position bigint, updated_at timestamptz NOT NULL DEFAULT pg_catalog.now())"
-        )
+    columns: ClassVar[str] = (
+        "subscription_name text PRIMARY KEY, last_position bigint,"
+        " updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()"
+    )
 
     @property
     def load(self) -> str:

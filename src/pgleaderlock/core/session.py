@@ -289,9 +289,9 @@ class GroupSession(Protocol):
         """``pg_notify(channel, payload)``."""
         ...
 
-    async def prepare_table(self, table: LibraryTable, create: str) -> None:
+    async def prepare_table(self, table: LibraryTable) -> None:
         """Make sure the session may use one of the library's tables: create it if
-        missing (and allowed), refuse one another role owns
+        missing (and allowed; ``table.create``), refuse one another role owns
         ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError]) or that the role
         lacks privileges on ([`MissingPrivilegeError`][pgleaderlock.MissingPrivilegeError])."""
         ...

@@ -10,12 +10,20 @@ found through ``search_path``), and used only once a session has checked who own
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
 
-__all__ = ["DEFAULT_SCHEMA", "LibraryTable", "TableCheck", "TermTable", "check_identifier"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "LibraryTable",
+    "TableCheck",
+    "TermTable",
+    "check_identifier",
+    "quoted",
+]
 
 DEFAULT_SCHEMA = "public"
 """The schema of the library's tables unless one is given: named in every statement,
@@ -64,6 +72,8 @@ class LibraryTable:
     """The arguments that name the table and its schema, for error messages."""
     privileges: ClassVar[tuple[str, ...]] = ()
     """What the session's role needs on the table."""
+    columns: ClassVar[str] = ""
+    """Its columns and constraints, as in ``CREATE TABLE``."""
 
     def __post_init__(self) -> None:
         check_identifier(self.knobs[0], self.name)
@@ -79,6 +89,23 @@ class LibraryTable:
         """The qualified name, for messages."""
         return f"{self.schema}.{self.name}"
 
+    @property
+    def create(self) -> str:
+        """``CREATE TABLE IF NOT EXISTS``, for the library (when the role may create it)
+        and for a migration (``pgleaderlock sql``)."""
+        return f"CREATE TABLE IF NOT EXISTS {self.sql} ({self.columns})"
+
+    def grant(self, role: str, privileges: Sequence[str] | None = None) -> str:
+        """The ``GRANT`` of ``privileges`` (default: all the session's role needs) on
+        the table to ``role``."""
+        wanted = ", ".join(privileges if privileges is not None else self.privileges)
+        return f"GRANT {wanted or 'SELECT'} ON {self.sql} TO {quoted(role)}"
+
+    def grant_usage(self, role: str, *, create: bool = False) -> str:
+        """The ``GRANT`` of ``USAGE`` (and ``CREATE``) on the table's schema to ``role``."""
+        what = "USAGE, CREATE" if create else "USAGE"
+        return f"GRANT {what} ON SCHEMA {quoted(self.schema)} TO {quoted(role)}"
+
 
 @dataclass(frozen=True)
 class TermTable(LibraryTable):
@@ -88,6 +115,10 @@ class TermTable(LibraryTable):
 
     knobs: ClassVar[tuple[str, str]] = ("fencing_table", "fencing_schema")
     privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
+    columns: ClassVar[str] = (
+        "key1 int4 NOT NULL, key2 int4 NOT NULL, term int8 NOT NULL, holder text,"
+        " acquired_at timestamptz NOT NULL, PRIMARY KEY (key1, key2)"
+    )
 
 
 @dataclass(frozen=True)
@@ -142,27 +173,25 @@ class TableCheck:
         if not self.schema_usage:
             raise MissingPrivilegeError(
                 f"role {role!r} may not use the schema {table.schema!r} of {name}: "
-                f"GRANT USAGE ON SCHEMA {_quoted(table.schema)} TO {_quoted(role)}"
+                f"{table.grant_usage(role)}"
             )
         wanted = [p for p in table.privileges if p in (self.missing or [])]
         if wanted:
             raise MissingPrivilegeError(
-                f"role {role!r} lacks {', '.join(wanted)} on {name}: "
-                f"GRANT {', '.join(wanted)} ON {table.sql} TO {_quoted(role)}"
+                f"role {role!r} lacks {', '.join(wanted)} on {name}: {table.grant(role, wanted)}"
             )
 
-    def cannot_create(self, create: str) -> str:
+    def cannot_create(self) -> str:
         """The message when the table is missing and the role may not create it."""
         table, role = self.table, self.role
-        grant = f"GRANT USAGE, CREATE ON SCHEMA {_quoted(table.schema)} TO {_quoted(role)}"
-        privileges = ", ".join(table.privileges) or "SELECT"
         return (
             f"{table.shown} does not exist, and role {role!r} may not create it. Create it "
-            f"beforehand (`pgleaderlock sql` prints the statements): {create}; GRANT "
-            f"{privileges} ON {table.sql} TO {_quoted(role)}. Or let the role create it: "
-            f"{grant}"
+            f"beforehand (`pgleaderlock sql` prints the statements): {table.create}; "
+            f"{table.grant(role)}. Or let the role create it: "
+            f"{table.grant_usage(role, create=True)}"
         )
 
 
-def _quoted(identifier: str) -> str:
+def quoted(identifier: str) -> str:
+    """``identifier`` as a quoted SQL identifier."""
     return '"' + identifier.replace('"', '""') + '"'

@@ -1,0 +1,86 @@
+"""``pgleaderlock sql``: the statements that create the library's tables and grant a
+role what it needs, for a migration, so that the role needs no ``CREATE`` anywhere.
+
+The same text ships as ``pgleaderlock/setup.sql`` (the defaults: schema ``public``, no
+role); a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..coordination.workers import CheckpointTable
+from ..core.errors import ConfigurationError
+from ..core.tables import DEFAULT_SCHEMA, TermTable, quoted
+from .exits import EXIT_OK, CliError
+
+__all__ = ["setup_sql", "sql"]
+
+_ROLE_PLACEHOLDER = "app_role"
+
+
+def setup_sql(
+    schema: str = DEFAULT_SCHEMA,
+    role: str | None = None,
+    terms_table: str = TermTable.name,
+    checkpoint_table: str = CheckpointTable.name,
+) -> str:
+    """The statements: the tables (``IF NOT EXISTS``), then the grants to ``role``
+    (commented out, with a placeholder, when ``None``).
+
+    Raises:
+        ConfigurationError: a name that is not a plain identifier.
+    """
+    terms = TermTable(terms_table, schema)
+    checkpoints = CheckpointTable(checkpoint_table, schema)
+    grantee = role if role is not None else _ROLE_PLACEHOLDER
+    lines = [
+        "-- pgleaderlock: the library's tables, made beforehand by a migration (run it as",
+        "-- the role that is to own them; the library trusts a table only when its owner is",
+        "-- the lock's own role, a superuser, or a role named in trusted_roles).",
+        "-- The lock's role then needs no CREATE anywhere: only what is granted below.",
+        "",
+        *(
+            []
+            if schema == DEFAULT_SCHEMA
+            else [f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)};", ""]
+        ),
+        "-- Fencing terms (LeaderLock(..., fencing=True), Coordinator(..., fencing=True)).",
+        terms.create + ";",
+        "",
+        "-- Checkpoints of a Coordinator's named workers (one row per '<group>:<name>').",
+        checkpoints.create + ";",
+        "",
+    ]
+    grants = [checkpoints.grant_usage(grantee)]
+    grants += [table.grant(grantee) for table in (terms, checkpoints)]
+    if role is None:
+        lines.append(f"-- Then, for the role that runs the locks (here {_ROLE_PLACEHOLDER}):")
+        lines += [f"-- {grant};" for grant in grants]
+    else:
+        lines.append(f"-- What the role {role} needs:")
+        lines += [f"{grant};" for grant in grants]
+    return "\n".join(lines) + "\n"
+
+
+@click.command("sql")
+@click.option(
+    "--schema",
+    default=DEFAULT_SCHEMA,
+    show_default=True,
+    help="The schema of the tables (LeaderLock and Coordinator: fencing_schema).",
+)
+@click.option("--role", help="The role that runs the locks: print its GRANTs.")
+@click.option("--fencing-table", default=TermTable.name, show_default=True)
+@click.option("--checkpoint-table", default=CheckpointTable.name, show_default=True)
+def sql(schema: str, role: str | None, fencing_table: str, checkpoint_table: str) -> int:
+    """Print the SQL that creates the library's tables and grants a role what it needs.
+
+    For a migration: run it as the role that is to own the tables; the role that runs
+    the locks then needs no CREATE anywhere.
+    """
+    try:
+        click.echo(setup_sql(schema, role, fencing_table, checkpoint_table), nl=False)
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+    return EXIT_OK

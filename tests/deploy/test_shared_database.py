@@ -1,0 +1,393 @@
+"""A database shared with other roles and other groups (a real second role).
+
+A cluster of this module's own; each test gets a database of its own, made like one
+that was upgraded from PostgreSQL 14 (``GRANT CREATE ON SCHEMA public TO PUBLIC``: any
+role may create tables in ``public``), with these roles:
+
+- ``attacker``: may log in and create tables in ``public``, nothing else;
+- ``owner``: runs the migration (``pgleaderlock sql``) and owns the library's tables;
+- ``app``: runs the locks with only the grants that migration prints (no ``CREATE``
+  anywhere), trusting ``owner``.
+
+The attacks are the ones a role with ``CONNECT`` can try: planting the library's tables
+(a table whose trigger escalates its owner, a view whose function does) for a superuser
+to use, and posing as a group's members. Each must leave the attacker as it was and the
+library refusing (or not touching) what it planted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from cli.clitools import CLI, clean_env
+from pgleaderlock import (
+    Coordinator,
+    FixedInterval,
+    LeaderLock,
+    MissingPrivilegeError,
+    UntrustedObjectError,
+    WorkerContext,
+)
+from pgleaderlock.cli.sql import setup_sql
+from pgleaderlock.coordination.protocol import checkpoint_name, name_keys
+from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.poll import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
+
+FAST: dict[str, Any] = {
+    "retry_strategy": FixedInterval(0.05),
+    "health_interval_s": 0.5,
+    "health_timeout_s": 1.0,
+    "connect_timeout_s": 3.0,
+    "command_timeout_s": 5.0,
+    "load_plugins": False,
+}
+COORD_FAST: dict[str, Any] = {**FAST, "balance_interval_s": 0.1}
+MODES = ["dedicated", "shared"]
+
+ESCALATE = """
+CREATE FUNCTION public.escalate() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  ALTER ROLE attacker SUPERUSER;  -- succeeds only when a superuser runs it
+  RETURN true;
+END $$;
+CREATE FUNCTION public.escalate_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM public.escalate();
+  RETURN NULL;
+END $$;
+GRANT EXECUTE ON FUNCTION public.escalate(), public.escalate_trigger() TO PUBLIC;
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThrowawayPostgres]:
+    with ThrowawayPostgres() as pg:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("CREATE ROLE attacker LOGIN")
+            conn.execute("CREATE ROLE owner LOGIN")
+            conn.execute("CREATE ROLE app LOGIN")
+        yield pg
+
+
+class Database:
+    """A fresh database of the cluster, and DSNs for its roles."""
+
+    def __init__(self, pg: ThrowawayPostgres, name: str) -> None:
+        self.pg, self.name = pg, name
+
+    def dsn(self, role: str = "postgres") -> str:
+        return make_conninfo(self.pg.dsn, dbname=self.name, user=role)
+
+    def run(self, statements: str, role: str = "postgres") -> None:
+        with psycopg.connect(self.dsn(role), autocommit=True) as conn:
+            conn.execute(statements.encode())
+
+    def value(self, query: str, *params: object) -> Any:
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            row = conn.execute(query.encode(), params).fetchone()
+            return None if row is None else row[0]
+
+    def attacker_is_superuser(self) -> bool:
+        return bool(self.value("SELECT rolsuper FROM pg_roles WHERE rolname = 'attacker'"))
+
+
+@pytest.fixture
+def db(cluster: ThrowawayPostgres) -> Iterator[Database]:
+    """A database like one upgraded from PostgreSQL 14: anyone may create in public."""
+    name = f"db_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}".encode())
+    database = Database(cluster, name)
+    database.run("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    try:
+        yield database
+    finally:
+        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)".encode())
+            conn.execute("ALTER ROLE attacker NOSUPERUSER")
+
+
+@pytest.fixture
+async def coordinators() -> AsyncIterator[Callable[..., Coordinator]]:
+    """``make(dsn, **kwargs)``: a Coordinator with fast timings, shut down at teardown."""
+    made: list[Coordinator] = []
+
+    def make(dsn: str, **kwargs: Any) -> Coordinator:
+        coord = Coordinator(dsn, **{**COORD_FAST, **kwargs})
+        made.append(coord)
+        return coord
+
+    yield make
+    await asyncio.gather(*(c.shutdown() for c in made), return_exceptions=True)
+
+
+async def forever(ctx: WorkerContext) -> None:
+    await asyncio.Event().wait()
+
+
+# ---------------------------------------------------------------- planted objects
+
+
+def plant_terms_table(db: Database) -> None:
+    """The attacker's own ``public.pgleaderlock_terms``, with the library's columns and
+    a trigger that makes it SUPERUSER when a superuser writes to it."""
+    db.run(
+        ESCALATE
+        + """
+        CREATE TABLE public.pgleaderlock_terms (key1 int4 NOT NULL, key2 int4 NOT NULL,
+            term int8 NOT NULL, holder text, acquired_at timestamptz NOT NULL,
+            PRIMARY KEY (key1, key2));
+        CREATE TRIGGER escalate BEFORE INSERT OR UPDATE ON public.pgleaderlock_terms
+            FOR EACH STATEMENT EXECUTE FUNCTION public.escalate_trigger();
+        GRANT ALL ON public.pgleaderlock_terms TO PUBLIC;
+        """,
+        role="attacker",
+    )
+
+
+def plant_checkpoint_view(db: Database, group: str) -> None:
+    """The attacker's ``public.pgleaderlock_subscriptions``: a view whose rows look like
+    a group's checkpoints and whose function makes it SUPERUSER when a superuser reads
+    it."""
+    db.run(
+        ESCALATE
+        + f"""
+        CREATE VIEW public.pgleaderlock_subscriptions AS
+            SELECT '{group}:relay'::text AS subscription_name, 1::int8 AS last_position,
+                   now() AS updated_at
+            WHERE public.escalate();
+        GRANT SELECT ON public.pgleaderlock_subscriptions TO PUBLIC;
+        """,
+        role="attacker",
+    )
+
+
+async def test_a_planted_terms_table_with_a_trigger_is_refused(db: Database) -> None:
+    """A superuser's fenced lock finds the attacker's terms table where its own would
+    be: it refuses it for good (``UntrustedObjectError`` from ``wait_for_leadership``)
+    and never writes to it, so the trigger never runs as the superuser."""
+    plant_terms_table(db)
+    lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
+    await lock.start()
+    try:
+        with pytest.raises(UntrustedObjectError, match="owned by role 'attacker'"):
+            await lock.wait_for_leadership(5)
+        assert not lock.is_leader
+    finally:
+        await lock.shutdown()
+    assert not db.attacker_is_superuser()
+    assert db.value("SELECT count(*) FROM public.pgleaderlock_terms") == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_coordinator_stops_on_a_planted_terms_table(
+    db: Database, mode: str, coordinators: Callable[..., Coordinator]
+) -> None:
+    """The same table under a superuser's fenced Coordinator: ``start()`` raises, and
+    the error is its ``stop_error``; the attacker gains nothing."""
+    plant_terms_table(db)
+    coord = coordinators(db.dsn(), group="billing", sessions=mode, fencing=True)
+    coord.add("relay", forever)
+    with pytest.raises(UntrustedObjectError, match="owned by role 'attacker'"):
+        await coord.start()
+    assert isinstance(coord.stop_error, UntrustedObjectError)
+    assert not coord.started
+    assert not coord.running
+    assert not db.attacker_is_superuser()
+    assert db.value("SELECT count(*) FROM public.pgleaderlock_terms") == 0
+
+
+def test_status_does_not_read_a_planted_checkpoint_view(db: Database) -> None:
+    """``pgleaderlock status --group`` run by a superuser does not read the attacker's
+    view (its function would run as the superuser): it says why, and lists no name of
+    the view's."""
+    plant_checkpoint_view(db, "billing")
+    result = subprocess.run(
+        [*CLI, "status", "--group", "billing", "--json", "--dsn", db.dsn()],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=clean_env(),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"relay"' not in result.stdout
+    assert "is not a table" in result.stdout
+    assert not db.attacker_is_superuser()
+
+
+async def test_a_coordinator_refuses_a_planted_checkpoint_view(
+    db: Database, coordinators: Callable[..., Coordinator]
+) -> None:
+    plant_checkpoint_view(db, "billing")
+    coord = coordinators(db.dsn(), group="billing", sessions="shared", fencing=True)
+    coord.add("relay", forever)
+    with pytest.raises(UntrustedObjectError, match="is not a table"):
+        await coord.start()
+    assert isinstance(coord.stop_error, UntrustedObjectError)
+    assert not db.attacker_is_superuser()
+
+
+# ---------------------------------------------------------------- groups
+
+
+@pytest.mark.parametrize("modes", [("dedicated", "shared"), ("shared", "dedicated")])
+async def test_two_groups_with_one_worker_name_run_independently(
+    db: Database, modes: tuple[str, str], coordinators: Callable[..., Coordinator]
+) -> None:
+    """Two groups that both register ``outbox-relay`` in one database: both workers run
+    at once, each under a term of its own, and each group's checkpoint is its own."""
+    running: dict[str, WorkerContext] = {}
+    loaded: dict[str, int | None] = {}
+    saved = {"alpha": 1000, "beta": 6}
+
+    def worker(group: str) -> Callable[[WorkerContext], Any]:
+        async def relay(ctx: WorkerContext) -> None:
+            async with (
+                await psycopg.AsyncConnection.connect(db.dsn()) as conn,
+                conn.transaction(),
+            ):
+                loaded[group] = await ctx.load_checkpoint(conn)
+                await ctx.save_checkpoint(conn, saved[group])
+            running[group] = ctx
+            await asyncio.Event().wait()
+
+        return relay
+
+    for group, mode in zip(("alpha", "beta"), modes, strict=True):
+        coord = coordinators(db.dsn(), group=group, sessions=mode, fencing=True)
+        coord.add("outbox-relay", worker(group))
+        await coord.start()
+    await eventually(lambda: set(running) == {"alpha", "beta"}, 10)
+    assert loaded == {"alpha": None, "beta": None}
+    terms = {group: ctx.term for group, ctx in running.items()}
+    assert terms["alpha"] == terms["beta"]  # each the first term of its own name
+    for group, position in saved.items():
+        stored = db.value(
+            "SELECT last_position FROM public.pgleaderlock_subscriptions"
+            " WHERE subscription_name = %s",
+            checkpoint_name(group, "outbox-relay"),
+        )
+        assert stored == position
+        key1, key2 = name_keys(group, "outbox-relay")
+        term = db.value(
+            "SELECT term FROM public.pgleaderlock_terms WHERE key1 = %s AND key2 = %s",
+            key1,
+            key2,
+        )
+        assert term == terms[group]
+    assert db.value("SELECT count(*) FROM public.pgleaderlock_terms") == 2
+
+
+# ---------------------------------------------------------------- least privilege
+
+
+def migrate(db: Database, schema: str = "pgl") -> None:
+    """What a DBA does: no CREATE for anyone in public (PostgreSQL 15's default), then
+    ``pgleaderlock sql --schema pgl --role app`` run as the tables' owner."""
+    db.run(
+        f"REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT CREATE ON DATABASE {db.name} TO owner"
+    )
+    db.run(setup_sql(schema, "app"), role="owner")
+    db.run(f"REVOKE CREATE ON DATABASE {db.name} FROM owner")
+
+
+def app_creates_nothing(db: Database) -> bool:
+    return not any(
+        db.value(query, *params)
+        for query, params in (
+            ("SELECT has_database_privilege('app', %s, 'CREATE')", (db.name,)),
+            ("SELECT has_schema_privilege('app', 'public', 'CREATE')", ()),
+            ("SELECT has_schema_privilege('app', 'pgl', 'CREATE')", ()),
+        )
+    )
+
+
+async def test_a_role_with_only_table_grants_leads_with_fencing(db: Database) -> None:
+    migrate(db)
+    assert app_creates_nothing(db)
+    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    async with lock:
+        assert await lock.wait_for_leadership(5)
+        first = lock.term
+    async with LeaderLock.from_name("nightly", db.dsn("app"), **kwargs) as again:
+        assert await again.wait_for_leadership(5)
+        assert first is not None
+        assert again.term == first + 1
+    assert db.value("SELECT max(term) FROM pgl.pgleaderlock_terms") == first + 1
+
+
+async def test_the_migrated_tables_are_not_trusted_unless_their_owner_is(db: Database) -> None:
+    migrate(db)
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), fencing=True, fencing_schema="pgl",
+                                **FAST)  # fmt: skip
+    async with lock:
+        with pytest.raises(UntrustedObjectError, match="trust 'owner' with trusted_roles"):
+            await lock.wait_for_leadership(5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_role_with_only_table_grants_saves_checkpoints(
+    db: Database, mode: str, coordinators: Callable[..., Coordinator]
+) -> None:
+    migrate(db)
+    positions: list[int | None] = []
+
+    async def relay(ctx: WorkerContext) -> None:
+        async with await psycopg.AsyncConnection.connect(db.dsn("app")) as conn:
+            async with conn.transaction():
+                before = await ctx.load_checkpoint(conn)
+                await ctx.save_checkpoint(conn, 7)
+            async with conn.transaction():
+                positions.extend([before, await ctx.load_checkpoint(conn)])
+        await asyncio.Event().wait()
+
+    coord = coordinators(db.dsn("app"), group="billing", sessions=mode, fencing=True,
+                         fencing_schema="pgl", trusted_roles=["owner"])  # fmt: skip
+    coord.add("relay", relay)
+    await coord.start()
+    await eventually(lambda: len(positions) == 2, 10)
+    assert positions == [None, 7]
+    stored = db.value("SELECT last_position FROM pgl.pgleaderlock_subscriptions")
+    assert stored == 7
+    assert coord.stop_error is None
+
+
+async def test_a_missing_grant_fails_wait_for_leadership_with_the_grant(db: Database) -> None:
+    migrate(db)
+    db.run("REVOKE UPDATE ON pgl.pgleaderlock_terms FROM app")
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), fencing=True, fencing_schema="pgl",
+                                trusted_roles=["owner"], **FAST)  # fmt: skip
+    async with lock:
+        with pytest.raises(MissingPrivilegeError) as raised:
+            await lock.wait_for_leadership(2)
+    assert 'GRANT UPDATE ON "pgl"."pgleaderlock_terms" TO "app"' in str(raised.value)
+    assert lock.stop_error is raised.value
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_missing_grant_stops_a_coordinator(
+    db: Database, mode: str, coordinators: Callable[..., Coordinator]
+) -> None:
+    migrate(db)
+    db.run("REVOKE INSERT ON pgl.pgleaderlock_subscriptions FROM app")
+    coord = coordinators(db.dsn("app"), group="billing", sessions=mode, fencing=True,
+                         fencing_schema="pgl", trusted_roles=["owner"])  # fmt: skip
+    coord.add("relay", forever)
+    with pytest.raises(MissingPrivilegeError):
+        await coord.start()
+    assert isinstance(coord.stop_error, MissingPrivilegeError)
+    grant = 'GRANT INSERT ON "pgl"."pgleaderlock_subscriptions" TO "app"'
+    assert grant in str(coord.stop_error)
+    assert not coord.running
