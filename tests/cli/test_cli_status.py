@@ -125,7 +125,8 @@ async def test_all_lists_and_decodes_every_advisory_lock(
 
         text = await run_cli("status", "--all")
         assert text.stdout.splitlines()[0].split() == [
-            "KEY1", "KEY2", "NAME", "PID", "STATUS", "APPLICATION_NAME", "CLIENT", "AGE"
+            "KEY1", "KEY2", "NAME", "PID", "STATUS", "APPLICATION_NAME", "USER", "CLIENT",
+            "AGE"
         ]  # fmt: skip
         row = next(line for line in text.stdout.splitlines() if f" {leader_pid} " in line)
         assert row.split()[:5] == [str(key1), str(key2), lock_name, str(leader_pid), "held"]

@@ -98,6 +98,9 @@ async def test_a_shared_group_from_the_server(
                 assert (
                     session["application_name"] == f"pgl:{group}:{coord.member}:{session['role']}"
                 )
+                assert session["usename"] == report["trust"]["user"]
+                assert session["impostor"] is False
+        assert report["impostors"] == []
         leaders = {(e["key1"], e["key2"]): e for e in report["leaders"]}
         owner = {name: c.member for c in coords for name in c.owned}
         assert set(leaders) == {name_keys(group, n) for n in names}
@@ -112,12 +115,16 @@ async def test_a_shared_group_from_the_server(
         assert text.code == 0, text.describe()
         lines = text.stdout.splitlines()
         assert lines[:3] == [f"group     {group}", "database  " + report["database"], "members   2"]
-        assert lines[4].split() == ["MEMBER", "MODE", "NAMES", "SESSIONS"]
+        assert lines[4].split() == ["MEMBER", "MODE", "NAMES", "USER", "SESSIONS"]
+        user = report["trust"]["user"]  # the role the members run as: status's own here
         for coord in coords:
             row = next(line for line in lines if line.startswith(coord.member))
-            assert row.split()[1:4] == ["shared", str(len(coord.owned)), "hold"], row
+            assert row.split()[1:5] == ["shared", str(len(coord.owned)), user, "hold"], row
         header = lines.index(next(line for line in lines if line.startswith("NAME ")))
-        assert lines[header].split() == ["NAME", "KEY1", "KEY2", "LEADER", "PID", "WAITING"]
+        assert lines[header].split() == [
+            "NAME", "KEY1", "KEY2", "LEADER", "PID", "USER", "WAITING"
+        ]  # fmt: skip
+        assert "IMPOSTOR" not in text.stdout
         row = next(line for line in lines if line.startswith(names[4] + " "))
         key1, key2 = name_keys(group, names[4])
         assert row.split()[:4] == [names[4], str(key1), str(key2), owner[names[4]]]

@@ -18,6 +18,8 @@ library refusing (or not touching) what it planted.
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,7 +39,16 @@ from pgleaderlock import (
     WorkerContext,
 )
 from pgleaderlock.cli.sql import setup_sql
-from pgleaderlock.coordination.protocol import checkpoint_name, name_keys
+from pgleaderlock.coordination.protocol import (
+    Key,
+    Message,
+    Role,
+    app_name,
+    channel,
+    checkpoint_name,
+    member_key,
+    name_keys,
+)
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 
@@ -391,3 +402,125 @@ async def test_a_missing_grant_stops_a_coordinator(
     grant = 'GRANT INSERT ON "pgl"."pgleaderlock_subscriptions" TO "app"'
     assert grant in str(coord.stop_error)
     assert not coord.running
+
+
+# ---------------------------------------------------------------- forged members
+
+
+class Impostor:
+    """The attacker posing as members of a group: sessions named like a member's
+    (``pgl:<group>:<member>:<role>``) holding that member's lock, and forged messages
+    on the group's channel: requests for every name, from the fake members and in the
+    name of the real ones, hand-offs and grants to the fakes, a real member "left"."""
+
+    def __init__(self, db: Database, group: str, mode: str) -> None:
+        self.db, self.group = db, group
+        self.role: Role = "util" if mode == "dedicated" else "hold"
+        self.fakes = [f"fake{i}" for i in range(2)]
+        self.conns: list[psycopg.AsyncConnection[Any]] = []
+        self.sent = 0
+
+    async def pose(self) -> None:
+        for fake in self.fakes:
+            conn = await psycopg.AsyncConnection.connect(
+                self.db.dsn("attacker"),
+                autocommit=True,
+                application_name=app_name(self.group, fake, self.role),
+            )
+            self.conns.append(conn)
+            await conn.execute("SELECT pg_advisory_lock(%s, %s)", member_key(self.group, fake))
+            await self.send(Message("join", fake))
+
+    async def send(self, message: Message) -> None:
+        for payload in message.payloads():
+            await self.conns[0].execute("SELECT pg_notify(%s, %s)", (channel(self.group), payload))
+            self.sent += 1
+
+    async def forge(self, members: dict[str, list[Key]], seconds: float) -> None:
+        deadline = asyncio.get_running_loop().time() + seconds
+        fake, real = self.fakes[0], sorted(members)
+        while asyncio.get_running_loop().time() < deadline:
+            for member, keys in members.items():
+                other = next(m for m in real if m != member)
+                for message in (
+                    Message("request", fake, member, tuple(keys), 0),
+                    Message("request", other, member, tuple(keys), 0),
+                    Message("handoff", other, fake, tuple(members[other])),
+                    Message("grant", other, fake, tuple(members[other])),
+                    Message("left", fake, other),
+                ):
+                    await self.send(message)
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            await conn.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_forged_members_and_messages_move_no_name(
+    db: Database, mode: str, coordinators: Callable[..., Coordinator]
+) -> None:
+    """Two real members of ``billing`` lead 20 names; the attacker adds two fake members
+    and, for 5 s, floods the group's channel with forged requests, hand-offs, grants and
+    deaths. No name moves, no worker restarts, every name runs throughout, the fakes
+    are never members; ``status --group`` marks their sessions as impostors."""
+    names = [f"job{i}" for i in range(20)]
+    starts: collections.Counter[str] = collections.Counter()
+    running: set[str] = set()
+
+    async def worker(ctx: WorkerContext) -> None:
+        starts[ctx.name] += 1
+        running.add(ctx.name)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            running.discard(ctx.name)
+
+    coords = [
+        coordinators(db.dsn("app"), group="billing", sessions=mode, idle_tick_s=0.5)
+        for _ in range(2)
+    ]
+    for coord in coords:
+        for name in names:
+            coord.add(name, worker)
+        await coord.start()
+    await eventually(lambda: running == set(names) and all(len(c.owned) == 10 for c in coords), 20)
+    await asyncio.sleep(1.0)  # the last hand-off of the start counts its moves
+    owned = {c.member: c.owned for c in coords}
+    moves, starts_before = sum(c.moves for c in coords), dict(starts)
+    impostor = Impostor(db, "billing", mode)
+    try:
+        await impostor.pose()
+        attack = asyncio.create_task(
+            impostor.forge(
+                {m: [name_keys("billing", n) for n in owned[m]] for m in owned}, seconds=5.0
+            )
+        )
+        gaps = 0
+        while not attack.done():
+            gaps += running != set(names)
+            await asyncio.sleep(0.02)
+        await attack
+        for coord in coords:
+            assert set(coord.view().members) == set(owned), coord.view()
+        status = await asyncio.to_thread(
+            subprocess.run,
+            [*CLI, "status", "--group", "billing", "--json", "--dsn", db.dsn("app")],
+            capture_output=True, text=True, timeout=30, env=clean_env(), check=False,
+        )  # fmt: skip
+    finally:
+        await impostor.close()
+    assert impostor.sent > 300  # about 900 in 5 s here
+    assert gaps == 0, "some names were not running during the attack"
+    assert {c.member: c.owned for c in coords} == owned
+    assert sum(c.moves for c in coords) == moves
+    assert dict(starts) == starts_before  # no worker restarted
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert {m["member"] for m in report["members"]} == set(owned)
+    impostors = report["impostors"]
+    assert {s["application_name"] for s in impostors} == {
+        app_name("billing", fake, impostor.role) for fake in impostor.fakes
+    }
+    assert {s["usename"] for s in impostors} == {"attacker"}

@@ -43,6 +43,7 @@ from typing import IO, Any
 import psycopg
 import pytest
 
+from pgleaderlock.coordination.protocol import checkpoint_name
 from pgleaderlock.core.config import default_lease_s
 from pgleaderlock.testing.beliefs import FROZEN_RESUME_LIMIT_S, BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateProcess
@@ -313,7 +314,8 @@ class Group:
             cur = await conn.execute(
                 f"SELECT subscription_name, last_position FROM {self.checkpoint_table}".encode()
             )
-            checkpoints: dict[str, int] = dict(await cur.fetchall())
+            head = checkpoint_name(self.group, "")  # the group's rows: "<group>:<name>"
+            checkpoints = {str(n)[len(head) :]: p for n, p in await cur.fetchall()}
         by_name: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
         for name, position, term in rows:
             by_name[name].append((position, term))

@@ -34,7 +34,7 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from pgleaderlock.coordination.protocol import name_keys
+from pgleaderlock.coordination.protocol import checkpoint_name, name_keys
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
@@ -236,7 +236,7 @@ class Run:
             "SELECT subscription_name, last_position FROM pgleaderlock_subscriptions"
         )
         found = {str(n): None if p is None else int(p) for n, p in rows}
-        return {name: found.get(name) for name in NAMES}
+        return {name: found.get(checkpoint_name(GROUP, name)) for name in NAMES}
 
     async def wait_caught_up(self, last_id: int) -> None:
         deadline = time.monotonic() + CATCH_UP_S

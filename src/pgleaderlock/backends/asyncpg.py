@@ -116,7 +116,8 @@ class AsyncpgSession(BaseSession):
         # The session's own prepared statements: a little faster per call than
         # conn.fetchrow(), which looks the statement up in asyncpg's cache each time.
         self._statements: dict[Statement, Any] = {}
-        self._inbox: asyncio.Queue[str | None] | None = None  # notifications, None: lost
+        # Notifications (sender pid, payload); None: the connection is lost.
+        self._inbox: asyncio.Queue[tuple[int, str] | None] | None = None
 
     @property
     def connection(self) -> asyncpg.Connection:
@@ -174,9 +175,10 @@ class AsyncpgSession(BaseSession):
             inbox = self._inbox = asyncio.Queue()
             # asyncpg reads its socket all the time: a lost connection ends the wait.
             self._conn.add_termination_listener(lambda _conn: inbox.put_nowait(None))
-        await self._conn.add_listener(channel, lambda *args: inbox.put_nowait(args[-1]))
+        # The callback's arguments: the connection, the sender's pid, the channel, payload.
+        await self._conn.add_listener(channel, lambda _c, pid, _ch, p: inbox.put_nowait((pid, p)))
 
-    async def _receive(self, timeout_s: float) -> list[str]:
+    async def _receive(self, timeout_s: float) -> list[tuple[int, str]]:
         inbox = self._inbox
         if inbox is None:
             raise ConnectionError("not listening")
@@ -184,15 +186,15 @@ class AsyncpgSession(BaseSession):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     inbox.put_nowait(await inbox.get())
-        payloads: list[str] = []
+        received: list[tuple[int, str]] = []
         while not inbox.empty():
-            payload = inbox.get_nowait()
-            if payload is None:
+            notification = inbox.get_nowait()
+            if notification is None:
                 break
-            payloads.append(payload)
+            received.append(notification)
         if self._conn.is_closed():
             raise ConnectionError("the connection is closed")
-        return payloads
+        return received
 
     def _classify(self, exc: Exception) -> ErrorClass:
         return _classify(exc, self._conn)

@@ -27,7 +27,7 @@ import math
 import random
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from ..core.errors import (
@@ -226,9 +226,9 @@ class BaseSession(abc.ABC):
         implement it and `_receive`."""
         raise ConnectionError(f"{type(self).__name__} cannot listen for notifications")
 
-    async def _receive(self, timeout_s: float) -> list[str]:
-        """The payloads of the notifications received, waiting up to ``timeout_s`` for
-        the first; raises once the connection is lost."""
+    async def _receive(self, timeout_s: float) -> list[tuple[int, str]]:
+        """The notifications received (sender pid, payload), waiting up to
+        ``timeout_s`` for the first; raises once the connection is lost."""
         raise ConnectionError(f"{type(self).__name__} cannot listen for notifications")
 
     @abc.abstractmethod
@@ -533,11 +533,13 @@ class BaseSession(abc.ABC):
         k1s, k2s, terms = (cast(list[int] | None, value) or [] for value in row[:3])
         return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
 
-    async def group_snapshot(self, prefix: str) -> list[Any]:
-        """The sessions named ``prefix...`` and every two-key advisory lock (see
+    async def group_snapshot(self, prefix: str, trusted_roles: Sequence[str] = ()) -> list[Any]:
+        """The sessions named ``prefix...`` and every two-key advisory lock, each with
+        whether its role is trusted (see
         [`GROUP_SNAPSHOT`][pgleaderlock.backends.sql.GROUP_SNAPSHOT])."""
+        values = (prefix, list(trusted_roles))
         rows: list[Any] = await self._translated(
-            GROUP_SNAPSHOT.what, self._fetch_all(GROUP_SNAPSHOT, (prefix,))
+            GROUP_SNAPSHOT.what, self._fetch_all(GROUP_SNAPSHOT, values)
         )
         return rows
 
@@ -549,12 +551,12 @@ class BaseSession(abc.ABC):
         """``LISTEN channel``: from now on `notifications` returns its payloads."""
         await self._translated("listen", self._listen(channel))
 
-    async def notifications(self, timeout_s: float) -> list[str]:
-        """The payloads received on the channels listened to: those already in, or
-        else the first to come within ``timeout_s`` (an empty list if none). Raises
-        once the session is lost."""
-        payloads: list[str] = await self._translated("listen", self._receive(timeout_s))
-        return payloads
+    async def notifications(self, timeout_s: float) -> list[tuple[int, str]]:
+        """The notifications received on the channels listened to, as (the sending
+        backend's pid, payload): those already in, or else the first to come within
+        ``timeout_s`` (an empty list if none). Raises once the session is lost."""
+        received: list[tuple[int, str]] = await self._translated("listen", self._receive(timeout_s))
+        return received
 
     async def ping(self) -> None:
         """Check that the session answers, on its own backend

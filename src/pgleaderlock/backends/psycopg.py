@@ -126,9 +126,10 @@ class PsycopgSession(BaseSession):
     async def _listen(self, channel: str) -> None:
         await self._conn.execute(f'LISTEN "{channel}"'.encode())
 
-    async def _receive(self, timeout_s: float) -> list[str]:
+    async def _receive(self, timeout_s: float) -> list[tuple[int, str]]:
         # psycopg keeps what arrives between calls and returns it first.
-        return [n.payload async for n in self._conn.notifies(timeout=timeout_s, stop_after=1)]
+        notifies = self._conn.notifies(timeout=timeout_s, stop_after=1)
+        return [(n.pid, n.payload) async for n in notifies]
 
     async def _execute(self, query: bytes) -> object:
         cursor = self._cursor

@@ -214,24 +214,6 @@ NOTIFY = Statement("notify", "SELECT pg_notify(({0})::text, ({1})::text)" + _TAI
 """``pg_notify(channel, payload)``."""
 
 
-GROUP_SNAPSHOT = Statement(
-    "group snapshot",
-    "SELECT a.application_name, l.pid, l.classid::int8, l.objid::int8, l.granted"
-    " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
-    " WHERE l.locktype = 'advisory' AND l.objsubid = 2"
-    " AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"
-    " UNION ALL SELECT a.application_name, a.pid, NULL, NULL, NULL"
-    " FROM pg_catalog.pg_stat_activity a"
-    " WHERE starts_with(a.application_name, ({0})::text) AND a.datname = current_database()",
-)
-"""Every two-key advisory lock of this database held or waited for, with its session's
-``application_name`` and pid, and every session of this database whose
-``application_name`` starts with the value (a row with NULL keys each): advisory locks
-are per database, and ``pg_locks`` lists every database's. Rows: application name, pid,
-key1 and key2 as unsigned oids, granted. ``pg_stat_activity`` and ``pg_locks`` are
-visible to every role."""
-
-
 def bump_terms_statement(table: TermTable) -> Statement:
     """[`bump_term_statement`][pgleaderlock.backends.sql.bump_term_statement] for many
     keys at once (values: the keys' two arrays, the session's pid, the wait in ms). Rows
@@ -338,15 +320,42 @@ def end_fenced_statement(table: TermTable) -> Statement:
     )
 
 
-# Which roles a session trusts: its own, superusers, and those named ({2}: text[]). It
-# runs on the lock's own session, after its set-up made search_path safe.
-_TRUSTED = (
-    "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
-    " OR r.rolsuper OR r.rolname = ANY (({2})::text[])"
+def _trusted(roles: str) -> str:
+    """The roles a session trusts: its own, superusers, and those named (``roles``: the
+    value, a ``text[]``). It runs on the library's own sessions, whose set-up made
+    ``search_path`` safe."""
+    return (
+        "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
+        f" OR r.rolsuper OR r.rolname = ANY (({roles})::text[])"
+    )
+
+
+GROUP_SNAPSHOT = Statement(
+    "group snapshot",
+    f"WITH trusted AS ({_trusted('{1}')})"
+    " SELECT a.application_name, l.pid, l.classid::int8, l.objid::int8, l.granted,"
+    " COALESCE(a.usesysid IN (SELECT oid FROM trusted), false)"
+    " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.database = (SELECT oid"
+    " FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
+    " UNION ALL SELECT a.application_name, a.pid, NULL, NULL, NULL,"
+    " COALESCE(a.usesysid IN (SELECT oid FROM trusted), false)"
+    " FROM pg_catalog.pg_stat_activity a"
+    " WHERE pg_catalog.starts_with(a.application_name, ({0})::text)"
+    " AND a.datname = pg_catalog.current_database()",
 )
+"""Every two-key advisory lock of this database held or waited for, with its session's
+``application_name`` and pid, and every session of this database whose
+``application_name`` starts with the value (a row with NULL keys each): advisory locks
+are per database, and ``pg_locks`` lists every database's. Values: the prefix, the
+trusted roles (besides the session's own and superusers). Rows: application name, pid,
+key1 and key2 as unsigned oids, granted, and whether the session's role is trusted (a
+session of another role may take any name, but is never a member).
+``pg_stat_activity`` and ``pg_locks`` are visible to every role."""
+
 TABLE_CHECK = Statement(
     "check table",
-    f"WITH trusted AS ({_TRUSTED}),"
+    f"WITH trusted AS ({_trusted('{2}')}),"
     " ns AS (SELECT n.oid, o.rolname AS owner, n.nspowner IN (SELECT oid FROM trusted)"
     " OR (o.rolname = 'pg_database_owner' AND (SELECT d.datdba FROM pg_catalog.pg_database d"
     " WHERE d.datname = pg_catalog.current_database()) IN (SELECT oid FROM trusted)) AS ok"

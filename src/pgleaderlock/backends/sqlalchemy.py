@@ -28,7 +28,7 @@ import asyncio
 import functools
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -147,8 +147,8 @@ class SQLAlchemySession:
         ended: FencedSessions = await self._inner.end_fenced(table, keys)
         return ended
 
-    async def group_snapshot(self, prefix: str) -> list[Any]:
-        rows: list[Any] = await self._inner.group_snapshot(prefix)
+    async def group_snapshot(self, prefix: str, trusted_roles: Sequence[str] = ()) -> list[Any]:
+        rows: list[Any] = await self._inner.group_snapshot(prefix, trusted_roles)
         return rows
 
     async def notify(self, channel: str, payload: str) -> None:
@@ -160,9 +160,9 @@ class SQLAlchemySession:
     async def listen(self, channel: str) -> None:
         await self._inner.listen(channel)
 
-    async def notifications(self, timeout_s: float) -> list[str]:
-        payloads: list[str] = await self._inner.notifications(timeout_s)
-        return payloads
+    async def notifications(self, timeout_s: float) -> list[tuple[int, str]]:
+        received: list[tuple[int, str]] = await self._inner.notifications(timeout_s)
+        return received
 
     async def ping(self) -> None:
         await self._inner.ping()

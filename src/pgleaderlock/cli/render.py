@@ -47,6 +47,24 @@ def _client(session: dict[str, Any]) -> str:
     return "unknown"
 
 
+def _user(session: dict[str, Any]) -> str:
+    """The session's role; an impostor (named like pgleaderlock's, of a role not
+    trusted) says so."""
+    user = session["usename"] or "unknown"
+    return f"{user} (IMPOSTOR: role not trusted)" if session.get("impostor") else user
+
+
+def _impostor_note(report: dict[str, Any]) -> list[str]:
+    """Why a session is an impostor, when one is shown."""
+    trust = report["trust"]
+    roles = ", ".join([trust["user"], *trust["trusted_roles"], "superusers"])
+    return [
+        "",
+        "IMPOSTOR: a session named like pgleaderlock's, of a role not trusted "
+        f"(trusted: {roles}; add one with --trusted-role). It is never a member.",
+    ]
+
+
 def render_one(report: dict[str, Any]) -> str:
     """One lock: its keys, the database, the holder (or "free"), the waiting sessions."""
     lock = report["lock"]
@@ -66,7 +84,7 @@ def render_one(report: dict[str, Any]) -> str:
                 f"          group {s['group']}  member {s['member']}  ({s['role']} session)"
             )
         lines += [
-            f"          client {_client(s)}  user {s['usename'] or 'unknown'}  mode {s['mode']}",
+            f"          client {_client(s)}  user {_user(s)}  mode {s['mode']}",
             f"          session started {_when(s['backend_start'], s['backend_start_age_s'])}",
             f"          {s['state'] or 'state unknown'} since "
             f"{_when(s['state_change'], s['state_change_age_s'])}",
@@ -77,8 +95,10 @@ def render_one(report: dict[str, Any]) -> str:
         since = _when(s["wait_start"], s["wait_start_age_s"])
         lines.append(
             f"          pid {s['pid']}  {s['application_name'] or '(no application_name)'}"
-            f"  client {_client(s)}  waiting since {since}"
+            f"  client {_client(s)}  user {_user(s)}  waiting since {since}"
         )
+    if any(s["impostor"] for s in report["holders"] + report["waiting"]):
+        lines += _impostor_note(report)
     return "\n".join(lines)
 
 
@@ -86,7 +106,7 @@ def render_all(report: dict[str, Any]) -> str:
     """Every advisory lock of the database, one row per session, columns aligned."""
     if not report["locks"]:
         return f"no advisory locks in database {report['database']}"
-    header = ("KEY1", "KEY2", "NAME", "PID", "STATUS", "APPLICATION_NAME", "CLIENT", "AGE")
+    header = ("KEY1", "KEY2", "NAME", "PID", "STATUS", "APPLICATION_NAME", "USER", "CLIENT", "AGE")
     rows = [header]
     for lock in report["locks"]:
         if lock["kind"] == "bigint":
@@ -104,11 +124,15 @@ def render_all(report: dict[str, Any]) -> str:
                 str(lock["pid"]),
                 "held" if lock["granted"] else "waiting",
                 lock["application_name"] or "-",
+                _user(lock),
                 _client(lock),
                 since,
             )
         )
-    return "\n".join(_table(rows))
+    lines = _table(rows)
+    if any(lock["impostor"] for lock in report["locks"]):
+        lines += _impostor_note(report)
+    return "\n".join(lines)
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -133,14 +157,14 @@ def _sessions(sessions: list[dict[str, Any]]) -> str:
 def _leader(entry: dict[str, Any]) -> str:
     if entry["member"] is None:
         return "(free)"
-    return entry["member"] or "(outside the group)"
+    return entry["member"] or ("(impostor)" if entry["impostor"] else "(outside the group)")
 
 
 def _waiting(entry: dict[str, Any]) -> str:
     waiting = entry["waiting"]
     if not waiting:
         return "-"
-    who = sorted({w["member"] or "(outside)" for w in waiting})
+    who = sorted({w["member"] or ("(impostor)" if w["impostor"] else "(outside)") for w in waiting})
     return f"{len(waiting)}: {', '.join(who)}"
 
 
@@ -154,21 +178,33 @@ def render_group(report: dict[str, Any]) -> str:
         f"members   {count}",
     ]
     if report["members"]:
-        rows: list[tuple[str, ...]] = [("MEMBER", "MODE", "NAMES", "SESSIONS")]
+        rows: list[tuple[str, ...]] = [("MEMBER", "MODE", "NAMES", "USER", "SESSIONS")]
         for m in report["members"]:
             sessions = _sessions(m["sessions"])
             if m["watching"]:
                 sessions += f" (watching {m['watching']})"
-            rows.append((m["member"], m["mode"] or "-", str(m["names"]), sessions))
+            users = ",".join(sorted({s["usename"] or "unknown" for s in m["sessions"]}))
+            rows.append((m["member"], m["mode"] or "-", str(m["names"]), users, sessions))
         lines += ["", *_table(rows)]
     if report["leaders"]:
-        rows = [("NAME", "KEY1", "KEY2", "LEADER", "PID", "WAITING")]
+        rows = [("NAME", "KEY1", "KEY2", "LEADER", "PID", "USER", "WAITING")]
         for e in report["leaders"]:
-            pid = "-" if e["pid"] is None else str(e["pid"])
+            pid, user = ("-", "-") if e["pid"] is None else (str(e["pid"]), _user(e))
             rows.append(
-                (e["name"] or "-", str(e["key1"]), str(e["key2"]), _leader(e), pid, _waiting(e))
-            )
+                (e["name"] or "-", str(e["key1"]), str(e["key2"]), _leader(e), pid, user,
+                 _waiting(e))
+            )  # fmt: skip
         lines += ["", *_table(rows)]
     elif not count:
         lines.append(f"no member of group {report['group']} is connected")
+    if report["impostors"]:
+        rows = [("PID", "USER", "APPLICATION_NAME", "CLIENT")]
+        for s in report["impostors"]:
+            rows.append((str(s["pid"]), _user(s), s["application_name"] or "-", _client(s)))
+        lines += ["", "Not members (named like the group's sessions):", *_table(rows)]
+    impostor = report["impostors"] or any(
+        e["impostor"] or any(w["impostor"] for w in e["waiting"]) for e in report["leaders"]
+    )
+    if impostor:
+        lines += _impostor_note(report)
     return "\n".join(lines)

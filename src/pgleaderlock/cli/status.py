@@ -10,6 +10,12 @@ A coordinator's sessions are named ``pgl:<group>:<member>:<role>``
 (`pgleaderlock.coordination.protocol`): every report says which group member a session
 belongs to, and ``--group`` reads the whole group from the server alone, as the members
 themselves do.
+
+Any role may name its sessions so. Every session's role (``usename``) is shown, and
+whether it is trusted: the role ``status`` runs as, a superuser, or a ``--trusted-role``,
+as a member trusts its own role and its ``trusted_roles``. A session that claims to be
+pgleaderlock's (by its ``application_name``) but is of another role is marked
+(``"impostor": true``) and never counted as a member.
 """
 
 from __future__ import annotations
@@ -74,11 +80,20 @@ _NAME_ROLES = ("hold", "lock")
 _CURRENT_DATABASE = (
     "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
 )
-_SESSION_COLUMNS = """
+_TRUSTED = """
+WITH trusted AS (
+  SELECT r.oid FROM pg_catalog.pg_roles r
+  WHERE r.rolname OPERATOR(pg_catalog.=) current_user OR r.rolsuper
+     OR r.rolname OPERATOR(pg_catalog.=) ANY (%(trusted_roles)s::text[])
+)"""
+"""The roles whose sessions are trusted: this one's, superusers, ``--trusted-role``."""
+_IS_TRUSTED = "COALESCE(a.usesysid IN (SELECT oid FROM trusted), false)"
+_SESSION_COLUMNS = f"""
     l.pid, l.granted, l.mode, a.application_name, host(a.client_addr) AS client_addr,
-    a.client_port, a.usename, a.backend_start, a.state_change, a.state, {waitstart}
+    a.client_port, a.usename, a.backend_start, a.state_change, a.state, {{waitstart}},
+    {_IS_TRUSTED}
 """
-_ONE_LOCK = f"""
+_ONE_LOCK = f"""{_TRUSTED}
 SELECT {_SESSION_COLUMNS}
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
@@ -87,21 +102,21 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 2
   AND l.classid = %(classid)s::int8::oid AND l.objid = %(objid)s::int8::oid
 ORDER BY l.granted DESC, 11 NULLS LAST, l.pid
 """
-_ALL_LOCKS = f"""
+_ALL_LOCKS = f"""{_TRUSTED}
 SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, {_SESSION_COLUMNS}
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
   AND l.database = {_CURRENT_DATABASE}
 """
-_GROUP = f"""
+_GROUP = f"""{_TRUSTED}
 SELECT l.classid::int8, l.objid::int8, {_SESSION_COLUMNS}
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.database = {_CURRENT_DATABASE}
 UNION ALL
 SELECT NULL, NULL, a.pid, NULL, NULL, a.application_name, host(a.client_addr), a.client_port,
-       a.usename, a.backend_start, a.state_change, a.state, NULL
+       a.usename, a.backend_start, a.state_change, a.state, NULL, {_IS_TRUSTED}
 FROM pg_catalog.pg_stat_activity a
 WHERE pg_catalog.starts_with(a.application_name, %(prefix)s)
   AND a.datname = pg_catalog.current_database()
@@ -118,6 +133,7 @@ _SESSION_FIELDS = (
     "state_change",
     "state",
     "wait_start",
+    "trusted",
 )
 
 
@@ -151,9 +167,9 @@ _SESSION_FIELDS = (
     "trusted_roles",
     metavar="ROLE",
     multiple=True,
-    help="A role trusted besides yours and superusers (repeatable): the owner of the "
-    "checkpoint table, and the group's members' role (sessions of other roles that "
-    "claim to be members are marked).",
+    help="A role trusted besides yours and superusers (repeatable): the lock's or the "
+    "group's role (sessions of other roles that claim to be pgleaderlock's are marked "
+    "as impostors, and are never members), and the owner of the checkpoint table.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @seconds_option(
@@ -193,7 +209,7 @@ def status(
         try:
             group = check_group(group)
             names = {name_keys(group, n): n for n in name}
-            table = CheckpointTable(checkpoint_table, checkpoint_schema, check_roles(trusted_roles))
+            table = CheckpointTable(checkpoint_table, checkpoint_schema, trusted_roles)
         except ConfigurationError as exc:
             raise CliError(str(exc)) from None
     elif len(name) > 1:
@@ -204,12 +220,16 @@ def status(
     else:
         target = resolve_target(name[0] if name else None, key1, key2)
     timeout = positive("--timeout", timeout)
+    try:
+        trusted_roles = check_roles(trusted_roles)
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
     with _connect(dsn, timeout) as conn:
         try:
-            info = _server_info(conn)
+            info = _server_info(conn, trusted_roles)
             if group is not None:
                 found, skipped = _checkpoint_names(conn, table, group)
-                report = _group(conn, info, group, {**found, **names}, table.trusted_roles)
+                report = _group(conn, info, group, {**found, **names})
                 report["checkpoint_table"] = {"table": table.shown, "not_read": skipped}
             elif target is not None:
                 report = _one_lock(conn, info, target)
@@ -260,15 +280,26 @@ class _ServerInfo:
     now: datetime
     database: str
     version: int
+    user: str
+    trusted_roles: tuple[str, ...]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"trusted_roles": list(self.trusted_roles)}
+
+    @property
+    def trust(self) -> dict[str, Any]:
+        """Whose sessions the report trusts (besides superusers)."""
+        return {"user": self.user, "trusted_roles": list(self.trusted_roles)}
 
 
-def _server_info(conn: psycopg.Connection[Any]) -> _ServerInfo:
+def _server_info(conn: psycopg.Connection[Any], trusted_roles: tuple[str, ...]) -> _ServerInfo:
     row = conn.execute(
         "SELECT pg_catalog.now(), pg_catalog.current_database(),"
-        " pg_catalog.current_setting('server_version_num')::int"
+        " pg_catalog.current_setting('server_version_num')::int, current_user::text"
     ).fetchone()
     assert row is not None
-    return _ServerInfo(now=row[0], database=row[1], version=row[2])
+    return _ServerInfo(row[0], row[1], row[2], row[3], trusted_roles)
 
 
 def _waitstart(info: _ServerInfo) -> str:
@@ -283,10 +314,13 @@ def _session(row: Sequence[Any], now: datetime) -> dict[str, Any]:
         session[f"{field}_age_s"] = (
             round((now - value).total_seconds(), 3) if isinstance(value, datetime) else None
         )
-    match = _GROUP_APP_NAME.match(session["application_name"] or "")
+    application_name = session["application_name"] or ""
+    match = _GROUP_APP_NAME.match(application_name)
     session["group"], session["member"], session["role"] = (
-        match.group("group", "member", "role") if match else (None, None, None)
+        match.group("group", "member", "role") if match and session["trusted"] else (None,) * 3
     )
+    claims = match is not None or _APP_NAME.match(application_name) is not None
+    session["impostor"] = claims and not session["trusted"]
     return session
 
 
@@ -294,7 +328,7 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
     query = _ONE_LOCK.format(waitstart=_waitstart(info))
     rows = conn.execute(
         query.encode(),
-        {"classid": key_to_oid(target.key1), "objid": key_to_oid(target.key2)},
+        {"classid": key_to_oid(target.key1), "objid": key_to_oid(target.key2), **info.params},
     ).fetchall()
     sessions = [_session(row, info.now) for row in rows]
     holders = [s for s in sessions if s["granted"]]
@@ -307,6 +341,7 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
         "holders": holders,
         "waiting_count": len(waiting),
         "waiting": waiting,
+        "trust": info.trust,
     }
 
 
@@ -330,7 +365,9 @@ def _name_for(keys: tuple[int, int], application_name: str | None) -> str | None
 def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, Any]:
     query = _ALL_LOCKS.format(waitstart=_waitstart(info))
     locks = []
-    for classid, objid, objsubid, *session_row in conn.execute(query.encode()).fetchall():
+    for classid, objid, objsubid, *session_row in conn.execute(
+        query.encode(), info.params
+    ).fetchall():
         session = _session(session_row, info.now)
         if objsubid == 2:
             keys = (oid_to_key(classid), oid_to_key(objid))
@@ -352,7 +389,7 @@ def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, An
             lk["pid"],
         )
     )
-    return {"database": info.database, "checked_at": info.now, "locks": locks}
+    return {"database": info.database, "checked_at": info.now, "locks": locks, "trust": info.trust}
 
 
 # ---------------------------------------------------------------------- --group
@@ -400,19 +437,22 @@ def _group(
     info: _ServerInfo,
     group: str,
     names: dict[Key, str],
-    trusted_roles: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Who leads what in ``group``: its members (from their sessions' names) and, for
-    every lock one of its members holds or waits for and every name asked about, the
-    holder and the waiting sessions."""
+    """Who leads what in ``group``: its members (from the names of their sessions of
+    trusted roles) and, for every lock one of its members holds or waits for and every
+    name asked about, the holder and the waiting sessions; and the impostors: sessions
+    named like the group's, of roles not trusted."""
     query = _GROUP.format(waitstart=_waitstart(info))
-    rows = conn.execute(query.encode(), {"prefix": prefix(group)}).fetchall()
+    rows = conn.execute(query.encode(), {"prefix": prefix(group), **info.params}).fetchall()
     members: dict[str, dict[str, Any]] = {}
     locks: list[tuple[Key, dict[str, Any]]] = []
+    impostors: list[dict[str, Any]] = []
     for classid, objid, *session_row in rows:
         session = _session(session_row, info.now)
         if classid is None:
-            if session["group"] == group:
+            if session["impostor"]:
+                impostors.append(_brief(session))
+            elif session["group"] == group:
                 member = members.setdefault(session["member"], _member(session["member"]))
                 member["sessions"].append(_brief(session))
         else:
@@ -422,7 +462,8 @@ def _group(
     relevant = (ours | set(names)) - set(member_keys)
     leaders: dict[Key, dict[str, Any]] = {
         key: {"name": names.get(key), "key1": key[0], "key2": key[1], "member": None,
-              "pid": None, "role": None, "application_name": None, "waiting": []}
+              "pid": None, "role": None, "application_name": None, "usename": None,
+              "impostor": False, "waiting": []}
         for key in relevant
     }  # fmt: skip
     for key, session in locks:
@@ -441,13 +482,15 @@ def _group(
         who = session["member"] if mine else ""
         if session["granted"]:
             entry.update(member=who, pid=session["pid"], role=session["role"],
-                         application_name=session["application_name"])  # fmt: skip
+                         application_name=session["application_name"],
+                         usename=session["usename"], impostor=session["impostor"])  # fmt: skip
             if mine and who in members and session["role"] in _NAME_ROLES:
                 members[who]["names"] += 1
         else:
             entry["waiting"].append(
                 {"member": who, "pid": session["pid"], "role": session["role"],
                  "application_name": session["application_name"],
+                 "usename": session["usename"], "impostor": session["impostor"],
                  "wait_start_age_s": session["wait_start_age_s"]}
             )  # fmt: skip
     for entry in leaders.values():
@@ -459,11 +502,13 @@ def _group(
         "group": group,
         "database": info.database,
         "checked_at": info.now,
+        "trust": info.trust,
         "members": [members[m] for m in sorted(members)],
         "leaders": sorted(
             leaders.values(),
             key=lambda e: (e["name"] is None, e["name"] or "", e["key1"], e["key2"]),
         ),
+        "impostors": sorted(impostors, key=lambda s: s["pid"]),
     }
 
 
@@ -477,7 +522,7 @@ def _member(member: str) -> dict[str, Any]:
 def _brief(session: dict[str, Any]) -> dict[str, Any]:
     """A member's session, without the lock fields."""
     keep = ("pid", "role", "application_name", "client_addr", "client_port", "usename",
-            "backend_start", "backend_start_age_s", "state")  # fmt: skip
+            "backend_start", "backend_start_age_s", "state", "impostor")  # fmt: skip
     return {k: session[k] for k in keep}
 
 

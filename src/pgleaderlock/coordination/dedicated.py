@@ -27,7 +27,7 @@ from ..core.session import GroupSession
 from ..tasks import follow_state
 from . import balance
 from .engine import Engine
-from .protocol import Key, Message, app_name, member_key, parse_app_name, prefix
+from .protocol import Key, Message, app_name, member_key, parse_app_name
 
 __all__ = ["DedicatedEngine"]
 
@@ -127,7 +127,7 @@ class DedicatedEngine(Engine):
                 log.warning("util_probe_failed", error=repr(exc), **self._fields)
 
     async def _group_rows(self) -> list[Any]:
-        return await self._on_util(lambda session: session.group_snapshot(prefix(self.group)))
+        return await self._on_util(self._read_group)
 
     async def notify(self, message: Message) -> None:
         for payload in message.payloads():
@@ -243,12 +243,12 @@ class DedicatedEngine(Engine):
     async def _only_waiter(self, keys: set[Key], to: str) -> set[Key]:
         """Those of ``keys`` for which the receiver's session is the one waiter."""
         waiters: dict[Key, set[str]] = {key: set() for key in keys}
-        for application, _pid, c, o, granted in await self._group_rows():
+        for application, _pid, c, o, granted, trusted in await self._group_rows():
             if c is None or granted:
                 continue
             key = (oid_to_key(int(c)), oid_to_key(int(o)))
             if key in waiters:
-                parsed = parse_app_name(str(application or ""), self.group)
+                parsed = parse_app_name(str(application or ""), self.group) if trusted else None
                 waiters[key].add(parsed[0] if parsed else "")
         return {key for key, who in waiters.items() if who == {to}}
 

@@ -38,6 +38,7 @@ from .protocol import (
     member_key,
     name_keys,
     parse_app_name,
+    prefix,
 )
 from .workers import CheckpointTable, WorkerContext, WorkerFunction, Workers
 
@@ -55,6 +56,9 @@ again (an answer normally comes within milliseconds: a grant, or an empty ``done
 OUTSIDE_TICK_S = 2.0
 """How often a member looks at the group while some of its names are held outside the
 group (a plain lock): their release is announced to nobody."""
+STRANGER_S = 60.0
+"""How long the listener refuses the messages of a session that is not a trusted
+member's without looking at the group's sessions again."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,10 @@ class Engine(abc.ABC):
         self.moves = 0  # names handed to other members, for statistics
         self.listening = asyncio.Event()
         self._asked: dict[str, float] = {}  # member -> until: a request awaits its answer
+        # pid -> member: the group's sessions of trusted roles, whose messages count
+        self._senders: dict[int, str] = {}
+        self._senders_read_at = 0.0
+        self._strangers: dict[int, float] = {}  # pid -> when found not to be a member's
         self._task: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._helpers: list[asyncio.Task[None]] = []
@@ -406,13 +414,15 @@ class Engine(abc.ABC):
         its member lock: a dying member's other sessions may linger for a moment, but
         the server has then released that lock along with its names."""
         rows = await self._group_rows()
+        self._senders = self._members_by_pid(rows)
         holders: dict[Key, str] = {}
         members: set[str] = {self.member}
         others: dict[Key, str] = {}
-        for application, _pid, c, o, granted in rows:
+        for application, _pid, c, o, granted, trusted in rows:
             if c is None or not granted:
                 continue
-            parsed = parse_app_name(str(application or ""), self.group)
+            # A session of a role not trusted is never a member, whatever its name says.
+            parsed = parse_app_name(str(application or ""), self.group) if trusted else None
             member = parsed[0] if parsed is not None else ""
             key = (oid_to_key(int(c)), oid_to_key(int(o)))
             if key in self.names:
@@ -425,6 +435,21 @@ class Engine(abc.ABC):
                 others[key] = member
         view = balance.View(self.member, frozenset(members), holders, frozenset(self.names))
         return self._remember(view, others)
+
+    def _members_by_pid(self, rows: list[Any]) -> dict[int, str]:
+        """The group's sessions of trusted roles in ``rows`` (``group_snapshot``'s): by
+        pid, the member each belongs to."""
+        found: dict[int, str] = {}
+        for application, pid, c, _o, _granted, trusted in rows:
+            if c is None and trusted:
+                parsed = parse_app_name(str(application or ""), self.group)
+                if parsed is not None:
+                    found[int(pid)] = parsed[0]
+        return found
+
+    def _read_group(self, session: GroupSession) -> Awaitable[list[Any]]:
+        """``session.group_snapshot`` for this group."""
+        return session.group_snapshot(prefix(self.group), self.s.config.trusted_roles)
 
     def _remember(self, view: balance.View, others: dict[Key, str]) -> balance.View:
         """Keep ``view`` as the last one, and what ``Coordinator.view()`` shows."""
@@ -526,15 +551,18 @@ class Engine(abc.ABC):
                 attempt = 0
                 while True:
                     wait = config.health_interval_s
-                    payloads = await self.bounded(
+                    received = await self.bounded(
                         slot, session.notifications(wait), wait + config.command_timeout_s
                     )
-                    for payload in payloads:
+                    received_at = time.monotonic()
+                    for pid, payload in received:
                         message = Message.parse(payload)
-                        if message is not None:
+                        if message is not None and await self._sent_by_member(
+                            slot, session, pid, message, received_at
+                        ):
                             self.note(message)
                             self.events.put_nowait(("message", message))
-                    if not payloads:
+                    if not received:
                         await self.bounded(slot, session.ping(), config.health_timeout_s)
             except asyncio.CancelledError:
                 await slot.close()
@@ -547,6 +575,41 @@ class Engine(abc.ABC):
             self._asked.clear()  # their answers may have been missed: ask again
             self.events.put_nowait(("tick", None))  # notifications may have been missed
             await asyncio.sleep(min(self.s.balance_interval_s * (attempt - 1), 5.0))
+
+    async def _sent_by_member(
+        self,
+        slot: SessionSlot,
+        session: GroupSession,
+        pid: int,
+        message: Message,
+        received_at: float,
+    ) -> bool:
+        """Whether ``message`` comes from its sender: from a session of the sender
+        member (by its name) whose role is trusted. Any role may ``NOTIFY`` on the
+        group's channel; a message from anyone else is refused, and its session's
+        messages for ``STRANGER_S`` with it. A sender not seen yet (a member that just
+        joined) is looked for in the group's sessions once more, on the listening
+        session, unless they were read after the message came: a session's name is
+        visible from its start."""
+        if self._senders.get(pid) == message.sender:
+            return True
+        now = time.monotonic()
+        stranger_since = self._strangers.get(pid)
+        if stranger_since is not None and now - stranger_since < STRANGER_S:
+            return False
+        if self._senders_read_at < received_at:
+            self._senders_read_at = now
+            self._senders = self._members_by_pid(
+                await self.bounded(slot, self._read_group(session))
+            )
+            if self._senders.get(pid) == message.sender:
+                return True
+        if len(self._strangers) >= 1024:
+            self._strangers = {p: at for p, at in self._strangers.items() if now - at < STRANGER_S}
+        self._strangers[pid] = now
+        log.warning("message_refused", pid=pid, kind=message.kind, sender=message.sender,
+                    **self._fields)  # fmt: skip
+        return False
 
     def note(self, message: Message) -> None:
         """What must count before the loop gets to ``message``: names handed to another

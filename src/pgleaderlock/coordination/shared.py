@@ -34,7 +34,7 @@ from ..core.session import GroupSession, WaitingSession, WatchableSession
 from ..core.slot import SessionSlot, can
 from . import balance
 from .engine import Engine, permanent
-from .protocol import Key, Message, member_key, prefix
+from .protocol import Key, Message, member_key
 
 __all__ = ["SharedEngine"]
 
@@ -165,7 +165,7 @@ class SharedEngine(Engine):
         self.events.put_nowait(("tick", None))
 
     async def _group_rows(self) -> list[Any]:
-        return await self._call(lambda s: s.group_snapshot(prefix(self.group)))
+        return await self._call(self._read_group)
 
     async def notify(self, message: Message) -> None:
         for payload in message.payloads():

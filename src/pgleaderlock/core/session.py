@@ -14,7 +14,7 @@ This module is the home of these types; backend authors import them from
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -279,10 +279,12 @@ class GroupSession(Protocol):
         ``FencingSession``)."""
         ...
 
-    async def group_snapshot(self, prefix: str) -> list[Any]:
-        """Rows ``(application_name, pid, key1_oid, key2_oid, granted)``: one for every
-        two-key advisory lock held or waited for (by any session), and one with NULL
-        keys for every session whose ``application_name`` starts with ``prefix``."""
+    async def group_snapshot(self, prefix: str, trusted_roles: Sequence[str] = ()) -> list[Any]:
+        """Rows ``(application_name, pid, key1_oid, key2_oid, granted, trusted)``: one
+        for every two-key advisory lock held or waited for (by any session), and one
+        with NULL keys for every session whose ``application_name`` starts with
+        ``prefix``; ``trusted``: the session's role is this session's own, a superuser,
+        or one of ``trusted_roles``."""
         ...
 
     async def notify(self, channel: str, payload: str) -> None:
@@ -305,9 +307,10 @@ class GroupSession(Protocol):
         ``notifications`` and ``ping``)."""
         ...
 
-    async def notifications(self, timeout_s: float) -> list[str]:
-        """The payloads received: those already in, or else the first to come within
-        ``timeout_s`` (an empty list if none). Raises once the session is lost."""
+    async def notifications(self, timeout_s: float) -> list[tuple[int, str]]:
+        """The notifications received, as (the sending backend's pid, payload): those
+        already in, or else the first to come within ``timeout_s`` (an empty list if
+        none). Raises once the session is lost."""
         ...
 
     async def ping(self) -> None:
