@@ -18,6 +18,7 @@ import pytest
 from pgleaderlock import ConnectionError, LockError, SessionNotDedicatedError
 from pgleaderlock.backends import (
     AbortableSession,
+    BaseSession,
     ConnectOptions,
     LockSession,
     ProbingSession,
@@ -56,8 +57,24 @@ async def _sorted_eq(awaitable: Awaitable[list[int]], expected: list[int]) -> bo
     return sorted(await awaitable) == expected
 
 
+def _builtin(target: Target) -> bool:
+    return not target.flavour.fake and target.flavour.backend in (
+        "psycopg",
+        "asyncpg",
+        "sqlalchemy",
+    )
+
+
+def _in_slices(session: LockSession) -> None:
+    """Make a built-in session wait as it does behind a pooler or on PostgreSQL 13: each
+    ``wait_lock()`` one wait on the server, under a ``lock_timeout``."""
+    inner = getattr(session, "_inner", session)  # the SQLAlchemy session's adapter
+    if isinstance(inner, BaseSession):
+        inner._can_wait_on = False
+
+
 async def test_builtin_backends_have_every_capability(target: Target) -> None:
-    if target.flavour.fake or target.flavour.backend not in ("psycopg", "asyncpg", "sqlalchemy"):
+    if not _builtin(target):
         pytest.skip("optional for third-party backends (and the fake)")
     session = await target.session()
     assert isinstance(session, WaitingSession)
@@ -152,6 +169,7 @@ async def test_wait_lock_times_out_then_is_granted(
     a = await target.session()
     b = await target.session()
     assert isinstance(b, WaitingSession)
+    _in_slices(b)
     assert await a.try_lock(*keys)
     assert await b.try_lock(*keys) is False  # as the core does: try first, then wait
     started = time.monotonic()
@@ -175,6 +193,92 @@ async def test_wait_lock_times_out_then_is_granted(
     assert await b.try_lock(*keys)  # the session still works after a granted wait
     assert await b.unlock(*keys)
     assert await b.unlock(*keys)  # re-entrant on the server: two holds, two unlocks
+
+
+async def test_a_wait_goes_on_across_calls_and_keeps_its_place(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
+    """On a direct connection to PostgreSQL 14 or later, a built-in session's wait goes
+    on on the server after ``wait_lock()`` returns False, with no ``lock_timeout`` (each
+    expiry writes an ERROR into the server's log): a session that waited first is
+    granted the lock first, even if it was between two calls then, and counts that
+    grant once."""
+    if not _builtin(target):
+        pytest.skip("built-in backends only: the contract allows a wait per call")
+    a, b, c = await target.session(), await target.session(), await target.session()
+    assert isinstance(b, WaitingSession)
+    assert isinstance(c, WaitingSession)
+    assert await a.try_lock(*keys)
+    assert await b.try_lock(*keys) is False
+    assert await b.wait_lock(*keys, 0.1) is False
+    # still queued on the server (a loaded machine may be slow to send the wait)
+    await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+    late = asyncio.ensure_future(c.wait_lock(*keys, 30))
+    try:
+        both = sorted([b.backend_pid or 0, c.backend_pid or 0])
+        await wait_until(lambda: _sorted_eq(waiters(*keys), both), 5, "c to queue")
+        assert await a.unlock(*keys)
+        await wait_until(lambda: _eq(holders(*keys), [b.backend_pid]), 5, "b to be granted")
+        async with asyncio.timeout(5):
+            assert await b.wait_lock(*keys, 1.0) is True
+        assert await b.holds(*keys)
+        assert await b.unlock(*keys)  # one unlock frees it: the grant counted once
+        async with asyncio.timeout(5):
+            assert await late is True
+        assert await holders(*keys) == [c.backend_pid]
+    finally:
+        late.cancel()
+        await asyncio.gather(late, return_exceptions=True)
+
+
+async def test_try_lock_during_a_wait_asks_the_wait(
+    target: Target,
+    keys: tuple[int, int],
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+) -> None:
+    """``try_lock()`` for the lock a wait goes on for answers from that wait (it would
+    otherwise need the session the wait occupies)."""
+    if not _builtin(target):
+        pytest.skip("built-in backends only: the contract allows a wait per call")
+    a, b = await target.session(), await target.session()
+    assert await a.try_lock(*keys)
+    assert isinstance(b, WaitingSession)
+    assert await b.wait_lock(*keys, 0.1) is False
+    assert await b.try_lock(*keys) is False
+    await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+    assert await a.unlock(*keys)
+    await wait_until(lambda: _eq(holders(*keys), [b.backend_pid]), 5, "b to be granted")
+    assert await b.try_lock(*keys) is True
+    assert await b.unlock(*keys)
+    assert await holders(*keys) == []
+
+
+async def test_another_call_during_a_wait_drops_the_session(
+    target: Target,
+    keys: tuple[int, int],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
+    backend_alive: Callable[[int], Awaitable[bool]],
+) -> None:
+    """Any other statement, or a wait for another lock, cannot tell the wait in flight
+    from a grant on its way: the session is dropped (``ConnectionError``, as for a
+    broken connection) and its wait leaves the server's queue."""
+    if not _builtin(target):
+        pytest.skip("built-in backends only: the contract allows a wait per call")
+    a, b = await target.session(), await target.session()
+    assert await a.try_lock(*keys)
+    assert isinstance(b, WaitingSession)
+    assert await b.wait_lock(*keys, 0.1) is False
+    pid = b.backend_pid
+    assert pid is not None
+    with pytest.raises(ConnectionError, match="waiting for a lock"):
+        await b.holds(*keys)
+    await wait_until(lambda: _eq(waiters(*keys), []), 2, "the wait to leave the queue")
+    await wait_until(lambda: _not(backend_alive(pid)), 2, "the waiter's backend to go")
+    assert await a.holds(*keys)  # the holder's session is untouched
 
 
 async def _lock_on_the_driver_connection(session: LockSession, keys: tuple[int, int]) -> None:
@@ -202,6 +306,7 @@ async def test_a_wait_granted_as_its_timeout_fired_counts_once(
     a = await target.session()
     b = await target.session()
     assert isinstance(b, WaitingSession)
+    _in_slices(b)  # a wait that goes on across calls has no timeout to race with
     assert await a.try_lock(*keys)
     assert await b.wait_lock(*keys, 0.1) is False
     assert await a.unlock(*keys)

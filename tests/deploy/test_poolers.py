@@ -300,7 +300,9 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
     """After the refusal, a plain client through the same pooler gets the very server
     connection the lock's session used (PgBouncer reuses the most recent one) and sees
     the server's own ``statement_timeout`` (and every other setting the lock applies on
-    a dedicated session), no advisory lock of its own, and can take the lock's key."""
+    a dedicated session), no advisory lock of its own, no session token of the lock's
+    (taken off as the refused sessions close), no prepared statement (asyncpg prepares
+    its statements unnamed behind a pooler), and can take the lock's key."""
     bouncer = await asyncio.to_thread(make_pgbouncer, mode)
     lock = make_lock(bouncer, keys, backend, "refused")
     names = watched_settings(lock)
@@ -316,6 +318,10 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
         )
         assert locks_held == (0,)
+        token = await fetch(conn, "SELECT current_setting('pgleaderlock.session', true)")
+        assert token in ((None,), ("",)), token  # no session token of the lock's left
+        prepared = await fetch(conn, "SELECT count(*) FROM pg_prepared_statements")
+        assert prepared == (0,)
         taken = await fetch(conn, "SELECT pg_try_advisory_lock(%s, %s)", keys)
         assert taken == (True,)
         await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", keys)

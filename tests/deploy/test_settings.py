@@ -8,14 +8,14 @@ set up) every follower wait would be cancelled after 200 ms, failover would take
 retry delay instead of milliseconds, and an idle leader's session would be ended after
 1 s (leadership flapping with every probe interval).
 
-What the server logs per follower wait, with ``log_lock_waits = on`` (measured here, for
-the docs): a ``LOG: process N still waiting for ExclusiveLock on advisory lock`` (with
-``DETAIL`` and ``STATEMENT`` lines) once ``deadlock_timeout`` (1 s) has passed, once per
-wait: PostgreSQL logs a wait again at every wake-up of the waiting backend, which is why
-the library does not set ``client_connection_check_interval`` (it did: 500 ms, and the
-server logged the wait every 0.5 s). A wait that ends without the lock logs one
-``ERROR: canceling statement due to lock timeout`` (with its ``STATEMENT``); a granted one
-logs ``LOG: process N acquired ExclusiveLock ... after N ms``.
+What the server logs for a follower, with ``log_lock_waits = on`` (measured here, for
+the docs): the follower waits in one piece, with no ``lock_timeout`` (see
+``BaseSession.wait_lock``), so its backend logs one ``LOG: process N still waiting for
+ExclusiveLock on advisory lock`` (with ``DETAIL`` and ``STATEMENT`` lines) once
+``deadlock_timeout`` (1 s) has passed, and ``LOG: process N acquired ExclusiveLock ...
+after N ms`` when it is granted: no ERROR, however many retry delays the wait spans.
+PostgreSQL logs a wait again at every wake-up of the waiting backend, which is why
+``client_connection_check_interval`` is left off where the server logs lock waits.
 """
 
 from __future__ import annotations
@@ -215,11 +215,10 @@ async def _log_of_one_follower(
     keys: tuple[int, int],
     backend: str,
     recorder: Callable[[LeaderLock], Recorder],
-) -> tuple[list[tuple[str, str]], int]:
+) -> list[tuple[str, str]]:
     """A plain session holds the lock; one follower (``FixedInterval(3)``: 3 s waits)
-    makes a try and two full waits, then is granted the lock during its third wait.
-    Returns the follower backend's log lines and the number of waits that ended without
-    the lock."""
+    makes a try and spends two retry delays waiting, then is granted the lock 1.6 s
+    into the third. Returns the follower backend's log lines."""
     offset = hostile.log_offset()
     lock = LeaderLock(hostile.dsn(backend), *keys, retry_strategy=FixedInterval(3.0),
                       load_plugins=False)  # fmt: skip
@@ -227,8 +226,8 @@ async def _log_of_one_follower(
     await admin.execute("SELECT pg_advisory_lock(%s, %s)", keys)
     try:
         async with lock:
-            await rec.wait_event("acquire_failed", 3, timeout=15)  # the try + two waits
-            await asyncio.sleep(1.6)  # the third wait is past deadlock_timeout
+            await rec.wait_event("acquire_failed", 3, timeout=15)  # the try + two delays
+            await asyncio.sleep(1.6)
             await admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
             assert await lock.wait_for_leadership(timeout_s=5)
             pid = lock.backend_pid
@@ -236,8 +235,7 @@ async def _log_of_one_follower(
         await admin.execute("SELECT pg_advisory_unlock_all()")
     assert rec.errors() == []
     await asyncio.sleep(0.1)  # the server's last lines reach the file
-    lines = [(level, m) for p, level, m in hostile.log_lines(offset) if p == pid]
-    return lines, 2
+    return [(level, m) for p, level, m in hostile.log_lines(offset) if p == pid]
 
 
 async def test_what_the_server_logs_per_follower_wait(
@@ -248,27 +246,16 @@ async def test_what_the_server_logs_per_follower_wait(
     recorder: Callable[[LeaderLock], Recorder],
     figures: Figures,
 ) -> None:
-    lines, ended = await _log_of_one_follower(hostile, admin, keys, backend, recorder)
+    """Issue 10: "a follower does not make the server log a line every 0.5 s"; issue 19:
+    no ERROR line for a follower at all."""
+    lines = await _log_of_one_follower(hostile, admin, keys, backend, recorder)
     still = [m for level, m in lines if level == "LOG" and "still waiting" in m]
     errors = [m for level, m in lines if level in ("ERROR", "FATAL")]
     acquired = [m for level, m in lines if level == "LOG" and "acquired ExclusiveLock" in m]
     for level, message in lines:
         print(f"{level}: {message[:120]}")
-    figures(f"{backend}: 'still waiting' entries, waits of 3 s, 3 s, 1.6 s", len(still), "entries")
-    # One ERROR per wait that ended without the lock, and no other error: no
-    # statement_timeout cancelled anything.
-    assert errors == ["canceling statement due to lock timeout"] * ended
+    figures(f"{backend}: 'still waiting' entries over 7.6 s of waiting", len(still), "entries")
+    # No lock_timeout ended a wait, and no statement_timeout cancelled one.
+    assert errors == []
+    assert len(still) == 1  # one wait, in one piece, logged once past deadlock_timeout
     assert len(acquired) == 1
-    assert still, "log_lock_waits logs a wait past deadlock_timeout"
-
-
-async def test_a_follower_wait_logs_still_waiting_at_most_once(
-    hostile: HostileCluster,
-    admin: Admin,
-    keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-) -> None:
-    """Issue 10: "a follower does not make the server log a line every 0.5 s"."""
-    lines, ended = await _log_of_one_follower(hostile, admin, keys, "psycopg", recorder)
-    still = [m for level, m in lines if level == "LOG" and "still waiting" in m]
-    assert len(still) <= ended + 1  # once per wait past deadlock_timeout

@@ -4,8 +4,11 @@ Driver calls only: the lock calls, the row and pid checks and the error wording 
 [`BaseSession`][pgleaderlock.backends.BaseSession]'s. No retries, no timers: the core bounds
 every call with a timeout and decides what a failure means.
 
-Each session prepares its (at most four) statements once, with the keys as parameters, and
-reuses them: one Bind/Execute round trip per call after the first. Every statement also
+Each session on a direct connection prepares its (at most four) statements once, with the
+keys as parameters, and reuses them: one Bind/Execute round trip per call after the
+first. The setup statement, and every statement behind a pooler, is prepared unnamed for
+one call: a pooled server backend keeps no statement of a session that may not be its
+own (a transaction pooler would hand it to other clients). Every statement also
 returns ``pg_backend_pid()`` for the pooler check. asyncpg reads its socket all the time, so
 `AsyncpgSession.watch` uses asyncpg's termination listener instead of watching the socket.
 """
@@ -127,10 +130,11 @@ class AsyncpgSession(BaseSession):
     async def _prepare(self, statement: Statement) -> Any:
         if not self._ready:
             await self._reset()
-        placeholders = [f"${n}" for n in range(1, 8)]
-        prepared = self._statements[statement] = await self._conn.prepare(
-            statement.sql(*placeholders)
-        )
+        sql = statement.sql(*[f"${n}" for n in range(1, 8)])
+        info = self._info
+        if info is None or info.behind_pooler:  # once, unnamed: nothing stays behind
+            return await self._conn.prepare(sql, name="")
+        prepared = self._statements[statement] = await self._conn.prepare(sql)
         return prepared
 
     async def _fetch(self, statement: Statement, values: tuple[Any, ...]) -> object:

@@ -27,8 +27,8 @@ import math
 import random
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..core.errors import (
     ConnectionError,
@@ -56,6 +56,8 @@ from .sql import (
     ALIVE,
     CANCEL_TIMEOUT_S,
     DUPLICATE_TABLE,
+    FLUSH_STATS,
+    FORGET,
     GROUP_SNAPSHOT,
     HOLDS,
     IDENTIFY,
@@ -143,27 +145,73 @@ def tcp_acknowledged(fd: int) -> bool | None:
     Returns:
         Whether the server's kernel has received all we sent.
     """
-    if fd < 0:
-        return None
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return None
-    try:
+    with _borrowed(fd) as sock:
+        if sock is None:
+            return None
         if sock.family == socket.AF_UNIX:
             return True
         tcp_info = getattr(socket, "TCP_INFO", None)
         if tcp_info is None:
             return None
-        info = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, _TCP_INFO_LEN)
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, _TCP_INFO_LEN)
+        except OSError:
+            return None
         if len(info) < _UNACKED_OFFSET + 4:
             return None
         (unacked,) = struct.unpack_from("I", info, _UNACKED_OFFSET)
         return bool(unacked == 0)
+
+
+@contextlib.contextmanager
+def _borrowed(fd: int) -> Iterator[socket.socket | None]:
+    """The driver's socket ``fd`` as a socket object (None if it is not one), left open
+    for the driver, which owns the descriptor."""
+    try:
+        sock = socket.socket(fileno=fd) if fd >= 0 else None
     except OSError:
-        return None
+        sock = None
+    try:
+        yield sock
     finally:
-        sock.detach()  # the driver owns the descriptor
+        if sock is not None:
+            sock.detach()
+
+
+def set_keepalive(fd: int, idle_s: int, interval_s: int, count: int) -> bool:
+    """Turn on TCP keepalives on a socket: a silent peer (a partition, a dead host) is
+    noticed after about ``idle_s + interval_s * count`` seconds without traffic.
+
+    Args:
+        fd: the socket's file descriptor (left open).
+
+    Returns:
+        True once set, and for a unix socket (there is no network to lose); False when
+        they cannot be set here (not a socket, or an OS without the options).
+    """
+    with _borrowed(fd) as sock:
+        if sock is None:
+            return False
+        if sock.family == socket.AF_UNIX:
+            return True
+        options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+        for name, value in (("TCP_KEEPIDLE", idle_s), ("TCP_KEEPINTVL", interval_s),
+                            ("TCP_KEEPCNT", count)):  # fmt: skip
+            option = getattr(socket, name, None)
+            if option is None:
+                return False
+            options.append((socket.IPPROTO_TCP, option, value))
+        try:
+            for level, option, value in options:
+                sock.setsockopt(level, option, value)
+        except OSError:
+            return False
+        return True
+
+
+# A follower's wait outlives the call that started it (see BaseSession.wait_lock); its
+# TCP session is kept honest by keepalives: a partition is noticed within about 10 s.
+_WAIT_KEEPALIVE = (5, 1, 5)
 
 
 _NOW_A_STANDBY = "health check: the server is now a standby (in recovery)"
@@ -200,6 +248,10 @@ class BaseSession(abc.ABC):
         self._held = False  # a lock call granted the lock (and no unlock since)
         self._verified = False  # held, and a pg_locks probe since the grant said so
         self._unsure = False  # the last wait timed out: it may have been granted meanwhile
+        # A wait on the server that outlives wait_lock() calls (see there), and its keys.
+        self._waiting: asyncio.Task[object] | None = None
+        self._waiting_for: tuple[int, int] | None = None
+        self._can_wait_on: bool | None = None  # may waits outlive the calls? (known once)
         self._lease_ms = 0  # set by the lock calls once they grant a lock (configure())
         self._prepared: set[LibraryTable] = set()  # checked (and created) by prepare_table
 
@@ -286,6 +338,8 @@ class BaseSession(abc.ABC):
         session's token and its backend's pid."""
         if self._watch is not None:
             self.watch(None)  # never compete with the driver for the connection
+        if self._waiting is not None and statement is not WAIT_LOCK:
+            await self._drop_wait(statement.what)
         try:
             row = await self._fetch(statement, values[: statement.arity])
         except Exception as exc:
@@ -368,7 +422,9 @@ class BaseSession(abc.ABC):
             row = await self._row(statement, (self._token, protocol_pid or -1))
             self._configured = row[2] is not None
             assert self._pid is not None
-            self._info = SessionInfo(self._pid, protocol_pid, bool(row[0]), bool(row[3]))
+            self._info = SessionInfo(
+                self._pid, protocol_pid, bool(row[0]), bool(row[3]), bool(row[4])
+            )
         if options is not None:
             self._set_lease(options)
         return self._info
@@ -575,7 +631,10 @@ class BaseSession(abc.ABC):
             raise translate(exc, what, cls) from exc
 
     async def try_lock(self, key1: int, key2: int) -> bool:
-        """``pg_try_advisory_lock(key1, key2)``: True if granted now."""
+        """``pg_try_advisory_lock(key1, key2)``: True if granted now (by the wait in
+        flight for it, if there is one)."""
+        if self._waiting is not None and self._waiting_for == (key1, key2):
+            return await self.wait_lock(key1, key2, 0.0)
         granted = bool(await self._lock_call(TRY_LOCK, key1, key2))
         if granted:
             self._held, self._verified = True, False
@@ -657,17 +716,73 @@ class BaseSession(abc.ABC):
         return None
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
-        """Wait on the server for the lock: True once granted, False after ``timeout_s``
-        (a ``lock_not_available`` error on a live session)."""
+        """Wait on the server for the lock: True once granted, False after ``timeout_s``.
+
+        On a direct connection to PostgreSQL 14 or later, the wait on the server goes on
+        after this returns False: the next call for the same lock waits on, so that a
+        follower waits in one piece, with no ``lock_timeout`` (whose every expiry
+        writes an ERROR and the statement into the server's log) and no new place in
+        the queue. Keepalives on the socket notice a partition meanwhile. Closing the
+        session cancels the wait on the server; a wait whose client died without a word
+        ends within a second (``client_connection_check_interval``, set when the session
+        is set up, unless the server logs lock waits: see ``WAIT_SETTINGS``). Any other
+        statement, or a wait for another lock, drops the session first
+        (``ConnectionError``): the wait cannot be told apart from a grant in flight.
+        Elsewhere (an older server, a pooler, a socket without keepalives) every call is
+        one wait under a ``lock_timeout`` of ``timeout_s``.
+        """
+        if not self._waits_on():
+            try:
+                await self._lock_call_wait(key1, key2, lock_timeout_ms(timeout_s))
+            except PgLeaderLockError as exc:
+                if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
+                    self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
+                    return False  # lock_timeout: the wait ended without the lock
+                raise
+            self._held, self._verified = True, False
+            return True
+        wait = self._waiting
+        if wait is not None and self._waiting_for != (key1, key2):
+            await self._drop_wait("wait_lock")
+        if wait is None:
+            if self._info is not None and self._info.shared_stats:
+                await self._row(FLUSH_STATS, ())  # no statistics timer to wake the wait
+            wait = self._waiting = asyncio.get_running_loop().create_task(
+                self._lock_call_wait(key1, key2, 0)  # no lock_timeout: until granted
+            )
+            self._waiting_for = (key1, key2)
         try:
-            await self._lock_call_wait(key1, key2, lock_timeout_ms(timeout_s))
-        except PgLeaderLockError as exc:
-            if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
-                self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
-                return False  # lock_timeout: the wait ended without the lock
+            done, _ = await asyncio.wait((wait,), timeout=max(0.0, timeout_s))
+        except asyncio.CancelledError:  # the caller gives up: so does the server's wait
+            self._waiting = self._waiting_for = None
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+            self._unsure = True  # granted as the cancel arrived? (see WAIT_LOCK)
             raise
+        if not done:
+            return False  # still waiting on the server
+        self._waiting = self._waiting_for = None
+        wait.result()  # the wait's error, if it failed
         self._held, self._verified = True, False
         return True
+
+    def _waits_on(self) -> bool:
+        """May a wait outlive the calls (see `wait_lock`)? Decided once per session."""
+        if self._can_wait_on is None:
+            info = self._info
+            direct = info is not None and info.lease_supported and not info.behind_pooler
+            self._can_wait_on = direct and set_keepalive(self._socket(), *_WAIT_KEEPALIVE)
+        return self._can_wait_on
+
+    async def _drop_wait(self, what: str) -> NoReturn:
+        """A wait is in flight on the session and something else was asked of it: drop
+        the session (the wait's backend stops within a second) and say so."""
+        wait, self._waiting, self._waiting_for = self._waiting, None, None
+        if wait is not None:  # the driver asks the server to cancel it, then drops it
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+        self.abort()
+        raise ConnectionError(f"{what}: the session was waiting for a lock; it was dropped")
 
     def watch(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` once when the server ends the idle session; ``None`` removes
@@ -702,8 +817,23 @@ class BaseSession(abc.ABC):
     async def close(self) -> None:
         """Close the session (which frees its locks). Idempotent, bounded, never raises."""
         self.watch(None)
+        wait, self._waiting, self._waiting_for = self._waiting, None, None
+        if wait is not None:  # the driver asks the server to cancel it, then drops it
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+        if self._info is not None and self._info.behind_pooler and not self._closed():
+            await self._forget()
         with contextlib.suppress(Exception):
             await self._close()
+
+    async def _forget(self) -> None:
+        """Behind a pooler, take the session's token off the server backend before
+        leaving: a pooled backend that another client gets next is left as it was found
+        (a session-mode pooler's ``DISCARD ALL`` would do it; a transaction pooler, which
+        a refused session is behind, runs nothing). Bounded; never raises."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                await self._fetch(FORGET, (self._token,))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} backend_pid={self._pid} closed={self._closed()}>"

@@ -19,6 +19,8 @@ __all__ = [
     "ALIVE",
     "CANCEL_TIMEOUT_S",
     "DUPLICATE_TABLE",
+    "FLUSH_STATS",
+    "FORGET",
     "GROUP_SNAPSHOT",
     "HOLDS",
     "IDENTIFY",
@@ -181,6 +183,23 @@ by the session's end, and a session that answers on the same backend has not end
 cost does not depend on the lock table or ``max_connections``."""
 IDENTIFY = Statement("session setup", "SELECT pg_catalog.pg_is_in_recovery()" + _TAIL)
 """Who serves this session (is the server a standby, which backend runs it), checked."""
+FLUSH_STATS = Statement(
+    "wait_lock",
+    "SELECT true" + _TAIL + " FROM (SELECT pg_catalog.pg_stat_force_next_flush()) AS flushed",
+)
+"""Run before a wait that outlives the calls (PostgreSQL 15 and later): the backend
+flushes its statistics when it goes idle, instead of arming a timer that would wake the
+wait about 10 s in; a woken wait writes "still waiting" into the log again where the
+server logs lock waits."""
+FORGET = Statement(
+    "close",
+    "SELECT pg_catalog.set_config('pgleaderlock.session', NULL, false)"
+    " WHERE pg_catalog.current_setting('pgleaderlock.session', true)"
+    " OPERATOR(pg_catalog.=) ({0})::pg_catalog.int8::pg_catalog.text",
+)
+"""Run as a session behind a pooler closes: its token off the server backend, if the
+backend that runs it is the one that holds it (a transaction pooler picks any: a
+refused session's backend is most likely the one it used last). Values: the token."""
 STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
 
 
@@ -407,7 +426,9 @@ def setup_statement(settings: Mapping[str, str] | None, application_name: str = 
     Returns:
         The statement. Its values: the session's token, and the protocol's pid. Its row:
         (in recovery, the token, settings applied or NULL, the server can hold a lease
-        (``idle_session_timeout``, PostgreSQL 14 and later), token, pid).
+        (``idle_session_timeout``, PostgreSQL 14 and later), it keeps statistics in
+        shared memory (PostgreSQL 15 and later: see
+        [`FLUSH_STATS`][pgleaderlock.backends.sql.FLUSH_STATS]), token, pid).
     """
     # It runs before the session's search_path is safe: every function, operator and
     # type is named with its schema (a role's or database's search_path could put
@@ -416,7 +437,11 @@ def setup_statement(settings: Mapping[str, str] | None, application_name: str = 
         "pg_catalog.set_config('pgleaderlock.session',"
         " ({0})::pg_catalog.int8::pg_catalog.text, false)"
     )
-    lease = "pg_catalog.current_setting('idle_session_timeout', true) IS NOT NULL"
+    lease = (
+        "pg_catalog.current_setting('idle_session_timeout', true) IS NOT NULL,"
+        " pg_catalog.current_setting('server_version_num')::pg_catalog.int4"
+        " OPERATOR(pg_catalog.>=) 150000"
+    )
     recovery = "pg_catalog.pg_is_in_recovery()"
     if settings is None:
         return Statement("session setup", f"SELECT {recovery}, {token}, NULL, {lease}" + _TAIL)
@@ -449,9 +474,25 @@ def configure_statement(settings: Mapping[str, str], application_name: str) -> S
     return Statement("session setup", f"SELECT {count}" + _TAIL)
 
 
+# A backend whose wait wakes up (client_connection_check_interval) writes "still
+# waiting" into the log again at every wake-up when the server logs lock waits: there,
+# the check is left off (a wait whose client died without a word then ends when it is
+# granted the lock, at once).
+_OFF_WHEN_LOGGING_LOCK_WAITS = frozenset({"client_connection_check_interval"})
+
+
+def _value(name: str, value: str) -> str:
+    if name in _OFF_WHEN_LOGGING_LOCK_WAITS:
+        return (
+            "CASE WHEN pg_catalog.current_setting('log_lock_waits')"
+            f" OPERATOR(pg_catalog.=) 'on' THEN '0' ELSE {_literal(value)} END"
+        )
+    return _literal(value)
+
+
 def _settings_count(settings: Mapping[str, str], application_name: str, own: bool = False) -> str:
     pairs = [*settings.items(), ("application_name", application_name)]
-    rows = ", ".join(f"({_literal(name)}, {_literal(value)})" for name, value in pairs)
+    rows = ", ".join(f"({_literal(name)}, {_value(name, value)})" for name, value in pairs)
     where = "pg_catalog.current_setting(s.name, true) IS NOT NULL"
     if own:
         where += (

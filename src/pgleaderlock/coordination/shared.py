@@ -64,6 +64,7 @@ class SharedEngine(Engine):
         self._broken = False  # the hold session failed; the loop reconnects
         self._wake = asyncio.Event()
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
+        self._watched: Key | None = None  # the member lock the watch session waits for
 
     # ------------------------------------------------------------------ sessions
 
@@ -345,12 +346,17 @@ class SharedEngine(Engine):
             await slot.close()  # alone: nobody to watch
             await asyncio.sleep(WATCH_WAIT_S)
             return
+        key = member_key(self.group, successor)
+        if key != self._watched:
+            # A wait on the server may outlive the call that started it (see
+            # BaseSession.wait_lock): a new successor gets a new session.
+            await slot.close()
+            self._watched = key
         try:
             session = slot.session or await self.open_session(slot)
             if not can(session, WaitingSession):
                 await asyncio.sleep(WATCH_WAIT_S)
                 return
-            key = member_key(self.group, successor)
             wait = _wait(session, key)
             if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
                 await self.bounded(slot, _unlock(session, key))

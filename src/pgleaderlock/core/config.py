@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "IMMUNE_SETTINGS",
     "SAFE_SETTINGS",
+    "WAIT_SETTINGS",
     "LibraryTable",
     "TermTable",
     "check_identifier",
@@ -66,7 +67,15 @@ IMMUNE_SETTINGS: dict[str, str] = {
 }
 """Timeouts a role or database may carry that would otherwise cancel a follower's wait
 on the server, or end an idle leader's session (and its leadership): off for the lock's
-own session. A wait sets its own statement-local ``lock_timeout``."""
+own session. A wait bounded by the client sets its own statement-local
+``lock_timeout`` (see ``BaseSession.wait_lock``)."""
+
+
+WAIT_SETTINGS: dict[str, str] = {"client_connection_check_interval": "1000"}
+"""A follower's wait on the server has no ``lock_timeout``: its backend checks every
+second that the client is still there (PostgreSQL 14 and later), so that a wait whose
+client died ends within a second instead of being granted the lock for nobody. Not
+where the server has ``log_lock_waits = on``: every check would log the wait again."""
 
 
 SAFE_SETTINGS: dict[str, str] = {"search_path": "pg_catalog, pg_temp"}
@@ -79,7 +88,7 @@ for code that must not be hijacked)."""
 def session_settings(config: LockConfig) -> dict[str, str]:
     """Everything a lock's session sets for itself when it is set up (settings the
     server does not know, on an older version, are skipped)."""
-    settings = {**IMMUNE_SETTINGS, **SAFE_SETTINGS}
+    settings = {**IMMUNE_SETTINGS, **WAIT_SETTINGS, **SAFE_SETTINGS}
     settings.update(partition_settings(config.demotion_bound_s, config.tcp_user_timeout_s))
     return settings
 

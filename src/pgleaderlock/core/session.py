@@ -149,12 +149,15 @@ class SessionInfo:
         lease_supported: the server has ``idle_session_timeout`` (PostgreSQL 14 and
             later), so a session granted a lock can carry the lock's lease
             ([`ConnectOptions.lease_s`][pgleaderlock.backends.ConnectOptions]).
+        shared_stats: the server keeps statistics in shared memory (PostgreSQL 15 and
+            later), flushed by an idle backend now or by a timer later.
     """
 
     backend_pid: int
     protocol_pid: int | None
     in_recovery: bool
     lease_supported: bool = True
+    shared_stats: bool = False
 
     @property
     def behind_pooler(self) -> bool:
