@@ -1,4 +1,5 @@
-"""Shared fixtures: the test database (``pg_dsn``) and private clusters (``throwaway_pg``)."""
+"""Shared fixtures: the test database (``pg_dsn``), private clusters (``throwaway_pg``),
+measured ``figures`` and a cuttable ``netns_link``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import pgleaderlock
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
 from support.server import lock_holders, resolve_test_dsn
 
 # Fixture modules shared by several folders (each documents its fixtures).
@@ -24,6 +26,7 @@ pytest_plugins = ["support.pgbouncer"]
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
 _JSON_LOG_RECORDS = pytest.StashKey[list[int]]()  # records checked, records that failed
+_FIGURES = pytest.StashKey[dict[str, list[tuple[str, str, str]]]]()  # table: test, metric, value
 
 
 @pytest.fixture(scope="session")
@@ -58,12 +61,72 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     description = terminalreporter.config.stash.get(_PG_DESCRIPTION, None)
     if description is not None:
         terminalreporter.write_sep("-", f"pgleaderlock test database: {description}")
+    for table, rows in terminalreporter.config.stash.get(_FIGURES, {}).items():
+        terminalreporter.write_sep("-", table)
+        width_test = max(len(r[0]) for r in rows)
+        width_metric = max(len(r[1]) for r in rows)
+        for test, metric, value in rows:
+            terminalreporter.write_line(f"{test:<{width_test}}  {metric:<{width_metric}}  {value}")
     records, failed = terminalreporter.config.stash.get(_JSON_LOG_RECORDS, [0, 0])
     if records:
         terminalreporter.write_sep(
             "-",
             f"JSON log check: {records} pgleaderlock log records formatted as JSON, {failed} failed",
         )
+
+
+# ---------------------------------------------------------------- measured figures
+
+
+@pytest.fixture
+def figures_table() -> str:
+    """The title of the table at the end of the run that lists this test's ``figures``."""
+    return "measured figures"
+
+
+@pytest.fixture
+def figures(
+    figures_table: str,
+    request: pytest.FixtureRequest,
+    record_property: Callable[[str, object], None],
+) -> Callable[..., None]:
+    """``figures(metric, value, unit="s")``: a measured figure (``unit="ms"`` takes
+    seconds and shows milliseconds), printed in the test's output, recorded as a JUnit
+    property and listed in the ``figures_table`` table at the end of the run."""
+    rows = request.config.stash.setdefault(_FIGURES, {}).setdefault(figures_table, [])
+
+    def add(metric: str, value: float, unit: str = "s") -> None:
+        if unit == "ms":
+            shown = f"{value * 1000:.1f} ms"
+        elif float(value).is_integer():
+            shown = f"{int(value)} {unit}"
+        else:
+            shown = f"{value:.3f} {unit}"
+        rows.append((request.node.name, metric, shown))
+        record_property(metric, value)
+        print(f"{metric}: {shown}")
+
+    return add
+
+
+# ---------------------------------------------------------------- network namespaces
+
+
+@pytest.fixture
+def netns_link() -> Iterator[NetnsLink]:
+    """A namespace + veth link on a private /30; skipped when netns cannot be used."""
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    link = NetnsLink()
+    try:
+        link.start()
+    except NetnsUnavailableError as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    try:
+        yield link
+    finally:
+        link.close()
 
 
 # ---------------------------------------------------------------- JSON log records
@@ -195,6 +258,16 @@ class Recorder:
 
     async def wait_state(self, state: LockState, timeout: float = 5.0) -> None:
         await self.wait(lambda: self.lock.state is state, timeout)
+
+    async def follow(
+        self, leader: LeaderLock, lead_timeout: float = 5.0, timeout: float = 5.0
+    ) -> None:
+        """Start ``leader`` and wait until it leads, then start this lock and wait until
+        it follows (an attempt failed)."""
+        await leader.start()
+        assert await leader.wait_for_leadership(lead_timeout)
+        await self.lock.start()
+        await self.wait_event("acquire_failed", timeout=timeout)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,18 +133,6 @@ class Result:
 
     def describe(self) -> str:
         return self.process.describe()
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = ""
-) -> None:
-    """Poll ``check`` until it is true (fails after ``timeout``)."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not await check():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout} s: {what or check}") from None
 
 
 def process_gone(pid: int) -> bool:

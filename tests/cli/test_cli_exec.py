@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cli.clitools import eventually, process_gone
+from cli.clitools import process_gone
+from support.poll import eventually
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
@@ -208,7 +209,7 @@ async def test_command_dies_with_a_killed_pgleaderlock(
     async def child_gone() -> bool:
         return process_gone(child_pid)
 
-    await eventually(child_gone, timeout=5, what=f"COMMAND (pid {child_pid}) killed")
+    await eventually(child_gone, timeout_s=5, what=f"COMMAND (pid {child_pid}) killed")
     await eventually(lambda: _no_holder(holders, lock_name), what="lock freed")
 
 
@@ -245,7 +246,7 @@ async def test_concurrent_burst_runs_the_command_exactly_once(
     async def four_skipped() -> bool:
         return sum(p.proc.returncode is not None for p in procs) >= 4
 
-    await eventually(four_skipped, timeout=30, what="four of five exec exited")
+    await eventually(four_skipped, timeout_s=30, what="four of five exec exited")
     gate.touch()
     codes = await asyncio.gather(*(p.wait(30) for p in procs))
     assert sorted(codes) == [0, 75, 75, 75, 75], [p.describe() for p in procs]

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cli.clitools import CliProcess, eventually
+from cli.clitools import CliProcess
 from pgleaderlock.core.keys import key_to_oid
+from support.poll import eventually
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start

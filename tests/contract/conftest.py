@@ -27,23 +27,18 @@ from typing import Any, NoReturn
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockSession
+from pgleaderlock import LeaderLock, LockSession
 from pgleaderlock.backends import ConnectOptions
 from pgleaderlock.core.registry import available, resolve
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing import FakeServer
 from support.proxy import tcp_target
 from support.server import dsn_to_url
+from support.timings import timings
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.1,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1)
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ import pytest
 from pgleaderlock import (
     ConfigurationError,
     ConnectionError,
-    FixedInterval,
     LeaderLock,
     LockError,
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.session import ConnectOptions
+from support.timings import timings
 
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
@@ -28,13 +28,7 @@ from pgleaderlock.backends.base import translate  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.1,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from pgleaderlock import (
     LockState,
 )
 from pgleaderlock.backends import WaitingSession, WatchableSession
+from support.poll import eventually
 from support.proxy import TcpProxy
 
 if TYPE_CHECKING:
@@ -32,15 +33,6 @@ if TYPE_CHECKING:
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def _not(awaitable: Awaitable[object]) -> bool:
@@ -118,7 +110,7 @@ async def test_mutual_exclusion_among_five(
     # A waiter that was granted the lock just as it was told to stop closes its session
     # instead of unlocking: the server frees the lock as that backend exits, a moment
     # later (psycopg does not wait for it, asyncpg does).
-    await wait_until(lambda: _not(holders(*keys)), 1.0, "the lock to be freed")
+    await eventually(lambda: _not(holders(*keys)), 1.0, "the lock to be freed")
     assert all(rec.errors() == [] for rec in recs)
 
 
@@ -131,10 +123,7 @@ async def test_terminated_leader_is_lost_and_follower_takes_over(
 ) -> None:
     a, b = target.lock(keys), target.lock(keys)
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
+    await rec_b.follow(a, 10)
     old_pid = a.backend_pid
     await terminate(old_pid)
     await rec_a.wait_event("lost", timeout=10)
@@ -156,10 +145,7 @@ async def test_step_down_hands_over(
     a = target.lock(keys, retry_strategy=FixedInterval(0.5))
     b = target.lock(keys)
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
+    await rec_b.follow(a, 10)
     await a.step_down()
     assert rec_a.names() == ["acquired", "released"]
     assert await b.wait_for_leadership(10)
@@ -202,7 +188,7 @@ async def test_shutdown_releases_and_closes(
     assert pid is not None
     await lock.shutdown()
     assert await holders(*keys) == []  # unlocked before the session was closed
-    await wait_until(lambda: _not(backend_alive(pid)), 2, "the session to end")
+    await eventually(lambda: _not(backend_alive(pid)), 2, "the session to end")
 
 
 async def test_never_reentrant(
@@ -241,7 +227,7 @@ async def test_stuck_network_does_not_hang_shutdown(
         assert time.monotonic() - started < 3
         assert lock.state is S.STOPPED
         await proxy.cut()
-        await wait_until(lambda: _not(holders(*keys)), 10, "the lock to be freed")
+        await eventually(lambda: _not(holders(*keys)), 10, "the lock to be freed")
 
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
@@ -282,11 +268,8 @@ async def test_wait_mode_follower_is_granted_at_once(
     b = target.lock(keys, retry_strategy=FixedInterval(30))  # one 30 s wait on the server
     assert b.follower_mode == "wait"
     rec_b = recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
-    await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 10, "b to queue")
+    await rec_b.follow(a, 10)
+    await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 10, "b to queue")
     started = time.monotonic()
     await a.shutdown()
     assert await b.wait_for_leadership(2)
@@ -354,7 +337,7 @@ async def test_stopped_waiter_leaves_no_backend_behind(
     await rec_b.wait_event("acquire_failed")
     pid = b.backend_pid
     assert pid is not None
-    await wait_until(lambda: _eq(waiters(*keys), [pid]), 10, "b to queue")
+    await eventually(lambda: _eq(waiters(*keys), [pid]), 10, "b to queue")
     if how == "shutdown":
         await b.shutdown()
     else:  # the waiting backend dies: the follower reconnects, the old one is gone
@@ -363,7 +346,7 @@ async def test_stopped_waiter_leaves_no_backend_behind(
         await b.shutdown()
     # At once, not after the wait's lock_timeout: the wait was cancelled
     # on the server and the session closed.
-    await wait_until(lambda: _not(backend_alive(pid)), 0.3, f"the waiter to go ({how})")
+    await eventually(lambda: _not(backend_alive(pid)), 0.3, f"the waiter to go ({how})")
     assert await waiters(*keys) == []
     assert a.is_leader
 

@@ -25,6 +25,7 @@ from pgleaderlock.backends import (
     WaitingSession,
     WatchableSession,
 )
+from support.poll import eventually
 from support.proxy import TcpProxy
 
 if TYPE_CHECKING:
@@ -34,15 +35,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 T = TypeVar("T")
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def _not(awaitable: Awaitable[object]) -> bool:
@@ -179,7 +171,7 @@ async def test_wait_lock_times_out_then_is_granted(
     assert await waiters(*keys) == []
     wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
     try:
-        await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+        await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
         started = time.monotonic()
         assert await a.unlock(*keys)
         async with asyncio.timeout(5):
@@ -215,13 +207,13 @@ async def test_a_wait_goes_on_across_calls_and_keeps_its_place(
     assert await b.try_lock(*keys) is False
     assert await b.wait_lock(*keys, 0.1) is False
     # still queued on the server (a loaded machine may be slow to send the wait)
-    await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+    await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
     late = asyncio.ensure_future(c.wait_lock(*keys, 30))
     try:
         both = sorted([b.backend_pid or 0, c.backend_pid or 0])
-        await wait_until(lambda: _sorted_eq(waiters(*keys), both), 5, "c to queue")
+        await eventually(lambda: _sorted_eq(waiters(*keys), both), 5, "c to queue")
         assert await a.unlock(*keys)
-        await wait_until(lambda: _eq(holders(*keys), [b.backend_pid]), 5, "b to be granted")
+        await eventually(lambda: _eq(holders(*keys), [b.backend_pid]), 5, "b to be granted")
         async with asyncio.timeout(5):
             assert await b.wait_lock(*keys, 1.0) is True
         assert await b.holds(*keys)
@@ -249,9 +241,9 @@ async def test_try_lock_during_a_wait_asks_the_wait(
     assert isinstance(b, WaitingSession)
     assert await b.wait_lock(*keys, 0.1) is False
     assert await b.try_lock(*keys) is False
-    await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+    await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
     assert await a.unlock(*keys)
-    await wait_until(lambda: _eq(holders(*keys), [b.backend_pid]), 5, "b to be granted")
+    await eventually(lambda: _eq(holders(*keys), [b.backend_pid]), 5, "b to be granted")
     assert await b.try_lock(*keys) is True
     assert await b.unlock(*keys)
     assert await holders(*keys) == []
@@ -276,8 +268,8 @@ async def test_another_call_during_a_wait_drops_the_session(
     assert pid is not None
     with pytest.raises(ConnectionError, match="waiting for a lock"):
         await b.holds(*keys)
-    await wait_until(lambda: _eq(waiters(*keys), []), 2, "the wait to leave the queue")
-    await wait_until(lambda: _not(backend_alive(pid)), 2, "the waiter's backend to go")
+    await eventually(lambda: _eq(waiters(*keys), []), 2, "the wait to leave the queue")
+    await eventually(lambda: _not(backend_alive(pid)), 2, "the waiter's backend to go")
     assert await a.holds(*keys)  # the holder's session is untouched
 
 
@@ -394,7 +386,7 @@ async def test_terminated_during_wait_raises_connection_error(
     assert await b.try_lock(*keys) is False
     wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
     try:
-        await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+        await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
         await terminate(b.backend_pid)
         with pytest.raises(ConnectionError) as info:
             async with asyncio.timeout(5):
@@ -523,12 +515,12 @@ async def test_freed_lock_goes_to_the_first_waiter(
     wait_b = asyncio.ensure_future(b.wait_lock(*keys, 30))
     wait_c: asyncio.Future[bool] | None = None
     try:
-        await wait_until(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
+        await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
         wait_c = asyncio.ensure_future(c.wait_lock(*keys, 30))
         assert b.backend_pid is not None
         assert c.backend_pid is not None
         expected = sorted([b.backend_pid, c.backend_pid])
-        await wait_until(lambda: _sorted_eq(waiters(*keys), expected), 5, "c to queue")
+        await eventually(lambda: _sorted_eq(waiters(*keys), expected), 5, "c to queue")
         assert await a.unlock(*keys)
         async with asyncio.timeout(5):
             assert await wait_b is True
@@ -588,7 +580,7 @@ async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
     pid = b.backend_pid
     assert pid is not None
     wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
-    await wait_until(lambda: _eq(waiters(*keys), [pid]), 5, "b to queue")
+    await eventually(lambda: _eq(waiters(*keys), [pid]), 5, "b to queue")
     started = time.monotonic()
     wait.cancel()
     await asyncio.gather(wait, return_exceptions=True)
@@ -596,9 +588,9 @@ async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
     assert time.monotonic() - started < 0.5
     # Cancelled on the server, not left queued until its lock_timeout
     # (0.5 s) notices the closed socket.
-    await wait_until(lambda: _eq(waiters(*keys), []), 0.3, "the wait to be cancelled")
+    await eventually(lambda: _eq(waiters(*keys), []), 0.3, "the wait to be cancelled")
     await b.close()
-    await wait_until(lambda: _not(backend_alive(pid)), 0.3, "the waiter's backend to go")
+    await eventually(lambda: _not(backend_alive(pid)), 0.3, "the waiter's backend to go")
 
 
 async def bounded_like_the_core(session: LockSession, call: Awaitable[T], timeout_s: float) -> T:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgleaderlock import ConfigurationError, FixedInterval, LeaderLock, LockState
+from pgleaderlock import ConfigurationError, LeaderLock, LockState
+from support.timings import timings
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -26,13 +27,7 @@ S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 DRIVERS = ["psycopg"] + (["asyncpg"] if importlib.util.find_spec("asyncpg") else [])
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.05,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.05)
 ADVISORY_HERE = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
 )

@@ -52,38 +52,8 @@ def blackhole() -> Iterator[BlackHole]:
 
 # ---------------------------------------------------------------- measured figures
 
-_DEPLOY_FIGURES = pytest.StashKey[list[tuple[str, str, str]]]()
-
 
 @pytest.fixture
-def figures(
-    request: pytest.FixtureRequest, record_property: Callable[[str, object], None]
-) -> Callable[..., None]:
-    """``figures(metric, seconds, unit="s")``: a measured figure (``unit="ms"`` shows
-    milliseconds), printed in the test's output, recorded as a JUnit property and listed
-    in the "deployment figures" table at the end of the run."""
-    rows = request.config.stash.setdefault(_DEPLOY_FIGURES, [])
-
-    def add(metric: str, value: float, unit: str = "s") -> None:
-        if unit == "ms":
-            shown = f"{value * 1000:.1f} ms"
-        elif float(value).is_integer():
-            shown = f"{int(value)} {unit}"
-        else:
-            shown = f"{value:.3f} {unit}"
-        rows.append((request.node.name, metric, shown))
-        record_property(metric, value)
-        print(f"{metric}: {shown}")
-
-    return add
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    rows = terminalreporter.config.stash.get(_DEPLOY_FIGURES, None)
-    if not rows:
-        return
-    terminalreporter.write_sep("-", "deployment figures")
-    width_test = max(len(r[0]) for r in rows)
-    width_metric = max(len(r[1]) for r in rows)
-    for test, metric, value in rows:
-        terminalreporter.write_line(f"{test:<{width_test}}  {metric:<{width_metric}}  {value}")
+def figures_table() -> str:
+    """This folder's ``figures`` are listed in the "deployment figures" table."""
+    return "deployment figures"

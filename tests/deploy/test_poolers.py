@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -43,9 +43,10 @@ from pgleaderlock import (
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
-from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
+from support.netns import NetnsLink
 from support.pgbouncer import PgBouncer, PoolMode
 from support.poll import eventually
+from support.timings import FAULT_TIMINGS
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -60,14 +61,7 @@ Record = Callable[[str, object], None]
 BACKENDS: Final[tuple[Backend, ...]] = ("psycopg", "asyncpg")
 POOLED: Final[tuple[PoolMode, ...]] = ("transaction", "statement")
 
-FAST: Final[dict[str, Any]] = {
-    "retry_strategy": FixedInterval(0.1),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 0.5,
-    "connect_timeout_s": 2.0,
-    "command_timeout_s": 2.0,
-    "load_plugins": False,
-}
+FAST: Final[dict[str, Any]] = {**FAULT_TIMINGS, "retry_strategy": FixedInterval(0.1)}
 """Short timings: a refusal, a loss or a take-over shows within a second or two."""
 
 REFUSAL_BOUND_S: Final = 5.0
@@ -540,10 +534,7 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
     beliefs.attach(follower, "follower")
     rec_leader, rec_follower = recorder(leader), recorder(follower)
     try:
-        await leader.start()
-        assert await leader.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
-        await follower.start()
-        await rec_follower.wait_event("acquire_failed", timeout=TAKEOVER_BOUND_S)
+        await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
         server = leader.backend_pid
         assert await holders(*keys) == [server]
         fault = beliefs.fault("terminate", "leader")
@@ -654,10 +645,7 @@ async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
     beliefs.attach(follower, "follower")
     rec_leader, rec_follower = recorder(leader), recorder(follower)
     try:
-        await leader.start()
-        assert await leader.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
-        await follower.start()
-        await rec_follower.wait_event("acquire_failed", timeout=TAKEOVER_BOUND_S)
+        await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
         killed = time.monotonic()
         await asyncio.to_thread(bouncer.kill)
         await rec_leader.wait_event("lost", timeout=TAKEOVER_BOUND_S)
@@ -700,23 +688,6 @@ class PgBouncerOn(PgBouncer):
     @property
     def host(self) -> str:
         return self._addr
-
-
-@pytest.fixture
-def netns_link() -> Iterator[NetnsLink]:
-    """A namespace + veth link on a private /30; skipped when netns cannot be used."""
-    reason = netns_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    link = NetnsLink()
-    try:
-        link.start()
-    except NetnsUnavailableError as exc:
-        pytest.skip(f"network namespaces unavailable: {exc}")
-    try:
-        yield link
-    finally:
-        link.close()
 
 
 PARTITION_CHILD: Final = CandidateOptions(

@@ -32,7 +32,6 @@ from psycopg.conninfo import make_conninfo
 from cli.clitools import CLI, clean_env
 from pgleaderlock import (
     Coordinator,
-    FixedInterval,
     LeaderLock,
     MissingPrivilegeError,
     UntrustedObjectError,
@@ -51,17 +50,13 @@ from pgleaderlock.coordination.protocol import (
 )
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
+from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 5.0,
-    "load_plugins": False,
-}
+FAST: dict[str, Any] = timings(
+    retry_s=0.05, health_interval_s=0.5, command_timeout_s=5.0, load_plugins=False
+)
 COORD_FAST: dict[str, Any] = {**FAST, "balance_interval_s": 0.1}
 MODES = ["dedicated", "shared"]
 

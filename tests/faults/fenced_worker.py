@@ -36,6 +36,7 @@ import contextlib
 import os
 import random
 import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -43,6 +44,10 @@ import psycopg
 from pgleaderlock import FencedError, FixedInterval, LeaderLock, LockState
 from pgleaderlock.backends import ConnectionError as LockConnectionError
 from pgleaderlock.testing.candidate import DSN_ENV, write_event
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
+from support.child import stdin_commands
+from support.timings import FAULT_TIMINGS
 
 STATEMENT_S = 5.0
 """Bound of each transaction (rescheduled after a hold)."""
@@ -55,16 +60,11 @@ class Worker:
         self.opts = opts
         self.dsn = dsn
         self.name: str = opts.name
-        timings: dict[str, Any] = {} if opts.defaults else {
-            "retry_strategy": FixedInterval(0.02),
-            "health_interval_s": 0.5,
-            "health_timeout_s": 0.5,
-            "connect_timeout_s": 2.0,
-            "command_timeout_s": 3.0,
-        }  # fmt: skip
+        fast = {**FAULT_TIMINGS, "retry_strategy": FixedInterval(0.02), "command_timeout_s": 3.0}
+        knobs: dict[str, Any] = {"load_plugins": False} if opts.defaults else fast
         for knob, value in (("lease_s", opts.lease), ("fencing_grace_s", opts.fencing_grace)):
             if value is not None:
-                timings[knob] = value
+                knobs[knob] = value
         self.lock = LeaderLock(
             dsn,
             opts.key1,
@@ -73,8 +73,7 @@ class Worker:
             fencing_table=opts.fencing_table,
             application_name=f"fenced-{self.name}",
             backend=opts.backend,
-            load_plugins=False,
-            **timings,
+            **knobs,
         )
         self.db: Work = (
             AsyncpgWork(dsn, self.name)
@@ -99,36 +98,27 @@ class Worker:
         lock.on_acquired(lambda: self.emit("acquired", term=lock.term))
         lock.on_lost(lambda: self.emit("lost"))
         lock.on_error(lambda exc: self.emit("error", error=f"{type(exc).__name__}: {exc}"[:300]))
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
-        )
-        commands = loop.create_task(self.commands(reader))
-        work = loop.create_task(self.work())
         try:
-            await lock.start()
-            self.emit("ready", pid=os.getpid())
-            await self.stop.wait()
+            async with stdin_commands(self.stop, self.command):
+                work = asyncio.get_running_loop().create_task(self.work())
+                try:
+                    await lock.start()
+                    self.emit("ready", pid=os.getpid())
+                    await self.stop.wait()
+                finally:
+                    self.stop.set()
+                    self.go.set()
+                    await asyncio.gather(work, return_exceptions=True)
         finally:
-            self.stop.set()
-            self.go.set()
-            commands.cancel()
-            await asyncio.gather(commands, work, return_exceptions=True)
-            transport.close()
             await lock.shutdown(timeout_s=10)
         self.emit("exit", commits=self.commits, fenced=self.fenced, failed=self.failed)
 
-    async def commands(self, reader: asyncio.StreamReader) -> None:
-        while not self.stop.is_set():
-            line = (await reader.readline()).decode().strip()
-            if line.startswith("hold "):
-                self.go.clear()
-                self.hold = line.split()[1]
-            elif line == "go":
-                self.go.set()
-            elif line == "shutdown" or not line:
-                self.stop.set()
+    def command(self, line: str) -> None:
+        if line.startswith("hold "):
+            self.go.clear()
+            self.hold = line.split()[1]
+        elif line == "go":
+            self.go.set()
 
     async def work(self) -> None:
         work = self.db

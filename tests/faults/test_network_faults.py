@@ -53,10 +53,7 @@ async def test_stalled_proxy(
         a = make_lock(dsn, keys, "a", connect_timeout_s=1.0, command_timeout_s=1.0)
         b = make_lock(pg_dsn, keys, "b")
         rec_a, rec_b = recorder(a), recorder(b)
-        await a.start()
-        assert await a.wait_for_leadership(10)
-        await b.start()
-        await rec_b.wait_event("acquire_failed", timeout=10)
+        await rec_b.follow(a, 10, 10)
         old_pid = a.backend_pid
         stalled_at = time.monotonic()
         proxy.stall()

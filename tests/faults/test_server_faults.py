@@ -54,10 +54,7 @@ async def test_server_restart(
     a = make_lock(pg.dsn, keys, "a")
     b = make_lock(pg.dsn, keys, "b")
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed", timeout=10)
+    await rec_b.follow(a, 10, 10)
     beliefs.fault("terminate", "a")  # the server going down ends a's backend
     started = time.monotonic()
     restart = asyncio.ensure_future(asyncio.to_thread(bounce, pg, mode))

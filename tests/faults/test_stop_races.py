@@ -16,26 +16,13 @@ from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
 from support.proxy import TcpProxy, tcp_target
+from support.server import backend_gone
 
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
-
-
-async def backend_gone(admin: Admin, pid: int | None, timeout_s: float = 5.0) -> None:
-    async def count() -> int:
-        cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-        row = await cur.fetchone()
-        assert row is not None
-        n: int = row[0]
-        return n
-
-    deadline = time.monotonic() + timeout_s
-    while await count():
-        assert time.monotonic() < deadline, f"backend {pid} is still there"
-        await asyncio.sleep(0.02)
 
 
 async def test_shutdown_event_while_waiting_on_the_server(
@@ -53,10 +40,7 @@ async def test_shutdown_event_while_waiting_on_the_server(
     event = asyncio.Event()
     b = make_lock(pg_dsn, keys, "b", shutdown_event=event, retry_strategy=FixedInterval(30.0))
     rec_b = recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed", timeout=10)
+    await rec_b.follow(a, 10, 10)
     pid = b.backend_pid
 
     async def queued() -> bool:
@@ -70,10 +54,7 @@ async def test_shutdown_event_while_waiting_on_the_server(
         n: int = row[0]
         return n == 1
 
-    deadline = time.monotonic() + 10
-    while not await queued():
-        assert time.monotonic() < deadline, "the follower never queued on the server"
-        await asyncio.sleep(0.01)
+    await eventually(queued, 10, "the follower's wait on the server", poll_s=0.01)
     stopping = time.monotonic()
     event.set()
     await eventually(lambda: b.state is S.STOPPED, 5, "the follower stops")
@@ -186,10 +167,7 @@ async def test_step_down_racing_shutdown(
     a = make_lock(pg_dsn, keys, "a", retry_strategy=FixedInterval(0.5))
     b = make_lock(pg_dsn, keys, "b")
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed", timeout=10)
+    await rec_b.follow(a, 10, 10)
     calls = {"step_down": a.step_down, "shutdown": a.shutdown}
     second = "shutdown" if first == "step_down" else "step_down"
     loop = asyncio.get_running_loop()

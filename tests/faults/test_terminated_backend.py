@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from pgleaderlock.testing.beliefs import (
 )
 from support.poll import eventually
 from support.proxy import TcpProxy
+from support.server import backend_gone
 
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
@@ -34,15 +34,7 @@ pytestmark = pytest.mark.timeout(60)
 async def terminate_and_wait(admin: Admin, pid: int | None, timeout_s: float = 5.0) -> None:
     """pg_terminate_backend(pid), then wait until the backend is gone."""
     await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-        row = await cur.fetchone()
-        assert row is not None
-        if row[0] == 0:
-            return
-        assert time.monotonic() < deadline, f"backend {pid} still there"
-        await asyncio.sleep(0.01)
+    await backend_gone(admin, pid, timeout_s)
 
 
 async def test_terminated_leader_is_lost_and_a_follower_takes_over(
@@ -114,10 +106,7 @@ async def test_terminated_follower_reconnects_and_stays_follower(
     a = make_lock(pg_dsn, keys, "a")
     b = make_lock(pg_dsn, keys, "b", retry_strategy=FixedInterval(1.0))  # 1 s server waits
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed", timeout=10)
+    await rec_b.follow(a, 10, 10)
     for round_ in (1, 2):
         # b is now queued on the server (a 1 s wait): terminate that backend.
         old_pid = b.backend_pid
@@ -167,10 +156,7 @@ async def test_terminated_just_before_unlock(
         if new is S.RELEASING:
             await terminate_and_wait(admin, a.backend_pid)
 
-    await a.start()
-    assert await a.wait_for_leadership(10)
-    await b.start()
-    await rec_b.wait_event("acquire_failed", timeout=10)  # queued: b goes first
+    await rec_b.follow(a, 10, 10)  # queued: b goes first
     async with asyncio.timeout(10):
         if how == "step_down":
             await a.step_down()
@@ -210,10 +196,7 @@ async def test_terminated_while_unlock_in_flight(
         a = make_lock(dsn, keys, "a", command_timeout_s=10.0, health_interval_s=30.0)
         b = make_lock(pg_dsn, keys, "b")
         rec_a, rec_b = recorder(a), recorder(b)
-        await a.start()
-        assert await a.wait_for_leadership(10)
-        await b.start()
-        await rec_b.wait_event("acquire_failed", timeout=10)
+        await rec_b.follow(a, 10, 10)
         pid = a.backend_pid
         proxy.stall()
         task = asyncio.ensure_future(a.step_down() if how == "step_down" else a.shutdown())

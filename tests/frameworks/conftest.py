@@ -8,26 +8,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock import LeaderLock
 from pgleaderlock.testing.fake import FakeServer
+from support.locks import fake_locks
 
 Admin = psycopg.AsyncConnection[tuple[object, ...]]
-
-FAST_FAKE = {
-    "retry_strategy": FixedInterval(0.01),
-    "health_interval_s": 0.02,
-    "health_timeout_s": 0.5,
-    "command_timeout_s": 0.5,
-    "connect_timeout_s": 0.5,
-}
-
-FAST_PG = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.2,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
 
 
 @pytest.fixture
@@ -39,18 +24,8 @@ def server() -> FakeServer:
 async def fake_lock(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
     """``fake_lock(**kwargs)``: a lock on the in-memory server with fast timings; every
     lock is shut down after the test, and no session may be left open."""
-    locks: list[LeaderLock] = []
-
-    def make(**kwargs: object) -> LeaderLock:
-        lock = LeaderLock(None, 1, 2, connect_fn=server.connect, **{**FAST_FAKE, **kwargs})  # type: ignore[arg-type]
-        locks.append(lock)
-        return lock
-
-    yield make
-    server.release_hangs()
-    for lock in locks:
-        await lock.shutdown(timeout_s=5)
-    assert server.open_sessions == [], "a lock left a session open"
+    async with fake_locks(server) as make:
+        yield make
 
 
 @pytest.fixture

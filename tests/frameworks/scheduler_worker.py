@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,16 +28,16 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from psycopg import sql
 
-from pgleaderlock import FixedInterval, LeaderLock, ThreadedLeaderLock
+from pgleaderlock import LeaderLock, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
 
-LOCK_TIMINGS: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.2),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 5.0,
-    "command_timeout_s": 5.0,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
+from support.child import stdin_commands, watch_stdin
+from support.timings import timings
+
+LOCK_TIMINGS: dict[str, Any] = timings(
+    retry_s=0.2, health_interval_s=0.5, connect_timeout_s=5.0, command_timeout_s=5.0
+)
 
 
 def parse() -> argparse.Namespace:
@@ -107,27 +108,17 @@ def add_job(scheduler: Any, lock: Any, recorder: Recorder, args: argparse.Namesp
         bind_scheduler(scheduler, lock)
 
 
-def watch_stdin(stop: Callable[[], object]) -> None:
-    def watch() -> None:
-        sys.stdin.read()  # EOF: the test process is gone
-        stop()
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
     lock = LeaderLock.from_name(args.lock_name, dsn=dsn, **LOCK_TIMINGS)
     recorder = Recorder(args, dsn)
     scheduler = AsyncIOScheduler()
     add_job(scheduler, lock, recorder, args)
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    watch_stdin(lambda: loop.call_soon_threadsafe(stop.set))
-    scheduler.start()
-    await lock.start()
-    print("ready", flush=True)
-    await stop.wait()
+    async with stdin_commands(stop, signals=(signal.SIGTERM,)):
+        scheduler.start()
+        await lock.start()
+        print("ready", flush=True)
+        await stop.wait()
     scheduler.shutdown(wait=False)
     await lock.shutdown(timeout_s=10)
     await asyncio.sleep(0.1)  # let the scheduler's deferred shutdown run

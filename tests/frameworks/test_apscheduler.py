@@ -29,22 +29,17 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from pgleaderlock import (
     ConfigurationError,
-    FixedInterval,
     LeaderLock,
     LockState,
     ThreadedLeaderLock,
 )
 from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
 from pgleaderlock.testing import FakeServer
+from support.poll import eventually, eventually_sync
+from support.timings import timings
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
-
-
-async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
@@ -59,7 +54,7 @@ async def leader_and_follower(
     await a.start()
     assert await a.wait_for_leadership(5)
     await b.start()
-    await until(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
+    await eventually(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
     return a, b
 
 
@@ -180,7 +175,7 @@ async def test_leader_only_job_cancelled_under_asyncio_scheduler_is_not_an_error
     async with asyncio.timeout(10):
         await started.wait()
     server.terminate()
-    await until(lambda: executed)
+    await eventually(lambda: executed)
     assert errors == []
     assert executed[0].retval is None
 
@@ -205,12 +200,12 @@ async def test_bound_scheduler_is_paused_on_a_follower_and_resumed_on_the_leader
     assert runs == []
 
     await a.shutdown()  # b takes over
-    await until(lambda: len(runs) >= 3)
+    await eventually(lambda: len(runs) >= 3)
     assert binding.active
     assert events == ["paused", "resumed"]
 
     await b.step_down()  # no competitor: b pauses, then leads again
-    await until(lambda: events.count("resumed") == 2)
+    await eventually(lambda: events.count("resumed") == 2)
     assert events == ["paused", "resumed", "paused", "resumed"]
     await b.shutdown()
     assert scheduler.state == STATE_PAUSED
@@ -251,7 +246,7 @@ async def test_resume_does_not_replay_the_previous_leaders_runs(
     assert await b.wait_for_leadership(5)
     assert b.leader_since is not None
     took_over = dt.datetime.fromtimestamp(b.leader_since, dt.UTC)
-    await until(lambda: len(scheduled) >= 3)
+    await eventually(lambda: len(scheduled) >= 3)
     before = [t for t in scheduled if t < took_over]
     if catch_up_s:
         assert len(before) >= 4  # replayed, as misfire_grace_time=None asks
@@ -306,20 +301,7 @@ def test_missing_apscheduler_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
 
 # ---------------------------------------------------------------------- threads, real server
 
-FAST_PG = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.2,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+FAST_PG = timings(retry_s=0.05, health_interval_s=0.2)
 
 
 def lock_threads() -> list[threading.Thread]:
@@ -354,18 +336,20 @@ def test_threaded_locks_with_background_schedulers(pg_dsn: str, lock_name: str) 
             replicas[label + "-other"] = (lock, other)
 
         a_lock, b_lock = replicas["a"][0], replicas["b"][0]
-        wait_until(lambda: a_lock.is_leader or b_lock.is_leader)
+        eventually_sync(lambda: a_lock.is_leader or b_lock.is_leader, 20.0)
         first, second = ("a", "b") if a_lock.is_leader else ("b", "a")
         assert replicas[first][0].wait_for_leadership(5)
-        wait_until(lambda: len(runs) >= 10)
+        eventually_sync(lambda: len(runs) >= 10, 20.0)
         assert {label for _, label in runs} == {first}
         assert {kind for kind, _ in runs} == {"bound", "leader_only"}
 
         replicas[first][0].step_down(timeout_s=10)  # from the main thread
         assert replicas[second][0].wait_for_leadership(20)
         mark = len(runs)
-        wait_until(lambda: len({(k, lbl) for k, lbl in runs[mark + 2 :] if lbl == second}) == 2)
-        wait_until(lambda: len(runs) >= mark + 20)
+        eventually_sync(
+            lambda: len({(k, lbl) for k, lbl in runs[mark + 2 :] if lbl == second}) == 2, 20.0
+        )
+        eventually_sync(lambda: len(runs) >= mark + 20, 20.0)
         assert {label for _, label in runs[-10:]} == {second}
     finally:
         for _, sched in replicas.values():
@@ -396,13 +380,13 @@ def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn: str, lock_na
     with threaded:
         assert threaded.wait_for_leadership(20)
         assert threaded.loop is not None
-        wait_until(lambda: bool(errors))
+        eventually_sync(lambda: bool(errors), 20.0)
     assert "own thread" in str(errors[0])
     assert threaded.loop is None
     assert lock_threads() == []
     errors.clear()
     with threaded:  # it starts again, on a new thread and event loop
         assert threaded.wait_for_leadership(20)
-        wait_until(lambda: bool(errors))
+        eventually_sync(lambda: bool(errors), 20.0)
     assert not threaded.running
     assert lock_threads() == []

@@ -18,21 +18,16 @@ import psycopg
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from pgleaderlock import ConfigurationError, Coordinator, FixedInterval, LeaderLock, WorkerContext
+from pgleaderlock import ConfigurationError, Coordinator, LeaderLock, WorkerContext
 from pgleaderlock.integrations.apscheduler import current_context, current_term, owned_only
 from support.poll import eventually
+from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 BOUND_S = 20.0
 EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)  # every replica computes the same run times
-FAST = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST = timings(retry_s=0.05, health_interval_s=0.5)
 
 
 @pytest.fixture
@@ -212,6 +207,13 @@ async def test_term_and_context_inside_runs(
         current_context()
     await coord.start()
     await eventually(lambda: len(coord.owned) == 2, BOUND_S, "both names led")
+
+    # A run is admitted once the name's worker has started, a moment after the lock
+    # leads: until then it is skipped (None), as on a replica that does not lead.
+    async def admitted() -> bool:
+        return await fenced_job(0) is not None  # 0: the checkpoint stays as it is
+
+    await eventually(admitted, BOUND_S, "the name's worker runs")
     assert await fenced_job(5) == 5
     assert await fenced_job(2) == 7
     ctx = seen["ctx"]

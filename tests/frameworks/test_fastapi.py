@@ -24,15 +24,10 @@ from pgleaderlock import (
 )
 from pgleaderlock.integrations.fastapi import LeaderLifespan, LeaderStatus
 from pgleaderlock.testing import FakeServer
+from support.poll import eventually
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 def client(app: object) -> httpx.AsyncClient:
@@ -93,7 +88,7 @@ async def test_wrap_runs_both_lifespans_in_a_clear_order(
         return {"pool": request.state.pool}
 
     async with LifespanManager(app) as manager, client(manager.app) as http:
-        await until(lambda: "task started" in events)
+        await eventually(lambda: "task started" in events)
         assert (await http.get("/pool")).json() == {"pool": "the-pool"}  # state passed on
     assert events == [
         "app startup, lock stopped",
@@ -131,8 +126,8 @@ async def test_status_route_and_dependencies(fake_lock: Callable[..., LeaderLock
     async with LifespanManager(apps[a]) as ma, client(ma.app) as http_a:
         assert await a.wait_for_leadership(5)
         async with LifespanManager(apps[b]) as mb, client(mb.app) as http_b:
-            await until(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
-            await until(lambda: a.leader_since is not None)
+            await eventually(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
+            await eventually(lambda: a.leader_since is not None)
 
             ra = await http_a.get("/leader")
             assert ra.status_code == 200
@@ -142,7 +137,7 @@ async def test_status_route_and_dependencies(fake_lock: Callable[..., LeaderLock
             assert body["state"] == "leader"
             assert body["is_leader"] is True
             assert body["leader_since"].endswith("Z") or "+00:00" in body["leader_since"]
-            await until(lambda: leaders[a].tasks.running == ["singleton"])
+            await eventually(lambda: leaders[a].tasks.running == ["singleton"])
             assert (await http_a.get("/leader")).json()["tasks"] == ["singleton"]
 
             rb = await http_b.get("/leader")
@@ -209,7 +204,7 @@ async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
     async with LifespanManager(apps[a]) as ma, client(ma.app) as http_a:
         assert await a.wait_for_leadership(5)
         async with LifespanManager(apps[b]) as mb, client(mb.app) as http_b:
-            await until(lambda: b.statistics().failed_attempts > 0)
+            await eventually(lambda: b.statistics().failed_attempts > 0)
             assert (await http_a.get("/leader/healthz")).status_code == 200
             assert (await http_a.get("/leader")).status_code == 200
             follower = await http_b.get("/leader/healthz")
@@ -221,15 +216,15 @@ async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
             server.refuse_connections = ConnectionError("connection refused")
             for session in server.open_sessions:  # reconnecting fails, and is retried
                 server.terminate(session)
-            await until(lambda: a.statistics().last_error is not None)
-            await until(lambda: b.statistics().last_error is not None)
+            await eventually(lambda: a.statistics().last_error is not None)
+            await eventually(lambda: b.statistics().last_error is not None)
             for http in (http_a, http_b):
                 retrying = await http.get("/leader/healthz")
                 assert retrying.status_code == 200
                 assert retrying.json()["ready"] is True
                 assert retrying.json()["last_error"] == "ConnectionError: connection refused"
             server.refuse_connections = None
-            await until(lambda: a.is_leader or b.is_leader)
+            await eventually(lambda: a.is_leader or b.is_leader)
         assert b.state is S.STOPPED
         assert (await http_a.get("/leader/healthz")).status_code == 200
     async with client(apps[a]) as http:
@@ -272,7 +267,7 @@ async def test_two_leader_lifespans_combine_with_wrap(
         async with LifespanManager(app) as manager, client(manager.app) as http:
             assert await lock_a.wait_for_leadership(5)
             assert await lock_b.wait_for_leadership(5)
-            await until(lambda: running == {"a", "b"})
+            await eventually(lambda: running == {"a", "b"})
             assert (await http.get("/leader/a")).json()["name"] == "a"
             assert (await http.get("/leader/b")).json()["tasks"] == ["task-b"]
         assert lock_a.state is S.STOPPED

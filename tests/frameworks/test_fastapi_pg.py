@@ -22,27 +22,17 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState, ServerRefusedError
+from pgleaderlock import LeaderLock, LockState, ServerRefusedError
 from pgleaderlock.integrations.fastapi import LeaderLifespan
+from support.poll import eventually
+from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 GRACEFUL_EXIT = (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a clean shutdown
 EXAMPLE_APP = Path(__file__).parents[2] / "examples" / "fastapi_app"
 BOUND_S = 20.0  # generous: loss is noticed within health_interval_s + health_timeout_s
-FAST_PG = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.2,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
-
-
-async def until(predicate: Callable[[], bool], timeout: float = BOUND_S) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
+FAST_PG = timings(retry_s=0.05, health_interval_s=0.2)
 
 
 class Cluster:
@@ -111,10 +101,12 @@ async def test_two_replicas_failover_and_clean_shutdown(
 
     async with LifespanManager(app_a) as ma, LifespanManager(app_b) as mb:
         views = {"a": ma.app, "b": mb.app}
-        await until(lambda: len(cluster.running) == 1)
+        await eventually(lambda: len(cluster.running) == 1, BOUND_S)
         (first,) = cluster.running
         second = "b" if first == "a" else "a"
-        await until(lambda: leaders[second].lock.state in (LockState.ACQUIRING, LockState.FOLLOWER))
+        await eventually(
+            lambda: leaders[second].lock.state in (LockState.ACQUIRING, LockState.FOLLOWER), BOUND_S
+        )
         await assert_steady_single_leader(cluster, first, views)
         first_view = await leader_view(views[first])
         assert first_view["name"] == lock_name
@@ -122,7 +114,7 @@ async def test_two_replicas_failover_and_clean_shutdown(
         assert first_view["leader_since"] is not None
 
         await terminate(leaders[first].lock.backend_pid)
-        await until(lambda: cluster.running == {second})
+        await eventually(lambda: cluster.running == {second}, BOUND_S)
         assert not leaders[first].lock.is_leader
         await assert_steady_single_leader(cluster, second, views)
         assert cluster.starts == {first: 1, second: 1}
@@ -152,17 +144,17 @@ async def test_shutting_down_the_leader_app_hands_over_without_overlap(
     await manager_a.__aenter__()
     a_open = True
     try:
-        await until(lambda: cluster.running == {"a"})
+        await eventually(lambda: cluster.running == {"a"}, BOUND_S)
         async with LifespanManager(app_b):
-            await until(lambda: leader_b.lock.state in following)
+            await eventually(lambda: leader_b.lock.state in following, BOUND_S)
         assert leader_b.lock.state is LockState.STOPPED  # a follower's app stopped
         assert cluster.running == {"a"}
         async with LifespanManager(app_c):
-            await until(lambda: leader_c.lock.state in following)
+            await eventually(lambda: leader_c.lock.state in following, BOUND_S)
             assert cluster.running == {"a"}
             a_open = False
             await manager_a.__aexit__(None, None, None)  # the leader's app stops
-            await until(lambda: cluster.running == {"c"})
+            await eventually(lambda: cluster.running == {"c"}, BOUND_S)
     finally:
         if a_open:
             await manager_a.__aexit__(None, None, None)

@@ -18,26 +18,20 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.core.config import TermTable
 from pgleaderlock.core.session import FencedSessions
 from pgleaderlock.integrations.apscheduler import bind_scheduler, current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from pgleaderlock.testing import FakeServer
 from pgleaderlock.testing.fake import FakeSession
+from support.locks import fake_locks
+from support.poll import eventually
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
 
 FIRST_TERM = 1 << 32 | 1
-TIMINGS: dict[str, object] = {
-    "retry_strategy": FixedInterval(0.01),
-    "health_interval_s": 0.02,
-    "health_timeout_s": 0.5,
-    "command_timeout_s": 0.5,
-    "connect_timeout_s": 0.5,
-    "load_plugins": False,
-}
 
 
 class TermSession:
@@ -83,28 +77,12 @@ async def make_lock(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLoc
     """``make_lock(fencing=True, **kwargs)``: a lock on the in-memory server whose
     sessions keep terms; all shut down after the test, no session left open."""
     terms: dict[tuple[int, int], int] = {}
-    locks: list[LeaderLock] = []
 
     async def connect() -> TermSession:
         return TermSession(await server.connect(), terms)
 
-    def make(fencing: bool = True, **kwargs: object) -> LeaderLock:
-        options = {**TIMINGS, "fencing": fencing, **kwargs}
-        lock = LeaderLock(None, 1, 2, connect_fn=connect, **options)  # type: ignore[arg-type]
-        locks.append(lock)
-        return lock
-
-    yield make
-    server.release_hangs()
-    for lock in locks:
-        await lock.shutdown(timeout_s=5)
-    assert server.open_sessions == [], "a lock left a session open"
-
-
-async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
+    async with fake_locks(server, connect, fencing=True, load_plugins=False) as make:
+        yield make
 
 
 async def leads(lock: LeaderLock) -> int:
@@ -142,13 +120,13 @@ async def test_fastapi_status_reports_the_term(
             LifespanManager(apps[b]) as mb,
             status_client(mb.app) as http_b,  # type: ignore[arg-type]
         ):
-            await until(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
+            await eventually(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
             assert (await http_a.get("/leader")).json()["term"] == FIRST_TERM == a.term
             assert (await http_b.get("/leader")).json()["term"] is None
             server.terminate()
             assert await b.wait_for_leadership(5)
             assert (await http_b.get("/leader")).json()["term"] == FIRST_TERM + 1
-            await until(lambda: not a.is_leader)
+            await eventually(lambda: not a.is_leader)
             assert (await http_a.get("/leader")).json()["term"] is None
 
     plain = make_lock(fencing=False)
@@ -230,7 +208,7 @@ async def test_current_term_stays_the_runs_term_after_a_new_leadership(
     run = asyncio.create_task(asyncio.to_thread(long_job))
     await started.wait()
     server.terminate()
-    await until(lambda: lock.term == term + 1)
+    await eventually(lambda: lock.term == term + 1)
     resume.set()
     assert await run == (term, term)
     assert lock.term == term + 1
@@ -242,7 +220,7 @@ async def test_leader_only_skips_a_follower_without_a_term(
     a, b = make_lock(), make_lock()
     await leads(a)
     await b.start()
-    await until(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
+    await eventually(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
     ran: list[int | None] = []
 
     @leader_only(b)
@@ -267,16 +245,16 @@ async def test_bound_scheduler_term_follows_the_leadership(
     try:
         assert binding_a.term is None
         term = await leads(a)
-        await until(lambda: binding_a.active)
+        await eventually(lambda: binding_a.active)
         assert binding_a.term == term
         await b.start()
-        await until(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
+        await eventually(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
         assert binding_b.term is None
         server.terminate()
         assert await b.wait_for_leadership(5)
-        await until(lambda: binding_b.active)
+        await eventually(lambda: binding_b.active)
         assert binding_b.term == term + 1
-        await until(lambda: not binding_a.active)
+        await eventually(lambda: not binding_a.active)
         assert binding_a.term is None
     finally:
         binding_a.close()

@@ -25,9 +25,11 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import FencedError, FixedInterval, LeaderLock, ThreadedLeaderLock
+from pgleaderlock import FencedError, LeaderLock, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
+from support.poll import eventually
+from support.timings import timings
 
 if TYPE_CHECKING:
     from conftest import Admin
@@ -36,14 +38,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fencing_outbox"
 BOUND_S = 20.0
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.2,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 5.0,
-    "load_plugins": False,
-}
+FAST: dict[str, Any] = timings(
+    retry_s=0.05, health_interval_s=0.2, command_timeout_s=5.0, load_plugins=False
+)
 
 
 def unique(prefix: str) -> str:
@@ -61,12 +58,6 @@ async def tables(admin: Admin) -> AsyncIterator[tuple[str, str]]:
         yield terms, work
     finally:
         await admin.execute(f"DROP TABLE IF EXISTS {terms}, {work}".encode())
-
-
-async def until(predicate: Callable[[], object], timeout: float = BOUND_S) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def table_term(admin: Admin, table: str, lock: LeaderLock) -> int:
@@ -103,10 +94,10 @@ async def test_fastapi_status_term_is_the_tables_term(
             return (await http.get("/leader")).json()  # type: ignore[no-any-return]
 
     async with LifespanManager(apps[0]), LifespanManager(apps[1]):
-        await until(lambda: any(leader.lock.is_leader for leader in leaders))
+        await eventually(lambda: any(leader.lock.is_leader for leader in leaders), BOUND_S)
         first = 0 if leaders[0].lock.is_leader else 1
         second = 1 - first
-        await until(lambda: leaders[second].lock.backend_pid is not None)
+        await eventually(lambda: leaders[second].lock.backend_pid is not None, BOUND_S)
         term = await table_term(admin, terms_table, leaders[first].lock)
         assert (await status(first))["term"] == term
         assert (await status(second))["term"] is None
@@ -115,7 +106,7 @@ async def test_fastapi_status_term_is_the_tables_term(
         assert await leaders[second].lock.wait_for_leadership(BOUND_S)
         assert await table_term(admin, terms_table, leaders[second].lock) == term + 1
         assert (await status(second))["term"] == term + 1
-        await until(lambda: not leaders[first].lock.is_leader)
+        await eventually(lambda: not leaders[first].lock.is_leader, BOUND_S)
         assert (await status(first))["term"] is None
 
 
@@ -195,12 +186,12 @@ async def test_apscheduler_jobs_write_under_their_runs_term(
     await asyncio.to_thread(b.start)
     first_term = a.lock.term
     assert first_term is not None
-    await until(lambda: a.runs >= 5)
+    await eventually(lambda: a.runs >= 5, BOUND_S)
     await admin.execute("SELECT pg_terminate_backend(%s)", (a.lock.lock.backend_pid,))
     assert await asyncio.to_thread(b.lock.wait_for_leadership, BOUND_S)
     assert b.lock.term == first_term + 1
     runs = b.runs
-    await until(lambda: b.runs >= runs + 5)
+    await eventually(lambda: b.runs >= runs + 5, BOUND_S)
     await asyncio.to_thread(a.stop)
     await asyncio.to_thread(b.stop)
 

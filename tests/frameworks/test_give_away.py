@@ -18,15 +18,10 @@ from fastapi import FastAPI
 from pgleaderlock import ConfigurationError, FixedInterval, LeaderLock, LeaderTasks, LockState
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from pgleaderlock.testing import FakeServer
+from support.poll import eventually
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
@@ -73,14 +68,14 @@ async def test_crashes_in_a_row_give_the_lock_to_a_healthy_replica(
     assert await sick.wait_for_leadership(5)
     await healthy.start()
 
-    await until(lambda: healthy.is_leader)
+    await eventually(lambda: healthy.is_leader)
     assert crashes == 3, "exactly give_away_after_crashes crashes, then the lock went"
     assert sick.state is S.STOPPED
     assert sick_tasks.running == []
     paused = sick_tasks.paused_until
     assert paused is not None
     assert time.time() < paused <= time.time() + 0.5
-    await until(lambda: steady["healthy"] == 1)
+    await eventually(lambda: steady["healthy"] == 1)
     assert healthy_tasks.running == ["work", "other"]
     assert overlap == []
     [given] = messages(caplog, "leadership_given_away")
@@ -89,13 +84,13 @@ async def test_crashes_in_a_row_give_the_lock_to_a_healthy_replica(
     assert len(messages(caplog, "leader_task_gave_up")) == 1
 
     # After the cool-down the sick replica competes again: a follower of the healthy one.
-    await until(lambda: sick.state in (S.FOLLOWER, S.ACQUIRING))
+    await eventually(lambda: sick.state in (S.FOLLOWER, S.ACQUIRING))
     assert sick_tasks.paused_until is None
     assert len(messages(caplog, "leadership_competing_again")) == 1
     assert healthy.is_leader
 
     await healthy.shutdown()  # the sick replica takes over, crashes 3 times, gives away
-    await until(lambda: crashes == 6 and sick.state is S.STOPPED)
+    await eventually(lambda: crashes == 6 and sick.state is S.STOPPED)
     assert len(messages(caplog, "leadership_given_away")) == 2
     await sick_tasks.stop()  # ends the cool-down: the lock stays stopped
     assert sick_tasks.paused_until is None
@@ -122,7 +117,7 @@ async def test_a_crash_streak_broken_by_a_success_does_not_give_away(
         # then finishes normally for this term
 
     await lock.start()
-    await until(lambda: runs == 2)
+    await eventually(lambda: runs == 2)
     await asyncio.sleep(0.1)
     assert lock.is_leader
     assert tasks.paused_until is None
@@ -144,7 +139,7 @@ async def test_without_the_option_a_crashing_task_never_moves_the_lock(
         raise RuntimeError("always")
 
     await lock.start()
-    await until(lambda: crashes >= 50)
+    await eventually(lambda: crashes >= 50)
     assert lock.is_leader
     assert tasks.paused_until is None
     await lock.shutdown()
@@ -199,7 +194,7 @@ async def test_lifespan_status_during_the_cool_down(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=ms.app), base_url="http://s") as http,
     ):
         assert mh.app is not None
-        await until(lambda: healthy.is_leader and sick.state is S.STOPPED, timeout=20)
+        await eventually(lambda: healthy.is_leader and sick.state is S.STOPPED, 20)
         status = (await http.get("/leader")).json()
         assert status["state"] == "stopped"
         assert status["is_leader"] is False

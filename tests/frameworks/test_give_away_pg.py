@@ -12,21 +12,16 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
+from support.timings import timings
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 BOUND_S = 20.0
-FAST = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST = timings(retry_s=0.05, health_interval_s=0.5)
 
 
 async def test_the_sick_replica_gives_the_lock_to_the_healthy_one(

@@ -19,25 +19,19 @@ from fastapi import Depends, FastAPI
 
 from pgleaderlock import (
     ConfigurationError,
-    FixedInterval,
     LeaderLock,
     PgLeaderLockError,
     WorkerContext,
 )
 from pgleaderlock.integrations.fastapi import GroupLifespan, GroupStatus, LeaderLifespan
 from support.poll import eventually
+from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 BOUND_S = 20.0  # generous: a name moves within a second here
-FAST = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-    "idle_tick_s": 0.5,  # the views the status routes show refresh quickly
-}
+# idle_tick_s: the views the status routes show refresh quickly
+FAST = timings(retry_s=0.05, health_interval_s=0.5, idle_tick_s=0.5)
 MODES = ["shared", "dedicated"]
 
 

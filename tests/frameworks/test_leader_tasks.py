@@ -20,18 +20,13 @@ from pgleaderlock import (
     RetryContext,
 )
 from pgleaderlock.testing import FakeServer
+from support.poll import eventually
 
 if TYPE_CHECKING:
     from conftest import Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 class Probe:
@@ -71,7 +66,7 @@ async def test_runs_while_leader_stops_before_unlock_and_restarts(
     tasks.add(probe.run, name="probe")
     assert tasks.running == []
     await lock.start()
-    await until(lambda: probe.starts == 1)
+    await eventually(lambda: probe.starts == 1)
     assert tasks.running == ["probe"]
 
     await lock.step_down()
@@ -79,7 +74,7 @@ async def test_runs_while_leader_stops_before_unlock_and_restarts(
     assert probe.held_at_stop == [True], "the task must have ended before the unlock"
     assert tasks.running == []
 
-    await until(lambda: probe.starts == 2)  # no competitor: the lock comes back
+    await eventually(lambda: probe.starts == 2)  # no competitor: the lock comes back
     await lock.shutdown()
     assert probe.stops == 2
     assert probe.held_at_stop == [True, True]
@@ -102,11 +97,11 @@ async def test_tasks_stop_before_callbacks_registered_earlier_run(
     tasks = LeaderTasks(lock)  # registered after the callback, runs before it
     tasks.add(probe.run)
     await lock.start()
-    await until(lambda: probe.starts == 1)
+    await eventually(lambda: probe.starts == 1)
     await lock.step_down()
     assert seen_by_callback == [1]
     await tasks.close()
-    await until(lambda: lock.is_leader)
+    await eventually(lambda: lock.is_leader)
     await asyncio.sleep(0.05)
     assert probe.starts == 1  # closed: never started again
 
@@ -122,10 +117,10 @@ async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
     probe = Probe(lock)
     tasks.add(probe.run)
     await lock.start()
-    await until(lambda: probe.starts == 1)
+    await eventually(lambda: probe.starts == 1)
 
     server.terminate()  # like pg_terminate_backend on the leader's session
-    await until(lambda: probe.starts == 2)
+    await eventually(lambda: probe.starts == 2)
     assert probe.stops == 1
     assert S.RECONNECTING in rec.states()
     assert "lost" not in rec.names()  # flap damping: leadership recovered silently
@@ -143,13 +138,13 @@ async def test_failover_between_two_locks(
         probes[lock] = Probe(lock)
         LeaderTasks(lock).add(probes[lock].run, name="work")
     await a.start()
-    await until(lambda: probes[a].starts == 1)
+    await eventually(lambda: probes[a].starts == 1)
     await b.start()
     await asyncio.sleep(0.1)
     assert probes[b].starts == 0, "a follower ran a leader task"
 
     server.terminate()
-    await until(lambda: probes[b].starts == 1 and probes[a].stops == 1)
+    await eventually(lambda: probes[b].starts == 1 and probes[a].stops == 1)
     await asyncio.sleep(0.1)
     assert b.is_leader
     assert probes[a].starts == 1  # a is a follower now
@@ -210,7 +205,7 @@ async def test_retry_strategy_none_gives_the_task_up(
 
     tasks.add(broken)
     await lock.start()
-    await until(lambda: any("leader_task_gave_up" in r.getMessage() for r in caplog.records))
+    await eventually(lambda: any("leader_task_gave_up" in r.getMessage() for r in caplog.records))
     await asyncio.sleep(0.05)
     assert calls == 1
     assert lock.is_leader
@@ -228,11 +223,11 @@ async def test_finished_task_runs_once_per_term(fake_lock: Callable[..., LeaderL
         runs += 1
 
     await lock.start()
-    await until(lambda: runs == 1)
+    await eventually(lambda: runs == 1)
     await asyncio.sleep(0.1)
     assert runs == 1
     await lock.step_down()
-    await until(lambda: runs == 2)
+    await eventually(lambda: runs == 2)
 
 
 async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
@@ -255,17 +250,19 @@ async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
             raise
 
     await lock.start()
-    await until(lambda: starts == 1)
+    await eventually(lambda: starts == 1)
     await lock.step_down()  # returns after the bounded wait
     assert any("leader_task_ignores_cancel" in r.getMessage() for r in caplog.records)
     assert await lock.wait_for_leadership(5)
-    await until(lambda: any("leader_task_not_started" in r.getMessage() for r in caplog.records))
+    await eventually(
+        lambda: any("leader_task_not_started" in r.getMessage() for r in caplog.records)
+    )
     assert starts == 1, "a second copy started while the first was still running"
 
     release.set()
     await asyncio.sleep(0.05)
     await lock.step_down()
-    await until(lambda: starts == 2)
+    await eventually(lambda: starts == 2)
     await lock.shutdown()
     release.set()
     await tasks.stop()
@@ -280,10 +277,10 @@ async def test_lock_task_ending_abnormally_cancels_the_tasks(
     probe = Probe(lock)
     tasks.add(probe.run)
     await lock.start()
-    await until(lambda: probe.starts == 1)
+    await eventually(lambda: probe.starts == 1)
     assert lock._runner.task is not None
     lock._runner.task.cancel()  # what shutdown(timeout_s) does when the task is stuck
-    await until(lambda: probe.stops == 1)
+    await eventually(lambda: probe.stops == 1)
     await tasks.stop()
     assert tasks.running == []
 
@@ -295,7 +292,7 @@ async def test_add_while_leading_starts_at_once(fake_lock: Callable[..., LeaderL
     assert await lock.wait_for_leadership(5)
     probe = Probe(lock)
     tasks.add(probe.run)
-    await until(lambda: probe.starts == 1)
+    await eventually(lambda: probe.starts == 1)
     await lock.shutdown()
     assert probe.stops == 1
 

@@ -18,22 +18,16 @@ import pytest
 from pgleaderlock import (
     BackendUnavailableError,
     ConfigurationError,
-    FixedInterval,
     LeaderLock,
     backends,
 )
 from pgleaderlock.backends.psycopg import PsycopgSession
 from pgleaderlock.core import registry
+from support.timings import timings
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.1,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1)
 URL = "postgresql://app:pw@db.example:5432/app"
 
 

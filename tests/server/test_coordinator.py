@@ -29,7 +29,6 @@ from pgleaderlock import (
     ConfigurationError,
     Coordinator,
     FencedError,
-    FixedInterval,
     LeaderLock,
     ServerRefusedError,
     WorkerContext,
@@ -38,6 +37,7 @@ from pgleaderlock.coordination.protocol import name_keys
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import lock_holders
+from support.timings import timings
 
 if TYPE_CHECKING:
     from conftest import Admin
@@ -46,15 +46,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 MODES = ["dedicated", "shared"]
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.05),
-    "health_interval_s": 0.5,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 5.0,
-    "balance_interval_s": 0.1,
-    "load_plugins": False,
-}
+LOCK_FAST = timings(retry_s=0.05, health_interval_s=0.5, command_timeout_s=5.0, load_plugins=False)
+FAST: dict[str, Any] = {**LOCK_FAST, "balance_interval_s": 0.1}
 
 BOUND_S = 5.0
 """A generous bound for what normally takes milliseconds (the measured figure is

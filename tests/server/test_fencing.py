@@ -11,9 +11,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -33,21 +32,20 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.locks import kept
+from support.poll import eventually
 from support.server import dsn_to_url, lock_holders
+from support.timings import timings
 
 if TYPE_CHECKING:
     from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.1,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 5.0,  # bounds the term bump, which may wait for fenced work
-    "load_plugins": False,
-}
+# command_timeout_s bounds the term bump, which may wait for fenced work
+FAST: dict[str, Any] = timings(
+    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
+)
 
 
 # ---------------------------------------------------------------- the connection kinds
@@ -308,27 +306,13 @@ async def make_lock(pg_dsn: str, fencing_table: str) -> AsyncIterator[Callable[.
     """``make_lock(**overrides)``: a fencing lock on this test's lock name and table;
     every lock made is shut down at teardown."""
     name = unique("test-fencing")
-    made: list[LeaderLock] = []
 
-    def make(dsn: str | None = None, **kwargs: Any) -> LeaderLock:
+    def build(dsn: str | None = None, **kwargs: Any) -> LeaderLock:
         options = {**FAST, "fencing": True, "fencing_table": fencing_table, **kwargs}
-        lock = LeaderLock.from_name(name, dsn or pg_dsn, **options)
-        made.append(lock)
-        return lock
+        return LeaderLock.from_name(name, dsn or pg_dsn, **options)
 
-    try:
+    async with kept(build) as make:
         yield make
-    finally:
-        await asyncio.gather(*(lock.shutdown(timeout_s=15) for lock in made))
-
-
-async def until(check: Callable[[], Awaitable[object]], what: str, timeout_s: float = 10.0) -> None:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after
-    ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        await asyncio.sleep(0.01)
 
 
 async def rows(admin: Admin, table: str) -> list[tuple[Any, ...]]:
@@ -351,7 +335,7 @@ async def queued(admin: Admin, lock: LeaderLock) -> None:
         pid = lock.backend_pid
         return pid is not None and pid in await lock_holders(admin, *lock.keys, granted=False)
 
-    await until(waiting, f"{lock.label} queued for the lock")
+    await eventually(waiting, 10.0, f"{lock.label} queued for the lock")
 
 
 # ---------------------------------------------------------------- every connection kind
@@ -461,7 +445,7 @@ async def test_next_leader_waits_for_an_open_fenced_transaction(
             )
             return await cur.fetchone() == ("Lock",)
 
-        await until(bump_waits, "the second lock's term bump waits for the row")
+        await eventually(bump_waits, 10.0, "the second lock's term bump waits for the row")
         for _ in range(5):  # and it keeps waiting while the transaction is open
             assert second.state is LockState.ACQUIRING
             assert not second.is_leader
@@ -591,7 +575,7 @@ async def test_terms_strictly_increase_across_leaders(
         async def one_leads() -> bool:
             return sum(lock.is_leader for lock in locks) == 1
 
-        await until(one_leads, "one of the three locks leads")
+        await eventually(one_leads, 10.0, "one of the three locks leads")
         leader = next(lock for lock in locks if lock.is_leader)
         assert leader.term is not None
         terms.append(leader.term)
@@ -612,7 +596,7 @@ async def test_terms_increase_across_server_restarts(
         async def leads_again(previous: int = terms[-1]) -> bool:
             return lock.term is not None and lock.term != previous
 
-        await until(leads_again, f"the lock leads again after a {mode} restart", 30)
+        await eventually(leads_again, 30.0, f"the lock leads again after a {mode} restart")
         assert lock.term is not None
         terms.append(lock.term)
     await lock.shutdown(timeout_s=10)
@@ -635,7 +619,7 @@ async def test_acquire_delay_holds_leader_back_after_the_bump(
         cur = await admin.execute(f"SELECT term FROM {fencing_table}".encode())
         return bool(await cur.fetchall())
 
-    await until(bumped, "the term bump")
+    await eventually(bumped, 10.0, "the term bump")
     assert lock.state is LockState.ACQUIRING
     assert lock.term is None
     with pytest.raises(FencedError, match="not leader"):

@@ -16,12 +16,12 @@ import pytest
 
 from pgleaderlock import (
     ConfigurationError,
-    FixedInterval,
     LeaderLock,
     LockState,
 )
 from pgleaderlock.backends import psycopg as psycopg_backend
 from pgleaderlock.core.session import ConnectOptions
+from support.timings import timings
 
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
@@ -29,13 +29,7 @@ if TYPE_CHECKING:
 S = LockState
 pytestmark = pytest.mark.timeout(60)
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.1,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 2.0,
-}
+FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1)
 
 
 def make(pg_dsn: str, keys: tuple[int, int], **kwargs: object) -> LeaderLock:

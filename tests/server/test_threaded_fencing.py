@@ -26,29 +26,19 @@ from pgleaderlock import (
     ThreadedLeaderLock,
 )
 from pgleaderlock.backends import key_to_oid
+from support.poll import eventually_sync
+from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-FAST: dict[str, Any] = {
-    "retry_strategy": FixedInterval(0.02),
-    "health_interval_s": 0.1,
-    "health_timeout_s": 1.0,
-    "connect_timeout_s": 3.0,
-    "command_timeout_s": 5.0,
-    "load_plugins": False,
-}
+FAST: dict[str, Any] = timings(
+    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
+)
 BOUND_S = 10.0
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
-
-
-def until(check: Callable[[], object], what: str, timeout_s: float = BOUND_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -185,7 +175,7 @@ def test_fence_raises_after_another_lock_took_over(
     term = a.term
     assert term is not None
     b.start()
-    until(lambda: queued(admin, b), "B queued for the lock")
+    eventually_sync(lambda: queued(admin, b), BOUND_S, "B queued for the lock")
 
     frozen, thaw = threading.Event(), threading.Event()
 
@@ -213,7 +203,7 @@ def test_fence_raises_after_another_lock_took_over(
                 conn.execute(f"INSERT INTO {work} (term) VALUES (%s)".encode(), (b_term,))
     finally:
         thaw.set()
-    until(lambda: not a.is_leader, "A noticed the loss")
+    eventually_sync(lambda: not a.is_leader, BOUND_S, "A noticed the loss")
     assert a.term is None
     assert terms_in(admin, work) == [term + 1]
 

@@ -5,10 +5,17 @@ tests import ``support.proxy`` and friends; the benchmarks put ``tests/`` on the
 themselves (``benchmarks/_common.py``).
 
 - :mod:`support.server`: the test-DSN chain (``resolve_test_dsn``), ``probe_server``,
-  ``dsn_to_url``, ``lock_holders``.
+  ``dsn_to_url``, ``lock_holders``, ``backend_gone``.
 - :mod:`support.proxy`: ``TcpProxy``, a proxy that can stall (black-hole) or cut.
 - :mod:`support.netns`: ``NetnsLink``, a namespace whose link can be cut silently.
-- :mod:`support.poll`: ``eventually``, a bounded wait for a condition.
+- :mod:`support.poll`: ``eventually`` (async) and ``eventually_sync``, a bounded wait for
+  a condition.
+- :mod:`support.timings`: ``timings(...)``, short lock timings, and ``FAULT_TIMINGS``.
+- :mod:`support.locks`: ``kept``, locks shut down after a test, and ``fake_locks``, locks
+  on the in-memory server.
+- :mod:`support.started`: ``Started``, a base for plumbing used in a ``with`` block.
+- :mod:`support.child`: the skeleton of a worker process (``stdin_commands``,
+  ``watch_stdin``).
 - :mod:`support.replication`: ``PrimaryStandby``, a primary with a streaming standby
   (two throwaway clusters), and ``multi_host_dsn``.
 - :mod:`support.blackhole`: ``BlackHole``, a listener that never answers a byte.

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from support.started import Started
 
 __all__ = ["BlackHole"]
 
 
-class BlackHole:
+class BlackHole(Started):
     """A listener on ``host`` (a free port) that never accepts nor answers.
 
     Args:
@@ -99,18 +99,6 @@ class BlackHole:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         where = f"{self._host}:{self.port}" if self._sock is not None else "closed"

@@ -14,8 +14,9 @@ import random
 import shutil
 import subprocess
 import sys
-from types import TracebackType
-from typing import Final, Self
+from typing import Final
+
+from support.started import Started
 
 __all__ = ["NetnsLink", "NetnsUnavailableError", "netns_unavailable_reason"]
 
@@ -67,7 +68,7 @@ def _networks_in_use() -> list[ipaddress.IPv4Network]:
     return [n for n in found if n.overlaps(_TEST_RANGE)]
 
 
-class NetnsLink:
+class NetnsLink(Started):
     """A network namespace joined to the host by a veth pair on a private /30.
 
     ``host_addr`` (on the host end) and ``ns_addr`` (inside the namespace) are the two
@@ -170,15 +171,6 @@ class NetnsLink:
         self._created.clear()
         if errors:
             raise RuntimeError("NetnsLink cleanup: " + "; ".join(errors))
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<NetnsLink {self.name} {self.host_if}={self.subnet}>"

@@ -54,13 +54,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Final, Literal
 from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+
+from support.started import Started
 
 __all__ = [
     "POOL_MODES",
@@ -188,7 +189,7 @@ def _answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-class PgBouncer:
+class PgBouncer(Started):
     """A private PgBouncer process in front of one PostgreSQL server.
 
     Args:
@@ -367,26 +368,20 @@ class PgBouncer:
         every server connection is released: a session-mode client that stays connected,
         or a transaction left open, holds it up until the SIGKILL.
         """
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            self._signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return
-        self._proc = None
+        self._stop_with(signal.SIGINT, timeout_s)
 
     def terminate(self, timeout_s: float = _STOP_TIMEOUT_S) -> None:
         """Immediate shutdown: SIGTERM (``SHUTDOWN``: every connection is closed at once),
         then SIGKILL if it is still there after ``timeout_s``."""
+        self._stop_with(signal.SIGTERM, timeout_s)
+
+    def _stop_with(self, signum: signal.Signals, timeout_s: float) -> None:
+        """Send ``signum``, then SIGKILL if pgbouncer is still there after ``timeout_s``."""
         proc = self._proc
         if proc is None:
             return
         if proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            self._signal(signum)
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -454,18 +449,6 @@ class PgBouncer:
         """Stop pgbouncer (immediate shutdown, then SIGKILL) and delete the temp dir.
         Safe to call repeatedly."""
         self._teardown()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "running" if self.is_running else "stopped"

@@ -17,13 +17,13 @@ run as the clusters' user into the standby's own temp dir, started on its own fr
 from __future__ import annotations
 
 import time
-from types import TracebackType
-from typing import Final, Literal, LiteralString, Protocol, Self
+from typing import Final, Literal, LiteralString, Protocol
 from urllib.parse import urlencode
 
 import psycopg
 
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.started import Started
 
 __all__ = ["Endpoint", "PrimaryStandby", "multi_host_dsn"]
 
@@ -94,7 +94,7 @@ def _scalar(
     return row[0]
 
 
-class PrimaryStandby:
+class PrimaryStandby(Started):
     """A primary and a hot standby streaming from it, each a :class:`ThrowawayPostgres`.
 
     Both clusters listen on 127.0.0.1 with trust authentication for ``postgres``. The
@@ -210,18 +210,6 @@ class PrimaryStandby:
                     self._primary.close()
             finally:
                 self._primary = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<PrimaryStandby primary={self._primary!r} standby={self._standby!r}>"

@@ -22,8 +22,15 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.poll import eventually
 
-__all__ = ["dsn_to_url", "lock_holders", "probe_server", "resolve_test_dsn"]
+__all__ = [
+    "backend_gone",
+    "dsn_to_url",
+    "lock_holders",
+    "probe_server",
+    "resolve_test_dsn",
+]
 
 _DEFAULT_LOCAL_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -176,3 +183,17 @@ async def lock_holders(
         (key_to_oid(key1), key_to_oid(key2), granted),
     )
     return [int(row[0]) for row in await cur.fetchall()]
+
+
+async def backend_gone(
+    conn: psycopg.AsyncConnection[Any], pid: int | None, timeout_s: float
+) -> None:
+    """Wait until the server process ``pid`` has left ``pg_stat_activity`` (bounded)."""
+
+    async def gone() -> bool:
+        cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+        row = await cur.fetchone()
+        assert row is not None
+        return bool(row[0] == 0)
+
+    await eventually(gone, timeout_s, f"the exit of backend {pid}", poll_s=0.01)

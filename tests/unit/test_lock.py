@@ -91,10 +91,7 @@ async def test_terminated_leader_loses_and_follower_takes_over(
 ) -> None:
     a, b = make_lock(), make_lock()
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(5)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
+    await rec_b.follow(a)
     server.terminate()
     await rec_a.wait_event("lost")
     assert not a.is_leader
@@ -222,10 +219,7 @@ async def test_step_down_hands_over(
 ) -> None:
     a, b = make_lock(retry_strategy=FixedInterval(0.3)), make_lock()
     rec_a, rec_b = recorder(a), recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(5)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
+    await rec_b.follow(a)
     await a.step_down()
     assert a.state in (S.FOLLOWER, S.ACQUIRING)
     assert rec_a.names() == ["acquired", "released"]
@@ -752,10 +746,7 @@ async def test_waiting_follower_takes_over_at_once(
     a = make_lock()
     b = make_lock(retry_strategy=FixedInterval(30))  # waits on the server for 30 s
     rec_b = recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(5)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
+    await rec_b.follow(a)
     while server.calls["wait_lock"] == 0:
         await asyncio.sleep(0.005)
     await a.shutdown()
@@ -770,10 +761,7 @@ async def test_polling_follower_waits_for_its_next_attempt(
     a = make_lock()
     b = make_lock(retry_strategy=FixedInterval(30), follower_mode="poll")
     rec_b = recorder(b)
-    await a.start()
-    assert await a.wait_for_leadership(5)
-    await b.start()
-    await rec_b.wait_event("acquire_failed")
+    await rec_b.follow(a)
     await a.shutdown()
     assert await b.wait_for_leadership(0.3) is False
     assert server.calls["wait_lock"] == 0
