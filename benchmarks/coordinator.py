@@ -809,6 +809,8 @@ class KillTrial:
     queued_s: float | None = None  # coordinator: start -> every standby queued (parent clock)
     sessions: list[int] = field(default_factory=list)
     unsettled: str | None = None  # coordinator: killed before it settled (why)
+    after: list[int] = field(default_factory=list)  # coordinator: survivors' counts then
+    even_s: float | None = None  # coordinator: kill -> the survivors even (±1), or None
     error: str | None = None
 
 
@@ -919,6 +921,13 @@ def dedicated_trial(bench: Bench, args: argparse.Namespace, variant: str, number
         found = bench.tracker.releads(names, victim.rid, killed)
         result.per_name = [t - killed for t in found.values()]
         result.all_s = max(result.per_name) if result.per_name else None
+        if variant == "coordinator":
+            survivors = [r.rid for r in replicas if r is not victim]
+            result.after = bench.tracker.counts(survivors)
+            if bench.pump(
+                lambda: True if bench.tracker.balanced(survivors) else None, args.even_timeout
+            ):
+                result.even_s = time.monotonic() - killed
     except TrialError as exc:
         result.error = str(exc)
     finally:
@@ -934,8 +943,9 @@ def run_dedicated(bench: Bench, args: argparse.Namespace) -> dict[str, list[Kill
         f" {args.trials_dedicated} trials per variant, interleaved; {load()}"
     )
     results: dict[str, list[KillTrial]] = {v: [] for v in DEDICATED_VARIANTS}
+    variants = args.variants or list(DEDICATED_VARIANTS)
     for number in range(1, args.trials_dedicated + 1):
-        for variant in random.sample(DEDICATED_VARIANTS, len(DEDICATED_VARIANTS)):
+        for variant in random.sample(variants, len(variants)):
             t = dedicated_trial(bench, args, variant, number)
             results[variant].append(t)
             if t.error:
@@ -949,6 +959,8 @@ def run_dedicated(bench: Bench, args: argparse.Namespace) -> dict[str, list[Kill
                 )
             if t.unsettled:
                 extra = f"; killed {t.unsettled}"
+            if variant == "coordinator":
+                extra += f"; survivors {t.after} after the failover, even after {fmt_ms(t.even_s)}"
             print(
                 f"  [{variant}] trial {number}: {t.names} names, per name {mp(t.per_name)},"
                 f" all {fmt_ms(t.all_s)}{extra}"
@@ -1240,11 +1252,22 @@ def report_dedicated(
     for t in results["coordinator"]:
         if t.error or t.unsettled:
             print(f"Coordinator, dedicated: {t.error or t.unsettled}")
+    done = [t for t in results["coordinator"] if not t.error]
+    if done:
+        evens = [t.even_s for t in done if t.even_s is not None]
+        within = sum(1 for x in evens if x <= 2.0)
+        print(
+            f"Coordinator, dedicated: survivors even (±1) after the kill {mp(evens)}, within 2 s"
+            f" in {within} of {len(done)}; counts right after the failover"
+            f" {[t.after for t in done]}"
+        )
     target = (
         f"Dedicated, {args.dedicated_names} names / {args.replicas} replicas: per-name"
         " failover after SIGKILL within 2x of a LeaderLock per name (median / p99)"
     )
     tried = len(results["coordinator"])
+    if not results["leaderlock"]:
+        return [[target, "not measured (the leaderlock variant did not run)", "-"]]
     if not per["coordinator"] or not per["leaderlock"]:
         return [[target, f"no measurement: {len(settled)} of {tried} trials settled", "MISSED"]]
     ratio = med(per["coordinator"]) / med(per["leaderlock"])
@@ -1384,6 +1407,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=20.0,
         help="dedicated: wait for balance and every standby queued before a kill (20 s)",
+    )
+    parser.add_argument(
+        "--even-timeout",
+        type=float,
+        default=30.0,
+        help="dedicated: after a kill, wait for the survivors to even out (30 s)",
+    )
+    parser.add_argument(
+        "--variants",
+        action="append",
+        choices=DEDICATED_VARIANTS,
+        help="dedicated: the variants to run (default: all; repeatable)",
     )
     parser.add_argument("--json", type=Path, help="also write every trial here")
     parser.add_argument("--replica", help=argparse.SUPPRESS)

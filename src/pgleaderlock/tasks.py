@@ -24,7 +24,7 @@ from .core.errors import ConfigurationError
 from .core.hooks import callback_plugin, hookimpl
 from .core.lock import LeaderLock
 from .core.models import Event, LockState, RetryContext
-from .core.retry import RetryStrategy, check_retry_strategy
+from .core.retry import RetryStrategy, ask, check_retry_strategy
 
 __all__ = ["LeaderTasks", "TaskFunction", "follow_state", "next_delay", "supervise"]
 
@@ -466,11 +466,10 @@ def next_delay(retry: RetryStrategy, ctx: RetryContext, lock: str) -> float | No
     """Ask ``retry`` for a delay; a strategy that raises gives up, like one returning
     None."""
     try:
-        delay = retry.next_delay_s(ctx)
+        return ask(retry, ctx)
     except Exception as exc:
         log.error("retry_strategy_failed", lock=lock, error=repr(exc), exc_info=True)
         return None
-    return None if delay is None else max(0.0, float(delay))
 
 
 async def supervise(

@@ -31,17 +31,24 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from pgleaderlock import Coordinator, FencedError, FixedInterval, WorkerContext
+from pgleaderlock import Coordinator, FencedError, WorkerContext
 from pgleaderlock.testing.candidate import DSN_ENV, write_event
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
+from support.child import stdin_commands
+from support.timings import FAULT_TIMINGS
 
 TRANSACTION_S = 5.0
 """Bound of one fenced transaction."""
 PAUSE_S = 0.05
 """Between two fenced transactions of a worker."""
+IDLE_TICK_S = 60.0
+"""Longer than any bound of the tests (see ``Replica``)."""
 STATUS_S = 0.05
 """How often the status is looked at (printed when it changed)."""
 
@@ -57,18 +64,10 @@ class Replica:
                 fencing_table=opts.fencing_table,
                 checkpoint_table=opts.checkpoint_table,
             )
-        self.coord = Coordinator(
-            dsn,
-            group=opts.group,
-            sessions=opts.mode,
-            retry_strategy=FixedInterval(0.05),
-            health_interval_s=0.5,
-            health_timeout_s=0.5,
-            connect_timeout_s=2.0,
-            command_timeout_s=3.0,
-            load_plugins=False,
-            **kwargs,
-        )
+        # The idle tick (a settled member's look at the group, a safety net) is longer
+        # than the tests' bounds for balancing again: every change must be told.
+        fast = {**FAULT_TIMINGS, "command_timeout_s": 3.0, "idle_tick_s": IDLE_TICK_S}
+        self.coord = Coordinator(dsn, group=opts.group, sessions=opts.mode, **fast, **kwargs)
         for i in range(opts.names):
             self.coord.add(f"{opts.prefix}:{i}", self.work)
         self.stop = asyncio.Event()
@@ -78,33 +77,18 @@ class Replica:
         )
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self.stop.set)
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
-        )
-        commands = loop.create_task(self.commands(reader))
-        status = loop.create_task(self.status())
-        try:
-            await self.coord.start()
-            write_event("ready", member=self.coord.member, pid=os.getpid())
-            await self.stop.wait()
-        finally:
-            await self.coord.shutdown()
-            commands.cancel()
-            status.cancel()
-            await asyncio.gather(commands, status, return_exceptions=True)
-            transport.close()
+        async with stdin_commands(self.stop, signals=(signal.SIGTERM, signal.SIGINT)):
+            status = asyncio.get_running_loop().create_task(self.status())
+            try:
+                await self.coord.start()
+                write_event("ready", member=self.coord.member, pid=os.getpid())
+                await self.stop.wait()
+            finally:
+                await self.coord.shutdown()
+                status.cancel()
+                await asyncio.gather(status, return_exceptions=True)
         self.report_status(force=True)
         write_event("exit", commits=self.commits, fenced=self.fenced, moves=self.coord.moves)
-
-    async def commands(self, reader: asyncio.StreamReader) -> None:
-        while not self.stop.is_set():
-            line = (await reader.readline()).decode().strip()
-            if line == "shutdown" or not line:
-                self.stop.set()
 
     last: tuple[int, int, int] | None = None
 

@@ -383,7 +383,7 @@ def test_worst_case_keys_fit() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["join", "leave", "left", "request", "grant", "released", "handoff", "done"]
+    "kind", ["join", "leave", "left", "request", "grant", "released", "handoff", "done", "moved"]
 )
 def test_every_kind_round_trips(kind: str) -> None:
     message = Message(kind, "s", "t" if kind != "join" else "", ((1, 2),), 3)  # type: ignore[arg-type]

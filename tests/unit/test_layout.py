@@ -4,6 +4,7 @@ the core imports no driver or outer layer, and no module but the machine sets a 
 from __future__ import annotations
 
 import ast
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,53 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert "asyncio" in imported(CORE / "runner.py")
     assert "pgleaderlock.core.machine.table.step" in imported(MACHINE / "engine.py")
     assert any("_state" in line for line in (MACHINE / "engine.py").read_text().splitlines())
+
+
+def calls(path: Path, attribute: str) -> list[int]:
+    """Lines of ``path`` that call a method or function named ``attribute``, outside a
+    definition of a method of that name (a strategy that wraps another may ask it)."""
+    tree = ast.parse(path.read_text(), str(path))
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == attribute:
+            inside.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == attribute and node.lineno not in inside:
+                found.append(node.lineno)
+    return found
+
+
+def test_one_retry_delay_rule_and_one_permanence_rule() -> None:
+    """Strategies are asked through ``core.retry.ask`` only, and whether an error is
+    permanent is decided by ``core.machine.is_permanent`` only: no copy outside the
+    core drifts from the lock's own rule."""
+    offenders = []
+    for path in modules(PACKAGE):
+        where = path.relative_to(PACKAGE)
+        if path != CORE / "retry.py":
+            offenders += [f"{where}:{line} asks a strategy" for line in calls(path, "next_delay_s")]
+        if not path.is_relative_to(MACHINE) and "NON_RETRYABLE" in path.read_text():
+            offenders.append(f"{where} decides permanence itself (NON_RETRYABLE)")
+    assert offenders == []
+    assert calls(CORE / "retry.py", "next_delay_s")  # the scan sees what it looks for
+
+
+def test_the_lock_and_the_coordinator_default_as_lock_config_does() -> None:
+    """Defaults are written once, in ``lock_config``; ``LeaderLock``'s signature repeats
+    them for its readers, equal; the Coordinator passes on only what it is given."""
+    from pgleaderlock import Coordinator, LeaderLock
+    from pgleaderlock.core.config import lock_config
+
+    config = inspect.signature(lock_config).parameters
+    signature = inspect.signature(LeaderLock.__init__).parameters
+    shared = set(config) & set(signature)
+    assert len(shared) >= 15
+    assert {n: signature[n].default for n in shared} == {n: config[n].default for n in shared}
+    assert "health_timeout_s" not in inspect.signature(Coordinator.__init__).parameters
+    coordinator = Coordinator("postgresql://h/db", group="g")
+    lock = LeaderLock("postgresql://h/db", 1, 2, load_plugins=False)
+    assert coordinator._settings.config == lock._config

@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 
 import click
 
+from ..core.config import positive as core_positive
 from ..core.errors import ConfigurationError
 from ..core.keys import check_key, lock_keys
 from .exits import CliError
@@ -92,10 +93,11 @@ def resolve_target(name: str | None, key1: int | None, key2: int | None) -> Targ
 
 
 def positive(option: str, value: float) -> float:
-    """``value`` if it is a finite number of seconds above zero."""
-    if not math.isfinite(value) or value <= 0:
-        raise CliError(f"{option} must be a positive number of seconds, got {value:g}")
-    return value
+    """``value`` if it is a finite number of seconds above zero (the library's rule)."""
+    try:
+        return core_positive(option, value)
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
 
 
 def check_wait(wait_s: float) -> float:

@@ -16,6 +16,7 @@ import click
 from ..core._logging import mask_dsn
 from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
+from ..core.machine import is_permanent
 from ..core.retry import ExponentialBackoff
 from .exits import EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
@@ -24,7 +25,6 @@ from .runtime import (
     Signals,
     build_lock,
     first,
-    is_permanent,
     not_acquired_error,
     permanent_error,
     preflight,

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
-from ..core.machine import NON_RETRYABLE
+from ..core.machine import is_permanent
 from ..core.registry import driver_dsn
 from ..core.retry import RetryStrategy
 from .exits import CliError, first_line, signal_exit
@@ -96,18 +96,12 @@ async def preflight(common: Common, lock: LeaderLock) -> None:
             f"{common.connect_timeout_s:g} s; DSN: {common.dsn}"
         ) from None
     except Exception as exc:
-        if isinstance(exc, NON_RETRYABLE):
+        if is_permanent(exc):
             raise permanent_error(common, exc) from None
         raise CliError(
             f"cannot connect to the database: {first_line(exc)}; DSN: {common.dsn}"
         ) from None
     await session.close()
-
-
-def is_permanent(error: BaseException | None) -> bool:
-    """Whether ``error`` is one that the lock stops on instead of retrying
-    (``wait_for_leadership()`` raises it): see `permanent_error`."""
-    return isinstance(error, NON_RETRYABLE)
 
 
 def permanent_error(common: Common, error: BaseException) -> CliError:

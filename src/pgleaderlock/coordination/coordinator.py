@@ -30,6 +30,7 @@ _LOCK_KNOBS = frozenset({
     "retry_permanent_errors", "acquire_delay_s", "backend", "lease_s", "fencing_grace_s",
     "drain_s",
 })  # fmt: skip
+_CONFIG_KNOBS = _LOCK_KNOBS - {"load_plugins", "backend"}  # lock_config()'s, with its defaults
 
 
 class Coordinator:
@@ -113,23 +114,12 @@ class Coordinator:
         check_give_away(give_away_after_crashes)
         backend_name = lock_knobs.get("backend")
         config = lock_config(
-            health_interval_s=lock_knobs.get("health_interval_s", 5.0),
-            health_timeout_s=lock_knobs.get("health_timeout_s", 2.0),
-            reconnect_grace_s=lock_knobs.get("reconnect_grace_s"),
-            connect_timeout_s=lock_knobs.get("connect_timeout_s", 5.0),
-            command_timeout_s=lock_knobs.get("command_timeout_s", 5.0),
-            tcp_user_timeout_s=lock_knobs.get("tcp_user_timeout_s"),
+            **{knob: lock_knobs[knob] for knob in _CONFIG_KNOBS & set(lock_knobs)},
             auto_reacquire=True,
-            follower_mode=lock_knobs.get("follower_mode", "wait"),
-            retry_permanent_errors=lock_knobs.get("retry_permanent_errors", False),
             fencing=fencing,
             fencing_table=fencing_table,
             fencing_schema=fencing_schema,
             trusted_roles=trusted_roles,
-            acquire_delay_s=lock_knobs.get("acquire_delay_s", 0.0),
-            lease_s=lock_knobs.get("lease_s"),
-            fencing_grace_s=lock_knobs.get("fencing_grace_s", 2.0),
-            drain_s=lock_knobs.get("drain_s", 0.0),
         )
         backend, driver_dsn, config = connection_target(backend_name, dsn, connect_fn, config)
         check_retry_strategy(retry_strategy)

@@ -39,6 +39,9 @@ HANDOFF_WAIT_S = 1.0
 PAUSE_S = 2.0
 """How long a member stops competing for a name handed to another member, at most: it
 competes again as soon as the giver says the hand-off is over."""
+MOVED_DELAY_S = 0.05
+"""A member whose locks gained or lost names tells the group this long after the first
+change (one message for a burst: a dead member's names are granted all at once)."""
 
 
 class DedicatedEngine(Engine):
@@ -56,6 +59,7 @@ class DedicatedEngine(Engine):
         self._tables_ready = False
         self._closing = False
         self._changing: dict[Key, asyncio.Task[None]] = {}  # key -> its lock's last start/stop
+        self._moved: asyncio.Task[None] | None = None  # a "moved" message on its way
 
     # ------------------------------------------------------------------ sessions
 
@@ -71,6 +75,10 @@ class DedicatedEngine(Engine):
 
     async def _close(self) -> None:
         self._closing = True  # no lock starts from here on (the listener still runs)
+        if self._moved is not None:
+            self._moved.cancel()
+            await asyncio.gather(self._moved, return_exceptions=True)
+            self._moved = None
         await asyncio.gather(*self._changing.values(), return_exceptions=True)
         locks = list(self._locks.values())
         self._locks.clear()
@@ -197,12 +205,27 @@ class DedicatedEngine(Engine):
             self._leading.add(key)
             self.start_worker(name, lock.term)
             self.events.put_nowait(("changed", None))
+            self._tell_moved()
         elif old is LockState.LEADER:
             self._leading.discard(key)
             await self.workers.stop({name})  # before an unlock, and before anyone else leads
             self.events.put_nowait(("changed", None))
+            self._tell_moved()
         if new is LockState.STOPPED and lock.stop_error is not None:
             self.events.put_nowait(("fatal", lock.stop_error))  # a missing grant, ...
+
+    def _tell_moved(self) -> None:
+        """Tell the group, soon, that this member leads other names: the server hands a
+        dead member's names to whichever members queued first, and a member left with
+        fewer learns of it now rather than at its next idle tick."""
+        if self._closing or (self._moved is not None and not self._moved.done()):
+            return
+
+        async def tell() -> None:
+            await asyncio.sleep(MOVED_DELAY_S)
+            await self.announce(Message("moved", self.member))
+
+        self._moved = asyncio.get_running_loop().create_task(tell())
 
     def _held(self) -> set[Key]:
         return set(self._leading)

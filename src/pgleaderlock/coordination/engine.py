@@ -20,9 +20,8 @@ from typing import Any, TypeVar, cast
 
 from ..core._logging import get_logger
 from ..core.config import LockConfig, TermTable, session_settings
-from ..core.errors import ServerRefusedError
 from ..core.keys import oid_to_key
-from ..core.machine.engine import NON_RETRYABLE
+from ..core.machine import is_permanent
 from ..core.models import RetryContext
 from ..core.retry import RetryStrategy
 from ..core.session import Backend, ConnectOptions, GroupSession, SessionFactory
@@ -109,13 +108,6 @@ Event = tuple[str, Any]
 
 class Stopping(Exception):
     """The coordinator is shutting down: ends a reconnection loop."""
-
-
-def permanent(error: BaseException, config: LockConfig) -> bool:
-    """An error retrying cannot mend (as for a ``LeaderLock``)."""
-    if isinstance(error, ServerRefusedError) and config.retry_permanent_errors:
-        return False
-    return isinstance(error, NON_RETRYABLE)
 
 
 class Engine(abc.ABC):
@@ -246,7 +238,7 @@ class Engine(abc.ABC):
                 return await attempt()
             except Exception as exc:
                 count += 1
-                if permanent(exc, self.s.config):
+                if is_permanent(exc, self.s.config):
                     raise
                 ctx = RetryContext(count, time.monotonic() - started, exc)
                 delay = next_delay(self.s.retry, ctx, self._fields["lock"])
@@ -292,7 +284,7 @@ class Engine(abc.ABC):
                 except (Stopping, asyncio.CancelledError):
                     raise
                 except Exception as exc:
-                    if permanent(exc, self.s.config):
+                    if is_permanent(exc, self.s.config):
                         raise
                     log.warning("group_event_failed", kind=kind, error=repr(exc),
                                 **self._fields)  # fmt: skip
@@ -355,6 +347,8 @@ class Engine(abc.ABC):
                 self.events.put_nowait(("left", message.to))  # the dead member
             case "join" | "leave" | "released":
                 self.events.put_nowait((message.kind, None))
+            case "moved":
+                self.events.put_nowait(("changed", None))
 
     async def _on_request(self, message: Message) -> None:
         """Give what keeps the two members within balance; always answer (an empty

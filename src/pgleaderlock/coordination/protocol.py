@@ -17,7 +17,7 @@ import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from ..core.errors import ConfigurationError
 from ..core.keys import check_name, lock_keys
@@ -114,7 +114,7 @@ def member_key(group: str, member: str) -> Key:
     return lock_keys(f"pgleaderlock-member:{group}:{member}")
 
 
-Kind = Literal["join", "leave", "left", "request", "grant", "released", "handoff", "done"]
+Kind = Literal["join", "leave", "left", "request", "grant", "released", "handoff", "done", "moved"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,9 @@ class Message:
             (``keys`` are free for anyone: removed or given away), ``handoff``
             (``sender`` is about to release ``keys`` for ``to``: the others leave them
             alone, and with dedicated sessions stop waiting for them), ``done`` (a
-            dedicated hand-off is over, or a request is answered with nothing).
+            dedicated hand-off is over, or a request is answered with nothing),
+            ``moved`` (``sender`` leads other names than before: the server granted it
+            names, a dead member's say, or took some away; the others look again).
         sender: the member that sent it.
         to: the member it is for, or ``""`` for all.
         keys: the names' keys it is about.
@@ -172,8 +174,7 @@ class Message:
                 return None
             keys = tuple((int(k[0]), int(k[1])) for k in body.get("x", ()))
             kind = body["k"]
-            if kind not in ("join", "leave", "left", "request", "grant", "released",
-                            "handoff", "done"):  # fmt: skip
+            if kind not in get_args(Kind):
                 return None
             return cls(kind, str(body["s"]), str(body.get("t", "")), keys, int(body.get("c", 0)))
         except (ValueError, KeyError, TypeError, IndexError):

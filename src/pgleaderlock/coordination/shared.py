@@ -30,10 +30,11 @@ from typing import Any, TypeVar, cast
 
 from ..core._logging import get_logger
 from ..core.config import TermTable
+from ..core.machine import is_permanent
 from ..core.session import GroupSession, WaitingSession, WatchableSession
 from ..core.slot import SessionSlot, can
 from . import balance
-from .engine import Engine, permanent
+from .engine import Engine
 from .protocol import Key, Message, member_key
 
 __all__ = ["SharedEngine"]
@@ -198,7 +199,7 @@ class SharedEngine(Engine):
             if granted and self.s.terms is not None:
                 terms = await self._bump_terms(self.s.terms, granted)
         except Exception as exc:  # the session is given up (_call): the loop reconnects
-            if permanent(exc, self.s.config):  # ... unless that cannot help
+            if is_permanent(exc, self.s.config):  # ... unless that cannot help
                 raise
             return []
         if terms is None:  # fenced transactions of older terms hold on: try again later

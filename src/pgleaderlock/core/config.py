@@ -171,14 +171,14 @@ class LockConfig:
 
 def lock_config(
     *,
-    health_interval_s: object,
-    health_timeout_s: object,
-    reconnect_grace_s: object,
-    connect_timeout_s: object,
-    command_timeout_s: object,
-    tcp_user_timeout_s: object,
-    auto_reacquire: object,
-    follower_mode: object,
+    health_interval_s: object = 5.0,
+    health_timeout_s: object = 2.0,
+    reconnect_grace_s: object = None,
+    connect_timeout_s: object = 5.0,
+    command_timeout_s: object = 5.0,
+    tcp_user_timeout_s: object = None,
+    auto_reacquire: object = True,
+    follower_mode: object = "wait",
     retry_permanent_errors: object = False,
     fencing: object = False,
     fencing_table: object = "pgleaderlock_terms",
@@ -189,7 +189,9 @@ def lock_config(
     fencing_grace_s: object = 2.0,
     drain_s: object = 0.0,
 ) -> LockConfig:
-    """Check a lock's settings before any I/O.
+    """Check a lock's settings before any I/O. Its defaults are every lock's (a
+    ``LeaderLock``'s signature repeats them for its readers; a unit test keeps the two
+    equal).
 
     Raises:
         ConfigurationError: a non-positive or non-finite number, a ``tcp_user_timeout_s``

@@ -16,6 +16,7 @@ from .errors import ConfigurationError
 from .models import RetryContext
 
 __all__ = [
+    "ask",
     "check_retry_strategy",
     "default_retry_strategy",
     "DecorrelatedJitter",
@@ -82,6 +83,20 @@ class ExponentialBackoff:
             f"ExponentialBackoff(base_s={self.base_s}, max_s={self.max_s}, "
             f"multiplier={self.multiplier}{error})"
         )
+
+
+def ask(strategy: RetryStrategy, ctx: RetryContext) -> float | None:
+    """How long to sleep before the next attempt, as ``strategy`` says: ``None`` gives
+    up, and so does an infinite delay (a lock that would never try again, yet never
+    stop); a negative or NaN delay is 0. What the strategy raises propagates: every
+    caller logs it and gives up."""
+    delay = strategy.next_delay_s(ctx)
+    if delay is None:
+        return None
+    delay = float(delay)
+    if math.isnan(delay) or delay < 0:
+        return 0.0
+    return None if math.isinf(delay) else delay
 
 
 def check_retry_strategy(strategy: object) -> None:

@@ -70,7 +70,7 @@ from .effects import (
     WatchSession,
     Woke,
 )
-from .engine import NON_RETRYABLE, Machine, describe
+from .engine import NON_RETRYABLE, Machine, describe, is_permanent
 from .table import (
     TABLE,
     Action,
@@ -87,6 +87,7 @@ from .table import (
 
 __all__ = [
     "NON_RETRYABLE",
+    "is_permanent",
     "TABLE",
     "Aborted",
     "Action",

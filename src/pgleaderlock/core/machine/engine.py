@@ -21,7 +21,7 @@ from ..errors import (
     SessionNotDedicatedError,
 )
 from ..models import Event, LockState, LockStatistics, RetryContext
-from ..retry import RetryStrategy
+from ..retry import RetryStrategy, ask
 from .effects import (
     Aborted,
     Answered,
@@ -52,7 +52,7 @@ from .effects import (
 )
 from .table import Action, Conditions, IllegalTransitionError, Input, Transition, step
 
-__all__ = ["NON_RETRYABLE", "Machine", "describe"]
+__all__ = ["NON_RETRYABLE", "Machine", "describe", "is_permanent"]
 
 S = LockState
 A = Action
@@ -67,6 +67,19 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
 stops, and ``wait_for_leadership()`` raises them. ``retry_permanent_errors=True`` keeps
 retrying [`ServerRefusedError`][pgleaderlock.ServerRefusedError] (a password being
 rotated, a database a migration will create)."""
+
+
+def is_permanent(error: BaseException | None, config: LockConfig | None = None) -> bool:
+    """Whether a lock stops on ``error`` instead of retrying (`NON_RETRYABLE`, unless
+    ``config.retry_permanent_errors`` keeps a refused connection retrying): the one rule,
+    for locks, the Coordinator and the command line."""
+    if not isinstance(error, NON_RETRYABLE):
+        return False
+    return not (
+        isinstance(error, ServerRefusedError)
+        and config is not None
+        and config.retry_permanent_errors
+    )
 
 
 def describe(error: BaseException | None) -> str:
@@ -679,9 +692,7 @@ class Machine:
     def _gave_up(self) -> bool:
         """Give up after an error that retrying cannot mend (NON_RETRYABLE)."""
         error = self._last_error
-        if not isinstance(error, NON_RETRYABLE):
-            return False
-        if isinstance(error, ServerRefusedError) and self.config.retry_permanent_errors:
+        if error is None or not is_permanent(error, self.config):
             return False
         self._fatal_error = error
         self._give_up("error", f"non-retryable error: {describe(error)}")
@@ -694,13 +705,10 @@ class Machine:
     def _next_delay(self, ctx: RetryContext) -> float | None:
         """Ask the retry strategy; one that raises gives up, like one returning None."""
         try:
-            delay = self.retry.next_delay_s(ctx)
+            return ask(self.retry, ctx)
         except Exception as exc:
             self._log("error", "retry_strategy_failed", exc=exc, error=repr(exc))
             return None
-        if delay is None:
-            return None
-        return max(0.0, float(delay)) if math.isfinite(delay) else 0.0
 
     # ------------------------------------------------------------------ helpers
 
