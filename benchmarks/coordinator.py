@@ -843,7 +843,7 @@ def dedicated_trial(bench: Bench, args: argparse.Namespace, variant: str, number
                 replica.send("go")
             rids = [r.rid for r in replicas]
 
-            standbys = n * (count - 1)
+            standbys = n  # one standby per name (rendezvous hashing picks it)
             queued: list[int] = [0]
 
             def settled() -> bool | None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pgleaderlock import Coordinator, FixedInterval, LeaderLock, WorkerContext
+from pgleaderlock.coordination.balance import hrw_ranked
 from pgleaderlock.coordination.protocol import name_keys
 
 if TYPE_CHECKING:
@@ -146,18 +147,22 @@ async def test_a_dedicated_group_with_a_name_held_outside(
             await coord.start()
         await settled(coords, 2)
         args = ["status", "--group", group, "--json", *(a for n in names for a in ("--name", n))]
-        # Dedicated members wait on the server for the names they do not lead; each wait
-        # is bounded, so look until every member is seen waiting for the outside name.
+        # One dedicated member stands by for each name it does not lead, waiting on the
+        # server: for the outside name, the one rendezvous hashing ranks first.
+        key = name_keys(group, outside)
+        standby = hrw_ranked(key, [c.member for c in coords])[0]
         for _ in range(50):
             report = json.loads((await run_cli(*args)).stdout)
             held_outside = next(e for e in report["leaders"] if e["name"] == outside)
-            if {w["member"] for w in held_outside["waiting"]} == {c.member for c in coords}:
+            watching = [m for m in report["members"] if m["watching"]]
+            # (each member's ring watch opens once it has seen the other)
+            if [w["member"] for w in held_outside["waiting"]] == [standby] and len(watching) == 2:
                 break
             await asyncio.sleep(0.1)
         assert held_outside["member"] == ""
         assert held_outside["pid"] == plain.backend_pid
         assert held_outside["application_name"] == plain.application_name
-        assert {w["member"] for w in held_outside["waiting"]} == {c.member for c in coords}
+        assert [w["member"] for w in held_outside["waiting"]] == [standby]
         assert {w["role"] for w in held_outside["waiting"]} == {"lock"}
         members = {m["member"]: m for m in report["members"]}
         for coord in coords:
@@ -165,7 +170,7 @@ async def test_a_dedicated_group_with_a_name_held_outside(
             assert member["mode"] == "dedicated"
             assert member["names"] == len(coord.owned) == 1
             roles = {s["role"] for s in member["sessions"]}
-            assert roles == {"lock", "util", "listen"}
+            assert roles == {"lock", "util", "listen", "watch"}
         for entry in report["leaders"]:
             if entry["name"] != outside:
                 assert entry["member"] in members

@@ -273,6 +273,29 @@ async def test_another_call_during_a_wait_drops_the_session(
     assert await a.holds(*keys)  # the holder's session is untouched
 
 
+async def test_a_close_cut_short_during_a_wait_still_drops_the_session(
+    target: Target,
+    keys: tuple[int, int],
+    backend_alive: Callable[[int], Awaitable[bool]],
+) -> None:
+    """``close()`` first cancels the wait in flight; cancelled meanwhile (a shutdown
+    that cancels the task closing it), it still drops the connection, never leaves it
+    open for the garbage collector."""
+    if not _builtin(target):
+        pytest.skip("built-in backends only: the contract allows a wait per call")
+    a, b = await target.session(), await target.session()
+    assert await a.try_lock(*keys)
+    assert isinstance(b, WaitingSession)
+    assert await b.wait_lock(*keys, 0.1) is False
+    pid = b.backend_pid
+    assert pid is not None
+    closing = asyncio.ensure_future(b.close())
+    await asyncio.sleep(0)  # close() is under way: it waits for the wait's cancellation
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await eventually(lambda: _not(backend_alive(pid)), 2, "the waiter's backend to go")
+
+
 async def _lock_on_the_driver_connection(session: LockSession, keys: tuple[int, int]) -> None:
     """``pg_advisory_lock`` run on the session's own driver connection, past the session."""
     conn: Any = getattr(session, "connection", None)

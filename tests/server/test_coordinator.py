@@ -113,6 +113,20 @@ async def group_sessions(admin: Admin, group: str, member: str = "") -> list[str
     return [str(row[0]) for row in await cur.fetchall()]
 
 
+async def name_locks(admin: Admin, group: str) -> list[tuple[int, int]]:
+    """For each lock that the group's ``lock`` sessions hold or wait for: (holders,
+    waiters), sorted."""
+    pattern = f"pgl:{group}:%:lock".replace("_", "\\_")
+    cur = await admin.execute(
+        "SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)"
+        " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND a.application_name LIKE %s"
+        " GROUP BY l.classid, l.objid ORDER BY 1, 2",
+        (pattern,),
+    )
+    return [(int(row[0]), int(row[1])) for row in await cur.fetchall()]
+
+
 async def no_sessions_left(admin: Admin, group: str) -> float:
     """Poll (a backend exits a moment after its client closed) until the group has no
     session; return how long that took."""
@@ -600,7 +614,8 @@ async def test_sessions_per_replica_and_balance_of_three(
     make_coord: Callable[..., Coordinator], admin: Admin, group: str, mode: str
 ) -> None:
     """Three replicas, 9 names (30 in shared mode): each leads a third, and opens
-    exactly 3 sessions in shared mode, one per name plus 2 in dedicated mode."""
+    exactly 3 sessions in shared mode; in dedicated mode util, listen and watch, and the
+    group's lock sessions are two per name: its leader and one standby."""
     n = 30 if mode == "shared" else 9
     names = [unique("n") for _ in range(n)]
     w = Workers()
@@ -618,19 +633,25 @@ async def test_sessions_per_replica_and_balance_of_three(
     expected = (
         {"hold": 1, "watch": 1, "listen": 1}
         if mode == "shared"
-        else {"lock": n, "util": 1, "listen": 1}
+        else {"util": 1, "listen": 1, "watch": 1}
     )
     roles: dict[str, collections.Counter[str]] = {}
+    locks: list[tuple[int, int]] = []
 
     async def counted() -> bool:
+        nonlocal locks
         for coord in coords:
             sessions = await group_sessions(admin, group, coord.member)
             roles[coord.member] = collections.Counter(s.rsplit(":", 1)[1] for s in sessions)
+        if mode == "dedicated":
+            locks = await name_locks(admin, group)
+            if sum(r.pop("lock", 0) for r in roles.values()) != 2 * n or locks != [(1, 1)] * n:
+                return False
         return all(r == expected for r in roles.values())
 
     deadline = time.monotonic() + BOUND_S
     while not await counted():  # the watch opens once a peer is seen (within 2 s)
-        assert time.monotonic() < deadline, roles
+        assert time.monotonic() < deadline, (roles, locks)
         await asyncio.sleep(0.05)
     for coord in coords:
         await coord.shutdown()
@@ -640,12 +661,12 @@ async def test_sessions_per_replica_and_balance_of_three(
 async def test_dedicated_standbys_are_back_soon_after_a_handoff(
     make_coord: Callable[..., Coordinator], admin: Admin, group: str
 ) -> None:
-    """Dedicated sessions: every replica that registered a name waits for its lock on
-    the server, so that one of them takes over the instant the leader dies. Around a
-    hand-off the giver and the third replica stop waiting for the name for a moment
-    (``PAUSE_S``, 2 s); they must wait again soon after, not only at their next idle
-    tick (``idle_tick_s``, 10 s by default), or a SIGKILL of the receiver meanwhile leaves
-    the name without a leader until then."""
+    """Dedicated sessions: one replica stands by for each name, waiting for its lock on
+    the server, so that it takes over the instant the leader dies. Around a hand-off the
+    others stop waiting for the name for a moment (``PAUSE_S``, 2 s); every name must
+    have its standby again soon after, not only at the next idle tick (``idle_tick_s``,
+    10 s by default), or a SIGKILL of the receiver meanwhile leaves the name without a
+    leader until then."""
     n = 6
     names = [unique("n") for _ in range(n)]
     w = Workers()
@@ -657,22 +678,21 @@ async def test_dedicated_standbys_are_back_soon_after_a_handoff(
     await eventually(lambda: sorted(len(c.owned) for c in coords) == [2, 2, 2], 10.0, "balance")
     settled = time.monotonic()
     assert sum(c.moves for c in coords) > 0  # names were handed over
-    counts: dict[str, int] = {}
+    locks: list[tuple[int, int]] = []
 
-    async def all_waiting() -> bool:
-        for coord in coords:
-            sessions = await group_sessions(admin, group, coord.member)
-            counts[coord.member] = sum(1 for s in sessions if s.endswith(":lock"))
-        return all(count == n for count in counts.values())
+    async def standbys() -> bool:
+        nonlocal locks
+        locks = await name_locks(admin, group)
+        return locks == [(1, 1)] * n
 
     bound = 2.0 + 3.0  # PAUSE_S, then a generous margin
-    while not await all_waiting():
+    while not await standbys():
         assert time.monotonic() - settled < bound, (
-            f"lock sessions per replica {bound} s after the group settled: {counts} "
-            f"(each should have {n}: one per name, waiting or leading)"
+            f"(holders, waiters) per name {bound} s after the group settled: {locks} "
+            "(each should have one of each)"
         )
         await asyncio.sleep(0.05)
-    print(f"every name has its standbys again {time.monotonic() - settled:.3f} s after settling")
+    print(f"every name has its standby again {time.monotonic() - settled:.3f} s after settling")
 
 
 @pytest.mark.parametrize("mode", MODES)

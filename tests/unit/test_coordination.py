@@ -13,7 +13,7 @@ import pytest
 
 from pgleaderlock import ConfigurationError, lock_keys
 from pgleaderlock.coordination import balance
-from pgleaderlock.coordination.balance import View, hrw_owner, requests, should_grant
+from pgleaderlock.coordination.balance import View, hrw_owner, hrw_ranked, requests, should_grant
 from pgleaderlock.coordination.protocol import (
     Key,
     Message,
@@ -49,6 +49,22 @@ def test_hrw_owner_is_deterministic_and_order_free() -> None:
     assert set(first) <= set(group)
     assert hrw_owner(keys[0], []) is None
     assert hrw_owner(keys[0], ["only"]) == "only"
+
+
+def test_hrw_ranked_puts_the_owner_first_in_one_order_for_everyone() -> None:
+    """The order a dedicated group picks a name's standby by: the same from any member's
+    list, the owner first, and dropping a member keeps the others' order."""
+    keys = names(200)
+    group = members(5)
+    for key in keys:
+        ranked = hrw_ranked(key, group)
+        assert ranked == hrw_ranked(key, reversed(group)) == hrw_ranked(key, frozenset(group))
+        assert sorted(ranked) == sorted(group)
+        assert ranked[0] == hrw_owner(key, group)
+        assert hrw_ranked(key, ranked[1:]) == ranked[1:]  # the owner gone: the rest stay
+    standbys = collections.Counter(hrw_ranked(k, group)[1] for k in names(3000))
+    assert set(standbys) == set(group)  # every member stands by for some names
+    assert hrw_ranked(keys[0], []) == []
 
 
 def test_hrw_spreads_names_roughly_evenly() -> None:
@@ -469,4 +485,4 @@ def test_channel_and_member_key() -> None:
 
 
 def test_balance_module_exports() -> None:
-    assert set(balance.__all__) == {"View", "hrw_owner", "requests", "should_grant"}
+    assert set(balance.__all__) == {"View", "hrw_owner", "hrw_ranked", "requests", "should_grant"}

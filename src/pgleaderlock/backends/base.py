@@ -778,10 +778,12 @@ class BaseSession(abc.ABC):
         """A wait is in flight on the session and something else was asked of it: drop
         the session (the wait's backend stops within a second) and say so."""
         wait, self._waiting, self._waiting_for = self._waiting, None, None
-        if wait is not None:  # the driver asks the server to cancel it, then drops it
-            wait.cancel()
-            await asyncio.gather(wait, return_exceptions=True)
-        self.abort()
+        try:
+            if wait is not None:  # the driver asks the server to cancel it, then drops it
+                wait.cancel()
+                await asyncio.gather(wait, return_exceptions=True)
+        finally:
+            self.abort()
         raise ConnectionError(f"{what}: the session was waiting for a lock; it was dropped")
 
     def watch(self, callback: Callable[[], None] | None) -> None:
@@ -818,13 +820,18 @@ class BaseSession(abc.ABC):
         """Close the session (which frees its locks). Idempotent, bounded, never raises."""
         self.watch(None)
         wait, self._waiting, self._waiting_for = self._waiting, None, None
-        if wait is not None:  # the driver asks the server to cancel it, then drops it
-            wait.cancel()
-            await asyncio.gather(wait, return_exceptions=True)
-        if self._info is not None and self._info.behind_pooler and not self._closed():
-            await self._forget()
-        with contextlib.suppress(Exception):
-            await self._close()
+        try:
+            if wait is not None:  # the driver asks the server to cancel it, then drops it
+                wait.cancel()
+                await asyncio.gather(wait, return_exceptions=True)
+            if self._info is not None and self._info.behind_pooler and not self._closed():
+                await self._forget()
+        except BaseException:
+            self.abort()  # cut short: the connection goes now, not with the garbage
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await self._close()
 
     async def _forget(self) -> None:
         """Behind a pooler, take the session's token off the server backend before

@@ -528,8 +528,8 @@ def _brief(session: dict[str, Any]) -> dict[str, Any]:
 
 def _mode(roles: set[str]) -> str | None:
     """The member's session mode, from its sessions' roles."""
-    if roles & {"hold", "watch"}:
+    if "hold" in roles:
         return "shared"
     if roles & {"lock", "util"}:
         return "dedicated"
-    return None
+    return "shared" if "watch" in roles else None  # (both modes have a watch session)

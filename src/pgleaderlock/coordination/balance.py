@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .protocol import Key
 
-__all__ = ["View", "hrw_owner", "requests", "should_grant"]
+__all__ = ["View", "hrw_owner", "hrw_ranked", "requests", "should_grant"]
 
 
 def _weight(key: Key, member: str) -> int:
@@ -33,6 +33,12 @@ def _weight(key: Key, member: str) -> int:
 def hrw_owner(key: Key, members: Iterable[str]) -> str | None:
     """The member that rendezvous hashing gives ``key`` (None without members)."""
     return max(members, key=lambda member: (_weight(key, member), member), default=None)
+
+
+def hrw_ranked(key: Key, members: Iterable[str]) -> list[str]:
+    """``members`` in the order rendezvous hashing ranks them for ``key`` (the owner
+    first): every member computes the same order."""
+    return sorted(members, key=lambda member: (_weight(key, member), member), reverse=True)
 
 
 @dataclass(frozen=True)

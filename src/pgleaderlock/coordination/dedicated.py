@@ -1,9 +1,18 @@
 """Dedicated sessions: one [`LeaderLock`][pgleaderlock.LeaderLock] per name (the seeds'
-pattern), with all its guarantees: followers wait on the server and take over the
-instant a holder dies, flap damping, late probes, fencing. Two more sessions per member:
-**util** holds the member's own lock (its place in the group), reads the group's snapshot
-and sends notifications, and is probed every ``health_interval_s`` (so that its lease,
-like a name's, ends a frozen member's place within ``lease_s``); **listen** receives them.
+pattern), with all its guarantees: a standby waits on the server and takes over the
+instant a holder dies, flap damping, late probes, fencing. Three more sessions per
+member: **util** holds the member's own lock (its place in the group), reads the group's
+snapshot and sends notifications, and is probed every ``health_interval_s`` (so that its
+lease, like a name's, ends a frozen member's place within ``lease_s``); **listen**
+receives them; **watch** waits for the next member's lock (the ring watch: a dead member
+is known at once).
+
+One standby per name, not every member: the member that rendezvous hashing ranks first
+among those that do not lead it (the first two while nobody leads it) waits for it; the
+others do not hold a session for it, unless they see none of the chosen waiting (a
+member that has not registered the name, or has not started yet), so that a name is
+never without a standby for long. Sessions per group: about two per name, whatever the
+number of replicas, plus three per replica.
 
 A name is handed to a member that leads fewer names without letting anyone else in:
 the giver announces the hand-off, the other members stop waiting for the name, and
@@ -39,6 +48,10 @@ HANDOFF_WAIT_S = 1.0
 PAUSE_S = 2.0
 """How long a member stops competing for a name handed to another member, at most: it
 competes again as soon as the giver says the hand-off is over."""
+STANDBY_DELAY_S = 0.5
+"""How long after its locks last gained a name a member waits before it opens sessions
+for new standbys: a failover in progress (a dead member's names granted to their
+standbys) is not slowed by new connections meanwhile."""
 MOVED_DELAY_S = 0.05
 """A member whose locks gained or lost names tells the group this long after the first
 change (one message for a burst: a dead member's names are granted all at once)."""
@@ -60,6 +73,7 @@ class DedicatedEngine(Engine):
         self._closing = False
         self._changing: dict[Key, asyncio.Task[None]] = {}  # key -> its lock's last start/stop
         self._moved: asyncio.Task[None] | None = None  # a "moved" message on its way
+        self._gained_at = 0.0  # when one of its locks last became LEADER (monotonic)
 
     # ------------------------------------------------------------------ sessions
 
@@ -69,8 +83,15 @@ class DedicatedEngine(Engine):
         await self.retrying("util_session_failed", self._utility)
         self.spawn(self._probe_util_forever(), f"pgleaderlock-probe:{self.group}")
         await self.start_listening()
+        self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
+        try:
+            view: balance.View | None = await self._snapshot()
+        except Exception as exc:  # every name, then: the first tick trims the standbys
+            log.warning("group_snapshot_failed", error=repr(exc), **self._fields)
+            view = None
         for key in list(self.names):
-            await self._compete(key)  # each lock connects (and retries) by itself
+            if view is None or self._stands_by(key, view):
+                await self._compete(key)  # each lock connects (and retries) by itself
         await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
@@ -202,6 +223,7 @@ class DedicatedEngine(Engine):
         if name is None:
             return
         if new is LockState.LEADER:
+            self._gained_at = time.monotonic()
             self._leading.add(key)
             self.start_worker(name, lock.term)
             self.events.put_nowait(("changed", None))
@@ -229,6 +251,37 @@ class DedicatedEngine(Engine):
 
     def _held(self) -> set[Key]:
         return set(self._leading)
+
+    def _stands_by(self, key: Key, view: balance.View) -> bool:
+        """Should this member's lock for ``key`` wait for it (see the module docstring)?"""
+        leader = view.holders.get(key)
+        ranked = balance.hrw_ranked(key, view.members - {leader or ""})
+        chosen = ranked[: 1 if leader is not None else 2]
+        if self.member in chosen:
+            return True
+        waiting = self.waiting.get(key, frozenset())
+        return not any(member in waiting for member in chosen)
+
+    async def _standby(self, view: balance.View) -> bool:
+        """Start the locks of the names this member stands by for, and stop the others
+        that only wait (never one that leads, is being changed, or is paused for a
+        hand-off). True while some name has a standby too many or too few."""
+        unsettled = False
+        starting = time.monotonic() - self._gained_at >= STANDBY_DELAY_S
+        for key in list(self.names):
+            if key in self._leading or key in self._paused or key in self._changing:
+                continue
+            lock = self._locks.get(key)
+            waits = lock is not None and lock.state is not LockState.STOPPED
+            wanted = self._stands_by(key, view)
+            if wanted and not waits:
+                if starting:
+                    self._change(key, functools.partial(self._start_lock, key))
+                unsettled = True
+            elif waits and not wanted and lock is not None and not lock.is_leader:
+                self._change(key, lock.shutdown)
+                unsettled = True
+        return unsettled
 
     def _to_take(self, view: balance.View) -> list[Key]:
         now = time.monotonic()
@@ -283,9 +336,10 @@ class DedicatedEngine(Engine):
         if message.sender == self.member:
             return
         if message.kind == "handoff" and message.to == self.member:
-            for key in message.keys:  # wait for it now, whatever an earlier hand-off paused
+            for key in message.keys:  # wait for it now, standby or not, paused or not
                 self.excluded.pop(key, None)
-                if self._paused.pop(key, None) is not None:
+                self._paused.pop(key, None)
+                if key in self.names:
                     self._change(key, functools.partial(self._start_lock, key))
         elif message.kind == "handoff":
             resume_at = time.monotonic() + PAUSE_S

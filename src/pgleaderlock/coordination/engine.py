@@ -24,7 +24,13 @@ from ..core.keys import oid_to_key
 from ..core.machine import is_permanent
 from ..core.models import RetryContext
 from ..core.retry import RetryStrategy
-from ..core.session import Backend, ConnectOptions, GroupSession, SessionFactory
+from ..core.session import (
+    Backend,
+    ConnectOptions,
+    GroupSession,
+    SessionFactory,
+    WaitingSession,
+)
 from ..core.slot import SessionSlot, can
 from ..tasks import next_delay
 from . import balance
@@ -55,6 +61,9 @@ again (an answer normally comes within milliseconds: a grant, or an empty ``done
 OUTSIDE_TICK_S = 2.0
 """How often a member looks at the group while some of its names are held outside the
 group (a plain lock): their release is announced to nobody."""
+WATCH_WAIT_S = 0.5
+"""How long one wait of the ring watch lasts before it looks at the ring again (a new
+member is watched from then on)."""
 STRANGER_S = 60.0
 """How long the listener refuses the messages of a session that is not a trusted
 member's without looking at the group's sessions again."""
@@ -146,6 +155,9 @@ class Engine(abc.ABC):
         self._outside = False  # some names are held outside the group
         self._stop_event = asyncio.Event()
         self._connecting = False
+        self._watched: Key | None = None  # the member lock the watch session waits for
+        # key -> the members whose locks wait for it (dedicated sessions), last look
+        self.waiting: dict[Key, frozenset[str]] = {}
         self.error: BaseException | None = None
         self._fields: dict[str, Any] = {
             "lock": f"group:{settings.group}",
@@ -321,6 +333,8 @@ class Engine(abc.ABC):
                 await self._on_message(cast(Message, data))
             case "crashed":
                 await self._give_away(cast(str, data))
+            case "member_died":  # this member's watch saw it: tell the others
+                await self.announce(Message("left", self.member, to=str(data)))
             case "remove":
                 name, done = cast(tuple[str, asyncio.Future[None]], data)
                 try:
@@ -387,6 +401,7 @@ class Engine(abc.ABC):
         if taken:  # no second read of the lock table: the view, as it is now
             holders = {**view.holders, **dict.fromkeys(taken, self.member)}
             view = self._remember(dataclasses.replace(view, holders=holders), self.view.others)
+        unsettled = await self._standby(view)
         # Ask only while listening: the answer (a grant) would be missed otherwise.
         asks = balance.requests(view) if self.listening.is_set() else {}
         count = view.counts().get(self.member, 0)
@@ -396,7 +411,12 @@ class Engine(abc.ABC):
                 self._asked[giver] = now + ANSWER_WAIT_S
                 await self.notify(Message("request", self.member, giver, tuple(keys), count))
         self._unsettled = bool(
-            take or asks or view.free() or self._pending() or not self.listening.is_set()
+            take
+            or asks
+            or unsettled
+            or view.free()
+            or self._pending()
+            or not self.listening.is_set()
         )
         self._outside = "" in view.holders.values()
 
@@ -412,13 +432,18 @@ class Engine(abc.ABC):
         holders: dict[Key, str] = {}
         members: set[str] = {self.member}
         others: dict[Key, str] = {}
+        waiting: dict[Key, set[str]] = {}
         for application, _pid, c, o, granted, trusted in rows:
-            if c is None or not granted:
+            if c is None:
                 continue
             # A session of a role not trusted is never a member, whatever its name says.
             parsed = parse_app_name(str(application or ""), self.group) if trusted else None
             member = parsed[0] if parsed is not None else ""
             key = (oid_to_key(int(c)), oid_to_key(int(o)))
+            if not granted:
+                if key in self.names and member:
+                    waiting.setdefault(key, set()).add(member)
+                continue
             if key in self.names:
                 holders[key] = member
             elif parsed is None:
@@ -427,6 +452,7 @@ class Engine(abc.ABC):
                 members.add(member)
             elif parsed[1] in ("hold", "lock"):
                 others[key] = member
+        self.waiting = {key: frozenset(who) for key, who in waiting.items()}
         view = balance.View(self.member, frozenset(members), holders, frozenset(self.names))
         return self._remember(view, others)
 
@@ -627,6 +653,48 @@ class Engine(abc.ABC):
         except Exception as exc:
             log.warning("notify_failed", kind=message.kind, error=repr(exc), **self._fields)
 
+    # ------------------------------------------------------------------ the ring watch
+
+    async def watch_forever(self) -> None:
+        """Wait on the server for the next member's lock, around the ring of members;
+        when it is granted, that member is gone: tell the loop (which tells the group)."""
+        slot = self.slot("watch")
+        try:
+            while True:
+                await self._watch_once(slot)
+        finally:
+            await slot.close()
+
+    async def _watch_once(self, slot: SessionSlot) -> None:
+        ring = sorted(self.members | {self.member})
+        successor = ring[(ring.index(self.member) + 1) % len(ring)]
+        if successor == self.member:
+            await slot.close()  # alone: nobody to watch
+            await asyncio.sleep(WATCH_WAIT_S)
+            return
+        key = member_key(self.group, successor)
+        if key != self._watched:
+            # A wait on the server may outlive the call that started it (see
+            # BaseSession.wait_lock): a new successor gets a new session.
+            await slot.close()
+            self._watched = key
+        try:
+            session = slot.session or await self.open_session(slot)
+            if not can(session, WaitingSession):
+                await asyncio.sleep(WATCH_WAIT_S)
+                return
+            wait = _wait(session, key)
+            if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
+                await self.bounded(slot, _unlock(session, key))
+                log.info("member_died", dead=successor, **self._fields)
+                self.members = self.members - {successor}
+                self.events.put_nowait(("member_died", successor))  # tells the others
+                self.events.put_nowait(("left", successor))
+        except Exception as exc:
+            log.warning("watch_failed", error=repr(exc), **self._fields)
+            await slot.close()
+            await asyncio.sleep(WATCH_WAIT_S)
+
     # ------------------------------------------------------------------ for the modes
 
     @abc.abstractmethod
@@ -674,6 +742,11 @@ class Engine(abc.ABC):
         """Something waits for a later tick (default: nothing)."""
         return False
 
+    async def _standby(self, view: balance.View) -> bool:
+        """Decide, from ``view``, which names this member stands by for (default:
+        nothing to do); True if that is not settled yet."""
+        return False
+
     async def _drain(self) -> None:  # noqa: B027 - optional
         """A graceful stop begins: let the workers finish their current unit (default:
         nothing; the mode that holds names itself drains them)."""
@@ -683,3 +756,12 @@ class Engine(abc.ABC):
 
     async def _on_event(self, kind: str, data: Any) -> None:  # noqa: B027 - optional
         """Mode-specific events (default: none)."""
+
+
+async def _wait(session: Any, key: Key) -> bool:
+    granted: bool = await session.wait_lock(key[0], key[1], WATCH_WAIT_S)
+    return granted
+
+
+async def _unlock(session: Any, key: Key) -> None:
+    await session.unlock(*key)

@@ -10,9 +10,9 @@ number. Three sessions per member in all:
   worker at once: as for a lock, a member cut off from the server stops its work before
   the server can free its names (``tcp_user_timeout_s`` exceeds that bound);
 - **listen** receives the group's notifications;
-- **watch** waits on the server for the lock of the next member in the ring of members:
-  when that member dies (its sessions end), the lock is granted at once and this member
-  tells the group, so that the dead member's names are led again within milliseconds.
+- **watch** waits on the server for the lock of the next member in the ring of members
+  (the engine's, as in dedicated mode): when that member dies, this member tells the
+  group, so that the dead member's names are led again within milliseconds.
 
 Losing the hold session loses every name at once (its workers are cancelled), which is
 the trade-off of this mode; the member then reconnects with the retry strategy and
@@ -31,8 +31,8 @@ from typing import Any, TypeVar, cast
 from ..core._logging import get_logger
 from ..core.config import TermTable
 from ..core.machine import is_permanent
-from ..core.session import GroupSession, WaitingSession, WatchableSession
-from ..core.slot import SessionSlot, can
+from ..core.session import GroupSession, WatchableSession
+from ..core.slot import can
 from . import balance
 from .engine import Engine
 from .protocol import Key, Message, member_key
@@ -43,9 +43,6 @@ log = get_logger("pgleaderlock.coordination")
 
 T = TypeVar("T")
 
-WATCH_WAIT_S = 0.5
-"""How long one wait of the ring watch lasts before it looks at the ring again (a new
-member is watched from then on)."""
 MEMBER_LOCK_WAIT_S = 1.0
 """How long a reconnecting member tries for its own lock, which a watch may hold."""
 FREE_GRACE_S = 1.0
@@ -65,14 +62,13 @@ class SharedEngine(Engine):
         self._broken = False  # the hold session failed; the loop reconnects
         self._wake = asyncio.Event()
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
-        self._watched: Key | None = None  # the member lock the watch session waits for
 
     # ------------------------------------------------------------------ sessions
 
     async def _open(self) -> None:
         await self._connect()
         await self.start_listening()
-        self.spawn(self._watch_forever(), f"pgleaderlock-watch:{self.group}")
+        self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
         self.spawn(self._probe_forever(), f"pgleaderlock-probe:{self.group}")
 
     async def _connect(self) -> None:
@@ -279,8 +275,6 @@ class SharedEngine(Engine):
     async def _on_event(self, kind: str, data: Any) -> None:
         if kind == "lost":
             await self._reconnect()
-        elif kind == "member_died":
-            await self.notify(Message("left", self.member, to=str(data)))
         elif kind == "left" and data:
             await self._take_from(str(data))
 
@@ -330,46 +324,6 @@ class SharedEngine(Engine):
         if can(session, WatchableSession):
             cast(WatchableSession, session).watch(self._wake.set)
 
-    async def _watch_forever(self) -> None:
-        """Wait on the server for the next member's lock, around the ring of members;
-        when it is granted, that member is gone: tell the loop (which tells the group)."""
-        slot = self.slot("watch")
-        try:
-            while True:
-                await self._watch_once(slot)
-        finally:
-            await slot.close()
-
-    async def _watch_once(self, slot: SessionSlot) -> None:
-        ring = sorted(self.members | {self.member})
-        successor = ring[(ring.index(self.member) + 1) % len(ring)]
-        if successor == self.member:
-            await slot.close()  # alone: nobody to watch
-            await asyncio.sleep(WATCH_WAIT_S)
-            return
-        key = member_key(self.group, successor)
-        if key != self._watched:
-            # A wait on the server may outlive the call that started it (see
-            # BaseSession.wait_lock): a new successor gets a new session.
-            await slot.close()
-            self._watched = key
-        try:
-            session = slot.session or await self.open_session(slot)
-            if not can(session, WaitingSession):
-                await asyncio.sleep(WATCH_WAIT_S)
-                return
-            wait = _wait(session, key)
-            if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
-                await self.bounded(slot, _unlock(session, key))
-                log.info("member_died", dead=successor, **self._fields)
-                self.members = self.members - {successor}
-                self.events.put_nowait(("member_died", successor))  # tells the others
-                self.events.put_nowait(("left", successor))
-        except Exception as exc:
-            log.warning("watch_failed", error=repr(exc), **self._fields)
-            await slot.close()
-            await asyncio.sleep(WATCH_WAIT_S)
-
 
 async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
     await session.notify(channel, payload)
@@ -378,12 +332,3 @@ async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
 async def _holds(session: GroupSession, key: Key) -> bool:
     held: bool = await session.holds(*key)
     return held
-
-
-async def _wait(session: Any, key: Key) -> bool:
-    granted: bool = await session.wait_lock(key[0], key[1], WATCH_WAIT_S)
-    return granted
-
-
-async def _unlock(session: Any, key: Key) -> None:
-    await session.unlock(*key)

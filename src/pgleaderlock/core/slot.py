@@ -51,6 +51,9 @@ from .session import (
 __all__ = ["SessionSlot", "can", "check_connect_fn", "connection_target"]
 
 CLOSE_TIMEOUT_S = 5.0
+OPEN_GRACE_S = 0.5
+"""How long an open that its caller gave up on may still finish, to be closed at once
+(see ``SessionSlot._connect_or_close``)."""
 POOLER_CHECK_ROUNDS = 4
 """How many more times the pooler check compares backends after the first look."""
 
@@ -160,7 +163,7 @@ class SessionSlot:
             ConfigurationError: ``connect_fn`` returned something that is not awaitable
                 or not a connection.
         """
-        session = await self._connect()
+        session = await self._connect_or_close()
         try:
             if can(session, SetupSession):
                 await self._check(cast(SetupSession, session))
@@ -175,6 +178,25 @@ class SessionSlot:
             **self._fields,
         )
         return session
+
+    async def _connect_or_close(self) -> LockSession:
+        """`_connect`; if the caller gives up meanwhile (a timeout, a shutdown), a
+        connection about to be made (within ``OPEN_GRACE_S``) is made and closed, rather
+        than cut off half-made, which some drivers leave open on the server until the
+        garbage collector finds it."""
+        made = asyncio.ensure_future(self._connect())
+        try:
+            return await asyncio.shield(made)
+        except asyncio.CancelledError:
+            try:
+                async with asyncio.timeout(OPEN_GRACE_S):
+                    session = await asyncio.shield(made)
+            except BaseException:  # not made in time, or cut short again: cut it off
+                made.cancel()
+                await asyncio.gather(made, return_exceptions=True)
+            else:
+                await self._close(session)
+            raise
 
     async def _connect(self) -> LockSession:
         if self._connect_fn is None:
