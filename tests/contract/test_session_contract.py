@@ -187,6 +187,20 @@ async def test_wait_lock_times_out_then_is_granted(
     assert await b.unlock(*keys)  # re-entrant on the server: two holds, two unlocks
 
 
+async def _waiting_behind(target: Target, keys: tuple[int, int]) -> tuple[LockSession, Any]:
+    """A built-in session holding the lock, and one whose wait for it goes on on the
+    server after a ``wait_lock()`` that returned False (skips for other backends, whose
+    contract allows a wait per call)."""
+    if not _builtin(target):
+        pytest.skip("built-in backends only: the contract allows a wait per call")
+    a, b = await target.session(), await target.session()
+    assert await a.try_lock(*keys)
+    assert isinstance(b, WaitingSession)
+    assert await b.wait_lock(*keys, 0.1) is False
+    assert b.backend_pid is not None
+    return a, b
+
+
 async def test_a_wait_goes_on_across_calls_and_keeps_its_place(
     target: Target,
     keys: tuple[int, int],
@@ -234,12 +248,7 @@ async def test_try_lock_during_a_wait_asks_the_wait(
 ) -> None:
     """``try_lock()`` for the lock a wait goes on for answers from that wait (it would
     otherwise need the session the wait occupies)."""
-    if not _builtin(target):
-        pytest.skip("built-in backends only: the contract allows a wait per call")
-    a, b = await target.session(), await target.session()
-    assert await a.try_lock(*keys)
-    assert isinstance(b, WaitingSession)
-    assert await b.wait_lock(*keys, 0.1) is False
+    a, b = await _waiting_behind(target, keys)
     assert await b.try_lock(*keys) is False
     await eventually(lambda: _eq(waiters(*keys), [b.backend_pid]), 5, "b to queue")
     assert await a.unlock(*keys)
@@ -258,14 +267,8 @@ async def test_another_call_during_a_wait_drops_the_session(
     """Any other statement, or a wait for another lock, cannot tell the wait in flight
     from a grant on its way: the session is dropped (``ConnectionError``, as for a
     broken connection) and its wait leaves the server's queue."""
-    if not _builtin(target):
-        pytest.skip("built-in backends only: the contract allows a wait per call")
-    a, b = await target.session(), await target.session()
-    assert await a.try_lock(*keys)
-    assert isinstance(b, WaitingSession)
-    assert await b.wait_lock(*keys, 0.1) is False
+    a, b = await _waiting_behind(target, keys)
     pid = b.backend_pid
-    assert pid is not None
     with pytest.raises(ConnectionError, match="waiting for a lock"):
         await b.holds(*keys)
     await eventually(lambda: _eq(waiters(*keys), []), 2, "the wait to leave the queue")
@@ -281,14 +284,8 @@ async def test_a_close_cut_short_during_a_wait_still_drops_the_session(
     """``close()`` first cancels the wait in flight; cancelled meanwhile (a shutdown
     that cancels the task closing it), it still drops the connection, never leaves it
     open for the garbage collector."""
-    if not _builtin(target):
-        pytest.skip("built-in backends only: the contract allows a wait per call")
-    a, b = await target.session(), await target.session()
-    assert await a.try_lock(*keys)
-    assert isinstance(b, WaitingSession)
-    assert await b.wait_lock(*keys, 0.1) is False
+    _, b = await _waiting_behind(target, keys)
     pid = b.backend_pid
-    assert pid is not None
     closing = asyncio.ensure_future(b.close())
     await asyncio.sleep(0)  # close() is under way: it waits for the wait's cancellation
     closing.cancel()
