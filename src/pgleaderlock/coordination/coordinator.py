@@ -49,11 +49,13 @@ class Coordinator:
         group: the group's name (1-32 letters, digits, ``_``, ``.``, ``-``); the
             replicas of a service use the same one. They find each other through
             ``pg_stat_activity`` and ``pg_locks``, and talk with ``NOTIFY``.
-        sessions: ``"dedicated"`` (default): one session per name, a
-            [`LeaderLock`][pgleaderlock.LeaderLock] each, whose followers wait on the
-            server; for tens of names. ``"shared"``: every name this replica leads is
-            held by one session (three sessions per replica in all, whatever the number
-            of names); losing that session loses all its names at once.
+        sessions: ``"dedicated"`` (default): a session per name led, a
+            [`LeaderLock`][pgleaderlock.LeaderLock] each, and one standby per name on
+            another replica, waiting on the server (about two sessions per name for the
+            group, plus three per replica); for tens of names. ``"shared"``: every name
+            this replica leads is held by one session (three sessions per replica in
+            all, whatever the number of names); losing that session loses all its names
+            at once.
         fencing: keep a fencing term per name (see
             [`LeaderLock`][pgleaderlock.LeaderLock]'s ``fencing``); needed for
             [`WorkerContext.fence`][pgleaderlock.WorkerContext.fence] and checkpoints.
