@@ -32,7 +32,8 @@ class RetryStrategy(Protocol):
     """Decides how long to wait before the next attempt."""
 
     def next_delay_s(self, ctx: RetryContext) -> float | None:
-        """Return seconds to sleep before the next attempt, or ``None`` to stop retrying."""
+        """Return seconds to sleep before the next attempt, or ``None`` to stop retrying
+        (an infinite delay stops too; a negative or NaN one is 0: see `ask`)."""
         ...
 
 
