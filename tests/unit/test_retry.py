@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from pgleaderlock import (
     RetryContext,
     RetryStrategy,
 )
+from pgleaderlock.core.retry import ask
 
 
 def ctx(attempt: int) -> RetryContext:
@@ -93,3 +95,23 @@ def test_bad_parameters(factory: Callable[[], RetryStrategy], match: str) -> Non
 def test_repr() -> None:
     assert repr(FixedInterval(3)) == "FixedInterval(interval_s=3.0)"
     assert "ExponentialBackoff(base_s=1.0" in repr(ExponentialBackoff())
+
+
+class _Says:
+    def __init__(self, delay: float | None) -> None:
+        self.delay = delay
+
+    def next_delay_s(self, ctx: RetryContext) -> float | None:
+        return self.delay
+
+
+@pytest.mark.parametrize(
+    ("said", "slept"),
+    [(1.5, 1.5), (0, 0.0), (None, None), (-3, 0.0), (math.nan, 0.0), (math.inf, None)],
+)
+def test_ask_reads_a_delay_the_same_way_for_every_caller(
+    said: float | None, slept: float | None
+) -> None:
+    """The lock and ``LeaderTasks`` read a strategy's answer through ``ask``: an
+    infinite delay gives up (they used to disagree: retry at once, or wait forever)."""
+    assert ask(_Says(said), RetryContext(1, 0.0, None)) == slept
