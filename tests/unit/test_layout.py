@@ -1,5 +1,6 @@
-"""The layout rules of DESIGN.md, checked on the source: the decision engine does no I/O,
-the core imports no driver or outer layer, and no module but the machine sets a state."""
+"""The layout rules, checked on the source: the decision engine does no I/O, the core
+imports no driver or outer layer, no module but the machine sets a state, and the rules
+written once (retry delays, permanent errors, defaults) stay written once."""
 
 from __future__ import annotations
 

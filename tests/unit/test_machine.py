@@ -2,8 +2,8 @@
 spec (§3.3 with footnotes 1-3), then every policy the machine owns, then random runs that
 check its invariants.
 
-EXPECTED is written from the spec (and DESIGN.md's decisions), independently of
-machine.TABLE: changing any row of the table makes its case here fail.
+EXPECTED is written from the specification (and the decisions docs/state-machine.md
+lists), independently of machine.TABLE: changing any row of the table makes its case here fail.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ EXPECTED: list[tuple[When, Then]] = [
     ((S.STOPPED, I.START, None, None, None), (S.FOLLOWER, (A.SCHEDULE_ATTEMPT,))),
     ((S.FOLLOWER, I.ACQUIRE_ATTEMPT, None, None, None), (S.ACQUIRING, (A.TRY_LOCK,))),
     ((S.FOLLOWER, I.STOP_REQUESTED, None, None, None), (S.STOPPED, CLOSE_STOP)),
-    # connection establishment failure: retried with the strategy (spec §6.2)
+    # connection establishment failure: retried with the strategy
     ((S.FOLLOWER, I.DB_ERROR, None, None, None),
      (S.FOLLOWER, (A.EMIT_ERROR, A.CLOSE_SESSION, A.BACKOFF))),
     ((S.FOLLOWER, I.RETRIES_EXHAUSTED, None, None, None),

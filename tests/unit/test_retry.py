@@ -1,4 +1,4 @@
-"""The bundled retry strategies, deterministically (spec §4.5)."""
+"""The bundled retry strategies, deterministically."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``pgleaderlock`` command line (spec §9): ``run``, ``acquire``, ``exec``, ``status``,
+"""The ``pgleaderlock`` command line: ``run``, ``acquire``, ``exec``, ``status``,
 and ``sql`` (the tables and grants, for a migration).
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
@@ -6,7 +6,7 @@ works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleader
 or given as ``--key1``/``--key2``; the database comes from ``--dsn`` or ``$PG_DSN``.
 
 The library logs on the stdlib logger ``pgleaderlock``; the CLI routes that logger into
-loguru (`InterceptHandler`, spec §9.2) and writes every line to stderr, so that stdout
+loguru (`InterceptHandler`) and writes every line to stderr, so that stdout
 belongs to ``status`` output and to the command that ``exec`` runs.
 
 This package holds the click group and the entry point; one module per command (`run`,

@@ -1,7 +1,7 @@
 """Logging for the command line: one loguru sink on stderr for every line.
 
 The library logs on the stdlib logger ``pgleaderlock``; `InterceptHandler` routes that
-logger into loguru (spec §9.2), so the library's lines and the CLI's own lines (logger name
+logger into loguru, so the library's lines and the CLI's own lines (logger name
 ``pgleaderlock.cli``) share one format and one destination. Everything goes to stderr:
 stdout belongs to ``status`` output and to the command that ``exec`` runs.
 """

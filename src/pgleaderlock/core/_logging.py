@@ -1,4 +1,4 @@
-"""Structured ``key=value`` logging on the stdlib logger ``pgleaderlock`` (spec §7)."""
+"""Structured ``key=value`` logging on the stdlib logger ``pgleaderlock``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exception hierarchy (spec §6.1). Every error the library raises derives from
+"""The exception hierarchy. Every error the library raises derives from
 [`PgLeaderLockError`][pgleaderlock.PgLeaderLockError].
 
 ``ConnectionError`` keeps the spec's name and also derives from the builtin

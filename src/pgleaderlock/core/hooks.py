@@ -2,7 +2,7 @@
 
 Every [`LeaderLock`][pgleaderlock.LeaderLock] has its own plugin manager, ``lock.plugins``.
 The decorator callbacks (``@lock.on_acquired`` ...) are registered there as tiny
-plugins, so callbacks and plugins are one mechanism with one contract (spec §4.4):
+plugins, so callbacks and plugins are one mechanism with one contract:
 
 1. implementations run on the lock's lifecycle task, in registration order
    (``tryfirst``/``trylast`` implementations first/last);
@@ -183,7 +183,7 @@ async def emit(
 
     Each gets the subset of ``kwargs`` it names; a coroutine is awaited. An exception is
     reported through ``failed`` and then to the ``error`` hook; it never stops the other
-    implementations (spec §4.4).
+    implementations.
     """
     for impl in ordered_impls(getattr(plugins.hook, event.hook)):
         try:

@@ -5,7 +5,7 @@ and closes sessions, makes the database calls (each bounded by
 [`CallGuard`][pgleaderlock.core.calls.CallGuard]), sleeps, runs callbacks and writes
 logs, in the order the machine says, and reports what happened. It never assigns a state.
 
-The lifecycle task is the only code that touches the session (spec §5.1). Public
+The lifecycle task is the only code that touches the session. Public
 coroutines hand requests to the machine and wake the task; a request may also cut short
 the database call in flight, if the machine's effect allows it.
 """

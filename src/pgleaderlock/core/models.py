@@ -18,7 +18,7 @@ __all__ = [
 
 
 class LockState(enum.Enum):
-    """The six states of a [`LeaderLock`][pgleaderlock.LeaderLock] (spec §3.1)."""
+    """The six states of a [`LeaderLock`][pgleaderlock.LeaderLock]."""
 
     STOPPED = "stopped"
     """Initial and terminal: no lifecycle task, no connection."""
@@ -106,8 +106,7 @@ _CALLBACK_ARGS = {Event.STATE_CHANGE: ("old", "new"), Event.ERROR: ("error",)}
 
 @dataclass(frozen=True)
 class RetryContext:
-    """What a [`RetryStrategy`][pgleaderlock.RetryStrategy] is told before each delay
-    (spec §4.5).
+    """What a [`RetryStrategy`][pgleaderlock.RetryStrategy] is told before each delay.
 
     Attributes:
         attempt: 1-based number of the attempt that just failed in this cycle.

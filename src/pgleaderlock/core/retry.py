@@ -1,7 +1,7 @@
-"""Retry strategies (spec §4.5).
+"""Retry strategies.
 
 A strategy is asked for a delay after every failed acquisition attempt and after every
-failed (re)connection; the same strategy governs both (spec §12.3). Returning ``None``
+failed (re)connection; the same strategy governs both. Returning ``None``
 gives up: the lock goes to STOPPED.
 """
 

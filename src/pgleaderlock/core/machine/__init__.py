@@ -22,19 +22,20 @@ Two layers:
   schedule, the grace deadline, the origin of a release, the last error, the errors that
   retrying cannot mend.
 
-Deviations from the spec's text (DESIGN.md decides them):
+Deviations from the original specification's text (docs/state-machine.md,
+"Deviations from the specification"):
 
 - ACQUIRING + DbError emits `on_error`, not `on_lost`: `on_lost` only ever follows
   an `on_acquired` (leadership that was held is lost).
 - FOLLOWER + DbError (opening the session failed) stays in FOLLOWER and retries after
-  the retry strategy's delay: connection establishment is retried (spec §6.2).
+  the retry strategy's delay: connection establishment is retried.
 - A failed unlock during `step_down()` closes the session (which frees the lock) and,
   with `auto_reacquire`, continues as FOLLOWER, like a successful one (footnote 2).
 - Every transition to STOPPED emits `on_stopped`, after the row's other actions.
 - After a database error or a step-down, the next attempt waits one retry delay
   ([`BACKOFF`][pgleaderlock.core.machine.Action.BACKOFF]) so that a failing server is
   not hammered and a stepped-down leader lets the others in.
-- Inputs the spec lacks: `RetriesExhausted` (the strategy said stop, or an error that
+- Inputs the specification lacks: `RetriesExhausted` (the strategy said stop, or an error that
   retrying cannot mend), `ReconnectFailed` (a connection error during the grace period
   is retried within it), `TaskAborted` (the lifecycle task was cancelled or crashed),
   and `ReleaseRequested` while RECONNECTING (the session is already gone: on_lost).

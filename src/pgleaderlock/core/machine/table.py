@@ -33,7 +33,8 @@ S = LockState
 
 
 class Input(enum.Enum):
-    """The inputs of the transition table (spec §3.2, plus the ones it lacks)."""
+    """The inputs of the transition table: the specification's, plus the ones it lacks
+    (docs/state-machine.md)."""
 
     START = "Start"
     STOP_REQUESTED = "StopRequested"
@@ -204,7 +205,7 @@ TABLE: tuple[Row, ...] = (
     Row(S.FOLLOWER, I.ACQUIRE_ATTEMPT, S.ACQUIRING, (A.TRY_LOCK,)),
     Row(S.FOLLOWER, I.STOP_REQUESTED, S.STOPPED, _STOP),
     Row(S.FOLLOWER, I.DB_ERROR, S.FOLLOWER, (A.EMIT_ERROR, A.CLOSE_SESSION, A.BACKOFF),
-        note="opening a session failed: retried (spec §6.2)"),
+        note="opening a session failed: retried"),
     Row(S.FOLLOWER, I.RETRIES_EXHAUSTED, S.STOPPED, (A.LOG_GIVING_UP, *_STOP),
         note="the retry strategy returned None, or the error cannot be mended"),
     _aborted(S.FOLLOWER),
