@@ -152,6 +152,10 @@ class PsycopgSession(BaseSession):
             try:
                 async with asyncio.timeout(CANCEL_TIMEOUT_S):
                     await self._conn.cancel_safe()
+                    # The statement ends (cancelled) before the connection goes: a
+                    # backend still waiting when its client vanishes logs a FATAL
+                    # "connection to client lost" (client_connection_check_interval).
+                    await asyncio.wait((task,))
             except BaseException:  # best effort; CancelledError is re-raised below
                 pass
             finally:
