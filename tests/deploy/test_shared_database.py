@@ -232,6 +232,40 @@ def test_status_does_not_read_a_planted_checkpoint_view(db: Database) -> None:
     assert not db.attacker_is_superuser()
 
 
+def test_status_calls_no_function_of_another_role(db: Database) -> None:
+    """A database whose ``search_path`` puts ``public`` before ``pg_catalog``, and the
+    attacker's ``public.host(inet)``, a better match than none at all for what the
+    status queries call: ``pgleaderlock status`` run by a superuser never calls it (its
+    session's ``search_path`` is ``pg_catalog, pg_temp``, as the library's own)."""
+    db.run(f"ALTER DATABASE {db.name} SET search_path = public, pg_catalog")
+    db.run(
+        ESCALATE
+        + """
+        CREATE FUNCTION public.host(inet) RETURNS text LANGUAGE plpgsql AS $$
+        BEGIN
+          PERFORM public.escalate();
+          RETURN 'planted';
+        END $$;
+        GRANT EXECUTE ON FUNCTION public.host(inet) TO PUBLIC;
+        """,
+        role="attacker",
+    )
+    with psycopg.connect(db.dsn(), autocommit=True) as holder:  # a lock for status to show
+        holder.execute("SELECT pg_advisory_lock(1, 2)")
+        for args in (["--all"], ["--group", "billing"]):
+            result = subprocess.run(
+                [*CLI, "status", *args, "--json", "--dsn", db.dsn()],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=clean_env(),
+                check=False,
+            )
+            assert result.returncode == 0, result.stderr
+            assert "planted" not in result.stdout
+    assert not db.attacker_is_superuser()
+
+
 async def test_a_coordinator_refuses_a_planted_checkpoint_view(
     db: Database, coordinators: Callable[..., Coordinator]
 ) -> None:

@@ -754,9 +754,7 @@ class BaseSession(abc.ABC):
         try:
             done, _ = await asyncio.wait((wait,), timeout=max(0.0, timeout_s))
         except asyncio.CancelledError:  # the caller gives up: so does the server's wait
-            self._waiting = self._waiting_for = None
-            wait.cancel()
-            await asyncio.gather(wait, return_exceptions=True)
+            await self._cancel_wait()
             self._unsure = True  # granted as the cancel arrived? (see WAIT_LOCK)
             raise
         if not done:
@@ -774,14 +772,19 @@ class BaseSession(abc.ABC):
             self._can_wait_on = direct and set_keepalive(self._socket(), *_WAIT_KEEPALIVE)
         return self._can_wait_on
 
+    async def _cancel_wait(self) -> None:
+        """Cancel the wait in flight, if any, and wait for it to end: the driver asks
+        the server to cancel the statement (bounded by ``CANCEL_TIMEOUT_S``)."""
+        wait, self._waiting, self._waiting_for = self._waiting, None, None
+        if wait is not None:
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+
     async def _drop_wait(self, what: str) -> NoReturn:
         """A wait is in flight on the session and something else was asked of it: drop
         the session (the wait's backend stops within a second) and say so."""
-        wait, self._waiting, self._waiting_for = self._waiting, None, None
         try:
-            if wait is not None:  # the driver asks the server to cancel it, then drops it
-                wait.cancel()
-                await asyncio.gather(wait, return_exceptions=True)
+            await self._cancel_wait()
         finally:
             self.abort()
         raise ConnectionError(f"{what}: the session was waiting for a lock; it was dropped")
@@ -819,11 +822,8 @@ class BaseSession(abc.ABC):
     async def close(self) -> None:
         """Close the session (which frees its locks). Idempotent, bounded, never raises."""
         self.watch(None)
-        wait, self._waiting, self._waiting_for = self._waiting, None, None
         try:
-            if wait is not None:  # the driver asks the server to cancel it, then drops it
-                wait.cancel()
-                await asyncio.gather(wait, return_exceptions=True)
+            await self._cancel_wait()
             if self._info is not None and self._info.behind_pooler and not self._closed():
                 await self._forget()
         except BaseException:

@@ -41,6 +41,7 @@ __all__ = [
     "create_terms_statement",
     "lock_timeout_ms",
     "setup_statement",
+    "trusted_roles_sql",
 ]
 
 
@@ -339,10 +340,10 @@ def end_fenced_statement(table: TermTable) -> Statement:
     )
 
 
-def _trusted(roles: str) -> str:
-    """The roles a session trusts: its own, superusers, and those named (``roles``: the
-    value, a ``text[]``). It runs on the library's own sessions, whose set-up made
-    ``search_path`` safe."""
+def trusted_roles_sql(roles: str) -> str:
+    """A query of the oids of the roles a session trusts: its own, superusers, and those
+    named (``roles``: a placeholder of a ``text[]``). For sessions whose
+    ``search_path`` is safe (``SAFE_SETTINGS``): the library's own, the CLI's."""
     return (
         "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
         f" OR r.rolsuper OR r.rolname = ANY (({roles})::text[])"
@@ -351,7 +352,7 @@ def _trusted(roles: str) -> str:
 
 GROUP_SNAPSHOT = Statement(
     "group snapshot",
-    f"WITH trusted AS ({_trusted('{1}')})"
+    f"WITH trusted AS ({trusted_roles_sql('{1}')})"
     " SELECT a.application_name, l.pid, l.classid::int8, l.objid::int8, l.granted,"
     " COALESCE(a.usesysid IN (SELECT oid FROM trusted), false)"
     " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
@@ -374,7 +375,7 @@ session of another role may take any name, but is never a member).
 
 TABLE_CHECK = Statement(
     "check table",
-    f"WITH trusted AS ({_trusted('{2}')}),"
+    f"WITH trusted AS ({trusted_roles_sql('{2}')}),"
     " ns AS (SELECT n.oid, o.rolname AS owner, n.nspowner IN (SELECT oid FROM trusted)"
     " OR (o.rolname = 'pg_database_owner' AND (SELECT d.datdba FROM pg_catalog.pg_database d"
     " WHERE d.datname = pg_catalog.current_database()) IN (SELECT oid FROM trusted)) AS ok"

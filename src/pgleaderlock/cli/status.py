@@ -34,10 +34,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from ..backends.sql import TABLE_CHECK
+from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.protocol import check_group, checkpoint_name, member_key, name_keys, prefix
 from ..coordination.workers import CheckpointTable
-from ..core.config import check_roles
+from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError, MissingPrivilegeError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
@@ -80,12 +80,7 @@ _NAME_ROLES = ("hold", "lock")
 _CURRENT_DATABASE = (
     "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
 )
-_TRUSTED = """
-WITH trusted AS (
-  SELECT r.oid FROM pg_catalog.pg_roles r
-  WHERE r.rolname OPERATOR(pg_catalog.=) current_user OR r.rolsuper
-     OR r.rolname OPERATOR(pg_catalog.=) ANY (%(trusted_roles)s::text[])
-)"""
+_TRUSTED = f"\nWITH trusted AS ({trusted_roles_sql('%(trusted_roles)s')})"
 """The roles whose sessions are trusted: this one's, superusers, ``--trusted-role``."""
 _IS_TRUSTED = "COALESCE(a.usesysid IN (SELECT oid FROM trusted), false)"
 _SESSION_COLUMNS = f"""
@@ -259,7 +254,10 @@ def _connect(dsn: str, timeout_s: float) -> Iterator[psycopg.Connection[Any]]:
     except psycopg.Error as exc:
         raise CliError(f"malformed DSN {dsn!r}: {first_line(exc)}") from None
     existing = params.get("options")
-    statement = f"-c statement_timeout={math.ceil(timeout_s * 1000)}"
+    # Bounded, and never resolving a name through a schema another role may write to:
+    # the same search_path as the library's own sessions (its queries rely on it).
+    search_path = SAFE_SETTINGS["search_path"].replace(" ", "")
+    statement = f"-c statement_timeout={math.ceil(timeout_s * 1000)} -c search_path={search_path}"
     options = f"{existing} {statement}" if existing else statement
     try:
         conn = psycopg.connect(

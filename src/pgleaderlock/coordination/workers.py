@@ -33,7 +33,6 @@ class CheckpointTable(LibraryTable):
     name: str = "pgleaderlock_subscriptions"
 
     knobs: ClassVar[tuple[str, str]] = ("checkpoint_table", "checkpoint_schema")
-    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
     columns: ClassVar[str] = (
         "subscription_name text PRIMARY KEY, last_position bigint,"
         " updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()"

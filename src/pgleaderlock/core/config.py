@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import ConfigurationError
+from .keys import check_name
 from .tables import DEFAULT_SCHEMA, LibraryTable, TermTable, check_identifier
 
 __all__ = [
@@ -121,12 +122,11 @@ def check_roles(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise ConfigurationError(f"trusted_roles must be a list of role names, got {value!r}")
     for role in value:
-        if (
-            not isinstance(role, str)
-            or not role
-            or len(role.encode()) > 63
-            or any(ord(ch) < 32 for ch in role)
-        ):
+        try:
+            check_name(role, "a role name")
+        except ConfigurationError:
+            raise ConfigurationError(f"trusted_roles: not a role name: {role!r}") from None
+        if len(role.encode()) > 63:
             raise ConfigurationError(f"trusted_roles: not a role name: {role!r}")
     return tuple(sorted(set(value)))
 

@@ -70,8 +70,9 @@ class LibraryTable:
 
     knobs: ClassVar[tuple[str, str]] = ("table", "schema")
     """The arguments that name the table and its schema, for error messages."""
-    privileges: ClassVar[tuple[str, ...]] = ()
-    """What the session's role needs on the table."""
+    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
+    """What the session's role needs on the table (both of the library's tables are
+    read, inserted into and updated)."""
     columns: ClassVar[str] = ""
     """Its columns and constraints, as in ``CREATE TABLE``."""
 
@@ -114,7 +115,6 @@ class TermTable(LibraryTable):
     name: str = "pgleaderlock_terms"
 
     knobs: ClassVar[tuple[str, str]] = ("fencing_table", "fencing_schema")
-    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
     columns: ClassVar[str] = (
         "key1 int4 NOT NULL, key2 int4 NOT NULL, term int8 NOT NULL, holder text,"
         " acquired_at timestamptz NOT NULL, PRIMARY KEY (key1, key2)"
