@@ -90,6 +90,10 @@ async def test_a_cut_off_shared_member_stops_before_its_names_are_freed(pg_dsn: 
             await proxy.cut()  # the server gives the sessions up: the names are free
 
             await eventually(lambda: other.owned == set(names), 10, "the other member leads all")
+            # (a name is owned a moment before its worker's first step runs)
+            await eventually(
+                lambda: beliefs.running("other") == set(names), 10, "its workers all run"
+            )
             stopped = [end for who, _, _, end in beliefs.spans if who == "cut_off"]
             assert None not in stopped, "a worker of the cut-off member still runs"
             last_stop = max(end for end in stopped if end is not None)
