@@ -13,20 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from .core._logging import get_logger
-from .core.errors import ConfigurationError
-from .core.hooks import callback_plugin, hookimpl
-from .core.lock import LeaderLock
-from .core.models import Event, LockState, RetryContext
-from .core.retry import RetryStrategy, ask, check_retry_strategy
+from .core import (
+    ConfigurationError,
+    Event,
+    LeaderLock,
+    LockState,
+    RetryStrategy,
+    Supervisor,
+    callback_plugin,
+    check_give_away,
+    check_retry_strategy,
+    follow_state,
+    get_logger,
+    positive,
+)
 
-__all__ = ["LeaderTasks", "TaskFunction", "follow_state", "next_delay", "supervise"]
+__all__ = ["LeaderTasks", "TaskFunction", "follow_state"]
 
 log = get_logger("pgleaderlock.tasks")
 
@@ -34,54 +40,6 @@ TaskFunction = Callable[[], Awaitable[object]]
 """A leader-only task: a coroutine function without arguments."""
 
 TF = TypeVar("TF", bound=TaskFunction)
-
-HEALTHY_RUN_S = 60.0
-"""A run that lasted this long before crashing starts a fresh retry cycle (attempt 1)."""
-
-
-@dataclass(frozen=True)
-class _TaskSpec:
-    name: str
-    fn: TaskFunction
-
-
-StateListener = Callable[[LockState, LockState], object]
-
-
-class _StatePlugin:
-    def __init__(self, fn: StateListener) -> None:
-        self._fn = fn
-
-
-class _FirstStatePlugin(_StatePlugin):
-    """Runs before every ordinary callback and plugin of the lock (``tryfirst``)."""
-
-    @hookimpl(tryfirst=True)
-    def pgleaderlock_state_change(self, old: LockState, new: LockState) -> object:
-        return self._fn(old, new)
-
-
-class _OrderedStatePlugin(_StatePlugin):
-    """Runs in registration order among the lock's callbacks and plugins."""
-
-    @hookimpl
-    def pgleaderlock_state_change(self, old: LockState, new: LockState) -> object:
-        return self._fn(old, new)
-
-
-def follow_state(lock: LeaderLock, fn: StateListener, *, first: bool = True) -> object:
-    """Register ``fn(old, new)`` for every state change of ``lock``, as a plugin.
-
-    With ``first`` it runs before the lock's ordinary callbacks and plugins, so that
-    leader-only work has stopped before they (or an unlock) run. ``fn`` may be a
-    coroutine function; it runs on the lock's lifecycle task.
-
-    Returns:
-        The plugin; ``lock.plugins.unregister(plugin)`` detaches it.
-    """
-    plugin = _FirstStatePlugin(fn) if first else _OrderedStatePlugin(fn)
-    lock.plugins.register(plugin)
-    return plugin
 
 
 class LeaderTasks:
@@ -174,18 +132,20 @@ class LeaderTasks:
         if not isinstance(lock, LeaderLock):
             raise ConfigurationError(f"LeaderTasks needs a LeaderLock, got {lock!r}")
         check_retry_strategy(retry_strategy)
-        _positive("cancel_timeout_s", cancel_timeout_s)
         self._lock = lock
-        self._retry: RetryStrategy = retry_strategy or lock.retry_strategy
-        self._cancel_timeout_s = float(cancel_timeout_s)
         self._give_away_after = check_give_away(give_away_after_crashes)
-        self._cooldown_s = _positive("give_away_cooldown_s", give_away_cooldown_s)
+        self._cooldown_s = positive("give_away_cooldown_s", give_away_cooldown_s)
         self._cooldown: asyncio.Task[None] | None = None  # giving leadership away
         self._paused_until: float | None = None
-        self._specs: dict[str, _TaskSpec] = {}
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._stopping: set[asyncio.Task[None]] = set()  # cancelled, not yet ended
-        self._stragglers: dict[str, asyncio.Task[None]] = {}  # outlived cancel_timeout_s
+        self._functions: dict[str, TaskFunction] = {}
+        self._tasks = Supervisor(
+            kind="leader_task",
+            label=lock.label,
+            retry=retry_strategy or lock.retry_strategy,
+            give_up_after=self._give_away_after,
+            gave_up=self._gave_up,
+            cancel_timeout_s=positive("cancel_timeout_s", cancel_timeout_s),
+        )
         self._leading = False
         self._plugin: object | None = follow_state(lock, self._on_state_change)
         self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drain)
@@ -201,12 +161,12 @@ class LeaderTasks:
     @property
     def names(self) -> list[str]:
         """Names of all registered tasks, in registration order."""
-        return list(self._specs)
+        return list(self._functions)
 
     @property
     def running(self) -> list[str]:
         """Names of the tasks running in this process now (empty unless LEADER)."""
-        return [name for name, task in self._running.items() if not task.done()]
+        return [name for name in self._functions if name in self._tasks.running]
 
     @property
     def draining(self) -> bool:
@@ -239,12 +199,11 @@ class LeaderTasks:
                 f"a leader task must be a coroutine function (async def), got {fn!r}"
             )
         task_name = name if name is not None else getattr(fn, "__name__", repr(fn))
-        if task_name in self._specs:
+        if task_name in self._functions:
             raise ConfigurationError(f"a leader task named {task_name!r} is already registered")
-        spec = _TaskSpec(task_name, fn)
-        self._specs[task_name] = spec
+        self._functions[task_name] = fn
         if self._leading and self._lock.is_leader:
-            self._start(spec)
+            self._start(task_name)
 
     @overload
     def task(self, fn: TF, /) -> TF: ...
@@ -273,22 +232,7 @@ class LeaderTasks:
         """
         self._leading = False
         await self.end_cooldown()
-        tasks = {*self._running.values(), *self._stopping, *self._stragglers.values()}
-        self._running.clear()
-        for task in tasks:
-            task.cancel()
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=self._cancel_timeout_s)
-        for task in tasks - pending:
-            self._consume(task)
-        for task in pending:
-            log.error(
-                "leader_task_ignores_cancel",
-                task=task.get_name(),
-                lock=self._lock.label,
-                timeout_s=self._cancel_timeout_s,
-            )
+        await self._tasks.stop_all()
 
     async def end_cooldown(self) -> None:
         """Cancel a give-away's cool-down, so that it does not start the lock again: call
@@ -314,103 +258,34 @@ class LeaderTasks:
             return
         if new is LockState.LEADER:
             self._leading = True
-            for spec in list(self._specs.values()):
-                self._start(spec)
+            for name in list(self._functions):
+                self._start(name)
         elif old is LockState.LEADER:
             self._leading = False
-            await self._stop_running(new)
+            stopped = await self._tasks.stop()
+            if stopped:
+                log.info("leader_tasks_stopped", lock=self._lock.label, state=new,
+                         tasks=",".join(stopped))  # fmt: skip
 
     async def _drain(self) -> None:
         """The lock drains (a graceful stop, ``drain_s``): wait for the running tasks to
         return by themselves (they see ``draining``). The lock cancels this wait when
         ``drain_s`` is over; leaving LEADER then cancels the tasks still running."""
-        running = {name: task for name, task in self._running.items() if not task.done()}
+        running = self.running
         if running:
             log.info("leader_tasks_draining", lock=self._lock.label, tasks=",".join(running))
-            await asyncio.wait(running.values())
+            await self._tasks.drain()
 
-    def _start(self, spec: _TaskSpec) -> None:
-        current = self._running.get(spec.name)
-        if current is not None and not current.done():
-            return
-        straggler = self._stragglers.get(spec.name)
-        if straggler is not None and not straggler.done():
-            log.error(
-                "leader_task_not_started",
-                task=spec.name,
-                lock=self._lock.label,
-                reason="its previous run has not ended after cancellation",
-            )
-            return
-        task = asyncio.get_running_loop().create_task(
-            self._supervise(spec), name=f"pgleaderlock-task:{spec.name}"
-        )
-        self._running[spec.name] = task
+    def _start(self, name: str) -> None:
+        self._tasks.start(name, self._functions[name], until=lambda: self._lock.draining)
 
-    async def _stop_running(self, new: LockState) -> None:
-        running, self._running = self._running, {}
-        if not running:
-            return
-        for task in running.values():
-            task.cancel()
-            self._track_stopping(task)
-        _, pending = await asyncio.wait(running.values(), timeout=self._cancel_timeout_s)
-        for name, task in running.items():
-            if task in pending:
-                log.error(
-                    "leader_task_ignores_cancel",
-                    task=name,
-                    lock=self._lock.label,
-                    timeout_s=self._cancel_timeout_s,
-                )
-                self._stragglers[name] = task
-            else:
-                self._consume(task)
-        log.info(
-            "leader_tasks_stopped",
-            lock=self._lock.label,
-            state=new,
-            tasks=",".join(running),
-        )
-
-    def _track_stopping(self, task: asyncio.Task[None]) -> None:
-        self._stopping.add(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._stopping.discard(task)
-        for name, straggler in list(self._stragglers.items()):
-            if straggler is task:
-                del self._stragglers[name]
-        self._consume(task)
-
-    def _consume(self, task: asyncio.Task[None]) -> None:
-        """Retrieve a finished task's outcome, so asyncio never reports it as lost."""
-        if task.done() and not task.cancelled():
-            exc = task.exception()
-            if exc is not None:
-                log.error(
-                    "leader_task_failed",
-                    task=task.get_name(),
-                    lock=self._lock.label,
-                    error=repr(exc),
-                )
-
-    # ------------------------------------------------------------------ one task
-
-    async def _supervise(self, spec: _TaskSpec) -> None:
-        finished = await supervise(
-            spec.fn,
-            task=spec.name,
-            lock=self._lock.label,
-            retry=self._retry,
-            give_up_after=self._give_away_after,
-            until=lambda: self._lock.draining,
-        )
-        if not finished and self._give_away_after is not None and self._cooldown is None:
-            # A task of its own: giving away stops every leader task, this one included.
+    def _gave_up(self, task: str) -> None:
+        """A task crashed too often: with ``give_away_after_crashes``, give the
+        leadership away, in a task of its own (giving away stops every leader task, the
+        one that calls this included)."""
+        if self._give_away_after is not None and self._cooldown is None:
             self._cooldown = asyncio.get_running_loop().create_task(
-                self._give_away(spec.name), name=f"pgleaderlock-give-away:{self._lock.label}"
+                self._give_away(task), name=f"pgleaderlock-give-away:{self._lock.label}"
             )
 
     async def _give_away(self, task: str) -> None:
@@ -439,102 +314,3 @@ class LeaderTasks:
             self._paused_until = None
             if self._cooldown is asyncio.current_task():
                 self._cooldown = None
-
-
-def _positive(what: str, value: object) -> float:
-    if isinstance(value, bool) or not (
-        isinstance(value, int | float) and value > 0 and math.isfinite(value)
-    ):
-        raise ConfigurationError(f"{what} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def check_give_away(value: object) -> int | None:
-    """``give_away_after_crashes``: a positive int or ``None``.
-
-    Raises:
-        ConfigurationError: anything else.
-    """
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigurationError(
-            f"give_away_after_crashes must be a positive int or None, got {value!r}"
-        )
-    return value
-
-
-def next_delay(retry: RetryStrategy, ctx: RetryContext, lock: str) -> float | None:
-    """Ask ``retry`` for a delay; a strategy that raises gives up, like one returning
-    None."""
-    try:
-        return ask(retry, ctx)
-    except Exception as exc:
-        log.error("retry_strategy_failed", lock=lock, error=repr(exc), exc_info=True)
-        return None
-
-
-async def supervise(
-    run: TaskFunction,
-    *,
-    task: str,
-    lock: str,
-    retry: RetryStrategy,
-    give_up_after: int | None = None,
-    until: Callable[[], bool] | None = None,
-) -> bool:
-    """Run ``run()`` until it returns; restart it after a crash with ``retry``'s delays.
-
-    A run that returns normally has finished for this leadership term. A run that
-    lasted [`HEALTHY_RUN_S`][pgleaderlock.tasks.HEALTHY_RUN_S] before crashing starts a
-    fresh retry cycle.
-
-    Args:
-        run: the task's coroutine function.
-        task: its name, for logs.
-        lock: the label of the lock (or name) it serves, for logs.
-        retry: delays between restarts; ``None`` from it gives up.
-        give_up_after: give up after this many crashes in a row (``None``: never).
-        until: not restarted once this returns True (a drain: the task is done for
-            this term).
-
-    Returns:
-        True if the task finished, False if it was given up.
-    """
-    attempt = 0
-    cycle_start = time.monotonic()
-    while True:
-        log.info("leader_task_started", task=task, lock=lock, attempt=attempt + 1)
-        run_start = time.monotonic()
-        try:
-            await run()
-        except Exception as exc:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise asyncio.CancelledError from exc  # it swallowed our cancel
-            now = time.monotonic()
-            if now - run_start >= HEALTHY_RUN_S:
-                attempt, cycle_start = 0, run_start
-            attempt += 1
-            delay = next_delay(retry, RetryContext(attempt, now - cycle_start, exc), lock)
-            if give_up_after is not None and attempt >= give_up_after:
-                delay = None
-            log.error(
-                "leader_task_crashed",
-                task=task,
-                lock=lock,
-                attempt=attempt,
-                error=repr(exc),
-                restart_in_s=None if delay is None else round(delay, 3),
-                exc_info=True,
-            )
-            if delay is None:
-                log.error("leader_task_gave_up", task=task, lock=lock, attempt=attempt)
-                return False
-            await asyncio.sleep(delay)
-            if until is not None and until():
-                return True  # draining: no new run
-        else:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise asyncio.CancelledError  # it swallowed our cancel and returned
-            log.info("leader_task_finished", task=task, lock=lock)
-            return True

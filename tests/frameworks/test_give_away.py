@@ -152,8 +152,8 @@ async def test_without_the_option_a_crashing_task_never_moves_the_lock(
         ({"give_away_after_crashes": 0}, "give_away_after_crashes must be a positive int"),
         ({"give_away_after_crashes": True}, "give_away_after_crashes must be a positive int"),
         ({"give_away_after_crashes": 1.5}, "give_away_after_crashes must be a positive int"),
-        ({"give_away_cooldown_s": 0}, "give_away_cooldown_s must be a positive number"),
-        ({"give_away_cooldown_s": "60"}, "give_away_cooldown_s must be a positive number"),
+        ({"give_away_cooldown_s": 0}, "give_away_cooldown_s must be a positive, finite number"),
+        ({"give_away_cooldown_s": "60"}, "give_away_cooldown_s must be a number"),
     ],
 )
 def test_bad_give_away_arguments(

@@ -127,3 +127,73 @@ def test_the_lock_and_the_coordinator_default_as_lock_config_does() -> None:
     coordinator = Coordinator("postgresql://h/db", group="g")
     lock = LeaderLock("postgresql://h/db", 1, 2, load_plugins=False)
     assert coordinator._settings.config == lock._config
+
+
+COORDINATION = PACKAGE / "coordination"
+BACKENDS = PACKAGE / "backends"
+
+
+def test_coordination_imports_only_the_cores_public_surface() -> None:
+    """The Coordinator builds on ``pgleaderlock.core``'s exported names (its
+    ``__all__``), never on a core module or on another outer layer: the core may change
+    behind that surface, and the Coordinator cannot grow a copy of what it hides."""
+    import pgleaderlock.core as core
+
+    offenders = []
+    for path in modules(COORDINATION):
+        for name in imported(path):
+            parts = name.split(".")
+            if parts[0] != "pgleaderlock" or len(parts) < 2 or parts[1] == "coordination":
+                continue
+            public = parts[1] == "core" and (
+                len(parts) == 2 or (len(parts) == 3 and parts[2] in core.__all__)
+            )
+            if not public:
+                offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert offenders == []
+    assert all(hasattr(core, name) for name in core.__all__)
+    assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "engine.py")
+
+
+def test_no_backend_module_decides_a_policy() -> None:
+    """Adapters speak SQL; what to run when is the core's: no backend remembers which
+    tables it checked (a cache), and none chooses between ``pg_locks`` and the cheap
+    probe (``holds()`` always asks ``pg_locks``; ``start_probe()`` is always cheap)."""
+    offenders = []
+    for path in modules(BACKENDS):
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(PACKAGE)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("_prepared", "_verified"):
+                offenders.append(f"{where}:{node.lineno} keeps {node.attr}")
+            if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) and node.name == "holds":
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                attrs = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                if "ALIVE" in names or "_alive" in attrs or "start_probe" in attrs:
+                    offenders.append(f"{where}:{node.lineno} holds() chooses a cheaper probe")
+    assert offenders == []
+
+
+def timer_and_abort(path: Path) -> list[str]:
+    """Classes and functions of ``path`` that arm a timer and drop a session: a call
+    bound."""
+    found = []
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef | ast.ClassDef):
+            called = {
+                n.func.attr
+                for n in ast.walk(node)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            }
+            if called & {"call_later", "call_at"} and called & {"abort", "_abort"}:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_calls_are_bounded_by_the_core_only() -> None:
+    """A database call is bounded by the core's ``CallGuard`` (through ``core.bounded``
+    outside a lock's task): no other module arms a timer that drops a session."""
+    offenders = [f for path in modules(PACKAGE) if not path.is_relative_to(CORE)
+                 for f in timer_and_abort(path)]  # fmt: skip
+    assert offenders == []
+    assert timer_and_abort(CORE / "calls.py")  # the scan sees the one it allows

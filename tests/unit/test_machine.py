@@ -35,12 +35,12 @@ from pgleaderlock.core.machine import (
     CloseSession,
     Conditions,
     Connected,
+    CutShort,
     Effect,
     Emit,
     Failed,
     IllegalTransitionError,
     Input,
-    Interrupted,
     Log,
     Machine,
     Op,
@@ -457,7 +457,7 @@ def test_stop_cuts_short_an_attempt_and_closes_its_session() -> None:
     assert not d.machine.preempted(attempt)
     d.machine.request(Request.STOP)
     assert d.machine.preempted(attempt)
-    d.feed(Interrupted())
+    d.feed(CutShort())
     assert d.machine.state is S.STOPPED
     assert CloseSession() in d.effects  # the attempt may have been granted
 
@@ -507,7 +507,7 @@ def test_step_down_timeout_forces_the_release() -> None:
     d.machine.request(Request.RELEASE)
     d.feed(Woke())
     d.machine.request(Request.FORCE)
-    d.feed(Interrupted())
+    d.feed(CutShort())
     assert d.machine.state is S.FOLLOWER
     assert d.emitted() == [Event.ERROR]
     error = next(e.error for e in d.effects if isinstance(e, Emit) and e.error)
@@ -628,7 +628,7 @@ def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequen
     from pgleaderlock.core.machine import FencedEnded, Late, TermBlocked, TermBumped
 
     if call.interruptible in requested:
-        return [Interrupted()]
+        return [CutShort()]
     error = Failed(ConnectionError("boom"))
     if call.op is Op.CONNECT:
         return [Connected(can_wait=rng.random() < 0.7), error]
@@ -704,14 +704,14 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
             }
             answers: list[Result] = [Answered(True), Answered(False), Failed(ConnectionError("x"))]
             answer = rng.choice(answers)
-            effects = m.handle(Interrupted() if cut else answer, now)
+            effects = m.handle(CutShort() if cut else answer, now)
         elif isinstance(effect, Sleep):
             now = max(now, effect.until) if rng.random() < 0.8 else now
             effects = m.handle(Woke(), now)
         else:
             now += rng.random() * effect.timeout_s
             if m.preempted(effect):
-                effects = m.handle(Interrupted(), now)
+                effects = m.handle(CutShort(), now)
             else:
                 effects = m.handle(rng.choice(_outcomes(effect, rng, requested)), now)
     else:
@@ -1047,6 +1047,6 @@ def test_a_late_probe_the_server_never_acknowledged_is_a_loss_at_the_bound() -> 
 def test_a_stop_cuts_a_late_probe_short() -> None:
     d = late_leader()
     d.machine.request(Request.STOP)
-    d.feed(Interrupted())
+    d.feed(CutShort())
     assert d.machine.state is S.STOPPED
     assert CloseSession() in d.effects

@@ -61,3 +61,101 @@ async def test_an_open_that_hangs_is_cut_off_after_the_grace() -> None:
     server.release_hangs()
     await asyncio.sleep(0.01)
     assert server.sessions == []  # the connect was cut off, not left to finish
+
+
+class Probed:
+    """A session that counts its probes: ``holds()`` (pg_locks) and the cheap one; its
+    table checks; and fails its next call with a missing table when told."""
+
+    backend_pid = 1
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.missing_next = False
+
+    async def try_lock(self, key1: int, key2: int) -> bool:
+        return True
+
+    async def unlock(self, key1: int, key2: int) -> bool:
+        return True
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        self.asked.append("pg_locks")
+        return True
+
+    def start_probe(self) -> asyncio.Future[None]:
+        self.asked.append("cheap")
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    async def prepare_table(self, table: object) -> None:
+        self.asked.append("table")
+
+    async def bump(self) -> int:
+        if self.missing_next:
+            self.missing_next = False
+            error = ConnectionError("bump: UndefinedTable")
+            error.__cause__ = type("UndefinedTable", (Exception,), {"sqlstate": "42P01"})()
+            raise error
+        return 7
+
+    async def close(self) -> None:
+        pass
+
+
+async def probe(slot: SessionSlot) -> None:
+    started = slot.start_probe()
+    if started is None:
+        assert await slot.holds(1, 2)
+    else:
+        await started
+
+
+async def test_the_core_asks_pg_locks_once_per_grant_then_probes_cheaply() -> None:
+    """Which probe runs is the core's choice, the same for every backend: after each
+    grant (and on a new session) ``holds()`` asks ``pg_locks`` once; once it said the
+    lock stays, the cheap probe serves until the next grant."""
+    sessions: list[Probed] = []
+
+    async def connect() -> Probed:
+        sessions.append(Probed())
+        return sessions[-1]
+
+    slot = slot_for(connect)
+    await slot.open()
+    for _ in range(3):
+        await probe(slot)
+    slot.granted()
+    for _ in range(2):
+        await probe(slot)
+    assert sessions[0].asked == ["pg_locks", "cheap", "cheap", "pg_locks", "cheap"]
+    await slot.close()
+    await slot.open()  # a new session: nothing known of it
+    await probe(slot)
+    assert sessions[1].asked == ["pg_locks"]
+
+
+async def test_a_table_is_checked_once_per_session_and_again_when_it_went_missing() -> None:
+    from pgleaderlock.core.tables import TermTable
+
+    sessions: list[Probed] = []
+
+    async def connect() -> Probed:
+        sessions.append(Probed())
+        return sessions[-1]
+
+    table = TermTable("public", "pgleaderlock_terms")
+    slot = slot_for(connect)
+    session = await slot.open()
+    assert isinstance(session, Probed)
+    assert await slot.with_table(table, session.bump) == 7
+    assert await slot.with_table(table, session.bump) == 7
+    assert session.asked == ["table"]  # once for this session
+    session.missing_next = True  # dropped by an operator meanwhile
+    assert await slot.with_table(table, session.bump) == 7
+    assert session.asked == ["table", "table"]  # checked (created) again, then the call
+    await slot.close()
+    second = await slot.open()
+    await slot.with_table(table, second.bump)  # type: ignore[attr-defined]
+    assert sessions[1].asked == ["table"]

@@ -10,7 +10,8 @@ are implementation details:
   [`WatchableSession`][pgleaderlock.backends.WatchableSession],
   [`AbortableSession`][pgleaderlock.backends.AbortableSession],
   [`ProbingSession`][pgleaderlock.backends.ProbingSession],
-  [`KeepAliveSession`][pgleaderlock.backends.KeepAliveSession] and
+  [`KeepAliveSession`][pgleaderlock.backends.KeepAliveSession],
+  [`TableSession`][pgleaderlock.backends.TableSession] and
   [`FencingSession`][pgleaderlock.backends.FencingSession] (with
   [`FencedSessions`][pgleaderlock.backends.FencedSessions]);
 - the shared base (``pgleaderlock.backends.base``):
@@ -49,6 +50,7 @@ from ..core.session import (
     KeepAliveSession,
     LockSession,
     ProbingSession,
+    TableSession,
     WaitingSession,
     WatchableSession,
 )
@@ -83,6 +85,7 @@ __all__ = [
     "KeepAliveSession",
     "FencingSession",
     "FencedSessions",
+    "TableSession",
     # the shared base
     "BaseSession",
     "Statement",

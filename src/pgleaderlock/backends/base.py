@@ -67,7 +67,6 @@ from .sql import (
     TABLE_CHECK,
     TRY_LOCK,
     TRY_LOCK_MANY,
-    UNDEFINED_TABLE,
     UNLOCK,
     UNLOCK_MANY,
     WAIT_LOCK,
@@ -245,15 +244,12 @@ class BaseSession(abc.ABC):
         self._info: SessionInfo | None = None
         self._token = _SESSION_TOKENS.getrandbits(62) + 1  # marks the session's backend
         self._configured = False  # the lock's settings are applied
-        self._held = False  # a lock call granted the lock (and no unlock since)
-        self._verified = False  # held, and a pg_locks probe since the grant said so
         self._unsure = False  # the last wait timed out: it may have been granted meanwhile
         # A wait on the server that outlives wait_lock() calls (see there), and its keys.
         self._waiting: asyncio.Task[object] | None = None
         self._waiting_for: tuple[int, int] | None = None
         self._can_wait_on: bool | None = None  # may waits outlive the calls? (known once)
         self._lease_ms = 0  # set by the lock calls once they grant a lock (configure())
-        self._prepared: set[LibraryTable] = set()  # checked (and created) by prepare_table
 
     @property
     def backend_pid(self) -> int | None:
@@ -456,10 +452,11 @@ class BaseSession(abc.ABC):
         self._configured = True
 
     async def prepare_table(self, table: LibraryTable) -> None:
-        """Make sure this session may use ``table`` (``TableSession``), once per session:
-        create it if it is missing and the role may (``table.create``), then check that
-        it is a plain table that a trusted role owns, in a
-        schema a trusted role owns, and that the role has the privileges it needs.
+        """Make sure this session may use ``table`` (``TableSession``): create it if it
+        is missing and the role may (``table.create``), then check that it is a plain
+        table that a trusted role owns, in a schema a trusted role owns, and that the
+        role has the privileges it needs. It checks at every call (the core calls it
+        once per session).
 
         Raises:
             UntrustedObjectError: the table (or its schema) is another role's, or not a
@@ -468,8 +465,6 @@ class BaseSession(abc.ABC):
                 it; the message has the statement that mends it.
             ConfigurationError: the schema does not exist.
         """
-        if table in self._prepared:
-            return
         check = await self._check_table(table)
         if check.relkind is None and check.schema_owner is not None and check.schema_trusted:
             if not (check.schema_usage and check.schema_create):
@@ -477,25 +472,11 @@ class BaseSession(abc.ABC):
             await self.run_ddl(table.create)
             check = await self._check_table(table)
         check.verify()
-        self._prepared.add(table)
 
     async def _check_table(self, table: LibraryTable) -> TableCheck:
         values = (table.schema, table.name, list(table.trusted_roles))
         row = await self._row(TABLE_CHECK, values)
         return TableCheck(table, *row[:9])  # type: ignore[arg-type]
-
-    async def _with_terms(self, table: TermTable, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()``, the table of fencing terms prepared first (``prepare_table``); and
-        again if it is missing after all (a table dropped since)."""
-        await self.prepare_table(table)
-        try:
-            return await call()
-        except PgLeaderLockError as exc:
-            if sqlstate(exc.__cause__) != UNDEFINED_TABLE:
-                raise
-        self._prepared.discard(table)
-        await self.prepare_table(table)
-        return await call()
 
     async def run_ddl(self, sql: str) -> None:
         """Run a ``CREATE ... IF NOT EXISTS``; losing a race with another creator (which
@@ -513,8 +494,8 @@ class BaseSession(abc.ABC):
 
     async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int | None:
         """Increment the lock's fencing term (``FencingSession``), waiting at most
-        ``wait_s`` for fenced transactions of older terms (``None`` after that); the table
-        is created the first time a session of this process meets it."""
+        ``wait_s`` for fenced transactions of older terms (``None`` after that). The
+        core has the table checked first (``prepare_table``)."""
         info = self._info or await self.identify()
         values = (key1, key2, info.backend_pid, lock_timeout_ms(wait_s))
         row = await self._bumped(table, _bump_statement(table), values)
@@ -530,7 +511,7 @@ class BaseSession(abc.ABC):
         """Run a term bump: its row, or ``None`` when its wait for the term rows ended
         in ``lock_timeout``."""
         try:
-            return await self._with_terms(table, lambda: self._row(statement, values))
+            return await self._row(statement, values)
         except PgLeaderLockError as exc:
             if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
                 return None
@@ -559,8 +540,6 @@ class BaseSession(abc.ABC):
         values = (firsts, seconds, info.backend_pid, self._token, self._lease_ms)
         row = await self._row(TRY_LOCK_MANY, values)
         positions = cast(list[int] | None, row[0]) or []
-        if positions:  # the next probe checks pg_locks once (see holds)
-            self._held, self._verified = True, False
         return [keys[i - 1] for i in positions]
 
     async def unlock_many(self, keys: list[tuple[int, int]]) -> int:
@@ -635,74 +614,42 @@ class BaseSession(abc.ABC):
         flight for it, if there is one)."""
         if self._waiting is not None and self._waiting_for == (key1, key2):
             return await self.wait_lock(key1, key2, 0.0)
-        granted = bool(await self._lock_call(TRY_LOCK, key1, key2))
-        if granted:
-            self._held, self._verified = True, False
-        return granted
+        return bool(await self._lock_call(TRY_LOCK, key1, key2))
 
     async def unlock(self, key1: int, key2: int) -> bool:
         """``pg_advisory_unlock(key1, key2)``: True if this session held the lock."""
-        self._held = self._verified = False
         return bool(await self._lock_call(UNLOCK, key1, key2))
 
     async def holds(self, key1: int, key2: int) -> bool:
-        """Does this session still hold the lock? Raises if it is dead, and
-        [`StandbyError`][pgleaderlock.StandbyError] if its server became a standby.
-
-        The first probe after the lock was granted asks ``pg_locks``
-        ([`HOLDS`][pgleaderlock.backends.HOLDS]): it checks once per leadership that
-        the lock really stays with the session (a pooler that resets server connections
-        after every transaction would free it). Later probes only check that the session
-        answers on the same backend ([`ALIVE`][pgleaderlock.backends.ALIVE]), which costs
-        the server the same whatever the size of its lock table. A session that does not
-        know itself to hold the lock always asks ``pg_locks``.
-        """
-        if self._verified:
-            await self._alive()
-            return True
-        row = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
-        held, in_recovery, *_ = row
-        self._verified = bool(held) and self._held
+        """Does this session still hold the lock (``pg_locks``,
+        [`HOLDS`][pgleaderlock.backends.HOLDS])? Raises if it is dead, and
+        [`StandbyError`][pgleaderlock.StandbyError] if its server became a standby."""
+        held, in_recovery, *_ = await self._row(HOLDS, (key_to_oid(key1), key_to_oid(key2)))
         if in_recovery:
             raise StandbyError(_NOW_A_STANDBY)
         return bool(held)
 
-    async def _alive(self) -> None:
-        """The periodic probe of a session that knows it holds its lock: the adapter's
-        quick probe (`_start_alive`) if it has one, else the session answers on its own
-        backend, with its token, on a primary ([`ALIVE`][pgleaderlock.backends.ALIVE])."""
-        probe = self._start_alive()
-        if probe is None:
-            _, in_recovery, *_ = await self._row(ALIVE, ())
-            if in_recovery:
-                raise StandbyError(_NOW_A_STANDBY)
-            return
-        try:
-            await probe
-        except asyncio.CancelledError:
-            self.abort()  # cut short half-way through the protocol: unusable
-            raise
-
     def start_probe(self) -> asyncio.Future[None] | None:
-        """The periodic probe as a future
+        """The cheap probe as a future
         ([`ProbingSession`][pgleaderlock.backends.ProbingSession]): the adapter's quick
-        probe once a ``pg_locks`` probe has confirmed the lock, ``None`` before (the
-        core then calls `holds`)."""
-        return self._start_alive() if self._verified else None
-
-    def keep_alive(self) -> asyncio.Future[None] | None:
-        """Renew the session's lease, asking nothing (``KeepAliveSession``): the
-        adapter's quick probe, else the [`ALIVE`][pgleaderlock.backends.ALIVE] statement
-        in a task of its own."""
-        if self._closed():
-            return None
+        probe if it has one, else the [`ALIVE`][pgleaderlock.backends.ALIVE] statement
+        (the session answers on its own backend, with its token, on a primary) in a task
+        of its own. On a session already closed, it fails with ``ConnectionError``."""
         probe = self._start_alive()
         if probe is None:
-            probe = asyncio.get_running_loop().create_task(self._alive_statement())
+            probe = asyncio.get_running_loop().create_task(self._alive())
         return probe
 
-    async def _alive_statement(self) -> None:
-        await self._row(ALIVE, ())
+    def keep_alive(self) -> asyncio.Future[None] | None:
+        """Renew the session's lease, asking nothing (``KeepAliveSession``): the cheap
+        probe (`start_probe`), whose answer nobody needs; ``None`` on a closed session."""
+        return None if self._closed() else self.start_probe()
+
+    async def _alive(self) -> None:
+        """[`ALIVE`][pgleaderlock.backends.ALIVE]; raises on a standby."""
+        _, in_recovery, *_ = await self._row(ALIVE, ())
+        if in_recovery:
+            raise StandbyError(_NOW_A_STANDBY)
 
     def _start_alive(self) -> asyncio.Future[None] | None:
         """Optional: a cheaper probe than [`ALIVE`][pgleaderlock.backends.ALIVE] that
@@ -739,7 +686,6 @@ class BaseSession(abc.ABC):
                     self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
                     return False  # lock_timeout: the wait ended without the lock
                 raise
-            self._held, self._verified = True, False
             return True
         wait = self._waiting
         if wait is not None and self._waiting_for != (key1, key2):
@@ -761,7 +707,6 @@ class BaseSession(abc.ABC):
             return False  # still waiting on the server
         self._waiting = self._waiting_for = None
         wait.result()  # the wait's error, if it failed
-        self._held, self._verified = True, False
         return True
 
     def _waits_on(self) -> bool:

@@ -29,7 +29,6 @@ __all__ = [
     "STATEMENTS",
     "TRY_LOCK",
     "TRY_LOCK_MANY",
-    "UNDEFINED_TABLE",
     "UNLOCK",
     "UNLOCK_MANY",
     "WAIT_LOCK",
@@ -400,8 +399,6 @@ schema's owner (NULL: no such schema), whether it is trusted (a schema owned by
 table's ``relkind`` (NULL: no such table), its owner, whether it is trusted, the
 privileges among SELECT, INSERT, UPDATE the session lacks on it; the session's role."""
 
-UNDEFINED_TABLE = "42P01"
-"""What a statement on a table that does not exist raises."""
 DUPLICATE_TABLE = frozenset({"42P07", "23505", "42710"})
 """What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race: the
 table, its row type (42710) or its index (23505 on pg_type or pg_class) created meanwhile."""

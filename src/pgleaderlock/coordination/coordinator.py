@@ -7,12 +7,18 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Self
 
-from ..core.config import DEFAULT_SCHEMA, lock_config, positive
-from ..core.errors import ConfigurationError
-from ..core.retry import RetryStrategy, check_retry_strategy, default_retry_strategy
-from ..core.session import SessionFactory
-from ..core.slot import connection_target
-from ..tasks import check_give_away
+from ..core import (
+    DEFAULT_SCHEMA,
+    ConfigurationError,
+    RetryStrategy,
+    SessionFactory,
+    check_give_away,
+    check_retry_strategy,
+    connection_target,
+    default_retry_strategy,
+    lock_config,
+    positive,
+)
 from .dedicated import DedicatedEngine
 from .engine import Engine, GroupView, Settings
 from .protocol import check_group, name_keys, new_member_id

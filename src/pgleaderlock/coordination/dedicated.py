@@ -26,17 +26,14 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from ..core._logging import get_logger
-from ..core.keys import oid_to_key
-from ..core.lock import LeaderLock
-from ..core.models import LockState
-from ..core.session import GroupSession
-from ..tasks import follow_state
+from ..core import LeaderLock, LockState, follow_state, get_logger, oid_to_key
 from . import balance
 from .engine import Engine
+from .events import Broken, GroupEvent, Look, NameEvent
 from .protocol import Key, Message, app_name, member_key, parse_app_name
+from .session import GroupSession
 
 __all__ = ["DedicatedEngine"]
 
@@ -118,10 +115,10 @@ class DedicatedEngine(Engine):
                 session = await self.open_session(self._util_slot)
                 if not await self.bounded(self._util_slot, session.try_lock_many([self._key])):
                     raise ConnectionError(f"member lock of {self.member} is taken")
-                if self.s.terms is not None and not self._tables_ready:
+                if self.settings.terms is not None and not self._tables_ready:
                     # Both tables, so that one refused stops the member at start()
-                    for table in (self.s.terms, self.s.checkpoints):
-                        await self.bounded(self._util_slot, session.prepare_table(table))
+                    for table in (self.settings.terms, self.settings.checkpoints):
+                        await self.bounded(self._util_slot, self._util_slot.prepare(table))
                     self._tables_ready = True
             except BaseException:
                 await self._util_slot.close()
@@ -147,7 +144,7 @@ class DedicatedEngine(Engine):
         """Ping the util session every ``health_interval_s``: it holds the member lock,
         and its lease ends a member whose probes stop. A failed ping gives the session
         up; the next ping opens it again (and takes the member lock again)."""
-        config = self.s.config
+        config = self.settings.config
         while True:
             await asyncio.sleep(config.health_interval_s)
             try:
@@ -167,11 +164,11 @@ class DedicatedEngine(Engine):
     def _lock_for(self, key: Key) -> LeaderLock:
         name = self.names[key]
         lock = LeaderLock(
-            self.s.user_dsn,
+            self.settings.user_dsn,
             *key,  # the name's keys in this group (name_keys)
             name=name,
             application_name=app_name(self.group, self.member, "lock"),
-            **self.s.lock_kwargs,
+            **self.settings.lock_kwargs,
         )
         follow_state(lock, lambda old, new: self._on_state(key, lock, old, new))
         lock.on_draining(lambda: self.workers.drain({name}))  # the lock bounds it (drain_s)
@@ -226,15 +223,15 @@ class DedicatedEngine(Engine):
             self._gained_at = time.monotonic()
             self._leading.add(key)
             self.start_worker(name, lock.term)
-            self.events.put_nowait(("changed", None))
+            self.events.put_nowait(Look("changed"))
             self._tell_moved()
         elif old is LockState.LEADER:
             self._leading.discard(key)
             await self.workers.stop({name})  # before an unlock, and before anyone else leads
-            self.events.put_nowait(("changed", None))
+            self.events.put_nowait(Look("changed"))
             self._tell_moved()
         if new is LockState.STOPPED and lock.stop_error is not None:
-            self.events.put_nowait(("fatal", lock.stop_error))  # a missing grant, ...
+            self.events.put_nowait(Broken(lock.stop_error, fatal=True))  # a missing grant, ...
 
     def _tell_moved(self) -> None:
         """Tell the group, soon, that this member leads other names: the server hands a
@@ -370,16 +367,16 @@ class DedicatedEngine(Engine):
         lock = self._locks.get(key) if key is not None else None
         if key is None or lock is None:
             return
-        self._paused[key] = time.monotonic() + self.s.give_away_cooldown_s
+        self._paused[key] = time.monotonic() + self.settings.give_away_cooldown_s
         await self._stop(key)
         log.warning("name_given_away", name=name, **self._fields)
         await self.notify(Message("released", self.member, keys=(key,)))
 
-    async def _on_event(self, kind: str, data: Any) -> None:
-        if kind == "fatal":  # a name's lock stopped on an error retrying cannot mend
-            raise cast(Exception, data)
-        if kind == "add":
-            key = self.keys.get(str(data))
+    async def _on_event(self, event: GroupEvent) -> None:
+        if isinstance(event, Broken):  # a name's lock stopped on an error retrying cannot mend
+            raise event.error
+        if isinstance(event, NameEvent) and event.what == "added":
+            key = self.keys.get(event.name)
             if key is not None:
                 await self._compete(key)
 

@@ -18,22 +18,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from ..core._logging import get_logger
-from ..core.config import LockConfig, TermTable, session_settings
-from ..core.keys import oid_to_key
-from ..core.machine import is_permanent
-from ..core.models import RetryContext
-from ..core.retry import RetryStrategy
-from ..core.session import (
+from ..core import (
     Backend,
     ConnectOptions,
-    GroupSession,
+    LockConfig,
+    RetryContext,
+    RetryStrategy,
     SessionFactory,
+    SessionSlot,
+    TermTable,
     WaitingSession,
+    bounded,
+    can,
+    delay_or_give_up,
+    get_logger,
+    is_permanent,
+    oid_to_key,
+    session_settings,
 )
-from ..core.slot import SessionSlot, can
-from ..tasks import next_delay
 from . import balance
+from .events import GroupEvent, Look, MemberGone, NameEvent, Received, Stop, looks
 from .protocol import (
     Key,
     Message,
@@ -45,6 +49,7 @@ from .protocol import (
     parse_app_name,
     prefix,
 )
+from .session import GroupSession
 from .workers import CheckpointTable, WorkerContext, WorkerFunction, Workers
 
 __all__ = ["Engine", "GroupView", "Settings", "Stopping"]
@@ -112,9 +117,6 @@ class GroupView:
     others: dict[Key, str]
 
 
-Event = tuple[str, Any]
-
-
 class Stopping(Exception):
     """The coordinator is shutting down: ends a reconnection loop."""
 
@@ -123,17 +125,18 @@ class Engine(abc.ABC):
     """The member's loop; see the module docstring."""
 
     def __init__(self, settings: Settings) -> None:
-        self.s = settings
+        self.settings = settings
         self.group, self.member = settings.group, settings.member
         self.channel = channel(settings.group)
         self.functions: dict[str, WorkerFunction] = {}
         self.keys: dict[str, Key] = {}
         self.names: dict[Key, str] = {}
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.events: asyncio.Queue[GroupEvent] = asyncio.Queue()
         self.workers = Workers(
             settings.retry,
             settings.give_away_after_crashes,
-            lambda name: self.events.put_nowait(("crashed", name)),
+            lambda name: self.events.put_nowait(NameEvent("crashed", name)),
+            label=f"group:{settings.group}",
         )
         # key -> (until (monotonic), for whom): not this member's to take meanwhile; ""
         # for anyone else (a name given away), else the member it was handed to
@@ -175,13 +178,13 @@ class Engine(abc.ABC):
         key = name_keys(self.group, name)
         self.functions[name], self.keys[name], self.names[key] = fn, key, name
         if self.running:
-            self.events.put_nowait(("add", name))
+            self.events.put_nowait(NameEvent("added", name))
 
     async def unregister(self, name: str) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.running:
             assert self._task is not None
-            self.events.put_nowait(("remove", (name, done)))
+            self.events.put_nowait(NameEvent("removed", name, done))
             await asyncio.wait([done, self._task], return_when=asyncio.FIRST_COMPLETED)
         if not done.done():  # not running, or stopped meanwhile: nothing held any more
             self._forget(name)
@@ -217,7 +220,7 @@ class Engine(abc.ABC):
         kept = []
         while not self.events.empty():
             event = self.events.get_nowait()
-            if event[0] != "stop":
+            if not isinstance(event, Stop):
                 kept.append(event)
         for event in kept:
             self.events.put_nowait(event)
@@ -227,7 +230,7 @@ class Engine(abc.ABC):
         if task is None or task.done():
             return
         self._stop_event.set()
-        self.events.put_nowait(("stop", None))
+        self.events.put_nowait(Stop())
         if self._connecting:
             task.cancel()  # a connection attempt would otherwise run to its timeout
         await asyncio.wait([task])
@@ -250,10 +253,10 @@ class Engine(abc.ABC):
                 return await attempt()
             except Exception as exc:
                 count += 1
-                if is_permanent(exc, self.s.config):
+                if is_permanent(exc, self.settings.config):
                     raise
                 ctx = RetryContext(count, time.monotonic() - started, exc)
-                delay = next_delay(self.s.retry, ctx, self._fields["lock"])
+                delay = delay_or_give_up(self.settings.retry, ctx, self._fields["lock"])
                 log.warning(event, error=repr(exc), attempt=count, retry_in_s=delay,
                             **self._fields)  # fmt: skip
                 if delay is None:
@@ -277,31 +280,34 @@ class Engine(abc.ABC):
                 timeout = max(0.0, next_tick - time.monotonic())
                 if self.events.empty():
                     self.idle()
+                event: GroupEvent
                 try:
                     async with asyncio.timeout(timeout):
-                        kind, data = await self.events.get()
+                        event = await self.events.get()
                 except TimeoutError:
-                    kind, data = "tick", None
-                if kind == "stop":
+                    event = Look()
+                if isinstance(event, Stop):
                     await self._drain()  # the helpers (the probe) still run meanwhile
                     break
                 try:
-                    await self._handle(kind, data)
-                    if kind in ("tick", "left", "join", "leave", "released", "add", "changed"):
+                    await self._handle(event)
+                    if looks(event):
                         await self._tick()
-                        wait = self.s.balance_interval_s if self._unsettled else self.s.idle_tick_s
+                        wait = self.settings.idle_tick_s
+                        if self._unsettled:
+                            wait = self.settings.balance_interval_s
                         if self._outside:  # nothing tells the group when those are freed
                             wait = min(wait, OUTSIDE_TICK_S)
                         next_tick = time.monotonic() + wait
                 except (Stopping, asyncio.CancelledError):
                     raise
                 except Exception as exc:
-                    if is_permanent(exc, self.s.config):
+                    if is_permanent(exc, self.settings.config):
                         raise
-                    log.warning("group_event_failed", kind=kind, error=repr(exc),
-                                **self._fields)  # fmt: skip
+                    log.warning("group_event_failed", kind=type(event).__name__,
+                                error=repr(exc), **self._fields)  # fmt: skip
                     self._unsettled = True
-                    next_tick = min(next_tick, time.monotonic() + self.s.balance_interval_s)
+                    next_tick = min(next_tick, time.monotonic() + self.settings.balance_interval_s)
         except (Stopping, asyncio.CancelledError):
             if not self._stop_event.is_set():
                 raise
@@ -327,24 +333,24 @@ class Engine(abc.ABC):
         if self._started is not None and not self._started.done():
             self._started.set_result(None)
 
-    async def _handle(self, kind: str, data: Any) -> None:
-        match kind:
-            case "message":
-                await self._on_message(cast(Message, data))
-            case "crashed":
-                await self._give_away(cast(str, data))
-            case "member_died":  # this member's watch saw it: tell the others
-                await self.announce(Message("left", self.member, to=str(data)))
-            case "remove":
-                name, done = cast(tuple[str, asyncio.Future[None]], data)
+    async def _handle(self, event: GroupEvent) -> None:
+        match event:
+            case Received(message=message):
+                await self._on_message(message)
+            case NameEvent(what="crashed", name=name):
+                await self._give_away(name)
+            case NameEvent(what="removed", name=name, done=done):
                 try:
                     await self._remove(name)
                 finally:
                     self._forget(name)
-                    if not done.done():
+                    if done is not None and not done.done():
                         done.set_result(None)
+            case MemberGone(member=member, seen_here=True):  # this member's watch saw it
+                await self.announce(Message("left", self.member, to=member))  # tell all
+                await self._on_event(event)
             case _:
-                await self._on_event(kind, data)
+                await self._on_event(event)
 
     async def _on_message(self, message: Message) -> None:
         if message.sender == self.member:
@@ -358,11 +364,11 @@ class Engine(abc.ABC):
             case "done" if message.to == self.member:
                 self._asked.pop(message.sender, None)
             case "left":
-                self.events.put_nowait(("left", message.to))  # the dead member
+                self.events.put_nowait(MemberGone(message.to))  # the dead member
             case "join" | "leave" | "released":
-                self.events.put_nowait((message.kind, None))
+                self.events.put_nowait(Look(message.kind))
             case "moved":
-                self.events.put_nowait(("changed", None))
+                self.events.put_nowait(Look("changed"))
 
     async def _on_request(self, message: Message) -> None:
         """Give what keeps the two members within balance; always answer (an empty
@@ -379,7 +385,7 @@ class Engine(abc.ABC):
         if give:
             log.info("names_given", to=message.sender, count=len(give), **self._fields)
             self.moves += await self._give(give, message.sender)
-            self.events.put_nowait(("changed", None))  # look again: the view moved
+            self.events.put_nowait(Look("changed"))  # look again: the view moved
         else:
             await self.announce(Message("done", self.member, message.sender))
 
@@ -469,7 +475,7 @@ class Engine(abc.ABC):
 
     def _read_group(self, session: GroupSession) -> Awaitable[list[Any]]:
         """``session.group_snapshot`` for this group."""
-        return session.group_snapshot(prefix(self.group), self.s.config.trusted_roles)
+        return session.group_snapshot(prefix(self.group), self.settings.config.trusted_roles)
 
     def _remember(self, view: balance.View, others: dict[Key, str]) -> balance.View:
         """Keep ``view`` as the last one, and what ``Coordinator.view()`` shows."""
@@ -482,7 +488,10 @@ class Engine(abc.ABC):
     # ------------------------------------------------------------------ workers
 
     def context(self, name: str, term: int | None) -> WorkerContext:
-        return WorkerContext(name, term, self.member, self.s.terms, self.s.checkpoints, self.group)
+        settings = self.settings
+        return WorkerContext(
+            name, term, self.member, settings.terms, settings.checkpoints, self.group
+        )
 
     def start_worker(self, name: str, term: int | None) -> None:
         fn = self.functions.get(name)
@@ -494,24 +503,25 @@ class Engine(abc.ABC):
     def options(self, role: Role) -> ConnectOptions:
         return ConnectOptions(
             application_name=app_name(self.group, self.member, role),
-            connect_timeout_s=self.s.config.connect_timeout_s,
-            server_settings=session_settings(self.s.config),
-            lease_s=self.s.config.lease_s,
+            connect_timeout_s=self.settings.config.connect_timeout_s,
+            server_settings=session_settings(self.settings.config),
+            lease_s=self.settings.config.lease_s,
         )
 
     def slot(self, role: Role) -> SessionSlot:
         return SessionSlot(
-            backend=self.s.backend,
-            dsn=self.s.dsn,
+            backend=self.settings.backend,
+            dsn=self.settings.dsn,
             options=self.options(role),
-            connect_fn=self.s.connect_fn,
+            connect_fn=self.settings.connect_fn,
             log=log,
             fields=self._fields,
         )
 
     async def open_session(self, slot: SessionSlot) -> GroupSession:
         """Open a checked session (bounded); it must be able to serve a group."""
-        session = await self.bounded(slot, slot.open(), self.s.config.connect_budget_s or 30.0)
+        budget = self.settings.config.connect_budget_s or 30.0
+        session = await self.bounded(slot, slot.open(), budget)
         if not can(session, GroupSession):
             await slot.close()
             raise ConnectionError(
@@ -520,38 +530,18 @@ class Engine(abc.ABC):
             )
         return cast(GroupSession, session)
 
-    async def bounded(
+    def bounded(
         self, slot: SessionSlot, call: Awaitable[T], timeout_s: float | None = None
-    ) -> T:
-        """``await call`` within ``timeout_s`` (default ``command_timeout_s``). On expiry
-        the session is dropped *before* the call is cancelled, so that no driver spends
-        time cancelling the statement on a server it cannot reach (psycopg would, for up
-        to seconds, through a silent network), as a lock's calls are (``CallGuard``).
+    ) -> Awaitable[T]:
+        """``call`` on ``slot``'s session within ``timeout_s`` (default
+        ``command_timeout_s``), as a lock's calls are: the core's
+        [`bounded`][pgleaderlock.core.calls.bounded] (the session is dropped before the
+        call is cancelled).
 
         Raises:
             TimeoutError: the call took longer.
         """
-        task = asyncio.current_task()
-        assert task is not None, "calls run in a task"
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            slot.abort()
-            task.cancel()
-
-        timeout = timeout_s or self.s.config.command_timeout_s
-        timer = asyncio.get_running_loop().call_later(timeout, expire)
-        try:
-            return await call
-        except asyncio.CancelledError:
-            if not expired:
-                raise  # cancelled from outside
-            task.uncancel()
-            raise TimeoutError from None
-        finally:
-            timer.cancel()
+        return bounded(call, timeout_s or self.settings.config.command_timeout_s, slot.abort)
 
     def spawn(self, coro: Awaitable[None], name: str) -> None:
         self._helpers.append(asyncio.get_running_loop().create_task(coro, name=name))  # type: ignore[arg-type]
@@ -560,14 +550,14 @@ class Engine(abc.ABC):
         """Feed the group's notifications into the loop, reconnecting as needed; a
         quiet session is pinged every ``health_interval_s``."""
         slot = self.slot("listen")
-        config = self.s.config
+        config = self.settings.config
         attempt = 0
         while True:
             try:
                 session = await self.open_session(slot)
                 await self.bounded(slot, session.listen(self.channel))
                 self.listening.set()
-                self.events.put_nowait(("tick", None))  # what was held back may go now
+                self.events.put_nowait(Look())  # what was held back may go now
                 attempt = 0
                 while True:
                     wait = config.health_interval_s
@@ -581,7 +571,7 @@ class Engine(abc.ABC):
                             slot, session, pid, message, received_at
                         ):
                             self.note(message)
-                            self.events.put_nowait(("message", message))
+                            self.events.put_nowait(Received(message))
                     if not received:
                         await self.bounded(slot, session.ping(), config.health_timeout_s)
             except asyncio.CancelledError:
@@ -593,8 +583,8 @@ class Engine(abc.ABC):
             self.listening.clear()
             await slot.close()
             self._asked.clear()  # their answers may have been missed: ask again
-            self.events.put_nowait(("tick", None))  # notifications may have been missed
-            await asyncio.sleep(min(self.s.balance_interval_s * (attempt - 1), 5.0))
+            self.events.put_nowait(Look())  # notifications may have been missed
+            await asyncio.sleep(min(self.settings.balance_interval_s * (attempt - 1), 5.0))
 
     async def _sent_by_member(
         self,
@@ -643,7 +633,7 @@ class Engine(abc.ABC):
         listens, so that no answer to this member's first requests is missed."""
         self.spawn(self.listen_forever(), f"pgleaderlock-listen:{self.group}")
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.s.config.connect_budget_s or 30.0):
+            async with asyncio.timeout(self.settings.config.connect_budget_s or 30.0):
                 await self.listening.wait()
 
     async def announce(self, message: Message) -> None:
@@ -684,12 +674,12 @@ class Engine(abc.ABC):
                 await asyncio.sleep(WATCH_WAIT_S)
                 return
             wait = _wait(session, key)
-            if await self.bounded(slot, wait, WATCH_WAIT_S + self.s.config.command_timeout_s):
+            bound = WATCH_WAIT_S + self.settings.config.command_timeout_s
+            if await self.bounded(slot, wait, bound):
                 await self.bounded(slot, _unlock(session, key))
                 log.info("member_died", dead=successor, **self._fields)
                 self.members = self.members - {successor}
-                self.events.put_nowait(("member_died", successor))  # tells the others
-                self.events.put_nowait(("left", successor))
+                self.events.put_nowait(MemberGone(successor, seen_here=True))
         except Exception as exc:
             log.warning("watch_failed", error=repr(exc), **self._fields)
             await slot.close()
@@ -754,7 +744,7 @@ class Engine(abc.ABC):
     def idle(self) -> None:  # noqa: B027 - optional
         """Called when the loop is about to wait for the next event (default: nothing)."""
 
-    async def _on_event(self, kind: str, data: Any) -> None:  # noqa: B027 - optional
+    async def _on_event(self, event: GroupEvent) -> None:  # noqa: B027 - optional
         """Mode-specific events (default: none)."""
 
 

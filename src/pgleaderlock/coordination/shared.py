@@ -26,16 +26,14 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from ..core._logging import get_logger
-from ..core.config import TermTable
-from ..core.machine import is_permanent
-from ..core.session import GroupSession, WatchableSession
-from ..core.slot import can
+from ..core import TermTable, get_logger, is_permanent
 from . import balance
 from .engine import Engine
+from .events import Broken, GroupEvent, Look, MemberGone
 from .protocol import Key, Message, member_key
+from .session import GroupSession
 
 __all__ = ["SharedEngine"]
 
@@ -79,8 +77,8 @@ class SharedEngine(Engine):
             try:
                 session = await self.open_session(self._hold_slot)
                 await self._take_member_lock(session)
-                if self.s.terms is not None:  # a table refused stops the member now
-                    ready = self._prepare_tables(session, self.s.terms)
+                if self.settings.terms is not None:  # a table refused stops the member now
+                    ready = self._prepare_tables(self.settings.terms)
                     await self.bounded(self._hold_slot, ready)
                 return session
             except BaseException:
@@ -102,9 +100,9 @@ class SharedEngine(Engine):
                 raise ConnectionError(f"member lock of {self.member} is taken")
             await asyncio.sleep(0.02)
 
-    async def _prepare_tables(self, session: GroupSession, terms: TermTable) -> None:
-        await session.prepare_table(terms)
-        await session.prepare_table(self.s.checkpoints)
+    async def _prepare_tables(self, terms: TermTable) -> None:
+        await self._hold_slot.prepare(terms)
+        await self._hold_slot.prepare(self.settings.checkpoints)
 
     async def _close(self) -> None:
         await self.workers.stop()
@@ -133,7 +131,7 @@ class SharedEngine(Engine):
             if session is not self._hold or self._broken:
                 raise ConnectionError("the hold session is being reopened")
             try:
-                timeout = timeout_s or self.s.config.health_timeout_s
+                timeout = timeout_s or self.settings.config.health_timeout_s
                 result = await self.bounded(self._hold_slot, call(session), timeout)
             except Exception as exc:
                 await self._demote(session, exc)
@@ -151,7 +149,7 @@ class SharedEngine(Engine):
         log.warning("names_lost", error=repr(error), count=len(session_names), **self._fields)
         self._owned.clear()
         await self.workers.stop(session_names)
-        self.events.put_nowait(("lost", error))
+        self.events.put_nowait(Broken(error, fatal=False))
 
     async def _reconnect(self) -> None:
         """After ``_demote``: a new hold session, and the member's place again."""
@@ -160,7 +158,7 @@ class SharedEngine(Engine):
         self._hold = None
         await self._hold_slot.close()
         await self._connect()
-        self.events.put_nowait(("tick", None))
+        self.events.put_nowait(Look())
 
     async def _group_rows(self) -> list[Any]:
         return await self._call(self._read_group)
@@ -191,11 +189,13 @@ class SharedEngine(Engine):
             return []
         try:
             granted = await self._call(lambda s: s.try_lock_many(keys))
+            if granted:
+                self._hold_slot.granted()  # the next probe asks pg_locks
             terms: dict[Key, int] | None = {}
-            if granted and self.s.terms is not None:
-                terms = await self._bump_terms(self.s.terms, granted)
+            if granted and self.settings.terms is not None:
+                terms = await self._bump_terms(self.settings.terms, granted)
         except Exception as exc:  # the session is given up (_call): the loop reconnects
-            if is_permanent(exc, self.s.config):  # ... unless that cannot help
+            if is_permanent(exc, self.settings.config):  # ... unless that cannot help
                 raise
             return []
         if terms is None:  # fenced transactions of older terms hold on: try again later
@@ -216,10 +216,10 @@ class SharedEngine(Engine):
         the fenced transactions of the names' last leaders; those still there then are
         ended (a frozen or cut-off old leader's), and the bump tried once more. ``None``:
         some are still there (this role may not end them), nothing was bumped."""
-        config = self.s.config
+        config = self.settings.config
         grace = config.fencing_grace_s
         timeout = grace + config.health_timeout_s
-        terms = await self._call(lambda s: s.bump_terms(table, keys, grace), timeout)
+        terms = await self._call(lambda s: self._bump(s, table, keys), timeout)
         if terms is not None:
             return terms
         log.warning("term_bump_blocked", grace_s=grace, count=len(keys), **self._fields)
@@ -234,7 +234,14 @@ class SharedEngine(Engine):
                 "pg_signal_backend; the names are given back and taken again later",
                 **self._fields,
             )
-        return await self._call(lambda s: s.bump_terms(table, keys, grace), timeout)
+        return await self._call(lambda s: self._bump(s, table, keys), timeout)
+
+    def _bump(
+        self, session: GroupSession, table: TermTable, keys: list[Key]
+    ) -> Awaitable[dict[Key, int] | None]:
+        grace = self.settings.config.fencing_grace_s
+        bump = functools.partial(session.bump_terms, table, keys, grace)
+        return self._hold_slot.with_table(table, bump)
 
     async def _release(self, keys: list[Key]) -> list[Key]:
         """Stop the workers of ``keys``, then unlock them."""
@@ -254,12 +261,12 @@ class SharedEngine(Engine):
         return len(given)
 
     async def _drain(self) -> None:
-        await self.workers.drain(None, self.s.config.drain_s)
+        await self.workers.drain(None, self.settings.config.drain_s)
 
     async def _remove(self, name: str) -> None:
         key = self.keys.get(name)
         if key is not None and key in self._owned:
-            await self.workers.drain({name}, self.s.config.drain_s)
+            await self.workers.drain({name}, self.settings.config.drain_s)
             await self._release([key])
             await self.notify(Message("released", self.member, keys=(key,)))
 
@@ -267,16 +274,16 @@ class SharedEngine(Engine):
         key = self.keys.get(name)
         if key is None or key not in self._owned:
             return
-        self.excluded[key] = (time.monotonic() + self.s.give_away_cooldown_s, "")
+        self.excluded[key] = (time.monotonic() + self.settings.give_away_cooldown_s, "")
         await self._release([key])
         log.warning("name_given_away", name=name, **self._fields)
         await self.notify(Message("released", self.member, keys=(key,)))
 
-    async def _on_event(self, kind: str, data: Any) -> None:
-        if kind == "lost":
+    async def _on_event(self, event: GroupEvent) -> None:
+        if isinstance(event, Broken):
             await self._reconnect()
-        elif kind == "left" and data:
-            await self._take_from(str(data))
+        elif isinstance(event, MemberGone) and event.member:
+            await self._take_from(event.member)
 
     async def _take_from(self, dead: str) -> None:
         """Take, at once, the names of a dead member that the rendezvous gives this one
@@ -303,14 +310,14 @@ class SharedEngine(Engine):
         that a busy loop never delays it."""
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.s.config.health_interval_s):
+                async with asyncio.timeout(self.settings.config.health_interval_s):
                     await self._wake.wait()
             self._wake.clear()
             session = self._hold
             if session is None or self._broken:
                 continue
             try:
-                held = await self._call(lambda s: _holds(s, self._key))
+                held = await self._call(lambda s: self._probe())
             except Exception:  # given up (_call)
                 continue
             if not held:
@@ -318,17 +325,20 @@ class SharedEngine(Engine):
                 async with self._hold_lock:
                     await self._demote(session, error)
 
+    async def _probe(self) -> bool:
+        """Does the hold session still hold the member lock? As a lock's probe: the
+        core's choice of ``pg_locks`` or the cheap probe (``SessionSlot``)."""
+        probe = self._hold_slot.start_probe()
+        if probe is None:
+            return await self._hold_slot.holds(*self._key)
+        await probe
+        return True
+
     def _arm(self, session: GroupSession) -> None:
         """Watch the idle hold session: a server that ends it (a terminated backend, a
         shutdown) wakes the probe at once. Any call on the session disarms it."""
-        if can(session, WatchableSession):
-            cast(WatchableSession, session).watch(self._wake.set)
+        self._hold_slot.watch(self._wake.set)
 
 
 async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
     await session.notify(channel, payload)
-
-
-async def _holds(session: GroupSession, key: Key) -> bool:
-    held: bool = await session.holds(*key)
-    return held

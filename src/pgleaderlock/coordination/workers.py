@@ -3,18 +3,21 @@ name, cancelled and awaited the moment it does not, restarted after a crash."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core._logging import get_logger
-from ..core.config import LibraryTable, TermTable
-from ..core.errors import ConfigurationError
-from ..core.fencing import check_term, fence_template, fence_values, term_of
-from ..core.registry import fetch_row
-from ..core.retry import RetryStrategy
-from ..tasks import supervise
+from ..core import (
+    ConfigurationError,
+    LibraryTable,
+    RetryStrategy,
+    Supervisor,
+    TermTable,
+    fence_transaction,
+    fetch_row,
+    get_logger,
+)
 from .protocol import checkpoint_name, name_keys
 
 __all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
@@ -104,9 +107,7 @@ class WorkerContext:
             raise ConfigurationError(
                 "fenced work and checkpoints need Coordinator(..., fencing=True)"
             )
-        row = await fetch_row(conn, fence_template(self._terms), fence_values(*self._keys))
-        check_term(self.term, term_of(row), self.name)
-        return self.term
+        return await fence_transaction(conn, self._terms, self._keys, self.term, self.name)
 
     async def load_checkpoint(self, conn: object) -> int | None:
         """The name's last saved position (or ``None``), read in the caller's
@@ -141,7 +142,8 @@ WorkerFunction = Callable[[WorkerContext], Awaitable[object]]
 
 
 class Workers:
-    """The running workers of one member, by name.
+    """The running workers of one member, by name (a
+    [`Supervisor`][pgleaderlock.core.supervisor.Supervisor], as a lock's leader tasks).
 
     Args:
         retry: delays between restarts of a crashed worker.
@@ -149,6 +151,7 @@ class Workers:
             name (``None``: never; the worker then keeps being restarted).
         crashed_out: called with the name whose worker crashed too often.
         cancel_timeout_s: how long to wait for a cancelled worker to end.
+        label: the group, for logs.
     """
 
     def __init__(
@@ -157,42 +160,28 @@ class Workers:
         give_up_after: int | None,
         crashed_out: Callable[[str], None],
         cancel_timeout_s: float = 10.0,
+        label: str = "",
     ) -> None:
-        self._retry = retry
-        self._give_up_after = give_up_after
-        self._crashed_out = crashed_out
-        self._cancel_timeout_s = cancel_timeout_s
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks = Supervisor(
+            kind="worker",
+            label=label,
+            retry=retry,
+            give_up_after=give_up_after,
+            gave_up=crashed_out if give_up_after is not None else _keep,
+            cancel_timeout_s=cancel_timeout_s,
+        )
         self._contexts: dict[str, WorkerContext] = {}
 
     @property
     def running(self) -> frozenset[str]:
-        return frozenset(name for name, task in self._tasks.items() if not task.done())
+        return self._tasks.running
 
     def start(self, name: str, fn: WorkerFunction, context: WorkerContext) -> None:
         """Start ``fn(context)`` for ``name`` unless it runs already."""
-        current = self._tasks.get(name)
-        if current is not None and not current.done():
+        if name in self._tasks.running:
             return
         self._contexts[name] = context
-        self._tasks[name] = asyncio.get_running_loop().create_task(
-            self._run(name, fn, context), name=f"pgleaderlock-worker:{name}"
-        )
-
-    async def _run(self, name: str, fn: WorkerFunction, context: WorkerContext) -> None:
-        async def once() -> object:
-            return await fn(context)
-
-        finished = await supervise(
-            once,
-            task=name,
-            lock=name,
-            retry=self._retry,
-            give_up_after=self._give_up_after,
-            until=lambda: context.draining,
-        )
-        if not finished and self._give_up_after is not None:
-            self._crashed_out(name)
+        self._tasks.start(name, functools.partial(fn, context), until=lambda: context.draining)
 
     async def drain(
         self, names: set[str] | frozenset[str] | None = None, timeout_s: float | None = None
@@ -200,28 +189,22 @@ class Workers:
         """Let the workers of ``names`` (all when ``None``) finish their current unit of
         work: their contexts say ``draining``, and this waits until they have returned,
         for at most ``timeout_s`` (``None``: until cancelled). ``stop`` cancels the rest."""
-        chosen = set(self._tasks) if names is None else set(names) & set(self._tasks)
-        running = [self._tasks[n] for n in chosen if not self._tasks[n].done()]
+        chosen = set(self._contexts) if names is None else set(names) & set(self._contexts)
         for name in chosen:
             self._contexts[name]._draining = True
+        running = chosen & self._tasks.running
         if running and (timeout_s is None or timeout_s > 0):
-            log.info("workers_draining", names=",".join(sorted(chosen)), timeout_s=timeout_s)
-            await asyncio.wait(running, timeout=timeout_s)
+            log.info("workers_draining", names=",".join(sorted(running)), timeout_s=timeout_s)
+            await self._tasks.drain(running, timeout_s)
 
     async def stop(self, names: set[str] | frozenset[str] | None = None) -> None:
         """Cancel and await the workers of ``names`` (all when ``None``)."""
-        chosen = set(self._tasks) if names is None else set(names) & set(self._tasks)
+        chosen = set(self._contexts) if names is None else set(names)
         for name in chosen:
             self._contexts.pop(name, None)
-        tasks = [self._tasks.pop(name) for name in chosen]
-        for task in tasks:
-            task.cancel()
-        if not tasks:
-            return
-        done, pending = await asyncio.wait(tasks, timeout=self._cancel_timeout_s)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("worker_failed", lock=task.get_name(), error=repr(task.exception()))
-        for task in pending:
-            timeout = self._cancel_timeout_s
-            log.error("worker_ignores_cancel", lock=task.get_name(), timeout_s=timeout)
+        await self._tasks.stop(None if names is None else chosen)
+
+
+def _keep(name: str) -> None:
+    """Without ``give_away_after_crashes`` a worker given up by its retry strategy stays
+    given up until the name's next leadership."""

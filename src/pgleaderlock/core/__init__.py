@@ -1,4 +1,86 @@
 """The backend-neutral core of pgleaderlock: state machine, lifecycle task, retry, keys.
 
-Nothing in this package imports a database driver.
+Nothing in this package imports a database driver. What the layers above it (the
+Coordinator, the leader tasks, the integrations) build on is exported here: they import
+from ``pgleaderlock.core``, never from its modules, so that the modules may change
+behind this surface (a layout test checks it for the Coordinator).
 """
+
+from ._logging import get_logger
+from .calls import CallGuard, Interrupted, bounded
+from .config import (
+    DEFAULT_SCHEMA,
+    LibraryTable,
+    LockConfig,
+    TermTable,
+    lock_config,
+    positive,
+    session_settings,
+)
+from .errors import ConfigurationError, ConnectionError
+from .fencing import fence_transaction
+from .hooks import callback_plugin, follow_state
+from .keys import check_name, lock_keys, oid_to_key
+from .lock import LeaderLock
+from .machine import is_permanent
+from .models import Event, LockState, RetryContext
+from .registry import fetch_row
+from .retry import (
+    RetryStrategy,
+    check_retry_strategy,
+    default_retry_strategy,
+    delay_or_give_up,
+)
+from .session import (
+    Backend,
+    ConnectOptions,
+    FencedSessions,
+    SessionFactory,
+    TableSession,
+    WaitingSession,
+)
+from .slot import SessionSlot, can, connection_target
+from .supervisor import Supervisor, check_give_away
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "Backend",
+    "CallGuard",
+    "ConfigurationError",
+    "ConnectOptions",
+    "ConnectionError",
+    "Event",
+    "FencedSessions",
+    "Interrupted",
+    "LeaderLock",
+    "LibraryTable",
+    "LockConfig",
+    "LockState",
+    "RetryContext",
+    "RetryStrategy",
+    "SessionFactory",
+    "SessionSlot",
+    "Supervisor",
+    "TableSession",
+    "TermTable",
+    "WaitingSession",
+    "bounded",
+    "callback_plugin",
+    "can",
+    "check_give_away",
+    "check_name",
+    "check_retry_strategy",
+    "connection_target",
+    "default_retry_strategy",
+    "delay_or_give_up",
+    "fence_transaction",
+    "fetch_row",
+    "follow_state",
+    "get_logger",
+    "is_permanent",
+    "lock_config",
+    "lock_keys",
+    "oid_to_key",
+    "positive",
+    "session_settings",
+]

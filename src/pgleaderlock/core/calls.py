@@ -22,7 +22,7 @@ from typing import TypeVar
 from ._logging import mask_dsn
 from .errors import ConnectionError, PgLeaderLockError
 
-__all__ = ["CallGuard", "Interrupted", "call_failure"]
+__all__ = ["CallGuard", "Interrupted", "bounded", "call_failure"]
 
 T = TypeVar("T")
 
@@ -150,3 +150,18 @@ def call_failure(exc: Exception, what: str, timeout_s: float) -> Exception:
         err = ConnectionError(mask_dsn(f"{what} failed: {type(exc).__name__}: {exc}"))
     err.__cause__ = exc
     return err
+
+
+async def bounded(awaitable: Awaitable[T], timeout_s: float, abort: Callable[[], None]) -> T:
+    """``await awaitable`` under a `CallGuard` of its own, for a caller that is not a
+    lock's lifecycle task (a Coordinator's sessions): bounded by ``timeout_s``, the
+    session dropped (``abort``) before the call is cancelled.
+
+    Raises:
+        TimeoutError: the call took longer than ``timeout_s``.
+    """
+    guard = CallGuard(abort)
+    try:
+        return await guard(awaitable, timeout_s)
+    finally:
+        guard.close()

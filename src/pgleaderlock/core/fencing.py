@@ -29,7 +29,16 @@ from .machine import Machine
 from .models import LockState
 from .registry import fetch_row, fetch_row_sync
 
-__all__ = ["Fencing", "check_term", "fence_marker", "fence_template", "fence_values", "term_of"]
+__all__ = [
+    "Fencing",
+    "check_term",
+    "fence_marker",
+    "fence_template",
+    "fence_transaction",
+    "fence_transaction_sync",
+    "fence_values",
+    "term_of",
+]
 
 
 def fence_marker(key1: int, key2: int) -> int:
@@ -84,6 +93,35 @@ def check_term(term: int, current: int | None, label: str) -> None:
         )
 
 
+async def fence_transaction(
+    conn: object, table: TermTable, keys: tuple[int, int], term: int, label: str
+) -> int:
+    """The one fence: lock the row of ``keys`` in ``table`` for the transaction on
+    ``conn`` and check that it still holds ``term`` (of the lock or name ``label``).
+
+    Returns:
+        ``term``.
+
+    Raises:
+        FencedError: the term moved on (or is being bumped): roll back.
+        ConfigurationError: ``conn`` is not in a transaction, or of a kind no installed
+            backend knows.
+    """
+    row = await fetch_row(conn, fence_template(table), fence_values(*keys))
+    check_term(term, term_of(row), label)
+    return term
+
+
+def fence_transaction_sync(
+    conn: object, table: TermTable, keys: tuple[int, int], term: int, label: str
+) -> int:
+    """[`fence_transaction`][pgleaderlock.core.fencing.fence_transaction] on a
+    synchronous connection."""
+    row = fetch_row_sync(conn, fence_template(table), fence_values(*keys))
+    check_term(term, term_of(row), label)
+    return term
+
+
 class _Lock(Protocol):
     """What the fencing methods use of a [`LeaderLock`][pgleaderlock.LeaderLock]."""
 
@@ -134,9 +172,7 @@ class Fencing:
                 transaction, or of a kind no installed backend knows.
         """
         table, term = self._fencing()
-        row = await fetch_row(conn, fence_template(table), fence_values(self._key1, self._key2))
-        check_term(term, term_of(row), self.label)
-        return term
+        return await fence_transaction(conn, table, (self._key1, self._key2), term, self.label)
 
     @contextlib.asynccontextmanager
     async def fenced(self: _Lock, conn: object) -> AsyncIterator[int]:
@@ -148,9 +184,7 @@ class Fencing:
         """[`fence`][pgleaderlock.LeaderLock.fence] for a synchronous connection (psycopg
         ``Connection``), from any thread: what the threaded lock uses."""
         table, term = self._fencing()
-        row = fetch_row_sync(conn, fence_template(table), fence_values(self._key1, self._key2))
-        check_term(term, term_of(row), self.label)
-        return term
+        return fence_transaction_sync(conn, table, (self._key1, self._key2), term, self.label)
 
     def _fencing(self: _Lock) -> tuple[TermTable, int]:
         table = self._config.term_table

@@ -58,6 +58,7 @@ __all__ = [
     "PROJECT",
     "LockHookSpec",
     "callback_plugin",
+    "follow_state",
     "entry_point_plugins",
     "hookimpl",
     "hookspec",
@@ -231,3 +232,42 @@ def ordered_impls(caller: pluggy.HookCaller) -> list[pluggy.HookImpl]:
     """Implementations in call order: tryfirst, then registration order, then trylast."""
     impls = [i for i in caller.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
     return sorted(impls, key=lambda i: 0 if i.tryfirst else 2 if i.trylast else 1)
+
+
+StateListener = Callable[[LockState, LockState], object]
+
+
+class _StatePlugin:
+    def __init__(self, fn: StateListener) -> None:
+        self._fn = fn
+
+
+class _FirstStatePlugin(_StatePlugin):
+    """Runs before every ordinary callback and plugin of the lock (``tryfirst``)."""
+
+    @hookimpl(tryfirst=True)
+    def pgleaderlock_state_change(self, old: LockState, new: LockState) -> object:
+        return self._fn(old, new)
+
+
+class _OrderedStatePlugin(_StatePlugin):
+    """Runs in registration order among the lock's callbacks and plugins."""
+
+    @hookimpl
+    def pgleaderlock_state_change(self, old: LockState, new: LockState) -> object:
+        return self._fn(old, new)
+
+
+def follow_state(lock: LeaderLock, fn: StateListener, *, first: bool = True) -> object:
+    """Register ``fn(old, new)`` for every state change of ``lock``, as a plugin.
+
+    With ``first`` it runs before the lock's ordinary callbacks and plugins, so that
+    leader-only work has stopped before they (or an unlock) run. ``fn`` may be a
+    coroutine function; it runs on the lock's lifecycle task.
+
+    Returns:
+        The plugin; ``lock.plugins.unregister(plugin)`` detaches it.
+    """
+    plugin = _FirstStatePlugin(fn) if first else _OrderedStatePlugin(fn)
+    lock.plugins.register(plugin)
+    return plugin

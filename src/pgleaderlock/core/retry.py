@@ -11,6 +11,7 @@ import math
 import random
 from typing import Protocol, runtime_checkable
 
+from ._logging import get_logger
 from .config import positive
 from .errors import ConfigurationError
 from .models import RetryContext
@@ -18,6 +19,7 @@ from .models import RetryContext
 __all__ = [
     "ask",
     "check_retry_strategy",
+    "delay_or_give_up",
     "default_retry_strategy",
     "DecorrelatedJitter",
     "ExponentialBackoff",
@@ -98,6 +100,17 @@ def ask(strategy: RetryStrategy, ctx: RetryContext) -> float | None:
     if math.isnan(delay) or delay < 0:
         return 0.0
     return None if math.isinf(delay) else delay
+
+
+def delay_or_give_up(strategy: RetryStrategy, ctx: RetryContext, label: str) -> float | None:
+    """`ask`, for a caller with nobody to raise to (a supervised task, a coordinator's
+    reconnection): a strategy that raises is logged and gives up, like one returning
+    ``None``."""
+    try:
+        return ask(strategy, ctx)
+    except Exception as exc:
+        get_logger().error("retry_strategy_failed", lock=label, error=repr(exc), exc_info=True)
+        return None
 
 
 def check_retry_strategy(strategy: object) -> None:

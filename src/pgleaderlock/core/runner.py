@@ -28,6 +28,7 @@ from .machine import (
     Call,
     CloseSession,
     Connected,
+    CutShort,
     Effect,
     Emit,
     EndDrain,
@@ -48,7 +49,6 @@ from .machine import (
     WatchSession,
     Woke,
 )
-from .machine import Interrupted as CutShort
 from .models import Event, LockState
 from .session import (
     FencingSession,
@@ -451,10 +451,7 @@ class Runner:
         return task.result()
 
     def _start_probe(self) -> asyncio.Future[None] | None:
-        session = self._slot.session
-        if session is None or not can(session, ProbingSession):
-            return None
-        return cast(ProbingSession, session).start_probe()
+        return self._slot.start_probe()
 
     def _go_late(self, probe: asyncio.Future[None], call: Call, started: float) -> Result:
         """A probe started at ``started`` (loop time) is late: await it in a task of its
@@ -515,7 +512,7 @@ class Runner:
                     waiting = cast(WaitingSession, session)
                     value = await guard(waiting.wait_lock(k1, k2, call.wait_s), *bound)
                 case Op.PROBE:
-                    value = await guard(session.holds(k1, k2), *bound)
+                    value = await guard(self._slot.holds(k1, k2), *bound)
                 case Op.UNLOCK:
                     value = await guard(session.unlock(k1, k2), *bound)
                 case Op.BUMP_TERM | Op.END_FENCED:
@@ -527,8 +524,11 @@ class Runner:
                     fencing = cast(FencingSession, session)
                     if call.op is Op.END_FENCED:
                         return FencedEnded(await guard(fencing.end_fenced(table, [keys]), *bound))
-                    term = await guard(fencing.bump_term(table, k1, k2, call.wait_s), *bound)
+                    bump = functools.partial(fencing.bump_term, table, k1, k2, call.wait_s)
+                    term = await guard(self._slot.with_table(table, bump), *bound)
                     return TermBlocked() if term is None else TermBumped(term)
+            if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
+                self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
         except Interrupted:
             return CutShort()

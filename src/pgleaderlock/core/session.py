@@ -14,7 +14,7 @@ This module is the home of these types; backend authors import them from
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -32,7 +32,7 @@ __all__ = [
     "SessionInfo",
     "FencedSessions",
     "FencingSession",
-    "GroupSession",
+    "TableSession",
     "KeepAliveSession",
     "SetupSession",
     "TransportSession",
@@ -67,7 +67,9 @@ class LockSession(Protocol):
         """The health probe: does *this* session still hold the lock (``pg_locks``)?
 
         Raises if the session is dead. A bare ``SELECT 1`` is not enough: it cannot tell
-        that a pooler moved the session to another server backend.
+        that a pooler moved the session to another server backend. It asks every time;
+        a session that can also probe more cheaply offers that as ``ProbingSession``,
+        which the core uses once ``holds()`` has confirmed the lock.
         """
         ...
 
@@ -209,15 +211,18 @@ class ProbingSession(Protocol):
     """
 
     def start_probe(self) -> asyncio.Future[None] | None:
-        """Start the probe of a session that knows it holds its lock and return a future
-        that resolves once the session's own backend has answered. It fails with a
-        library error ([`ConnectionError`][pgleaderlock.ConnectionError] when the session
-        is gone), never raises itself, and leaves the watch (``watch()``) armed. A
+        """Start the cheap probe and return a future that resolves once the session's own
+        backend has answered: it proves that the session lives on the same backend, on a
+        primary, not that it holds the lock. The core calls it only once a ``holds()``
+        since the lock's last grant said the lock stays with the session (the choice is
+        the core's). The future fails with a library error
+        ([`ConnectionError`][pgleaderlock.ConnectionError] when the session is gone),
+        ``start_probe`` never raises itself and leaves the watch (``watch()``) armed. A
         future cancelled before it resolves leaves the session unusable: the caller
         aborts it.
 
-        Returns ``None`` when the session cannot start such a probe now (it must ask
-        ``pg_locks``, say): the core then calls ``holds()``.
+        Returns ``None`` when the session cannot start such a probe now: the core then
+        calls ``holds()``.
         """
         ...
 
@@ -258,66 +263,17 @@ class TransportSession(Protocol):
 
 
 @runtime_checkable
-class GroupSession(Protocol):
-    """Optional capability, needed by a [`Coordinator`][pgleaderlock.Coordinator]: many
-    locks on one session, a view of a group's sessions and locks, and notifications."""
-
-    async def try_lock_many(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """``pg_try_advisory_lock`` for each of ``keys``: those granted now."""
-        ...
-
-    async def unlock_many(self, keys: list[tuple[int, int]]) -> int:
-        """``pg_advisory_unlock`` for each of ``keys``: how many this session held."""
-        ...
-
-    async def bump_terms(
-        self, table: TermTable, keys: list[tuple[int, int]], wait_s: float
-    ) -> dict[tuple[int, int], int] | None:
-        """Increment the fencing terms of ``keys`` (see ``FencingSession``); ``None``
-        when fenced transactions of older terms still hold a row after ``wait_s``."""
-        ...
-
-    async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:
-        """End the fenced transactions of older terms of ``keys`` (see
-        ``FencingSession``)."""
-        ...
-
-    async def group_snapshot(self, prefix: str, trusted_roles: Sequence[str] = ()) -> list[Any]:
-        """Rows ``(application_name, pid, key1_oid, key2_oid, granted, trusted)``: one
-        for every two-key advisory lock held or waited for (by any session), and one
-        with NULL keys for every session whose ``application_name`` starts with
-        ``prefix``; ``trusted``: the session's role is this session's own, a superuser,
-        or one of ``trusted_roles``."""
-        ...
-
-    async def notify(self, channel: str, payload: str) -> None:
-        """``pg_notify(channel, payload)``."""
-        ...
+class TableSession(Protocol):
+    """Optional capability, needed for ``fencing=True`` and by a
+    [`Coordinator`][pgleaderlock.Coordinator]: check one of the library's tables before
+    using it. The core calls it once per session and table."""
 
     async def prepare_table(self, table: LibraryTable) -> None:
         """Make sure the session may use one of the library's tables: create it if
         missing (and allowed; ``table.create``), refuse one another role owns
         ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError]) or that the role
-        lacks privileges on ([`MissingPrivilegeError`][pgleaderlock.MissingPrivilegeError])."""
-        ...
-
-    async def holds(self, key1: int, key2: int) -> bool:
-        """As [`LockSession.holds`][pgleaderlock.LockSession.holds]."""
-        ...
-
-    async def listen(self, channel: str) -> None:
-        """``LISTEN channel`` (the session does nothing else afterwards but
-        ``notifications`` and ``ping``)."""
-        ...
-
-    async def notifications(self, timeout_s: float) -> list[tuple[int, str]]:
-        """The notifications received, as (the sending backend's pid, payload): those
-        already in, or else the first to come within ``timeout_s`` (an empty list if
-        none). Raises once the session is lost."""
-        ...
-
-    async def ping(self) -> None:
-        """Check that the session answers (raises if not)."""
+        lacks privileges on ([`MissingPrivilegeError`][pgleaderlock.MissingPrivilegeError]).
+        It checks every time it is called: remembering what was checked is the core's."""
         ...
 
 

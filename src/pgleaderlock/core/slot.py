@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ._logging import StructuredLogger
 from .config import LockConfig
@@ -43,10 +43,15 @@ from .session import (
     Backend,
     ConnectOptions,
     LockSession,
+    ProbingSession,
     SessionFactory,
     SetupSession,
+    TableSession,
     WatchableSession,
 )
+from .tables import LibraryTable, missing_table
+
+T = TypeVar("T")
 
 __all__ = ["SessionSlot", "can", "check_connect_fn", "connection_target"]
 
@@ -147,6 +152,10 @@ class SessionSlot:
         self._log, self._fields = log, fields
         self.session: LockSession | None = None
         self._warned_lease = False
+        # What the core knows of the session (forgotten with it): whether ``holds()``
+        # confirmed its lock since the last grant, and which tables it checked.
+        self._verified = False
+        self._prepared: set[LibraryTable] = set()
 
     @property
     def backend_pid(self) -> int | None:
@@ -164,6 +173,7 @@ class SessionSlot:
                 or not a connection.
         """
         session = await self._connect_or_close()
+        self._verified, self._prepared = False, set()
         try:
             if can(session, SetupSession):
                 await self._check(cast(SetupSession, session))
@@ -274,6 +284,56 @@ class SessionSlot:
                 "session-mode pooler"
             )
         self._log.debug("session_behind_pooler", mode="session", **self._fields)
+
+    # ------------------------------------------------------------------ probes
+
+    def granted(self) -> None:
+        """A lock call granted a lock: the next probe asks ``pg_locks`` (`holds`)."""
+        self._verified = False
+
+    async def holds(self, key1: int, key2: int) -> bool:
+        """The session's ``holds()``. Once it says the lock stays with the session (a
+        pooler that resets server connections after each transaction would have freed
+        it), `start_probe` takes the cheap probe until the next grant: the server's
+        cost of ``pg_locks`` grows with its lock table, the cheap probe's does not."""
+        assert self.session is not None
+        held = await self.session.holds(key1, key2)
+        self._verified = held
+        return held
+
+    def start_probe(self) -> asyncio.Future[None] | None:
+        """The session's cheap probe, started (``ProbingSession``), once `holds` has
+        confirmed the lock since its grant; ``None`` otherwise (then `holds`)."""
+        session = self.session
+        if not self._verified or session is None or not can(session, ProbingSession):
+            return None
+        return cast(ProbingSession, session).start_probe()
+
+    # ------------------------------------------------------------------ tables
+
+    async def prepare(self, table: LibraryTable) -> None:
+        """Have the session check ``table`` (``TableSession.prepare_table``), once per
+        session; a session without the capability is taken as it is."""
+        session = self.session
+        if table in self._prepared or session is None or not can(session, TableSession):
+            return
+        await cast(TableSession, session).prepare_table(table)
+        self._prepared.add(table)
+
+    async def with_table(self, table: LibraryTable, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` with ``table`` prepared first; once more after checking it again if
+        the table went missing since (dropped by an operator)."""
+        await self.prepare(table)
+        try:
+            return await call()
+        except Exception as exc:
+            if not missing_table(exc):
+                raise
+        self._prepared.discard(table)
+        await self.prepare(table)
+        return await call()
+
+    # ------------------------------------------------------------------ closing
 
     async def close(self) -> None:
         """Close the session, if any (which frees its locks on the server)."""

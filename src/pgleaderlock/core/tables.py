@@ -17,6 +17,8 @@ from typing import ClassVar
 from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
 
 __all__ = [
+    "UNDEFINED_TABLE",
+    "missing_table",
     "DEFAULT_SCHEMA",
     "LibraryTable",
     "TableCheck",
@@ -190,6 +192,17 @@ class TableCheck:
             f"{table.grant(role)}. Or let the role create it: "
             f"{table.grant_usage(role, create=True)}"
         )
+
+
+UNDEFINED_TABLE = "42P01"
+"""The SQLSTATE of a statement on a table that does not exist."""
+
+
+def missing_table(exc: BaseException) -> bool:
+    """Did ``exc`` (a library error, the driver's as its cause) fail because a table does
+    not exist? The drivers name the server's SQLSTATE ``sqlstate``."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return getattr(cause, "sqlstate", None) == UNDEFINED_TABLE
 
 
 def quoted(identifier: str) -> str:

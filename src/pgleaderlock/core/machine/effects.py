@@ -25,7 +25,7 @@ __all__ = [
     "EndDrain",
     "Failed",
     "FencedEnded",
-    "Interrupted",
+    "CutShort",
     "Late",
     "Log",
     "LogLevel",
@@ -84,7 +84,7 @@ class Failed:
 
 
 @dataclass(frozen=True)
-class Interrupted:
+class CutShort:
     """A request cut the call short (the session is then unusable)."""
 
 
@@ -152,7 +152,7 @@ Result = (
     | FencedEnded
     | Late
     | Failed
-    | Interrupted
+    | CutShort
     | Woke
     | Aborted
 )

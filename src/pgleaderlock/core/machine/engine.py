@@ -29,12 +29,12 @@ from .effects import (
     Call,
     CloseSession,
     Connected,
+    CutShort,
     Effect,
     Emit,
     EndDrain,
     Failed,
     FencedEnded,
-    Interrupted,
     Late,
     Log,
     LogLevel,
@@ -325,7 +325,7 @@ class Machine:
         next decision covers it: a connect that succeeded, a call a request cut short)."""
         if call.op is Op.PROBE:
             self._probe_pending = False
-        if isinstance(result, Interrupted):
+        if isinstance(result, CutShort):
             if call.op is Op.UNLOCK:
                 self._last_error = ConnectionError(
                     "step_down timed out; closing the session to release the lock"
