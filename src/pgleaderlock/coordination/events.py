@@ -17,9 +17,10 @@ __all__ = ["Broken", "GroupEvent", "Look", "MemberGone", "NameEvent", "Received"
 
 @dataclass(frozen=True)
 class Look:
-    """Look at the group again: the tick came, or someone said that it changed."""
+    """Look at the group again: the tick came, someone said that it changed, or this
+    member (re)``joined`` (its hold session leads)."""
 
-    why: Literal["tick", "join", "leave", "released", "changed"] = "tick"
+    why: Literal["tick", "join", "leave", "released", "changed", "joined"] = "tick"
 
 
 @dataclass(frozen=True)

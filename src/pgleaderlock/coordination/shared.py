@@ -2,21 +2,25 @@
 number. Three sessions per member in all:
 
 - **hold** holds the member's own lock (its place in the group) and the lock of every
-  name it leads; it takes and gives names in batches, reads the group's snapshot, sends
-  the notifications, and is probed like a lock's session (every ``health_interval_s``,
-  and at once when the server ends it while idle). The member's loop and the probe use
-  it one call at a time, each bounded by ``health_timeout_s`` (a term bump by at most
-  ``health_interval_s + health_timeout_s``), and the first call that fails cancels every
-  worker at once: as for a lock, a member cut off from the server stops its work before
-  the server can free its names (``tcp_user_timeout_s`` exceeds that bound);
+  name it leads. It is a [`LeaderLock`][pgleaderlock.LeaderLock] on the member's lock:
+  its machine connects, retries, probes it (every ``health_interval_s``, at once when
+  the server ends it while idle, late probes and grace as for any lock) and reconnects
+  it; the member's statements (take and give names in batches, the group's snapshot,
+  notifications) are calls that machine schedules between its probes
+  ([`run_on_session`][pgleaderlock.core.lock.run_on_session]), each bounded by
+  ``health_timeout_s`` (a term bump by ``fencing_grace_s + health_timeout_s``). The
+  first call or probe that fails ends the lock's leadership, and every worker is
+  cancelled as it leaves LEADER, before anything else: as for a lock, a member cut off
+  from the server stops its work before the server can free its names
+  (``tcp_user_timeout_s`` exceeds that bound);
 - **listen** receives the group's notifications;
 - **watch** waits on the server for the lock of the next member in the ring of members
   (the engine's, as in dedicated mode): when that member dies, this member tells the
   group, so that the dead member's names are led again within milliseconds.
 
 Losing the hold session loses every name at once (its workers are cancelled), which is
-the trade-off of this mode; the member then reconnects with the retry strategy and
-takes its share again.
+the trade-off of this mode; the hold lock then reconnects with the retry strategy and
+the member takes its share again.
 """
 
 from __future__ import annotations
@@ -26,13 +30,24 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from ..core import TermTable, get_logger, is_permanent
+from ..core import (
+    ConfigurationError,
+    LeaderLock,
+    LockState,
+    SessionSlot,
+    TermTable,
+    can,
+    follow_state,
+    get_logger,
+    is_permanent,
+    run_on_session,
+)
 from . import balance
 from .engine import Engine
 from .events import Broken, GroupEvent, Look, MemberGone
-from .protocol import Key, Message, member_key
+from .protocol import Key, Message, app_name, member_key
 from .session import GroupSession
 
 __all__ = ["SharedEngine"]
@@ -41,8 +56,6 @@ log = get_logger("pgleaderlock.coordination")
 
 T = TypeVar("T")
 
-MEMBER_LOCK_WAIT_S = 1.0
-"""How long a reconnecting member tries for its own lock, which a watch may hold."""
 FREE_GRACE_S = 1.0
 """How long a name stays free before a member that is not its rendezvous owner takes it."""
 
@@ -52,113 +65,116 @@ class SharedEngine(Engine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._hold_slot = self.slot("hold")
-        self._hold: GroupSession | None = None
+        self._hold: LeaderLock | None = None  # the member lock, whose session holds all
         self._owned: dict[Key, int | None] = {}  # key -> fencing term (None without)
+        # Names whose workers stopped when the hold lock left LEADER while its session
+        # may still hold them (a late probe): unlocked when it leads again.
+        self._stale: set[Key] = set()
         self._key = member_key(self.group, self.member)
-        self._hold_lock = asyncio.Lock()  # one call at a time on the hold session
-        self._broken = False  # the hold session failed; the loop reconnects
-        self._wake = asyncio.Event()
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
 
     # ------------------------------------------------------------------ sessions
 
+    def _hold_lock(self) -> LeaderLock:
+        lock = LeaderLock(
+            self.settings.user_dsn,
+            *self._key,
+            name=f"{self.group}:{self.member}",
+            application_name=app_name(self.group, self.member, "hold"),
+            **{
+                **self.settings.lock_kwargs,
+                "fencing": False,  # the names have terms; the member lock needs none
+                "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
+                "acquire_delay_s": 0.0,
+            },
+        )
+        follow_state(lock, self._on_hold_state)
+        return lock
+
     async def _open(self) -> None:
-        await self._connect()
+        """Start the hold lock and wait until it leads (``start()`` returns after the
+        connection budget, as a lock's does after its first attempt, while it goes on
+        trying); then the tables, the listener and the ring watch."""
+        hold = self._hold = self._hold or self._hold_lock()
+        await hold.start()
+        leading = asyncio.ensure_future(hold.wait_for_leadership())
+        self._connecting = True  # a shutdown meanwhile cuts the wait short
+        try:
+            try:
+                async with asyncio.timeout(self.settings.config.connect_budget_s or 30.0):
+                    await asyncio.shield(leading)
+            except TimeoutError:
+                self._set_started()
+            if not await leading:
+                raise hold.stop_error or ConnectionError("the member's hold lock stopped")
+        finally:
+            self._connecting = False
+            leading.cancel()
+        await self._call_slot(self._prepare)  # a table refused stops the member now
         await self.start_listening()
         self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
-        self.spawn(self._probe_forever(), f"pgleaderlock-probe:{self.group}")
 
-    async def _connect(self) -> None:
-        """Open the hold session and take the member's place, retried with the retry
-        strategy's delays until it works."""
+    async def _prepare(self, slot: SessionSlot) -> None:
+        """The hold session can serve a group, and the tables are usable."""
+        if not can(slot.session, GroupSession):
+            raise ConfigurationError(
+                f"{type(slot.session).__name__} sessions cannot serve a Coordinator "
+                "(no GroupSession capability)"
+            )
+        if self.settings.terms is not None:
+            await slot.prepare(self.settings.terms)
+            await slot.prepare(self.settings.checkpoints)
 
-        async def attempt() -> GroupSession:
-            try:
-                session = await self.open_session(self._hold_slot)
-                await self._take_member_lock(session)
-                if self.settings.terms is not None:  # a table refused stops the member now
-                    ready = self._prepare_tables(self.settings.terms)
-                    await self.bounded(self._hold_slot, ready)
-                return session
-            except BaseException:
-                await self._hold_slot.close()
-                raise
-
-        self._hold = await self.retrying("hold_session_failed", attempt)
-        self._broken = False
-        self._arm(self._hold)
-        await self.announce(Message("join", self.member))
-
-    async def _take_member_lock(self, session: GroupSession) -> None:
-        """Take this member's own lock. After a lost hold session, another member's
-        watch may hold it for a moment (it was granted it, and is about to unlock it):
-        try again for a while before giving up on this attempt."""
-        deadline = time.monotonic() + MEMBER_LOCK_WAIT_S
-        while not await self.bounded(self._hold_slot, session.try_lock_many([self._key])):
-            if time.monotonic() >= deadline:
-                raise ConnectionError(f"member lock of {self.member} is taken")
-            await asyncio.sleep(0.02)
-
-    async def _prepare_tables(self, terms: TermTable) -> None:
-        await self._hold_slot.prepare(terms)
-        await self._hold_slot.prepare(self.settings.checkpoints)
+    async def _on_hold_state(self, old: LockState, new: LockState) -> None:
+        """On the hold lock's task, before anything else happens to it: leaving LEADER
+        stops every worker at once (the server may free the names any moment); leading
+        (again) tells the loop, which joins the group."""
+        if old is LockState.LEADER and self._owned:
+            self._stale |= set(self._owned)
+            names = {self.names[k] for k in self._owned if k in self.names}
+            self._owned.clear()
+            error = self._hold.statistics().last_error if self._hold is not None else None
+            log.warning("names_lost", error=repr(error), state=new.value, count=len(names),
+                        **self._fields)  # fmt: skip
+            await self.workers.stop(names)
+        if new is LockState.LEADER:
+            self.events.put_nowait(Look("joined"))
+        elif new is LockState.STOPPED and self._hold is not None:
+            error = self._hold.stop_error
+            if error is not None:  # one retrying cannot mend: the member stops with it
+                self.events.put_nowait(Broken(error, fatal=True))
 
     async def _close(self) -> None:
         await self.workers.stop()
         held = list(self._owned)
         self._owned.clear()
-        if self._hold is not None and not self._broken:
-            try:  # the member lock too: the others no longer count this member
-                await self._call(lambda s: s.unlock_many([*held, self._key]))
+        hold = self._hold
+        if hold is None:
+            return
+        if hold.is_leader:
+            try:
+                await self._call(lambda s: s.unlock_many(held))
             except Exception as exc:  # closing the session frees the locks anyway
                 log.warning("release_failed", error=repr(exc), **self._fields)
             else:
                 await self.announce(Message("leave", self.member))
-        self._hold = None
-        await self._hold_slot.close()
+        await hold.shutdown()  # the member lock: the others no longer count this member
 
     async def _call(
         self, call: Callable[[GroupSession], Awaitable[T]], timeout_s: float | None = None
     ) -> T:
-        """``call(hold session)``, alone on the session, within ``timeout_s`` (default
-        ``health_timeout_s``). If it fails, the session is given up and every worker is
-        cancelled before this raises (see the module docstring)."""
-        session = self._hold
-        if session is None or self._broken:
-            raise ConnectionError("the hold session is being reopened")
-        async with self._hold_lock:
-            if session is not self._hold or self._broken:
-                raise ConnectionError("the hold session is being reopened")
-            try:
-                timeout = timeout_s or self.settings.config.health_timeout_s
-                result = await self.bounded(self._hold_slot, call(session), timeout)
-            except Exception as exc:
-                await self._demote(session, exc)
-                raise
-            self._arm(session)
-            return result
+        """``call(hold session)``, as a call the hold lock's machine schedules, within
+        ``timeout_s`` (default ``health_timeout_s``). If it fails, the hold lock leaves
+        LEADER (every worker is cancelled) and reconnects."""
+        hold = self._hold
+        if hold is None:
+            raise ConnectionError("the member has no hold session")
 
-    async def _demote(self, session: GroupSession, error: BaseException) -> None:
-        """The hold session failed: the server may grant its names to others at any
-        moment, so every worker stops now; the loop reconnects (``lost``)."""
-        if session is not self._hold or self._broken:
-            return
-        self._broken = True
-        session_names = {self.names[k] for k in self._owned if k in self.names}
-        log.warning("names_lost", error=repr(error), count=len(session_names), **self._fields)
-        self._owned.clear()
-        await self.workers.stop(session_names)
-        self.events.put_nowait(Broken(error, fatal=False))
+        def on_hold(slot: SessionSlot) -> Awaitable[T]:
+            return call(cast(GroupSession, slot.session))
 
-    async def _reconnect(self) -> None:
-        """After ``_demote``: a new hold session, and the member's place again."""
-        if not self._broken:
-            return
-        self._hold = None
-        await self._hold_slot.close()
-        await self._connect()
-        self.events.put_nowait(Look())
+        timeout = timeout_s or self.settings.config.health_timeout_s
+        return await run_on_session(hold, on_hold, timeout)
 
     async def _group_rows(self) -> list[Any]:
         return await self._call(self._read_group)
@@ -166,6 +182,23 @@ class SharedEngine(Engine):
     async def notify(self, message: Message) -> None:
         for payload in message.payloads():
             await self._call(functools.partial(_notify, channel=self.channel, payload=payload))
+
+    async def _on_event(self, event: GroupEvent) -> None:
+        if isinstance(event, Broken):
+            raise event.error
+        if isinstance(event, Look) and event.why == "joined":
+            await self._rejoin()
+        elif isinstance(event, MemberGone) and event.member:
+            await self._take_from(event.member)
+
+    async def _rejoin(self) -> None:
+        """The hold lock leads (again): names its session may still hold from before
+        are released (their workers stopped), and the group is told."""
+        stale, self._stale = list(self._stale), set()
+        if stale:
+            with contextlib.suppress(Exception):  # a failure ends the leadership
+                await self._call(lambda s: s.unlock_many(stale))
+        await self.announce(Message("join", self.member))
 
     # ------------------------------------------------------------------ names
 
@@ -188,13 +221,12 @@ class SharedEngine(Engine):
         if not keys:
             return []
         try:
-            granted = await self._call(lambda s: s.try_lock_many(keys))
-            if granted:
-                self._hold_slot.granted()  # the next probe asks pg_locks
+            lost_before = len(self._stale)
+            granted = await self._call_slot(functools.partial(_try_lock_many, keys))
             terms: dict[Key, int] | None = {}
             if granted and self.settings.terms is not None:
                 terms = await self._bump_terms(self.settings.terms, granted)
-        except Exception as exc:  # the session is given up (_call): the loop reconnects
+        except Exception as exc:  # the hold lock left LEADER (_call): it reconnects
             if is_permanent(exc, self.settings.config):  # ... unless that cannot help
                 raise
             return []
@@ -202,7 +234,8 @@ class SharedEngine(Engine):
             with contextlib.suppress(Exception):  # else the session is given up (_call)
                 await self._call(lambda s: s.unlock_many(granted))
             return []
-        if self._broken:  # the probe gave the session up meanwhile
+        if self._hold is None or not self._hold.is_leader or len(self._stale) != lost_before:
+            self._stale.update(granted)  # the hold lock left LEADER meanwhile
             return []
         for key in granted:
             self._owned[key] = terms.get(key)
@@ -219,7 +252,8 @@ class SharedEngine(Engine):
         config = self.settings.config
         grace = config.fencing_grace_s
         timeout = grace + config.health_timeout_s
-        terms = await self._call(lambda s: self._bump(s, table, keys), timeout)
+        bump = functools.partial(_bump_terms, table, keys, grace)
+        terms = await self._call_slot(bump, timeout)
         if terms is not None:
             return terms
         log.warning("term_bump_blocked", grace_s=grace, count=len(keys), **self._fields)
@@ -234,14 +268,17 @@ class SharedEngine(Engine):
                 "pg_signal_backend; the names are given back and taken again later",
                 **self._fields,
             )
-        return await self._call(lambda s: self._bump(s, table, keys), timeout)
+        return await self._call_slot(bump, timeout)
 
-    def _bump(
-        self, session: GroupSession, table: TermTable, keys: list[Key]
-    ) -> Awaitable[dict[Key, int] | None]:
-        grace = self.settings.config.fencing_grace_s
-        bump = functools.partial(session.bump_terms, table, keys, grace)
-        return self._hold_slot.with_table(table, bump)
+    async def _call_slot(
+        self, call: Callable[[SessionSlot], Awaitable[T]], timeout_s: float | None = None
+    ) -> T:
+        """``call(hold lock's slot)``: for the calls that need what the core knows of the
+        session (its checked tables, its probe)."""
+        hold = self._hold
+        if hold is None:
+            raise ConnectionError("the member has no hold session")
+        return await run_on_session(hold, call, timeout_s or self.settings.config.health_timeout_s)
 
     async def _release(self, keys: list[Key]) -> list[Key]:
         """Stop the workers of ``keys``, then unlock them."""
@@ -279,12 +316,6 @@ class SharedEngine(Engine):
         log.warning("name_given_away", name=name, **self._fields)
         await self.notify(Message("released", self.member, keys=(key,)))
 
-    async def _on_event(self, event: GroupEvent) -> None:
-        if isinstance(event, Broken):
-            await self._reconnect()
-        elif isinstance(event, MemberGone) and event.member:
-            await self._take_from(event.member)
-
     async def _take_from(self, dead: str) -> None:
         """Take, at once, the names of a dead member that the rendezvous gives this one
         among the survivors, from the last view (a fresh one costs a read of the whole
@@ -302,43 +333,20 @@ class SharedEngine(Engine):
         ]
         await self._take(mine, handoff=False)
 
-    # ------------------------------------------------------------------ helpers
-
-    async def _probe_forever(self) -> None:
-        """Probe the hold session every ``health_interval_s``, or at once when the
-        server ends it while idle (its socket turns readable): in a task of its own, so
-        that a busy loop never delays it."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.config.health_interval_s):
-                    await self._wake.wait()
-            self._wake.clear()
-            session = self._hold
-            if session is None or self._broken:
-                continue
-            try:
-                held = await self._call(lambda s: self._probe())
-            except Exception:  # given up (_call)
-                continue
-            if not held:
-                error = ConnectionError("the hold session no longer holds its member lock")
-                async with self._hold_lock:
-                    await self._demote(session, error)
-
-    async def _probe(self) -> bool:
-        """Does the hold session still hold the member lock? As a lock's probe: the
-        core's choice of ``pg_locks`` or the cheap probe (``SessionSlot``)."""
-        probe = self._hold_slot.start_probe()
-        if probe is None:
-            return await self._hold_slot.holds(*self._key)
-        await probe
-        return True
-
-    def _arm(self, session: GroupSession) -> None:
-        """Watch the idle hold session: a server that ends it (a terminated backend, a
-        shutdown) wakes the probe at once. Any call on the session disarms it."""
-        self._hold_slot.watch(self._wake.set)
-
 
 async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
     await session.notify(channel, payload)
+
+
+async def _try_lock_many(keys: list[Key], slot: SessionSlot) -> list[Key]:
+    granted = await cast(GroupSession, slot.session).try_lock_many(keys)
+    if granted:
+        slot.granted()  # the next probe asks pg_locks
+    return granted
+
+
+def _bump_terms(
+    table: TermTable, keys: list[Key], grace_s: float, slot: SessionSlot
+) -> Awaitable[dict[Key, int] | None]:
+    session = cast(GroupSession, slot.session)
+    return slot.with_table(table, functools.partial(session.bump_terms, table, keys, grace_s))

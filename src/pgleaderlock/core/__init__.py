@@ -21,7 +21,7 @@ from .errors import ConfigurationError, ConnectionError
 from .fencing import fence_transaction
 from .hooks import callback_plugin, follow_state
 from .keys import check_name, lock_keys, oid_to_key
-from .lock import LeaderLock
+from .lock import LeaderLock, run_on_session
 from .machine import is_permanent
 from .models import Event, LockState, RetryContext
 from .registry import fetch_row
@@ -82,5 +82,6 @@ __all__ = [
     "lock_keys",
     "oid_to_key",
     "positive",
+    "run_on_session",
     "session_settings",
 ]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import Any, Self
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Self, TypeVar
 
 import pluggy
 
@@ -45,9 +45,11 @@ from .runner import Runner
 from .session import Backend, ConnectOptions, SessionFactory
 from .slot import SessionSlot, connection_target
 
-__all__ = ["LeaderLock"]
+__all__ = ["LeaderLock", "run_on_session"]
 
 log = get_logger()
+
+T = TypeVar("T")
 
 _EXIT_TIMEOUT_S = 10.0
 
@@ -504,3 +506,21 @@ class LeaderLock(Fencing):
                 log.error("shutdown_failed", error=str(err), **self._log_fields)
         else:
             await self.shutdown()
+
+
+async def run_on_session(
+    lock: LeaderLock, fn: Callable[[SessionSlot], Awaitable[T]], timeout_s: float
+) -> T:
+    """For the layers built on a lock (a Coordinator's shared sessions hold many locks
+    on one lock's session): ``fn(slot)`` on ``lock``'s session (``slot.session``) while
+    it leads, as a call its machine schedules between probes, bounded by ``timeout_s``
+    like the lock's own calls. The slot also serves the session's checked tables
+    (``SessionSlot.with_table``) and its probe choice (``SessionSlot.granted``). A call
+    that fails (or times out) loses the leadership, as a failed probe does: the lock's
+    state changes before the next call can run.
+
+    Raises:
+        ConnectionError: the lock does not lead, or lost its session before the call
+            ran; a timeout; or what ``fn`` raised, as ``call_failure`` reports it.
+    """
+    return await lock._runner.on_session(fn, timeout_s)

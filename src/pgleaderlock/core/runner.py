@@ -16,11 +16,11 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ._logging import get_logger
 from .calls import CallGuard, Interrupted, call_failure
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ConnectionError
 from .machine import (
     Aborted,
     Answered,
@@ -60,6 +60,9 @@ from .session import (
 from .slot import SessionSlot, can
 
 __all__ = ["Runner"]
+
+T = TypeVar("T")
+_Queued = tuple[Callable[[SessionSlot], Awaitable[Any]], float, "asyncio.Future[Any]"]
 
 log = get_logger()
 
@@ -106,6 +109,7 @@ class Runner:
         self._idle_probe: tuple[asyncio.Future[None], Call, float] | None = None
         self._stop_reported = False  # on_stopped has run for this run of the task
         self._drain: asyncio.Task[None] | None = None  # the on_draining callbacks
+        self._queued: list[_Queued] = []  # calls for the leader's session (on_session)
 
     # ------------------------------------------------------------------ for the API
 
@@ -134,6 +138,20 @@ class Runner:
             self._hand_off(Woke())  # idle between probes: the task decides
         self._call.interrupt(request)
         return accepted
+
+    async def on_session(self, fn: Callable[[SessionSlot], Awaitable[T]], timeout_s: float) -> T:
+        """``fn(slot)`` on the leader's session, as a call the machine schedules (see
+        [`run_on_session`][pgleaderlock.core.lock.run_on_session])."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queued = (fn, timeout_s, future)
+        self._queued.append(queued)
+        if not self.running or not self.request(Request.WORK):
+            self._queued.remove(queued)
+            raise ConnectionError(f"not leading ({self._machine.state.value}): no session to use")
+        try:
+            return cast(T, await future)
+        finally:
+            future.cancel()  # given up before it ran: it does not run
 
     def release_done(self) -> asyncio.Future[None]:
         """Resolves when the pending `step_down()` is over."""
@@ -185,6 +203,7 @@ class Runner:
                     await asyncio.gather(pending, return_exceptions=True)
             self._late = self._drain = None
             self._call.close()
+            self._fail_queued(ConnectionError("the lock stopped"))
             await self._slot.close()
             await self._stop_abnormally(crash)
             self._settle()
@@ -229,6 +248,7 @@ class Runner:
                     self._log(effect)
                 case CloseSession():
                     await self._drop_late()  # a late call on it is abandoned
+                    self._fail_queued(ConnectionError("the session was closed"))
                     await self._slot.close()
                 case WatchSession():
                     self._slot.watch(self._alarm)
@@ -515,6 +535,8 @@ class Runner:
                     value = await guard(self._slot.holds(k1, k2), *bound)
                 case Op.UNLOCK:
                     value = await guard(session.unlock(k1, k2), *bound)
+                case Op.WORK:
+                    value = await self._run_queued(call)
                 case Op.BUMP_TERM | Op.END_FENCED:
                     table = self._machine.config.term_table
                     if table is None or not can(session, FencingSession):
@@ -534,6 +556,34 @@ class Runner:
             return CutShort()
         except Exception as exc:
             return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
+
+    async def _run_queued(self, call: Call) -> bool:
+        """Run the calls queued for the session, in order, each bounded by its own
+        timeout; the first that fails fails the others too (the session is lost)."""
+        while self._queued:
+            fn, timeout_s, future = self._queued.pop(0)
+            if future.done():
+                continue  # its caller gave up
+            try:
+                result = await self._call(fn(self._slot), timeout_s, call.interruptible)
+            except Interrupted:
+                self._fail_queued(ConnectionError("the lock is stopping"), future)
+                raise
+            except Exception as exc:
+                self._fail_queued(call_failure(exc, call.what or "session work", timeout_s), future)
+                raise
+            except BaseException:
+                self._fail_queued(ConnectionError("the lock stopped"), future)
+                raise
+            if not future.done():
+                future.set_result(result)
+        return True
+
+    def _fail_queued(self, error: Exception, *also: asyncio.Future[Any]) -> None:
+        queued, self._queued = self._queued, []
+        for future in (*also, *(item[2] for item in queued)):
+            if not future.done():
+                future.set_exception(error)
 
     def _settle(self) -> None:
         """The effects before a wait have run: wake `wait_for_leadership()` callers

@@ -172,6 +172,9 @@ class Request(enum.Enum):
     """The idle session's socket became readable: probe now."""
     DRAINED = "drained"
     """Every ``on_draining`` callback has returned: the drain is over."""
+    WORK = "work"
+    """Calls are queued for the leader's session (a Coordinator's statements on its hold
+    session): run them before the next sleep."""
 
 
 class Op(enum.Enum):
@@ -192,6 +195,10 @@ class Op(enum.Enum):
     terms: its outcome is a ``TermBumped``, or a ``TermBlocked``."""
     END_FENCED = "end fenced transactions"
     """``FencingSession.end_fenced``: its outcome is a ``FencedEnded``."""
+    WORK = "session work"
+    """The calls queued for the leader's session (``Request.WORK``): like a probe, they
+    show that the session answers on its own backend; the first that fails loses the
+    leadership, as a failed probe does."""
 
 
 @dataclass(frozen=True)

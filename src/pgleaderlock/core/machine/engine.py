@@ -132,6 +132,7 @@ class Machine:
         self._blocked = False  # the effects so far end in a blocking one
         # Requests, recorded until the next decision.
         self._stop = self._release = self._force = self._alarm = False
+        self._work = False  # calls are queued for the leader's session (Request.WORK)
         self._release_waiting = False  # someone awaits the end of a step_down()
         self._step_down = False  # the release in flight was asked for by step_down()
         # The session, as far as decisions go.
@@ -255,6 +256,9 @@ class Machine:
                 self._alarm = self._state is S.LEADER
             case Request.DRAINED:
                 self._drained = self.draining
+            case Request.WORK:
+                self._work = self._state is S.LEADER
+                return self._work
         return True
 
     def _pending(self, request: Request) -> bool:
@@ -269,6 +273,8 @@ class Machine:
                 return self._alarm
             case Request.DRAINED:
                 return self._drained
+            case Request.WORK:
+                return self._work
 
     # ------------------------------------------------------------------ results
 
@@ -360,6 +366,8 @@ class Machine:
                     self._fire(I.REACQUIRE_FAILED)
             case ((Op.BUMP_TERM | Op.END_FENCED), (S.ACQUIRING | S.RECONNECTING)):
                 self._on_fencing(result)
+            case Op.WORK, S.LEADER:  # as a probe: the session answers, or is lost
+                self._fire(I.HEALTH_OK if value else I.HEALTH_FAILED)
             case Op.PROBE, (S.LEADER | S.RECONNECTING):
                 self._probes += value is not None
                 if value is False:
@@ -466,6 +474,10 @@ class Machine:
                         self._block(Call(Op.PROBE, config.tcp_user_timeout_s,
                                          soft_timeout_s=config.health_timeout_s,
                                          what="health check"))  # fmt: skip
+                    elif self._work:
+                        self._work = False
+                        bound = self.config.command_timeout_s  # each queued call has its own
+                        self._block(Call(Op.WORK, bound, interruptible=Request.STOP))
                     else:
                         self._out.append(WatchSession())
                         wake = self._probe_at
@@ -563,6 +575,8 @@ class Machine:
             self._act(action, transition)
         if self._state is S.STOPPED:
             self._stop = False
+        if self._state is not S.LEADER:
+            self._work = False  # the runner fails what was queued with the session
         if self._state not in _LEADING:
             self._release = self._force = self._alarm = False
             if self._release_waiting:
@@ -715,7 +729,7 @@ class Machine:
     def _reset_run(self) -> None:
         """A new run of the lifecycle task (``start()``, perhaps after a stop). A stop
         requested before the run's first decision is kept."""
-        self._release = self._force = self._alarm = False
+        self._release = self._force = self._alarm = self._work = False
         self._release_waiting = self._step_down = False
         self._has_session = self._can_wait = False
         self._attempt, self._cycle_start, self._last_error = 0, None, None
