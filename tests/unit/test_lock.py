@@ -77,8 +77,8 @@ async def test_health_probes_never_reacquire(
     lock = make_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)
-    before = server.calls["holds"]
-    while server.calls["holds"] < before + 10:
+    before = server.calls["probe"]
+    while server.calls["probe"] < before + 10:
         await asyncio.sleep(0.01)
     assert server.hold_count(1, 2) == 1
     assert server.calls["try_lock"] == 1
@@ -836,10 +836,10 @@ async def test_idle_session_watch_detects_termination_at_once(
     rec = recorder(lock)
     await lock.start()
     assert await lock.wait_for_leadership(5)
-    probes = server.calls["holds"]
+    probes = server.calls["probe"]
     server.terminate()
     await rec.wait_event("lost", timeout=2)
-    assert server.calls["holds"] == probes + 1  # one probe, triggered by the alarm
+    assert server.calls["probe"] == probes + 1  # one probe, triggered by the alarm
 
 
 def test_follower_mode_is_validated() -> None:
