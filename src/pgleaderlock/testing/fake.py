@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ..core.errors import ConnectionError, LockNotHeldError
+from ..core.errors import ConnectionError
 from ..core.session import ConnectOptions, FencedSessions, SessionInfo
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TermTable
 
@@ -318,8 +318,7 @@ class FakeSession:
     ``wait_lock`` is a wait per call: a wait that times out leaves the queue (the
     contract allows it; the built-in backends keep theirs going between calls).
     ``holds`` asks the server's lock table; ``start_probe`` and ``keep_alive`` check
-    only that the session lives (a ``start_probe`` before ``holds()`` has confirmed a
-    grant also checks the lock, see there).
+    only that the session lives.
     """
 
     def __init__(self, server: FakeServer, pid: int) -> None:
@@ -333,7 +332,6 @@ class FakeSession:
         self.options: ConnectOptions | None = None
         """What ``configure()`` applied (``None`` before)."""
         self._watch: Callable[[], None] | None = None
-        self._unverified: set[Key] = set()  # granted, and no holds() since
         self._leased = False  # granted a lock: idle for lease_s, it ends
         self._busy = 0  # calls in flight
         self._lease: asyncio.TimerHandle | None = None
@@ -440,7 +438,6 @@ class FakeSession:
         granted = holder is None or holder[0] is self
         if granted:
             holds[(key1, key2)] = (self, holder[1] + 1 if holder else 1)
-            self._unverified.add((key1, key2))
             self._leased = True
         if self._server._grant_then_hang:
             await self._server._maybe_hang(("try_lock",), self)
@@ -451,7 +448,6 @@ class FakeSession:
     @_statement
     async def unlock(self, key1: int, key2: int) -> bool:
         await self._enter("unlock")
-        self._unverified.discard((key1, key2))
         holds = self._server._holds
         holder = holds.get((key1, key2))
         if holder is None or holder[0] is not self:
@@ -468,7 +464,6 @@ class FakeSession:
         """The authoritative probe: does the server's lock table give the lock to this
         session? Raises if the session is dead."""
         await self._enter("holds")
-        self._unverified.discard((key1, key2))
         return self._server.holder(key1, key2) is self
 
     async def close(self) -> None:
@@ -490,7 +485,6 @@ class FakeSession:
         holder = server._holds.get(key)
         if holder is None or holder[0] is self:
             server._holds[key] = (self, holder[1] + 1 if holder else 1)
-            self._unverified.add(key)
             self._leased = True
             return True
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -507,7 +501,6 @@ class FakeSession:
             if entry in queue:
                 queue.remove(entry)
         if granted:
-            self._unverified.add(key)
             self._leased = True
         return granted
 
@@ -556,20 +549,12 @@ class FakeSession:
         with ``ConnectionError`` on a dead session, and leaves the watch armed.
         Scripted as ``"start_probe"`` or ``"probe"``.
 
-        It checks liveness only, once ``holds()`` has confirmed the locks granted to
-        the session. Before that (a lock whose first probe after the grant comes here,
-        not to ``holds()``) it also checks that the session still holds them, and fails
-        with ``LockNotHeldError`` if not, as the first probe after a grant must."""
+        It checks liveness only: after a grant the core asks ``holds()`` first."""
         return asyncio.get_running_loop().create_task(self._probe())
 
     @_statement
     async def _probe(self) -> None:
         await self._enter("start_probe", keep_watch=True)
-        unverified, self._unverified = self._unverified, set()
-        if any(self._server.holder(*key) is not self for key in unverified):
-            raise LockNotHeldError(
-                "the health probe found that this session no longer holds the lock"
-            )
 
     def keep_alive(self) -> asyncio.Future[None] | None:
         """Show the server the client lives: a future of its answer; ``None`` once the
