@@ -51,6 +51,7 @@ from pgleaderlock.core.machine import (
     Started,
     WatchSession,
     Woke,
+    idle_step,
     legal_inputs,
     render_markdown,
     render_mermaid,
@@ -1050,3 +1051,43 @@ def test_a_stop_cuts_a_late_probe_short() -> None:
     d.feed(CutShort())
     assert d.machine.state is S.STOPPED
     assert CloseSession() in d.effects
+
+
+def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
+    """The idle contract (``idle_step``): once LEADER with nothing asked of it, every
+    answer of the machine is logs, the watch, and a sleep or a probe with a soft
+    timeout, which the runner may perform outside its task. Queued work, a step-down
+    and a failed probe are not: the task performs them."""
+    d = Driver()
+    d.lead()
+    d.feed(Woke(), after=0.0)  # on_acquired ran: the first sleep of the leadership
+    for _ in range(20):
+        step = idle_step(d.effects)
+        assert step is not None, d.effects
+        if isinstance(step.wait, Sleep):
+            assert step.watch
+            d.feed(Woke(), after=step.wait.until - d.now)
+        else:
+            assert step.wait.op is Op.PROBE
+            assert step.wait.soft_timeout_s is not None
+            d.feed(Answered(True), after=0.001)
+    assert d.machine.request(Request.WORK)
+    d.feed(Woke())
+    assert d.call.op is Op.WORK
+    assert idle_step(d.effects) is None
+    d.feed(Answered(True))  # the work answered: the session lives, idle again
+    assert idle_step(d.effects) is not None
+    assert d.machine.state is S.LEADER
+    d.machine.request(Request.WORK)
+    d.feed(Woke())
+    d.feed(Failed(ConnectionError("gone")))  # work that fails loses, as a probe would
+    assert d.machine.state is not S.LEADER
+    assert idle_step(d.effects) is None
+    assert Event.LOST in d.emitted()
+    assert not d.machine.request(Request.WORK)  # no session to work on now
+    d = Driver()
+    d.lead()
+    d.machine.request(Request.RELEASE)
+    d.feed(Woke())
+    assert idle_step(d.effects) is None
+    assert d.call.op is Op.UNLOCK

@@ -48,6 +48,7 @@ from .machine import (
     TermBumped,
     WatchSession,
     Woke,
+    idle_step,
 )
 from .models import Event, LockState
 from .session import (
@@ -342,6 +343,7 @@ class Runner:
     # answer goes to the machine, and the machine's next Sleep arms the timer again. The
     # machine decides every step as before; anything else it asks for (callbacks, a
     # late or failed probe, a request) is handed back to the task, which performs it.
+    # Which effect lists are an idle step is the machine's contract: `idle_step`.
 
     def _can_probe(self) -> bool:
         session = self._slot.session
@@ -375,40 +377,36 @@ class Runner:
         self._idle_timer = loop.call_at(when, self._idle_step, Woke())
 
     def _idle_step(self, result: Result) -> None:
-        """Hand ``result`` to the machine and perform its effects here if they are
-        logs and re-arming the watch, then a probe that starts as a future or a sleep;
-        else hand the rest to the task."""
+        """Hand ``result`` to the machine; perform its effects here if they are an idle
+        leader's step ([`idle_step`][pgleaderlock.core.machine.idle_step]: logs, the
+        watch, then a sleep, or a probe the session starts as a future), else hand
+        them to the task."""
         self._idle_timer = None
         try:
             self._woken = False  # the machine sees every request made before this
             effects = self._machine.handle(result, time.monotonic())
-            rest = 0
-            while rest < len(effects) and isinstance(effects[rest], (Log, WatchSession)):
-                effect = effects[rest]
-                if isinstance(effect, Log):
-                    self._log(effect)
-                else:
-                    self._slot.watch(self._alarm)
-                rest += 1
-            last = effects[rest] if rest == len(effects) - 1 else None
-            if isinstance(last, Sleep) and self._machine.state is LockState.LEADER:
-                self._settle()
-                self._idle_sleep(last.until)
+            step = idle_step(effects) if self._machine.state is LockState.LEADER else None
+            if step is None:
+                self._hand_off(effects)
                 return
-            if (
-                isinstance(last, Call)
-                and last.op is Op.PROBE
-                and last.soft_timeout_s is not None
-                and not self._machine.preempted(last)
-                and (probe := self._start_probe()) is not None
-            ):
+            for record in step.logs:
+                self._log(record)
+            if step.watch:
+                self._slot.watch(self._alarm)
+            wait = step.wait
+            if isinstance(wait, Sleep):
+                self._settle()
+                self._idle_sleep(wait.until)
+            elif not self._machine.preempted(wait) and (probe := self._start_probe()) is not None:
                 self._settle()
                 loop = asyncio.get_running_loop()
-                self._idle_probe = (probe, last, loop.time())
-                self._idle_timer = loop.call_later(last.soft_timeout_s, self._idle_late)
+                self._idle_probe = (probe, wait, loop.time())
+                self._idle_timer = loop.call_later(
+                    cast(float, wait.soft_timeout_s), self._idle_late
+                )
                 probe.add_done_callback(self._idle_answered)
-                return
-            self._hand_off(effects[rest:])
+            else:
+                self._hand_off([wait])  # the probe needs the task (holds())
         except Exception as exc:  # a bug: the task reports it
             self._hand_off(exc)
 

@@ -56,6 +56,7 @@ from .effects import (
     EndDrain,
     Failed,
     FencedEnded,
+    IdleStep,
     Late,
     Log,
     LogLevel,
@@ -70,6 +71,7 @@ from .effects import (
     TermBumped,
     WatchSession,
     Woke,
+    idle_step,
 )
 from .engine import NON_RETRYABLE, Machine, describe, is_permanent
 from .table import (
@@ -103,6 +105,8 @@ __all__ = [
     "EndDrain",
     "Failed",
     "FencedEnded",
+    "IdleStep",
+    "idle_step",
     "IllegalTransitionError",
     "Input",
     "CutShort",

@@ -25,6 +25,7 @@ __all__ = [
     "EndDrain",
     "Failed",
     "FencedEnded",
+    "IdleStep",
     "CutShort",
     "Late",
     "Log",
@@ -40,6 +41,7 @@ __all__ = [
     "TermBumped",
     "WatchSession",
     "Woke",
+    "idle_step",
 ]
 
 
@@ -337,3 +339,48 @@ Effect = (
 list holds at most one blocking effect ([`Call`][pgleaderlock.core.machine.Call] or
 [`Sleep`][pgleaderlock.core.machine.Sleep]), always last; a list
 without one means the lock has stopped."""
+
+
+@dataclass(frozen=True)
+class IdleStep:
+    """An idle leader's step (see [`idle_step`][pgleaderlock.core.machine.idle_step]).
+
+    Attributes:
+        logs: the records to write first.
+        watch: watch the session (``WatchSession``) before waiting.
+        wait: a [`Sleep`][pgleaderlock.core.machine.Sleep], or the probe: a
+            [`Call`][pgleaderlock.core.machine.Call] of ``Op.PROBE`` with a soft timeout.
+    """
+
+    logs: tuple[Log, ...]
+    watch: bool
+    wait: Sleep | Call
+
+
+def idle_step(effects: list[Effect]) -> IdleStep | None:
+    """The contract between the machine and the runner for an idle leader.
+
+    A LEADER that nobody asks for anything sleeps, probes and sleeps again: hundreds of
+    times a second with a thousand leaders in one process. For those steps the machine
+    asks for nothing but log records, watching the session, and one blocking effect
+    that is a [`Sleep`][pgleaderlock.core.machine.Sleep] or a probe (``Op.PROBE``, with a
+    soft timeout). Such a list may be performed outside the lifecycle task, in
+    event-loop callbacks (the runner's idle loop), and this says whether ``effects`` is
+    one, and its parts. Anything else (callbacks, a connect, an unlock, queued work, a
+    request's consequences) returns ``None``: the task performs it.
+    """
+    logs: list[Log] = []
+    watch = False
+    for effect in effects[:-1]:
+        if isinstance(effect, Log):
+            logs.append(effect)
+        elif isinstance(effect, WatchSession):
+            watch = True
+        else:
+            return None
+    last = effects[-1] if effects else None
+    if isinstance(last, Sleep) or (
+        isinstance(last, Call) and last.op is Op.PROBE and last.soft_timeout_s is not None
+    ):
+        return IdleStep(tuple(logs), watch, last)
+    return None
