@@ -85,11 +85,13 @@ class Coordinator:
         **lock_knobs: other ``LeaderLock`` arguments: ``health_interval_s``,
             ``health_timeout_s``, ``connect_timeout_s``, ``command_timeout_s``,
             ``tcp_user_timeout_s``, ``lease_s``, ``fencing_grace_s``, ``drain_s``,
-            ``backend`` (both modes); ``reconnect_grace_s``, ``follower_mode``,
-            ``acquire_delay_s``, ``load_plugins``, ``retry_permanent_errors`` (dedicated
-            sessions). The lease holds for every session that holds a lock: a name's, the
-            member's own lock (the util session with dedicated sessions, the hold
-            session with shared ones).
+            ``backend``, ``reconnect_grace_s``, ``follower_mode``, ``load_plugins``,
+            ``retry_permanent_errors``, and ``acquire_delay_s`` (dedicated sessions'
+            names). They hold for every lock of the member: a name's (dedicated
+            sessions) and the member's own lock, a ``LeaderLock`` too, whose session is
+            the util session with dedicated sessions and the hold session with shared
+            ones (which holds the names). The lease holds for every session that holds a
+            lock.
 
     Raises:
         ConfigurationError: bad input, before any I/O.

@@ -32,8 +32,7 @@ from ..core import LeaderLock, LockState, follow_state, get_logger, oid_to_key
 from . import balance
 from .engine import Engine
 from .events import Broken, GroupEvent, Look, NameEvent
-from .protocol import Key, Message, app_name, member_key, parse_app_name
-from .session import GroupSession
+from .protocol import Key, Message, app_name, parse_app_name
 
 __all__ = ["DedicatedEngine"]
 
@@ -59,14 +58,9 @@ class DedicatedEngine(Engine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._util_slot = self.slot("util")
-        self._util: GroupSession | None = None
-        self._util_lock = asyncio.Lock()  # one call at a time on the util session
         self._locks: dict[Key, LeaderLock] = {}
         self._leading: set[Key] = set()
         self._paused: dict[Key, float] = {}  # key -> resume at (monotonic)
-        self._key = member_key(self.group, self.member)
-        self._tables_ready = False
         self._closing = False
         self._changing: dict[Key, asyncio.Task[None]] = {}  # key -> its lock's last start/stop
         self._moved: asyncio.Task[None] | None = None  # a "moved" message on its way
@@ -76,9 +70,8 @@ class DedicatedEngine(Engine):
 
     async def _open(self) -> None:
         self._closing = False
-        # The util session first: it creates the checkpoint table that workers use.
-        await self.retrying("util_session_failed", self._utility)
-        self.spawn(self._probe_util_forever(), f"pgleaderlock-probe:{self.group}")
+        # The member lock first: its session checks the tables that workers use.
+        await self._join()
         await self.start_listening()
         self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
         try:
@@ -89,7 +82,6 @@ class DedicatedEngine(Engine):
         for key in list(self.names):
             if view is None or self._stands_by(key, view):
                 await self._compete(key)  # each lock connects (and retries) by itself
-        await self.announce(Message("join", self.member))
 
     async def _close(self) -> None:
         self._closing = True  # no lock starts from here on (the listener still runs)
@@ -102,62 +94,7 @@ class DedicatedEngine(Engine):
         self._locks.clear()
         await asyncio.gather(*(lock.shutdown() for lock in locks), return_exceptions=True)
         await self.workers.stop()
-        if self._util is not None:
-            await self.announce(Message("leave", self.member))
-        self._util = None
-        await self._util_slot.close()
-
-    async def _utility(self) -> GroupSession:
-        """The util session, opened (again) if needed: it holds the member lock, by
-        which the others count this member as alive."""
-        if self._util is None:
-            try:
-                session = await self.open_session(self._util_slot)
-                if not await self.bounded(self._util_slot, session.try_lock_many([self._key])):
-                    raise ConnectionError(f"member lock of {self.member} is taken")
-                if self.settings.terms is not None and not self._tables_ready:
-                    # Both tables, so that one refused stops the member at start()
-                    for table in (self.settings.terms, self.settings.checkpoints):
-                        await self.bounded(self._util_slot, self._util_slot.prepare(table))
-                    self._tables_ready = True
-            except BaseException:
-                await self._util_slot.close()
-                raise
-            self._util = session
-        return self._util
-
-    async def _on_util(
-        self, call: Callable[[GroupSession], Awaitable[T]], timeout_s: float | None = None
-    ) -> T:
-        """``call(util session)``, alone on it and bounded; a failure gives the session up
-        (the next call opens it again)."""
-        async with self._util_lock:
-            try:
-                session = await self._utility()
-                return await self.bounded(self._util_slot, call(session), timeout_s)
-            except Exception:
-                self._util = None
-                await self._util_slot.close()
-                raise
-
-    async def _probe_util_forever(self) -> None:
-        """Ping the util session every ``health_interval_s``: it holds the member lock,
-        and its lease ends a member whose probes stop. A failed ping gives the session
-        up; the next ping opens it again (and takes the member lock again)."""
-        config = self.settings.config
-        while True:
-            await asyncio.sleep(config.health_interval_s)
-            try:
-                await self._on_util(_ping, config.health_timeout_s)
-            except Exception as exc:
-                log.warning("util_probe_failed", error=repr(exc), **self._fields)
-
-    async def _group_rows(self) -> list[Any]:
-        return await self._on_util(self._read_group)
-
-    async def notify(self, message: Message) -> None:
-        for payload in message.payloads():
-            await self._on_util(functools.partial(_notify, channel=self.channel, payload=payload))
+        await self._leave(None)
 
     # ------------------------------------------------------------------ names
 
@@ -231,7 +168,7 @@ class DedicatedEngine(Engine):
             self.events.put_nowait(Look("changed"))
             self._tell_moved()
         if new is LockState.STOPPED and lock.stop_error is not None:
-            self.events.put_nowait(Broken(lock.stop_error, fatal=True))  # a missing grant, ...
+            self.events.put_nowait(Broken(lock.stop_error))  # a missing grant, ...
 
     def _tell_moved(self) -> None:
         """Tell the group, soon, that this member leads other names: the server hands a
@@ -373,17 +310,7 @@ class DedicatedEngine(Engine):
         await self.notify(Message("released", self.member, keys=(key,)))
 
     async def _on_event(self, event: GroupEvent) -> None:
-        if isinstance(event, Broken):  # a name's lock stopped on an error retrying cannot mend
-            raise event.error
         if isinstance(event, NameEvent) and event.what == "added":
             key = self.keys.get(event.name)
             if key is not None:
                 await self._compete(key)
-
-
-def _notify(session: GroupSession, *, channel: str, payload: str) -> Awaitable[None]:
-    return session.notify(channel, payload)
-
-
-def _ping(session: GroupSession) -> Awaitable[None]:
-    return session.ping()

@@ -13,6 +13,7 @@ import abc
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,9 +21,11 @@ from typing import Any, TypeVar, cast
 
 from ..core import (
     Backend,
+    ConfigurationError,
     ConnectOptions,
+    LeaderLock,
     LockConfig,
-    RetryContext,
+    LockState,
     RetryStrategy,
     SessionFactory,
     SessionSlot,
@@ -30,14 +33,15 @@ from ..core import (
     WaitingSession,
     bounded,
     can,
-    delay_or_give_up,
+    follow_state,
     get_logger,
     is_permanent,
     oid_to_key,
+    run_on_session,
     session_settings,
 )
 from . import balance
-from .events import GroupEvent, Look, MemberGone, NameEvent, Received, Stop, looks
+from .events import Broken, GroupEvent, Look, MemberGone, NameEvent, Received, Stop, looks
 from .protocol import (
     Key,
     Message,
@@ -159,6 +163,7 @@ class Engine(abc.ABC):
         self._stop_event = asyncio.Event()
         self._connecting = False
         self._watched: Key | None = None  # the member lock the watch session waits for
+        self._member: LeaderLock | None = None  # this member's own lock (see _join)
         # key -> the members whose locks wait for it (dedicated sessions), last look
         self.waiting: dict[Key, frozenset[str]] = {}
         self.error: BaseException | None = None
@@ -235,38 +240,125 @@ class Engine(abc.ABC):
             task.cancel()  # a connection attempt would otherwise run to its timeout
         await asyncio.wait([task])
 
-    async def retrying(self, event: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """``await attempt()`` until it succeeds, with the retry strategy's delays; each
-        failure is logged as ``event``.
+    # ------------------------------------------------------------------ the member lock
 
-        Raises:
-            Stopping: the coordinator is shutting down.
-            Exception: an error retrying cannot mend, or the last one when the
-                strategy gives up (``None``).
-        """
-        count, started = 0, time.monotonic()
-        while True:
-            if self._stop_event.is_set():
-                raise Stopping
-            self._connecting = True
+    # Each member holds its own lock on a session of its own (shared mode: the "hold"
+    # session, which also holds the names; dedicated: the "util" session): a LeaderLock,
+    # whose machine connects, retries, probes, watches and reconnects it. The member's
+    # statements (the group's snapshot, notifications, and in shared mode the names'
+    # locks) are calls that machine schedules between its probes (`run_on_session`).
+
+    MEMBER_ROLE: Role = "util"
+
+    def _member_lock_for(self) -> LeaderLock:
+        lock = LeaderLock(
+            self.settings.user_dsn,
+            *member_key(self.group, self.member),
+            name=f"{self.group}:{self.member}",
+            application_name=app_name(self.group, self.member, self.MEMBER_ROLE),
+            **{
+                **self.settings.lock_kwargs,
+                "fencing": False,  # the names have terms; the member lock needs none
+                "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
+                "acquire_delay_s": 0.0,
+            },
+        )
+        follow_state(lock, self._on_member_state)
+        return lock
+
+    async def _join(self) -> None:
+        """Start the member lock and wait until it leads (``start()`` returns after the
+        connection budget, as a lock's does after its first attempt, while it goes on
+        trying); then check the session and the tables (a refusal stops the member)."""
+        lock = self._member = self._member or self._member_lock_for()
+        await lock.start()
+        leading = asyncio.ensure_future(lock.wait_for_leadership())
+        self._connecting = True  # a shutdown meanwhile cuts the wait short
+        try:
             try:
-                return await attempt()
-            except Exception as exc:
-                count += 1
-                if is_permanent(exc, self.settings.config):
-                    raise
-                ctx = RetryContext(count, time.monotonic() - started, exc)
-                delay = delay_or_give_up(self.settings.retry, ctx, self._fields["lock"])
-                log.warning(event, error=repr(exc), attempt=count, retry_in_s=delay,
-                            **self._fields)  # fmt: skip
-                if delay is None:
-                    raise
-            finally:
-                self._connecting = False
-            self._set_started()  # start() returns after the first attempt, as a lock's does
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stop_event.wait()
+                async with asyncio.timeout(self.settings.config.connect_budget_s or 30.0):
+                    await asyncio.shield(leading)
+            except TimeoutError:
+                self._set_started()
+            if not await leading:
+                raise lock.stop_error or ConnectionError("the member lock stopped")
+        finally:
+            self._connecting = False
+            leading.cancel()
+        await self._call_slot(self._prepare)
+
+    async def _prepare(self, slot: SessionSlot) -> None:
+        """The member's session can serve a group, and the tables are usable."""
+        if not can(slot.session, GroupSession):
+            raise ConfigurationError(
+                f"{type(slot.session).__name__} sessions cannot serve a Coordinator "
+                "(no GroupSession capability)"
+            )
+        if self.settings.terms is not None:
+            await slot.prepare(self.settings.terms)
+            await slot.prepare(self.settings.checkpoints)
+
+    async def _on_member_state(self, old: LockState, new: LockState) -> None:
+        """On the member lock's task, before anything else happens to it."""
+        if old is LockState.LEADER:
+            await self._member_lost(new)
+        if new is LockState.LEADER:
+            self.events.put_nowait(Look("joined"))
+        elif new is LockState.STOPPED and self._member is not None:
+            error = self._member.stop_error
+            if error is not None:  # one retrying cannot mend: the member stops with it
+                self.events.put_nowait(Broken(error))
+
+    async def _member_lost(self, state: LockState) -> None:  # noqa: B027 - optional
+        """The member lock left LEADER (for ``state``): its session may be gone (default:
+        nothing to do; the names do not live on it)."""
+
+    async def _leave(self, last: Callable[[GroupSession], Awaitable[object]] | None) -> None:
+        """Leave the group: ``last(session)`` and a "leave" message while the member lock
+        leads, then shut the member lock down (the others no longer count this member)."""
+        lock = self._member
+        if lock is None:
+            return
+        if lock.is_leader:
+            try:
+                if last is not None:
+                    await self._call(last)
+            except Exception as exc:  # closing the session frees the locks anyway
+                log.warning("release_failed", error=repr(exc), **self._fields)
+            else:
+                await self.announce(Message("leave", self.member))
+        await lock.shutdown()
+
+    async def _call(
+        self, call: Callable[[GroupSession], Awaitable[T]], timeout_s: float | None = None
+    ) -> T:
+        """``call(session)`` on the member lock's session, as a call its machine
+        schedules, within ``timeout_s`` (default ``health_timeout_s``). If it fails,
+        the member lock leaves LEADER and reconnects."""
+
+        def on_session(slot: SessionSlot) -> Awaitable[T]:
+            return call(cast(GroupSession, slot.session))
+
+        return await self._call_slot(on_session, timeout_s)
+
+    async def _call_slot(
+        self, call: Callable[[SessionSlot], Awaitable[T]], timeout_s: float | None = None
+    ) -> T:
+        """``call(slot)``: for the calls that need what the core knows of the session
+        (its checked tables, its probe)."""
+        lock = self._member
+        if lock is None:
+            raise ConnectionError("the member has no session of its own")
+        return await run_on_session(lock, call, timeout_s or self.settings.config.health_timeout_s)
+
+    async def _group_rows(self) -> list[Any]:
+        """The group's sessions and their locks (``GroupSession.group_snapshot``)."""
+        return await self._call(self._read_group)
+
+    async def notify(self, message: Message) -> None:
+        """Send ``message`` to the group."""
+        for payload in message.payloads():
+            await self._call(functools.partial(_notify, channel=self.channel, payload=payload))
 
     # ------------------------------------------------------------------ the loop
 
@@ -346,6 +438,11 @@ class Engine(abc.ABC):
                     self._forget(name)
                     if done is not None and not done.done():
                         done.set_result(None)
+            case Look(why="joined"):  # the member lock leads (again)
+                await self._rejoined()
+                await self.announce(Message("join", self.member))
+            case Broken(error=error):
+                raise error
             case MemberGone(member=member, seen_here=True):  # this member's watch saw it
                 await self.announce(Message("left", self.member, to=member))  # tell all
                 await self._on_event(event)
@@ -720,13 +817,8 @@ class Engine(abc.ABC):
     async def _give_away(self, name: str) -> None:
         """Release ``name``, whose worker crashed too often, for another member."""
 
-    @abc.abstractmethod
-    async def _group_rows(self) -> list[Any]:
-        """The group's sessions and their locks (``GroupSession.group_snapshot``)."""
-
-    @abc.abstractmethod
-    async def notify(self, message: Message) -> None:
-        """Send ``message`` to the group."""
+    async def _rejoined(self) -> None:  # noqa: B027 - optional
+        """The member lock leads again, before the group is told (default: nothing)."""
 
     def _pending(self) -> bool:
         """Something waits for a later tick (default: nothing)."""
@@ -755,3 +847,7 @@ async def _wait(session: Any, key: Key) -> bool:
 
 async def _unlock(session: Any, key: Key) -> None:
     await session.unlock(*key)
+
+
+async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
+    await session.notify(channel, payload)

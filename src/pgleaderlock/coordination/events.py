@@ -52,12 +52,10 @@ class Received:
 
 @dataclass(frozen=True)
 class Broken:
-    """A session the mode cannot go on without failed: the hold session (shared mode:
-    reconnect), or a name's lock stopped on an error retrying cannot mend (dedicated
-    mode: the member stops with it)."""
+    """A lock of the member (its member lock, or in dedicated mode a name's) stopped on
+    an error retrying cannot mend: the member stops with it."""
 
     error: BaseException
-    fatal: bool
 
 
 @dataclass(frozen=True)

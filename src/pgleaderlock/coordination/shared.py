@@ -2,11 +2,12 @@
 number. Three sessions per member in all:
 
 - **hold** holds the member's own lock (its place in the group) and the lock of every
-  name it leads. It is a [`LeaderLock`][pgleaderlock.LeaderLock] on the member's lock:
-  its machine connects, retries, probes it (every ``health_interval_s``, at once when
-  the server ends it while idle, late probes and grace as for any lock) and reconnects
-  it; the member's statements (take and give names in batches, the group's snapshot,
-  notifications) are calls that machine schedules between its probes
+  name it leads. It is the member lock's session (the engine's: a
+  [`LeaderLock`][pgleaderlock.LeaderLock] whose machine connects, retries, probes it
+  every ``health_interval_s`` and at once when the server ends it while idle, handles
+  late probes and grace as for any lock, and reconnects it); the member's statements
+  (take and give names in batches, the group's snapshot, notifications) are calls that
+  machine schedules between its probes
   ([`run_on_session`][pgleaderlock.core.lock.run_on_session]), each bounded by
   ``health_timeout_s`` (a term bump by ``fencing_grace_s + health_timeout_s``). The
   first call or probe that fails ends the lock's leadership, and every worker is
@@ -25,29 +26,23 @@ the member takes its share again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar, cast
 
 from ..core import (
-    ConfigurationError,
-    LeaderLock,
     LockState,
     SessionSlot,
     TermTable,
-    can,
-    follow_state,
     get_logger,
     is_permanent,
-    run_on_session,
 )
 from . import balance
 from .engine import Engine
-from .events import Broken, GroupEvent, Look, MemberGone
-from .protocol import Key, Message, app_name, member_key
+from .events import GroupEvent, MemberGone
+from .protocol import Key, Message
 from .session import GroupSession
 
 __all__ = ["SharedEngine"]
@@ -63,142 +58,52 @@ FREE_GRACE_S = 1.0
 class SharedEngine(Engine):
     """A member whose names share one session (``sessions="shared"``)."""
 
+    MEMBER_ROLE = "hold"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._hold: LeaderLock | None = None  # the member lock, whose session holds all
         self._owned: dict[Key, int | None] = {}  # key -> fencing term (None without)
         # Names whose workers stopped when the hold lock left LEADER while its session
         # may still hold them (a late probe): unlocked when it leads again.
         self._stale: set[Key] = set()
-        self._key = member_key(self.group, self.member)
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
 
     # ------------------------------------------------------------------ sessions
 
-    def _hold_lock(self) -> LeaderLock:
-        lock = LeaderLock(
-            self.settings.user_dsn,
-            *self._key,
-            name=f"{self.group}:{self.member}",
-            application_name=app_name(self.group, self.member, "hold"),
-            **{
-                **self.settings.lock_kwargs,
-                "fencing": False,  # the names have terms; the member lock needs none
-                "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
-                "acquire_delay_s": 0.0,
-            },
-        )
-        follow_state(lock, self._on_hold_state)
-        return lock
-
     async def _open(self) -> None:
-        """Start the hold lock and wait until it leads (``start()`` returns after the
-        connection budget, as a lock's does after its first attempt, while it goes on
-        trying); then the tables, the listener and the ring watch."""
-        hold = self._hold = self._hold or self._hold_lock()
-        await hold.start()
-        leading = asyncio.ensure_future(hold.wait_for_leadership())
-        self._connecting = True  # a shutdown meanwhile cuts the wait short
-        try:
-            try:
-                async with asyncio.timeout(self.settings.config.connect_budget_s or 30.0):
-                    await asyncio.shield(leading)
-            except TimeoutError:
-                self._set_started()
-            if not await leading:
-                raise hold.stop_error or ConnectionError("the member's hold lock stopped")
-        finally:
-            self._connecting = False
-            leading.cancel()
-        await self._call_slot(self._prepare)  # a table refused stops the member now
+        await self._join()
         await self.start_listening()
         self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
 
-    async def _prepare(self, slot: SessionSlot) -> None:
-        """The hold session can serve a group, and the tables are usable."""
-        if not can(slot.session, GroupSession):
-            raise ConfigurationError(
-                f"{type(slot.session).__name__} sessions cannot serve a Coordinator "
-                "(no GroupSession capability)"
-            )
-        if self.settings.terms is not None:
-            await slot.prepare(self.settings.terms)
-            await slot.prepare(self.settings.checkpoints)
+    async def _member_lost(self, state: LockState) -> None:
+        """Every worker stops at once: the server may free the names any moment."""
+        if not self._owned:
+            return
+        self._stale |= set(self._owned)
+        names = {self.names[k] for k in self._owned if k in self.names}
+        self._owned.clear()
+        error = self._member.statistics().last_error if self._member is not None else None
+        log.warning("names_lost", error=repr(error), state=state.value, count=len(names),
+                    **self._fields)  # fmt: skip
+        await self.workers.stop(names)
 
-    async def _on_hold_state(self, old: LockState, new: LockState) -> None:
-        """On the hold lock's task, before anything else happens to it: leaving LEADER
-        stops every worker at once (the server may free the names any moment); leading
-        (again) tells the loop, which joins the group."""
-        if old is LockState.LEADER and self._owned:
-            self._stale |= set(self._owned)
-            names = {self.names[k] for k in self._owned if k in self.names}
-            self._owned.clear()
-            error = self._hold.statistics().last_error if self._hold is not None else None
-            log.warning("names_lost", error=repr(error), state=new.value, count=len(names),
-                        **self._fields)  # fmt: skip
-            await self.workers.stop(names)
-        if new is LockState.LEADER:
-            self.events.put_nowait(Look("joined"))
-        elif new is LockState.STOPPED and self._hold is not None:
-            error = self._hold.stop_error
-            if error is not None:  # one retrying cannot mend: the member stops with it
-                self.events.put_nowait(Broken(error, fatal=True))
+    async def _rejoined(self) -> None:
+        """Names the hold session may still hold from before are released (their
+        workers stopped when it left LEADER)."""
+        stale, self._stale = list(self._stale), set()
+        if stale:
+            with contextlib.suppress(Exception):  # a failure ends the leadership
+                await self._call(lambda s: s.unlock_many(stale))
 
     async def _close(self) -> None:
         await self.workers.stop()
         held = list(self._owned)
         self._owned.clear()
-        hold = self._hold
-        if hold is None:
-            return
-        if hold.is_leader:
-            try:
-                await self._call(lambda s: s.unlock_many(held))
-            except Exception as exc:  # closing the session frees the locks anyway
-                log.warning("release_failed", error=repr(exc), **self._fields)
-            else:
-                await self.announce(Message("leave", self.member))
-        await hold.shutdown()  # the member lock: the others no longer count this member
-
-    async def _call(
-        self, call: Callable[[GroupSession], Awaitable[T]], timeout_s: float | None = None
-    ) -> T:
-        """``call(hold session)``, as a call the hold lock's machine schedules, within
-        ``timeout_s`` (default ``health_timeout_s``). If it fails, the hold lock leaves
-        LEADER (every worker is cancelled) and reconnects."""
-        hold = self._hold
-        if hold is None:
-            raise ConnectionError("the member has no hold session")
-
-        def on_hold(slot: SessionSlot) -> Awaitable[T]:
-            return call(cast(GroupSession, slot.session))
-
-        timeout = timeout_s or self.settings.config.health_timeout_s
-        return await run_on_session(hold, on_hold, timeout)
-
-    async def _group_rows(self) -> list[Any]:
-        return await self._call(self._read_group)
-
-    async def notify(self, message: Message) -> None:
-        for payload in message.payloads():
-            await self._call(functools.partial(_notify, channel=self.channel, payload=payload))
+        await self._leave(lambda s: s.unlock_many(held))
 
     async def _on_event(self, event: GroupEvent) -> None:
-        if isinstance(event, Broken):
-            raise event.error
-        if isinstance(event, Look) and event.why == "joined":
-            await self._rejoin()
-        elif isinstance(event, MemberGone) and event.member:
+        if isinstance(event, MemberGone) and event.member:
             await self._take_from(event.member)
-
-    async def _rejoin(self) -> None:
-        """The hold lock leads (again): names its session may still hold from before
-        are released (their workers stopped), and the group is told."""
-        stale, self._stale = list(self._stale), set()
-        if stale:
-            with contextlib.suppress(Exception):  # a failure ends the leadership
-                await self._call(lambda s: s.unlock_many(stale))
-        await self.announce(Message("join", self.member))
 
     # ------------------------------------------------------------------ names
 
@@ -234,7 +139,7 @@ class SharedEngine(Engine):
             with contextlib.suppress(Exception):  # else the session is given up (_call)
                 await self._call(lambda s: s.unlock_many(granted))
             return []
-        if self._hold is None or not self._hold.is_leader or len(self._stale) != lost_before:
+        if self._member is None or not self._member.is_leader or len(self._stale) != lost_before:
             self._stale.update(granted)  # the hold lock left LEADER meanwhile
             return []
         for key in granted:
@@ -269,16 +174,6 @@ class SharedEngine(Engine):
                 **self._fields,
             )
         return await self._call_slot(bump, timeout)
-
-    async def _call_slot(
-        self, call: Callable[[SessionSlot], Awaitable[T]], timeout_s: float | None = None
-    ) -> T:
-        """``call(hold lock's slot)``: for the calls that need what the core knows of the
-        session (its checked tables, its probe)."""
-        hold = self._hold
-        if hold is None:
-            raise ConnectionError("the member has no hold session")
-        return await run_on_session(hold, call, timeout_s or self.settings.config.health_timeout_s)
 
     async def _release(self, keys: list[Key]) -> list[Key]:
         """Stop the workers of ``keys``, then unlock them."""
@@ -332,10 +227,6 @@ class SharedEngine(Engine):
             and balance.hrw_owner(key, survivors) == self.member
         ]
         await self._take(mine, handoff=False)
-
-
-async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
-    await session.notify(channel, payload)
 
 
 async def _try_lock_many(keys: list[Key], slot: SessionSlot) -> list[Key]:
