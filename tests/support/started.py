@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import abc
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 __all__ = ["Started"]
+
+T = TypeVar("T")
 
 
 class Started(abc.ABC):
@@ -18,6 +20,12 @@ class Started(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def _started(self, part: T | None) -> T:
+        """``part``, which only a started one has (else ``RuntimeError``)."""
+        if part is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return part
 
     def __enter__(self) -> Self:
         self.start()
