@@ -16,6 +16,7 @@ from pgleaderlock import (
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.session import ConnectOptions
+from support.server import driver_connection
 from support.timings import timings
 
 if TYPE_CHECKING:
@@ -103,17 +104,10 @@ async def test_connect_fn_connection_in_a_transaction_is_rolled_back(
 
 
 async def test_dsn_settings_are_kept_and_ours_win(url: str) -> None:
-    sep = "&" if "?" in url else "?"
-    dsn = f"{url}{sep}statement_timeout=12345&application_name=from-dsn"
-    session = await asyncpg_backend.connect(
-        dsn, ConnectOptions("from-options", 3, {"tcp_keepalives_interval": "1"})
-    )
-    try:
-        conn = session.connection  # type: ignore[attr-defined]
+    query = "statement_timeout=12345&application_name=from-dsn"
+    async with driver_connection(asyncpg_backend.connect, url, query, "from-options") as conn:
         assert await conn.fetchval("SHOW statement_timeout") == "12345ms"
         assert await conn.fetchval("SHOW application_name") == "from-options"
-    finally:
-        await session.close()
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ import pytest
 from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
+from support.server import prepared_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
@@ -44,14 +45,14 @@ FAST: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ThrowawayPostgres]:
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute("CREATE ROLE locker LOGIN")
-            conn.execute("CREATE ROLE app LOGIN")
-            conn.execute("CREATE SCHEMA fencing AUTHORIZATION locker")
-            conn.execute("GRANT USAGE ON SCHEMA fencing TO app")
-            conn.execute("CREATE TABLE work (term int8 NOT NULL)")
-            conn.execute("GRANT INSERT, SELECT ON work TO app")
+    with prepared_cluster(
+        "CREATE ROLE locker LOGIN",
+        "CREATE ROLE app LOGIN",
+        "CREATE SCHEMA fencing AUTHORIZATION locker",
+        "GRANT USAGE ON SCHEMA fencing TO app",
+        "CREATE TABLE work (term int8 NOT NULL)",
+        "GRANT INSERT, SELECT ON work TO app",
+    ) as pg:
         yield pg
 
 

@@ -72,6 +72,13 @@ async def psy(dsn: str, **kwargs: Any) -> AsyncIterator[PsyConn]:
         yield conn
 
 
+@asynccontextmanager
+async def two_clients(bouncer: PgBouncer) -> AsyncIterator[tuple[PsyConn, PsyConn]]:
+    """Two ``psy`` clients of ``bouncer``, connected at the same time."""
+    async with psy(bouncer.dsn()) as a, psy(bouncer.dsn()) as b:
+        yield a, b
+
+
 async def psy_value(conn: PsyConn, sql: str, params: tuple[Any, ...] | None = None) -> Any:
     """The first column of the first row, bounded (no ``options`` through a stock pooler,
     so no server-side ``statement_timeout``: the bound is on the client)."""
@@ -221,12 +228,17 @@ async def test_set_config_works_in_every_mode(pgbouncer: PgBouncer) -> None:
 # ------------------------------------------------------------------ (d) server reuse
 
 
-@pytest.mark.parametrize("mode", ["transaction", "statement"])
-async def test_pooled_modes_hand_the_next_client_the_same_server(
-    mode: PoolMode, pgbouncer_factory: Callable[[PoolMode], PgBouncer]
-) -> None:
-    bouncer = pgbouncer_factory(mode)
-    async with psy(bouncer.dsn()) as a, psy(bouncer.dsn()) as b:
+@pytest.fixture(params=["transaction", "statement"])
+def pooled(
+    request: pytest.FixtureRequest, pgbouncer_factory: Callable[[PoolMode], PgBouncer]
+) -> PgBouncer:
+    """A PgBouncer in each pooled mode."""
+    return pgbouncer_factory(request.param)
+
+
+async def test_pooled_modes_hand_the_next_client_the_same_server(pooled: PgBouncer) -> None:
+    bouncer = pooled
+    async with two_clients(bouncer) as (a, b):
         pid_a = await psy_value(a, "SELECT pg_backend_pid()")
         pid_b = await psy_value(b, "SELECT pg_backend_pid()")
         assert pid_a == pid_b
@@ -236,13 +248,12 @@ async def test_pooled_modes_hand_the_next_client_the_same_server(
         assert await ab.fetchval("SELECT pg_backend_pid()") == pid_a
 
 
-@pytest.mark.parametrize("mode", ["transaction", "statement"])
 async def test_session_settings_leak_to_the_next_client_in_pooled_modes(
-    mode: PoolMode, pgbouncer_factory: Callable[[PoolMode], PgBouncer]
+    pooled: PgBouncer,
 ) -> None:
-    bouncer = pgbouncer_factory(mode)
+    mode = pooled.pool_mode
     # A custom placeholder setting: harmless for whoever gets this server next.
-    async with psy(bouncer.dsn()) as a, psy(bouncer.dsn()) as b:
+    async with two_clients(pooled) as (a, b):
         await psy_value(a, "SELECT set_config('pgll.probe', %s, false)", (mode,))
         assert await psy_value(b, "SELECT current_setting('pgll.probe', true)") == mode
         await psy_value(b, "SELECT set_config('pgll.probe', '', false)")
@@ -251,8 +262,7 @@ async def test_session_settings_leak_to_the_next_client_in_pooled_modes(
 async def test_session_mode_gives_a_connected_client_its_own_server(
     pgbouncer_factory: Callable[[PoolMode], PgBouncer],
 ) -> None:
-    bouncer = pgbouncer_factory("session")
-    async with psy(bouncer.dsn()) as a, psy(bouncer.dsn()) as b:
+    async with two_clients(pgbouncer_factory("session")) as (a, b):
         pid_a = await psy_value(a, "SELECT pg_backend_pid()")
         pid_b = await psy_value(b, "SELECT pg_backend_pid()")
         assert pid_a != pid_b

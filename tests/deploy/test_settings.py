@@ -34,7 +34,7 @@ from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import lock_holders
+from support.server import lock_holders, prepared_cluster
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -84,11 +84,11 @@ class HostileCluster:
 
 @pytest.fixture(scope="module")
 def hostile() -> Iterator[HostileCluster]:
-    with ThrowawayPostgres(settings=CLUSTER_SETTINGS) as pg:
-        with psycopg.connect(pg.dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f"CREATE ROLE {ROLE} LOGIN")
-            for name, value in ROLE_SETTINGS.items():
-                conn.execute(f"ALTER ROLE {ROLE} SET {name} = '{value}'")
+    role_settings = (
+        f"ALTER ROLE {ROLE} SET {name} = '{value}'" for name, value in ROLE_SETTINGS.items()
+    )
+    create = f"CREATE ROLE {ROLE} LOGIN"
+    with prepared_cluster(create, *role_settings, settings=CLUSTER_SETTINGS) as pg:
         yield HostileCluster(pg)
 
 

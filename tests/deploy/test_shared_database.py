@@ -50,6 +50,7 @@ from pgleaderlock.coordination.protocol import (
 )
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
+from support.server import prepared_cluster
 from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
@@ -77,11 +78,9 @@ GRANT EXECUTE ON FUNCTION public.escalate(), public.escalate_trigger() TO PUBLIC
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ThrowawayPostgres]:
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute("CREATE ROLE attacker LOGIN")
-            conn.execute("CREATE ROLE owner LOGIN")
-            conn.execute("CREATE ROLE app LOGIN")
+    with prepared_cluster(
+        "CREATE ROLE attacker LOGIN", "CREATE ROLE owner LOGIN", "CREATE ROLE app LOGIN"
+    ) as pg:
         yield pg
 
 

@@ -8,18 +8,25 @@ the overlap must stay under ``TERMINATE_OVERLAP_LIMIT_S``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock, ShutdownError
 from pgleaderlock.testing.beliefs import BeliefLog
+from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.locks import kept
+from support.server import lock_holders
 from support.timings import FAULT_TIMINGS
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -55,6 +62,89 @@ async def make_lock(beliefs: BeliefLog) -> AsyncIterator[Callable[..., LeaderLoc
 
     async with kept(build, on_error=failed) as make:
         yield make
+
+
+@dataclasses.dataclass
+class Candidates:
+    """The locks of a test on one server: ``make_lock`` on the test's ``keys``, recorded
+    if asked, and who holds ``keys`` there."""
+
+    dsn: str
+    lock_holders: Callable[[int, int], Awaitable[list[int]]]
+    keys: tuple[int, int]
+    make_lock: Callable[..., LeaderLock]
+    recorder: Callable[[LeaderLock], Recorder]
+
+    def lock(self, name: str, dsn: str | None = None, **overrides: Any) -> LeaderLock:
+        """``make_lock`` on ``keys``, through ``dsn`` if given, else to the server."""
+        return self.make_lock(self.dsn if dsn is None else dsn, self.keys, name, **overrides)
+
+    def recorded(
+        self, name: str, dsn: str | None = None, **overrides: Any
+    ) -> tuple[LeaderLock, Recorder]:
+        """``lock(...)`` and the ``Recorder`` of its callbacks."""
+        lock = self.lock(name, dsn, **overrides)
+        return lock, self.recorder(lock)
+
+    async def leader_and_follower(
+        self,
+        leader_dsn: str | None = None,
+        leader: dict[str, Any] | None = None,
+        follower: dict[str, Any] | None = None,
+    ) -> tuple[LeaderLock, LeaderLock, Recorder, Recorder]:
+        """Locks "a" (with ``leader`` overrides, through ``leader_dsn`` if given) and "b"
+        (with ``follower`` overrides), recorded: "a" leads, then "b" follows."""
+        a, rec_a = self.recorded("a", leader_dsn, **(leader or {}))
+        b, rec_b = self.recorded("b", **(follower or {}))
+        await rec_b.follow(a, 10, 10)
+        return a, b, rec_a, rec_b
+
+    async def holders(self) -> list[int]:
+        """Backend pids holding ``keys`` on the server."""
+        return await self.lock_holders(*self.keys)
+
+    async def assert_leads(self, lock: LeaderLock, timeout_s: float = 5.0) -> None:
+        """``lock`` leads within ``timeout_s``, and the server agrees: its backend alone
+        holds ``keys``."""
+        assert await lock.wait_for_leadership(timeout_s)
+        assert await self.holders() == [lock.backend_pid]
+
+
+@pytest.fixture
+def candidates_on(
+    keys: tuple[int, int],
+    make_lock: Callable[..., LeaderLock],
+    recorder: Callable[[LeaderLock], Recorder],
+) -> Callable[[str, Callable[[int, int], Awaitable[list[int]]]], Candidates]:
+    """``candidates_on(dsn, holders)``: ``Candidates`` on the server at ``dsn``, where
+    ``holders(key1, key2)`` tells who holds a lock."""
+    return functools.partial(Candidates, keys=keys, make_lock=make_lock, recorder=recorder)
+
+
+@pytest.fixture
+def candidates(
+    pg_dsn: str,
+    holders: Callable[[int, int], Awaitable[list[int]]],
+    candidates_on: Callable[..., Candidates],
+) -> Candidates:
+    """``Candidates`` on the shared server."""
+    return candidates_on(pg_dsn, holders)
+
+
+@pytest.fixture
+def throwaway_candidates(
+    throwaway_pg: ThrowawayPostgres, candidates_on: Callable[..., Candidates]
+) -> Candidates:
+    """``Candidates`` on the test's ``throwaway_pg``; ``holders()`` connects to it each
+    time (it may have been restarted since)."""
+
+    async def holders(key1: int, key2: int) -> list[int]:
+        async with await psycopg.AsyncConnection.connect(
+            throwaway_pg.dsn, autocommit=True
+        ) as admin:
+            return await lock_holders(admin, key1, key2)
+
+    return candidates_on(throwaway_pg.dsn, holders)
 
 
 @pytest.fixture

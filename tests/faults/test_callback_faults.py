@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState, ShutdownError
+from pgleaderlock import FixedInterval, LockState, ShutdownError
 from pgleaderlock.testing.beliefs import BeliefLog
 
 if TYPE_CHECKING:
-    from conftest import Admin, Recorder
+    from conftest import Admin
+    from faults.conftest import Candidates
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -24,20 +25,15 @@ class Boom(Exception):
 
 
 async def test_raising_callbacks_are_never_fatal(
-    pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
 ) -> None:
     """Every callback raises, sync and async, on_error included. The exceptions reach
     on_error (except on_error's own, which is only logged), and the lock behaves exactly
     as without them: it leads, notices the loss of its backend, follows, leads again."""
-    a = make_lock(pg_dsn, keys, "a")
-    b = make_lock(pg_dsn, keys, "b", retry_strategy=FixedInterval(1.0))  # 1 s server waits
-    rec_a, rec_b = recorder(a), recorder(b)
+    a, rec_a = candidates.recorded("a")
+    b, rec_b = candidates.recorded("b", retry_strategy=FixedInterval(1.0))  # 1 s server waits
     raised: list[str] = []
 
     def boom(what: str) -> Callable[..., None]:
@@ -65,7 +61,7 @@ async def test_raising_callbacks_are_never_fatal(
     assert "error" not in {str(e) for e in boom_errors}  # no recursion through on_error
     await asyncio.sleep(0.6)  # a health probe runs after the failing callbacks
     assert a.is_leader
-    assert await holders(*keys) == [a.backend_pid]
+    assert await candidates.holders() == [a.backend_pid]
 
     await b.start()
     await rec_b.wait_event("acquire_failed", timeout=10)  # b is queued: it gets the lock first
@@ -78,19 +74,14 @@ async def test_raising_callbacks_are_never_fatal(
     assert "acquire_failed" in raised
     assert a.state in (S.FOLLOWER, S.ACQUIRING)
     await b.shutdown()
-    assert await a.wait_for_leadership(5)
-    assert await holders(*keys) == [a.backend_pid]
+    await candidates.assert_leads(a)
     beliefs.report().assert_safe()
 
 
 async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
-    pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
     figures: Callable[[str, float, str], None],
 ) -> None:
     """An async on_acquired that never returns blocks the lock's lifecycle task: the
@@ -98,9 +89,8 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     on_acquired), and no health probe runs. shutdown(timeout_s) still returns in time:
     it raises ShutdownError, cancels the task and closes the session, which frees the
     lock on the server; the waiting follower takes over."""
-    a = make_lock(pg_dsn, keys, "a")
-    b = make_lock(pg_dsn, keys, "b")
-    rec_b = recorder(b)
+    a = candidates.lock("a")
+    b, rec_b = candidates.recorded("b")
     entered = asyncio.Event()
     cancelled = asyncio.Event()
 
@@ -121,7 +111,7 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     app = a.application_name
     await b.start()
     await rec_b.wait_event("acquire_failed", timeout=5)
-    assert await holders(*keys) == [pid]
+    assert await candidates.holders() == [pid]
 
     stopping = time.monotonic()
     with pytest.raises(ShutdownError):
@@ -134,8 +124,7 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     assert a.state is S.STOPPED  # type: ignore[comparison-overlap]
     assert not a.is_leader
     assert a.backend_pid is None
-    assert await b.wait_for_leadership(5)
-    assert await holders(*keys) == [b.backend_pid]
+    await candidates.assert_leads(b)
     cur = await admin.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
     )
@@ -145,16 +134,14 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
 
 
 async def test_blocked_lifecycle_does_not_notice_loss(
-    pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
 ) -> None:
     """The hazard of a blocking callback, documented: while on_acquired blocks, nothing
     probes the session, so a lost lock goes unnoticed and is_leader stays True for as
     long as the callback blocks. Long work belongs in a task the callback starts."""
-    a = make_lock(pg_dsn, keys, "a")
+    a = candidates.lock("a")
     entered = asyncio.Event()
 
     @a.on_acquired

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgleaderlock.testing.beliefs import BeliefLog
+from pgleaderlock.testing.beliefs import BeliefLog, BeliefReport
 
 
 class Clock:
@@ -49,13 +49,19 @@ def test_open_belief_overlaps_until_the_end() -> None:
     assert report.other_overlaps[0].size_s == pytest.approx(2.0)
 
 
-def test_terminate_overlap_is_reported_separately_and_bounded() -> None:
+def overlap_after_a_terminate_of(terminated: str) -> BeliefReport:
+    """Candidate a leads; ``terminated`` is terminated; b begins 1 ms later; a notices
+    its loss 2 ms after that."""
     log = log_with()
     log.begin("a", 100.0)
-    log.fault("terminate", "a", 101.0)
+    log.fault("terminate", terminated, 101.0)
     log.begin("b", 101.001)
     log.end("a", "lost", 101.003)
-    report = log.report(until=102.0)
+    return log.report(until=102.0)
+
+
+def test_terminate_overlap_is_reported_separately_and_bounded() -> None:
+    report = overlap_after_a_terminate_of("a")
     assert report.other_overlaps == ()
     assert len(report.terminate_overlaps) == 1
     assert report.max_terminate_overlap_s == pytest.approx(0.002)
@@ -65,12 +71,7 @@ def test_terminate_overlap_is_reported_separately_and_bounded() -> None:
 
 
 def test_terminate_of_another_candidate_explains_nothing() -> None:
-    log = log_with()
-    log.begin("a", 100.0)
-    log.fault("terminate", "c", 101.0)
-    log.begin("b", 101.001)
-    log.end("a", "lost", 101.003)
-    report = log.report(until=102.0)
+    report = overlap_after_a_terminate_of("c")
     assert len(report.other_overlaps) == 1
 
 

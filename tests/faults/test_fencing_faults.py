@@ -42,6 +42,7 @@ from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.candidate import CandidateEvent
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.fenced import FencedWorker
+from support.started import all_closed
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(180)]
 
@@ -325,19 +326,15 @@ class Run:
 async def run_factory(
     throwaway_pg: ThrowawayPostgres, children_log: IO[str]
 ) -> AsyncIterator[Callable[[bool], Awaitable[Run]]]:
-    runs: list[Run] = []
+    async with all_closed() as runs:
 
-    async def make(fence: bool) -> Run:
-        run = Run(throwaway_pg, fence, children_log)
-        runs.append(run)
-        await run.setup()
-        return run
+        async def make(fence: bool) -> Run:
+            run = Run(throwaway_pg, fence, children_log)
+            runs.append(run)
+            await run.setup()
+            return run
 
-    try:
         yield make
-    finally:
-        for run in runs:
-            await run.close()
 
 
 @pytest.mark.parametrize("fence", [True, False], ids=["fencing-on", "fencing-off"])

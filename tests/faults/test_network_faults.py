@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import psycopg
 import pytest
 
 from pgleaderlock import FixedInterval, LeaderLock, LockState
@@ -17,10 +16,11 @@ from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.netns import NetnsLink
 from support.poll import eventually
-from support.proxy import TcpProxy, tcp_target
+from support.proxy import proxied
 
 if TYPE_CHECKING:
     from conftest import Recorder
+    from faults.conftest import Candidates
 
 S = LockState
 
@@ -29,11 +29,8 @@ S = LockState
 @pytest.mark.parametrize("shutdown_when", ["after_demotion", "while_leader"])
 async def test_stalled_proxy(
     pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    candidates: Candidates,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
     figures: Callable[[str, float, str], None],
     shutdown_when: str,
 ) -> None:
@@ -46,14 +43,11 @@ async def test_stalled_proxy(
     not the client's); the lease does: the server ends the idle session lease_s (2 s)
     after the leader's last probe, and the follower leads then, after the old leader's
     demotion. shutdown() stays bounded either way."""
-    host, port = tcp_target(pg_dsn)
     demotion_bound = 0.5 + 0.5
-    async with TcpProxy(host, port) as proxy:
-        dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
-        a = make_lock(dsn, keys, "a", connect_timeout_s=1.0, command_timeout_s=1.0)
-        b = make_lock(pg_dsn, keys, "b")
-        rec_a, rec_b = recorder(a), recorder(b)
-        await rec_b.follow(a, 10, 10)
+    async with proxied(pg_dsn) as (proxy, dsn):
+        a, b, rec_a, _ = await candidates.leader_and_follower(
+            dsn, leader={"connect_timeout_s": 1.0, "command_timeout_s": 1.0}
+        )
         old_pid = a.backend_pid
         stalled_at = time.monotonic()
         proxy.stall()
@@ -65,8 +59,8 @@ async def test_stalled_proxy(
             assert not a.is_leader
             assert await b.wait_for_leadership(10)  # the lease freed the lock
             figures("takeover after stall (the lease)", time.monotonic() - stalled_at, "ms")
-            assert await holders(*keys) == [b.backend_pid]
-            assert old_pid not in await holders(*keys)
+            assert await candidates.holders() == [b.backend_pid]
+            assert old_pid not in await candidates.holders()
         stopping = time.monotonic()
         async with asyncio.timeout(10):
             await a.shutdown()
@@ -76,8 +70,7 @@ async def test_stalled_proxy(
         assert a.state is S.STOPPED
         await proxy.cut()
         proxy.resume()
-        assert await b.wait_for_leadership(10)
-        assert await holders(*keys) == [b.backend_pid]
+        await candidates.assert_leads(b, 10)
     beliefs.report().assert_safe()
 
 

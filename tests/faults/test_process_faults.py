@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import signal
 import statistics
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock import FixedInterval
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    from faults.conftest import Candidates
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,22 +23,20 @@ CHILD = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=0.
 
 async def test_sigkilled_leader_process_is_replaced_at_once(
     pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    candidates: Candidates,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
     figures: Callable[[str, float, str], None],
 ) -> None:
     """Three rounds: a child process leads, the test process follows (queued on the
     server), the child is SIGKILLed: its kernel closes the socket, the server frees the
     lock and the follower leads within milliseconds. The killed child's belief ends at
     the kill, strictly before the follower's begins."""
-    parent = make_lock(pg_dsn, keys, "parent", retry_strategy=FixedInterval(0.5))
-    rec = recorder(parent)
+    parent, rec = candidates.recorded("parent", retry_strategy=FixedInterval(0.5))
     takeovers = []
     for round_ in range(3):
-        child = CandidateProcess(f"child{round_}", pg_dsn, *keys, options=CHILD, beliefs=beliefs)
+        child = CandidateProcess(
+            f"child{round_}", pg_dsn, *candidates.keys, options=CHILD, beliefs=beliefs
+        )
         try:
             await child.start()
             if round_ == 0:
@@ -49,13 +47,13 @@ async def test_sigkilled_leader_process_is_replaced_at_once(
                 await parent.step_down()
                 await child.wait_event("acquired", timeout_s=10)
             await rec.wait(lambda: rec.names()[-1:] == ["acquire_failed"], 10)  # queued
-            assert await holders(*keys) == [child.backend_pid]
+            assert await candidates.holders() == [child.backend_pid]
             killed_at = await child.kill()
             assert child.returncode == -signal.SIGKILL
             assert await parent.wait_for_leadership(5)
             started = [i.start for i in beliefs.intervals_of("parent") if i.start > killed_at]
             takeovers.append(started[0] - killed_at)
-            assert await holders(*keys) == [parent.backend_pid]
+            assert await candidates.holders() == [parent.backend_pid]
         finally:
             await child.kill()
     figures("takeover after SIGKILL (median of 3)", statistics.median(takeovers), "ms")
@@ -69,19 +67,16 @@ async def test_sigkilled_leader_process_is_replaced_at_once(
 
 async def test_sigkilled_waiting_follower_is_never_granted(
     pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    candidates: Candidates,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
 ) -> None:
     """A follower process queued in pg_advisory_lock is SIGKILLed, and the leader steps
     down right after: the dead follower's backend must not keep the lock (granted, it
     finds its client gone when it answers, and exits), so a live candidate leads."""
-    leader = make_lock(pg_dsn, keys, "leader", retry_strategy=FixedInterval(10.0))
-    other = make_lock(pg_dsn, keys, "other", retry_strategy=FixedInterval(0.2))
+    leader = candidates.lock("leader", retry_strategy=FixedInterval(10.0))
+    other = candidates.lock("other", retry_strategy=FixedInterval(0.2))
     opts = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=30.0)
-    child = CandidateProcess("child", pg_dsn, *keys, options=opts, beliefs=beliefs)
+    child = CandidateProcess("child", pg_dsn, *candidates.keys, options=opts, beliefs=beliefs)
     try:
         await leader.start()
         assert await leader.wait_for_leadership(10)
@@ -91,8 +86,8 @@ async def test_sigkilled_waiting_follower_is_never_granted(
         await child.kill()
         await leader.step_down()  # the dead follower's backend is first in the queue
         await other.start()
-        assert await other.wait_for_leadership(5), f"holders: {await holders(*keys)}"
-        assert dead_pid not in await holders(*keys)
+        assert await other.wait_for_leadership(5), f"holders: {await candidates.holders()}"
+        assert dead_pid not in await candidates.holders()
     finally:
         await child.kill()
     assert not beliefs.intervals_of("child")

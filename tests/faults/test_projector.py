@@ -37,6 +37,7 @@ import pytest
 from pgleaderlock.coordination.protocol import checkpoint_name, name_keys
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.started import all_closed
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(120)]
 
@@ -258,18 +259,14 @@ class Run:
 async def run_factory(
     throwaway_pg: ThrowawayPostgres, children_log: IO[str]
 ) -> AsyncIterator[Callable[[str], Run]]:
-    runs: list[Run] = []
+    async with all_closed() as runs:
 
-    def make(sessions: str) -> Run:
-        run = Run(throwaway_pg, sessions, children_log)
-        runs.append(run)
-        return run
+        def make(sessions: str) -> Run:
+            run = Run(throwaway_pg, sessions, children_log)
+            runs.append(run)
+            return run
 
-    try:
         yield make
-    finally:
-        for run in runs:
-            await run.close()
 
 
 @pytest.mark.parametrize("sessions", ["dedicated", "shared"])

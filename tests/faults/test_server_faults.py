@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Literal
 import psycopg
 import pytest
 
-from pgleaderlock import ConnectionError, FixedInterval, LeaderLock, LockState
+from pgleaderlock import ConnectionError, FixedInterval, LockState
 from pgleaderlock.testing import ThrowawayPostgres
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.server import lock_holders
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    from faults.conftest import Candidates
 
 S = LockState
 pytestmark = [pytest.mark.timeout(60), pytest.mark.throwaway]
@@ -35,10 +35,8 @@ def bounce(pg: ThrowawayPostgres, mode: Literal["fast", "immediate", "kill"]) ->
 @pytest.mark.parametrize("mode", ["fast", "immediate", "kill"])
 async def test_server_restart(
     throwaway_pg: ThrowawayPostgres,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    throwaway_candidates: Candidates,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
     figures: Callable[[str, float, str], None],
     mode: Literal["fast", "immediate", "kill"],
 ) -> None:
@@ -51,10 +49,7 @@ async def test_server_restart(
     notice). So the follower may believe it leads for a moment, as early as a few ms
     before the old leader has noticed: a terminate overlap, bounded like one."""
     pg = throwaway_pg
-    a = make_lock(pg.dsn, keys, "a")
-    b = make_lock(pg.dsn, keys, "b")
-    rec_a, rec_b = recorder(a), recorder(b)
-    await rec_b.follow(a, 10, 10)
+    a, b, rec_a, rec_b = await throwaway_candidates.leader_and_follower()
     beliefs.fault("terminate", "a")  # the server going down ends a's backend
     started = time.monotonic()
     restart = asyncio.ensure_future(asyncio.to_thread(bounce, pg, mode))
@@ -70,7 +65,7 @@ async def test_server_restart(
         deadline = time.monotonic() + 15
         while True:  # one leader, and the server agrees
             leaders = [lock for lock in (a, b) if lock.is_leader]
-            held = await lock_holders(admin, *keys)
+            held = await lock_holders(admin, *throwaway_candidates.keys)
             if len(leaders) == 1 and held == [leaders[0].backend_pid]:
                 break
             assert time.monotonic() < deadline, f"leaders {leaders}, holders {held}"
@@ -87,16 +82,13 @@ async def test_server_restart(
 
 async def test_fast_restart_with_flap_damping_recovers_silently(
     throwaway_pg: ThrowawayPostgres,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    throwaway_candidates: Candidates,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
     """With reconnect_grace_s longer than the restart, the leader goes RECONNECTING,
     re-acquires on a new session and never reports on_lost."""
     pg = throwaway_pg
-    a = make_lock(pg.dsn, keys, "a", reconnect_grace_s=10.0)
-    rec = recorder(a)
+    a, rec = throwaway_candidates.recorded("a", reconnect_grace_s=10.0)
     await a.start()
     assert await a.wait_for_leadership(10)
     old_pid = a.backend_pid
@@ -104,25 +96,21 @@ async def test_fast_restart_with_flap_damping_recovers_silently(
     await rec.wait(lambda: S.RECONNECTING in rec.states() and a.is_leader, 15)
     assert rec.names() == ["acquired"]
     assert a.backend_pid != old_pid
-    async with await psycopg.AsyncConnection.connect(pg.dsn, autocommit=True) as admin:
-        assert await lock_holders(admin, *keys) == [a.backend_pid]
+    assert await throwaway_candidates.holders() == [a.backend_pid]
     beliefs.report().assert_safe()
 
 
 async def test_server_down_at_start(
     throwaway_pg: ThrowawayPostgres,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    throwaway_candidates: Candidates,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
     figures: Callable[[str, float, str], None],
 ) -> None:
     """Connection errors go to on_error and are retried; the lock leads as soon as the
     server is up."""
     pg = throwaway_pg
     await asyncio.to_thread(pg.stop)
-    lock = make_lock(pg.dsn, keys, "a", retry_strategy=FixedInterval(0.1))
-    rec = recorder(lock)
+    lock, rec = throwaway_candidates.recorded("a", retry_strategy=FixedInterval(0.1))
     await lock.start()
     await rec.wait_event("error", count=3, timeout=10)
     assert all(isinstance(e, ConnectionError) for e in rec.errors())
@@ -133,6 +121,5 @@ async def test_server_down_at_start(
     assert await lock.wait_for_leadership(10)
     figures("leader after start_again() began", time.monotonic() - starting, "ms")
     assert "lost" not in rec.names()
-    async with await psycopg.AsyncConnection.connect(pg.dsn, autocommit=True) as admin:
-        assert await lock_holders(admin, *keys) == [lock.backend_pid]
+    assert await throwaway_candidates.holders() == [lock.backend_pid]
     beliefs.report().assert_safe()

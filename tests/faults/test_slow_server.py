@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,7 +19,7 @@ from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    from faults.conftest import Candidates
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -39,10 +39,7 @@ async def lead_and_probe(lock: LeaderLock, probes: int) -> int:
 @pytest.mark.parametrize("probes_before", [0, 2], ids=["pg_locks-probe", "periodic-probe"])
 async def test_a_frozen_backend_suspends_leadership_without_losing_it(
     probes_before: int,
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    candidates: Candidates,
     beliefs: BeliefLog,
     figures: Callable[[str, float, str], None],
 ) -> None:
@@ -51,8 +48,7 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
     session, and is LEADER again, silently, once the backend answers (SIGCONT). Frozen
     before the leadership's first probe (a ``pg_locks`` statement) or after it (the
     periodic probe: a bare Sync on psycopg, started without a task)."""
-    lock = make_lock(pg_dsn, keys, "slow", health_interval_s=0.3, health_timeout_s=0.3)
-    rec = recorder(lock)
+    lock, rec = candidates.recorded("slow", health_interval_s=0.3, health_timeout_s=0.3)
     pid = await lead_and_probe(lock, probes_before)
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -76,21 +72,17 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
 
 
 async def test_a_backend_frozen_past_tcp_user_timeout_loses_the_lock(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    candidates: Candidates,
     beliefs: BeliefLog,
     figures: Callable[[str, float, str], None],
 ) -> None:
     """A periodic probe that stays unanswered past ``tcp_user_timeout_s`` (after which
     the server would drop a silent session) ends the leadership with ``on_lost``; the
     late probe is bounded although it was started without a task."""
-    lock = make_lock(
-        pg_dsn, keys, "frozen", health_interval_s=0.3, health_timeout_s=0.3,
+    lock, rec = candidates.recorded(
+        "frozen", health_interval_s=0.3, health_timeout_s=0.3,
         tcp_user_timeout_s=1.5, auto_reacquire=False,
     )  # fmt: skip
-    rec = recorder(lock)
     pid = await lead_and_probe(lock, 2)  # past the pg_locks probe: a periodic one is next
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -107,18 +99,13 @@ async def test_a_backend_frozen_past_tcp_user_timeout_loses_the_lock(
 
 
 async def test_step_down_while_a_periodic_probe_is_in_flight(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    candidates: Candidates,
     beliefs: BeliefLog,
 ) -> None:
     """A step-down asked while a periodic probe waits for its answer (the backend frozen,
     the probe not late yet) releases the lock once the probe has answered: no loss, and
     the lock is free on the server."""
-    lock = make_lock(pg_dsn, keys, "busy", health_interval_s=0.2, health_timeout_s=2.0)
-    rec = recorder(lock)
+    lock, rec = candidates.recorded("busy", health_interval_s=0.2, health_timeout_s=2.0)
     pid = await lead_and_probe(lock, 2)
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -133,5 +120,5 @@ async def test_step_down_while_a_periodic_probe_is_in_flight(
     assert not lock.is_leader
     assert "released" in rec.names()
     assert "lost" not in rec.names()
-    assert pid not in await holders(*keys)
+    assert pid not in await candidates.holders()
     beliefs.report().assert_safe()

@@ -6,41 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import psycopg
 import pytest
 
 from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
-from support.proxy import TcpProxy, tcp_target
+from support.proxy import proxied
 from support.server import backend_gone
 
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
+    from faults.conftest import Candidates
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
 
 
 async def test_shutdown_event_while_waiting_on_the_server(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    admin: Admin,
-    make_lock: Callable[..., LeaderLock],
-    beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    admin: Admin, candidates: Candidates, beliefs: BeliefLog
 ) -> None:
     """A follower queued in pg_advisory_lock for 30 s stops at once when its
     shutdown_event is set; its server-side wait is cancelled, its backend is gone."""
-    a = make_lock(pg_dsn, keys, "a")
     event = asyncio.Event()
-    b = make_lock(pg_dsn, keys, "b", shutdown_event=event, retry_strategy=FixedInterval(30.0))
-    rec_b = recorder(b)
-    await rec_b.follow(a, 10, 10)
+    a, b, _, rec_b = await candidates.leader_and_follower(
+        follower={"shutdown_event": event, "retry_strategy": FixedInterval(30.0)}
+    )
     pid = b.backend_pid
 
     async def queued() -> bool:
@@ -63,7 +56,7 @@ async def test_shutdown_event_while_waiting_on_the_server(
     assert "acquired" not in rec_b.names()
     await backend_gone(admin, pid, timeout_s=2.0)
     assert a.is_leader
-    assert await holders(*keys) == [a.backend_pid]
+    assert await candidates.holders() == [a.backend_pid]
     beliefs.report().assert_safe()
 
 
@@ -107,24 +100,16 @@ async def test_shutdown_event_while_connecting(
 
 
 async def test_shutdown_event_while_try_lock_is_on_the_wire(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    pg_dsn: str, candidates: Candidates, beliefs: BeliefLog
 ) -> None:
     """pg_try_advisory_lock sent into a proxy that stopped forwarding: the event stops
     the lock at once; the session is closed, since the lock may have been granted; once
     the proxy lets go, nothing is held."""
-    host, port = tcp_target(pg_dsn)
     event = asyncio.Event()
-    async with TcpProxy(host, port) as proxy:
-        dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
-        lock = make_lock(
-            dsn, keys, "a", shutdown_event=event, command_timeout_s=30.0, follower_mode="poll"
+    async with proxied(pg_dsn) as (proxy, dsn):
+        lock, rec = candidates.recorded(
+            "a", dsn, shutdown_event=event, command_timeout_s=30.0, follower_mode="poll"
         )
-        rec = recorder(lock)
 
         @lock.on_state_change
         def stall_first_attempt(old: LockState, new: LockState) -> None:
@@ -143,7 +128,7 @@ async def test_shutdown_event_while_try_lock_is_on_the_wire(
         await proxy.cut()
         proxy.resume()
         deadline = time.monotonic() + 5
-        while await holders(*keys):
+        while await candidates.holders():
             assert time.monotonic() < deadline, "the interrupted session kept the lock"
             await asyncio.sleep(0.02)
     beliefs.report().assert_safe()
@@ -152,22 +137,14 @@ async def test_shutdown_event_while_try_lock_is_on_the_wire(
 @pytest.mark.parametrize("delay", [None, 0.0, 0.002, 0.02], ids=["same-tick", "0", "2ms", "20ms"])
 @pytest.mark.parametrize("first", ["step_down", "shutdown"])
 async def test_step_down_racing_shutdown(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    first: str,
-    delay: float | None,
+    candidates: Candidates, beliefs: BeliefLog, first: str, delay: float | None
 ) -> None:
     """Both calls return; the lock ends STOPPED after exactly one release (no
     re-acquisition in between); the follower takes over with no overlap. (When
     step_down() must return is checked by the next test: the "0" cases hit it.)"""
-    a = make_lock(pg_dsn, keys, "a", retry_strategy=FixedInterval(0.5))
-    b = make_lock(pg_dsn, keys, "b")
-    rec_a, rec_b = recorder(a), recorder(b)
-    await rec_b.follow(a, 10, 10)
+    a, b, rec_a, _ = await candidates.leader_and_follower(
+        leader={"retry_strategy": FixedInterval(0.5)}
+    )
     calls = {"step_down": a.step_down, "shutdown": a.shutdown}
     second = "shutdown" if first == "step_down" else "step_down"
     loop = asyncio.get_running_loop()
@@ -182,22 +159,17 @@ async def test_step_down_racing_shutdown(
     assert names.count("acquired") == 1
     assert names.count("released") == 1
     assert names[-1] == "stopped"
-    assert await b.wait_for_leadership(5)
-    assert await holders(*keys) == [b.backend_pid]
+    await candidates.assert_leads(b)
     beliefs.report().assert_safe()
 
 
 async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    beliefs: BeliefLog,
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    candidates: Candidates,
 ) -> None:
     """DESIGN decision 5: shutdown() racing step_down(): shutdown wins and step_down()
     returns when the task has ended. Here step_down() is called while shutdown()'s
     release is in progress (held in RELEASING by a callback, deterministically)."""
-    a = make_lock(pg_dsn, keys, "a")
+    a = candidates.lock("a")
     releasing = asyncio.Event()
     gate = asyncio.Event()
 
@@ -214,12 +186,12 @@ async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
     stepping_down = asyncio.ensure_future(a.step_down())
     await asyncio.sleep(0.1)
     returned_early = stepping_down.done()
-    state_then, holders_then = a.state, await holders(*keys)
+    state_then, holders_then = a.state, await candidates.holders()
     gate.set()
     async with asyncio.timeout(10):
         await asyncio.gather(shutting_down, stepping_down)
     assert a.state is S.STOPPED
-    assert await holders(*keys) == []
+    assert await candidates.holders() == []
     assert not returned_early, (
         f"step_down() returned while the shutdown was still releasing "
         f"(state {state_then.value}, lock holders {holders_then})"
@@ -227,22 +199,14 @@ async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
 
 
 async def test_step_down_timeout_racing_shutdown_with_the_unlock_stuck(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
-    beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    pg_dsn: str, candidates: Candidates, beliefs: BeliefLog
 ) -> None:
     """The unlock is stuck in a stalled proxy: step_down(timeout_s=0.3) gives up and
     closes the session while shutdown() runs; both return within the timeouts and the
     lock is freed once the proxy lets go of the connection."""
-    host, port = tcp_target(pg_dsn)
-    async with TcpProxy(host, port) as proxy:
-        dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
-        a = make_lock(dsn, keys, "a", command_timeout_s=5.0, health_interval_s=30.0)
-        b = make_lock(pg_dsn, keys, "b")
-        rec_a = recorder(a)
+    async with proxied(pg_dsn) as (proxy, dsn):
+        a, rec_a = candidates.recorded("a", dsn, command_timeout_s=5.0, health_interval_s=30.0)
+        b = candidates.lock("b")
         await a.start()
         assert await a.wait_for_leadership(10)
         await b.start()
@@ -256,6 +220,5 @@ async def test_step_down_timeout_racing_shutdown_with_the_unlock_stuck(
         assert rec_a.names()[-1] == "stopped"
         await proxy.cut()
         proxy.resume()
-        assert await b.wait_for_leadership(5)
-        assert await holders(*keys) == [b.backend_pid]
+        await candidates.assert_leads(b)
     beliefs.report().assert_safe()

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import FixedInterval, LockState
 from pgleaderlock.testing.beliefs import (
     TERMINATE_OVERLAP_LIMIT_S,
     BeliefLog,
@@ -21,11 +20,12 @@ from pgleaderlock.testing.beliefs import (
     describe_overlaps,
 )
 from support.poll import eventually
-from support.proxy import TcpProxy
+from support.proxy import proxied
 from support.server import backend_gone
 
 if TYPE_CHECKING:
-    from conftest import Admin, Recorder
+    from conftest import Admin
+    from faults.conftest import Candidates
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -38,20 +38,16 @@ async def terminate_and_wait(admin: Admin, pid: int | None, timeout_s: float = 5
 
 
 async def test_terminated_leader_is_lost_and_a_follower_takes_over(
-    pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
     figures: Callable[[str, float, str], None],
 ) -> None:
     """Six rounds of terminating whoever leads among three candidates. Each time the old
     leader reports on_lost and leaves LEADER, one candidate leads, the server agrees;
     beliefs overlap only by the measured "terminate overlap" (< 50 ms)."""
-    locks = {name: make_lock(pg_dsn, keys, name) for name in "abc"}
-    recs = {name: recorder(lock) for name, lock in locks.items()}
+    locks = {name: candidates.lock(name) for name in "abc"}
+    recs = {name: candidates.recorder(lock) for name, lock in locks.items()}
     for lock in locks.values():
         await lock.start()
     takeovers: list[float] = []
@@ -61,7 +57,7 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
         # Let the others queue on the server (each wait is one 50 ms lock_timeout).
         await asyncio.sleep(0.2)
         pid = leader.backend_pid
-        assert await holders(*keys) == [pid]
+        assert await candidates.holders() == [pid]
         lost_before = recs[name].names().count("lost")
         fault = beliefs.fault("terminate", name)
         await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -75,7 +71,7 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
         takeovers.append(t_next - fault.t)
         new_leaders = [lock for lock in locks.values() if lock.is_leader]
         assert len(new_leaders) == 1
-        assert await holders(*keys) == [new_leaders[0].backend_pid]
+        assert await candidates.holders() == [new_leaders[0].backend_pid]
         assert new_leaders[0].backend_pid != pid
     for rec in recs.values():  # on_lost only ever follows on_acquired
         names = [n for n in rec.names() if n in ("acquired", "lost", "released")]
@@ -92,21 +88,16 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
 
 
 async def test_terminated_follower_reconnects_and_stays_follower(
-    pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
     """A follower whose backend is terminated (idle, and queued in pg_advisory_lock)
     reports on_error, never on_lost, reconnects and goes on following; the leader is
     untouched; the follower still takes over when the leader leaves."""
-    a = make_lock(pg_dsn, keys, "a")
-    b = make_lock(pg_dsn, keys, "b", retry_strategy=FixedInterval(1.0))  # 1 s server waits
-    rec_a, rec_b = recorder(a), recorder(b)
-    await rec_b.follow(a, 10, 10)
+    a, b, rec_a, rec_b = await candidates.leader_and_follower(
+        follower={"retry_strategy": FixedInterval(1.0)}  # 1 s server waits
+    )
     for round_ in (1, 2):
         # b is now queued on the server (a 1 s wait): terminate that backend.
         old_pid = b.backend_pid
@@ -126,30 +117,24 @@ async def test_terminated_follower_reconnects_and_stays_follower(
     assert "acquired" not in rec_b.names()
     assert rec_a.names() == ["acquired"]
     assert a.is_leader
-    assert await holders(*keys) == [a.backend_pid]
+    assert await candidates.holders() == [a.backend_pid]
     await a.shutdown()
-    assert await b.wait_for_leadership(5)
-    assert await holders(*keys) == [b.backend_pid]
+    await candidates.assert_leads(b)
     beliefs.report().assert_safe()
 
 
 @pytest.mark.parametrize("how", ["step_down", "shutdown"])
 async def test_terminated_just_before_unlock(
-    pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
     how: str,
 ) -> None:
     """The backend dies after the lock entered RELEASING, before the unlock runs: the
     unlock fails (on_error, no on_released), the session is closed, the lock is free on
     the server and the follower takes over; step_down() and shutdown() return."""
-    a = make_lock(pg_dsn, keys, "a")
-    b = make_lock(pg_dsn, keys, "b")
-    rec_a, rec_b = recorder(a), recorder(b)
+    a, rec_a = candidates.recorded("a")
+    b, rec_b = candidates.recorded("b")
 
     @a.on_state_change
     async def kill_own_backend(old: LockState, new: LockState) -> None:
@@ -169,40 +154,30 @@ async def test_terminated_just_before_unlock(
         assert rec_a.names()[-1] == "stopped"
     else:
         assert a.state in (S.FOLLOWER, S.ACQUIRING)
-    assert await b.wait_for_leadership(5)
-    assert await holders(*keys) == [b.backend_pid]
+    await candidates.assert_leads(b)
     beliefs.report().assert_safe()
 
 
 @pytest.mark.parametrize("how", ["step_down", "shutdown"])
 async def test_terminated_while_unlock_in_flight(
     pg_dsn: str,
-    keys: tuple[int, int],
+    candidates: Candidates,
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    make_lock: Callable[..., LeaderLock],
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
     how: str,
 ) -> None:
     """The unlock is on the wire (held in a stalled proxy) when the backend is
     terminated: the client gets the FATAL instead of the unlock's result."""
-    info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-    host = str(info.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reachable only over a unix socket")
-    async with TcpProxy(host, int(info.get("port") or 5432)) as proxy:
-        dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
-        a = make_lock(dsn, keys, "a", command_timeout_s=10.0, health_interval_s=30.0)
-        b = make_lock(pg_dsn, keys, "b")
-        rec_a, rec_b = recorder(a), recorder(b)
-        await rec_b.follow(a, 10, 10)
+    async with proxied(pg_dsn) as (proxy, dsn):
+        a, b, rec_a, _ = await candidates.leader_and_follower(
+            dsn, leader={"command_timeout_s": 10.0, "health_interval_s": 30.0}
+        )
         pid = a.backend_pid
         proxy.stall()
         task = asyncio.ensure_future(a.step_down() if how == "step_down" else a.shutdown())
         await rec_a.wait(lambda: a.state is S.RELEASING, 5)
         await asyncio.sleep(0.1)  # the unlock is written into the stalled proxy
-        assert await holders(*keys) == [pid]
+        assert await candidates.holders() == [pid]
         await terminate_and_wait(admin, pid)
         assert await b.wait_for_leadership(5)  # the server freed the lock at once
         proxy.resume()
@@ -212,6 +187,6 @@ async def test_terminated_while_unlock_in_flight(
         assert "error" in rec_a.names()
         if how == "shutdown":
             assert a.state is S.STOPPED
-        assert await holders(*keys) == [b.backend_pid]
+        assert await candidates.holders() == [b.backend_pid]
         await a.shutdown()
     beliefs.report().assert_safe()

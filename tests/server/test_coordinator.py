@@ -34,9 +34,8 @@ from pgleaderlock import (
     WorkerContext,
 )
 from pgleaderlock.coordination.protocol import name_keys
-from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import lock_holders
+from support.server import lock_holders, prepared_cluster
 from support.timings import timings
 
 if TYPE_CHECKING:
@@ -864,9 +863,7 @@ async def test_bad_workers_raise_configuration_error(pg_dsn: str) -> None:
 def two_databases() -> Iterator[tuple[str, str]]:
     """A throwaway cluster with a second database: the DSNs of ``postgres`` and
     ``other``."""
-    with ThrowawayPostgres() as pg:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE other")
+    with prepared_cluster("CREATE DATABASE other") as pg:
         yield pg.dsn, make_conninfo(pg.dsn, dbname="other")
 
 

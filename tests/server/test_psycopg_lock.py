@@ -20,7 +20,7 @@ from pgleaderlock import (
     LockState,
 )
 from pgleaderlock.backends import psycopg as psycopg_backend
-from pgleaderlock.core.session import ConnectOptions
+from support.server import driver_connection
 from support.timings import timings
 
 if TYPE_CHECKING:
@@ -91,16 +91,10 @@ async def test_lock_passes_partition_settings(
 
 
 async def test_dsn_options_are_kept(pg_dsn: str) -> None:
-    sep = "&" if "?" in pg_dsn else "?"
-    dsn = f"{pg_dsn}{sep}options=-c%20statement_timeout%3D12345"
-    session = await psycopg_backend.connect(
-        dsn, ConnectOptions("x", 3, {"tcp_keepalives_interval": "1"})
-    )
-    try:
-        cur = await session.connection.execute("SHOW statement_timeout")  # type: ignore[attr-defined]
+    query = "options=-c%20statement_timeout%3D12345"
+    async with driver_connection(psycopg_backend.connect, pg_dsn, query, "x") as conn:
+        cur = await conn.execute("SHOW statement_timeout")
         assert await cur.fetchone() == ("12345ms",)
-    finally:
-        await session.close()
 
 
 async def test_pooled_connection_is_refused(

@@ -43,9 +43,7 @@ class BlackHole(Started):
     @property
     def port(self) -> int:
         """The TCP port it listens on."""
-        if self._sock is None:
-            raise RuntimeError("BlackHole is not started")
-        port: int = self._sock.getsockname()[1]
+        port: int = self._started(self._sock).getsockname()[1]
         return port
 
     @property

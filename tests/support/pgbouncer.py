@@ -260,9 +260,7 @@ class PgBouncer(Started):
     # ------------------------------------------------------------------ properties
 
     def _require_dir(self) -> Path:
-        if self._tmp_dir is None:
-            raise RuntimeError("PgBouncer is not started")
-        return self._tmp_dir
+        return self._started(self._tmp_dir)
 
     @property
     def host(self) -> str:
@@ -272,9 +270,7 @@ class PgBouncer(Started):
     @property
     def port(self) -> int:
         """Its TCP port (kept across :meth:`stop`/:meth:`start`)."""
-        if self._port is None:
-            raise RuntimeError("PgBouncer is not started")
-        return self._port
+        return self._started(self._port)
 
     @property
     def tmp_dir(self) -> Path:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Self
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["TcpProxy", "tcp_target"]
+__all__ = ["TcpProxy", "proxied", "tcp_target"]
 
 
 def tcp_target(dsn: str) -> tuple[str, int]:
@@ -31,6 +32,14 @@ def tcp_target(dsn: str) -> tuple[str, int]:
     if host.startswith("/"):
         pytest.skip("the test server is reachable only over a unix socket")
     return host, int(info.get("port") or 5432)
+
+
+@contextlib.asynccontextmanager
+async def proxied(dsn: str) -> AsyncIterator[tuple[TcpProxy, str]]:
+    """A started ``TcpProxy`` in front of the server ``dsn`` names, and ``dsn`` through
+    it; skips the test as ``tcp_target`` does."""
+    async with TcpProxy(*tcp_target(dsn)) as proxy:
+        yield proxy, make_conninfo(dsn, host=proxy.listen_host, port=proxy.port)
 
 
 class TcpProxy:

@@ -132,16 +132,12 @@ class PrimaryStandby(Started):
     @property
     def primary(self) -> ThrowawayPostgres:
         """The primary cluster (stop, kill, restart it freely)."""
-        if self._primary is None:
-            raise RuntimeError("PrimaryStandby is not started")
-        return self._primary
+        return self._started(self._primary)
 
     @property
     def standby(self) -> ThrowawayPostgres:
         """The standby cluster (a primary itself after :meth:`promote`)."""
-        if self._standby is None:
-            raise RuntimeError("PrimaryStandby is not started")
-        return self._standby
+        return self._started(self._standby)
 
     @property
     def primary_dsn(self) -> str:

@@ -5,29 +5,35 @@
 - :func:`probe_server`: can we log in?
 - :func:`dsn_to_url`: a DSN as a URL, for drivers that take nothing else.
 - :func:`lock_holders`: who holds (or waits for) an advisory lock, from ``pg_locks``.
+- :func:`prepared_cluster`: a throwaway cluster, set up by a few statements.
+- :func:`driver_connection`: the driver connection of a backend's own session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from pgleaderlock.backends import ConnectOptions, LockSession
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 
 __all__ = [
     "backend_gone",
+    "driver_connection",
     "dsn_to_url",
     "lock_holders",
+    "prepared_cluster",
     "probe_server",
     "resolve_test_dsn",
 ]
@@ -170,6 +176,37 @@ def dsn_to_url(dsn: str, scheme: str = "postgresql", **override: object) -> str:
     netloc = f"{auth}{host}" + (f":{port}" if port else "")
     query = f"?{urlencode(params)}" if params else ""
     return f"{scheme}://{netloc}/{dbname}{query}"
+
+
+@contextlib.asynccontextmanager
+async def driver_connection(
+    connect: Callable[[str, ConnectOptions], Awaitable[LockSession]],
+    url: str,
+    query: str,
+    application_name: str,
+) -> AsyncIterator[Any]:
+    """The driver connection of the session ``connect`` (a backend's) opens to ``url``
+    with the parameters ``query`` added, as ``application_name``; closed after the block."""
+    sep = "&" if "?" in url else "?"
+    session = await connect(
+        f"{url}{sep}{query}",
+        ConnectOptions(application_name, 3, {"tcp_keepalives_interval": "1"}),
+    )
+    try:
+        yield session.connection  # type: ignore[attr-defined]
+    finally:
+        await session.close()
+
+
+@contextlib.contextmanager
+def prepared_cluster(*statements: str, **options: Any) -> Iterator[ThrowawayPostgres]:
+    """A started ``ThrowawayPostgres(**options)`` on which ``statements`` ran, in order,
+    as ``postgres`` in autocommit."""
+    with ThrowawayPostgres(**options) as pg:
+        with psycopg.connect(pg.dsn, autocommit=True, connect_timeout=5) as conn:
+            for statement in statements:
+                conn.execute(statement)
+        yield pg
 
 
 async def lock_holders(
