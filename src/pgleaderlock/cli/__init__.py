@@ -44,32 +44,18 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 
 from .. import __version__
 from ..core._logging import mask_dsn
+from . import exits
 from .acquire import acquire
 from .exec import exec_
-from .exits import (
-    EXIT_CANNOT_EXECUTE,
-    EXIT_HELD,
-    EXIT_LOST,
-    EXIT_NOT_ACQUIRED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_USAGE,
-    CliError,
-    signal_exit,
-)
+from .exits import *  # noqa: F403 - its exit codes, EXIT_*, are this package's too
+from .exits import EXIT_OK, CliError, signal_exit
 from .logs import InterceptHandler, configure_logging
 from .run import run
 from .sql import sql
 from .status import status
 
 __all__ = [
-    "EXIT_CANNOT_EXECUTE",
-    "EXIT_HELD",
-    "EXIT_LOST",
-    "EXIT_NOT_ACQUIRED",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_USAGE",
+    *(name for name in exits.__all__ if name.startswith("EXIT_")),
     "InterceptHandler",
     "cli",
     "configure_logging",
