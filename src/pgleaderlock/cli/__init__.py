@@ -33,14 +33,13 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .._extras import missing_extra
+
 try:
     import click
     import loguru  # noqa: F401 - checked here, so that a missing extra fails in one place
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise ImportError(
-        f"the pgleaderlock command line needs click and loguru ({exc}); "
-        "install them with: pip install 'pgleaderlock[cli]'"
-    ) from exc
+    raise missing_extra("the pgleaderlock command line", "click and loguru", "cli", exc) from exc
 
 from .. import __version__
 from ..core._logging import mask_dsn

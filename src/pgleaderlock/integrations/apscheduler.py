@@ -52,15 +52,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
+from .._extras import missing_extra
+
 try:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
     from apscheduler.schedulers import SchedulerNotRunningError
     from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides apscheduler
-    raise ImportError(
-        "pgleaderlock.integrations.apscheduler needs APScheduler 3.x: "
-        "install it with pip install 'pgleaderlock[apscheduler]'"
-    ) from exc
+    raise missing_extra(__name__, "APScheduler 3.x", "apscheduler", exc) from exc
 
 from ..coordination import Coordinator, WorkerContext
 from ..core._logging import get_logger

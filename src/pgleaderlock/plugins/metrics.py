@@ -54,14 +54,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._extras import missing_extra
+
 try:
     from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise ImportError(
-        "pgleaderlock.plugins.metrics needs prometheus_client, which is not installed; "
-        "install it with: pip install 'pgleaderlock[metrics]'"
-    ) from exc
+    raise missing_extra(__name__, "prometheus_client", "metrics", exc) from exc
 
 from ..core.hooks import hookimpl
 from ..core.models import LockState
