@@ -304,23 +304,13 @@ class MetricsPlugin:
 
     @hookimpl
     def pgleaderlock_acquired(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (an acquisition)."""
+        """Read the lock's statistics: after an acquisition, and likewise (the same
+        method) after an involuntary loss (``pgleaderlock_lost``), a voluntary release
+        (``pgleaderlock_released``) and an attempt that found the lock held elsewhere
+        (``pgleaderlock_acquire_failed``)."""
         self._collector.update(lock)
 
-    @hookimpl
-    def pgleaderlock_lost(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (an involuntary loss)."""
-        self._collector.update(lock)
-
-    @hookimpl
-    def pgleaderlock_released(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (a voluntary release)."""
-        self._collector.update(lock)
-
-    @hookimpl
-    def pgleaderlock_acquire_failed(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (an attempt that found the lock held elsewhere)."""
-        self._collector.update(lock)
+    pgleaderlock_lost = pgleaderlock_released = pgleaderlock_acquire_failed = pgleaderlock_acquired
 
     @hookimpl
     def pgleaderlock_error(self, lock: LeaderLock, error: Exception) -> None:
