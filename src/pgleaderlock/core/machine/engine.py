@@ -317,21 +317,11 @@ class Machine:
         value = result.value if isinstance(result, fx.Answered) else None
         match call.op, self._state:
             case ((Op.TRY_LOCK | Op.WAIT_LOCK), S.ACQUIRING):
-                if value is None:
-                    self._fire(I.DB_ERROR)
-                elif value:
-                    self._granted(I.ACQUIRE_SUCCEEDED)
-                else:
-                    self._last_error = None
-                    self._fire(I.ACQUIRE_FAILED)
+                self._on_attempt(value, I.DB_ERROR, I.ACQUIRE_SUCCEEDED, I.ACQUIRE_FAILED)
             case Op.TRY_LOCK, S.RECONNECTING:
-                if value is None:
-                    self._fire(I.RECONNECT_FAILED)
-                elif value:
-                    self._granted(I.REACQUIRE_SUCCEEDED)
-                else:
-                    self._last_error = None  # held by another session: not an error
-                    self._fire(I.REACQUIRE_FAILED)
+                self._on_attempt(
+                    value, I.RECONNECT_FAILED, I.REACQUIRE_SUCCEEDED, I.REACQUIRE_FAILED
+                )
             case ((Op.BUMP_TERM | Op.END_FENCED), (S.ACQUIRING | S.RECONNECTING)):
                 self._on_fencing(result)
             case Op.PROBE, (S.LEADER | S.RECONNECTING):
@@ -353,6 +343,17 @@ class Machine:
                     self._fire(I.RELEASE_FAILED)
             case _:
                 raise IllegalTransitionError(f"{result!r} of {call.op.name} in {self._state.name}")
+
+    def _on_attempt(self, value: bool | None, failed: Input, granted: Input, held: Input) -> None:
+        """The answer of a lock attempt: ``failed`` on an error (``value`` None),
+        ``granted`` once the lock is ours, ``held`` when another session holds it."""
+        if value is None:
+            self._fire(failed)
+        elif value:
+            self._granted(granted)
+        else:
+            self._last_error = None  # held by another session: not an error
+            self._fire(held)
 
     def _on_fencing(self, result: Result) -> None:
         """The outcome of a term bump, or of ending the fenced transactions that
