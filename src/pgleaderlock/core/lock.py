@@ -222,9 +222,8 @@ class LeaderLock(Fencing):
         self._external_stop = shutdown_event
         if application_name is not None:
             check_name(application_name, "application_name")
-        self._application_name = application_name or default_application_name(self.label)
         self._connect_options = ConnectOptions(
-            application_name=self._application_name,
+            application_name=application_name or default_application_name(self.label),
             connect_timeout_s=self._config.connect_timeout_s,
             server_settings=session_settings(self._config),
             lease_s=self._config.lease_s,
@@ -314,7 +313,7 @@ class LeaderLock(Fencing):
     @property
     def application_name(self) -> str:
         """The ``application_name`` of this lock's sessions."""
-        return self._application_name
+        return self._connect_options.application_name
 
     @property
     def connect_options(self) -> ConnectOptions:
