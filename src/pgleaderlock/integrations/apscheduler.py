@@ -223,17 +223,13 @@ class _Gate(abc.ABC):
     cancels the coroutine runs it let through once it no longer does. What "leads"
     means is a subclass's: a lock's leadership, or a coordinator's name."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str) -> None:
+        self._label = label  # what leads, for logs (the ``lock`` field)
         self._mutex = threading.Lock()
         self._runs: dict[asyncio.Task[Any], _Run] = {}
 
     decorator = "leader_only"
     """The public name of the decorator, for errors."""
-
-    @property
-    @abc.abstractmethod
-    def _label(self) -> str:
-        """What leads, for logs (the ``lock`` field)."""
 
     @abc.abstractmethod
     def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
@@ -340,13 +336,9 @@ class _LeaderOnly(_Gate):
     [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]."""
 
     def __init__(self, lock: LeaderLock) -> None:
-        super().__init__()
+        super().__init__(lock.label)
         self._lock = lock
         follow_state(lock, self._on_state_change)
-
-    @property
-    def _label(self) -> str:
-        return self._lock.label
 
     def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
         leads, term = _leadership(self._lock)
@@ -416,20 +408,15 @@ class _OwnedOnly(_Gate):
     decorator = "owned_only"
 
     def __init__(self, coordinator: Coordinator, name: str) -> None:
-        super().__init__()
+        super().__init__(name)
         self._coordinator = coordinator
-        self._name = name
         self._context: WorkerContext | None = None  # while this replica leads the name
         coordinator.add(name, self._lead)
 
     @property
     def name(self) -> str:
         """The name the job runs under."""
-        return self._name
-
-    @property
-    def _label(self) -> str:
-        return self._name
+        return self._label
 
     def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
         ctx = self._context
@@ -440,7 +427,7 @@ class _OwnedOnly(_Gate):
             "job_skipped",
             job=getattr(fn, "__qualname__", repr(fn)),
             reason="name led elsewhere",
-            lock=self._name,
+            lock=self._label,
         )
 
     async def _lead(self, ctx: WorkerContext) -> None:
