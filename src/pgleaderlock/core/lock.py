@@ -447,7 +447,7 @@ class LeaderLock(Fencing):
         if task is None or task.done():
             return
         own_task = task is asyncio.current_task()
-        if self._machine.stop_pending:  # shutdown wins: return once the task has ended
+        if self._machine.requested(Request.STOP):  # shutdown wins: return once the task has ended
             if not own_task:
                 await asyncio.wait({task}, timeout=timeout_s)
             return
@@ -463,7 +463,7 @@ class LeaderLock(Fencing):
             log.warning("step_down_timeout", timeout_s=timeout_s, **self._log_fields)
             self._runner.request(Request.FORCE)
             await asyncio.shield(done)
-        if self._machine.stop_pending:
+        if self._machine.requested(Request.STOP):
             await asyncio.gather(asyncio.shield(task), return_exceptions=True)
 
     async def wait_for_leadership(self, timeout_s: float | None = None) -> bool:

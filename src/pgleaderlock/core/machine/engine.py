@@ -146,11 +146,6 @@ class Machine:
         return self._state
 
     @property
-    def stop_pending(self) -> bool:
-        """A stop was requested and the lock has not stopped yet."""
-        return self._stop
-
-    @property
     def term(self) -> int | None:
         """The fencing term of the current leadership (``None`` when not LEADER)."""
         return self._term if self._state is S.LEADER else None
