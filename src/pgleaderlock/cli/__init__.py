@@ -33,43 +33,28 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .._extras import missing_extra
+
 try:
     import click
     import loguru  # noqa: F401 - checked here, so that a missing extra fails in one place
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise ImportError(
-        f"the pgleaderlock command line needs click and loguru ({exc}); "
-        "install them with: pip install 'pgleaderlock[cli]'"
-    ) from exc
+    raise missing_extra("the pgleaderlock command line", "click and loguru", "cli", exc) from exc
 
 from .. import __version__
 from ..core._logging import mask_dsn
+from . import exits
 from .acquire import acquire
 from .exec import exec_
-from .exits import (
-    EXIT_CANNOT_EXECUTE,
-    EXIT_HELD,
-    EXIT_LOST,
-    EXIT_NOT_ACQUIRED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_USAGE,
-    CliError,
-    signal_exit,
-)
+from .exits import *  # noqa: F403 - its exit codes, EXIT_*, are this package's too
+from .exits import EXIT_OK, CliError, signal_exit
 from .logs import InterceptHandler, configure_logging
 from .run import run
 from .sql import sql
 from .status import status
 
 __all__ = [
-    "EXIT_CANNOT_EXECUTE",
-    "EXIT_HELD",
-    "EXIT_LOST",
-    "EXIT_NOT_ACQUIRED",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_USAGE",
+    *(name for name in exits.__all__ if name.startswith("EXIT_")),
     "InterceptHandler",
     "cli",
     "configure_logging",

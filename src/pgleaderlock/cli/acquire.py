@@ -17,7 +17,7 @@ from .exits import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
 from .options import Common, check_wait, lock_options, log_options, seconds_option, wait_option
 from .retry import Deadline
-from .runtime import build_lock, contend, first
+from .runtime import Signals, build_lock, contend, first
 from .tracker import Tracker
 
 __all__ = ["acquire"]
@@ -52,33 +52,37 @@ def acquire(
     if hold < 0 or not math.isfinite(hold):
         raise CliError(f"--hold must be a finite number >= 0, got {hold:g}")
     lock, tracker = build_lock(common, deadline, auto_reacquire=False)
-    return asyncio.run(_acquire(common, lock, tracker, deadline, hold))
-
-
-async def _acquire(
-    common: Common, lock: LeaderLock, tracker: Tracker, deadline: Deadline, hold_s: float
-) -> int:
-    async with contend(
-        common, lock, deadline, held_exit_code=EXIT_NOT_ACQUIRED,
-        event="not_acquired", on_signal="stop trying",
-    ) as (signals, refused):  # fmt: skip
-        if refused is not None:
-            return refused
-        log(
-            "INFO",
-            "acquired",
-            lock=lock.label,
-            backend_pid=lock.backend_pid,
-            hold_s=hold_s or None,
+    return asyncio.run(
+        contend(
+            common,
+            lock,
+            deadline,
+            held_exit_code=EXIT_NOT_ACQUIRED,
+            event="not_acquired",
+            on_signal="stop trying",
+            then=lambda signals: _hold(lock, tracker, signals, hold),
         )
-        if hold_s > 0:
-            which, _ = await first(
-                lost=tracker.lost.wait(), signal=signals.wait(), held=asyncio.sleep(hold_s)
-            )
-            if which == "lost":
-                log("WARNING", "leadership_lost", lock=lock.label)
-                return EXIT_LOST
-            if which == "signal":
-                sig = signals.take()[0]
-                log("INFO", "signal_received", signal=sig.name, action="release", lock=lock.label)
+    )
+
+
+async def _hold(lock: LeaderLock, tracker: Tracker, signals: Signals, hold_s: float) -> int:
+    """The lock leads: say so, and keep it for ``hold_s`` seconds, unless leadership is lost
+    or a signal comes first."""
+    log(
+        "INFO",
+        "acquired",
+        lock=lock.label,
+        backend_pid=lock.backend_pid,
+        hold_s=hold_s or None,
+    )
+    if hold_s > 0:
+        which, _ = await first(
+            lost=tracker.lost.wait(), signal=signals.wait(), held=asyncio.sleep(hold_s)
+        )
+        if which == "lost":
+            log("WARNING", "leadership_lost", lock=lock.label)
+            return EXIT_LOST
+        if which == "signal":
+            sig = signals.take()[0]
+            log("INFO", "signal_received", signal=sig.name, action="release", lock=lock.label)
     return EXIT_OK

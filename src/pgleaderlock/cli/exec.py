@@ -110,26 +110,16 @@ def exec_(
         common, deadline, auto_reacquire=False, health_interval_s=health_interval
     )
     return asyncio.run(
-        _exec(common, lock, tracker, deadline, list(command), kill_after, held_exit_code)
+        contend(
+            common,
+            lock,
+            deadline,
+            held_exit_code=held_exit_code,
+            event="not_running",
+            on_signal="not running COMMAND",
+            then=lambda signals: _supervise(lock, tracker, signals, list(command), kill_after),
+        )
     )
-
-
-async def _exec(
-    common: Common,
-    lock: LeaderLock,
-    tracker: Tracker,
-    deadline: Deadline,
-    command: list[str],
-    kill_after_s: float,
-    held_exit_code: int,
-) -> int:
-    async with contend(
-        common, lock, deadline, held_exit_code=held_exit_code,
-        event="not_running", on_signal="not running COMMAND",
-    ) as (signals, refused):  # fmt: skip
-        if refused is not None:
-            return refused
-        return await _supervise(lock, tracker, signals, command, kill_after_s)
 
 
 def _pdeathsig() -> Callable[[], None] | None:

@@ -14,9 +14,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core.errors import PgLeaderLockError
@@ -227,7 +226,6 @@ async def lead(
     raise not_acquired_error(common, lock)
 
 
-@contextlib.asynccontextmanager
 async def contend(
     common: Common,
     lock: LeaderLock,
@@ -236,13 +234,15 @@ async def contend(
     held_exit_code: int,
     event: str,
     on_signal: str,
-) -> AsyncIterator[tuple[Signals, int | None]]:
+    then: Callable[[Signals], Awaitable[int]],
+) -> int:
     """The one try of ``acquire`` and ``exec``: check the server, start ``deadline`` and
-    the lock, and wait until it leads (see `lead`, which takes the keyword arguments).
+    the lock, wait until it leads (see `lead`, which takes the keyword arguments), and then
+    do the command's work, ``then(signals)``, while it leads.
 
-    Yields:
-        The signal handlers, and None once the lock leads, else the exit code that says
-            why not. Leaving shuts the lock down (which releases it).
+    Returns:
+        The exit code of ``then``, or the one that says why the lock did not lead. The lock
+            is shut down (which releases it) before this returns.
     """
     await preflight(common, lock)
     with Signals() as signals:
@@ -252,4 +252,6 @@ async def contend(
                 common, lock, signals, held_exit_code=held_exit_code,
                 event=event, on_signal=on_signal,
             )  # fmt: skip
-            yield signals, refused
+            if refused is not None:
+                return refused
+            return await then(signals)

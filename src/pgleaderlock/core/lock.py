@@ -224,9 +224,8 @@ class LeaderLock(Fencing):
         self._external_stop = shutdown_event
         if application_name is not None:
             check_name(application_name, "application_name")
-        self._application_name = application_name or default_application_name(self.label)
         self._connect_options = ConnectOptions(
-            application_name=self._application_name,
+            application_name=application_name or default_application_name(self.label),
             connect_timeout_s=self._config.connect_timeout_s,
             server_settings=session_settings(self._config),
             lease_s=self._config.lease_s,
@@ -316,7 +315,7 @@ class LeaderLock(Fencing):
     @property
     def application_name(self) -> str:
         """The ``application_name`` of this lock's sessions."""
-        return self._application_name
+        return self._connect_options.application_name
 
     @property
     def connect_options(self) -> ConnectOptions:
@@ -450,7 +449,7 @@ class LeaderLock(Fencing):
         if task is None or task.done():
             return
         own_task = task is asyncio.current_task()
-        if self._machine.stop_pending:  # shutdown wins: return once the task has ended
+        if self._machine.requested(Request.STOP):  # shutdown wins: return once the task has ended
             if not own_task:
                 await asyncio.wait({task}, timeout=timeout_s)
             return
@@ -466,7 +465,7 @@ class LeaderLock(Fencing):
             log.warning("step_down_timeout", timeout_s=timeout_s, **self._log_fields)
             self._runner.request(Request.FORCE)
             await asyncio.shield(done)
-        if self._machine.stop_pending:
+        if self._machine.requested(Request.STOP):
             await asyncio.gather(asyncio.shield(task), return_exceptions=True)
 
     async def wait_for_leadership(self, timeout_s: float | None = None) -> bool:

@@ -52,15 +52,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
+from .._extras import missing_extra
+
 try:
     from apscheduler.events import EVENT_SCHEDULER_STARTED
     from apscheduler.schedulers import SchedulerNotRunningError
     from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides apscheduler
-    raise ImportError(
-        "pgleaderlock.integrations.apscheduler needs APScheduler 3.x: "
-        "install it with pip install 'pgleaderlock[apscheduler]'"
-    ) from exc
+    raise missing_extra(__name__, "APScheduler 3.x", "apscheduler", exc) from exc
 
 from ..coordination import Coordinator, WorkerContext
 from ..core._logging import get_logger
@@ -224,17 +223,13 @@ class _Gate(abc.ABC):
     cancels the coroutine runs it let through once it no longer does. What "leads"
     means is a subclass's: a lock's leadership, or a coordinator's name."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str) -> None:
+        self._label = label  # what leads, for logs (the ``lock`` field)
         self._mutex = threading.Lock()
         self._runs: dict[asyncio.Task[Any], _Run] = {}
 
     decorator = "leader_only"
     """The public name of the decorator, for errors."""
-
-    @property
-    @abc.abstractmethod
-    def _label(self) -> str:
-        """What leads, for logs (the ``lock`` field)."""
 
     @abc.abstractmethod
     def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
@@ -341,13 +336,9 @@ class _LeaderOnly(_Gate):
     [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]."""
 
     def __init__(self, lock: LeaderLock) -> None:
-        super().__init__()
+        super().__init__(lock.label)
         self._lock = lock
         follow_state(lock, self._on_state_change)
-
-    @property
-    def _label(self) -> str:
-        return self._lock.label
 
     def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
         leads, term = _leadership(self._lock)
@@ -417,20 +408,15 @@ class _OwnedOnly(_Gate):
     decorator = "owned_only"
 
     def __init__(self, coordinator: Coordinator, name: str) -> None:
-        super().__init__()
+        super().__init__(name)
         self._coordinator = coordinator
-        self._name = name
         self._context: WorkerContext | None = None  # while this replica leads the name
         coordinator.add(name, self._lead)
 
     @property
     def name(self) -> str:
         """The name the job runs under."""
-        return self._name
-
-    @property
-    def _label(self) -> str:
-        return self._name
+        return self._label
 
     def _admit(self) -> tuple[bool, int | None, WorkerContext | None]:
         ctx = self._context
@@ -441,7 +427,7 @@ class _OwnedOnly(_Gate):
             "job_skipped",
             job=getattr(fn, "__qualname__", repr(fn)),
             reason="name led elsewhere",
-            lock=self._name,
+            lock=self._label,
         )
 
     async def _lead(self, ctx: WorkerContext) -> None:

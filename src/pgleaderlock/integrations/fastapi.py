@@ -47,14 +47,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from enum import Enum
 from typing import Any, Literal, TypeVar, overload
 
+from .._extras import missing_extra
+
 try:
     from fastapi import APIRouter, HTTPException, Response
     from pydantic import BaseModel
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides fastapi
-    raise ImportError(
-        "pgleaderlock.integrations.fastapi needs FastAPI: "
-        "install it with pip install 'pgleaderlock[fastapi]'"
-    ) from exc
+    raise missing_extra(__name__, "FastAPI", "fastapi", exc) from exc
 
 from ..coordination import Coordinator, WorkerContext, WorkerFunction
 from ..core._logging import get_logger

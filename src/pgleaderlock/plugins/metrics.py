@@ -54,14 +54,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._extras import missing_extra
+
 try:
     from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise ImportError(
-        "pgleaderlock.plugins.metrics needs prometheus_client, which is not installed; "
-        "install it with: pip install 'pgleaderlock[metrics]'"
-    ) from exc
+    raise missing_extra(__name__, "prometheus_client", "metrics", exc) from exc
 
 from ..core.hooks import hookimpl
 from ..core.models import LockState
@@ -305,23 +304,13 @@ class MetricsPlugin:
 
     @hookimpl
     def pgleaderlock_acquired(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (an acquisition)."""
+        """Read the lock's statistics: after an acquisition, and likewise (the same
+        method) after an involuntary loss (``pgleaderlock_lost``), a voluntary release
+        (``pgleaderlock_released``) and an attempt that found the lock held elsewhere
+        (``pgleaderlock_acquire_failed``)."""
         self._collector.update(lock)
 
-    @hookimpl
-    def pgleaderlock_lost(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (an involuntary loss)."""
-        self._collector.update(lock)
-
-    @hookimpl
-    def pgleaderlock_released(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (a voluntary release)."""
-        self._collector.update(lock)
-
-    @hookimpl
-    def pgleaderlock_acquire_failed(self, lock: LeaderLock) -> None:
-        """Read the lock's statistics (an attempt that found the lock held elsewhere)."""
-        self._collector.update(lock)
+    pgleaderlock_lost = pgleaderlock_released = pgleaderlock_acquire_failed = pgleaderlock_acquired
 
     @hookimpl
     def pgleaderlock_error(self, lock: LeaderLock, error: Exception) -> None:

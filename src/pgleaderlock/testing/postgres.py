@@ -44,7 +44,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Final, Literal, Self, TypeVar
 from urllib.parse import quote
 
 __all__ = ["ThrowawayPostgres", "find_pg_bin"]
@@ -211,6 +211,16 @@ def _ping(address: str | tuple[str, int], timeout_s: float = 1.0) -> bool:
         return False
 
 
+_T = TypeVar("_T")
+
+
+def _started(value: _T | None) -> _T:
+    """``value``, which the server sets when it starts (its directory, its port)."""
+    if value is None:
+        raise RuntimeError("ThrowawayPostgres is not started")
+    return value
+
+
 class ThrowawayPostgres:
     """A private, disposable PostgreSQL cluster in a temp dir under /tmp.
 
@@ -289,9 +299,7 @@ class ThrowawayPostgres:
     # ------------------------------------------------------------------ properties
 
     def _require_dir(self) -> Path:
-        if self._tmp_dir is None:
-            raise RuntimeError("ThrowawayPostgres is not started")
-        return self._tmp_dir
+        return _started(self._tmp_dir)
 
     @property
     def host(self) -> str:
@@ -306,9 +314,7 @@ class ThrowawayPostgres:
     @property
     def port(self) -> int:
         """The TCP port (also used in the unix socket file name)."""
-        if self._port is None:
-            raise RuntimeError("ThrowawayPostgres is not started")
-        return self._port
+        return _started(self._port)
 
     @property
     def socket_dir(self) -> Path:

@@ -22,34 +22,8 @@ from ..errors import (
 )
 from ..models import Event, LockState, LockStatistics, RetryContext
 from ..retry import RetryStrategy, ask
-from .effects import (
-    Aborted,
-    Answered,
-    Await,
-    Call,
-    CloseSession,
-    Connected,
-    CutShort,
-    Effect,
-    Emit,
-    EndDrain,
-    Failed,
-    FencedEnded,
-    Late,
-    Log,
-    LogLevel,
-    Op,
-    ReleaseDone,
-    Request,
-    Result,
-    Sleep,
-    StartDrain,
-    Started,
-    TermBlocked,
-    TermBumped,
-    WatchSession,
-    Woke,
-)
+from . import effects as fx  # the results it matches, the effects it asks for: fx.Sleep
+from .effects import Call, Effect, Log, LogLevel, Op, Request, Result
 from .table import Action, Conditions, IllegalTransitionError, Input, Transition, step
 
 __all__ = ["NON_RETRYABLE", "Machine", "describe", "is_permanent"]
@@ -173,11 +147,6 @@ class Machine:
         return self._state
 
     @property
-    def stop_pending(self) -> bool:
-        """A stop was requested and the lock has not stopped yet."""
-        return self._stop
-
-    @property
     def term(self) -> int | None:
         """The fencing term of the current leadership (``None`` when not LEADER)."""
         return self._term if self._state is S.LEADER else None
@@ -298,18 +267,18 @@ class Machine:
         self._out, self._now, self._blocked = [], now, False
         call, self._call = self._call, None
         match result:
-            case Started():
+            case fx.Started():
                 self._reset_run()
                 self._fire(I.START)
-            case Aborted(error=error, stop_reported=reported):
+            case fx.Aborted(error=error, stop_reported=reported):
                 if error is not None:
                     self._log("error", "lifecycle_task_failed", exc=error, error=repr(error))
                     self._emit(Event.ERROR, error=error)
                 self._fire(I.TASK_ABORTED, stop_reported=reported)
                 return self._out
-            case Woke():
+            case fx.Woke():
                 pass
-            case Late(acknowledged=acked) if call is not None and call.op is Op.PROBE:
+            case fx.Late(acknowledged=acked) if call is not None and call.op is Op.PROBE:
                 if acked:  # the server has our probe: slow, not lost; await the answer
                     self._call, self._probe_pending = call, True
                     self._fire(I.PROBE_LATE)
@@ -331,39 +300,29 @@ class Machine:
         next decision covers it: a connect that succeeded, a call a request cut short)."""
         if call.op is Op.PROBE:
             self._probe_pending = False
-        if isinstance(result, CutShort):
+        if isinstance(result, fx.CutShort):
             if call.op is Op.UNLOCK:
                 self._last_error = ConnectionError(
                     "step_down timed out; closing the session to release the lock"
                 )
                 self._fire(I.RELEASE_FAILED)
             return  # a stop: the next decision sees it
-        if isinstance(result, Failed):
+        if isinstance(result, fx.Failed):
             self._last_error = result.error
         if call.op is Op.CONNECT:
-            if isinstance(result, Connected):
+            if isinstance(result, fx.Connected):
                 self._has_session, self._can_wait = True, result.can_wait
-            elif isinstance(result, Failed):
+            elif isinstance(result, fx.Failed):
                 self._fire(I.RECONNECT_FAILED if self._state is S.RECONNECTING else I.DB_ERROR)
             return
-        value = result.value if isinstance(result, Answered) else None
+        value = result.value if isinstance(result, fx.Answered) else None
         match call.op, self._state:
             case ((Op.TRY_LOCK | Op.WAIT_LOCK), S.ACQUIRING):
-                if value is None:
-                    self._fire(I.DB_ERROR)
-                elif value:
-                    self._granted(I.ACQUIRE_SUCCEEDED)
-                else:
-                    self._last_error = None
-                    self._fire(I.ACQUIRE_FAILED)
+                self._on_attempt(value, I.DB_ERROR, I.ACQUIRE_SUCCEEDED, I.ACQUIRE_FAILED)
             case Op.TRY_LOCK, S.RECONNECTING:
-                if value is None:
-                    self._fire(I.RECONNECT_FAILED)
-                elif value:
-                    self._granted(I.REACQUIRE_SUCCEEDED)
-                else:
-                    self._last_error = None  # held by another session: not an error
-                    self._fire(I.REACQUIRE_FAILED)
+                self._on_attempt(
+                    value, I.RECONNECT_FAILED, I.REACQUIRE_SUCCEEDED, I.REACQUIRE_FAILED
+                )
             case ((Op.BUMP_TERM | Op.END_FENCED), (S.ACQUIRING | S.RECONNECTING)):
                 self._on_fencing(result)
             case Op.WORK, S.LEADER:  # as a probe: the session answers, or is lost
@@ -388,12 +347,23 @@ class Machine:
             case _:
                 raise IllegalTransitionError(f"{result!r} of {call.op.name} in {self._state.name}")
 
+    def _on_attempt(self, value: bool | None, failed: Input, granted: Input, held: Input) -> None:
+        """The answer of a lock attempt: ``failed`` on an error (``value`` None),
+        ``granted`` once the lock is ours, ``held`` when another session holds it."""
+        if value is None:
+            self._fire(failed)
+        elif value:
+            self._granted(granted)
+        else:
+            self._last_error = None  # held by another session: not an error
+            self._fire(held)
+
     def _on_fencing(self, result: Result) -> None:
         """The outcome of a term bump, or of ending the fenced transactions that
         blocked it."""
         acquiring = self._state is S.ACQUIRING
         match result:
-            case TermBumped(term=term):
+            case fx.TermBumped(term=term):
                 self._term = term
                 self._log("info", "term_bumped", term=term)
                 delay = self.config.acquire_delay_s
@@ -401,14 +371,14 @@ class Machine:
                     self._announce_at = self._now + delay  # the next decision sleeps
                 else:
                     self._fire(I.ACQUIRE_SUCCEEDED if acquiring else I.REACQUIRE_SUCCEEDED)
-            case TermBlocked():
+            case fx.TermBlocked():
                 # Fenced transactions of an older term still hold the row after the
                 # grace: a frozen or cut-off old leader's. End their sessions (fencing
                 # rolls those transactions back anyway), then bump again.
                 self._log("warning", "term_bump_blocked", grace_s=self.config.fencing_grace_s)
                 self._block(Call(Op.END_FENCED, self.config.command_timeout_s,
                                  interruptible=Request.STOP, what=Op.END_FENCED.value))  # fmt: skip
-            case FencedEnded(sessions=sessions):
+            case fx.FencedEnded(sessions=sessions):
                 if sessions.ended:
                     self._log("warning", "fenced_sessions_ended", pids=list(sessions.ended))
                 if sessions.refused:
@@ -455,7 +425,7 @@ class Machine:
             match state:
                 case S.FOLLOWER:
                     if now < self._attempt_at:
-                        self._block(Sleep(self._attempt_at))
+                        self._block(fx.Sleep(self._attempt_at))
                     elif not self._has_session:
                         self._connect(self._connect_bound, "connect")
                     else:
@@ -479,16 +449,16 @@ class Machine:
                         bound = self.config.command_timeout_s  # each queued call has its own
                         self._block(Call(Op.WORK, bound, interruptible=Request.STOP))
                     else:
-                        self._out.append(WatchSession())
+                        self._out.append(fx.WatchSession())
                         wake = self._probe_at
                         if self.draining:
                             wake = min(wake, cast(float, self._drain_until))
-                        self._block(Sleep(wake))
+                        self._block(fx.Sleep(wake))
                 case S.RECONNECTING:
                     self._decide_reconnecting()
                 case S.ACQUIRING if self._announce_at is not None:
                     if now < self._announce_at:
-                        self._block(Sleep(self._announce_at))  # acquire_delay_s
+                        self._block(fx.Sleep(self._announce_at))  # acquire_delay_s
                     else:
                         self._announce_at = None
                         self._fire(I.ACQUIRE_SUCCEEDED)
@@ -513,17 +483,17 @@ class Machine:
         if self.draining:
             self._drain_over = True
             self._log("info", "drain_ended", drained=self._drained)
-            self._out.append(EndDrain())
+            self._out.append(fx.EndDrain())
 
     def _decide_reconnecting(self) -> None:
         if self._probe_pending:  # a request cuts the late probe short (then acted on)
-            self._block(Await(frozenset({Request.STOP, Request.RELEASE})))
+            self._block(fx.Await(frozenset({Request.STOP, Request.RELEASE})))
             return
         remaining = self._grace_deadline - self._now
         if remaining <= 0:
             self._fire(I.GRACE_EXPIRED)
         elif self._now < self._reconnect_at:
-            self._block(Sleep(min(self._reconnect_at, self._grace_deadline)))
+            self._block(fx.Sleep(min(self._reconnect_at, self._grace_deadline)))
         elif not self._has_session:
             self._connect(min(self._connect_bound, remaining), "reconnect")
         else:
@@ -537,7 +507,7 @@ class Machine:
     def _connect(self, timeout_s: float, what: str) -> None:
         self._block(Call(Op.CONNECT, timeout_s, interruptible=Request.STOP, what=what))
 
-    def _block(self, effect: Call | Await | Sleep) -> None:
+    def _block(self, effect: Call | fx.Await | fx.Sleep) -> None:
         self._out.append(effect)
         self._blocked = True
         if isinstance(effect, Call):
@@ -581,7 +551,7 @@ class Machine:
             self._release = self._force = self._alarm = False
             if self._release_waiting:
                 self._release_waiting = False
-                self._out.append(ReleaseDone())
+                self._out.append(fx.ReleaseDone())
 
     def _act(self, action: Action, transition: Transition) -> None:
         now, config = self._now, self.config
@@ -589,7 +559,7 @@ class Machine:
             case A.CLOSE_SESSION:
                 if self._has_session:
                     self._has_session = False
-                    self._out.append(CloseSession())
+                    self._out.append(fx.CloseSession())
             case A.TRY_LOCK:
                 if self._cycle_start is None:
                     self._cycle_start = now
@@ -673,7 +643,7 @@ class Machine:
             case A.START_DRAIN:
                 self._drain_until = now + config.drain_s
                 self._log("info", "draining", drain_s=config.drain_s)
-                self._out.append(StartDrain())
+                self._out.append(fx.StartDrain())
 
     # ------------------------------------------------------------------ retry policy
 
@@ -752,7 +722,7 @@ class Machine:
         for its lease (slow callbacks must not cost the lock)."""
         holding = self._has_session and self._state in (S.LEADER, S.RELEASING)
         keepalive = self.config.health_interval_s if holding and self.config.lease_s else None
-        self._out.append(Emit(event, old, new, error, attempt, keepalive))
+        self._out.append(fx.Emit(event, old, new, error, attempt, keepalive))
 
     def _log(self, level: LogLevel, message: str, /, exc: BaseException | None = None,
              **fields: object) -> None:  # fmt: skip
