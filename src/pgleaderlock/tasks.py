@@ -271,10 +271,7 @@ class LeaderTasks:
         """The lock drains (a graceful stop, ``drain_s``): wait for the running tasks to
         return by themselves (they see ``draining``). The lock cancels this wait when
         ``drain_s`` is over; leaving LEADER then cancels the tasks still running."""
-        running = self.running
-        if running:
-            log.info("leader_tasks_draining", lock=self._lock.label, tasks=",".join(running))
-            await self._tasks.drain()
+        await self._tasks.drain()
 
     def _start(self, name: str) -> None:
         self._tasks.start(name, self._functions[name], until=lambda: self._lock.draining)

@@ -167,11 +167,7 @@ _SESSION_FIELDS = (
     "as impostors, and are never members), and the owner of the checkpoint table.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
-@seconds_option(
-    "--timeout",
-    default=5.0,
-    text="Connect timeout and statement timeout.",
-)
+@seconds_option("--timeout", default=5.0, text="Connect timeout and statement timeout.")
 @log_options(cli="WARNING", library="WARNING")
 def status(
     dsn: str | None,

@@ -123,24 +123,26 @@ class Coordinator:
             raise ConfigurationError(f"sessions must be 'dedicated' or 'shared', got {sessions!r}")
         check_give_away(give_away_after_crashes)
         backend_name = lock_knobs.get("backend")
+        # What every lock of the member is given, beside lock_knobs.
+        shared = {
+            "fencing": fencing,
+            "fencing_table": fencing_table,
+            "fencing_schema": fencing_schema,
+        }
         config = lock_config(
             **{knob: lock_knobs[knob] for knob in _CONFIG_KNOBS & set(lock_knobs)},
+            **shared,
             auto_reacquire=True,
-            fencing=fencing,
-            fencing_table=fencing_table,
-            fencing_schema=fencing_schema,
             trusted_roles=trusted_roles,
         )
         backend, driver_dsn, config = connection_target(backend_name, dsn, connect_fn, config)
         check_retry_strategy(retry_strategy)
-        passed = dict(
-            lock_knobs,
-            fencing=fencing,
-            fencing_table=fencing_table,
-            fencing_schema=fencing_schema,
-            trusted_roles=config.trusted_roles,
-        )
-        passed.update(retry_strategy=retry_strategy)
+        passed = {
+            **lock_knobs,
+            **shared,
+            "trusted_roles": config.trusted_roles,
+            "retry_strategy": retry_strategy,
+        }
         self._settings = Settings(
             group=check_group(group),
             member=new_member_id(),

@@ -6,23 +6,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ..core import (
-    ConfigurationError,
-    LibraryTable,
-    RetryStrategy,
-    Supervisor,
-    TermTable,
-    fence_transaction,
-    fetch_row,
-    get_logger,
-)
+from ..core import ConfigurationError, LibraryTable, Supervisor, fence_transaction, fetch_row
 from .protocol import checkpoint_name, name_keys
 
-__all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
+if TYPE_CHECKING:
+    from ..core import RetryStrategy, TermTable
 
-log = get_logger("pgleaderlock.coordination")
+__all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
 
 
 @dataclass(frozen=True)
@@ -192,10 +184,7 @@ class Workers:
         chosen = set(self._contexts) if names is None else set(names) & set(self._contexts)
         for name in chosen:
             self._contexts[name]._draining = True
-        running = chosen & self._tasks.running
-        if running and (timeout_s is None or timeout_s > 0):
-            log.info("workers_draining", names=",".join(sorted(running)), timeout_s=timeout_s)
-            await self._tasks.drain(running, timeout_s)
+        await self._tasks.drain(chosen, timeout_s)
 
     async def stop(self, names: set[str] | frozenset[str] | None = None) -> None:
         """Cancel and await the workers of ``names`` (all when ``None``)."""

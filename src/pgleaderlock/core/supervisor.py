@@ -190,10 +190,13 @@ class Supervisor:
         self, names: Iterable[str] | None = None, timeout_s: float | None = None
     ) -> None:
         """Wait until the tasks of ``names`` (all when ``None``) have returned by
-        themselves, for at most ``timeout_s`` (``None``: until cancelled)."""
-        running = [self._tasks[n] for n in self._chosen(names) if not self._tasks[n].done()]
+        themselves, for at most ``timeout_s`` (``None``: until cancelled); logged as
+        ``<kind>s_draining``."""
+        running = {n: self._tasks[n] for n in self._chosen(names) if not self._tasks[n].done()}
         if running and (timeout_s is None or timeout_s > 0):
-            await asyncio.wait(running, timeout=timeout_s)
+            log.info(f"{self.kind}s_draining", lock=self.label, tasks=",".join(sorted(running)),
+                     timeout_s=timeout_s)  # fmt: skip
+            await asyncio.wait(running.values(), timeout=timeout_s)
 
     async def stop(self, names: Iterable[str] | None = None) -> list[str]:
         """Cancel the tasks of ``names`` (all when ``None``) and await them, within

@@ -42,6 +42,7 @@ TERMS = f"{DEFAULT_SCHEMA}.pgleaderlock_terms"
 
 P = ParamSpec("P")
 T = TypeVar("T")
+E = TypeVar("E")
 
 PROBES = ("holds", "start_probe")
 """The session methods that ``"probe"`` stands for in ``calls``, ``fail_calls``,
@@ -217,13 +218,7 @@ class FakeServer:
         if not self._hangs(names):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (session, future)
-        self._hung.append(entry)
-        try:
-            await future
-        finally:
-            if entry in self._hung:
-                self._hung.remove(entry)
+        await _listed_while_waiting(self._hung, (session, future), future)
 
     def _maybe_fail(self, names: tuple[str, ...]) -> None:
         for name in names:
@@ -248,12 +243,7 @@ class FakeServer:
 
     async def _next_change(self) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._changes.append(future)
-        try:
-            await future
-        finally:
-            if future in self._changes:
-                self._changes.remove(future)
+        await _listed_while_waiting(self._changes, future, future)
 
     def _blocking(self, table: str, key: Key, session: FakeSession) -> list[FencedTransaction]:
         return [
@@ -400,9 +390,9 @@ class FakeSession:
             self._lease = asyncio.get_running_loop().call_later(lease_s, self._lease_ends)
 
     def _lease_off(self) -> None:
-        if self._lease is not None:
-            self._lease.cancel()
-            self._lease = None
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.cancel()
 
     def _lease_ends(self) -> None:
         self._lease = None
@@ -631,3 +621,14 @@ class FakeSession:
 
     def __repr__(self) -> str:
         return f"<FakeSession pid={self._pid} closed={self.closed} killed={self.killed}>"
+
+
+async def _listed_while_waiting(waiting: list[E], entry: E, future: asyncio.Future[None]) -> None:
+    """Await ``future`` with ``entry`` in ``waiting`` meanwhile (where scripting finds
+    it: a hung call to release, a waiter to wake)."""
+    waiting.append(entry)
+    try:
+        await future
+    finally:
+        if entry in waiting:
+            waiting.remove(entry)

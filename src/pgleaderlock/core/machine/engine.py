@@ -80,6 +80,17 @@ def _conditions(
     return Conditions(auto_reacquire, grace_enabled, step_down, stop_reported)
 
 
+_REQUEST_FLAGS = {
+    Request.STOP: "_stop",
+    Request.RELEASE: "_release",
+    Request.FORCE: "_force",
+    Request.ALARM: "_alarm",
+    Request.DRAINED: "_drained",
+    Request.WORK: "_work",
+}
+"""Where the machine records each request until it acts on it."""
+
+
 def probe_time(due: float, interval_s: float) -> float:
     """``due`` rounded down to the probe grid (`PROBE_GRID_S`)."""
     grid = min(PROBE_GRID_S, interval_s / 10)
@@ -231,19 +242,7 @@ class Machine:
         return True
 
     def _pending(self, request: Request) -> bool:
-        match request:
-            case Request.STOP:
-                return self._stop
-            case Request.RELEASE:
-                return self._release
-            case Request.FORCE:
-                return self._force
-            case Request.ALARM:
-                return self._alarm
-            case Request.DRAINED:
-                return self._drained
-            case Request.WORK:
-                return self._work
+        return bool(getattr(self, _REQUEST_FLAGS[request]))
 
     # ------------------------------------------------------------------ results
 
