@@ -2,7 +2,7 @@
 number. Three sessions per member in all:
 
 - **hold** holds the member's own lock (its place in the group) and the lock of every
-  name it leads. It is the member lock's session (the engine's: a
+  name it leads. It is the member lock's session (`member.py`'s: a
   [`LeaderLock`][pgleaderlock.LeaderLock] whose machine connects, retries, probes it
   every ``health_interval_s`` and at once when the server ends it while idle, handles
   late probes and grace as for any lock, and reconnects it); the member's statements
@@ -16,7 +16,7 @@ number. Three sessions per member in all:
   (``tcp_user_timeout_s`` exceeds that bound);
 - **listen** receives the group's notifications;
 - **watch** waits on the server for the lock of the next member in the ring of members
-  (the engine's, as in dedicated mode): when that member dies, this member tells the
+  (`member.py`'s, as in dedicated mode): when that member dies, this member tells the
   group, so that the dead member's names are led again within milliseconds.
 
 Losing the hold session loses every name at once (its workers are cancelled), which is
@@ -40,8 +40,8 @@ from ..core import (
     is_permanent,
 )
 from . import balance
-from .engine import Engine
 from .events import GroupEvent, MemberGone
+from .member import Engine
 from .protocol import Key, Message
 from .session import GroupSession
 
