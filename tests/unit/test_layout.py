@@ -152,7 +152,7 @@ def test_coordination_imports_only_the_cores_public_surface() -> None:
                 offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert offenders == []
     assert all(hasattr(core, name) for name in core.__all__)
-    assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "engine.py")
+    assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "member.py")
 
 
 def test_no_backend_module_decides_a_policy() -> None:

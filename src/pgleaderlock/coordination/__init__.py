@@ -9,7 +9,7 @@ one session per replica that holds all its names' locks.
 from __future__ import annotations
 
 from .coordinator import Coordinator
-from .engine import GroupView
+from .member import GroupView
 from .workers import WorkerContext, WorkerFunction
 
 __all__ = ["Coordinator", "GroupView", "WorkerContext", "WorkerFunction"]

@@ -20,7 +20,7 @@ from ..core import (
     positive,
 )
 from .dedicated import DedicatedEngine
-from .engine import Engine, GroupView, Settings
+from .member import Engine, GroupView, Settings
 from .protocol import check_group, name_keys, new_member_id
 from .shared import SharedEngine
 from .workers import CheckpointTable, WorkerFunction

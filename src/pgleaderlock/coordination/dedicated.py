@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 from ..core import LeaderLock, LockState, follow_state, get_logger, oid_to_key
 from . import balance
-from .engine import Engine
 from .events import Broken, GroupEvent, Look, NameEvent
+from .member import Engine
 from .protocol import Key, Message, app_name, parse_app_name
 
 __all__ = ["DedicatedEngine"]

@@ -2,7 +2,7 @@
 number. Three sessions per member in all:
 
 - **hold** holds the member's own lock (its place in the group) and the lock of every
-  name it leads. It is the member lock's session (the engine's: a
+  name it leads. It is the member lock's session (`member.py`'s: a
   [`LeaderLock`][pgleaderlock.LeaderLock] whose machine connects, retries, probes it
   every ``health_interval_s`` and at once when the server ends it while idle, handles
   late probes and grace as for any lock, and reconnects it); the member's statements
@@ -16,7 +16,7 @@ number. Three sessions per member in all:
   (``tcp_user_timeout_s`` exceeds that bound);
 - **listen** receives the group's notifications;
 - **watch** waits on the server for the lock of the next member in the ring of members
-  (the engine's, as in dedicated mode): when that member dies, this member tells the
+  (`member.py`'s, as in dedicated mode): when that member dies, this member tells the
   group, so that the dead member's names are led again within milliseconds.
 
 Losing the hold session loses every name at once (its workers are cancelled), which is
@@ -40,8 +40,8 @@ from ..core import (
     is_permanent,
 )
 from . import balance
-from .engine import Engine
 from .events import GroupEvent, MemberGone
+from .member import Engine
 from .protocol import Key, Message
 from .session import GroupSession
 
@@ -66,6 +66,7 @@ class SharedEngine(Engine):
         # Names whose workers stopped when the hold lock left LEADER while its session
         # may still hold them (a late probe): unlocked when it leads again.
         self._stale: set[Key] = set()
+        self._losses = 0  # times the hold lock left LEADER
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
 
     # ------------------------------------------------------------------ sessions
@@ -77,6 +78,7 @@ class SharedEngine(Engine):
 
     async def _member_lost(self, state: LockState) -> None:
         """Every worker stops at once: the server may free the names any moment."""
+        self._losses += 1
         if not self._owned:
             return
         self._stale |= set(self._owned)
@@ -126,7 +128,7 @@ class SharedEngine(Engine):
         if not keys:
             return []
         try:
-            lost_before = len(self._stale)
+            losses = self._losses
             granted = await self._call_slot(functools.partial(_try_lock_many, keys))
             terms: dict[Key, int] | None = {}
             if granted and self.settings.terms is not None:
@@ -139,7 +141,7 @@ class SharedEngine(Engine):
             with contextlib.suppress(Exception):  # else the session is given up (_call)
                 await self._call(lambda s: s.unlock_many(granted))
             return []
-        if self._member is None or not self._member.is_leader or len(self._stale) != lost_before:
+        if self._losses != losses:
             self._stale.update(granted)  # the hold lock left LEADER meanwhile
             return []
         for key in granted:

@@ -1,11 +1,9 @@
-"""`LeaderLock`: the public API, and a thin runner that performs the machine's effects.
+"""`LeaderLock`: the public API.
 
-Every decision is the machine's ([`pgleaderlock.core.machine`][]): this module opens
-and closes sessions, makes the database calls (each bounded by
-[`CallGuard`][pgleaderlock.core.calls.CallGuard]), sleeps, runs callbacks and writes
-logs, in the order the machine says, and reports what happened. It never assigns a state.
-
-The lifecycle task is the only code that touches the session. Public
+A lock is put together here from its parts: its settings (``lock_config``), the machine
+that decides ([`pgleaderlock.core.machine`][]), the slot that holds its session
+(``core.slot``), the runner whose lifecycle task performs the machine's effects and is
+the only code that touches the session (``core.runner``), and its hooks. The public
 coroutines hand requests to the machine and wake the task; a request may also cut short
 the database call in flight, if the machine's effect allows it.
 """

@@ -289,11 +289,7 @@ class Engine(abc.ABC):
 
     async def _prepare(self, slot: SessionSlot) -> None:
         """The member's session can serve a group, and the tables are usable."""
-        if not can(slot.session, GroupSession):
-            raise ConfigurationError(
-                f"{type(slot.session).__name__} sessions cannot serve a Coordinator "
-                "(no GroupSession capability)"
-            )
+        group_session(slot.session)
         if self.settings.terms is not None:
             await slot.prepare(self.settings.terms)
             await slot.prepare(self.settings.checkpoints)
@@ -619,13 +615,11 @@ class Engine(abc.ABC):
         """Open a checked session (bounded); it must be able to serve a group."""
         budget = self.settings.config.connect_budget_s or 30.0
         session = await self.bounded(slot, slot.open(), budget)
-        if not can(session, GroupSession):
+        try:
+            return group_session(session)
+        except ConfigurationError:
             await slot.close()
-            raise ConnectionError(
-                f"{type(session).__name__} sessions cannot serve a Coordinator "
-                "(no GroupSession capability)"
-            )
-        return cast(GroupSession, session)
+            raise
 
     def bounded(
         self, slot: SessionSlot, call: Awaitable[T], timeout_s: float | None = None
@@ -847,6 +841,20 @@ async def _wait(session: Any, key: Key) -> bool:
 
 async def _unlock(session: Any, key: Key) -> None:
     await session.unlock(*key)
+
+
+def group_session(session: object) -> GroupSession:
+    """``session``, which must be able to serve a group.
+
+    Raises:
+        ConfigurationError: its backend has no ``GroupSession`` capability.
+    """
+    if not can(session, GroupSession):
+        raise ConfigurationError(
+            f"{type(session).__name__} sessions cannot serve a Coordinator "
+            "(no GroupSession capability)"
+        )
+    return cast(GroupSession, session)
 
 
 async def _notify(session: GroupSession, *, channel: str, payload: str) -> None:
