@@ -465,7 +465,14 @@ class Engine(abc.ABC):
 
     async def _on_request(self, message: Message) -> None:
         """Give what keeps the two members within balance; always answer (an empty
-        ``done``), so that the requester may ask again."""
+        ``done``), so that the requester may ask again. A request from a member not in
+        the last view (a joiner whose "join" is queued behind its request) is weighed
+        against a fresh view: the fair share counts the joiner."""
+        if message.sender not in self.members:
+            try:
+                await self._snapshot()
+            except Exception as exc:  # the last view, then: the next request asks again
+                log.warning("group_snapshot_failed", error=repr(exc), **self._fields)
         held = self._held()
         seen = self.view.members.get(message.sender, 0)
         mine, theirs = len(held), max(message.count, seen)
