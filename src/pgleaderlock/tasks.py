@@ -166,7 +166,7 @@ class LeaderTasks:
     @property
     def running(self) -> list[str]:
         """Names of the tasks running in this process now (empty unless LEADER)."""
-        return [name for name in self._functions if name in self._tasks.running]
+        return [name for name in self._functions if self._tasks.runs(name)]
 
     @property
     def draining(self) -> bool:

@@ -170,7 +170,7 @@ class Workers:
 
     def start(self, name: str, fn: WorkerFunction, context: WorkerContext) -> None:
         """Start ``fn(context)`` for ``name`` unless it runs already."""
-        if name in self._tasks.running:
+        if self._tasks.runs(name):
             return
         self._contexts[name] = context
         self._tasks.start(name, functools.partial(fn, context), until=lambda: context.draining)
