@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -30,12 +31,30 @@ pytestmark = pytest.mark.timeout(30)
 TIMINGS: dict[str, Any] = {"health_interval_s": 0.05, "health_timeout_s": 0.2}
 
 
+@dataclass(frozen=True)
+class Fake:
+    """What each test here uses: ``make(**kwargs)`` a lock (keys 1, 2) on ``server``,
+    probing every 50 ms; ``recorder(lock)`` its callbacks."""
+
+    make: Callable[..., LeaderLock]
+    recorder: Callable[[LeaderLock], Recorder]
+    server: FakeServer
+
+    async def leader(self, **kwargs: Any) -> tuple[LeaderLock, Recorder]:
+        """A lock made with ``kwargs``, recorded, started, and leading."""
+        lock = self.make(**kwargs)
+        recorded = self.recorder(lock)
+        await _leading(lock)
+        return lock, recorded
+
+
 @pytest.fixture
-async def make(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
-    """Locks (keys 1, 2) on ``server``, probing every 50 ms; shut down after the test,
-    which leaves no session open."""
+async def fake(
+    server: FakeServer, recorder: Callable[[LeaderLock], Recorder]
+) -> AsyncIterator[Fake]:
+    """The locks are shut down after the test, which leaves no session open."""
     async with fake_locks(server, load_plugins=False, **TIMINGS) as make_lock:
-        yield make_lock
+        yield Fake(make_lock, recorder, server)
 
 
 async def _leading(lock: LeaderLock) -> None:
@@ -46,14 +65,9 @@ async def _leading(lock: LeaderLock) -> None:
 # ---------------------------------------------------------------- the idle leader
 
 
-async def test_an_idle_leader_stays_leader_over_many_started_probes(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
-    lock = make()
-    rec = recorder(lock)
-    await _leading(lock)
+async def test_an_idle_leader_stays_leader_over_many_started_probes(fake: Fake) -> None:
+    server = fake.server
+    lock, rec = await fake.leader()
     session = server.holder(1, 2)
     before = server.calls["start_probe"]
     await eventually(lambda: server.calls["start_probe"] >= before + 20, what="20 probes")
@@ -65,14 +79,9 @@ async def test_an_idle_leader_stays_leader_over_many_started_probes(
     assert rec.states() == [S.FOLLOWER, S.ACQUIRING, S.LEADER]
 
 
-async def test_a_failed_probe_costs_the_leadership_then_the_lock_comes_back(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
-    lock = make()
-    rec = recorder(lock)
-    await _leading(lock)
+async def test_a_failed_probe_costs_the_leadership_then_the_lock_comes_back(fake: Fake) -> None:
+    server = fake.server
+    lock, rec = await fake.leader()
     first = server.holder(1, 2)
     assert first is not None
     server.fail_calls["start_probe"] = ConnectionError("connection reset by peer")
@@ -84,16 +93,11 @@ async def test_a_failed_probe_costs_the_leadership_then_the_lock_comes_back(
     assert rec.names()[:3] == ["acquired", "lost", "acquired"]
 
 
-async def test_a_probe_that_hangs_past_health_timeout_is_late_and_loses(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_a_probe_that_hangs_past_health_timeout_is_late_and_loses(fake: Fake) -> None:
     """The server never answers and the transport cannot say that it has the probe:
     lost at the health timeout, the session dropped (not awaited any longer)."""
-    lock = make()
-    rec = recorder(lock)
-    await _leading(lock)
+    server = fake.server
+    lock, rec = await fake.leader()
     first = server.holder(1, 2)
     assert first is not None
     server.hang("start_probe")
@@ -108,15 +112,12 @@ async def test_a_probe_that_hangs_past_health_timeout_is_late_and_loses(
 
 
 async def test_a_late_probe_the_server_acknowledged_keeps_the_lock_until_it_answers(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
+    fake: Fake,
 ) -> None:
     """A slow server, not a silent network: not LEADER while the answer is late, the
     session and its lock kept; LEADER again on the same session once it answers."""
-    lock = make(reconnect_grace_s=5.0)
-    rec = recorder(lock)
-    await _leading(lock)
+    server = fake.server
+    lock, rec = await fake.leader(reconnect_grace_s=5.0)
     session = server.holder(1, 2)
     assert session is not None
     server.acknowledged = True
@@ -132,11 +133,8 @@ async def test_a_late_probe_the_server_acknowledged_keeps_the_lock_until_it_answ
     assert rec.names() == ["acquired"]  # flap damping: no loss reported
 
 
-async def test_the_watch_reports_a_terminated_idle_leader_before_the_next_probe(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_the_watch_reports_a_terminated_idle_leader_before_the_next_probe(fake: Fake) -> None:
+    make, recorder, server = fake.make, fake.recorder, fake.server
     lock = make(health_interval_s=60)  # the periodic probe would come far too late
     rec = recorder(lock)
     await _leading(lock)
@@ -149,11 +147,8 @@ async def test_the_watch_reports_a_terminated_idle_leader_before_the_next_probe(
     assert server.holder(1, 2) not in (None, first)
 
 
-async def test_step_down_while_idle_releases_to_a_follower(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_step_down_while_idle_releases_to_a_follower(fake: Fake) -> None:
+    make, recorder, server = fake.make, fake.recorder, fake.server
     a = make(retry_strategy=FixedInterval(30))  # after stepping down, a stays back
     b = make()
     rec_a, rec_b = recorder(a), recorder(b)
@@ -172,13 +167,10 @@ async def test_step_down_while_idle_releases_to_a_follower(
     assert server.holder(1, 2) not in (None, first)
 
 
-async def test_slow_on_acquired_callbacks_keep_the_session_alive_past_its_lease(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_slow_on_acquired_callbacks_keep_the_session_alive_past_its_lease(fake: Fake) -> None:
     """The server ends a session granted a lock once it idles for ``lease_s``; while an
     ``on_acquired`` callback runs for many leases, keep-alives show it the client lives."""
+    make, recorder, server = fake.make, fake.recorder, fake.server
     lock = make(lease_s=0.3)
     rec = recorder(lock)
     done = asyncio.Event()
@@ -205,11 +197,8 @@ async def test_slow_on_acquired_callbacks_keep_the_session_alive_past_its_lease(
 # ---------------------------------------------------------------- fencing
 
 
-async def test_fencing_terms_increase_across_leaderships_and_locks(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_fencing_terms_increase_across_leaderships_and_locks(fake: Fake) -> None:
+    make, recorder, server = fake.make, fake.recorder, fake.server
     a = make(fencing=True, retry_strategy=FixedInterval(30))
     b = make(fencing=True)
     rec_b = recorder(b)
@@ -233,14 +222,11 @@ async def test_fencing_terms_increase_across_leaderships_and_locks(
     assert server.term(1, 2) == third
 
 
-async def test_a_bump_blocked_by_an_old_fenced_transaction_ends_it_then_leads(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_a_bump_blocked_by_an_old_fenced_transaction_ends_it_then_leads(fake: Fake) -> None:
     """The old leader left a fenced transaction open on the term's row: the new term
     waits ``fencing_grace_s``, then the transaction's session is ended and the lock
     leads with a higher term."""
+    make, recorder, server = fake.make, fake.recorder, fake.server
     a = make(fencing=True, retry_strategy=FixedInterval(30))
     await _leading(a)
     old_term = a.term
@@ -263,12 +249,11 @@ async def test_a_bump_blocked_by_an_old_fenced_transaction_ends_it_then_leads(
 
 
 async def test_a_bump_blocked_by_a_fenced_transaction_it_may_not_end_waits_for_it(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
+    fake: Fake,
 ) -> None:
     """A fenced transaction of another role stays: the lock is granted but does not
     lead (no term) until the transaction ends by itself."""
+    make, recorder, server = fake.make, fake.recorder, fake.server
     lock = make(fencing=True, fencing_grace_s=0.05)
     rec = recorder(lock)
     stuck = server.fenced_transaction(1, 2, role="other_app", endable=False)
@@ -284,11 +269,8 @@ async def test_a_bump_blocked_by_a_fenced_transaction_it_may_not_end_waits_for_i
     assert lock.term == server.term(1, 2) == 1 << 32 | 1
 
 
-async def test_a_refused_fencing_table_stops_the_lock_with_its_error(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
-    server: FakeServer,
-) -> None:
+async def test_a_refused_fencing_table_stops_the_lock_with_its_error(fake: Fake) -> None:
+    make, recorder, server = fake.make, fake.recorder, fake.server
     refusal = MissingPrivilegeError(
         'GRANT SELECT, INSERT, UPDATE ON "public"."pgleaderlock_terms" TO "app"'
     )
