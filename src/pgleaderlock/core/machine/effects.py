@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from ..models import Event, LockState
 from ..session import FencedSessions
@@ -341,9 +341,9 @@ list holds at most one blocking effect ([`Call`][pgleaderlock.core.machine.Call]
 without one means the lock has stopped."""
 
 
-@dataclass(frozen=True)
-class IdleStep:
-    """An idle leader's step (see [`idle_step`][pgleaderlock.core.machine.idle_step]).
+class IdleStep(NamedTuple):
+    """An idle leader's step (see [`idle_step`][pgleaderlock.core.machine.idle_step]); a
+    named tuple, made twice per probe of every idle leader.
 
     Attributes:
         logs: the records to write first.
@@ -369,6 +369,13 @@ def idle_step(effects: list[Effect]) -> IdleStep | None:
     one, and its parts. Anything else (callbacks, a connect, an unlock, queued work, a
     request's consequences) returns ``None``: the task performs it.
     """
+    if not effects:
+        return None
+    last = effects[-1]
+    if not isinstance(last, Sleep) and not (
+        isinstance(last, Call) and last.op is Op.PROBE and last.soft_timeout_s is not None
+    ):
+        return None
     logs: list[Log] = []
     watch = False
     for effect in effects[:-1]:
@@ -378,9 +385,4 @@ def idle_step(effects: list[Effect]) -> IdleStep | None:
             watch = True
         else:
             return None
-    last = effects[-1] if effects else None
-    if isinstance(last, Sleep) or (
-        isinstance(last, Call) and last.op is Op.PROBE and last.soft_timeout_s is not None
-    ):
-        return IdleStep(tuple(logs), watch, last)
-    return None
+    return IdleStep(tuple(logs), watch, last)

@@ -324,14 +324,14 @@ class Machine:
                 )
             case ((Op.BUMP_TERM | Op.END_FENCED), (S.ACQUIRING | S.RECONNECTING)):
                 self._on_fencing(result)
-            case Op.WORK, S.LEADER:  # as a probe: the session answers, or is lost
-                self._fire(I.HEALTH_OK if value else I.HEALTH_FAILED)
             case Op.PROBE, (S.LEADER | S.RECONNECTING):
                 self._probes += value is not None
                 if value is False:
                     self._last_error = LockNotHeldError(
                         "the health probe found that this session no longer holds the lock"
                     )
+                self._fire(I.HEALTH_OK if value else I.HEALTH_FAILED)
+            case Op.WORK, S.LEADER:  # as a probe: the session answers, or is lost
                 self._fire(I.HEALTH_OK if value else I.HEALTH_FAILED)
             case Op.UNLOCK, S.RELEASING:
                 if value is None:
