@@ -12,6 +12,7 @@ from ..core.errors import (
     PgLeaderLockError,
     ServerRefusedError,
     SessionNotDedicatedError,
+    sqlstate,
 )
 
 __all__ = [
@@ -98,20 +99,6 @@ def check_target_session_attrs(value: object, dsn: str) -> None:
             "(a standby's advisory locks do not exclude the primary's); use read-write, "
             "or leave it out (it is added for a multi-host DSN)"
         )
-
-
-def sqlstate(exc: BaseException | None) -> str | None:
-    """The SQLSTATE a driver error carries (psycopg and asyncpg both call it
-    ``sqlstate``), or ``None``.
-
-    Args:
-        exc: a driver error, or anything else.
-
-    Returns:
-        The five-character code, or ``None`` for an error the server did not send.
-    """
-    code = getattr(exc, "sqlstate", None)
-    return code if isinstance(code, str) and code else None
 
 
 def by_sqlstate(code: str, table: Mapping[str, ErrorClass], default: ErrorClass) -> ErrorClass:

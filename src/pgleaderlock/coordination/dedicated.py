@@ -26,7 +26,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ..core import LeaderLock, LockState, follow_state, get_logger, oid_to_key
 from . import balance
@@ -36,7 +36,6 @@ from .protocol import Key, Message, app_name, parse_app_name
 
 __all__ = ["DedicatedEngine"]
 
-T = TypeVar("T")
 log = get_logger("pgleaderlock.coordination")
 
 HANDOFF_WAIT_S = 1.0

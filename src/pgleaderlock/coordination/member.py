@@ -56,7 +56,7 @@ from .protocol import (
 from .session import GroupSession
 from .workers import CheckpointTable, WorkerContext, WorkerFunction, Workers
 
-__all__ = ["Engine", "GroupView", "Settings", "Stopping"]
+__all__ = ["Engine", "GroupView", "Settings"]
 
 log = get_logger("pgleaderlock.coordination")
 
@@ -119,10 +119,6 @@ class GroupView:
     members: dict[str, int]
     leaders: dict[str, str | None]
     others: dict[Key, str]
-
-
-class Stopping(Exception):
-    """The coordinator is shutting down: ends a reconnection loop."""
 
 
 class Engine(abc.ABC):
@@ -366,8 +362,6 @@ class Engine(abc.ABC):
             next_tick = 0.0
             while True:
                 timeout = max(0.0, next_tick - time.monotonic())
-                if self.events.empty():
-                    self.idle()
                 event: GroupEvent
                 try:
                     async with asyncio.timeout(timeout):
@@ -387,8 +381,6 @@ class Engine(abc.ABC):
                         if self._outside:  # nothing tells the group when those are freed
                             wait = min(wait, OUTSIDE_TICK_S)
                         next_tick = time.monotonic() + wait
-                except (Stopping, asyncio.CancelledError):
-                    raise
                 except Exception as exc:
                     if is_permanent(exc, self.settings.config):
                         raise
@@ -396,7 +388,7 @@ class Engine(abc.ABC):
                                 error=repr(exc), **self._fields)  # fmt: skip
                     self._unsettled = True
                     next_tick = min(next_tick, time.monotonic() + self.settings.balance_interval_s)
-        except (Stopping, asyncio.CancelledError):
+        except asyncio.CancelledError:
             if not self._stop_event.is_set():
                 raise
             task = asyncio.current_task()
@@ -833,9 +825,6 @@ class Engine(abc.ABC):
     async def _drain(self) -> None:  # noqa: B027 - optional
         """A graceful stop begins: let the workers finish their current unit (default:
         nothing; the mode that holds names itself drains them)."""
-
-    def idle(self) -> None:  # noqa: B027 - optional
-        """Called when the loop is about to wait for the next event (default: nothing)."""
 
     async def _on_event(self, event: GroupEvent) -> None:  # noqa: B027 - optional
         """Mode-specific events (default: none)."""

@@ -30,7 +30,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from ..core import (
     LockState,
@@ -49,7 +49,6 @@ __all__ = ["SharedEngine"]
 
 log = get_logger("pgleaderlock.coordination")
 
-T = TypeVar("T")
 
 FREE_GRACE_S = 1.0
 """How long a name stays free before a member that is not its rendezvous owner takes it."""

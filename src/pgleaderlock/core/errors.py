@@ -26,6 +26,7 @@ __all__ = [
     "ShutdownError",
     "StandbyError",
     "UntrustedObjectError",
+    "sqlstate",
 ]
 
 
@@ -139,3 +140,18 @@ for _cls in (
 ):
     _cls.__module__ = "pgleaderlock"
 del _cls
+
+
+def sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE a driver error carries (psycopg and asyncpg both call it
+    ``sqlstate``), or ``None``. The backends translate driver errors with it; the core
+    reads it from a library error's cause (a table gone missing).
+
+    Args:
+        exc: a driver error, or anything else.
+
+    Returns:
+        The five-character code, or ``None`` for an error the server did not send.
+    """
+    code = getattr(exc, "sqlstate", None)
+    return code if isinstance(code, str) and code else None

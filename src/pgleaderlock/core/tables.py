@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
+from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError, sqlstate
 
 __all__ = [
     "UNDEFINED_TABLE",
@@ -201,8 +201,7 @@ UNDEFINED_TABLE = "42P01"
 def missing_table(exc: BaseException) -> bool:
     """Did ``exc`` (a library error, the driver's as its cause) fail because a table does
     not exist? The drivers name the server's SQLSTATE ``sqlstate``."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    return getattr(cause, "sqlstate", None) == UNDEFINED_TABLE
+    return sqlstate(exc.__cause__ if exc.__cause__ is not None else exc) == UNDEFINED_TABLE
 
 
 def quoted(identifier: str) -> str:
