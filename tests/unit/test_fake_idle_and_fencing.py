@@ -5,6 +5,7 @@ probes), and fencing terms. No server; nothing here measures time."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from pgleaderlock import (
     LockState,
     MissingPrivilegeError,
 )
+from pgleaderlock.core import SessionSlot, run_on_session
 from pgleaderlock.testing import FakeServer
 from support.locks import fake_locks
 from support.poll import eventually
@@ -283,3 +285,36 @@ async def test_a_refused_fencing_table_stops_the_lock_with_its_error(fake: Fake)
     assert "acquired" not in rec.names()
     assert server.holder(1, 2) is None
     assert server.term(1, 2) is None
+
+
+# ---------------------------------------------------------------- calls on the session
+
+
+async def test_calls_on_a_leaders_session_run_there_and_a_failed_one_loses(fake: Fake) -> None:
+    """``run_on_session``: calls the machine schedules between the leader's probes run
+    on its own session, several queued at once in order; the first that fails costs the
+    leadership, as a failed probe does, and the calls queued behind it fail with it."""
+    lock, rec = await fake.leader()
+    session = fake.server.holder(1, 2)
+    ran: list[int] = []
+
+    async def on_it(slot: SessionSlot, i: int) -> bool:
+        ran.append(i)
+        assert slot.session is session
+        return await session.holds(1, 2)  # type: ignore[union-attr]
+
+    answers = await asyncio.gather(
+        *(run_on_session(lock, functools.partial(on_it, i=i), 5) for i in range(5))
+    )
+    assert answers == [True] * 5
+    assert ran == [0, 1, 2, 3, 4]
+    assert lock.is_leader
+
+    async def fails(slot: SessionSlot) -> None:
+        raise ConnectionError("the statement failed")
+
+    with pytest.raises(ConnectionError, match="the statement failed"):
+        await run_on_session(lock, fails, 5)
+    await rec.wait_event("lost")
+    assert session is not None
+    assert session.closed

@@ -556,22 +556,23 @@ class Runner:
             return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
 
     async def _run_queued(self, call: Call) -> bool:
-        """Run the calls queued for the session, in order, each bounded by its own
-        timeout; the first that fails fails the others too (the session is lost)."""
-        while self._queued:
-            fn, timeout_s, future = self._queued.pop(0)
+        """Run the calls queued so far, in order, each bounded by its own timeout (those
+        queued meanwhile wait for the next ``WORK`` call, after a probe if one is due);
+        the first that fails fails the rest (the session is lost)."""
+        batch, self._queued = self._queued, []
+        for i, (fn, timeout_s, future) in enumerate(batch):
             if future.done():
                 continue  # its caller gave up
             try:
                 result = await self._call(fn(self._slot), timeout_s, call.interruptible)
-            except Interrupted:
-                self._fail_queued(ConnectionError("the lock is stopping"), future)
-                raise
-            except Exception as exc:
-                self._fail_queued(call_failure(exc, call.what or "session work", timeout_s), future)
-                raise
-            except BaseException:
-                self._fail_queued(ConnectionError("the lock stopped"), future)
+            except BaseException as exc:
+                if isinstance(exc, Interrupted):
+                    error: Exception = ConnectionError("the lock is stopping")
+                elif isinstance(exc, Exception):
+                    error = call_failure(exc, call.what or "session work", timeout_s)
+                else:
+                    error = ConnectionError("the lock stopped")
+                self._fail_queued(error, *(item[2] for item in batch[i:]))
                 raise
             if not future.done():
                 future.set_result(result)
