@@ -123,15 +123,15 @@ class Coordinator:
             raise ConfigurationError(f"sessions must be 'dedicated' or 'shared', got {sessions!r}")
         check_give_away(give_away_after_crashes)
         backend_name = lock_knobs.get("backend")
-        # What every lock of the member is given, beside lock_knobs.
-        shared = {
+        # The fencing knobs: for the member's settings and every lock of the member.
+        fencing_knobs = {
             "fencing": fencing,
             "fencing_table": fencing_table,
             "fencing_schema": fencing_schema,
         }
         config = lock_config(
             **{knob: lock_knobs[knob] for knob in _CONFIG_KNOBS & set(lock_knobs)},
-            **shared,
+            **fencing_knobs,
             auto_reacquire=True,
             trusted_roles=trusted_roles,
         )
@@ -139,7 +139,7 @@ class Coordinator:
         check_retry_strategy(retry_strategy)
         passed = {
             **lock_knobs,
-            **shared,
+            **fencing_knobs,
             "trusted_roles": config.trusted_roles,
             "retry_strategy": retry_strategy,
         }
