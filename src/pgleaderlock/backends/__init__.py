@@ -11,7 +11,8 @@ are implementation details:
   [`AbortableSession`][pgleaderlock.backends.AbortableSession],
   [`ProbingSession`][pgleaderlock.backends.ProbingSession],
   [`KeepAliveSession`][pgleaderlock.backends.KeepAliveSession],
-  [`TableSession`][pgleaderlock.backends.TableSession] and
+  [`TableSession`][pgleaderlock.backends.TableSession],
+  [`QuerySession`][pgleaderlock.backends.QuerySession] and
   [`FencingSession`][pgleaderlock.backends.FencingSession] (with
   [`FencedSessions`][pgleaderlock.backends.FencedSessions]);
 - the shared base (``pgleaderlock.backends.base``):
@@ -50,6 +51,7 @@ from ..core.session import (
     KeepAliveSession,
     LockSession,
     ProbingSession,
+    QuerySession,
     TableSession,
     WaitingSession,
     WatchableSession,
@@ -85,6 +87,7 @@ __all__ = [
     "KeepAliveSession",
     "FencingSession",
     "FencedSessions",
+    "QuerySession",
     "TableSession",
     # the shared base
     "BaseSession",

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, cast
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 import asyncpg
@@ -413,6 +414,14 @@ async def _fetch_row(
     return None if row is None else tuple(row)
 
 
+def transaction(conn: object) -> AbstractAsyncContextManager[object] | None:
+    """``conn.transaction()`` of an asyncpg ``Connection`` (``None`` for another kind of
+    connection)."""
+    if not isinstance(conn, asyncpg.Connection):
+        return None
+    return cast(AbstractAsyncContextManager[object], conn.transaction())
+
+
 backend = Backend(
     name="asyncpg",
     connect=connect,
@@ -421,4 +430,5 @@ backend = Backend(
     connect_budget=connect_budget,
     fetch_row=fetch_row,
     connect_error=_driver_connect_error,
+    transaction=transaction,
 )

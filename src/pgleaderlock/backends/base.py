@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import math
 import random
 import socket
@@ -593,6 +594,13 @@ class BaseSession(abc.ABC):
         received: list[tuple[int, str]] = await self._translated("listen", self._receive(timeout_s))
         return received
 
+    async def query(self, template: str, values: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        """Every row of one of the library's statements (``QuerySession``; a schedule's
+        ledger), run in autocommit on this session."""
+        statement = _query_statement(template)
+        rows = await self._translated(statement.what, self._fetch_all(statement, values))
+        return [tuple(row) for row in rows]
+
     async def ping(self) -> None:
         """Check that the session answers, on its own backend
         ([`ALIVE`][pgleaderlock.backends.ALIVE])."""
@@ -789,3 +797,10 @@ class BaseSession(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} backend_pid={self._pid} closed={self._closed()}>"
+
+
+@functools.lru_cache(maxsize=256)
+def _query_statement(template: str) -> Statement:
+    """One ``Statement`` per template, so that a driver that prepares statements
+    (asyncpg) prepares each once per session."""
+    return Statement("ledger", template)

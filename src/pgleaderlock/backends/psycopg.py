@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import math
 from collections.abc import Awaitable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
 import psycopg
@@ -450,6 +451,14 @@ async def _fetch_row(
     return None if row is None else tuple(row)
 
 
+def transaction(conn: object) -> AbstractAsyncContextManager[object] | None:
+    """``conn.transaction()`` of a psycopg ``AsyncConnection`` (``None`` for another
+    kind of connection)."""
+    if not isinstance(conn, psycopg.AsyncConnection):
+        return None
+    return conn.transaction()
+
+
 def fetch_row_sync(
     conn: object, template: str, values: tuple[object, ...]
 ) -> tuple[tuple[Any, ...] | None] | None:
@@ -479,4 +488,5 @@ backend = Backend(
     fetch_row=fetch_row,
     fetch_row_sync=fetch_row_sync,
     connect_error=_connect_error,
+    transaction=transaction,
 )

@@ -29,7 +29,8 @@ import functools
 import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, cast
 
 import psycopg
 from sqlalchemy import Engine, make_url, text
@@ -369,6 +370,16 @@ async def _fetch_row(
     return None if row is None else tuple(row)
 
 
+def transaction(conn: object) -> AbstractAsyncContextManager[object] | None:
+    """``begin()`` of a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``
+    (``begin_nested()`` when a transaction is open already); ``None`` for another kind
+    of connection."""
+    if not isinstance(conn, AsyncConnection | AsyncSession):
+        return None
+    begin = conn.begin_nested if conn.in_transaction() else conn.begin
+    return cast(AbstractAsyncContextManager[object], begin())
+
+
 def _autocommit(conn: AsyncConnection) -> bool:
     """Does ``conn`` run every statement in a transaction of its own? Set by its
     execution options, or by the engine's ``isolation_level`` (which SQLAlchemy applies
@@ -388,4 +399,5 @@ backend = Backend(
     check_dsn=check_dsn,
     claims=claims,
     fetch_row=fetch_row,
+    transaction=transaction,
 )

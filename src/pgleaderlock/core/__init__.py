@@ -17,14 +17,20 @@ from .config import (
     positive,
     session_settings,
 )
-from .errors import ConfigurationError, ConnectionError
+from .errors import (
+    ConfigurationError,
+    ConnectionError,
+    FencedError,
+    MissingPrivilegeError,
+    UntrustedObjectError,
+)
 from .fencing import fence_transaction
 from .hooks import callback_plugin, follow_state
 from .keys import check_name, lock_keys, oid_to_key
-from .lock import LeaderLock, run_on_session
+from .lock import LeaderLock, lock_settings, run_on_session
 from .machine import is_permanent
 from .models import Event, LockState, RetryContext
-from .registry import fetch_row
+from .registry import fetch_row, transaction
 from .retry import (
     RetryStrategy,
     check_retry_strategy,
@@ -35,12 +41,14 @@ from .session import (
     Backend,
     ConnectOptions,
     FencedSessions,
+    QuerySession,
     SessionFactory,
     TableSession,
     WaitingSession,
 )
 from .slot import SessionSlot, can, connection_target
 from .supervisor import Supervisor, check_give_away
+from .tables import check_identifier
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -50,12 +58,15 @@ __all__ = [
     "ConnectOptions",
     "ConnectionError",
     "Event",
+    "FencedError",
     "FencedSessions",
     "Interrupted",
     "LeaderLock",
     "LibraryTable",
     "LockConfig",
     "LockState",
+    "MissingPrivilegeError",
+    "QuerySession",
     "RetryContext",
     "RetryStrategy",
     "SessionFactory",
@@ -63,11 +74,13 @@ __all__ = [
     "Supervisor",
     "TableSession",
     "TermTable",
+    "UntrustedObjectError",
     "WaitingSession",
     "bounded",
     "callback_plugin",
     "can",
     "check_give_away",
+    "check_identifier",
     "check_name",
     "check_retry_strategy",
     "connection_target",
@@ -80,8 +93,10 @@ __all__ = [
     "is_permanent",
     "lock_config",
     "lock_keys",
+    "lock_settings",
     "oid_to_key",
     "positive",
     "run_on_session",
     "session_settings",
+    "transaction",
 ]

@@ -21,6 +21,7 @@ from ._logging import get_logger
 from .config import (
     DEFAULT_SCHEMA,
     FollowerMode,
+    LockConfig,
     default_application_name,
     lock_config,
     session_settings,
@@ -43,7 +44,7 @@ from .runner import Runner
 from .session import Backend, ConnectOptions, SessionFactory
 from .slot import SessionSlot, connection_target
 
-__all__ = ["LeaderLock", "run_on_session"]
+__all__ = ["LeaderLock", "lock_settings", "run_on_session"]
 
 log = get_logger()
 
@@ -521,3 +522,9 @@ async def run_on_session(
             ran; a timeout; or what ``fn`` raised, as ``call_failure`` reports it.
     """
     return await lock._runner.on_session(fn, timeout_s)
+
+
+def lock_settings(lock: LeaderLock) -> LockConfig:
+    """For the layers built on a lock: its validated settings (timeouts, the fencing
+    table), read-only."""
+    return lock._config

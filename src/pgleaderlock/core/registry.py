@@ -30,6 +30,7 @@ How ``LeaderLock(dsn, ..., backend=None)`` picks one (`resolve`):
 from __future__ import annotations
 
 import re
+from contextlib import AbstractAsyncContextManager
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
@@ -48,6 +49,7 @@ __all__ = [
     "refresh",
     "registered",
     "resolve",
+    "transaction",
     "without_driver",
     "wrap_connection",
 ]
@@ -295,6 +297,22 @@ async def fetch_row(conn: object, template: str, values: tuple[object, ...]) -> 
         pending = None if fetch is None else fetch(conn, template, values)
         if pending is not None:
             return await pending
+    raise _unknown_connection(conn)
+
+
+def transaction(conn: object) -> AbstractAsyncContextManager[object]:
+    """A transaction on a connection of the caller's, for ``async with`` (a savepoint
+    when the connection is in a transaction already): ``conn.transaction()`` of psycopg
+    and asyncpg, ``begin()`` (or ``begin_nested()``) of SQLAlchemy.
+
+    Raises:
+        ConfigurationError: no installed backend knows ``conn``.
+    """
+    for name in available():
+        begin = _load(name).transaction
+        found = None if begin is None else begin(conn)
+        if found is not None:
+            return found
     raise _unknown_connection(conn)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -27,6 +28,7 @@ __all__ = [
     "LockSession",
     "AbortableSession",
     "ProbingSession",
+    "QuerySession",
     "Row",
     "SessionFactory",
     "SessionInfo",
@@ -278,6 +280,19 @@ class TableSession(Protocol):
 
 
 @runtime_checkable
+class QuerySession(Protocol):
+    """Optional capability, needed by a [`Scheduler`][pgleaderlock.schedule.Scheduler]:
+    run one of the library's own statements on the lock's session, which holds the lock
+    (a schedule's slot is claimed there, so only the leader's session can claim it)."""
+
+    async def query(self, template: str, values: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        """Every row of ``template`` (parameters numbered ``{0}``, ``{1}``, ..., each with
+        an explicit cast) with ``values``, in autocommit. The template is one of the
+        library's (schema-qualified, trusted tables): never the user's SQL."""
+        ...
+
+
+@runtime_checkable
 class FencingSession(Protocol):
     """Optional capability, needed for ``fencing=True``: bump the lock's fencing term."""
 
@@ -369,6 +384,9 @@ class Backend:
             raised while connecting outside the adapter (inside a ``connect_fn``), e.g.
             [`ServerRefusedError`][pgleaderlock.ServerRefusedError] for a wrong
             password; ``None`` when ``exc`` is not this driver's.
+        transaction: ``(conn) -> context manager or None``: ``async with`` it runs a
+            transaction on a connection of the caller's (a savepoint when one is open
+            already); ``None`` when ``conn`` is not this driver's.
         connect_budget: ``(dsn, connect_timeout_s) -> seconds``: the longest ``connect``
             may take for this DSN when each host gets its own attempt of
             ``connect_timeout_s`` (or the DSN's own ``connect_timeout``). ``None``: one
@@ -388,3 +406,4 @@ class Backend:
         None
     )
     connect_error: Callable[[BaseException], Exception | None] | None = None
+    transaction: Callable[[object], AbstractAsyncContextManager[object] | None] | None = None

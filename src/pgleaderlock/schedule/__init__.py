@@ -1,0 +1,35 @@
+"""Scheduled work that runs exactly once per slot across a fleet: a ledger of runs in
+PostgreSQL, claimed under a lock's fencing term.
+
+```python
+from pgleaderlock.schedule import Run, Scheduler
+
+sched = Scheduler(lock)  # a LeaderLock with fencing=True
+
+@sched.every(seconds=30)
+async def sync(run: Run) -> None: ...
+```
+
+See the scheduling guide for what "exactly once" covers.
+"""
+
+from .ledger import OUTCOMES, Ledger, RunTable, ScheduleTable
+from .scheduler import CatchUp, Interrupted, Job, JobFunction, Run, Scheduler
+from .timing import Cron, Every, ServerClock, Timing
+
+__all__ = [
+    "OUTCOMES",
+    "CatchUp",
+    "Cron",
+    "Every",
+    "Interrupted",
+    "Job",
+    "JobFunction",
+    "Ledger",
+    "Run",
+    "RunTable",
+    "ScheduleTable",
+    "Scheduler",
+    "ServerClock",
+    "Timing",
+]

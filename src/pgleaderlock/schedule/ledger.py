@@ -1,0 +1,209 @@
+"""The ledger of scheduled runs: one row per (schedule, slot), in PostgreSQL.
+
+A slot's row is written once, by the leader, on the session that holds the lock, under
+the lock's current fencing term (checked in the same statement): the primary key
+makes a slot claimable at most once, ever, across failovers and restarts. The row then
+records what became of the slot:
+
+| outcome   | meaning                                                                   |
+|-----------|---------------------------------------------------------------------------|
+| `running` | claimed, its job started (under ``term``)                                 |
+| `done`    | the job returned (or its ``run.transaction`` committed)                   |
+| `failed`  | the job raised (``detail`` says what)                                     |
+| `sent`    | handed to another system (Celery beat sent the task)                      |
+| `lost`    | its leader died mid-run and the schedule does not run it again            |
+| `missed`  | it fell due while nobody led, and the catch-up policy skipped it          |
+
+A second table keeps one row per schedule: its spec, since when it exists (slots before
+that were never due), and its next slot (for ``pgleaderlock status``).
+
+Every statement here is one of the library's own, on trusted tables named with their
+schema (see [`LibraryTable`][pgleaderlock.core.tables.LibraryTable]).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..core import LibraryTable, TermTable
+
+__all__ = ["OUTCOMES", "Ledger", "RunTable", "ScheduleTable"]
+
+OUTCOMES = ("running", "done", "failed", "sent", "lost", "missed")
+"""What a run's row can record (see the module's table)."""
+
+
+@dataclass(frozen=True)
+class RunTable(LibraryTable):
+    """The runs: one row per (schedule, slot)."""
+
+    name: str = "pgleaderlock_runs"
+
+    knobs: ClassVar[tuple[str, str]] = ("runs_table", "schema")
+    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE", "DELETE")
+    columns: ClassVar[str] = (
+        "schedule text NOT NULL, slot timestamptz NOT NULL, term int8 NOT NULL,"
+        " holder text, outcome text NOT NULL, attempt int4 NOT NULL DEFAULT 1,"
+        " claimed_at timestamptz NOT NULL, started_at timestamptz,"
+        " finished_at timestamptz, detail text, PRIMARY KEY (schedule, slot)"
+    )
+
+
+@dataclass(frozen=True)
+class ScheduleTable(LibraryTable):
+    """The schedules: one row each, with its spec, since when it exists and its next
+    slot."""
+
+    name: str = "pgleaderlock_schedules"
+
+    knobs: ClassVar[tuple[str, str]] = ("schedules_table", "schema")
+    columns: ClassVar[str] = (
+        "schedule text PRIMARY KEY, spec text NOT NULL, since timestamptz NOT NULL,"
+        " next_slot timestamptz, updated_at timestamptz NOT NULL"
+    )
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The statements on a schedule's tables. Parameters are numbered ``{0}``, ...,
+    each cast explicitly (every driver sends them the same way)."""
+
+    runs: RunTable
+    schedules: ScheduleTable
+    terms: TermTable
+
+    def _term_ok(self, term: str, key1: str, key2: str) -> str:
+        """A condition: the lock's term row still holds ``term`` (the claim's leader
+        has not been followed by another)."""
+        return (
+            f"EXISTS (SELECT 1 FROM {self.terms.sql} WHERE key1 = ({key1})::int4"
+            f" AND key2 = ({key2})::int4 AND term = ({term})::int8)"
+        )
+
+    @functools.cached_property
+    def register(self) -> str:
+        """``{0}`` schedule, ``{1}`` spec, ``{2}`` the oldest slot to keep rows of:
+        upsert the schedule (a changed spec starts it afresh: ``since`` = now), prune
+        old rows, and return ``since``, the newest slot with a row, and the server's
+        time."""
+        s, r = self.schedules.sql, self.runs.sql
+        return (
+            f"WITH up AS (INSERT INTO {s} AS s (schedule, spec, since, updated_at)"
+            " VALUES (({0})::text, ({1})::text, pg_catalog.clock_timestamp(),"
+            " pg_catalog.clock_timestamp()) ON CONFLICT (schedule) DO UPDATE SET"
+            " spec = EXCLUDED.spec, updated_at = EXCLUDED.updated_at,"
+            " since = CASE WHEN s.spec = EXCLUDED.spec THEN s.since ELSE EXCLUDED.since END"
+            " RETURNING since),"
+            f" pruned AS (DELETE FROM {r} WHERE schedule = ({{0}})::text"
+            " AND slot < ({2})::timestamptz AND slot < (SELECT max(slot) FROM"
+            f" {r} WHERE schedule = ({{0}})::text))"
+            " SELECT (SELECT since FROM up),"
+            f" (SELECT max(slot) FROM {r} WHERE schedule = ({{0}})::text),"
+            " pg_catalog.clock_timestamp()"
+        )
+
+    @functools.cached_property
+    def interrupted(self) -> str:
+        """``{0}`` schedule, ``{1}`` term: the slots still ``running`` under an older
+        term (their leader died mid-run), oldest first (at most 1,000)."""
+        return (
+            f"SELECT slot FROM {self.runs.sql} WHERE schedule = ({{0}})::text"
+            " AND outcome = 'running' AND term < ({1})::int8 ORDER BY slot LIMIT 1000"
+        )
+
+    @functools.cached_property
+    def claim(self) -> str:
+        """``{0}`` schedule, ``{1}`` slot, ``{2}`` term, ``{3}`` ``{4}`` the lock's keys,
+        ``{5}`` holder, ``{6}`` rerun (may take over a slot left ``running`` by an older
+        term), ``{7}`` the schedule's next slot, ``{8}`` outcome (``running`` or
+        ``sent``): claim the slot if the server's clock has reached it and the term
+        holds. Returns the server's time, the attempt (``NULL``: not claimed) and
+        whether the term holds."""
+        r, s = self.runs.sql, self.schedules.sql
+        now = "pg_catalog.clock_timestamp()"
+        return (
+            f"WITH ok AS (SELECT {self._term_ok('{2}', '{3}', '{4}')} AS held),"
+            f" ins AS (INSERT INTO {r} AS r (schedule, slot, term, holder, outcome,"
+            " claimed_at, started_at)"
+            f" SELECT ({{0}})::text, ({{1}})::timestamptz, ({{2}})::int8, ({{5}})::text,"
+            f" ({{8}})::text, {now}, {now} FROM ok WHERE ok.held"
+            f" AND {now} >= ({{1}})::timestamptz"
+            " ON CONFLICT (schedule, slot) DO UPDATE SET term = EXCLUDED.term,"
+            " holder = EXCLUDED.holder, outcome = EXCLUDED.outcome,"
+            " attempt = r.attempt + 1, claimed_at = EXCLUDED.claimed_at,"
+            " started_at = EXCLUDED.started_at, finished_at = NULL, detail = NULL"
+            " WHERE ({6})::bool AND r.outcome = 'running' AND r.term < EXCLUDED.term"
+            " RETURNING attempt),"
+            f" nxt AS (UPDATE {s} SET next_slot = ({{7}})::timestamptz,"
+            f" updated_at = {now} WHERE schedule = ({{0}})::text"
+            " AND (SELECT held FROM ok))"
+            f" SELECT {now}, (SELECT attempt FROM ins), (SELECT held FROM ok)"
+        )
+
+    @functools.cached_property
+    def miss(self) -> str:
+        """``{0}`` schedule, ``{1}`` slots, ``{2}`` term, ``{3}`` ``{4}`` keys, ``{5}``
+        holder: record ``slots`` as ``missed`` (those with a row keep it). Returns how
+        many were recorded and whether the term holds."""
+        return (
+            f"WITH ok AS (SELECT {self._term_ok('{2}', '{3}', '{4}')} AS held),"
+            f" ins AS (INSERT INTO {self.runs.sql} (schedule, slot, term, holder, outcome,"
+            " claimed_at) SELECT ({0})::text, s, ({2})::int8, ({5})::text, 'missed',"
+            " pg_catalog.clock_timestamp()"
+            " FROM ok, pg_catalog.unnest(({1})::timestamptz[]) AS s WHERE ok.held"
+            " ON CONFLICT (schedule, slot) DO NOTHING RETURNING 1)"
+            " SELECT (SELECT count(*) FROM ins), (SELECT held FROM ok)"
+        )
+
+    @functools.cached_property
+    def lose(self) -> str:
+        """``{0}`` schedule, ``{1}`` slots, ``{2}`` term, ``{3}`` ``{4}`` keys: record
+        slots left ``running`` by an older term as ``lost``. Returns how many."""
+        return (
+            f"WITH ok AS (SELECT {self._term_ok('{2}', '{3}', '{4}')} AS held),"
+            f" up AS (UPDATE {self.runs.sql} SET outcome = 'lost',"
+            " finished_at = pg_catalog.clock_timestamp(),"
+            " detail = 'its leader (term ' || term || ') ended mid-run'"
+            " WHERE schedule = ({0})::text AND slot = ANY(({1})::timestamptz[])"
+            " AND outcome = 'running' AND term < ({2})::int8 AND (SELECT held FROM ok)"
+            " RETURNING 1)"
+            " SELECT (SELECT count(*) FROM up), (SELECT held FROM ok)"
+        )
+
+    @functools.cached_property
+    def finish(self) -> str:
+        """``{0}`` schedule, ``{1}`` slot, ``{2}`` term, ``{3}`` outcome, ``{4}``
+        detail: record how a run of this term ended, unless something else did
+        already (``run.transaction``). Never waits for a row lock: a row a transaction
+        holds is left to it."""
+        r = self.runs.sql
+        return (
+            f"UPDATE {r} SET outcome = ({{3}})::text,"
+            " finished_at = pg_catalog.clock_timestamp(), detail = ({4})::text"
+            f" WHERE (schedule, slot) IN (SELECT schedule, slot FROM {r}"
+            " WHERE schedule = ({0})::text AND slot = ({1})::timestamptz"
+            " AND term = ({2})::int8 AND outcome = 'running' FOR UPDATE SKIP LOCKED)"
+            " RETURNING 1"
+        )
+
+    @functools.cached_property
+    def done(self) -> str:
+        """``{0}`` schedule, ``{1}`` slot, ``{2}`` term: in the job's own (fenced)
+        transaction, mark the run ``done``. No row: another term took the slot over."""
+        return (
+            f"UPDATE {self.runs.sql} SET outcome = 'done',"
+            " finished_at = pg_catalog.clock_timestamp()"
+            " WHERE schedule = ({0})::text AND slot = ({1})::timestamptz"
+            " AND term = ({2})::int8 AND outcome = 'running' RETURNING 1"
+        )
+
+    @functools.cached_property
+    def recent(self) -> str:
+        """``{0}`` schedule, ``{1}`` limit: its newest rows (for status and tests)."""
+        return (
+            "SELECT slot, term, holder, outcome, attempt, claimed_at, started_at,"
+            f" finished_at, detail FROM {self.runs.sql} WHERE schedule = ({{0}})::text"
+            " ORDER BY slot DESC LIMIT ({1})::int4"
+        )

@@ -1,0 +1,537 @@
+"""[`Scheduler`][pgleaderlock.schedule.Scheduler]: jobs that run once per slot across a
+fleet, on whichever replica leads a lock, with every slot claimed in the ledger first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from ..core import (
+    ConfigurationError,
+    FencedError,
+    LeaderLock,
+    QuerySession,
+    SessionSlot,
+    can,
+    check_identifier,
+    fence_transaction,
+    fetch_row,
+    get_logger,
+    lock_settings,
+    positive,
+    run_on_session,
+    transaction,
+)
+from ..tasks import LeaderTasks
+from .ledger import Ledger, RunTable, ScheduleTable
+from .timing import Cron, Every, ServerClock, Timing, utc
+
+__all__ = ["CatchUp", "Interrupted", "Job", "JobFunction", "Run", "Scheduler"]
+
+log = get_logger("pgleaderlock.schedule")
+
+CatchUp = Literal["none", "latest", "all"]
+"""What a leader does with the slots that fell due while nobody led (older than the
+misfire grace when it looks): ``"none"`` records them all as missed, ``"latest"`` runs
+the newest of them and records the rest as missed, ``"all"`` runs them all, oldest
+first (at most ``max_catch_up`` of them: the newest ones)."""
+
+Interrupted = Literal["lost", "rerun"]
+"""What the next leader does with a slot whose leader ended mid-run (killed, frozen,
+cut off): ``"lost"`` records it as lost (at most once: the job may have done part of its
+work), ``"rerun"`` runs it again under the new term (at least once; exactly once for the
+effects of a job that writes through [`Run.transaction`][pgleaderlock.schedule.Run.transaction],
+whose transaction commits only if the slot is still its own)."""
+
+JobFunction = Callable[["Run"], Awaitable[object]]
+"""A scheduled job: ``async def job(run: Run) -> ...``."""
+
+F = TypeVar("F", bound=JobFunction)
+
+MAX_RECORDED_MISSES = 1000
+"""At most this many missed slots are recorded per look; older ones are counted in the
+log line only."""
+_EARLY_RETRIES = 50
+
+
+@dataclass(frozen=True)
+class Job:
+    """A registered schedule: what runs, when, and the policies for slots that were
+    missed or interrupted (see [`Scheduler.add`][pgleaderlock.schedule.Scheduler.add])."""
+
+    name: str
+    fn: JobFunction
+    timing: Timing
+    catch_up: CatchUp = "latest"
+    max_catch_up: int = 100
+    misfire_grace_s: float = 1.0
+    interrupted: Interrupted = "lost"
+
+
+class Run:
+    """One run of a scheduled job: its slot, the term it runs under, and the fenced
+    transaction that marks it done.
+
+    Attributes:
+        schedule: the schedule's name as the ledger keeps it (``<lock>:<job>``).
+        slot: the slot's time, an aware UTC datetime (from the server's clock).
+        term: the fencing term of the leadership that claimed the slot.
+        attempt: 1, or more when the slot was run again after its leader ended
+            mid-run (``interrupted="rerun"``).
+        late_s: how late the run started after its slot, by the server's clock.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        schedule: str,
+        slot: dt.datetime,
+        term: int,
+        attempt: int,
+        started: dt.datetime,
+    ) -> None:
+        self._scheduler = scheduler
+        self.schedule = schedule
+        self.slot = slot
+        self.term = term
+        self.attempt = attempt
+        self.late_s = (started - slot).total_seconds()
+        self.done = False
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, conn: object) -> AsyncIterator[int]:
+        """``async with run.transaction(conn):`` a transaction on the caller's
+        connection (psycopg, asyncpg or SQLAlchemy; a savepoint inside an open
+        transaction) that is fenced with this run's term and marks the slot ``done``
+        when it commits: the job's writes in it happen exactly once per slot, even when
+        its leader dies mid-run and the next one runs the slot again
+        (``interrupted="rerun"``). Yields the term.
+
+        Raises:
+            FencedError: a newer leadership has begun, or took the slot over: the
+                transaction rolls back.
+        """
+        scheduler = self._scheduler
+        async with transaction(conn):
+            await scheduler._fence(conn, self.term)
+            yield self.term
+            row = await fetch_row(
+                conn, scheduler._ledger.done, (self.schedule, self.slot, self.term)
+            )
+            if row is None:
+                raise FencedError(
+                    f"{self.schedule}: the slot {self.slot.isoformat()} is no longer this "
+                    f"run's (term {self.term}): another leadership took it over, so this "
+                    "transaction must not commit (it is rolled back)"
+                )
+        self.done = True
+
+    def __repr__(self) -> str:
+        return f"<Run {self.schedule} slot={self.slot.isoformat()} term={self.term}>"
+
+
+class Scheduler:
+    """Jobs that run once per slot across every replica that shares ``lock``: only the
+    leader runs them, and it claims each slot in the ledger (under its fencing term, on
+    the session that holds the lock) before it starts the job. A slot is claimed at most
+    once, ever; slot times come from the database server's clock.
+
+    Create it before starting the lock, and start it next to the lock:
+
+    ```python
+    lock = LeaderLock.from_name("reports", dsn=DSN, fencing=True)
+    sched = Scheduler(lock)
+
+    @sched.cron("*/5 * * * *")
+    async def report(run: Run) -> None:
+        async with await psycopg.AsyncConnection.connect(DSN) as conn:
+            async with run.transaction(conn):  # fenced; marks the slot done
+                await conn.execute("INSERT INTO reports ...")
+
+    async with lock, sched:
+        await serve_forever()
+    ```
+
+    Runs of one job never overlap: a slot that falls due while the previous run is still
+    going waits for it (and is then late, see ``misfire_grace_s``). A job that raises is
+    recorded as ``failed`` and the next slot runs as usual. When leadership is lost the
+    running jobs are cancelled; with the lock's ``drain_s`` a graceful stop lets the
+    current run finish.
+
+    Args:
+        lock: a [`LeaderLock`][pgleaderlock.LeaderLock] with ``fencing=True``.
+        runs_table: the ledger's table of runs (created if missing and allowed; see
+            ``pgleaderlock sql``).
+        schedules_table: the table of schedules.
+        schema: the schema of both (default: the lock's ``fencing_schema``).
+        keep_runs_s: how long the rows of past slots are kept (pruned when a leader
+            begins); the newest row of a schedule is always kept.
+        call_timeout_s: the bound of each ledger statement (default: the lock's
+            ``command_timeout_s``).
+
+    Raises:
+        ConfigurationError: the lock has no fencing, or bad arguments.
+    """
+
+    def __init__(
+        self,
+        lock: LeaderLock,
+        *,
+        runs_table: str = RunTable.name,
+        schedules_table: str = ScheduleTable.name,
+        schema: str | None = None,
+        keep_runs_s: float = 7 * 86_400.0,
+        call_timeout_s: float | None = None,
+    ) -> None:
+        if not isinstance(lock, LeaderLock):
+            raise ConfigurationError(f"Scheduler needs a LeaderLock, got {lock!r}")
+        config = lock_settings(lock)
+        terms = config.term_table
+        if terms is None:
+            raise ConfigurationError(
+                "Scheduler needs LeaderLock(..., fencing=True): every slot is claimed under "
+                "the lock's fencing term"
+            )
+        where = terms.schema if schema is None else check_identifier("schema", schema)
+        self._ledger = Ledger(
+            RunTable(runs_table, where, terms.trusted_roles),
+            ScheduleTable(schedules_table, where, terms.trusted_roles),
+            terms,
+        )
+        self._lock = lock
+        self._keep = dt.timedelta(seconds=positive("keep_runs_s", keep_runs_s))
+        self._timeout_s = (
+            config.command_timeout_s
+            if call_timeout_s is None
+            else positive("call_timeout_s", call_timeout_s)
+        )
+        self._holder = f"{socket.gethostname()}:{os.getpid()}"
+        self._jobs: dict[str, Job] = {}
+        self._tasks = LeaderTasks(lock)
+        self._started = False
+        self.clock = ServerClock()
+        """The server's time as this process estimates it."""
+
+    # ------------------------------------------------------------------ registration
+
+    @property
+    def lock(self) -> LeaderLock:
+        """The lock whose leader runs the jobs."""
+        return self._lock
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The registered jobs."""
+        return list(self._jobs.values())
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger's statements and tables."""
+        return self._ledger
+
+    def schedule_name(self, job: str) -> str:
+        """How the ledger names ``job`` of this scheduler: ``<lock>:<job>``."""
+        return f"{self._lock.label}:{job}"
+
+    def add(
+        self,
+        fn: JobFunction,
+        timing: Timing,
+        *,
+        name: str | None = None,
+        catch_up: CatchUp = "latest",
+        max_catch_up: int = 100,
+        misfire_grace_s: float = 1.0,
+        interrupted: Interrupted = "lost",
+    ) -> Job:
+        """Register ``fn`` to run once per slot of ``timing``.
+
+        Args:
+            fn: ``async def job(run: Run)``.
+            timing: an [`Every`][pgleaderlock.schedule.Every] or a
+                [`Cron`][pgleaderlock.schedule.Cron].
+            name: the job's name (default: the function's ``__name__``), unique in this
+                scheduler; with the lock's name it keys the ledger's rows, so keep it
+                stable across deployments.
+            catch_up: the slots that fell due while nobody led (see
+                [`CatchUp`][pgleaderlock.schedule.CatchUp]).
+            max_catch_up: with ``catch_up="all"``, at most this many of them run.
+            misfire_grace_s: a slot claimed later than this after its time counts as
+                missed, and the catch-up policy decides it.
+            interrupted: a slot whose leader ended mid-run (see
+                [`Interrupted`][pgleaderlock.schedule.Interrupted]).
+
+        Raises:
+            ConfigurationError: bad arguments, or the name is taken.
+        """
+        if not asyncio.iscoroutinefunction(fn):
+            raise ConfigurationError(f"a scheduled job must be an async function, got {fn!r}")
+        job_name = check_job_name(name if name is not None else getattr(fn, "__name__", ""))
+        if job_name in self._jobs:
+            raise ConfigurationError(f"a job named {job_name!r} is already scheduled")
+        if catch_up not in ("none", "latest", "all"):
+            raise ConfigurationError(
+                f"catch_up must be 'none', 'latest' or 'all', got {catch_up!r}"
+            )
+        if interrupted not in ("lost", "rerun"):
+            raise ConfigurationError(f"interrupted must be 'lost' or 'rerun', got {interrupted!r}")
+        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+            raise ConfigurationError(f"max_catch_up must be an int >= 1, got {max_catch_up!r}")
+        job = Job(
+            name=job_name,
+            fn=fn,
+            timing=timing,
+            catch_up=catch_up,
+            max_catch_up=max_catch_up,
+            misfire_grace_s=positive("misfire_grace_s", misfire_grace_s),
+            interrupted=interrupted,
+        )
+        self._jobs[job_name] = job
+        if self._started:
+            self._start(job)
+        return job
+
+    def every(
+        self,
+        seconds: float = 0,
+        *,
+        minutes: float = 0,
+        hours: float = 0,
+        offset_s: float = 0,
+        name: str | None = None,
+        catch_up: CatchUp = "latest",
+        max_catch_up: int = 100,
+        misfire_grace_s: float = 1.0,
+        interrupted: Interrupted = "lost",
+    ) -> Callable[[F], F]:
+        """Decorator: run the job every ``hours + minutes + seconds``, counted from the
+        UNIX epoch plus ``offset_s`` (so every 5 minutes falls at :00, :05, ...). The
+        other arguments are [`add`][pgleaderlock.schedule.Scheduler.add]'s."""
+        interval = dt.timedelta(hours=hours, minutes=minutes, seconds=seconds)
+        timing = Every(interval, dt.timedelta(seconds=offset_s))
+
+        def register(fn: F) -> F:
+            self.add(fn, timing, name=name, catch_up=catch_up, max_catch_up=max_catch_up,
+                     misfire_grace_s=misfire_grace_s, interrupted=interrupted)  # fmt: skip
+            return fn
+
+        return register
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        timezone: str = "UTC",
+        name: str | None = None,
+        catch_up: CatchUp = "latest",
+        max_catch_up: int = 100,
+        misfire_grace_s: float = 1.0,
+        interrupted: Interrupted = "lost",
+    ) -> Callable[[F], F]:
+        """Decorator: run the job at the times of a five-field cron expression in
+        ``timezone`` (needs ``pip install 'pgleaderlock[cron]'``). The other arguments
+        are [`add`][pgleaderlock.schedule.Scheduler.add]'s."""
+        timing = Cron(expression, timezone)
+
+        def register(fn: F) -> F:
+            self.add(fn, timing, name=name, catch_up=catch_up, max_catch_up=max_catch_up,
+                     misfire_grace_s=misfire_grace_s, interrupted=interrupted)  # fmt: skip
+            return fn
+
+        return register
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Begin: the jobs run whenever the lock leads (from its next LEADER state on,
+        or now if it leads already)."""
+        if self._started:
+            return
+        self._started = True
+        for job in self._jobs.values():
+            self._start(job)
+
+    async def shutdown(self) -> None:
+        """Stop: cancel and await every running job (its slot stays ``running`` in the
+        ledger; the next leader applies the job's ``interrupted`` policy). To let the
+        current runs finish, shut the lock down first with its ``drain_s``."""
+        self._started = False
+        await self._tasks.close()
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def _start(self, job: Job) -> None:
+        async def drive() -> None:
+            await self._drive(job)
+
+        self._tasks.add(drive, name=job.name)
+
+    # ------------------------------------------------------------------ the leader's loop
+
+    async def _drive(self, job: Job) -> None:
+        """While the lock leads: settle the past (interrupted runs, missed slots), then
+        claim and run every slot as it falls due."""
+        lock = self._lock
+        term = lock.term
+        if term is None:
+            return  # the leadership ended before this task ran
+        name = self.schedule_name(job.name)
+        since, newest, _ = (
+            await self._query(
+                self._ledger.register, (name, job.timing.spec, self.clock.now() - self._keep), 2
+            )
+        )[0]
+        cursor = max(utc(since), utc(newest)) if newest is not None else utc(since)
+        rows = await self._query(self._ledger.interrupted, (name, term))
+        if rows:
+            await self._interrupted(job, name, [utc(row[0]) for row in rows], term)
+        while not lock.draining:
+            due = job.timing.after(cursor)
+            now = self.clock.now()
+            late_by = (now - due).total_seconds()
+            if late_by > job.misfire_grace_s:
+                through = now - dt.timedelta(seconds=job.misfire_grace_s)
+                cursor = await self._catch_up(job, name, cursor, through, term)
+                continue
+            if late_by < 0:
+                await self.clock.sleep_until(due)
+                if lock.draining:
+                    return
+            await self._run(job, name, due, term)
+            cursor = due
+
+    async def _interrupted(self, job: Job, name: str, slots: list[dt.datetime], term: int) -> None:
+        if job.interrupted == "lost":
+            lost = await self._query(self._ledger.lose, (name, slots, term, *self._lock.keys))
+            log.warning("runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
+                        first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
+            return
+        log.warning("runs_rerun", schedule=name, slots=len(slots), first=slots[0].isoformat())
+        for slot in slots:
+            await self._run(job, name, slot, term, rerun=True)
+
+    async def _catch_up(
+        self, job: Job, name: str, cursor: dt.datetime, through: dt.datetime, term: int
+    ) -> dt.datetime:
+        """The slots in ``(cursor, through]`` fell due while nobody ran them: run those
+        the catch-up policy names, record the others as missed. Returns the new cursor."""
+        keep = {"none": 0, "latest": 1, "all": job.max_catch_up}[job.catch_up]
+        slots, older = job.timing.newest(cursor, through, max(MAX_RECORDED_MISSES, keep))
+        if not slots:
+            return through
+        ran = slots[len(slots) - keep :] if keep else []
+        missed = slots[: len(slots) - len(ran)]
+        if missed:
+            values = (name, missed, term, *self._lock.keys, self._holder)
+            recorded, held = (await self._query(self._ledger.miss, values))[0]
+            if not held:
+                raise FencedError(f"{name}: the fencing term moved on from {term}")
+            log.warning("slots_missed", schedule=name, missed=len(missed) + older,
+                        recorded=recorded, first=missed[0].isoformat(),
+                        last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
+        for slot in ran:
+            await self._run(job, name, slot, term)
+        return slots[-1]
+
+    async def _run(
+        self, job: Job, name: str, slot: dt.datetime, term: int, *, rerun: bool = False
+    ) -> None:
+        """Claim ``slot``, then run the job for it and record how it ended."""
+        claimed = await self._claim(job, name, slot, term, rerun)
+        if claimed is None:
+            return
+        attempt, started = claimed
+        run = Run(self, name, slot, term, attempt, started)
+        outcome, detail = "done", None
+        try:
+            await job.fn(run)
+        except Exception as exc:
+            outcome, detail = "failed", f"{type(exc).__name__}: {exc}"[:1000]
+            log.error("job_failed", schedule=name, slot=slot.isoformat(), term=term, exc=exc)
+        if run.done and outcome == "done":
+            return  # its transaction recorded it
+        await self._query(self._ledger.finish, (name, slot, term, outcome, detail))
+
+    async def _claim(
+        self, job: Job, name: str, slot: dt.datetime, term: int, rerun: bool
+    ) -> tuple[int, dt.datetime] | None:
+        """The slot's row, written under ``term``: (attempt, the server's time), or
+        ``None`` when the slot has a row already. Waits while the server's clock has
+        not reached the slot (this process's estimate ran ahead)."""
+        upcoming = job.timing.after(slot)
+        values = (name, slot, term, *self._lock.keys, self._holder, rerun, upcoming, "running")
+        for _ in range(_EARLY_RETRIES):
+            server_now, attempt, held = (await self._query(self._ledger.claim, values, 0))[0]
+            if not held:
+                raise FencedError(f"{name}: the fencing term moved on from {term}")
+            if attempt is not None:
+                started = utc(server_now)
+                log.debug("slot_claimed", schedule=name, slot=slot.isoformat(), term=term,
+                          late_s=round((started - slot).total_seconds(), 4))  # fmt: skip
+                return int(attempt), started
+            early = (slot - utc(server_now)).total_seconds()
+            if early <= 0:
+                log.info("slot_taken", schedule=name, slot=slot.isoformat(), term=term)
+                return None
+            await asyncio.sleep(early)
+        raise ConnectionError(f"{name}: the server's clock never reached {slot.isoformat()}")
+
+    async def _query(
+        self, template: str, values: tuple[object, ...], clock: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        """A ledger statement on the session that holds the lock (bounded; a failure
+        there is the session's and loses the leadership). A refused table (another
+        role's, missing privileges) is raised here without touching the leadership.
+        ``clock``: the column with the server's time, for the clock's estimate."""
+        ledger = self._ledger
+
+        async def call(slot: SessionSlot) -> list[tuple[Any, ...]] | Exception:
+            session = slot.session
+            if not can(session, QuerySession):
+                return ConfigurationError(
+                    f"a Scheduler needs sessions that run the ledger's statements; "
+                    f"{session!r} cannot (a third-party backend without QuerySession)"
+                )
+            try:
+                await slot.prepare(ledger.runs)
+                await slot.prepare(ledger.schedules)
+            except ConfigurationError as exc:
+                return exc
+            query: QuerySession = session  # type: ignore[assignment]
+            return await slot.with_table(ledger.runs, lambda: query.query(template, values))
+
+        sent = time.time()
+        result = await run_on_session(self._lock, call, self._timeout_s)
+        if isinstance(result, Exception):
+            raise result
+        if clock is not None and result:
+            self.clock.observe(result[0][clock], sent, time.time())
+        return result
+
+    async def _fence(self, conn: object, term: int) -> None:
+        config = lock_settings(self._lock)
+        assert config.term_table is not None
+        await fence_transaction(conn, config.term_table, self._lock.keys, term, self._lock.label)
+
+
+def check_job_name(name: object) -> str:
+    """A job's name: a non-empty string without control characters, at most 200
+    characters."""
+    if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
+        raise ConfigurationError(
+            f"a job's name must be a printable string of 1 to 200 characters, got {name!r}"
+        )
+    return name
