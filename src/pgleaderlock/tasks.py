@@ -205,6 +205,11 @@ class LeaderTasks:
         if self._leading and self._lock.is_leader:
             self._start(task_name)
 
+    async def remove(self, name: str) -> None:
+        """Unregister the task called ``name``; if it runs, cancel and await it."""
+        if self._functions.pop(name, None) is not None:
+            await self._tasks.stop([name])
+
     @overload
     def task(self, fn: TF, /) -> TF: ...
 

@@ -74,6 +74,7 @@ class Job:
     max_catch_up: int = 100
     misfire_grace_s: float = 1.0
     interrupted: Interrupted = "lost"
+    outcome: Literal["done", "sent"] = "done"
 
 
 class Run:
@@ -251,6 +252,7 @@ class Scheduler:
         max_catch_up: int = 100,
         misfire_grace_s: float = 1.0,
         interrupted: Interrupted = "lost",
+        outcome: Literal["done", "sent"] = "done",
     ) -> Job:
         """Register ``fn`` to run once per slot of ``timing``.
 
@@ -268,6 +270,9 @@ class Scheduler:
                 missed, and the catch-up policy decides it.
             interrupted: a slot whose leader ended mid-run (see
                 [`Interrupted`][pgleaderlock.schedule.Interrupted]).
+            outcome: what the ledger records when the job returns: ``"done"``, or
+                ``"sent"`` for a job that hands the work to another system (Celery
+                beat's integration sends a task).
 
         Raises:
             ConfigurationError: bad arguments, or the name is taken.
@@ -293,7 +298,10 @@ class Scheduler:
             max_catch_up=max_catch_up,
             misfire_grace_s=positive("misfire_grace_s", misfire_grace_s),
             interrupted=interrupted,
+            outcome=outcome,
         )
+        if outcome not in ("done", "sent"):
+            raise ConfigurationError(f"outcome must be 'done' or 'sent', got {outcome!r}")
         self._jobs[job_name] = job
         if self._started:
             self._start(job)
@@ -372,6 +380,13 @@ class Scheduler:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
+
+    async def remove(self, name: str) -> None:
+        """Unschedule the job called ``name``: a run in progress is cancelled (its slot
+        stays ``running``, for the ``interrupted`` policy of a job of that name added
+        later); its ledger rows stay."""
+        if self._jobs.pop(name, None) is not None:
+            await self._tasks.remove(name)
 
     def _start(self, job: Job) -> None:
         async def drive() -> None:
@@ -455,13 +470,14 @@ class Scheduler:
             return
         attempt, started = claimed
         run = Run(self, name, slot, term, attempt, started)
-        outcome, detail = "done", None
+        outcome: str = job.outcome
+        detail: str | None = None
         try:
             await job.fn(run)
         except Exception as exc:
             outcome, detail = "failed", f"{type(exc).__name__}: {exc}"[:1000]
             log.error("job_failed", schedule=name, slot=slot.isoformat(), term=term, exc=exc)
-        if run.done and outcome == "done":
+        if run.done and outcome != "failed":
             return  # its transaction recorded it
         await self._query(self._ledger.finish, (name, slot, term, outcome, detail))
 
