@@ -60,6 +60,28 @@ echo "== mypy --strict src tests"
 echo "== mkdocs build --strict"
 "$VENV/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)"
 
-echo "== pytest"
-# pytest exits 5 when no test ran: set -e makes that a failure, as it should be.
-"$VENV/bin/python" -m pytest -W error::ResourceWarning "$@"
+# pytest exits 5 when no test ran: that is a failure here, as it should be.
+if [ "$#" -gt 0 ]; then
+    echo "== pytest $*"
+    exec "$VENV/bin/python" -m pytest -W error::ResourceWarning "$@"
+fi
+# The soak tier (tests/soak: minutes-long fault runs that mostly wait for clock
+# ticks) runs beside the rest, in a pytest of its own; its output follows the rest's.
+echo "== pytest (tests/soak runs beside it; its report follows)"
+soak_log="$(mktemp)"
+"$VENV/bin/python" -m pytest -W error::ResourceWarning -p no:cacheprovider tests/soak \
+    >"$soak_log" 2>&1 &
+soak_pid=$!
+trap 'kill "$soak_pid" 2>/dev/null || true' EXIT
+status=0
+"$VENV/bin/python" -m pytest -W error::ResourceWarning --ignore=tests/soak || status=$?
+soak_status=0
+wait "$soak_pid" || soak_status=$?
+trap - EXIT
+echo "== pytest tests/soak (exit $soak_status)"
+cat "$soak_log"
+rm -f "$soak_log"
+if [ "$status" != 0 ] || [ "$soak_status" != 0 ]; then
+    echo "pytest failed: the suite exited $status, tests/soak exited $soak_status"
+    exit 1
+fi
