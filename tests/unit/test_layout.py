@@ -9,13 +9,15 @@ import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import pgleaderlock
 
 PACKAGE = Path(pgleaderlock.__file__).resolve().parent
 CORE = PACKAGE / "core"
 MACHINE = CORE / "machine"
 
-OUTER = ("backends", "integrations", "plugins", "cli", "coordination", "testing")
+OUTER = ("backends", "integrations", "plugins", "cli", "coordination", "schedule", "testing")
 DRIVERS = ("psycopg", "asyncpg", "sqlalchemy", "psycopg2")
 IO = ("asyncio", "socket", "selectors", "threading", "subprocess", *DRIVERS)
 
@@ -133,26 +135,31 @@ COORDINATION = PACKAGE / "coordination"
 BACKENDS = PACKAGE / "backends"
 
 
-def test_coordination_imports_only_the_cores_public_surface() -> None:
-    """The Coordinator builds on ``pgleaderlock.core``'s exported names (its
-    ``__all__``), never on a core module or on another outer layer: the core may change
-    behind that surface, and the Coordinator cannot grow a copy of what it hides."""
+@pytest.mark.parametrize(
+    ("layer", "also"), [("coordination", ()), ("schedule", ("pgleaderlock.tasks",))]
+)
+def test_layers_import_only_the_cores_public_surface(layer: str, also: tuple[str, ...]) -> None:
+    """The Coordinator and the Scheduler build on ``pgleaderlock.core``'s exported names
+    (its ``__all__``; the Scheduler also on ``LeaderTasks``), never on a core module or
+    on another outer layer: the core may change behind that surface, and neither layer
+    can grow a copy of what it hides."""
     import pgleaderlock.core as core
 
     offenders = []
-    for path in modules(COORDINATION):
+    for path in modules(PACKAGE / layer):
         for name in imported(path):
             parts = name.split(".")
-            if parts[0] != "pgleaderlock" or len(parts) < 2 or parts[1] == "coordination":
+            if parts[0] != "pgleaderlock" or len(parts) < 2 or parts[1] == layer:
                 continue
             public = parts[1] == "core" and (
                 len(parts) == 2 or (len(parts) == 3 and parts[2] in core.__all__)
             )
-            if not public:
+            if not public and not any(name == a or name.startswith(a + ".") for a in also):
                 offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert offenders == []
     assert all(hasattr(core, name) for name in core.__all__)
     assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "member.py")
+    assert "pgleaderlock.core.run_on_session" in imported(PACKAGE / "schedule" / "scheduler.py")
 
 
 def test_no_backend_module_decides_a_policy() -> None:

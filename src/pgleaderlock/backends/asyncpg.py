@@ -131,7 +131,7 @@ class AsyncpgSession(BaseSession):
     async def _prepare(self, statement: Statement) -> Any:
         if not self._ready:
             await self._reset()
-        sql = statement.sql(*[f"${n}" for n in range(1, 8)])
+        sql = statement.sql(*[f"${n}" for n in range(1, max(statement.arity, 7) + 1)])
         info = self._info
         if info is None or info.behind_pooler:  # once, unnamed: nothing stays behind
             return await self._conn.prepare(sql, name="")

@@ -158,6 +158,10 @@ class SQLAlchemySession:
     async def prepare_table(self, table: LibraryTable) -> None:
         await self._inner.prepare_table(table)
 
+    async def query(self, template: str, values: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = await self._inner.query(template, values)
+        return rows
+
     async def listen(self, channel: str) -> None:
         await self._inner.listen(channel)
 

@@ -431,10 +431,12 @@ class Scheduler:
     async def _interrupted(self, job: Job, name: str, slots: list[dt.datetime], term: int) -> None:
         if job.interrupted == "lost":
             lost = await self._query(self._ledger.lose, (name, slots, term, *self._lock.keys))
-            log.warning("runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
+            self._log("warning", "runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
                         first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
             return
-        log.warning("runs_rerun", schedule=name, slots=len(slots), first=slots[0].isoformat())
+        self._log(
+            "warning", "runs_rerun", schedule=name, slots=len(slots), first=slots[0].isoformat()
+        )
         for slot in slots:
             await self._run(job, name, slot, term, rerun=True)
 
@@ -454,7 +456,7 @@ class Scheduler:
             recorded, held = (await self._query(self._ledger.miss, values))[0]
             if not held:
                 raise FencedError(f"{name}: the fencing term moved on from {term}")
-            log.warning("slots_missed", schedule=name, missed=len(missed) + older,
+            self._log("warning", "slots_missed", schedule=name, missed=len(missed) + older,
                         recorded=recorded, first=missed[0].isoformat(),
                         last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
         for slot in ran:
@@ -476,7 +478,9 @@ class Scheduler:
             await job.fn(run)
         except Exception as exc:
             outcome, detail = "failed", f"{type(exc).__name__}: {exc}"[:1000]
-            log.error("job_failed", schedule=name, slot=slot.isoformat(), term=term, exc=exc)
+            self._log(
+                "error", "job_failed", schedule=name, slot=slot.isoformat(), term=term, exc=exc
+            )
         if run.done and outcome != "failed":
             return  # its transaction recorded it
         await self._query(self._ledger.finish, (name, slot, term, outcome, detail))
@@ -495,12 +499,12 @@ class Scheduler:
                 raise FencedError(f"{name}: the fencing term moved on from {term}")
             if attempt is not None:
                 started = utc(server_now)
-                log.debug("slot_claimed", schedule=name, slot=slot.isoformat(), term=term,
+                self._log("debug", "slot_claimed", schedule=name, slot=slot.isoformat(), term=term,
                           late_s=round((started - slot).total_seconds(), 4))  # fmt: skip
                 return int(attempt), started
             early = (slot - utc(server_now)).total_seconds()
             if early <= 0:
-                log.info("slot_taken", schedule=name, slot=slot.isoformat(), term=term)
+                self._log("info", "slot_taken", schedule=name, slot=slot.isoformat(), term=term)
                 return None
             await asyncio.sleep(early)
         raise ConnectionError(f"{name}: the server's clock never reached {slot.isoformat()}")
@@ -508,9 +512,10 @@ class Scheduler:
     async def _query(
         self, template: str, values: tuple[object, ...], clock: int | None = None
     ) -> list[tuple[Any, ...]]:
-        """A ledger statement on the session that holds the lock (bounded; a failure
-        there is the session's and loses the leadership). A refused table (another
-        role's, missing privileges) is raised here without touching the leadership.
+        """A ledger statement on the session that holds the lock, bounded. A lost
+        connection (or a timeout) is the session's and loses the leadership; any other
+        error is the statement's (a refused table: another role's, or missing
+        privileges) and is raised here without touching the leadership.
         ``clock``: the column with the server's time, for the clock's estimate."""
         ledger = self._ledger
 
@@ -527,7 +532,12 @@ class Scheduler:
             except ConfigurationError as exc:
                 return exc
             query: QuerySession = session  # type: ignore[assignment]
-            return await slot.with_table(ledger.runs, lambda: query.query(template, values))
+            try:
+                return await slot.with_table(ledger.runs, lambda: query.query(template, values))
+            except ConnectionError:
+                raise  # the session's: the leadership goes with it
+            except Exception as exc:
+                return exc  # the statement's: the probes judge the session
 
         sent = time.time()
         result = await run_on_session(self._lock, call, self._timeout_s)
@@ -536,6 +546,9 @@ class Scheduler:
         if clock is not None and result:
             self.clock.observe(result[0][clock], sent, time.time())
         return result
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        getattr(log, level)(event, lock=self._lock.label, **fields)
 
     async def _fence(self, conn: object, term: int) -> None:
         config = lock_settings(self._lock)
