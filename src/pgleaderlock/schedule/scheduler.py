@@ -394,6 +394,108 @@ class Scheduler:
 
         self._tasks.add(drive, name=job.name)
 
+    # ------------------------------------------------------------------ slots timed elsewhere
+
+    async def settle(self, job: Job, through: dt.datetime) -> list[tuple[dt.datetime, bool]]:
+        """For an integration whose own scheduler times the slots (APScheduler): what a
+        leader does for ``job`` when its leadership begins, without running anything.
+
+        Registers the schedule (``job`` need not be added to this scheduler; its ``fn``
+        is not called), applies ``job.interrupted`` to slots left ``running`` by an older
+        term, and ``job.catch_up`` to the slots after the schedule's newest row that are
+        older than ``job.misfire_grace_s``. Slots the policies skip are recorded (``lost``,
+        ``missed``). Returns the slots to run now, oldest first, up to ``through`` (those
+        within the grace included), each with whether it is a rerun: the caller claims
+        each with [`claim`][pgleaderlock.schedule.Scheduler.claim] before running it.
+        Returns ``[]`` when the lock does not lead.
+
+        Raises:
+            FencedError: the leadership ended meanwhile.
+            ConnectionError: the lock lost its session (or does not lead).
+        """
+        term = self._lock.term
+        if term is None:
+            return []
+        name = self.schedule_name(job.name)
+        since, newest, _ = (
+            await self._query(
+                self._ledger.register, (name, job.timing.spec, self.clock.now() - self._keep), 2
+            )
+        )[0]
+        cursor = max(utc(since), utc(newest)) if newest is not None else utc(since)
+        todo: list[tuple[dt.datetime, bool]] = []
+        rows = await self._query(self._ledger.interrupted, (name, term))
+        if rows:
+            slots = [utc(row[0]) for row in rows]
+            if job.interrupted == "lost":
+                await self._interrupted(job, name, slots, term)
+            else:
+                log.warning("runs_rerun", schedule=name, slots=len(slots),
+                            first=slots[0].isoformat())  # fmt: skip
+                todo.extend((slot, True) for slot in slots)
+        stale = min(utc(through), self.clock.now() - dt.timedelta(seconds=job.misfire_grace_s))
+        if stale > cursor:
+            # The same choice as _catch_up, without running: the caller runs them.
+            keep = {"none": 0, "latest": 1, "all": job.max_catch_up}[job.catch_up]
+            slots, older = job.timing.newest(cursor, stale, max(MAX_RECORDED_MISSES, keep))
+            ran = slots[len(slots) - keep :] if keep else []
+            missed = slots[: len(slots) - len(ran)]
+            if missed:
+                values = (name, missed, term, *self._lock.keys, self._holder)
+                recorded, held = (await self._query(self._ledger.miss, values))[0]
+                if not held:
+                    raise FencedError(f"{name}: the fencing term moved on from {term}")
+                log.warning("slots_missed", schedule=name, missed=len(missed) + older,
+                            recorded=recorded, first=missed[0].isoformat(),
+                            last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
+            todo.extend((slot, False) for slot in ran)
+            cursor = stale
+        fresh, _ = job.timing.newest(cursor, utc(through), MAX_RECORDED_MISSES)
+        todo.extend((slot, False) for slot in fresh)
+        return todo
+
+    async def claim(self, job: Job, slot: dt.datetime, *, rerun: bool = False) -> Run | None:
+        """For an integration whose own scheduler times the slots (APScheduler): claim
+        ``slot`` of ``job`` under the lock's current term, on the session that holds the
+        lock, as the scheduler's own loop does before it runs a slot (waiting while the
+        server's clock has not reached it). ``rerun`` may take over a slot left
+        ``running`` by an older term. Record how the run ended with
+        [`finish`][pgleaderlock.schedule.Scheduler.finish].
+
+        Returns:
+            The run, or ``None`` when the slot has a row already (it ran, or was
+            recorded) or the lock does not lead.
+
+        Raises:
+            FencedError: the leadership ended meanwhile.
+            ConnectionError: the lock lost its session (or does not lead).
+        """
+        term = self._lock.term
+        if term is None:
+            return None
+        name = self.schedule_name(job.name)
+        claimed = await self._claim(job, name, utc(slot), term, rerun)
+        if claimed is None:
+            return None
+        return Run(self, name, utc(slot), term, *claimed)
+
+    async def finish(
+        self, run: Run, *, error: BaseException | None = None, outcome: str = "done"
+    ) -> None:
+        """Record how a run from [`claim`][pgleaderlock.schedule.Scheduler.claim] ended:
+        ``outcome`` (``"done"`` or ``"sent"``), or ``failed`` with ``error``. Nothing to
+        do when its ``run.transaction`` recorded it already.
+
+        Raises:
+            ConnectionError: the lock lost its session (the slot stays ``running``: the
+                next leader applies the job's ``interrupted`` policy).
+        """
+        if run.done and error is None:
+            return
+        detail = None if error is None else f"{type(error).__name__}: {error}"[:1000]
+        values = (run.schedule, run.slot, run.term, "failed" if error else outcome, detail)
+        await self._query(self._ledger.finish, values)
+
     # ------------------------------------------------------------------ the leader's loop
 
     async def _drive(self, job: Job) -> None:
