@@ -1102,7 +1102,8 @@ class SchedulerBinding:
             submit(_SlotJob(job, spec, due, self._ledger), [d.at for d in due])
         except Exception as exc:  # MaxInstancesReachedError, a removed executor, ...
             log.warning("catch_up_skipped", job=job.id, lock=self._lock.label,
-                        run_times=[d.at.isoformat() for d in due], exc=exc)  # fmt: skip
+                        run_times=[d.at.isoformat() for d in due],
+                        reason=f"{type(exc).__name__}: {exc}")  # fmt: skip
         else:
             log.info("catch_up_submitted", job=job.id, lock=self._lock.label,
                      run_times=[d.at.isoformat() for d in due])  # fmt: skip

@@ -431,7 +431,7 @@ class Scheduler:
                 await self._interrupted(job, name, slots, term)
             else:
                 log.warning("runs_rerun", schedule=name, slots=len(slots),
-                            first=slots[0].isoformat())  # fmt: skip
+                            first=slots[0].isoformat(), lock=self._lock.label)  # fmt: skip
                 todo.extend((slot, True) for slot in slots)
         stale = min(utc(through), self.clock.now() - dt.timedelta(seconds=job.misfire_grace_s))
         if stale > cursor:
@@ -447,7 +447,8 @@ class Scheduler:
                     raise FencedError(f"{name}: the fencing term moved on from {term}")
                 log.warning("slots_missed", schedule=name, missed=len(missed) + older,
                             recorded=recorded, first=missed[0].isoformat(),
-                            last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
+                            last=missed[-1].isoformat(), catch_up=job.catch_up,
+                            lock=self._lock.label)  # fmt: skip
             todo.extend((slot, False) for slot in ran)
             cursor = stale
         fresh, _ = job.timing.newest(cursor, utc(through), MAX_RECORDED_MISSES)
@@ -534,7 +535,8 @@ class Scheduler:
         if job.interrupted == "lost":
             lost = await self._query(self._ledger.lose, (name, slots, term, *self._lock.keys))
             log.warning("runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
-                        first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
+                        first=slots[0].isoformat(), reason="leader ended mid-run",
+                        lock=self._lock.label)  # fmt: skip
             return
         log.warning("runs_rerun", schedule=name, slots=len(slots), first=slots[0].isoformat())
         for slot in slots:
