@@ -135,7 +135,7 @@ async def lateness(admin: Admin, table: str, epoch: float, tick: int) -> float:
     )
     row = await cur.fetchone()
     assert row is not None
-    return float(row[0]) - tick_time(epoch, tick)  # type: ignore[arg-type]
+    return float(row[0]) - tick_time(epoch, tick)
 
 
 class Fleet:
