@@ -9,9 +9,10 @@ scheduler configuration; each job runs on the leader only. Three shapes:
 - [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler] binds a whole
   scheduler: it is paused on followers and resumed on the leader, so jobs are not even
   submitted on followers, and within a leadership term ``misfire_grace_time``, ``coalesce``
-  and ``max_instances`` behave as APScheduler documents. On resume, run times that fell due
-  while this replica was a follower are not replayed: they belonged to the leader of that
-  time.
+  and ``max_instances`` behave as APScheduler documents. With ``fencing=True`` (required
+  unless ``ledger=False``) every run time is claimed in the schedule ledger before it
+  runs, so it runs once across the fleet, and a new leader settles the run times that
+  nobody ran (see ``catch_up`` and ``interrupted``).
 - [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only] spreads the jobs over
   the replicas: each job has a name, the replicas' [`Coordinator`][pgleaderlock.Coordinator]s
   share the names out, and a job runs on the replica that leads its name.
@@ -29,9 +30,9 @@ dedicated thread.
 Example:
 
 ```python
-lock = LeaderLock.from_name("reports", dsn=DSN)
+lock = LeaderLock.from_name("reports", dsn=DSN, fencing=True)
 scheduler = AsyncIOScheduler()
-scheduler.add_job(send_report, "cron", minute="*/5")
+scheduler.add_job(send_report, "cron", minute="*/5", id="send_report")
 bind_scheduler(scheduler, lock)
 scheduler.start()
 await lock.start()
