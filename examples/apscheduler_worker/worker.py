@@ -42,11 +42,13 @@ def cleanup() -> None:
 
 
 async def main() -> None:
-    lock = LeaderLock.from_name(LOCK_NAME, dsn=os.environ["PG_DSN"])
+    # fencing=True: bind_scheduler claims every run in the ledger under the fencing term.
+    lock = LeaderLock.from_name(LOCK_NAME, dsn=os.environ["PG_DSN"], fencing=True)
     scheduler = AsyncIOScheduler()
-    scheduler.add_job(send_report, "interval", seconds=2, start_date=EPOCH)
-    scheduler.add_job(cleanup, "cron", second="*/5")
-    bind_scheduler(scheduler, lock)  # paused on followers, running on the leader
+    # Explicit ids: every replica names the job's runs the same in the ledger.
+    scheduler.add_job(send_report, "interval", seconds=2, start_date=EPOCH, id="send_report")
+    scheduler.add_job(cleanup, "cron", second="*/5", id="cleanup")
+    bind_scheduler(scheduler, lock)  # paused on followers; each run claimed once
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -46,7 +46,7 @@ class ThreadedLeaderLock:
     Example:
 
     ```python
-    lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN))
+    lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN, fencing=True))
     with lock:                      # start(), and shutdown() on exit
         scheduler = BackgroundScheduler()
         bind_scheduler(scheduler, lock)

@@ -1,7 +1,9 @@
 """One scheduler replica, run as a separate process by test_apscheduler_pg.py.
 
 Every replica runs the same schedule: an interval job every ``--interval`` seconds from
-``--epoch``. Each run of the job inserts its tick number (run time - epoch) / interval,
+``--epoch``, bound in ledger mode unless ``--no-ledger`` (the lock then has fencing). Each
+run of the job inserts its tick number (its slot, or its start time without the ledger,
+minus the epoch, over the interval),
 with the replica's label and pid, into ``--table``; the test then checks that every tick
 ran exactly once in total. The DSN comes in the environment (``PG_DSN``), never on the
 command line. The process stops on SIGTERM or when its stdin closes (the test is gone).
@@ -29,7 +31,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from psycopg import sql
 
 from pgleaderlock import LeaderLock, ThreadedLeaderLock
-from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
+from pgleaderlock.integrations.apscheduler import bind_scheduler, current_run, leader_only
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands, watch_stdin
@@ -46,10 +48,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--table", required=True)
     parser.add_argument("--replica", required=True)
     parser.add_argument("--scheduler", choices=["asyncio", "background"], required=True)
-    parser.add_argument("--mode", choices=["bind", "leader_only"], required=True)
+    parser.add_argument("--mode", choices=["bind", "leader_only", "both"], required=True)
     parser.add_argument("--job", choices=["async", "sync"], required=True)
     parser.add_argument("--epoch", type=float, required=True)
     parser.add_argument("--interval", type=float, required=True)
+    parser.add_argument("--no-ledger", dest="ledger", action="store_false")
+    parser.add_argument("--work-s", type=float, default=0.0, help="each run lasts this long")
     return parser.parse_args()
 
 
@@ -65,7 +69,12 @@ class Recorder:
         self._mutex = threading.Lock()
 
     def tick(self) -> int:
-        tick: int = round((time.time() - self.args.epoch) / self.args.interval)
+        when = time.time()
+        if (
+            self.args.ledger and self.args.mode != "leader_only"
+        ):  # the slot the run claimed: a late run records its own tick
+            when = current_run().slot.timestamp()
+        tick: int = round((when - self.args.epoch) / self.args.interval)
         return tick
 
     def params(self) -> tuple[int, str, int]:
@@ -77,6 +86,7 @@ class Recorder:
             if self._sync is None:
                 self._sync = psycopg.connect(self.dsn, autocommit=True)
             self._sync.execute(self.query, params)
+        time.sleep(self.args.work_s)
         return "ran"
 
     async def record_async(self) -> str:
@@ -84,6 +94,7 @@ class Recorder:
         if self._async is None:
             self._async = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         await self._async.execute(self.query, params)
+        await asyncio.sleep(self.args.work_s)
         return "ran"
 
     def close(self) -> None:
@@ -98,18 +109,18 @@ class Recorder:
 
 def add_job(scheduler: Any, lock: Any, recorder: Recorder, args: argparse.Namespace) -> None:
     job: Callable[[], Any] = recorder.record_async if args.job == "async" else recorder.record_sync
-    if args.mode == "leader_only":
+    if args.mode in ("leader_only", "both"):
         job = leader_only(lock)(job)
     trigger = IntervalTrigger(
         seconds=args.interval, start_date=dt.datetime.fromtimestamp(args.epoch, dt.UTC)
     )
     scheduler.add_job(job, trigger, id="tick", max_instances=1)
-    if args.mode == "bind":
-        bind_scheduler(scheduler, lock)
+    if args.mode in ("bind", "both"):
+        bind_scheduler(scheduler, lock, ledger=args.ledger)
 
 
 async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
-    lock = LeaderLock.from_name(args.lock_name, dsn=dsn, **LOCK_TIMINGS)
+    lock = LeaderLock.from_name(args.lock_name, dsn=dsn, fencing=args.ledger, **LOCK_TIMINGS)
     recorder = Recorder(args, dsn)
     scheduler = AsyncIOScheduler()
     add_job(scheduler, lock, recorder, args)
@@ -126,7 +137,9 @@ async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
 
 
 def run_background(args: argparse.Namespace, dsn: str) -> None:
-    lock = ThreadedLeaderLock(LeaderLock.from_name(args.lock_name, dsn=dsn, **LOCK_TIMINGS))
+    lock = ThreadedLeaderLock(
+        LeaderLock.from_name(args.lock_name, dsn=dsn, fencing=args.ledger, **LOCK_TIMINGS)
+    )
     recorder = Recorder(args, dsn)
     scheduler = BackgroundScheduler()
     add_job(scheduler, lock, recorder, args)

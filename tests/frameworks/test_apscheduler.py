@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import psycopg
 import pytest
 from apscheduler.events import (
     EVENT_JOB_ERROR,
@@ -33,7 +35,12 @@ from pgleaderlock import (
     LockState,
     ThreadedLeaderLock,
 )
-from pgleaderlock.integrations.apscheduler import bind_scheduler, leader_only
+from pgleaderlock.integrations.apscheduler import (
+    SchedulerBinding,
+    bind_scheduler,
+    current_run,
+    leader_only,
+)
 from pgleaderlock.testing import FakeServer
 from support.poll import eventually, eventually_sync
 from support.timings import timings
@@ -192,7 +199,7 @@ async def test_bound_scheduler_is_paused_on_a_follower_and_resumed_on_the_leader
     scheduler.add_listener(lambda e: events.append("resumed"), EVENT_SCHEDULER_RESUMED)
     runs: list[float] = []
     scheduler.add_job(lambda: runs.append(time.time()), "interval", seconds=0.05)
-    binding = bind_scheduler(scheduler, b)  # before start: it pauses on start
+    binding = bind_scheduler(scheduler, b, ledger=False)  # before start: pauses on start
     scheduler.start()
     assert scheduler.state == STATE_PAUSED
     assert not binding.active
@@ -218,7 +225,7 @@ async def test_bind_after_start_pauses_at_once(
     runs: list[float] = []
     scheduler.add_job(lambda: runs.append(time.time()), "interval", seconds=0.05)
     scheduler.start()
-    bind_scheduler(scheduler, b)
+    bind_scheduler(scheduler, b, ledger=False)
     assert scheduler.state == STATE_PAUSED
     await asyncio.sleep(0.2)
     assert runs == []
@@ -237,7 +244,7 @@ async def test_resume_does_not_replay_the_previous_leaders_runs(
     # The settings that would replay every run time that fell due while paused:
     scheduler.add_job(lambda: None, trigger, coalesce=False, misfire_grace_time=None)
     scheduler.add_job(lambda: None, "cron", second="*", coalesce=False, misfire_grace_time=None)
-    bind_scheduler(scheduler, b, catch_up_s=catch_up_s)
+    bind_scheduler(scheduler, b, ledger=False, catch_up_s=catch_up_s)
     scheduler.start()
     await asyncio.sleep(0.6)  # ~6 run times fall due while b follows (a "runs" them)
     assert scheduled == []
@@ -266,7 +273,7 @@ async def test_a_date_job_that_passed_while_following_is_dropped(
         misfire_grace_time=None,
         id="once",
     )
-    bind_scheduler(scheduler, b)
+    bind_scheduler(scheduler, b, ledger=False)
     scheduler.start()
     await asyncio.sleep(0.3)
     await a.shutdown()
@@ -280,14 +287,37 @@ async def test_binding_close_and_validation(
     leader_and_follower: tuple[LeaderLock, LeaderLock], scheduler: AsyncIOScheduler
 ) -> None:
     _, b = leader_and_follower
-    binding = bind_scheduler(scheduler, b)
+    binding = bind_scheduler(scheduler, b, ledger=False)
     binding.close()
     scheduler.start()
     assert scheduler.state == STATE_RUNNING  # no longer bound
     with pytest.raises(ConfigurationError):
-        bind_scheduler(scheduler, b, catch_up_s=-1)
+        bind_scheduler(scheduler, b, ledger=False, catch_up_s=-1)
     with pytest.raises(ConfigurationError):
-        bind_scheduler(object(), b)
+        bind_scheduler(object(), b, ledger=False)
+    # The ledger (the default) claims runs under the fencing term: it needs fencing.
+    with pytest.raises(ConfigurationError, match=r"fencing=True.*ledger=False"):
+        bind_scheduler(scheduler, b)
+
+
+async def test_ledger_mode_validates_its_arguments(
+    fake_lock: Callable[..., LeaderLock], scheduler: AsyncIOScheduler
+) -> None:
+    lock = fake_lock(fencing=True)
+    with pytest.raises(ConfigurationError, match="catch_up_s belongs to"):
+        bind_scheduler(scheduler, lock, catch_up_s=5)
+    with pytest.raises(ConfigurationError, match="catch_up must be"):
+        bind_scheduler(scheduler, lock, catch_up="some")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="interrupted must be"):
+        bind_scheduler(scheduler, lock, interrupted="again")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="max_catch_up"):
+        bind_scheduler(scheduler, lock, max_catch_up=0)
+    binding = bind_scheduler(scheduler, lock)
+    assert binding.ledger
+    assert binding.schedule is not None
+    assert binding.schedule.lock is lock
+    binding.close()
+    assert not bind_scheduler(scheduler, lock, ledger=False).ledger
 
 
 def test_missing_apscheduler_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,6 +332,7 @@ def test_missing_apscheduler_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
 # ---------------------------------------------------------------------- threads, real server
 
 FAST_PG = timings(retry_s=0.05, health_interval_s=0.2)
+EPOCH = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
 def lock_threads() -> list[threading.Thread]:
@@ -314,7 +345,9 @@ def test_threaded_locks_with_background_schedulers(pg_dsn: str, lock_name: str) 
     replicas: dict[str, tuple[ThreadedLeaderLock, BackgroundScheduler]] = {}
     try:
         for label in ("a", "b"):
-            lock = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG))
+            lock = ThreadedLeaderLock(
+                LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True, **FAST_PG)
+            )
             assert lock.wait_for_leadership(0) is False  # not started
             sched = BackgroundScheduler()
 
@@ -324,7 +357,7 @@ def test_threaded_locks_with_background_schedulers(pg_dsn: str, lock_name: str) 
             def guarded_job(label: str = label, lock: ThreadedLeaderLock = lock) -> None:
                 runs.append(("leader_only", label))
 
-            sched.add_job(bound_job, "interval", seconds=0.05)
+            sched.add_job(bound_job, "interval", seconds=0.05, start_date=EPOCH, id="bound")
             other = BackgroundScheduler()
             other.add_job(leader_only(lock)(guarded_job), "interval", seconds=0.05)
             bind_scheduler(sched, lock)
@@ -390,3 +423,62 @@ def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn: str, lock_na
         eventually_sync(lambda: bool(errors), 20.0)
     assert not threaded.running
     assert lock_threads() == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("catch_up", "ran", "missed"), [("none", 0, 5), ("latest", 1, 4), ("all", 5, 0)]
+)
+async def test_catch_up_of_the_slots_nobody_ran(
+    pg_dsn: str, lock_name: str, catch_up: str, ran: int, missed: int
+) -> None:
+    """Nobody leads for 5 slots (0.25 s apart), older than the job's 1 s misfire grace
+    when the next leader looks: ``catch_up`` decides which of them run, and the ledger
+    records the others as missed; each slot that runs learns it through
+    ``current_run()``."""
+    interval = dt.timedelta(seconds=0.25)
+    slots: list[dt.datetime] = []
+
+    async def job() -> None:
+        slots.append(current_run().slot)
+
+    async def lead_while(condition: Callable[[], bool]) -> SchedulerBinding:
+        lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True, **FAST_PG)
+        sched = AsyncIOScheduler()
+        trigger = IntervalTrigger(seconds=0.25, start_date=EPOCH)
+        sched.add_job(job, trigger, id="tick", misfire_grace_time=1)
+        binding = bind_scheduler(sched, lock, catch_up=catch_up)  # type: ignore[arg-type]
+        sched.start()
+        async with lock:
+            await eventually(condition, 20.0)
+            sched.shutdown(wait=False)
+        await asyncio.sleep(0.01)
+        return binding
+
+    binding = await lead_while(lambda: len(slots) >= 2)
+    last = slots[-1]
+    # Nobody leads from here until the slot 5 intervals later has passed its grace.
+    await asyncio.sleep((last + 5 * interval - dt.datetime.now(dt.UTC)).total_seconds() + 1.1)
+    before = len(slots)
+    await lead_while(lambda: len(slots) >= before + ran + 2)
+    assert binding.schedule is not None
+    rows = {r[0]: r[3] for r in await query_ledger(pg_dsn, binding.schedule.schedule_name("tick"))}
+    gap = [last + i * interval for i in range(1, 6)]
+    caught = [s for s in slots[before:] if s in gap]
+    assert caught == gap[len(gap) - ran :], (slots, rows)
+    assert [s for s in gap if rows.get(s) == "missed"] == gap[:missed], rows
+    assert len(slots) == len(set(slots))
+    assert all(rows[s] == "done" for s in caught), rows
+    # A run that the scheduler's shutdown cancelled stays running; the next leader
+    # records it lost (interrupted="lost").
+    assert all(rows[s] in ("done", "lost") for s in slots), rows
+
+
+async def query_ledger(pg_dsn: str, schedule: str) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT slot, term, holder, outcome FROM public.pgleaderlock_runs"
+            " WHERE schedule = %s ORDER BY slot",
+            (schedule,),
+        )
+        return await cur.fetchall()

@@ -9,9 +9,10 @@ scheduler configuration; each job runs on the leader only. Three shapes:
 - [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler] binds a whole
   scheduler: it is paused on followers and resumed on the leader, so jobs are not even
   submitted on followers, and within a leadership term ``misfire_grace_time``, ``coalesce``
-  and ``max_instances`` behave as APScheduler documents. On resume, run times that fell due
-  while this replica was a follower are not replayed: they belonged to the leader of that
-  time.
+  and ``max_instances`` behave as APScheduler documents. With ``fencing=True`` (required
+  unless ``ledger=False``) every run time is claimed in the schedule ledger before it
+  runs, so it runs once across the fleet, and a new leader settles the run times that
+  nobody ran (see ``catch_up`` and ``interrupted``).
 - [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only] spreads the jobs over
   the replicas: each job has a name, the replicas' [`Coordinator`][pgleaderlock.Coordinator]s
   share the names out, and a job runs on the replica that leads its name.
@@ -29,9 +30,9 @@ dedicated thread.
 Example:
 
 ```python
-lock = LeaderLock.from_name("reports", dsn=DSN)
+lock = LeaderLock.from_name("reports", dsn=DSN, fencing=True)
 scheduler = AsyncIOScheduler()
-scheduler.add_job(send_report, "cron", minute="*/5")
+scheduler.add_job(send_report, "cron", minute="*/5", id="send_report")
 bind_scheduler(scheduler, lock)
 scheduler.start()
 await lock.start()
@@ -42,11 +43,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import datetime as dt
 import functools
 import inspect
+import re
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -55,17 +59,19 @@ from typing import Any, ParamSpec, TypeVar, overload
 from .._extras import missing_extra
 
 try:
-    from apscheduler.events import EVENT_SCHEDULER_STARTED
+    from apscheduler.events import EVENT_EXECUTOR_ADDED, EVENT_SCHEDULER_STARTED
     from apscheduler.schedulers import SchedulerNotRunningError
     from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
+    from apscheduler.util import iscoroutinefunction_partial
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides apscheduler
     raise missing_extra(__name__, "APScheduler 3.x", "apscheduler", exc) from exc
 
 from ..coordination import Coordinator, WorkerContext
 from ..core._logging import get_logger
-from ..core.errors import ConfigurationError
-from ..core.lock import LeaderLock
+from ..core.errors import ConfigurationError, FencedError
+from ..core.lock import LeaderLock, lock_settings
 from ..core.models import LockState
+from ..schedule.scheduler import CatchUp, Interrupted, Job, Run, Scheduler, check_job_name
 from ..tasks import follow_state
 from ..threaded import ThreadedLeaderLock
 
@@ -73,6 +79,7 @@ __all__ = [
     "SchedulerBinding",
     "bind_scheduler",
     "current_context",
+    "current_run",
     "current_term",
     "leader_only",
     "owned_only",
@@ -506,18 +513,361 @@ def owned_only(coordinator: Coordinator, name: str) -> _OwnedOnly:
     return _OwnedOnly(coordinator, name)
 
 
+# ---------------------------------------------------------------------- the ledger
+
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
+"""The "next slot" of a trigger that fires no more (a date job after its date)."""
+_FOREVER_S = 100 * 365 * 86_400.0
+"""``misfire_grace_time=None`` (run however late) as a number of seconds."""
+_MS = dt.timedelta(milliseconds=1)
+
+
+def _slot(when: dt.datetime) -> dt.datetime:
+    """A run time as the ledger keys it: UTC, rounded to the millisecond. An interval
+    trigger computes its run times in float seconds, one way on a replica that counts
+    on from its previous run and another on one that starts afresh; the two may differ
+    by a microsecond or two, and must still name the same slot."""
+    when = when.astimezone(dt.UTC)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return epoch + round((when - epoch) / _MS) * _MS
+
+
+@dataclass(frozen=True)
+class _TriggerTiming:
+    """An APScheduler trigger as a [`Timing`][pgleaderlock.schedule.Timing]: the slots
+    are its fire times (rounded to the millisecond)."""
+
+    trigger: Any
+
+    @property
+    def spec(self) -> str:
+        return f"apscheduler {self.trigger!r}"[:1000]
+
+    def _fires(self, after: dt.datetime, through: dt.datetime, limit: int) -> list[dt.datetime]:
+        """Fire times in ``(after, through]``, at most the first ``limit``."""
+        found: list[dt.datetime] = []
+        fire = self.trigger.get_next_fire_time(None, after + dt.timedelta(microseconds=1))
+        while fire is not None and len(found) < limit:
+            slot = _slot(fire)
+            if slot > through:
+                break
+            if slot > after:
+                found.append(slot)
+            fire = self.trigger.get_next_fire_time(fire, fire)
+        return found
+
+    def after(self, when: dt.datetime) -> dt.datetime:
+        fires = self._fires(when, _NEVER - dt.timedelta(days=1), 1)
+        return fires[0] if fires else _NEVER
+
+    def newest(
+        self, after: dt.datetime, through: dt.datetime, count: int
+    ) -> tuple[list[dt.datetime], int]:
+        # Walk back from ``through`` in growing windows: a trigger only steps forward.
+        if through <= after:
+            return [], 0
+        span = dt.timedelta(seconds=1)
+        while True:
+            low = max(after, through - span)
+            found = self._fires(low, through, 4 * count + 4)
+            if len(found) >= count or low == after or len(found) > 4 * count:
+                break
+            span *= 4
+        kept = found[-count:] if count else []
+        return kept, len(found) - len(kept)  # older: those seen in the last window
+
+
+async def _timed_by_apscheduler(run: Run) -> None:  # pragma: no cover - never called
+    raise RuntimeError("an APScheduler job's ledger entry is run by APScheduler")
+
+
+_RUN: contextvars.ContextVar[Run] = contextvars.ContextVar("pgleaderlock_apscheduler_run")
+"""Inside a run of a job of a scheduler bound in ledger mode: its claimed slot."""
+
+
+def current_run() -> Run:
+    """The ledger's [`Run`][pgleaderlock.schedule.Run] of the current run of a job of a
+    scheduler bound with [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler]
+    (ledger mode, the default): its slot (the APScheduler run time), the fencing term
+    it was claimed under, its attempt, how late it started, and
+    [`run.transaction(conn)`][pgleaderlock.schedule.Run.transaction], a fenced
+    transaction that marks the slot done when it commits (for ``async def`` jobs).
+
+    ```python
+    async def settle_invoices() -> None:
+        run = current_run()
+        async with await psycopg.AsyncConnection.connect(DSN) as conn:
+            async with run.transaction(conn):  # commits once per slot, or not at all
+                await conn.execute("INSERT INTO settlements (slot) VALUES (%s)", (run.slot,))
+    ```
+
+    Raises:
+        RuntimeError: called outside such a run.
+    """
+    try:
+        return _RUN.get()
+    except LookupError:
+        raise RuntimeError(
+            "current_run() is called outside a run of a job of a scheduler bound with "
+            "bind_scheduler(scheduler, lock) in ledger mode"
+        ) from None
+
+
+class _SlotLedger:
+    """The ledger calls of a bound scheduler, made on the lock's event loop from the
+    scheduler's threads or loops (each bounded by ``LEDGER_TIMEOUT_S``)."""
+
+    def __init__(self, lock: LeaderLock, threaded: ThreadedLeaderLock | None, policy: _Policy):
+        self.lock = lock
+        self.schedule = Scheduler(lock)
+        self.policy = policy
+        self._threaded = threaded
+        self.loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):
+            self.loop = asyncio.get_running_loop()  # a LeaderLock is bound on its own loop
+        self._jobs: dict[tuple[str, str], Job] = {}
+        self._warned: set[str] = set()
+
+    def lock_loop(self) -> asyncio.AbstractEventLoop | None:
+        if self._threaded is not None:
+            return self._threaded.loop
+        return self.loop
+
+    def job(self, job: Any) -> Job | None:
+        """The ledger's view of an APScheduler job (``None``: it cannot be claimed)."""
+        trigger = job.trigger
+        if getattr(trigger, "jitter", None):
+            if job.id not in self._warned:
+                self._warned.add(job.id)
+                log.error("job_refused", job=job.id, lock=self.lock.label,
+                          reason="a trigger with jitter has different run times on each "
+                          "replica: the ledger cannot tell its runs apart")  # fmt: skip
+            return None
+        if _RANDOM_ID.fullmatch(job.id) and job.id not in self._warned:
+            self._warned.add(job.id)
+            log.warning("job_id_random", job=job.id, lock=self.lock.label,
+                        reason="give the job an explicit id= (the default is random, so "
+                        "every replica names its slots differently)")  # fmt: skip
+        key = (job.id, repr(trigger))
+        known = self._jobs.get(key)
+        if known is None:
+            grace = job.misfire_grace_time
+            known = Job(
+                name=check_job_name(job.id),
+                fn=_timed_by_apscheduler,
+                timing=_TriggerTiming(trigger),
+                catch_up=self.policy.catch_up,
+                max_catch_up=self.policy.max_catch_up,
+                misfire_grace_s=_FOREVER_S if grace is None else float(grace),
+                interrupted=self.policy.interrupted,
+            )
+            self._jobs[key] = known
+        return known
+
+    # Calls on the lock's loop, from anywhere.
+
+    def call(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """From a thread that is not the lock loop's: run ``make()`` there and wait."""
+        loop = self.lock_loop()
+        if loop is None:
+            raise ConnectionError("the lock is not running")
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:
+                raise ConfigurationError(
+                    "a sync job of a bound scheduler runs on the lock's event loop thread "
+                    "(DebugExecutor?): the ledger cannot be called from there"
+                )
+        future = asyncio.run_coroutine_threadsafe(make(), loop)
+        try:
+            return future.result(LEDGER_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            raise ConnectionError(f"a ledger call took over {LEDGER_TIMEOUT_S} s") from None
+
+    async def acall(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """From a coroutine on any loop: run ``make()`` on the lock's loop."""
+        loop = self.lock_loop()
+        if loop is None:
+            raise ConnectionError("the lock is not running")
+        async with asyncio.timeout(LEDGER_TIMEOUT_S):
+            if asyncio.get_running_loop() is loop:
+                return await make()
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), loop))
+
+
+_RANDOM_ID = re.compile(r"[0-9a-f]{32}")
+"""What APScheduler's default job id (``uuid4().hex``) looks like."""
+
+LEDGER_TIMEOUT_S = 30.0
+"""The bound of one ledger call from a job's thread or loop (a claim waits at most this
+long, the server's clock included)."""
+
+_NOT_CLAIMED = (ConnectionError, FencedError)
+"""What a claim raises when the lock does not (or no longer) lead: the run is skipped."""
+
+
+@dataclass(frozen=True)
+class _Policy:
+    catch_up: CatchUp
+    max_catch_up: int
+    interrupted: Interrupted
+
+
+@dataclass(frozen=True)
+class _Due:
+    """A run time to claim, and how."""
+
+    at: dt.datetime  # the run time as APScheduler gave it
+    forced: bool = False  # chosen by the catch-up policy: run however late
+    rerun: bool = False  # may take over a slot an older term left running
+
+
+class _SlotJob:
+    """What a bound scheduler's executor runs in place of ``job``: the same job, each of
+    whose run times is first claimed in the ledger. APScheduler's ``run_job`` calls
+    ``func`` once per run time, in order; the misfire check is made here (against the
+    job's ``misfire_grace_time``) so that each call knows its run time."""
+
+    def __init__(self, job: Any, spec: Job | None, due: list[_Due], ledger: _SlotLedger) -> None:
+        self._job = job
+        self._spec = spec
+        self._due = collections.deque(due)
+        self._ledger = ledger
+        self.id = job.id
+        self.name = job.name
+        self.max_instances = job.max_instances
+        self.misfire_grace_time = None  # checked in _next, per run time
+        self._jobstore_alias = getattr(job, "_jobstore_alias", None)
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.func: Callable[[], Any] = (
+            self._run_async if iscoroutinefunction_partial(job.func) else self._run_sync
+        )
+
+    def __str__(self) -> str:
+        return str(self._job)
+
+    def _next(self) -> _Due | None:
+        due = self._due.popleft()
+        grace = self._job.misfire_grace_time
+        late = dt.datetime.now(dt.UTC) - due.at
+        if grace is not None and not due.forced and late > dt.timedelta(seconds=grace):
+            log.warning("run_missed", job=self.id, lock=self._ledger.lock.label,
+                        run_time=due.at.isoformat(),
+                        late_s=round(late.total_seconds(), 3))  # fmt: skip
+            return None
+        return due
+
+    def _claimed(self, run: Run | None, due: _Due) -> None:
+        if run is None:
+            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                     reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
+
+    def _not_claimed(self, due: _Due, exc: Exception) -> None:
+        log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                 reason="not leader", detail=str(exc), lock=self._ledger.lock.label)  # fmt: skip
+
+    def _run_sync(self) -> Any:
+        due = self._next()
+        if due is None:
+            return None
+        ledger, spec, job = self._ledger, self._spec, self._job
+        assert spec is not None  # a refused job has no run times
+        try:
+            run = ledger.call(lambda: ledger.schedule.claim(spec, _slot(due.at), rerun=due.rerun))
+        except _NOT_CLAIMED as exc:
+            self._not_claimed(due, exc)
+            return None
+        self._claimed(run, due)
+        if run is None:
+            return None
+        context = _run_context(run.term, None)
+        context.run(_RUN.set, run)
+        try:
+            result = context.run(job.func, *job.args, **job.kwargs)
+        except Exception as exc:
+            self._record(run, exc)
+            raise
+        self._record(run, None)
+        return result
+
+    async def _run_async(self) -> Any:
+        due = self._next()
+        if due is None:
+            return None
+        ledger, spec, job = self._ledger, self._spec, self._job
+        assert spec is not None  # a refused job has no run times
+        try:
+            run = await ledger.acall(
+                lambda: ledger.schedule.claim(spec, _slot(due.at), rerun=due.rerun)
+            )
+        except _NOT_CLAIMED as exc:
+            self._not_claimed(due, exc)
+            return None
+        self._claimed(run, due)
+        if run is None:
+            return None
+        context = _run_context(run.term, None)
+        context.run(_RUN.set, run)
+        task = asyncio.get_running_loop().create_task(
+            job.func(*job.args, **job.kwargs), context=context
+        )
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            task.cancel()
+            raise  # the slot stays running: the next leader's ``interrupted`` policy
+        except Exception as exc:
+            await self._arecord(run, exc)
+            raise
+        await self._arecord(run, None)
+        return result
+
+    def _record(self, run: Run, error: Exception | None) -> None:
+        """Record how the run ended (from a job's thread)."""
+        finish = functools.partial(self._ledger.schedule.finish, run, error=error)
+        try:
+            self._ledger.call(finish)
+        except _NOT_CLAIMED as exc:
+            self._unrecorded(exc)
+
+    async def _arecord(self, run: Run, error: Exception | None) -> None:
+        """Record how the run ended (from a job's coroutine)."""
+        finish = functools.partial(self._ledger.schedule.finish, run, error=error)
+        try:
+            await self._ledger.acall(finish)
+        except _NOT_CLAIMED as exc:
+            self._unrecorded(exc)
+
+    def _unrecorded(self, exc: Exception) -> None:
+        log.warning("run_unrecorded", job=self.id, lock=self._ledger.lock.label,
+                    reason="leadership lost before the run ended: its slot stays running, "
+                    "for the next leader's interrupted policy", detail=str(exc))  # fmt: skip
+
+
 # ---------------------------------------------------------------------- bind_scheduler
 
 
 class SchedulerBinding:
-    """Keeps a scheduler paused while the lock is not LEADER, running while it is.
+    """Keeps a scheduler paused while the lock is not LEADER, running while it is, and
+    (ledger mode) claims each run's slot in the ledger before it runs.
 
     Made by [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler]; see
     there. [`sync`][pgleaderlock.integrations.apscheduler.SchedulerBinding.sync] is safe
     from any thread.
     """
 
-    def __init__(self, scheduler: Any, lock: Leadership, *, catch_up_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        lock: Leadership,
+        *,
+        ledger: bool = True,
+        catch_up: CatchUp = "latest",
+        max_catch_up: int = 100,
+        interrupted: Interrupted = "lost",
+        catch_up_s: float = 0.0,
+    ) -> None:
         if isinstance(catch_up_s, bool) or not (
             isinstance(catch_up_s, int | float) and catch_up_s >= 0
         ):
@@ -526,18 +876,63 @@ class SchedulerBinding:
             raise ConfigurationError(f"expected an APScheduler 3.x scheduler, got {scheduler!r}")
         self._scheduler = scheduler
         self._lock = _lock_of(lock)
+        self._ledger: _SlotLedger | None = None
+        if ledger:
+            if catch_up_s:
+                raise ConfigurationError(
+                    "catch_up_s belongs to bind_scheduler(..., ledger=False); the ledger "
+                    "mode catches up by catch_up= and each job's misfire_grace_time"
+                )
+            if catch_up not in ("none", "latest", "all"):
+                raise ConfigurationError(
+                    f"catch_up must be 'none', 'latest' or 'all', got {catch_up!r}"
+                )
+            if interrupted not in ("lost", "rerun"):
+                raise ConfigurationError(
+                    f"interrupted must be 'lost' or 'rerun', got {interrupted!r}"
+                )
+            if (
+                isinstance(max_catch_up, bool)
+                or not isinstance(max_catch_up, int)
+                or (max_catch_up < 1)
+            ):
+                raise ConfigurationError(f"max_catch_up must be an int >= 1, got {max_catch_up!r}")
+            if lock_settings(self._lock).term_table is None:
+                raise ConfigurationError(
+                    "bind_scheduler claims every run in the ledger under the lock's fencing "
+                    "term: it needs LeaderLock(..., fencing=True). To bind without the "
+                    "ledger (a run time that falls due during a fail-over may be missed), "
+                    "pass ledger=False"
+                )
+            threaded = lock if isinstance(lock, ThreadedLeaderLock) else None
+            policy = _Policy(catch_up, max_catch_up, interrupted)
+            self._ledger = _SlotLedger(self._lock, threaded, policy)
         self._catch_up = dt.timedelta(seconds=catch_up_s)
         self._mutex = threading.RLock()  # scheduler listeners may call sync() again
         self._closed = False
         self._term: int | None = None
+        self._settling: set[concurrent.futures.Future[None]] = set()
         self._plugin = follow_state(self._lock, self._on_state_change)
-        scheduler.add_listener(self._on_scheduler_started, EVENT_SCHEDULER_STARTED)
+        scheduler.add_listener(self._on_scheduler_event, _BINDING_EVENTS)
+        self._wrap_executors()
         self.sync()
 
     @property
     def scheduler(self) -> Any:
         """The bound scheduler."""
         return self._scheduler
+
+    @property
+    def ledger(self) -> bool:
+        """True in ledger mode: every run's slot is claimed in the ledger first."""
+        return self._ledger is not None
+
+    @property
+    def schedule(self) -> Scheduler | None:
+        """In ledger mode: the [`Scheduler`][pgleaderlock.schedule.Scheduler] whose
+        ledger the runs are claimed in (a job's rows are named ``<lock>:<job id>``);
+        ``None`` with ``ledger=False``."""
+        return None if self._ledger is None else self._ledger.schedule
 
     @property
     def active(self) -> bool:
@@ -554,28 +949,63 @@ class SchedulerBinding:
         reads this first thing learns the term it runs under. A run that outlives the
         leadership (the scheduler is paused, the run goes on) and reads it later gets
         ``None``, or a newer term after a re-acquisition: read it once at the start, or
-        decorate the job with [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]
-        as well and call [`current_term`][pgleaderlock.integrations.apscheduler.current_term],
-        which is fixed per run.
+        (ledger mode) call [`current_run`][pgleaderlock.integrations.apscheduler.current_run]
+        or [`current_term`][pgleaderlock.integrations.apscheduler.current_term], which
+        are fixed per run.
         """
         return self._term if self.active else None
 
     def close(self) -> None:
-        """Stop following the lock; the scheduler stays as it is."""
+        """Stop following the lock; the scheduler stays as it is (its runs are no longer
+        claimed in the ledger)."""
         with self._mutex:
             if self._closed:
                 return
             self._closed = True
         if self._lock.plugins.is_registered(self._plugin):
             self._lock.plugins.unregister(self._plugin)
-        self._scheduler.remove_listener(self._on_scheduler_started)
+        self._scheduler.remove_listener(self._on_scheduler_event)
+        for future in list(self._settling):
+            future.cancel()
 
     def _on_state_change(self, old: LockState, new: LockState) -> None:
+        if self._ledger is not None:
+            self._ledger.loop = asyncio.get_running_loop()
         if LockState.LEADER in (old, new):
             self.sync()
 
-    def _on_scheduler_started(self, event: Any) -> None:
-        self.sync()
+    def _on_scheduler_event(self, event: Any) -> None:
+        self._wrap_executors()
+        if event.code == EVENT_SCHEDULER_STARTED:
+            self.sync()
+
+    def _wrap_executors(self) -> None:
+        """In ledger mode, have each of the scheduler's executors submit every job
+        through the ledger (idempotent; executors are added at start-up or later)."""
+        if self._ledger is None:
+            return
+        with self._scheduler._executors_lock:
+            executors = list(self._scheduler._executors.values())
+        for executor in executors:
+            if getattr(executor, "_pgleaderlock_binding", None) is self:
+                continue
+            submit = type(executor).submit_job.__get__(executor)
+
+            def submit_job(job: Any, run_times: list[dt.datetime], submit: Any = submit) -> Any:
+                return submit(*self._through_ledger(job, run_times))
+
+            executor.submit_job = submit_job
+            executor._pgleaderlock_binding = self
+
+    def _through_ledger(self, job: Any, run_times: list[dt.datetime]) -> tuple[Any, Any]:
+        ledger = self._ledger
+        if ledger is None or self._closed:
+            return job, run_times
+        spec = ledger.job(job)
+        if spec is None:  # refused (logged): nothing runs
+            return _SlotJob(job, None, [], ledger), []
+        due = [_Due(at) for at in run_times]
+        return _SlotJob(job, spec, due, ledger), run_times
 
     def sync(self) -> None:
         """Pause or resume the scheduler to match the lock's state now."""
@@ -588,21 +1018,25 @@ class SchedulerBinding:
             try:
                 if leads:
                     if scheduler.state == STATE_PAUSED:
-                        self._skip_followers_runs()
+                        jobs = scheduler.get_jobs()
+                        cutoff = self._skip_followers_runs(jobs)
                         scheduler.resume()
                         log.info("scheduler_resumed", lock=self._lock.label)
+                        if self._ledger is not None and term is not None:
+                            self._settle_later(jobs, cutoff)
                 elif scheduler.state == STATE_RUNNING:
                     scheduler.pause()
                     log.info("scheduler_paused", lock=self._lock.label)
             except SchedulerNotRunningError:
                 pass  # shut down meanwhile: nothing to pause or resume
 
-    def _skip_followers_runs(self) -> None:
+    def _skip_followers_runs(self, jobs: list[Any]) -> dt.datetime:
         """Move every job whose next run time lies before the hand-over to its first
-        fire time at or after it (or remove it if it has none, like a past date job)."""
-        cutoff = dt.datetime.now(getattr(self._scheduler, "timezone", None) or dt.UTC)
-        cutoff -= self._catch_up
-        for job in self._scheduler.get_jobs():
+        fire time at or after it (or remove it if it has none, like a past date job).
+        Returns the hand-over time (the cutoff)."""
+        now = dt.datetime.now(getattr(self._scheduler, "timezone", None) or dt.UTC)
+        cutoff = now - self._catch_up
+        for job in jobs:
             next_run = job.next_run_time
             if next_run is None or next_run >= cutoff:
                 continue  # paused by the user, or not due yet
@@ -620,45 +1054,141 @@ class SchedulerBinding:
                 "job_fast_forwarded", job=job.id, lock=self._lock.label, was=next_run, now=upcoming
             )
             job.modify(next_run_time=upcoming)
+        return cutoff
+
+    def _settle_later(self, jobs: list[Any], cutoff: dt.datetime) -> None:
+        """On the lock's loop: settle each job's past in the ledger (interrupted and
+        missed slots), then submit the run times to run now."""
+        assert self._ledger is not None
+        loop = self._ledger.lock_loop()
+        if loop is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff), loop)
+        self._settling.add(future)
+        future.add_done_callback(self._settling.discard)
+
+    async def _settle(self, jobs: list[Any], cutoff: dt.datetime) -> None:
+        ledger = self._ledger
+        assert ledger is not None
+        for job in jobs:
+            spec = ledger.job(job)
+            if spec is None:
+                continue
+            try:
+                todo = await ledger.schedule.settle(spec, cutoff)
+            except _NOT_CLAIMED as exc:
+                log.info("catch_up_stopped", job=job.id, lock=self._lock.label,
+                         reason="leadership lost", detail=str(exc))  # fmt: skip
+                return
+            except Exception as exc:  # a refused table, ...: this job's catch-up only
+                log.error("catch_up_failed", job=job.id, lock=self._lock.label, exc=exc)
+                continue
+            if not todo:
+                continue
+            grace = dt.timedelta(seconds=spec.misfire_grace_s)
+            now = dt.datetime.now(dt.UTC)
+            due = [
+                _Due(slot, forced=rerun or now - slot > grace, rerun=rerun) for slot, rerun in todo
+            ]
+            if job.coalesce:  # as APScheduler rolls missed run times into one
+                fresh = [d for d in due if not d.forced]
+                due = [d for d in due if d.forced] + fresh[-1:]
+            self._submit(job, spec, due)
+
+    def _submit(self, job: Any, spec: Job, due: list[_Due]) -> None:
+        assert self._ledger is not None
+        try:
+            executor = self._scheduler._lookup_executor(job.executor)
+            submit = type(executor).submit_job.__get__(executor)
+            submit(_SlotJob(job, spec, due, self._ledger), [d.at for d in due])
+        except Exception as exc:  # MaxInstancesReachedError, a removed executor, ...
+            log.warning("catch_up_skipped", job=job.id, lock=self._lock.label,
+                        run_times=[d.at.isoformat() for d in due],
+                        reason=f"{type(exc).__name__}: {exc}")  # fmt: skip
+        else:
+            log.info("catch_up_submitted", job=job.id, lock=self._lock.label,
+                     run_times=[d.at.isoformat() for d in due])  # fmt: skip
+
+
+_BINDING_EVENTS = EVENT_SCHEDULER_STARTED | EVENT_EXECUTOR_ADDED
 
 
 def bind_scheduler(
-    scheduler: Any, lock: Leadership, *, catch_up_s: float = 0.0
+    scheduler: Any,
+    lock: Leadership,
+    *,
+    ledger: bool = True,
+    catch_up: CatchUp = "latest",
+    max_catch_up: int = 100,
+    interrupted: Interrupted = "lost",
+    catch_up_s: float = 0.0,
 ) -> SchedulerBinding:
-    """Run ``scheduler``'s jobs only on the leader: paused on followers, resumed on it.
+    """Run ``scheduler``'s jobs only on the leader, each run time at most once across
+    the replicas: paused on followers, resumed on the leader, and every run's slot
+    claimed in the ledger before it runs.
 
     Call it before or after ``scheduler.start()``: a scheduler that starts while the lock
     is not LEADER is paused before it processes any job (and a lock that is never
     started keeps it paused). The binding owns ``pause()``/``resume()`` from then on.
 
+    **Ledger mode** (the default; needs ``LeaderLock(..., fencing=True)``): each run
+    time APScheduler submits is a slot of the job (keyed ``<lock>:<job id>``, the run
+    time rounded to the millisecond) in the ledger of
+    [`pgleaderlock.schedule`][pgleaderlock.schedule], claimed under the lock's fencing
+    term on the session that holds the lock before the job runs, so no slot runs twice
+    across the fleet, whatever the timing of a fail-over. When the lock becomes LEADER,
+    the slots that fell due while nobody ran them are settled: those within the job's
+    ``misfire_grace_time`` run now (late); older ones follow ``catch_up``; a slot whose
+    leader died mid-run follows ``interrupted``. Give every job an explicit ``id`` and
+    fixed run times (cron, date, or interval with a fixed ``start_date``): every replica
+    must name the same slots. Triggers with ``jitter`` are refused (``job_refused``).
+    Jobs must run in this process (the asyncio and thread pool executors).
+
     When the lock leaves LEADER the scheduler is paused at once: no new run starts. A run
     already in progress is not interrupted (APScheduler cannot cancel one); decorate
     coroutine jobs with [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]
-    too if they must stop at once.
+    too if they must stop at once. In ledger mode its slot stays ``running``, for the
+    next leader's ``interrupted`` policy.
 
-    When the lock becomes LEADER, every job whose next run time has already passed is
-    first moved to its first fire time at or after now (minus ``catch_up_s``): those
-    runs belonged to the previous leader, which may already have run them. Then the
-    scheduler resumes, and APScheduler's own rules (``misfire_grace_time``,
-    ``coalesce``, ``max_instances``) apply. Give interval triggers an explicit
-    ``start_date`` (or use cron triggers) so that every replica computes the same run
-    times.
-
-    With ``fencing=True``, [`term`][pgleaderlock.integrations.apscheduler.SchedulerBinding.term]
-    is the term the scheduler runs under.
+    **``ledger=False``** keeps the earlier behaviour: when the lock becomes LEADER, every
+    job whose next run time has already passed (minus ``catch_up_s``) is moved to its
+    first fire time at or after now, so a run time that falls due during the hand-over
+    is missed (or, with ``catch_up_s``, may run on both the old and the new leader).
 
     Args:
         scheduler: an APScheduler 3.x scheduler (``AsyncIOScheduler`` with a lock on the
             same loop, ``BackgroundScheduler`` with a
             [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock], ...).
         lock: the lock, or a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock].
-        catch_up_s: run times up to this many seconds before the hand-over are left to
-            APScheduler's misfire handling instead of being skipped. That closes the gap
-            of a slow failover, at the price that such a run may execute on both the old
-            and the new leader. Default 0: each run time runs at most once.
+        ledger: claim every run in the ledger (default). ``False``: the earlier
+            behaviour, without the ledger (and without the need for fencing).
+        catch_up: ledger mode, the slots that fell due while nobody led, later than the
+            job's ``misfire_grace_time`` when a leader looks (see
+            [`CatchUp`][pgleaderlock.schedule.CatchUp]): ``"latest"`` (default) runs the
+            newest of them, ``"all"`` runs them all (at most ``max_catch_up``),
+            ``"none"`` records them as missed.
+        max_catch_up: with ``catch_up="all"``, at most this many run.
+        interrupted: ledger mode, a slot whose leader ended mid-run (see
+            [`Interrupted`][pgleaderlock.schedule.Interrupted]): ``"lost"`` (default)
+            records it, ``"rerun"`` runs it again.
+        catch_up_s: with ``ledger=False`` only: run times up to this many seconds before
+            the hand-over are left to APScheduler's misfire handling instead of being
+            skipped, at the price that such a run may execute on both the old and the new
+            leader.
 
     Returns:
         The binding (keep it to
         [`close`][pgleaderlock.integrations.apscheduler.SchedulerBinding.close] it).
+
+    Raises:
+        ConfigurationError: ledger mode on a lock without fencing, or bad arguments.
     """
-    return SchedulerBinding(scheduler, lock, catch_up_s=catch_up_s)
+    return SchedulerBinding(
+        scheduler,
+        lock,
+        ledger=ledger,
+        catch_up=catch_up,
+        max_catch_up=max_catch_up,
+        interrupted=interrupted,
+        catch_up_s=catch_up_s,
+    )

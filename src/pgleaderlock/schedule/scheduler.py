@@ -394,6 +394,81 @@ class Scheduler:
 
         self._tasks.add(drive, name=job.name)
 
+    # ------------------------------------------------------------------ slots timed elsewhere
+
+    async def settle(self, job: Job, through: dt.datetime) -> list[tuple[dt.datetime, bool]]:
+        """For an integration whose own scheduler times the slots (APScheduler): what a
+        leader does for ``job`` when its leadership begins, without running anything.
+
+        Registers the schedule (``job`` need not be added to this scheduler; its ``fn``
+        is not called), applies ``job.interrupted`` to slots left ``running`` by an older
+        term, and ``job.catch_up`` to the slots after the schedule's newest row that are
+        older than ``job.misfire_grace_s``. Slots the policies skip are recorded (``lost``,
+        ``missed``). Returns the slots to run now, oldest first, up to ``through`` (those
+        within the grace included), each with whether it is a rerun: the caller claims
+        each with [`claim`][pgleaderlock.schedule.Scheduler.claim] before running it.
+        Returns ``[]`` when the lock does not lead.
+
+        Raises:
+            FencedError: the leadership ended meanwhile.
+            ConnectionError: the lock lost its session (or does not lead).
+        """
+        term = self._lock.term
+        if term is None:
+            return []
+        name = self.schedule_name(job.name)
+        cursor, reruns = await self._begin(job, name, term)
+        todo = [(slot, True) for slot in reruns]
+        stale = min(utc(through), self.clock.now() - dt.timedelta(seconds=job.misfire_grace_s))
+        if stale > cursor:
+            ran, cursor = await self._choose(job, name, cursor, stale, term)
+            todo.extend((slot, False) for slot in ran)
+        fresh, _ = job.timing.newest(cursor, utc(through), MAX_RECORDED_MISSES)
+        todo.extend((slot, False) for slot in fresh)
+        return todo
+
+    async def claim(self, job: Job, slot: dt.datetime, *, rerun: bool = False) -> Run | None:
+        """For an integration whose own scheduler times the slots (APScheduler): claim
+        ``slot`` of ``job`` under the lock's current term, on the session that holds the
+        lock, as the scheduler's own loop does before it runs a slot (waiting while the
+        server's clock has not reached it). ``rerun`` may take over a slot left
+        ``running`` by an older term. Record how the run ended with
+        [`finish`][pgleaderlock.schedule.Scheduler.finish].
+
+        Returns:
+            The run, or ``None`` when the slot has a row already (it ran, or was
+            recorded) or the lock does not lead.
+
+        Raises:
+            FencedError: the leadership ended meanwhile.
+            ConnectionError: the lock lost its session (or does not lead).
+        """
+        term = self._lock.term
+        if term is None:
+            return None
+        name = self.schedule_name(job.name)
+        claimed = await self._claim(job, name, utc(slot), term, rerun)
+        if claimed is None:
+            return None
+        return Run(self, name, utc(slot), term, *claimed)
+
+    async def finish(
+        self, run: Run, *, error: BaseException | None = None, outcome: str = "done"
+    ) -> None:
+        """Record how a run from [`claim`][pgleaderlock.schedule.Scheduler.claim] ended:
+        ``outcome`` (``"done"`` or ``"sent"``), or ``failed`` with ``error``. Nothing to
+        do when its ``run.transaction`` recorded it already.
+
+        Raises:
+            ConnectionError: the lock lost its session (the slot stays ``running``: the
+                next leader applies the job's ``interrupted`` policy).
+        """
+        if run.done and error is None:
+            return
+        detail = None if error is None else f"{type(error).__name__}: {error}"[:1000]
+        values = (run.schedule, run.slot, run.term, "failed" if error else outcome, detail)
+        await self._query(self._ledger.finish, values)
+
     # ------------------------------------------------------------------ the leader's loop
 
     async def _drive(self, job: Job) -> None:
@@ -404,22 +479,18 @@ class Scheduler:
         if term is None:
             return  # the leadership ended before this task ran
         name = self.schedule_name(job.name)
-        since, newest, _ = (
-            await self._query(
-                self._ledger.register, (name, job.timing.spec, self.clock.now() - self._keep), 2
-            )
-        )[0]
-        cursor = max(utc(since), utc(newest)) if newest is not None else utc(since)
-        rows = await self._query(self._ledger.interrupted, (name, term))
-        if rows:
-            await self._interrupted(job, name, [utc(row[0]) for row in rows], term)
+        cursor, reruns = await self._begin(job, name, term)
+        for slot in reruns:
+            await self._run(job, name, slot, term, rerun=True)
         while not lock.draining:
             due = job.timing.after(cursor)
             now = self.clock.now()
             late_by = (now - due).total_seconds()
             if late_by > job.misfire_grace_s:
                 through = now - dt.timedelta(seconds=job.misfire_grace_s)
-                cursor = await self._catch_up(job, name, cursor, through, term)
+                ran, cursor = await self._choose(job, name, cursor, through, term)
+                for slot in ran:
+                    await self._run(job, name, slot, term)
                 continue
             if late_by < 0:
                 await self.clock.sleep_until(due)
@@ -428,27 +499,37 @@ class Scheduler:
             await self._run(job, name, due, term)
             cursor = due
 
-    async def _interrupted(self, job: Job, name: str, slots: list[dt.datetime], term: int) -> None:
-        if job.interrupted == "lost":
-            lost = await self._query(self._ledger.lose, (name, slots, term, *self._lock.keys))
-            self._log("warning", "runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
-                        first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
-            return
-        self._log(
-            "warning", "runs_rerun", schedule=name, slots=len(slots), first=slots[0].isoformat()
-        )
-        for slot in slots:
-            await self._run(job, name, slot, term, rerun=True)
+    async def _begin(self, job: Job, name: str, term: int) -> tuple[dt.datetime, list[dt.datetime]]:
+        """A leadership begins for ``job``: register its schedule (pruning old rows) and
+        apply its ``interrupted`` policy to the slots an older term left ``running``.
+        Returns the cursor (the newest slot with a row, or since when the schedule
+        exists) and the slots to run again."""
+        values = (name, job.timing.spec, self.clock.now() - self._keep)
+        since, newest, _ = (await self._query(self._ledger.register, values, 2))[0]
+        cursor = utc(since) if newest is None else max(utc(since), utc(newest))
+        rows = await self._query(self._ledger.interrupted, (name, term))
+        slots = [utc(row[0]) for row in rows]
+        if not slots:
+            return cursor, []
+        if job.interrupted == "rerun":
+            self._log("warning", "runs_rerun", schedule=name, slots=len(slots),
+                      first=slots[0].isoformat())  # fmt: skip
+            return cursor, slots
+        lost = await self._query(self._ledger.lose, (name, slots, term, *self._lock.keys))
+        self._log("warning", "runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
+                  first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
+        return cursor, []
 
-    async def _catch_up(
+    async def _choose(
         self, job: Job, name: str, cursor: dt.datetime, through: dt.datetime, term: int
-    ) -> dt.datetime:
-        """The slots in ``(cursor, through]`` fell due while nobody ran them: run those
-        the catch-up policy names, record the others as missed. Returns the new cursor."""
+    ) -> tuple[list[dt.datetime], dt.datetime]:
+        """The slots in ``(cursor, through]`` fell due while nobody ran them: record
+        those the catch-up policy skips as missed. Returns the slots to run (oldest
+        first) and the new cursor."""
         keep = {"none": 0, "latest": 1, "all": job.max_catch_up}[job.catch_up]
         slots, older = job.timing.newest(cursor, through, max(MAX_RECORDED_MISSES, keep))
         if not slots:
-            return through
+            return [], through
         ran = slots[len(slots) - keep :] if keep else []
         missed = slots[: len(slots) - len(ran)]
         if missed:
@@ -457,11 +538,9 @@ class Scheduler:
             if not held:
                 raise FencedError(f"{name}: the fencing term moved on from {term}")
             self._log("warning", "slots_missed", schedule=name, missed=len(missed) + older,
-                        recorded=recorded, first=missed[0].isoformat(),
-                        last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
-        for slot in ran:
-            await self._run(job, name, slot, term)
-        return slots[-1]
+                      recorded=recorded, first=missed[0].isoformat(),
+                      last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
+        return ran, slots[-1]
 
     async def _run(
         self, job: Job, name: str, slot: dt.datetime, term: int, *, rerun: bool = False
@@ -472,18 +551,15 @@ class Scheduler:
             return
         attempt, started = claimed
         run = Run(self, name, slot, term, attempt, started)
-        outcome: str = job.outcome
-        detail: str | None = None
+        error: Exception | None = None
         try:
             await job.fn(run)
         except Exception as exc:
-            outcome, detail = "failed", f"{type(exc).__name__}: {exc}"[:1000]
+            error = exc
             self._log(
                 "error", "job_failed", schedule=name, slot=slot.isoformat(), term=term, exc=exc
             )
-        if run.done and outcome != "failed":
-            return  # its transaction recorded it
-        await self._query(self._ledger.finish, (name, slot, term, outcome, detail))
+        await self.finish(run, error=error, outcome=job.outcome)
 
     async def _claim(
         self, job: Job, name: str, slot: dt.datetime, term: int, rerun: bool
