@@ -219,9 +219,9 @@ def sched_every(seconds: float, first_in_s: float | None = None) -> Every:
 async def test_slots_missed_while_nobody_led_follow_the_catch_up_policy(
     target: Target, keys: tuple[int, int], admin: Admin, policy: str
 ) -> None:
-    """A schedule runs one slot, nobody leads for ~3.5 slots, then a leader catches
-    up: ``none`` records every missed slot, ``latest`` runs the newest of them, ``all``
-    runs them all (oldest first); the slots after that run on time."""
+    """A schedule runs one slot, nobody leads for 2-3 slots, then a leader catches up:
+    ``none`` records every missed slot, ``latest`` runs the newest of them, ``all`` runs
+    them all (oldest first); the slots after that run on time."""
     name = f"catch-{policy}"
     ran: list[dt.datetime] = []
 
@@ -232,34 +232,36 @@ async def test_slots_missed_while_nobody_led_follow_the_catch_up_policy(
         async def job(run: Run) -> None:
             ran.append(run.slot)
 
-        sched.add(job, sched_every(0.5), name=name, catch_up=policy,  # type: ignore[arg-type]
-                  misfire_grace_s=0.2)  # fmt: skip
+        sched.add(job, sched_every(1.0), name=name, catch_up=policy,  # type: ignore[arg-type]
+                  misfire_grace_s=0.4)  # fmt: skip
         return lock, sched
 
     lock, sched = replica()
     async with lock, sched:
         await until(lambda: asyncio.sleep(0, len(ran) >= 1))
-    # Nobody leads for 3-4 slots; the next leader starts 0.3 s into a slot's interval,
-    # so the newest slot before it is past the grace (0.2 s) and the next is 0.2 s away.
-    await asyncio.sleep(1.5)
+    # Nobody leads for 2-3 slots; the next leader starts 0.6 s into a slot's interval,
+    # so the newest slot before it is past the grace (0.4 s), and the next one is on time
+    # unless taking the lock takes 0.8 s.
+    await asyncio.sleep(1.6)
     now = await (await admin.execute("SELECT extract(epoch FROM clock_timestamp())")).fetchone()
     assert now is not None
-    await asyncio.sleep((0.3 - float(now[0]) % 0.5) % 0.5)
+    await asyncio.sleep((0.6 - float(now[0]) % 1.0) % 1.0)
     takeover = dt.datetime.now(dt.UTC)  # (this host is the server's: same clock)
     lock, sched = replica()
     async with lock, sched:
         await until(lambda: asyncio.sleep(0, any(slot > takeover for slot in ran)))
     rows = await ledger(admin, sched.schedule_name(name))
     recorded = [row[0] for row in rows]
-    assert all(b - a == dt.timedelta(seconds=0.5) for a, b in itertools.pairwise(recorded))
+    assert all(b - a == dt.timedelta(seconds=1) for a, b in itertools.pairwise(recorded))
     assert len(ran) == len(set(ran))
     past = [slot for slot in recorded if ran[0] < slot < takeover]  # fell due while nobody led
     missed = [row[0] for row in rows if row[2] == "missed"]
     late = [slot for slot in ran if slot in past]
-    assert len(past) >= 3
+    assert len(past) >= 2
     expected = {"none": ([], past), "latest": (past[-1:], past[:-1]), "all": (past, [])}[policy]
     assert (late, missed) == expected
-    assert set(ran) == {row[0] for row in rows if row[2] == "done"}
+    # (the last run may have been cancelled by the shutdown: its row says running)
+    assert set(ran) == {row[0] for row in rows if row[2] in ("done", "running")}
     assert max(ran) > takeover  # and then on time again
 
 

@@ -1,5 +1,5 @@
-"""The ``pgleaderlock`` command line: ``run``, ``acquire``, ``exec``, ``status``,
-and ``sql`` (the tables and grants, for a migration).
+"""The ``pgleaderlock`` command line: ``run``, ``acquire``, ``exec``, ``cron``,
+``status``, and ``sql`` (the tables and grants, for a migration).
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
 works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleaderlock.lock_keys])
@@ -10,8 +10,8 @@ loguru (`InterceptHandler`) and writes every line to stderr, so that stdout
 belongs to ``status`` output and to the command that ``exec`` runs.
 
 This package holds the click group and the entry point; one module per command (`run`,
-`acquire`, `exec`, `status` with `render`, `sql`), and what they share: `options`, `logs`, `exits`,
-`runtime`, `retry`, `tracker`.
+`acquire`, `exec`, `cron`, `status` with `render`, `sql`), and what they share:
+`options`, `logs`, `exits`, `runtime`, `retry`, `tracker`.
 
 Exit codes (also in ``pgleaderlock --help``):
 
@@ -45,6 +45,7 @@ from .. import __version__
 from ..core._logging import mask_dsn
 from . import exits
 from .acquire import acquire
+from .cron import cron
 from .exec import exec_
 from .exits import *  # noqa: F403 - its exit codes, EXIT_*, are this package's too
 from .exits import EXIT_OK, CliError, signal_exit
@@ -68,19 +69,20 @@ Examples:
   pgleaderlock run --name billing-scheduler          # take part in an election, log it
   pgleaderlock acquire --name nightly-report         # one try: exit 0 if acquired, 1 if not
   pgleaderlock exec --name nightly-report -- ./report.sh   # run only if nobody else does
+  pgleaderlock cron --name backup --schedule "0 3 * * *" -- ./backup.sh  # once per slot
   pgleaderlock status --name billing-scheduler       # who holds it, who waits
   pgleaderlock status --all --json                   # every advisory lock, for scripts
   pgleaderlock sql --role app > pgleaderlock.sql     # tables and grants, for a migration
 
 \b
 Exit codes:
-  0      success; run: stopped by SIGTERM/SIGINT (the lock was released)
-  1      acquire: the lock is held elsewhere; run: the lock stopped by itself
+  0      success; run, cron: stopped by SIGTERM/SIGINT (the lock was released)
+  1      acquire: the lock is held elsewhere; run, cron: the lock stopped by itself
   2      bad input (no or malformed DSN, keys out of range, ...), unreachable server,
          or refused for good (authentication, unknown role or database, pooler)
   75     exec: the lock is held elsewhere, COMMAND did not run (--held-exit-code)
   76     exec, acquire --hold: leadership was lost (COMMAND was terminated)
-  126    exec: COMMAND cannot be executed (127: not found)
+  126    exec, cron: COMMAND cannot be executed (127: not found)
   128+N  stopped by signal N before COMMAND ran (130: SIGINT, 143: SIGTERM)
 
 Logs go to stderr; stdout carries only status output and the output of COMMAND.
@@ -101,7 +103,7 @@ def cli() -> None:
     """
 
 
-for _command in (run, acquire, exec_, status, sql):
+for _command in (run, acquire, exec_, cron, status, sql):
     cli.add_command(_command)
 
 

@@ -35,7 +35,7 @@ from .retry import Deadline
 from .runtime import Signals, build_lock, contend, first
 from .tracker import Tracker
 
-__all__ = ["exec_"]
+__all__ = ["exec_", "exit_status", "kill_group", "spawn", "stop_command"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -144,7 +144,42 @@ def _pdeathsig() -> Callable[[], None] | None:
     return preexec
 
 
-def _exit_status(returncode: int) -> int:
+async def spawn(
+    command: list[str], env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """Start ``command`` (with ``env``, default this process's environment) in a
+    session (process group) of its own, to die with this process on Linux (see
+    `_pdeathsig`).
+
+    Raises:
+        FileNotFoundError: the command is not found (exit 127).
+        OSError: it cannot be executed (exit 126).
+    """
+    return await asyncio.create_subprocess_exec(
+        *command, env=env, start_new_session=True, preexec_fn=_pdeathsig()
+    )
+
+
+def kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``proc``'s process group, unless it has ended."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+async def stop_command(proc: asyncio.subprocess.Process, kill_after_s: float, label: str) -> None:
+    """SIGTERM to ``proc``'s group, SIGKILL after ``kill_after_s``; wait for its end."""
+    kill_group(proc, signal.SIGTERM)
+    try:
+        async with asyncio.timeout(kill_after_s):
+            await proc.wait()
+    except TimeoutError:
+        log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL", lock=label)
+        kill_group(proc, signal.SIGKILL)
+    await proc.wait()
+
+
+def exit_status(returncode: int) -> int:
     """A shell's exit status for ``returncode`` (a negative one is "killed by -N")."""
     return 128 - returncode if returncode < 0 else returncode
 
@@ -161,9 +196,7 @@ async def _supervise(
         log("WARNING", "leadership_lost", lock=lock.label, action="not running COMMAND")
         return EXIT_LOST
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *command, start_new_session=True, preexec_fn=_pdeathsig()
-        )
+        proc = await spawn(command)
     except FileNotFoundError:
         log(
             "ERROR",
@@ -185,11 +218,6 @@ async def _supervise(
         command=shlex.join(command),
     )
 
-    def kill(sig: signal.Signals) -> None:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-
     child = asyncio.ensure_future(proc.wait())
     try:
         while True:
@@ -197,13 +225,13 @@ async def _supervise(
                 child=asyncio.shield(child), lost=tracker.lost.wait(), signal=signals.wait()
             )
             if which == "child":
-                code = _exit_status(await child)
+                code = exit_status(await child)
                 log("INFO", "command_exited", pid=proc.pid, exit_code=code, lock=lock.label)
                 return code
             if which == "signal":
                 for sig in signals.take():
                     log("INFO", "signal_forwarded", signal=sig.name, pid=proc.pid, lock=lock.label)
-                    kill(sig)
+                    kill_group(proc, sig)
                 continue
             log(
                 "WARNING",
@@ -213,17 +241,11 @@ async def _supervise(
                 pid=proc.pid,
                 kill_after_s=kill_after_s,
             )
-            kill(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(kill_after_s):
-                    await asyncio.shield(child)
-            except TimeoutError:
-                log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL", lock=lock.label)
-                kill(signal.SIGKILL)
+            await stop_command(proc, kill_after_s, lock.label)
             await child
             log("WARNING", "command_terminated", pid=proc.pid, exit_code=EXIT_LOST, lock=lock.label)
             return EXIT_LOST
     finally:
         if not child.done():  # cancelled or a bug: never leave COMMAND running unsupervised
-            kill(signal.SIGKILL)
+            kill_group(proc, signal.SIGKILL)
             await asyncio.gather(child, return_exceptions=True)

@@ -99,7 +99,44 @@ def render_one(report: dict[str, Any]) -> str:
         )
     if any(s["impostor"] for s in report["holders"] + report["waiting"]):
         lines += _impostor_note(report)
+    if "schedules" in report:
+        lines += _schedule_lines(report["schedules"], report["checked_at"])
     return "\n".join(lines)
+
+
+def _schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
+    """The lock's schedules in the ledger: spec, next slot, outcomes, last runs."""
+    if schedules["not_read"] is not None:
+        return [f"schedules not read: {schedules['not_read']}"]
+    if not schedules["items"]:
+        return []
+    lines = []
+    for item in schedules["items"]:
+        upcoming = item["next_slot"]
+        when = "not yet known"
+        if isinstance(upcoming, datetime):
+            stamp = upcoming.isoformat(sep=" ", timespec="seconds")
+            ahead = (upcoming - now).total_seconds()
+            when = (
+                f"{stamp} (in {_age(ahead)})" if ahead >= 0 else f"{stamp} ({_age(-ahead)} overdue)"
+            )
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(item["outcomes"].items())) or "none"
+        lines += [
+            f"schedule  {item['job']}  {item['spec']}",
+            f"          next slot {when}",
+            f"          runs kept: {outcomes}",
+        ]
+        for run in item["last_runs"]:
+            took = ""
+            if run["finished_at"] is not None and run["started_at"] is not None:
+                took = f" in {(run['finished_at'] - run['started_at']).total_seconds():.3g} s"
+            again = f" (attempt {run['attempt']})" if run["attempt"] > 1 else ""
+            detail = f": {run['detail']}" if run["detail"] else ""
+            lines.append(
+                f"          {run['slot'].isoformat()}  {run['outcome']}{took}{again}"
+                f"  term {run['term']}{detail}"
+            )
+    return lines
 
 
 def render_all(report: dict[str, Any]) -> str:

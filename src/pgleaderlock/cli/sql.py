@@ -12,6 +12,7 @@ import click
 from ..coordination.workers import CheckpointTable
 from ..core.errors import ConfigurationError
 from ..core.tables import DEFAULT_SCHEMA, TermTable, quoted
+from ..schedule.ledger import RunTable, ScheduleTable
 from .exits import EXIT_OK, CliError
 
 __all__ = ["setup_sql", "sql"]
@@ -24,6 +25,8 @@ def setup_sql(
     role: str | None = None,
     terms_table: str = TermTable.name,
     checkpoint_table: str = CheckpointTable.name,
+    runs_table: str = RunTable.name,
+    schedules_table: str = ScheduleTable.name,
 ) -> str:
     """The statements: the tables (``IF NOT EXISTS``), then the grants to ``role``
     (commented out, with a placeholder, when ``None``).
@@ -33,6 +36,8 @@ def setup_sql(
     """
     terms = TermTable(terms_table, schema)
     checkpoints = CheckpointTable(checkpoint_table, schema)
+    runs = RunTable(runs_table, schema)
+    schedules = ScheduleTable(schedules_table, schema)
     grantee = role if role is not None else _ROLE_PLACEHOLDER
     lines = [
         "-- pgleaderlock: the library's tables, made beforehand by a migration (run it as",
@@ -51,9 +56,15 @@ def setup_sql(
         "-- Checkpoints of a Coordinator's named workers (one row per '<group>:<name>').",
         checkpoints.create + ";",
         "",
+        "-- The schedule ledger (pgleaderlock.schedule.Scheduler, the Celery beat and",
+        "-- APScheduler integrations, pgleaderlock cron): one row per (schedule, slot),",
+        "-- and one per schedule.",
+        runs.create + ";",
+        schedules.create + ";",
+        "",
     ]
     grants = [checkpoints.grant_usage(grantee)]
-    grants += [table.grant(grantee) for table in (terms, checkpoints)]
+    grants += [table.grant(grantee) for table in (terms, checkpoints, runs, schedules)]
     if role is None:
         lines.append(f"-- Then, for the role that runs the locks (here {_ROLE_PLACEHOLDER}):")
         lines += [f"-- {grant};" for grant in grants]
@@ -73,14 +84,24 @@ def setup_sql(
 @click.option("--role", help="The role that runs the locks: print its GRANTs.")
 @click.option("--fencing-table", default=TermTable.name, show_default=True)
 @click.option("--checkpoint-table", default=CheckpointTable.name, show_default=True)
-def sql(schema: str, role: str | None, fencing_table: str, checkpoint_table: str) -> int:
+@click.option("--runs-table", default=RunTable.name, show_default=True)
+@click.option("--schedules-table", default=ScheduleTable.name, show_default=True)
+def sql(
+    schema: str,
+    role: str | None,
+    fencing_table: str,
+    checkpoint_table: str,
+    runs_table: str,
+    schedules_table: str,
+) -> int:
     """Print the SQL that creates the library's tables and grants a role what it needs.
 
     For a migration: run it as the role that is to own the tables; the role that runs
     the locks then needs no CREATE anywhere.
     """
     try:
-        click.echo(setup_sql(schema, role, fencing_table, checkpoint_table), nl=False)
+        text = setup_sql(schema, role, fencing_table, checkpoint_table, runs_table, schedules_table)
+        click.echo(text, nl=False)
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
     return EXIT_OK

@@ -41,7 +41,8 @@ from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError, MissingPrivilegeError
 from ..core.keys import key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
-from ..core.tables import DEFAULT_SCHEMA, TableCheck
+from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck
+from ..schedule.ledger import RunTable, ScheduleTable
 from .exits import EXIT_OK, CliError, first_line
 from .options import (
     Target,
@@ -166,6 +167,22 @@ _SESSION_FIELDS = (
     "group's role (sessions of other roles that claim to be pgleaderlock's are marked "
     "as impostors, and are never members), and the owner of the checkpoint table.",
 )
+@click.option(
+    "--schedule-schema",
+    metavar="SCHEMA",
+    default=DEFAULT_SCHEMA,
+    show_default=True,
+    help="With --name: the schema of the schedule ledger, whose schedules of the lock "
+    "are shown (next slot, outcomes, last runs).",
+)
+@click.option(
+    "--runs",
+    "last_runs",
+    type=click.IntRange(0, 1000),
+    default=5,
+    show_default=True,
+    help="With --name: how many of each schedule's last runs to show.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @seconds_option("--timeout", default=5.0, text="Connect timeout and statement timeout.")
 @log_options(cli="WARNING", library="WARNING")
@@ -179,6 +196,8 @@ def status(
     checkpoint_table: str,
     checkpoint_schema: str,
     trusted_roles: tuple[str, ...],
+    schedule_schema: str,
+    last_runs: int,
     as_json: bool,
     timeout: float,
 ) -> int:
@@ -188,9 +207,10 @@ def status(
     application_name (pgleaderlock sets it to pgleaderlock:NAME@HOST:PID; a
     Coordinator's sessions to pgl:GROUP:MEMBER:ROLE), client address, user, when its
     session started and when its state last changed; then the sessions waiting for the
-    lock. --all lists every advisory lock held or awaited in the database, with two-key
-    locks decoded back to signed key1/key2. --group shows who leads what in a
-    Coordinator's group.
+    lock; with --name, also the lock's schedules in the schedule ledger (pgleaderlock
+    cron, Scheduler, Celery beat): next slot, outcomes and last runs. --all lists every
+    advisory lock held or awaited in the database, with two-key locks decoded back to
+    signed key1/key2. --group shows who leads what in a Coordinator's group.
     """
     dsn = resolve_dsn(dsn)
     target: Target | None = None
@@ -224,6 +244,15 @@ def status(
                 report["checkpoint_table"] = {"table": table.shown, "not_read": skipped}
             elif target is not None:
                 report = _one_lock(conn, info, target)
+                if target.name is not None:
+                    try:
+                        ledger = (
+                            RunTable(schema=schedule_schema, trusted_roles=trusted_roles),
+                            ScheduleTable(schema=schedule_schema, trusted_roles=trusted_roles),
+                        )
+                    except ConfigurationError as exc:
+                        raise CliError(str(exc)) from None
+                    report["schedules"] = _schedules(conn, *ledger, target.name, last_runs)
             else:
                 report = _all_locks(conn, info)
         except psycopg.errors.QueryCanceled:
@@ -391,6 +420,79 @@ def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, An
 Key = tuple[int, int]
 
 
+def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | None:
+    """Why one of the library's tables is not to be read (``None``: it may be). It is
+    read only if it is a plain table that a trusted role owns, in a schema a trusted
+    role owns: another role's table, or a view, could run that role's code as yours."""
+    values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
+    row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
+    assert row is not None
+    check = TableCheck(table, *row[:9])
+    if check.relkind is None:
+        return "it does not exist" if check.schema_owner else "its schema does not exist"
+    try:
+        check.verify()
+    except MissingPrivilegeError as exc:
+        if not check.missing or "SELECT" in check.missing:
+            return str(exc)
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
+
+
+_SCHEDULES = (
+    "SELECT s.schedule, s.spec, s.since, s.next_slot, s.updated_at,"
+    " (SELECT coalesce(pg_catalog.json_object_agg(outcome, n), '{{}}') FROM"
+    "  (SELECT outcome, count(*) AS n FROM {runs} r WHERE r.schedule = s.schedule"
+    "   GROUP BY outcome) c)"
+    " FROM {schedules} s WHERE pg_catalog.starts_with(s.schedule, %s) ORDER BY s.schedule"
+)
+_LAST_RUNS = (
+    "SELECT slot, term, outcome, attempt, started_at, finished_at, detail FROM {runs}"
+    " WHERE schedule = %s ORDER BY slot DESC LIMIT %s"
+)
+
+
+def _schedules(
+    conn: psycopg.Connection[Any], runs: RunTable, schedules: ScheduleTable, lock: str, last: int
+) -> dict[str, Any]:
+    """The lock's schedules in the ledger (``<lock>:<job>``): spec, next slot, the
+    outcomes of the rows kept, and the last ``last`` runs."""
+    report: dict[str, Any] = {"table": schedules.shown, "not_read": None, "items": []}
+    try:
+        for table in (schedules, runs):
+            skipped = _unreadable(conn, table)
+            if skipped is not None:
+                report["not_read"] = f"{table.shown}: {skipped}"
+                return report
+        names = {"runs": runs.sql, "schedules": schedules.sql}
+        rows = conn.execute(_SCHEDULES.format(**names).encode(), (f"{lock}:",)).fetchall()
+        for schedule, spec, since, next_slot, updated_at, outcomes in rows:
+            recent = conn.execute(_LAST_RUNS.format(**names).encode(), (schedule, last))
+            report["items"].append(
+                {
+                    "schedule": schedule,
+                    "job": str(schedule)[len(lock) + 1 :],
+                    "spec": spec,
+                    "since": since,
+                    "next_slot": next_slot,
+                    "updated_at": updated_at,
+                    "outcomes": outcomes,
+                    "last_runs": [
+                        dict(zip(_RUN_FIELDS, row, strict=True)) for row in recent.fetchall()
+                    ],
+                }
+            )
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        report["not_read"] = first_line(exc)
+    return report
+
+
+_RUN_FIELDS = ("slot", "term", "outcome", "attempt", "started_at", "finished_at", "detail")
+
+
 def _checkpoint_names(
     conn: psycopg.Connection[Any], table: CheckpointTable, group: str
 ) -> tuple[dict[Key, str], str | None]:
@@ -399,19 +501,9 @@ def _checkpoint_names(
     plain table that a trusted role owns, in a schema a trusted role owns: another
     role's table, or a view, could run that role's code as yours."""
     try:
-        values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
-        row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
-        assert row is not None
-        check = TableCheck(table, *row[:9])
-        if check.relkind is None:
-            return {}, "it does not exist" if check.schema_owner else "its schema does not exist"
-        try:
-            check.verify()
-        except MissingPrivilegeError as exc:
-            if not check.missing or "SELECT" in check.missing:
-                return {}, str(exc)
-        except ConfigurationError as exc:
-            return {}, str(exc)
+        skipped = _unreadable(conn, table)
+        if skipped is not None:
+            return {}, skipped
         head = checkpoint_name(group, "")
         query = sql.SQL(
             "SELECT subscription_name FROM {}.{}"

@@ -14,7 +14,7 @@ See the scheduling guide for what "exactly once" covers.
 """
 
 from .ledger import OUTCOMES, Ledger, RunTable, ScheduleTable
-from .scheduler import CatchUp, Interrupted, Job, JobFunction, Run, Scheduler
+from .scheduler import CatchUp, Interrupted, Job, JobFunction, Run, RunFailed, Scheduler
 from .timing import Cron, Every, ServerClock, Timing
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "JobFunction",
     "Ledger",
     "Run",
+    "RunFailed",
     "RunTable",
     "ScheduleTable",
     "Scheduler",

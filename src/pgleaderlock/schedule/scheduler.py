@@ -34,7 +34,7 @@ from ..tasks import LeaderTasks
 from .ledger import Ledger, RunTable, ScheduleTable
 from .timing import Cron, Every, ServerClock, Timing, utc
 
-__all__ = ["CatchUp", "Interrupted", "Job", "JobFunction", "Run", "Scheduler"]
+__all__ = ["CatchUp", "Interrupted", "Job", "JobFunction", "Run", "RunFailed", "Scheduler"]
 
 log = get_logger("pgleaderlock.schedule")
 
@@ -60,6 +60,11 @@ MAX_RECORDED_MISSES = 1000
 """At most this many missed slots are recorded per look; older ones are counted in the
 log line only."""
 _EARLY_RETRIES = 50
+
+
+class RunFailed(Exception):
+    """Raise it from a job to record the run as ``failed`` with this message as its
+    detail, and no traceback in the log (a command's exit status, say)."""
 
 
 @dataclass(frozen=True)
@@ -465,7 +470,12 @@ class Scheduler:
         """
         if run.done and error is None:
             return
-        detail = None if error is None else f"{type(error).__name__}: {error}"[:1000]
+        detail = None
+        if error is not None:
+            shown = (
+                str(error) if isinstance(error, RunFailed) else f"{type(error).__name__}: {error}"
+            )
+            detail = shown[:1000]
         values = (run.schedule, run.slot, run.term, "failed" if error else outcome, detail)
         await self._query(self._ledger.finish, values)
 
@@ -556,9 +566,9 @@ class Scheduler:
             await job.fn(run)
         except Exception as exc:
             error = exc
-            self._log(
-                "error", "job_failed", schedule=name, slot=slot.isoformat(), term=term, exc=exc
-            )
+            trace = None if isinstance(exc, RunFailed) else exc
+            self._log("error", "job_failed", schedule=name, slot=slot.isoformat(), term=term,
+                      error=f"{type(exc).__name__}: {exc}", exc=trace)  # fmt: skip
         await self.finish(run, error=error, outcome=job.outcome)
 
     async def _claim(

@@ -1,0 +1,217 @@
+"""``pgleaderlock cron``: run a command once per slot of a schedule across a fleet.
+
+Every host runs the same ``pgleaderlock cron``; the one that leads the lock claims each
+slot in the schedule ledger (``pgleaderlock.schedule``) and runs COMMAND for it. A slot
+is claimed at most once, ever, so a failover neither runs a slot twice nor (per
+``--catch-up``) skips it. Each run's exit status goes into the ledger (``done`` for 0,
+``failed`` with ``exit N`` otherwise) and ``pgleaderlock status`` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import shlex
+import shutil
+import signal
+
+import click
+
+from ..core.errors import ConfigurationError
+from ..core.lock import LeaderLock
+from ..core.retry import ExponentialBackoff
+from ..schedule import Cron, Every, JobFunction, Run, RunFailed, Scheduler, Timing
+from .exec import exit_status, spawn, stop_command
+from .exits import EXIT_CANNOT_EXECUTE, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_OK, CliError
+from .logs import log
+from .options import Common, lock_options, log_options, positive, seconds_option
+from .runtime import Signals, build_lock, first, permanent_error, preflight
+from .tracker import Tracker
+
+__all__ = ["cron"]
+
+_CRON_EPILOG = """\b
+Examples:
+  # on every host: the backup runs once a night, on whichever host leads
+  pgleaderlock cron --name backup --schedule "0 3 * * *" -- ./backup.sh
+  # every 30 s, and after an outage run every slot that was missed (at most 100)
+  pgleaderlock cron --name sync --every 30 --catch-up all -- python -m app.sync
+  # 03:00 Berlin time, daylight saving included
+  pgleaderlock cron --name report --schedule "0 3 * * *" --timezone Europe/Berlin -- ./report
+
+\b
+COMMAND gets PGLEADERLOCK_SLOT (the slot, ISO 8601 UTC), PGLEADERLOCK_TERM (the fencing
+term it runs under) and PGLEADERLOCK_SCHEDULE in its environment, and runs in a process
+group of its own. If leadership is lost while it runs, it gets SIGTERM, then SIGKILL
+after --kill-after; its slot stays "running" and the next leader applies --interrupted.
+
+\b
+Exit codes: 0 after SIGTERM/SIGINT (a running COMMAND is stopped the same way first,
+or finishes within --drain); 1 if the lock stops by itself; 2 for bad input, an
+unreachable server or one that refuses this client for good; 126/127 if COMMAND cannot
+be executed / is not found (checked before the first slot).
+"""
+
+
+@click.command(
+    "cron",
+    epilog=_CRON_EPILOG,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@lock_options
+@click.option(
+    "--schedule",
+    "expression",
+    metavar="CRON",
+    default=None,
+    help='A five-field cron expression, e.g. "0 3 * * *".',
+)
+@seconds_option(
+    "--every", default=None, text="Or: a slot every this many seconds (from the epoch)."
+)
+@click.option(
+    "--timezone",
+    default="UTC",
+    show_default=True,
+    help="The time zone of --schedule (an IANA name).",
+)
+@click.option(
+    "--catch-up",
+    type=click.Choice(["none", "latest", "all"]),
+    default="latest",
+    show_default=True,
+    help="Slots missed while nobody led: skip them, run the newest, or run all.",
+)
+@seconds_option(
+    "--misfire-grace",
+    default=1.0,
+    text="A slot started later than this after its time counts as missed.",
+)
+@click.option(
+    "--interrupted",
+    type=click.Choice(["lost", "rerun"]),
+    default="lost",
+    show_default=True,
+    help="A slot whose leader ended mid-run: record it lost, or run it again.",
+)
+@seconds_option(
+    "--kill-after",
+    default=10.0,
+    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+)
+@seconds_option(
+    "--drain", default=0.0, text="On SIGTERM/SIGINT: how long a running COMMAND may finish first."
+)
+@seconds_option(
+    "--health-interval", default=5.0, text="Seconds between health probes while leader."
+)
+@log_options(cli="INFO", library="WARNING")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def cron(
+    common: Common,
+    expression: str | None,
+    every: float | None,
+    timezone: str,
+    catch_up: str,
+    misfire_grace: float,
+    interrupted: str,
+    kill_after: float,
+    drain: float,
+    health_interval: float,
+    command: tuple[str, ...],
+) -> int:
+    """Run COMMAND once per slot of a schedule, on whichever host leads the lock.
+
+    Every host of a fleet runs the same `cron`; a slot is claimed in the database's
+    schedule ledger before COMMAND runs, so it runs at most once across the fleet,
+    failovers and restarts included. Put `--` before COMMAND.
+    """
+    timing = _timing(expression, every, timezone)
+    kill_after = positive("--kill-after", kill_after)
+    if shutil.which(command[0]) is None:
+        code = EXIT_NOT_FOUND if not os.path.exists(command[0]) else EXIT_CANNOT_EXECUTE
+        log("ERROR", "command_not_found", command=command[0], exit_code=code)
+        return code
+    lock, tracker = build_lock(
+        common,
+        ExponentialBackoff(base_s=1.0, max_s=30.0),
+        fencing=True,
+        health_interval_s=health_interval,
+        drain_s=drain,
+    )
+    try:
+        sched = Scheduler(lock)
+        sched.add(
+            _job(list(command), lock, kill_after),
+            timing,
+            name="cron",
+            catch_up=catch_up,  # type: ignore[arg-type]  # click checked it
+            misfire_grace_s=positive("--misfire-grace", misfire_grace),
+            interrupted=interrupted,  # type: ignore[arg-type]
+        )
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+    return asyncio.run(_serve(common, lock, tracker, sched, timing))
+
+
+def _timing(expression: str | None, every: float | None, timezone: str) -> Timing:
+    if (expression is None) == (every is None):
+        raise CliError("give one of --schedule CRON and --every SECONDS")
+    try:
+        if every is not None:
+            return Every(dt.timedelta(seconds=positive("--every", every)))
+        assert expression is not None
+        return Cron(expression, timezone)
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _job(command: list[str], lock: LeaderLock, kill_after_s: float) -> JobFunction:
+    """The scheduled job: COMMAND for one slot; a non-zero exit fails the run."""
+
+    async def run_command(run: Run) -> None:
+        env = {
+            **os.environ,
+            "PGLEADERLOCK_SLOT": run.slot.isoformat(),
+            "PGLEADERLOCK_TERM": str(run.term),
+            "PGLEADERLOCK_SCHEDULE": run.schedule,
+        }
+        proc = await spawn(command, env)
+        log("INFO", "command_started", lock=lock.label, pid=proc.pid, slot=run.slot.isoformat(),
+            term=run.term, command=shlex.join(command))  # fmt: skip
+        try:
+            code = exit_status(await proc.wait())
+        except asyncio.CancelledError:
+            log("WARNING", "leadership_lost", lock=lock.label, action="terminating COMMAND",
+                pid=proc.pid, kill_after_s=kill_after_s)  # fmt: skip
+            await asyncio.shield(stop_command(proc, kill_after_s, lock.label))
+            raise
+        log("INFO", "command_exited", lock=lock.label, pid=proc.pid, exit_code=code,
+            slot=run.slot.isoformat())  # fmt: skip
+        if code != 0:
+            raise RunFailed(f"exit {code}")
+
+    return run_command
+
+
+async def _serve(
+    common: Common, lock: LeaderLock, tracker: Tracker, sched: Scheduler, timing: Timing
+) -> int:
+    await preflight(common, lock)
+    log("INFO", "cron_started", lock=lock.label, schedule=timing.spec,
+        application_name=lock.application_name)  # fmt: skip
+    sig: signal.Signals | None = None
+    with Signals() as signals:
+        async with sched, lock:
+            which, _ = await first(signal=signals.wait(), stopped=tracker.stopped.wait())
+            if which == "signal":
+                sig = signals.take()[0]
+                log("INFO", "cron_stopping", lock=lock.label, signal=sig.name)
+                await lock.shutdown()  # drains first (--drain)
+    if sig is not None:
+        return EXIT_OK
+    error = lock.stop_error
+    if error is not None:
+        raise permanent_error(common, error)
+    return EXIT_NOT_ACQUIRED
