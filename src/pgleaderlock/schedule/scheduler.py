@@ -626,7 +626,15 @@ class Scheduler:
                 return exc  # the statement's: the probes judge the session
 
         sent = time.time()
-        result = await run_on_session(self._lock, call, self._timeout_s)
+        pending = asyncio.ensure_future(run_on_session(self._lock, call, self._timeout_s))
+        try:
+            result = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # A statement in flight finishes first (bounded by its timeout): cut short, it
+            # would cost the session, and a shutdown would find it gone.
+            with contextlib.suppress(Exception):
+                await pending
+            raise
         if isinstance(result, Exception):
             raise result
         if clock is not None and result:
