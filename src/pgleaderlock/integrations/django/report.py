@@ -34,7 +34,8 @@ __all__ = ["build_report", "render_report"]
 
 _SCHEDULES = (
     "SELECT s.schedule, s.spec, s.since, s.next_slot, s.updated_at FROM {schedules} s"
-    " UNION ALL SELECT DISTINCT r.schedule, NULL, NULL, NULL, NULL FROM {runs} r"
+    " UNION ALL SELECT DISTINCT r.schedule, NULL::text, NULL::timestamptz, NULL::timestamptz,"
+    " NULL::timestamptz FROM {runs} r"
     " WHERE NOT EXISTS (SELECT 1 FROM {schedules} s WHERE s.schedule = r.schedule)"
     " ORDER BY 1"
 )
@@ -55,7 +56,9 @@ def build_report(
         timeout_s: the connect timeout and the statement timeout.
 
     Raises:
-        click.ClickException: the database cannot be reached, or a query failed.
+        click.ClickException: the database cannot be reached.
+        psycopg.Error: a query failed (``QueryCanceled``: it took longer than
+            ``timeout_s``).
         ConfigurationError: a bad lock name or trusted role.
     """
     trusted = check_roles(tuple(settings.options.get("trusted_roles", ())))

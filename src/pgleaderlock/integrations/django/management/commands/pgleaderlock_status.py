@@ -8,10 +8,11 @@ import math
 from typing import Any
 
 import click
+import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from pgleaderlock.cli.exits import EXIT_USAGE
+from pgleaderlock.cli.exits import EXIT_USAGE, first_line
 from pgleaderlock.cli.render import json_default
 from pgleaderlock.core.errors import ConfigurationError
 from pgleaderlock.integrations.django.conf import load
@@ -64,6 +65,14 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
             raise CommandError(exc.message, returncode=EXIT_USAGE) from None
         except ConfigurationError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        except psycopg.errors.QueryCanceled:
+            raise CommandError(
+                f"the status query took longer than {timeout:g} s", returncode=EXIT_USAGE
+            ) from None
+        except psycopg.Error as exc:
+            raise CommandError(
+                f"status query failed: {first_line(exc)}", returncode=EXIT_USAGE
+            ) from None
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2, default=json_default))
         else:
