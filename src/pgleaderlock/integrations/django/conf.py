@@ -69,7 +69,7 @@ class Settings:
         locks: the lock names ``pgleaderlock_status`` shows by default.
         ledger_schema: the schema of the schedule ledger's tables (default: the
             ``fencing_schema`` of ``options``, as for a
-            [`Scheduler`][pgleaderlock.schedule.Scheduler]).
+            `pgleaderlock.schedule.Scheduler`).
         runs_table: the ledger's table of runs.
         schedules_table: the ledger's table of schedules.
     """
@@ -82,7 +82,7 @@ class Settings:
     schedules_table: str = ScheduleTable.name
 
     def ledger_tables(self) -> tuple[RunTable, ScheduleTable]:
-        """The ledger's tables, as a [`Scheduler`][pgleaderlock.schedule.Scheduler] with
+        """The ledger's tables, as a `pgleaderlock.schedule.Scheduler` with
         these lock options names them."""
         schema = self.ledger_schema
         if schema is None:

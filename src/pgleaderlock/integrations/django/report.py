@@ -4,7 +4,7 @@ schedules in the ledger (their spec, next slot, recent runs and outcomes).
 The locks' part is ``pgleaderlock status --name``'s (its queries and text layout, in
 `pgleaderlock.cli.status` and `pgleaderlock.cli.render`): holder, waiting sessions, and
 whether their roles are trusted. The ledger's part reads the tables a
-[`Scheduler`][pgleaderlock.schedule.Scheduler] writes, only if they exist and can be
+`pgleaderlock.schedule.Scheduler` writes, only if they exist and can be
 trusted (a plain table, owned by a trusted role, in a schema a trusted role owns:
 another role's table or view could run that role's code as yours); otherwise it says
 why they were not read.
