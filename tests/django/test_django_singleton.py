@@ -79,15 +79,21 @@ def test_one_replica_runs_the_other_exits_held_or_waits(
     ]
 
 
-def test_a_custom_held_exit_code(
+def test_a_custom_held_exit_code_and_a_bounded_wait(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = spawn(*work(lock_name, out, sleep=2.0))
+    first = spawn(*work(lock_name, out, sleep=8.0))
     wait_for(lambda: len(lines(out)) == 1)
     held = manage(*work(lock_name, out, "--no-wait", "--held-exit-code", "0"))
     assert held.returncode == 0, held.stderr
-    assert "held elsewhere" in held.stderr
+    assert f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run" in held.stderr
+    assert "CommandError" not in held.stderr
+    started = time.monotonic()
+    waited = manage(*work(lock_name, out, "--wait", "0.5"))
+    assert waited.returncode == EXIT_HELD, waited.stderr
+    assert time.monotonic() - started >= 0.5
+    assert first.poll() is None  # still running: the wait ran out, it did not end
     assert first.wait(30) == 0
     assert len(lines(out)) == 2
 

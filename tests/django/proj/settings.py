@@ -29,6 +29,6 @@ DATABASES: dict[str, Any] = {
         "OPTIONS": _params,
     }
 }
-PGLEADERLOCK: dict[str, Any] = {"OPTIONS": {"fencing": True}}
+PGLEADERLOCK: dict[str, Any] = {}
 
 globals().update(json.loads(os.environ.get("PGLEADERLOCK_TEST_SETTINGS", "{}")))

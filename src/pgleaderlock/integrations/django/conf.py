@@ -184,7 +184,9 @@ def check_lock_options(dsn: str, options: Mapping[str, Any]) -> None:
     """Build (and drop: no I/O) a lock with ``options``, so that a value the lock
     refuses is an ``ImproperlyConfigured`` at once, not when a lock is first made."""
     try:
-        LeaderLock.from_name("pgleaderlock-settings-check", dsn, load_plugins=False, **options)
+        LeaderLock.from_name(
+            "pgleaderlock-settings-check", dsn, **{**options, "load_plugins": False}
+        )
     except (TypeError, PgLeaderLockError) as exc:
         raise ImproperlyConfigured(f"{SETTING}['OPTIONS']: {exc}") from None
 

@@ -32,6 +32,7 @@ import asyncio
 import math
 import os
 import signal
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +50,7 @@ from ...cli.exits import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     CliError,
+    first_line,
     signal_exit,
 )
 from ...cli.options import Common, Target
@@ -86,6 +88,7 @@ class _Shared:
     mutex: threading.Lock = field(default_factory=threading.Lock)
     settled: threading.Event = field(default_factory=threading.Event)
     running: bool = False
+    started: bool = False
     interruptible: bool = True
     lost: bool = False
     main_thread: int | None = None
@@ -122,7 +125,8 @@ class Singleton:
         """Wait for the lock, run the command while it leads, release it.
 
         Returns:
-            0 when the command returned; otherwise raises.
+            0 when the command returned (or the lock was held elsewhere and
+            ``held_exit_code`` is 0); otherwise raises.
 
         Raises:
             CommandError: with ``returncode`` one of the module's codes.
@@ -143,22 +147,31 @@ class Singleton:
         follow_state(lock, self._state_changed)
         with _handlers(shared):
             try:
-                threaded.start()
+                try:
+                    threaded.start()
+                except Exception as exc:
+                    raise CommandError(
+                        f"the lock {lock.label!r} did not start: {first_line(exc)}",
+                        returncode=EXIT_USAGE,
+                    ) from None
                 while not shared.settled.wait(1.0):
                     pass
                 if not lock.is_leader:
-                    raise self._not_leading(lock, common)
+                    return self._not_leading(lock, common)
                 return self._call(lock)
             except Interrupted as exc:
                 if exc.signum is None:
                     raise CommandError(
                         f"leadership of {lock.label!r} was lost while {command} ran: it "
-                        "was interrupted",
+                        "was interrupted"
+                        if shared.started
+                        else f"leadership of {lock.label!r} was lost before {command} "
+                        "began: it was not run",
                         returncode=EXIT_LOST,
                     ) from None
                 raise CommandError(
                     f"stopped by signal {signal.Signals(exc.signum).name}"
-                    + ("" if shared.running else f": {command} was not run"),
+                    + ("" if shared.started else f": {command} was not run"),
                     returncode=signal_exit(signal.Signals(exc.signum)),
                 ) from None
             finally:
@@ -192,26 +205,32 @@ class Singleton:
         )
         return lock, common
 
-    def _not_leading(self, lock: LeaderLock, common: Common) -> CommandError:
-        """Why the lock settled without leading: held elsewhere, or an error."""
+    def _not_leading(self, lock: LeaderLock, common: Common) -> int:
+        """The lock settled without leading: held elsewhere (``held_exit_code``; 0 is
+        returned, with the reason on stderr), or an error.
+
+        Raises:
+            CommandError: held elsewhere (a non-zero ``held_exit_code``), or why not.
+        """
         stats = lock.statistics()
         if stats.last_error is not None and is_permanent(stats.last_error):
             error: CliError = permanent_error(common, stats.last_error)
         elif stats.failed_attempts:
-            return CommandError(
-                f"the lock {lock.label!r} is held elsewhere: {self.argv[0]} was not run",
-                returncode=self.held_exit_code,
-            )
+            held = f"the lock {lock.label!r} is held elsewhere: {self.argv[0]} was not run"
+            if self.held_exit_code == 0:
+                (self.stderr or sys.stderr).write(held + "\n")
+                return 0
+            raise CommandError(held, returncode=self.held_exit_code)
         else:
             error = not_acquired_error(common, lock)
-        return CommandError(mask_dsn(error.message), returncode=EXIT_USAGE)
+        raise CommandError(mask_dsn(error.message), returncode=EXIT_USAGE)
 
     def _call(self, lock: LeaderLock) -> int:
         shared = self._shared
         with shared.mutex:
             if shared.lost or not lock.is_leader:
                 raise Interrupted(None)
-            shared.running = True
+            shared.running = shared.started = True
         streams = {k: v for k, v in (("stdout", self.stdout), ("stderr", self.stderr)) if v}
         try:
             call_command(*self.argv, **streams)
