@@ -36,7 +36,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -57,6 +57,7 @@ from ...cli.options import Common, Target
 from ...cli.retry import Deadline
 from ...cli.runtime import not_acquired_error, permanent_error, preflight
 from ...core._logging import mask_dsn
+from ...core.errors import ShutdownError
 from ...core.hooks import follow_state
 from ...core.lock import LeaderLock
 from ...core.machine import is_permanent
@@ -97,7 +98,8 @@ class _Shared:
 
 @dataclass
 class Singleton:
-    """One run of a management command under the lock ``name`` (see the module).
+    """One run of a management command under the lock ``name`` (see the module); make
+    one for each run.
 
     Attributes:
         name: the lock's name.
@@ -137,11 +139,13 @@ class Singleton:
         command = self.argv[0]
         if command not in get_commands():
             raise CommandError(f"unknown management command {command!r}", returncode=EXIT_NOT_FOUND)
-        lock, common = self._lock()
+        deadline = Deadline(self.wait_s)
+        lock, common = self._lock(deadline)
         try:
             asyncio.run(preflight(common, lock))
         except CliError as exc:
             raise CommandError(exc.message, returncode=EXIT_USAGE) from None
+        deadline.start()  # the wait counts from here, as the CLI's
         threaded = ThreadedLeaderLock(lock)
         shared = self._shared
         follow_state(lock, self._state_changed)
@@ -179,9 +183,12 @@ class Singleton:
                     shared.running = shared.interruptible = False
                     if shared.killer is not None:
                         shared.killer.cancel()
-                threaded.shutdown()
+                # A release that does not complete in time closes the session, which
+                # frees the lock on the server all the same.
+                with suppress(ShutdownError):
+                    threaded.shutdown()
 
-    def _lock(self) -> tuple[LeaderLock, Common]:
+    def _lock(self, deadline: Deadline) -> tuple[LeaderLock, Common]:
         try:
             settings = load()
             dsn = build_dsn(settings.database)
@@ -189,7 +196,7 @@ class Singleton:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         options: dict[str, Any] = {
             **settings.options,
-            "retry_strategy": Deadline(self.wait_s),
+            "retry_strategy": deadline,
             "auto_reacquire": False,
             "health_interval_s": self.health_interval_s,
         }
