@@ -35,6 +35,24 @@ def project_env(dsn: str, settings: dict[str, Any] | None = None) -> dict[str, s
 
 
 @pytest.fixture
+def python_in_project(pg_dsn: str) -> Manage:
+    """``python_in_project(*args, settings=None)``: run ``python args`` in the project's
+    folder and environment (Django not set up: the script calls ``django.setup()``)."""
+
+    def run(*args: str, settings: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args],
+            env=project_env(pg_dsn, settings),
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+@pytest.fixture
 def manage(pg_dsn: str) -> Manage:
     """``manage(*args, settings=None, timeout=60)``: run ``manage.py args`` to its end."""
 

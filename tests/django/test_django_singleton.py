@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,7 @@ def test_one_replica_runs_the_other_exits_held_or_waits(
     waiting = spawn(*work(lock_name, out))  # waits for the first one to finish
     assert first.wait(30) == 0
     assert waiting.wait(30) == 0
+    assert "is held elsewhere: waiting for it (forever)" in waiting.communicate()[1]
     starts_and_ends = [line.split()[:2] for line in lines(out)]
     pids = [str(first.pid), str(waiting.pid)]
     assert starts_and_ends == [
@@ -140,3 +142,57 @@ def test_sigterm_stops_the_command_and_releases(
     assert lines(out)[1].startswith("interrupted")
     again = manage(*work(lock_name, out, "--no-wait"))  # released: free at once
     assert again.returncode == 0, again.stderr
+
+
+CALL = """
+import io, json, os, sys, threading
+import django
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+django.setup()
+name, out, in_thread = sys.argv[1], sys.argv[2], sys.argv[3] == "thread"
+result = {}
+
+def run(*extra):
+    buf = io.StringIO()
+    try:
+        call_command("pgleaderlock_singleton", "--name", name, *extra, "--",
+                     "pgltest_work", "--out", out, "--sleep", "0.5", stdout=buf)
+        return {"code": 0, "stdout": buf.getvalue()}
+    except CommandError as exc:
+        return {"code": exc.returncode, "error": str(exc)}
+
+def both():
+    result["free"] = run("--no-wait")
+    from pgleaderlock.integrations.django import threaded_lock
+    with threaded_lock(name) as holder:
+        assert holder.wait_for_leadership(30)
+        result["held"] = run("--no-wait")
+
+if in_thread:
+    worker = threading.Thread(target=both)
+    worker.start()
+    worker.join()
+else:
+    both()
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_call_command_in_process(
+    python_in_project: Manage, lock_name: str, tmp_path: Path, where: str
+) -> None:
+    """``call_command`` from code, in the main thread or another one: the command's
+    output goes to its ``stdout``, and "held elsewhere" is a ``CommandError`` with
+    ``returncode`` 75."""
+    result = python_in_project("-c", CALL, lock_name, str(tmp_path / "out"), where)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["free"]["code"] == 0
+    assert data["free"]["stdout"].startswith("worked ")
+    assert data["held"] == {
+        "code": EXIT_HELD,
+        "error": f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run",
+    }

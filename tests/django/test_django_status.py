@@ -63,6 +63,9 @@ async def test_status_shows_a_held_lock_and_a_schedules_runs(
         result = await manage_async(manage, "pgleaderlock_status", "--json", settings=settings)
         assert result.returncode == 0, result.stderr
         text = await manage_async(manage, "pgleaderlock_status", "--runs", "2", settings=settings)
+        other = await manage_async(
+            manage, "pgleaderlock_status", "--json", "--schedule", "elsewhere:", settings=settings
+        )
     report = json.loads(result.stdout)
     (lock,) = report["locks"]
     assert lock["lock"]["name"] == lock_name
@@ -83,6 +86,7 @@ async def test_status_shows_a_held_lock_and_a_schedules_runs(
     assert "holder    pid " in text.stdout
     assert f"schedule  {lock_name}-sched:tick  (every 0.2s)" in text.stdout
     assert "runs: done " in text.stdout
+    assert json.loads(other.stdout)["ledger"]["schedules"] == []
 
 
 def test_status_without_ledger_tables_says_so(manage: Manage, schema: str, lock_name: str) -> None:

@@ -45,7 +45,12 @@ _RUN_FIELDS = ("slot", "term", "holder", "outcome", "attempt", "claimed_at", "st
 
 
 def build_report(
-    settings: Settings, names: Sequence[str], *, runs: int = 5, timeout_s: float = 5.0
+    settings: Settings,
+    names: Sequence[str],
+    *,
+    runs: int = 5,
+    timeout_s: float = 5.0,
+    schedules: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The report: ``{"database", "checked_at", "locks": [...], "ledger": {...}}``.
 
@@ -54,6 +59,8 @@ def build_report(
         names: the locks to show.
         runs: how many of each schedule's newest runs to show.
         timeout_s: the connect timeout and the statement timeout.
+        schedules: show only the schedules whose names start with one of these
+            (a schedule is named ``<lock>:<job>``); all when empty.
 
     Raises:
         click.ClickException: the database cannot be reached.
@@ -69,11 +76,13 @@ def build_report(
             "database": info.database,
             "checked_at": info.now,
             "locks": [_one_lock(conn, info, target) for target in targets],
-            "ledger": _ledger(conn, settings, runs),
+            "ledger": _ledger(conn, settings, runs, tuple(schedules)),
         }
 
 
-def _ledger(conn: psycopg.Connection[Any], settings: Settings, runs: int) -> dict[str, Any]:
+def _ledger(
+    conn: psycopg.Connection[Any], settings: Settings, runs: int, prefixes: tuple[str, ...]
+) -> dict[str, Any]:
     runs_table, schedules_table = settings.ledger_tables()
     report: dict[str, Any] = {
         "runs_table": runs_table.shown,
@@ -95,6 +104,8 @@ def _ledger(conn: psycopg.Connection[Any], settings: Settings, runs: int) -> dic
     query = _SCHEDULES.format(runs=runs_table.sql, schedules=schedules_table.sql)
     recent = ledger.recent.format("%s", "%s").encode()
     for schedule, spec, since, next_slot, updated_at in conn.execute(query.encode()).fetchall():
+        if prefixes and not schedule.startswith(prefixes):
+            continue
         rows = conn.execute(recent, (schedule, runs)).fetchall()
         by_outcome = counts.get(schedule, {})
         report["schedules"].append(

@@ -111,6 +111,8 @@ class Singleton:
         health_interval_s: the lock's probe interval while the command runs.
         stdout: where the command writes (default: ``sys.stdout``).
         stderr: where it and this writes errors (default: ``sys.stderr``).
+        verbosity: Django's; from 1 on (the default), a line on ``stderr`` says when
+            the lock is held elsewhere and this waits for it.
     """
 
     name: str
@@ -121,6 +123,7 @@ class Singleton:
     health_interval_s: float = 5.0
     stdout: TextIO | None = None
     stderr: TextIO | None = None
+    verbosity: int = 1
     _shared: _Shared = field(default_factory=_Shared, init=False, repr=False)
 
     def run(self) -> int:
@@ -149,6 +152,18 @@ class Singleton:
         threaded = ThreadedLeaderLock(lock)
         shared = self._shared
         follow_state(lock, self._state_changed)
+        if self.wait_s > 0 and self.verbosity >= 1:
+            noted = threading.Event()
+
+            @lock.on_acquire_failed
+            def waiting() -> None:  # in the lock's thread: once, at the first busy attempt
+                if not noted.is_set():
+                    noted.set()
+                    (self.stderr or sys.stderr).write(
+                        f"the lock {lock.label!r} is held elsewhere: waiting for it "
+                        f"({'forever' if math.isinf(self.wait_s) else f'{self.wait_s:g} s'})\n"
+                    )
+
         with _handlers(shared):
             try:
                 try:

@@ -90,4 +90,5 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
             health_interval_s=float(options["health_interval"]),
             stdout=getattr(self.stdout, "_out", None),
             stderr=getattr(self.stderr, "_out", None),
+            verbosity=int(options["verbosity"]),
         ).run()

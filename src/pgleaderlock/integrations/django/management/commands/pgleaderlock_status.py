@@ -27,7 +27,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """``--name`` (repeatable), ``--runs``, ``--json``, ``--timeout``."""
+        """``--name`` (repeatable), ``--runs``, ``--schedule``, ``--json``, ``--timeout``."""
         parser.add_argument(
             "--name",
             action="append",
@@ -37,6 +37,14 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
         )
         parser.add_argument(
             "--runs", type=int, default=5, metavar="N", help="Runs shown per schedule."
+        )
+        parser.add_argument(
+            "--schedule",
+            action="append",
+            default=[],
+            metavar="PREFIX",
+            help="Show only the schedules whose names (LOCK:JOB) start with PREFIX "
+            "(repeatable; default: all).",
         )
         parser.add_argument("--json", action="store_true", help="Print JSON (for scripts).")
         parser.add_argument(
@@ -60,7 +68,13 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         names = list(dict.fromkeys([*settings.locks, *options["name"]]))
         try:
-            report = build_report(settings, names, runs=options["runs"], timeout_s=timeout)
+            report = build_report(
+                settings,
+                names,
+                runs=options["runs"],
+                timeout_s=timeout,
+                schedules=options["schedule"],
+            )
         except click.ClickException as exc:  # the status command's one-line errors
             raise CommandError(exc.message, returncode=EXIT_USAGE) from None
         except ConfigurationError as exc:
