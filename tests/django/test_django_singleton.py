@@ -131,6 +131,24 @@ def test_leadership_lost_interrupts_the_command(
     assert "was lost while pgltest_work ran" in stderr
 
 
+def test_a_command_that_ignores_the_interruption_is_ended_after_kill_after(
+    spawn: Spawn, pg_dsn: str, lock_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = [*work(lock_name, out, "--health-interval", "0.2", "--kill-after", "1", sleep=60.0)]
+    proc = spawn(*args, "--stubborn")
+    wait_for(lambda: len(lines(out)) == 1)
+    started = time.monotonic()
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+            (f"pgleaderlock:{lock_name}@%",),
+        )
+    assert proc.wait(30) == EXIT_LOST
+    assert 1.0 <= time.monotonic() - started < 20
+    assert [line.split()[0] for line in lines(out)] == ["start", "interrupted"]
+
+
 def test_sigterm_stops_the_command_and_releases(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:

@@ -1,6 +1,6 @@
 """``pgltest_work --out FILE [--sleep S] [--exit N]``: append ``start <pid>`` to FILE,
-sleep, append ``end <pid>`` (or ``interrupted <pid> <what>`` if something stopped it),
-then exit with N (``SystemExit``)."""
+sleep, append ``end <pid>`` (or ``interrupted <pid> <what>`` if something stopped it;
+``--stubborn``: and sleep on), then exit with N (``SystemExit``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class Command(BaseCommand):  # type: ignore[misc]
         parser.add_argument("--sleep", type=float, default=0.0)
         parser.add_argument("--exit", type=int, default=0)
         parser.add_argument("--busy", action="store_true", help="Spin instead of sleeping.")
+        parser.add_argument(
+            "--stubborn", action="store_true", help="Note an interruption, then sleep on."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         out, pid = options["out"], os.getpid()
@@ -34,7 +37,9 @@ class Command(BaseCommand):  # type: ignore[misc]
                     time.sleep(deadline - time.monotonic())
         except BaseException as exc:
             note(out, f"interrupted {pid} {type(exc).__name__}")
-            raise
+            if not options["stubborn"]:
+                raise
+            time.sleep(max(0.0, deadline - time.monotonic()))
         note(out, f"end {pid}")
         self.stdout.write(f"worked {pid}")
         if options["exit"]:
