@@ -38,6 +38,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def terminate_lock_sessions(dsn: str, name: str) -> None:
+    """End the sessions of the lock ``name`` on the server (as a restart or a DBA would)."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+            (f"pgleaderlock:{name}@%",),
+        )
+
+
 def test_runs_the_command_while_leading(
     manage: Manage, pg_dsn: str, lock_name: str, tmp_path: Path
 ) -> None:
@@ -72,7 +81,7 @@ def test_one_replica_runs_the_other_exits_held_or_waits(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = spawn(*work(lock_name, out, sleep=3.0))
+    first = spawn(*work(lock_name, out, sleep=5.0))
     wait_for(lambda: len(lines(out)) == 1)  # the first one leads and runs
     held = manage(*work(lock_name, out, "--no-wait"))
     assert held.returncode == EXIT_HELD, held.stderr
@@ -120,11 +129,7 @@ def test_leadership_lost_interrupts_the_command(
         args.append("--busy")
     proc = spawn(*args)
     wait_for(lambda: len(lines(out)) == 1)
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
-            (f"pgleaderlock:{lock_name}@%",),
-        )
+    terminate_lock_sessions(pg_dsn, lock_name)
     assert proc.wait(30) == EXIT_LOST
     assert lines(out)[1].split()[0::2] == ["interrupted", "Interrupted"]
     _, stderr = proc.communicate()
@@ -139,11 +144,7 @@ def test_a_command_that_ignores_the_interruption_is_ended_after_kill_after(
     proc = spawn(*args, "--stubborn")
     wait_for(lambda: len(lines(out)) == 1)
     started = time.monotonic()
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
-            (f"pgleaderlock:{lock_name}@%",),
-        )
+    terminate_lock_sessions(pg_dsn, lock_name)
     assert proc.wait(30) == EXIT_LOST
     assert 1.0 <= time.monotonic() - started < 20
     assert [line.split()[0] for line in lines(out)] == ["start", "interrupted"]

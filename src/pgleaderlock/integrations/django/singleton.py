@@ -111,8 +111,8 @@ class Singleton:
         health_interval_s: the lock's probe interval while the command runs.
         stdout: where the command writes (default: ``sys.stdout``).
         stderr: where it and this writes errors (default: ``sys.stderr``).
-        verbosity: Django's; from 1 on (the default), a line on ``stderr`` says when
-            the lock is held elsewhere and this waits for it.
+        verbosity: Django's; from 1 on (the default), a line on ``stderr`` says that
+            this waits, when the lock was not taken within a second.
     """
 
     name: str
@@ -152,18 +152,6 @@ class Singleton:
         threaded = ThreadedLeaderLock(lock)
         shared = self._shared
         follow_state(lock, self._state_changed)
-        if self.wait_s > 0 and self.verbosity >= 1:
-            noted = threading.Event()
-
-            @lock.on_acquire_failed
-            def waiting() -> None:  # in the lock's thread: once, at the first busy attempt
-                if not noted.is_set():
-                    noted.set()
-                    (self.stderr or sys.stderr).write(
-                        f"the lock {lock.label!r} is held elsewhere: waiting for it "
-                        f"({'forever' if math.isinf(self.wait_s) else f'{self.wait_s:g} s'})\n"
-                    )
-
         with _handlers(shared):
             try:
                 try:
@@ -173,6 +161,12 @@ class Singleton:
                         f"the lock {lock.label!r} did not start: {first_line(exc)}",
                         returncode=EXIT_USAGE,
                     ) from None
+                if not shared.settled.wait(1.0) and self.verbosity >= 1:
+                    forever = math.isinf(self.wait_s)
+                    (self.stderr or sys.stderr).write(
+                        f"the lock {lock.label!r} is held elsewhere: waiting for it "
+                        f"({'forever' if forever else f'up to {self.wait_s:g} s'})\n"
+                    )
                 while not shared.settled.wait(1.0):
                     pass
                 if not lock.is_leader:
