@@ -8,6 +8,10 @@
   ``apscheduler``, APScheduler 3.x): singleton jobs across replicas, per job
   (``leader_only``) or per scheduler (``bind_scheduler``), or spread over the replicas
   by a coordinator (``owned_only``).
+- [`pgleaderlock.integrations.django`][pgleaderlock.integrations.django] (extra
+  ``django``): an app that takes its database from ``DATABASES``, locks configured in
+  ``settings.py``, ``manage.py pgleaderlock_singleton`` (a management command on one
+  replica) and ``manage.py pgleaderlock_status``.
 
 What they are built on needs no extra and is imported from `pgleaderlock`:
 [`LeaderTasks`][pgleaderlock.LeaderTasks] (coroutines that run only while a lock is LEADER, for

@@ -1,0 +1,1 @@
+"""``pgleaderlock_singleton`` and ``pgleaderlock_status``."""

@@ -1,0 +1,93 @@
+"""``manage.py pgleaderlock_status [--name NAME ...] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+import click
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from pgleaderlock.cli.exits import EXIT_USAGE, first_line
+from pgleaderlock.cli.render import json_default
+from pgleaderlock.core.errors import ConfigurationError
+from pgleaderlock.integrations.django.conf import load
+from pgleaderlock.integrations.django.report import build_report, render_report
+
+
+class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
+    help = (
+        "Show who holds the configured locks (PGLEADERLOCK['LOCKS'] and --name) and who "
+        "waits for them, and the schedules in the ledger: spec, next slot, recent runs "
+        "and their outcomes."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """``--name`` (repeatable), ``--runs``, ``--schedule``, ``--json``, ``--timeout``."""
+        parser.add_argument(
+            "--name",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="A lock to show besides PGLEADERLOCK['LOCKS'] (repeatable).",
+        )
+        parser.add_argument(
+            "--runs", type=int, default=5, metavar="N", help="Runs shown per schedule."
+        )
+        parser.add_argument(
+            "--schedule",
+            action="append",
+            default=[],
+            metavar="PREFIX",
+            help="Show only the schedules whose names (LOCK:JOB) start with PREFIX "
+            "(repeatable; default: all).",
+        )
+        parser.add_argument("--json", action="store_true", help="Print JSON (for scripts).")
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="Connect timeout and statement timeout.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Print the report (see `pgleaderlock.integrations.django.report`)."""
+        timeout = float(options["timeout"])
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise CommandError(f"--timeout must be > 0, got {timeout:g}", returncode=EXIT_USAGE)
+        if options["runs"] < 0:
+            raise CommandError("--runs must be >= 0", returncode=EXIT_USAGE)
+        try:
+            settings = load()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        names = list(dict.fromkeys([*settings.locks, *options["name"]]))
+        try:
+            report = build_report(
+                settings,
+                names,
+                runs=options["runs"],
+                timeout_s=timeout,
+                schedules=options["schedule"],
+            )
+        except click.ClickException as exc:  # the status command's one-line errors
+            raise CommandError(exc.message, returncode=EXIT_USAGE) from None
+        except ConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        except psycopg.errors.QueryCanceled:
+            raise CommandError(
+                f"the status query took longer than {timeout:g} s", returncode=EXIT_USAGE
+            ) from None
+        except psycopg.Error as exc:
+            raise CommandError(
+                f"status query failed: {first_line(exc)}", returncode=EXIT_USAGE
+            ) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(report, indent=2, default=json_default))
+        else:
+            self.stdout.write(render_report(report))

@@ -1,0 +1,1 @@
+"""The tests' own app: management commands to run as singletons, and probes."""

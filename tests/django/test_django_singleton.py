@@ -1,0 +1,217 @@
+"""``manage.py pgleaderlock_singleton``: the command runs on one replica only, for real
+(two ``manage.py`` processes on the test server)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from pgleaderlock.cli.exits import EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND
+
+pytestmark = pytest.mark.timeout(120)
+
+Manage = Callable[..., subprocess.CompletedProcess[str]]
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+def work(name: str, out: Path, *extra: str, sleep: float = 0.0, code: int = 0) -> Sequence[str]:
+    """``pgleaderlock_singleton --name NAME [extra] -- pgltest_work --out OUT ...``."""
+    return ("pgleaderlock_singleton", "--name", name, *extra, "--", "pgltest_work",
+            "--out", str(out), "--sleep", str(sleep), "--exit", str(code))  # fmt: skip
+
+
+def lines(out: Path) -> list[str]:
+    return out.read_text().splitlines() if out.exists() else []
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def terminate_lock_sessions(dsn: str, name: str) -> None:
+    """End the sessions of the lock ``name`` on the server (as a restart or a DBA would)."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+            (f"pgleaderlock:{name}@%",),
+        )
+
+
+def test_runs_the_command_while_leading(
+    manage: Manage, pg_dsn: str, lock_name: str, tmp_path: Path
+) -> None:
+    params = conninfo_to_dict(pg_dsn)
+    # Unless the test server wants a password of its own, one with every character a
+    # DSN could trip over goes through the whole path (trust auth ignores it).
+    password = params.get("password") or "p@ss w'o\\rd=;:/?#%"
+    entry = {"ENGINE": "django.db.backends.postgresql", "PASSWORD": password,
+             "NAME": params.get("dbname", ""), "USER": params.get("user", ""),
+             "HOST": params.get("host", ""), "PORT": params.get("port", "")}  # fmt: skip
+    out = tmp_path / "out"
+    result = manage(*work(lock_name, out, "--no-wait"), settings={"DATABASES": {"default": entry}})
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[0] for line in lines(out)] == ["start", "end"]
+    assert "worked" in result.stdout
+
+
+def test_the_commands_exit_code_and_an_unknown_command(
+    manage: Manage, lock_name: str, tmp_path: Path
+) -> None:
+    result = manage(*work(lock_name, tmp_path / "out", code=3))
+    assert result.returncode == 3, result.stderr
+    result = manage("pgleaderlock_singleton", "--name", lock_name, "--", "no_such_command")
+    assert result.returncode == EXIT_NOT_FOUND
+    assert "unknown management command 'no_such_command'" in result.stderr
+    result = manage("pgleaderlock_singleton", "--name", lock_name, "--wait", "-1", "--", "check")
+    assert result.returncode == 2
+    assert "--wait must be >= 0" in result.stderr
+
+
+def test_one_replica_runs_the_other_exits_held_or_waits(
+    spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    first = spawn(*work(lock_name, out, sleep=5.0))
+    wait_for(lambda: len(lines(out)) == 1)  # the first one leads and runs
+    held = manage(*work(lock_name, out, "--no-wait"))
+    assert held.returncode == EXIT_HELD, held.stderr
+    assert f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run" in held.stderr
+    waiting = spawn(*work(lock_name, out))  # waits for the first one to finish
+    assert first.wait(30) == 0
+    assert waiting.wait(30) == 0
+    assert "is held elsewhere: waiting for it (forever)" in waiting.communicate()[1]
+    starts_and_ends = [line.split()[:2] for line in lines(out)]
+    pids = [str(first.pid), str(waiting.pid)]
+    assert starts_and_ends == [
+        ["start", pids[0]],
+        ["end", pids[0]],
+        ["start", pids[1]],
+        ["end", pids[1]],
+    ]
+
+
+def test_a_custom_held_exit_code_and_a_bounded_wait(
+    spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    first = spawn(*work(lock_name, out, sleep=8.0))
+    wait_for(lambda: len(lines(out)) == 1)
+    held = manage(*work(lock_name, out, "--no-wait", "--held-exit-code", "0"))
+    assert held.returncode == 0, held.stderr
+    assert f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run" in held.stderr
+    assert "CommandError" not in held.stderr
+    started = time.monotonic()
+    waited = manage(*work(lock_name, out, "--wait", "0.5"))
+    assert waited.returncode == EXIT_HELD, waited.stderr
+    assert time.monotonic() - started >= 0.5
+    assert first.poll() is None  # still running: the wait ran out, it did not end
+    assert first.wait(30) == 0
+    assert len(lines(out)) == 2
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["sleeping", "busy"])
+def test_leadership_lost_interrupts_the_command(
+    spawn: Spawn, pg_dsn: str, lock_name: str, tmp_path: Path, busy: bool
+) -> None:
+    out = tmp_path / "out"
+    args = [*work(lock_name, out, "--health-interval", "0.2", sleep=60.0)]
+    if busy:
+        args.append("--busy")
+    proc = spawn(*args)
+    wait_for(lambda: len(lines(out)) == 1)
+    terminate_lock_sessions(pg_dsn, lock_name)
+    assert proc.wait(30) == EXIT_LOST
+    assert lines(out)[1].split()[0::2] == ["interrupted", "Interrupted"]
+    _, stderr = proc.communicate()
+    assert "was lost while pgltest_work ran" in stderr
+
+
+def test_a_command_that_ignores_the_interruption_is_ended_after_kill_after(
+    spawn: Spawn, pg_dsn: str, lock_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = [*work(lock_name, out, "--health-interval", "0.2", "--kill-after", "1", sleep=60.0)]
+    proc = spawn(*args, "--stubborn")
+    wait_for(lambda: len(lines(out)) == 1)
+    started = time.monotonic()
+    terminate_lock_sessions(pg_dsn, lock_name)
+    assert proc.wait(30) == EXIT_LOST
+    assert 1.0 <= time.monotonic() - started < 20
+    assert [line.split()[0] for line in lines(out)] == ["start", "interrupted"]
+
+
+def test_sigterm_stops_the_command_and_releases(
+    spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    proc = spawn(*work(lock_name, out, sleep=60.0))
+    wait_for(lambda: len(lines(out)) == 1)
+    proc.terminate()
+    assert proc.wait(30) == 143
+    assert lines(out)[1].startswith("interrupted")
+    again = manage(*work(lock_name, out, "--no-wait"))  # released: free at once
+    assert again.returncode == 0, again.stderr
+
+
+CALL = """
+import io, json, os, sys, threading
+import django
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+django.setup()
+name, out, in_thread = sys.argv[1], sys.argv[2], sys.argv[3] == "thread"
+result = {}
+
+def run(*extra):
+    buf = io.StringIO()
+    try:
+        call_command("pgleaderlock_singleton", "--name", name, *extra, "--",
+                     "pgltest_work", "--out", out, "--sleep", "0.5", stdout=buf)
+        return {"code": 0, "stdout": buf.getvalue()}
+    except CommandError as exc:
+        return {"code": exc.returncode, "error": str(exc)}
+
+def both():
+    result["free"] = run("--no-wait")
+    from pgleaderlock.integrations.django import threaded_lock
+    with threaded_lock(name) as holder:
+        assert holder.wait_for_leadership(30)
+        result["held"] = run("--no-wait")
+
+if in_thread:
+    worker = threading.Thread(target=both)
+    worker.start()
+    worker.join()
+else:
+    both()
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_call_command_in_process(
+    python_in_project: Manage, lock_name: str, tmp_path: Path, where: str
+) -> None:
+    """``call_command`` from code, in the main thread or another one: the command's
+    output goes to its ``stdout``, and "held elsewhere" is a ``CommandError`` with
+    ``returncode`` 75."""
+    result = python_in_project("-c", CALL, lock_name, str(tmp_path / "out"), where)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["free"]["code"] == 0
+    assert data["free"]["stdout"].startswith("worked ")
+    assert data["held"] == {
+        "code": EXIT_HELD,
+        "error": f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run",
+    }
