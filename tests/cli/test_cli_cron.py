@@ -68,7 +68,7 @@ async def test_two_hosts_run_each_slot_once_and_the_survivor_goes_on(
     text = await cli("status", "--name", lock_name)
     assert await text.wait() == 0
     assert re.search(r"schedule  cron  every 1s", text.stdout), text.stdout
-    assert re.search(r"failed in .* term \d+: exit 1", text.stdout), text.stdout
+    assert re.search(r"failed in .* term \d+  \S+: exit 1", text.stdout), text.stdout
 
 
 async def test_a_command_not_found_or_bad_schedule_fails_at_once(

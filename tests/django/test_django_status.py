@@ -74,34 +74,34 @@ async def test_status_shows_a_held_lock_and_a_schedules_runs(
     ledger = report["ledger"]
     assert ledger["not_read"] is None
     assert ledger["runs_table"] == f"{schema}.pgleaderlock_runs"
-    (entry,) = ledger["schedules"]
+    (entry,) = ledger["items"]
     assert entry["schedule"] == f"{lock_name}-sched:tick"
     assert entry["spec"] == "every 0.2s"
     assert entry["outcomes"]["done"] >= 3
-    assert entry["runs"][0]["outcome"] in ("done", "running")
-    assert len(entry["runs"]) == min(5, sum(entry["outcomes"].values()))
+    assert entry["last_runs"][0]["outcome"] in ("done", "running")
+    assert len(entry["last_runs"]) == min(5, sum(entry["outcomes"].values()))
     assert entry["next_slot"] is not None
     assert text.returncode == 0, text.stderr
     assert f"lock      {lock_name} (key1=" in text.stdout
     assert "holder    pid " in text.stdout
-    assert f"schedule  {lock_name}-sched:tick  (every 0.2s)" in text.stdout
-    assert "runs: done " in text.stdout
-    assert json.loads(other.stdout)["ledger"]["schedules"] == []
+    assert f"schedule  {lock_name}-sched:tick  every 0.2s" in text.stdout
+    assert "runs kept: done " in text.stdout
+    assert json.loads(other.stdout)["ledger"]["items"] == []
 
 
 def test_status_without_ledger_tables_says_so(manage: Manage, schema: str, lock_name: str) -> None:
     for where, why in (
-        (schema, f"{schema}.pgleaderlock_runs does not exist yet: no Scheduler has run here"),
+        (schema, f"{schema}.pgleaderlock_schedules does not exist"),
         ("no_such_schema_x", "the schema 'no_such_schema_x' does not exist"),
     ):
         settings = {"PGLEADERLOCK": {"LEDGER": {"schema": where}}}
         result = manage("pgleaderlock_status", "--name", lock_name, settings=settings)
         assert result.returncode == 0, result.stderr
         assert "holder    none: the lock is free" in result.stdout
-        assert f"not read: {why}" in result.stdout
+        assert f"schedules not read: {why}" in result.stdout
         data = json.loads(manage("pgleaderlock_status", "--json", settings=settings).stdout)
         assert data["locks"] == []
-        assert data["ledger"]["schedules"] == []
+        assert data["ledger"]["items"] == []
 
 
 def test_status_with_an_unreachable_database(manage: Manage) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["json_default", "render_all", "render_group", "render_one"]
+__all__ = ["json_default", "render_all", "render_group", "render_one", "schedule_lines"]
 
 
 def json_default(value: object) -> str:
@@ -100,12 +100,13 @@ def render_one(report: dict[str, Any]) -> str:
     if any(s["impostor"] for s in report["holders"] + report["waiting"]):
         lines += _impostor_note(report)
     if "schedules" in report:
-        lines += _schedule_lines(report["schedules"], report["checked_at"])
+        lines += schedule_lines(report["schedules"], report["checked_at"])
     return "\n".join(lines)
 
 
-def _schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
-    """The lock's schedules in the ledger: spec, next slot, outcomes, last runs."""
+def schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
+    """Schedules in the ledger (`schedule_report`): spec, next slot, outcomes, last
+    runs."""
     if schedules["not_read"] is not None:
         return [f"schedules not read: {schedules['not_read']}"]
     if not schedules["items"]:
@@ -122,7 +123,7 @@ def _schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
             )
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(item["outcomes"].items())) or "none"
         lines += [
-            f"schedule  {item['job']}  {item['spec']}",
+            f"schedule  {item['job'] or item['schedule']}  {item['spec']}",
             f"          next slot {when}",
             f"          runs kept: {outcomes}",
         ]
@@ -134,7 +135,7 @@ def _schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
             detail = f": {run['detail']}" if run["detail"] else ""
             lines.append(
                 f"          {run['slot'].isoformat()}  {run['outcome']}{took}{again}"
-                f"  term {run['term']}{detail}"
+                f"  term {run['term']}  {run['holder'] or '-'}{detail}"
             )
     return lines
 

@@ -55,7 +55,7 @@ from .options import (
 )
 from .render import json_default, render_all, render_group, render_one
 
-__all__ = ["status"]
+__all__ = ["schedule_report", "status", "unreadable"]
 
 _STATUS_EPILOG = """\b
 Examples:
@@ -252,7 +252,9 @@ def status(
                         )
                     except ConfigurationError as exc:
                         raise CliError(str(exc)) from None
-                    report["schedules"] = _schedules(conn, *ledger, target.name, last_runs)
+                    report["schedules"] = schedule_report(
+                        conn, *ledger, [f"{target.name}:"], last_runs
+                    )
             else:
                 report = _all_locks(conn, info)
         except psycopg.errors.QueryCanceled:
@@ -420,7 +422,7 @@ def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, An
 Key = tuple[int, int]
 
 
-def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | None:
+def unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | None:
     """Why one of the library's tables is not to be read (``None``: it may be). It is
     read only if it is a plain table that a trusted role owns, in a schema a trusted
     role owns: another role's table, or a view, could run that role's code as yours."""
@@ -428,8 +430,10 @@ def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | Non
     row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
     assert row is not None
     check = TableCheck(table, *row[:9])
+    if check.schema_owner is None:
+        return f"the schema {table.schema!r} does not exist"
     if check.relkind is None:
-        return "it does not exist" if check.schema_owner else "its schema does not exist"
+        return f"{table.shown} does not exist"
     try:
         check.verify()
     except MissingPrivilegeError as exc:
@@ -445,34 +449,52 @@ _SCHEDULES = (
     " (SELECT coalesce(pg_catalog.json_object_agg(outcome, n), '{{}}') FROM"
     "  (SELECT outcome, count(*) AS n FROM {runs} r WHERE r.schedule = s.schedule"
     "   GROUP BY outcome) c)"
-    " FROM {schedules} s WHERE pg_catalog.starts_with(s.schedule, %s) ORDER BY s.schedule"
+    " FROM {schedules} s ORDER BY s.schedule"
 )
 _LAST_RUNS = (
-    "SELECT slot, term, outcome, attempt, started_at, finished_at, detail FROM {runs}"
-    " WHERE schedule = %s ORDER BY slot DESC LIMIT %s"
+    "SELECT slot, term, holder, outcome, attempt, started_at, finished_at, detail"
+    " FROM {runs} WHERE schedule = %s ORDER BY slot DESC LIMIT %s"
 )
+_RUN_FIELDS = (
+    "slot", "term", "holder", "outcome", "attempt", "started_at", "finished_at", "detail"
+)  # fmt: skip
 
 
-def _schedules(
-    conn: psycopg.Connection[Any], runs: RunTable, schedules: ScheduleTable, lock: str, last: int
+def schedule_report(
+    conn: psycopg.Connection[Any],
+    runs: RunTable,
+    schedules: ScheduleTable,
+    prefixes: Sequence[str] = (),
+    last: int = 5,
 ) -> dict[str, Any]:
-    """The lock's schedules in the ledger (``<lock>:<job>``): spec, next slot, the
-    outcomes of the rows kept, and the last ``last`` runs."""
-    report: dict[str, Any] = {"table": schedules.shown, "not_read": None, "items": []}
+    """The schedules in the ledger whose names start with one of ``prefixes`` (all
+    when empty): spec, next slot, the outcomes of the rows kept, and the last ``last``
+    runs. The tables are read only if they may be trusted (see `unreadable`); else
+    ``not_read`` says why."""
+    report: dict[str, Any] = {
+        "table": schedules.shown,
+        "runs_table": runs.shown,
+        "not_read": None,
+        "items": [],
+    }
     try:
         for table in (schedules, runs):
-            skipped = _unreadable(conn, table)
+            skipped = unreadable(conn, table)
             if skipped is not None:
-                report["not_read"] = f"{table.shown}: {skipped}"
+                report["not_read"] = skipped
                 return report
         names = {"runs": runs.sql, "schedules": schedules.sql}
-        rows = conn.execute(_SCHEDULES.format(**names).encode(), (f"{lock}:",)).fetchall()
-        for schedule, spec, since, next_slot, updated_at, outcomes in rows:
+        for schedule, spec, since, next_slot, updated_at, outcomes in conn.execute(
+            _SCHEDULES.format(**names).encode()
+        ).fetchall():
+            head = next((p for p in prefixes if str(schedule).startswith(p)), None)
+            if prefixes and head is None:
+                continue
             recent = conn.execute(_LAST_RUNS.format(**names).encode(), (schedule, last))
             report["items"].append(
                 {
                     "schedule": schedule,
-                    "job": str(schedule)[len(lock) + 1 :],
+                    "job": str(schedule)[len(head or "") :],
                     "spec": spec,
                     "since": since,
                     "next_slot": next_slot,
@@ -490,9 +512,6 @@ def _schedules(
     return report
 
 
-_RUN_FIELDS = ("slot", "term", "outcome", "attempt", "started_at", "finished_at", "detail")
-
-
 def _checkpoint_names(
     conn: psycopg.Connection[Any], table: CheckpointTable, group: str
 ) -> tuple[dict[Key, str], str | None]:
@@ -501,7 +520,7 @@ def _checkpoint_names(
     plain table that a trusted role owns, in a schema a trusted role owns: another
     role's table, or a view, could run that role's code as yours."""
     try:
-        skipped = _unreadable(conn, table)
+        skipped = unreadable(conn, table)
         if skipped is not None:
             return {}, skipped
         head = checkpoint_name(group, "")

@@ -12,36 +12,17 @@ why they were not read.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
-import psycopg
-
-from ...backends.sql import TABLE_CHECK
 from ...cli.options import Target
-from ...cli.render import render_one
-from ...cli.status import _connect, _one_lock, _server_info
+from ...cli.render import render_one, schedule_lines
+from ...cli.status import _connect, _one_lock, _server_info, schedule_report
 from ...core.config import check_roles
-from ...core.errors import ConfigurationError, MissingPrivilegeError
 from ...core.keys import lock_keys
-from ...core.tables import LibraryTable, TableCheck, TermTable
-from ...schedule.ledger import OUTCOMES, Ledger
 from .conf import Settings, build_dsn
 
 __all__ = ["build_report", "render_report"]
-
-_SCHEDULES = (
-    "SELECT s.schedule, s.spec, s.since, s.next_slot, s.updated_at FROM {schedules} s"
-    " UNION ALL SELECT DISTINCT r.schedule, NULL::text, NULL::timestamptz, NULL::timestamptz,"
-    " NULL::timestamptz FROM {runs} r"
-    " WHERE NOT EXISTS (SELECT 1 FROM {schedules} s WHERE s.schedule = r.schedule)"
-    " ORDER BY 1"
-)
-_COUNTS = "SELECT schedule, outcome, count(*) FROM {runs} GROUP BY 1, 2"
-_RUN_FIELDS = ("slot", "term", "holder", "outcome", "attempt", "claimed_at", "started_at",
-               "finished_at", "detail")  # fmt: skip
 
 
 def build_report(
@@ -76,79 +57,8 @@ def build_report(
             "database": info.database,
             "checked_at": info.now,
             "locks": [_one_lock(conn, info, target) for target in targets],
-            "ledger": _ledger(conn, settings, runs, tuple(schedules)),
+            "ledger": schedule_report(conn, *settings.ledger_tables(), schedules, runs),
         }
-
-
-def _ledger(
-    conn: psycopg.Connection[Any], settings: Settings, runs: int, prefixes: tuple[str, ...]
-) -> dict[str, Any]:
-    runs_table, schedules_table = settings.ledger_tables()
-    report: dict[str, Any] = {
-        "runs_table": runs_table.shown,
-        "schedules_table": schedules_table.shown,
-        "not_read": None,
-        "schedules": [],
-    }
-    for table in (runs_table, schedules_table):
-        why = _unreadable(conn, table)
-        if why is not None:
-            report["not_read"] = why
-            return report
-    ledger = Ledger(runs_table, schedules_table, TermTable(schema=runs_table.schema))
-    counts: dict[str, dict[str, int]] = {}
-    for schedule, outcome, count in conn.execute(
-        _COUNTS.format(runs=runs_table.sql).encode()
-    ).fetchall():
-        counts.setdefault(schedule, {})[outcome] = count
-    query = _SCHEDULES.format(runs=runs_table.sql, schedules=schedules_table.sql)
-    recent = ledger.recent.format("%s", "%s").encode()
-    for schedule, spec, since, next_slot, updated_at in conn.execute(query.encode()).fetchall():
-        if prefixes and not schedule.startswith(prefixes):
-            continue
-        rows = conn.execute(recent, (schedule, runs)).fetchall()
-        by_outcome = counts.get(schedule, {})
-        report["schedules"].append(
-            {
-                "schedule": schedule,
-                "spec": spec,
-                "since": since,
-                "next_slot": next_slot,
-                "updated_at": updated_at,
-                "outcomes": {
-                    o: by_outcome[o] for o in (*OUTCOMES, *sorted(by_outcome)) if o in by_outcome
-                },
-                "runs": [dict(zip(_RUN_FIELDS, row, strict=True)) for row in rows],
-            }
-        )
-    return report
-
-
-def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | None:
-    """Why ``table`` is not read (``None``: it may be): missing, or not trusted, or
-    not readable by this role."""
-    values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
-    row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
-    assert row is not None
-    check = TableCheck(table, *row[:9])
-    if check.schema_owner is None:
-        return f"the schema {table.schema!r} does not exist: no Scheduler has run here yet"
-    if check.relkind is None:
-        return f"{table.shown} does not exist yet: no Scheduler has run here"
-    try:
-        check.verify()
-    except MissingPrivilegeError as exc:
-        if not check.missing or "SELECT" in check.missing:
-            return str(exc)
-    except ConfigurationError as exc:
-        return str(exc)
-    return None
-
-
-def _when(value: object) -> str:
-    if not isinstance(value, datetime):
-        return "-"
-    return value.isoformat(sep=" ", timespec="seconds")
 
 
 def render_report(report: dict[str, Any]) -> str:
@@ -160,28 +70,9 @@ def render_report(report: dict[str, Any]) -> str:
             "locks     none configured: name them in PGLEADERLOCK['LOCKS'] or with --name"
         )
     ledger = report["ledger"]
-    lines = [f"schedules ({ledger['schedules_table']}, {ledger['runs_table']})"]
-    if ledger["not_read"] is not None:
-        lines.append(f"          not read: {ledger['not_read']}")
-    elif not ledger["schedules"]:
+    lines = [f"schedules ({ledger['table']}, {ledger['runs_table']})"]
+    if ledger["not_read"] is None and not ledger["items"]:
         lines.append("          none yet")
-    for entry in ledger["schedules"]:
-        outcomes = ", ".join(f"{o} {n}" for o, n in entry["outcomes"].items()) or "no runs"
-        lines += [
-            f"schedule  {entry['schedule']}  ({entry['spec'] or 'spec unknown'})",
-            f"          next slot {_when(entry['next_slot'])}  since {_when(entry['since'])}",
-            f"          runs: {outcomes}",
-        ]
-        for run in entry["runs"]:
-            took = ""
-            if isinstance(run["started_at"], datetime) and isinstance(run["finished_at"], datetime):
-                seconds = (run["finished_at"] - run["started_at"]).total_seconds()
-                took = f"  took {seconds:.3f}s" if math.isfinite(seconds) else ""
-            detail = f"  {run['detail']}" if run["detail"] else ""
-            attempt = f"  attempt {run['attempt']}" if run["attempt"] != 1 else ""
-            lines.append(
-                f"          {_when(run['slot'])}  {run['outcome']:<7}  term {run['term']}"
-                f"  {run['holder'] or '-'}{attempt}{took}{detail}"
-            )
+    lines += schedule_lines(ledger, report["checked_at"])
     blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
