@@ -71,7 +71,15 @@ from ..core._logging import get_logger
 from ..core.errors import ConfigurationError, FencedError
 from ..core.lock import LeaderLock, lock_settings
 from ..core.models import LockState
-from ..schedule.scheduler import CatchUp, Interrupted, Job, Run, Scheduler, check_job_name
+from ..schedule.scheduler import (
+    CatchUp,
+    Interrupted,
+    Job,
+    Run,
+    Scheduler,
+    check_job_name,
+    check_policy,
+)
 from ..tasks import follow_state
 from ..threaded import ThreadedLeaderLock
 
@@ -883,20 +891,7 @@ class SchedulerBinding:
                     "catch_up_s belongs to bind_scheduler(..., ledger=False); the ledger "
                     "mode catches up by catch_up= and each job's misfire_grace_time"
                 )
-            if catch_up not in ("none", "latest", "all"):
-                raise ConfigurationError(
-                    f"catch_up must be 'none', 'latest' or 'all', got {catch_up!r}"
-                )
-            if interrupted not in ("lost", "rerun"):
-                raise ConfigurationError(
-                    f"interrupted must be 'lost' or 'rerun', got {interrupted!r}"
-                )
-            if (
-                isinstance(max_catch_up, bool)
-                or not isinstance(max_catch_up, int)
-                or (max_catch_up < 1)
-            ):
-                raise ConfigurationError(f"max_catch_up must be an int >= 1, got {max_catch_up!r}")
+            check_policy(catch_up, interrupted, max_catch_up)
             if lock_settings(self._lock).term_table is None:
                 raise ConfigurationError(
                     "bind_scheduler claims every run in the ledger under the lock's fencing "

@@ -34,7 +34,17 @@ from ..tasks import LeaderTasks
 from .ledger import Ledger, RunTable, ScheduleTable
 from .timing import Cron, Every, ServerClock, Timing, utc
 
-__all__ = ["CatchUp", "Interrupted", "Job", "JobFunction", "Run", "RunFailed", "Scheduler"]
+__all__ = [
+    "CatchUp",
+    "Interrupted",
+    "Job",
+    "JobFunction",
+    "Run",
+    "RunFailed",
+    "Scheduler",
+    "check_job_name",
+    "check_policy",
+]
 
 log = get_logger("pgleaderlock.schedule")
 
@@ -287,14 +297,7 @@ class Scheduler:
         job_name = check_job_name(name if name is not None else getattr(fn, "__name__", ""))
         if job_name in self._jobs:
             raise ConfigurationError(f"a job named {job_name!r} is already scheduled")
-        if catch_up not in ("none", "latest", "all"):
-            raise ConfigurationError(
-                f"catch_up must be 'none', 'latest' or 'all', got {catch_up!r}"
-            )
-        if interrupted not in ("lost", "rerun"):
-            raise ConfigurationError(f"interrupted must be 'lost' or 'rerun', got {interrupted!r}")
-        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
-            raise ConfigurationError(f"max_catch_up must be an int >= 1, got {max_catch_up!r}")
+        check_policy(catch_up, interrupted, max_catch_up)
         job = Job(
             name=job_name,
             fn=fn,
@@ -648,6 +651,21 @@ class Scheduler:
         config = lock_settings(self._lock)
         assert config.term_table is not None
         await fence_transaction(conn, config.term_table, self._lock.keys, term, self._lock.label)
+
+
+def check_policy(catch_up: object, interrupted: object, max_catch_up: object) -> None:
+    """Refuse a catch-up policy, interrupted policy or ``max_catch_up`` that is not one
+    of the documented values.
+
+    Raises:
+        ConfigurationError: naming the bad value.
+    """
+    if catch_up not in ("none", "latest", "all"):
+        raise ConfigurationError(f"catch_up must be 'none', 'latest' or 'all', got {catch_up!r}")
+    if interrupted not in ("lost", "rerun"):
+        raise ConfigurationError(f"interrupted must be 'lost' or 'rerun', got {interrupted!r}")
+    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+        raise ConfigurationError(f"max_catch_up must be an int >= 1, got {max_catch_up!r}")
 
 
 def check_job_name(name: object) -> str:
