@@ -48,6 +48,7 @@ from pgleaderlock.coordination.protocol import (
     member_key,
     name_keys,
 )
+from pgleaderlock.schedule import Run, Scheduler
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import prepared_cluster
@@ -546,3 +547,67 @@ async def test_forged_members_and_messages_move_no_name(
         app_name("billing", fake, impostor.role) for fake in impostor.fakes
     }
     assert {s["usename"] for s in impostors} == {"attacker"}
+
+
+# ---------------------------------------------------------------- the schedule ledger
+
+
+async def test_a_planted_runs_table_is_refused_by_a_scheduler(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attacker's ``public.pgleaderlock_runs`` with a trigger, under a superuser's
+    Scheduler: no slot is claimed and no job runs (the table is refused before any
+    statement touches it), the lock keeps leading (a refused table is not the session's
+    fault), and the refusal is logged; the attacker gains nothing."""
+    db.run(
+        ESCALATE
+        + """
+        CREATE TABLE public.pgleaderlock_runs (schedule text, slot timestamptz, term int8,
+            holder text, outcome text, attempt int4 DEFAULT 1, claimed_at timestamptz,
+            started_at timestamptz, finished_at timestamptz, detail text,
+            PRIMARY KEY (schedule, slot));
+        CREATE TRIGGER escalate BEFORE INSERT OR UPDATE ON public.pgleaderlock_runs
+            FOR EACH STATEMENT EXECUTE FUNCTION public.escalate_trigger();
+        GRANT ALL ON public.pgleaderlock_runs TO PUBLIC;
+        """,
+        role="attacker",
+    )
+    lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
+    sched = Scheduler(lock)
+    ran: list[Run] = []
+
+    @sched.every(seconds=0.2)
+    async def tick(run: Run) -> None:
+        ran.append(run)
+
+    async with lock, sched:
+        assert await lock.wait_for_leadership(5)
+        await eventually(
+            lambda: asyncio.sleep(0, "owned by role 'attacker'" in caplog.text),
+            what="the refusal logged",
+        )
+        await asyncio.sleep(0.5)
+        assert lock.is_leader
+    assert ran == []
+    assert not db.attacker_is_superuser()
+    assert db.value("SELECT count(*) FROM public.pgleaderlock_runs") == 0
+
+
+async def test_a_role_with_only_table_grants_runs_a_schedule(db: Database) -> None:
+    """After the migration (``pgleaderlock sql``, which creates the ledger's tables
+    too), ``app`` runs a schedule with only its grants, trusting the tables' owner."""
+    migrate(db)
+    assert app_creates_nothing(db)
+    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    sched = Scheduler(lock)
+    ran: list[Run] = []
+
+    @sched.every(seconds=0.2)
+    async def tick(run: Run) -> None:
+        ran.append(run)
+
+    async with lock, sched:
+        await eventually(lambda: asyncio.sleep(0, len(ran) >= 2), what="two runs")
+    assert db.value("SELECT count(*) FROM pgl.pgleaderlock_runs WHERE outcome = 'done'") >= 1
+    assert db.value("SELECT count(*) FROM pgl.pgleaderlock_schedules") == 1
