@@ -140,7 +140,7 @@ class Fleet:
                 "--without-mingle",
                 "--without-heartbeat",
                 "--loglevel=WARNING",
-            ],  # fmt: skip
+            ],
         )
 
     def start_beat(self, name: str) -> subprocess.Popen[bytes]:
@@ -156,7 +156,7 @@ class Fleet:
                 "-s",
                 str(self.tmp_path / f"{self.label}-{name}.db"),
                 "--loglevel=INFO",
-            ],  # fmt: skip
+            ],
         )
 
     def beats(self) -> dict[str, subprocess.Popen[bytes]]:
