@@ -87,7 +87,6 @@ SCHEDULE_HEADER = "pgleaderlock_schedule"
 """The header that carries the schedule's name in the ledger (``<lock>:<entry>``)."""
 
 _TASK_IDS = uuid.UUID("5f0c1b52-9a53-4c1e-8a63-6d1e1f3a2c77")
-_UNSET = object()
 
 
 # --------------------------------------------------------------------------- settings
@@ -149,11 +148,11 @@ class BeatSettings:
         """
         conf = app.conf
 
-        def get(name: str, default: Any = _UNSET) -> Any:
+        def get(name: str, default: Any) -> Any:
             value = conf.get(f"pgleaderlock_{name}", None)
             return default if value is None else value
 
-        dsn = get("dsn") or os.environ.get("PGLEADERLOCK_DSN") or ""
+        dsn = get("dsn", None) or os.environ.get("PGLEADERLOCK_DSN") or ""
         if not isinstance(dsn, str) or not dsn:
             raise ConfigurationError(
                 "the Celery beat integration needs a PostgreSQL DSN: set pgleaderlock_dsn "
@@ -265,9 +264,8 @@ def timing_of(name: str, schedule: Any) -> Timing:
         except ConfigurationError as exc:
             raise ConfigurationError(f"beat entry {name!r}: {exc}") from exc
     raise ConfigurationError(
-        f"beat entry {name!r}: {type(schedule).__name__} schedules ({schedule!r}) have no "
-        "equivalent in the ledger: use a crontab or an interval (schedule / run_every / "
-        "seconds)"
+        f"beat entry {name!r}: {type(schedule).__name__} schedules have no equivalent"
+        " in the ledger: use a crontab or an interval (schedule / run_every / seconds)"
     )
 
 
