@@ -99,7 +99,7 @@ def test_solar_and_custom_schedules_are_refused_naming_the_entry() -> None:
     with pytest.raises(ConfigurationError, match=r"beat entry 'dawn': solar"):
         timing_of("dawn", object.__new__(solar))  # solar() itself needs the ephem package
 
-    class Weird(schedule):  # a custom schedule class, even one built on schedule
+    class Weird(schedule):  # type: ignore[misc]  # a custom class, even one built on schedule
         pass
 
     with pytest.raises(ConfigurationError, match=r"beat entry 'odd': Weird"):
