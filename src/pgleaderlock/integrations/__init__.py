@@ -8,6 +8,10 @@
   ``apscheduler``, APScheduler 3.x): singleton jobs across replicas, per job
   (``leader_only``) or per scheduler (``bind_scheduler``), or spread over the replicas
   by a coordinator (``owned_only``).
+- [`pgleaderlock.integrations.celery`][pgleaderlock.integrations.celery] (extra
+  ``celery``): Celery beat on every replica, only the leader sends, each send claimed in
+  the schedule ledger first (``LeaderScheduler``; ``LeaderDatabaseScheduler`` for
+  django-celery-beat).
 
 What they are built on needs no extra and is imported from `pgleaderlock`:
 [`LeaderTasks`][pgleaderlock.LeaderTasks] (coroutines that run only while a lock is LEADER, for

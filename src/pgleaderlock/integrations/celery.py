@@ -21,7 +21,7 @@ added, changed or removed in the database are picked up at the next tick), and
 [`leader_scheduler`][pgleaderlock.integrations.celery.leader_scheduler] wraps any
 other beat scheduler class whose ``schedule`` maps names to entries.
 
-Each beat entry becomes a job of a [`Scheduler`][pgleaderlock.schedule.Scheduler]
+Each beat entry becomes a job of a ``pgleaderlock.schedule.Scheduler``
 (``outcome="sent"``) on a [`LeaderLock`][pgleaderlock.LeaderLock] with fencing, run by a
 [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock] in its own thread: the leader
 claims each slot in the ledger (``pgleaderlock_runs``) under its fencing term, then sends
@@ -238,9 +238,9 @@ def _seconds(name: str, value: Any, *, optional: bool = False, zero: bool = Fals
 
 def timing_of(name: str, schedule: Any) -> Timing:
     """The ledger's timing for a beat entry's schedule: a ``crontab`` becomes a
-    [`Cron`][pgleaderlock.schedule.Cron] (its five fields, in its time zone: the app's,
+    ``pgleaderlock.schedule.Cron`` (its five fields, in its time zone: the app's,
     or a django-celery-beat crontab's own), a ``schedule`` (``run_every``, or a number of
-    seconds) an [`Every`][pgleaderlock.schedule.Every] counted from the UNIX epoch.
+    seconds) an ``pgleaderlock.schedule.Every`` counted from the UNIX epoch.
 
     Raises:
         ConfigurationError: anything else (``solar``, django-celery-beat's ``clocked``,
@@ -357,7 +357,7 @@ class LeaderSchedulerMixin:
 
     @property
     def ledger_scheduler(self) -> Scheduler | None:
-        """The ledger's [`Scheduler`][pgleaderlock.schedule.Scheduler], once beat has
+        """The ledger's ``pgleaderlock.schedule.Scheduler``, once beat has
         started ticking."""
         return self._pgl_scheduler
 
