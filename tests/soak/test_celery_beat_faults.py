@@ -76,6 +76,13 @@ class Report:
     failover_max_s: float = 0.0
     term_exit_max_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        """A line of the fault log (wall-clock time, to compare with the replicas' logs)."""
+        now = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+        load = os.getloadavg()[0]
+        self.log.append(f"{now} {self.label}: {what} (load {load:.1f})")
 
 
 def live_leader(fleet: Fleet, frozen: set[str]) -> str | None:
@@ -113,6 +120,7 @@ def run_faults(fleet: Fleet, seed: int) -> Report:
         proc = fleet.procs[name]
         kind = rng.choice(("kill", "stop", "term"))
         report.faults[kind] += 1
+        report.note(f"{kind} {name} pid {proc.pid}")
         if kind == "kill":
             proc.kill()
             proc.wait(BOUND_S)
@@ -127,6 +135,7 @@ def run_faults(fleet: Fleet, seed: int) -> Report:
                 proc.kill()
                 code = proc.wait(BOUND_S)
             report.term_exit_max_s = max(report.term_exit_max_s, time.monotonic() - began)
+            report.note(f"{name} exited {code} after {time.monotonic() - began:.2f} s")
             if code != 0:
                 report.problems.append(f"{name} exited with {code} after SIGTERM")
             fleet.start_beat(name)
@@ -135,15 +144,17 @@ def run_faults(fleet: Fleet, seed: int) -> Report:
             frozen.add(name)
             try:
                 took = wait_for_new_leader(fleet, proc.pid, frozen)
+                report.note(f"new leader after {took:.2f} s")
                 report.failover_max_s = max(report.failover_max_s, took)
                 time.sleep(max(0.0, rng.uniform(*STOP_S) - took))
             finally:
                 proc.send_signal(signal.SIGCONT)
                 frozen.discard(name)
+                report.note(f"cont {name}")
             continue
-        report.failover_max_s = max(
-            report.failover_max_s, wait_for_new_leader(fleet, proc.pid, frozen)
-        )
+        took = wait_for_new_leader(fleet, proc.pid, frozen)
+        report.note(f"new leader after {took:.2f} s")
+        report.failover_max_s = max(report.failover_max_s, took)
     time.sleep(3.0)
     # A graceful stop of the whole fleet: each beat exits, none hangs.
     for proc in fleet.beats().values():
@@ -281,6 +292,8 @@ def test_celery_beat_fleets_under_faults(fleets: list[Fleet], figures: Callable[
             failures.append(f"{r.label}: ledger outcomes {dict(r.outcomes)}")
         if r.slots < SOAK_S * 0.8 or sum(r.faults.values()) < SOAK_S / 15:
             failures.append(f"{r.label}: too little happened ({r.slots} slots, {r.faults})")
+    for line in sorted(line for r in reports for line in r.log):
+        print(line)
     if failures:
         for fleet in fleets:
             print(fleet.outputs())

@@ -60,6 +60,13 @@ class Fleet:
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     started: int = 0
+    _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
+
+    def _query(self, query: Any, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A query on this fleet's own connection (one thread uses a fleet)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.pg_dsn, autocommit=True)
+        return self._conn.execute(query, params).fetchall()
 
     @property
     def lock_name(self) -> str:
@@ -185,34 +192,35 @@ class Fleet:
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(15)
+        if self._conn is not None:
+            self._conn.close()
 
     # ------------------------------------------------------------------ what happened
 
     def executions(self) -> list[tuple[dt.datetime | None, str]]:
         """(slot, task id) of every execution, in order."""
-        with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT slot, task_id FROM {} ORDER BY at").format(
-                    sql.Identifier(self.table)
-                )
-            ).fetchall()
+        rows = self._query(
+            sql.SQL("SELECT slot, task_id FROM {} ORDER BY at").format(sql.Identifier(self.table))
+        )
         return [(slot, task_id) for slot, task_id in rows]
 
     def ledger(self) -> Ledger:
-        with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT slot, outcome, term, holder FROM pgleaderlock_runs WHERE schedule = %s"
-                " ORDER BY slot",
-                (self.schedule,),
-            ).fetchall()
+        rows = self._query(
+            "SELECT slot, outcome, term, holder FROM pgleaderlock_runs WHERE schedule = %s"
+            " ORDER BY slot",
+            (self.schedule,),
+        )
         return Ledger([(slot, outcome, term, holder) for slot, outcome, term, holder in rows])
 
     def leader_pid(self) -> int | None:
         """The pid of the replica that claimed the newest slot (the ledger's holder)."""
-        rows = self.ledger().rows
+        rows = self._query(
+            "SELECT holder FROM pgleaderlock_runs WHERE schedule = %s ORDER BY slot DESC LIMIT 1",
+            (self.schedule,),
+        )
         if not rows:
             return None
-        holder = rows[-1][3]
+        holder = rows[0][0]
         try:
             return int(str(holder).rsplit(":", 1)[1])
         except (IndexError, ValueError):

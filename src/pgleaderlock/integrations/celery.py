@@ -328,6 +328,11 @@ class LeaderSchedulerMixin:
     and run count for its own bookkeeping); this class replaces its ``tick()``: entries
     become ledger jobs, and the ledger's leader sends them."""
 
+    refuse_at_start: bool = True
+    """Whether an entry the ledger cannot schedule stops beat at its first tick (a
+    configuration error), rather than being logged and left out as later ones are.
+    False for the database flavour: a row someone added must not keep beat down."""
+
     # Set by the beat scheduler class this mixes into.
     app: Any
     schedule: Any
@@ -469,7 +474,7 @@ class LeaderSchedulerMixin:
                     wanted[name] = (entry, timing_of(name, entry.schedule))
                     continue
                 except ConfigurationError as exc:
-                    if not self._pgl_synced:
+                    if not self._pgl_synced and self.refuse_at_start:
                         raise
                     reason = str(exc)
             skipped[name] = reason
@@ -588,6 +593,8 @@ def leader_scheduler(base: type[Any]) -> type[Any]:
 
 class _DatabaseMixin(LeaderSchedulerMixin):
     """What django-celery-beat's entries add: a start time, an expiry, one-off tasks."""
+
+    refuse_at_start = False
 
     def enabled_models_qs(self) -> Any:
         # Every enabled task: DatabaseScheduler leaves out the crontabs not due in the
