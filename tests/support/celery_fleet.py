@@ -212,6 +212,18 @@ class Fleet:
         )
         return Ledger([(slot, outcome, term, holder) for slot, outcome, term, holder in rows])
 
+    def send_window_s(self) -> tuple[float, float]:
+        """The median and the longest time from a slot's claim to its recorded send: the
+        window in which a leader's death leaves the slot ``lost``."""
+        rows = self._query(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), max(d) FROM ("
+            " SELECT extract(epoch FROM finished_at - claimed_at)::float8 AS d"
+            " FROM pgleaderlock_runs WHERE schedule = %s AND outcome = 'sent') AS sends",
+            (self.schedule,),
+        )
+        median, longest = rows[0]
+        return float(median or 0.0), float(longest or 0.0)
+
     def leader_pid(self) -> int | None:
         """The pid of the replica that claimed the newest slot (the ledger's holder)."""
         rows = self._query(
