@@ -79,6 +79,8 @@ __all__ = [
 
 log = get_logger("pgleaderlock.celery")
 
+T = TypeVar("T")
+
 SLOT_HEADER = "pgleaderlock_slot"
 """The header that carries a send's slot (ISO 8601, UTC)."""
 TERM_HEADER = "pgleaderlock_term"
@@ -339,9 +341,7 @@ class LeaderSchedulerMixin:
     max_interval: float
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._pgl_settings: BeatSettings | None = BeatSettings.from_app(
-            kwargs.get("app") or args[0]
-        )
+        self._pgl_settings = BeatSettings.from_app(kwargs.get("app") or args[0])
         self._pgl_mutex = threading.RLock()
         self._pgl_entries: dict[str, Any] = {}  # name -> the entry the sends use
         self._pgl_specs: dict[str, str] = {}  # name -> the timing spec its job has
@@ -407,7 +407,6 @@ class LeaderSchedulerMixin:
     # ------------------------------------------------------------------ internals
 
     def _pgl_config(self) -> BeatSettings:
-        assert self._pgl_settings is not None
         return self._pgl_settings
 
     def _pgl_start(self, settings: BeatSettings) -> None:
@@ -567,9 +566,6 @@ class LeaderSchedulerMixin:
             except Exception as exc:  # bookkeeping only: the send happened
                 log.warning("celery_bookkeeping_failed", lock=self._pgl_config().lock_name,
                             entry=name, exc=exc)  # fmt: skip
-
-
-T = TypeVar("T")
 
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):  # type: ignore[misc]
