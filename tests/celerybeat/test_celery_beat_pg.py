@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -176,3 +177,53 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
     finally:
         fleet.close()
         django_database(pg_dsn, database, create=False)
+
+
+def test_tick_returns_soon_and_close_stops_everything(pg_dsn: str, tmp_path: Path) -> None:
+    """In this process: beat's tick starts the lock and returns within ``tick_s``; close()
+    (twice: beat calls it from its signal handler and again on exit) stops the lock's
+    thread and closes its session."""
+    from celery import Celery
+
+    from pgleaderlock import LockState
+    from pgleaderlock.integrations.celery import LeaderScheduler
+
+    name = f"celery-close-{uuid.uuid4().hex[:12]}"
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(
+        broker_url=REDIS,
+        pgleaderlock_dsn=pg_dsn,
+        pgleaderlock_lock_name=name,
+        pgleaderlock_tick_s=0.25,
+        beat_schedule={"hourly": {"task": "proj.nothing", "schedule": 3600.0}},
+    )
+    scheduler = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+    try:
+        began = time.monotonic()
+        assert scheduler.tick() == 0.25
+        assert time.monotonic() - began < 5.0
+        lock = scheduler.leader_lock
+        ledger = scheduler.ledger_scheduler
+        assert lock is not None
+        assert ledger is not None
+        wait_for(lambda: lock.is_leader, BOUND_S, "leadership")
+        # Celery's own entry (a crontab, 04:00 in the app's time zone) comes along.
+        jobs = {job.name: job for job in ledger.jobs}
+        assert sorted(jobs) == ["celery.backend_cleanup", "hourly"]
+        assert jobs["celery.backend_cleanup"].timing.spec == "cron 0 4 * * *"
+        assert {job.outcome for job in jobs.values()} == {"sent"}
+        began = time.monotonic()
+        assert scheduler.tick() == 0.25  # nothing changed: no call into the lock's loop
+        assert time.monotonic() - began < 1.0
+    finally:
+        scheduler.close()
+    scheduler.close()
+    assert lock.state is LockState.STOPPED
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("pgleaderlock:")]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        sessions = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+            (f"pgleaderlock:{name}@%",),
+        ).fetchone()
+        conn.execute("DELETE FROM pgleaderlock_runs WHERE schedule LIKE %s", (f"{name}:%",))
+    assert sessions == (0,)
