@@ -149,6 +149,20 @@ def test_settings_read_from_the_configuration(monkeypatch: pytest.MonkeyPatch) -
     assert lock.retry_strategy is strategy
 
 
+def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+
+    class DjangoSettings:
+        CELERY_PGLEADERLOCK_DSN = "postgresql://beat:s3cret@db/app"
+        CELERY_PGLEADERLOCK_CATCH_UP = "all"
+
+    celery = Celery("proj", set_as_current=False)
+    celery.config_from_object(DjangoSettings, namespace="CELERY")
+    settings = BeatSettings.from_app(celery)
+    assert (settings.dsn, settings.catch_up) == ("postgresql://beat:s3cret@db/app", "all")
+    assert "s3cret" not in repr(settings)
+
+
 @pytest.mark.parametrize(
     ("conf", "message"),
     [

@@ -127,7 +127,7 @@ class BeatSettings:
             ``fencing_schema``, ...).
     """
 
-    dsn: str
+    dsn: str = field(repr=False)  # it may carry a password
     lock_name: str
     catch_up: CatchUp = "latest"
     max_catch_up: int = 100
