@@ -113,9 +113,11 @@ class Fleet:
     def drop_table(self) -> None:
         with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.table)))
-            conn.execute(
-                "DELETE FROM pgleaderlock_runs WHERE schedule LIKE %s", (f"{self.lock_name}:%",)
-            )
+            for table in ("pgleaderlock_runs", "pgleaderlock_schedules"):
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE schedule LIKE %s").format(sql.Identifier(table)),
+                    (f"{self.lock_name}:%",),
+                )
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         with (self.tmp_path / f"{self.label}-{name}.log").open("ab") as log:
