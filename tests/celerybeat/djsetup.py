@@ -3,6 +3,8 @@
 - ``djsetup.py migrate``: create django-celery-beat's tables.
 - ``djsetup.py every NAME SECONDS``: create or update the periodic task ``NAME`` (task
   ``beatapp.record`` with the argument NAME) on an interval of SECONDS.
+- ``djsetup.py clocked NAME``: a periodic task on a clocked (one-off) schedule, which
+  the leader scheduler cannot express: it is logged and left out.
 - ``djsetup.py remove NAME``: delete it.
 
 The environment is ``beatapp``'s (``PG_DSN``, ``DJANGO_DB_NAME``,
@@ -19,7 +21,8 @@ import django
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
-from django_celery_beat.models import IntervalSchedule, PeriodicTask  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from django_celery_beat.models import ClockedSchedule, IntervalSchedule, PeriodicTask  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -34,6 +37,15 @@ def main(argv: list[str]) -> None:
         PeriodicTask.objects.update_or_create(
             name=name,
             defaults={"task": "beatapp.record", "interval": interval, "args": json.dumps([name])},
+        )
+    elif command == "clocked":
+        clocked = ClockedSchedule.objects.create(clocked_time=timezone.now())
+        PeriodicTask.objects.create(
+            name=argv[1],
+            task="beatapp.record",
+            clocked=clocked,
+            one_off=True,
+            args=json.dumps([argv[1]]),
         )
     elif command == "remove":
         PeriodicTask.objects.filter(name=argv[1]).delete()

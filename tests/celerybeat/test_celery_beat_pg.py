@@ -153,6 +153,7 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
     try:
         _djsetup(fleet, "migrate")
         _djsetup(fleet, "every", "tick", "1")
+        _djsetup(fleet, "clocked", "once")  # no ledger equivalent: logged, left out
         fleet.start_worker()
         fleet.start_beat("beat-1")
 
@@ -160,6 +161,8 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
             return Counter(label for _, label in sent(fleet, pg_dsn))
 
         wait_for(lambda: labels()["tick"] >= 2, BOUND_S, "ticks")
+        assert "celery_entry_skipped" in fleet.output("beat-1")
+        assert "entry=once" in fleet.output("beat-1")
         _djsetup(fleet, "every", "other", "1")  # added at runtime
         wait_for(lambda: labels()["other"] >= 2, BOUND_S, "the added task's sends")
         _djsetup(fleet, "remove", "tick")  # removed at runtime
@@ -168,6 +171,7 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
         time.sleep(2.5)
         assert labels()["tick"] <= ticks + 1  # at most a send already under way
         assert labels()["other"] >= 4
+        assert labels()["once"] == 0  # the clocked task was never sent
         executions = sent(fleet, pg_dsn)
         assert all(slot is not None for slot, _ in executions)
         assert len(set(executions)) == len(executions)  # no slot of a task twice
