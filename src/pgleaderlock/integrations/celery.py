@@ -34,7 +34,7 @@ schedule and hands changes over: its ``tick()`` returns at most
 Every send carries the headers ``pgleaderlock_slot`` (the slot, ISO 8601, UTC),
 ``pgleaderlock_term`` and ``pgleaderlock_schedule``, and a task id derived from the
 schedule and the slot (the same slot always gets the same id), so a task can tell which
-slot it serves (``self.request.pgleaderlock_slot`` in a bound task) without any change to
+slot it serves (``self.request.get("pgleaderlock_slot")`` in a bound task) without any change to
 its signature.
 
 Settings come from the Celery configuration (see
