@@ -12,6 +12,10 @@
   ``django``): an app that takes its database from ``DATABASES``, locks configured in
   ``settings.py``, ``manage.py pgleaderlock_singleton`` (a management command on one
   replica) and ``manage.py pgleaderlock_status``.
+- [`pgleaderlock.integrations.celery`][pgleaderlock.integrations.celery] (extra
+  ``celery``): Celery beat on every replica, only the leader sends, each send claimed in
+  the schedule ledger first (``LeaderScheduler``; ``LeaderDatabaseScheduler`` for
+  django-celery-beat).
 
 What they are built on needs no extra and is imported from `pgleaderlock`:
 [`LeaderTasks`][pgleaderlock.LeaderTasks] (coroutines that run only while a lock is LEADER, for

@@ -1,0 +1,222 @@
+"""Celery beat integration without a server: beat schedules become the ledger's timings,
+and the settings are read from the Celery configuration with clear errors.
+
+(This folder is ``tests/celerybeat``, not ``tests/celery``: mypy maps the tests' folders
+to module names, and a ``celery`` folder would shadow the Celery package.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.beat import PersistentScheduler
+from celery.schedules import crontab, schedule, solar
+
+from pgleaderlock import ConfigurationError, FixedInterval
+from pgleaderlock.integrations.celery import (
+    BeatSettings,
+    LeaderScheduler,
+    leader_scheduler,
+    timing_of,
+)
+from pgleaderlock.schedule import Cron, Every
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def app(timezone: str | None = None, **conf: Any) -> Celery:
+    celery = Celery("proj", set_as_current=False)
+    if timezone is not None:
+        celery.conf.timezone = timezone
+    celery.conf.update(conf)
+    return celery
+
+
+def entry_schedule(celery: Celery, spec: Any) -> Any:
+    """The schedule object beat makes of a ``beat_schedule`` entry's ``schedule``."""
+    from celery.beat import ScheduleEntry
+
+    return ScheduleEntry(name="e", task="t", schedule=spec, app=celery).schedule
+
+
+# ------------------------------------------------------------------ conversion
+
+
+def test_intervals_become_every() -> None:
+    celery = app()
+    assert timing_of("a", entry_schedule(celery, 10.0)) == Every(dt.timedelta(seconds=10))
+    assert timing_of("b", entry_schedule(celery, dt.timedelta(minutes=5))) == Every(
+        dt.timedelta(minutes=5)
+    )
+    assert timing_of("c", schedule(run_every=dt.timedelta(seconds=30))) == Every(
+        dt.timedelta(seconds=30)
+    )
+    assert timing_of("d", 2) == Every(dt.timedelta(seconds=2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expression"),
+    [
+        ({}, "* * * * *"),
+        ({"minute": "*/5"}, "*/5 * * * *"),
+        ({"minute": 0, "hour": "*/3"}, "0 */3 * * *"),
+        ({"minute": [0, 30], "hour": "9-17", "day_of_week": "mon-fri"}, "0,30 9-17 * * mon-fri"),
+        ({"minute": 15, "hour": 4, "day_of_month": "1", "month_of_year": "*/3"}, "15 4 1 */3 *"),
+    ],
+)
+def test_crontabs_become_cron_in_the_apps_timezone(kwargs: dict[str, Any], expression: str) -> None:
+    celery = app("Europe/Paris")
+    timing = timing_of("nightly", crontab(app=celery, **kwargs))
+    assert timing == Cron(expression, "Europe/Paris")
+    assert timing.spec == f"cron {expression} Europe/Paris"
+
+
+def test_a_crontab_in_utc() -> None:
+    timing = timing_of("nightly", crontab(minute=0, hour=4, app=app()))
+    assert timing == Cron("0 4 * * *", "UTC")
+
+
+def test_a_django_celery_beat_crontab_keeps_its_own_zone() -> None:
+    from zoneinfo import ZoneInfo
+
+    from django_celery_beat.tzcrontab import TzAwareCrontab
+
+    cron = TzAwareCrontab(minute="5", hour="6", tz=ZoneInfo("America/New_York"), app=app())
+    assert timing_of("x", cron) == Cron("5 6 * * *", "America/New_York")
+
+
+def test_both_day_fields_are_refused_naming_the_entry() -> None:
+    with pytest.raises(ConfigurationError, match=r"'first-monday'.*both.*either"):
+        timing_of("first-monday", crontab(day_of_month="1-7", day_of_week="mon", app=app()))
+
+
+def test_solar_and_custom_schedules_are_refused_naming_the_entry() -> None:
+    with pytest.raises(ConfigurationError, match=r"beat entry 'dawn': solar"):
+        timing_of("dawn", object.__new__(solar))  # solar() itself needs the ephem package
+
+    class Weird(schedule):  # type: ignore[misc]  # a custom class, even one built on schedule
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"beat entry 'odd': Weird"):
+        timing_of("odd", Weird(10))
+
+
+def test_a_sub_millisecond_interval_is_refused_naming_the_entry() -> None:
+    with pytest.raises(ConfigurationError, match=r"beat entry 'fast'"):
+        timing_of("fast", schedule(run_every=dt.timedelta(microseconds=10)))
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    settings = BeatSettings.from_app(app(pgleaderlock_dsn="postgresql://db/x"))
+    assert settings.dsn == "postgresql://db/x"
+    assert settings.lock_name == "celery-beat:proj"
+    assert (settings.catch_up, settings.interrupted) == ("latest", "lost")
+    assert settings.misfire_grace_s == 30.0
+    lock = settings.make_lock()
+    assert lock.name == "celery-beat:proj"
+
+
+def test_settings_read_from_the_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGLEADERLOCK_DSN", "postgresql://env/x")
+    strategy = FixedInterval(0.1)
+    settings = BeatSettings.from_app(
+        app(
+            pgleaderlock_lock_name="beat-prod",
+            pgleaderlock_catch_up="all",
+            pgleaderlock_max_catch_up=5,
+            pgleaderlock_misfire_grace_s=12,
+            pgleaderlock_interrupted="rerun",
+            pgleaderlock_lease_s=4,
+            pgleaderlock_health_interval_s=1,
+            pgleaderlock_lock_options={"retry_strategy": strategy},
+        )
+    )
+    assert settings.dsn == "postgresql://env/x"  # the environment's, as a fallback
+    assert settings.lock_name == "beat-prod"
+    assert (settings.catch_up, settings.max_catch_up, settings.interrupted) == ("all", 5, "rerun")
+    assert settings.misfire_grace_s == 12.0
+    lock = settings.make_lock()
+    assert lock.lease_s == 4.0
+    assert lock.retry_strategy is strategy
+
+
+def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+
+    class DjangoSettings:
+        CELERY_PGLEADERLOCK_DSN = "postgresql://beat:s3cret@db/app"
+        CELERY_PGLEADERLOCK_CATCH_UP = "all"
+
+    celery = Celery("proj", set_as_current=False)
+    celery.config_from_object(DjangoSettings, namespace="CELERY")
+    settings = BeatSettings.from_app(celery)
+    assert (settings.dsn, settings.catch_up) == ("postgresql://beat:s3cret@db/app", "all")
+    assert "s3cret" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({}, r"needs a PostgreSQL DSN: set pgleaderlock_dsn .* PGLEADERLOCK_DSN"),
+        ({"pgleaderlock_dsn": "x", "pgleaderlock_catch_up": "some"}, r"pgleaderlock_catch_up"),
+        (
+            {"pgleaderlock_dsn": "x", "pgleaderlock_interrupted": "maybe"},
+            r"pgleaderlock_interrupted",
+        ),
+        ({"pgleaderlock_dsn": "x", "pgleaderlock_max_catch_up": 0}, r"pgleaderlock_max_catch_up"),
+        (
+            {"pgleaderlock_dsn": "x", "pgleaderlock_misfire_grace_s": -1},
+            r"pgleaderlock_misfire_grace_s",
+        ),
+        ({"pgleaderlock_dsn": "x", "pgleaderlock_tick_s": "1"}, r"pgleaderlock_tick_s"),
+        ({"pgleaderlock_dsn": "x", "pgleaderlock_lock_options": [1]}, r"pgleaderlock_lock_options"),
+    ],
+)
+def test_settings_errors_name_the_setting(
+    conf: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    with pytest.raises(ConfigurationError, match=message):
+        BeatSettings.from_app(app(**conf))
+
+
+def test_an_app_without_a_main_name_needs_a_lock_name() -> None:
+    celery = Celery(set_as_current=False)
+    celery.conf.pgleaderlock_dsn = "postgresql://db/x"
+    with pytest.raises(ConfigurationError, match="set pgleaderlock_lock_name"):
+        BeatSettings.from_app(celery)
+
+
+def test_a_bad_setting_fails_when_beat_makes_the_scheduler(tmp_path: Any) -> None:
+    with pytest.raises(ConfigurationError, match="pgleaderlock_catch_up"):
+        LeaderScheduler(
+            app=app(pgleaderlock_dsn="x", pgleaderlock_catch_up="?"),
+            schedule_filename=str(tmp_path / "s"),
+            lazy=True,
+        )
+
+
+def test_leader_scheduler_wraps_a_beat_scheduler_class() -> None:
+    wrapped = leader_scheduler(PersistentScheduler)
+    assert issubclass(wrapped, PersistentScheduler)
+    assert wrapped.__name__ == "LeaderPersistentScheduler"
+    with pytest.raises(ConfigurationError, match=r"celery\.beat\.Scheduler"):
+        leader_scheduler(dict)
+
+
+def test_without_celery_the_import_names_the_extra() -> None:
+    body = "import sys\nsys.modules['celery'] = None\nimport pgleaderlock.integrations.celery\n"
+    result = subprocess.run(
+        [sys.executable, "-c", body], capture_output=True, text=True, timeout=50, check=False
+    )
+    assert result.returncode != 0
+    assert "pip install 'pgleaderlock[celery]'" in result.stderr.splitlines()[-1]

@@ -1,0 +1,310 @@
+"""Celery beat under faults: three ``celery beat`` replicas with the leader scheduler and
+a ``celery worker``, all real processes, a 1-second schedule, and the leader SIGKILLed,
+SIGSTOPped (then SIGCONTed) or SIGTERMed every few seconds at random phases against the
+ticks, for ``PGLEADERLOCK_SOAK_S`` seconds (default 120). Killed and terminated replicas
+are replaced, so three run.
+
+Three fleets run at once, each with its own lock, queue and table: ``beat_schedule``
+with Redis as the broker, the same with RabbitMQ, and django-celery-beat's
+``DatabaseScheduler`` (a fresh Django database on the test server, migrated by the test,
+a PeriodicTask on a 1 s IntervalSchedule) with Redis.
+
+Each execution records its slot (from the send's header). Over the window from the
+first slot to the last: no slot executed twice; every slot has its ledger row, ``sent``
+(or ``lost``: its leader died between the claim and the recorded send, the
+``interrupted="lost"`` policy, at most once; counted, and at most one per SIGKILL or
+SIGSTOP); no slot without an execution except such a ``lost`` one; catch-up ``latest``
+with a misfire grace (10 s) well above the fail-over bound (lease 2 s plus a 0.2 s retry;
+the margin is for a loaded machine: other suites share its two cores), so no slot is
+missed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from support.celery_fleet import (
+    APP_DIR,
+    LEADER_DATABASE_SCHEDULER,
+    LEADER_SCHEDULER,
+    Fleet,
+    django_database,
+    wait_for,
+)
+
+SOAK_S = float(os.environ.get("PGLEADERLOCK_SOAK_S", "120"))
+REDIS = os.environ.get("PGLEADERLOCK_TEST_REDIS", "redis://127.0.0.1:6379/0")
+RABBITMQ = os.environ.get("PGLEADERLOCK_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+REPLICAS = ("beat-1", "beat-2", "beat-3")
+STOP_S = (3.0, 5.0)  # a SIGSTOPped leader stays frozen this long (beyond its 2 s lease)
+BETWEEN_S = (2.0, 5.0)  # the next fault comes this long after the fleet leads again
+BOUND_S = 30.0
+GRACE_S = 10.0  # the misfire grace: above the fail-over bound, with a margin for load
+
+pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.timeout(SOAK_S + 300)]
+
+
+@pytest.fixture
+def figures_table() -> str:
+    return "celery beat soak figures"
+
+
+@dataclass
+class Report:
+    label: str
+    faults: Counter[str] = field(default_factory=Counter)
+    slots: int = 0
+    executions: int = 0
+    duplicates: int = 0
+    missed: int = 0
+    lost: int = 0
+    lost_executed: int = 0
+    no_row: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    replicas_started: int = 0
+    failover_max_s: float = 0.0
+    send_window_s: tuple[float, float] = (0.0, 0.0)
+    term_exit_max_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        """A line of the fault log (wall-clock time, to compare with the replicas' logs)."""
+        now = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+        load = os.getloadavg()[0]
+        self.log.append(f"{now} {self.label}: {what} (load {load:.1f})")
+
+
+def live_leader(fleet: Fleet, frozen: set[str]) -> str | None:
+    """The replica that claimed the newest slot, if it is alive and not frozen."""
+    pid = fleet.leader_pid()
+    name = None if pid is None else fleet.by_pid(pid)
+    return None if name in frozen else name
+
+
+def wait_for_new_leader(fleet: Fleet, old_pid: int, frozen: set[str]) -> float:
+    """Seconds until a slot is claimed by a replica other than ``old_pid``."""
+    began = time.monotonic()
+
+    def led() -> bool:
+        pid = fleet.leader_pid()
+        return pid is not None and pid != old_pid and live_leader(fleet, frozen) is not None
+
+    wait_for(led, BOUND_S, f"{fleet.label}: a new leader after the fault", poll_s=0.1)
+    return time.monotonic() - began
+
+
+def run_faults(fleet: Fleet, seed: int) -> Report:
+    """Inject faults into ``fleet``'s leader for SOAK_S seconds, stop the fleet
+    gracefully, and report what the worker executed and the ledger recorded."""
+    rng = random.Random(seed)
+    report = Report(fleet.label)
+    frozen: set[str] = set()
+    wait_for(lambda: live_leader(fleet, frozen) is not None, 60.0, f"{fleet.label}: a leader")
+    deadline = time.monotonic() + SOAK_S
+    while time.monotonic() < deadline - 6.0:
+        time.sleep(rng.uniform(*BETWEEN_S))  # a random phase against the 1 s ticks
+        name = live_leader(fleet, frozen)
+        if name is None:
+            continue
+        proc = fleet.procs[name]
+        kind = rng.choice(("kill", "stop", "term"))
+        report.faults[kind] += 1
+        report.note(f"{kind} {name} pid {proc.pid}")
+        if kind == "kill":
+            proc.kill()
+            proc.wait(BOUND_S)
+            fleet.start_beat(name)
+        elif kind == "term":
+            began = time.monotonic()
+            proc.terminate()
+            try:
+                code = proc.wait(BOUND_S)
+            except subprocess.TimeoutExpired:
+                report.problems.append(f"{name} did not exit within {BOUND_S} s of SIGTERM")
+                proc.kill()
+                code = proc.wait(BOUND_S)
+            report.term_exit_max_s = max(report.term_exit_max_s, time.monotonic() - began)
+            report.note(f"{name} exited {code} after {time.monotonic() - began:.2f} s")
+            if code != 0:
+                report.problems.append(f"{name} exited with {code} after SIGTERM")
+            fleet.start_beat(name)
+        else:
+            proc.send_signal(signal.SIGSTOP)
+            frozen.add(name)
+            try:
+                took = wait_for_new_leader(fleet, proc.pid, frozen)
+                report.note(f"new leader after {took:.2f} s")
+                report.failover_max_s = max(report.failover_max_s, took)
+                time.sleep(max(0.0, rng.uniform(*STOP_S) - took))
+            finally:
+                proc.send_signal(signal.SIGCONT)
+                frozen.discard(name)
+                report.note(f"cont {name}")
+            continue
+        took = wait_for_new_leader(fleet, proc.pid, frozen)
+        report.note(f"new leader after {took:.2f} s")
+        report.failover_max_s = max(report.failover_max_s, took)
+    time.sleep(3.0)
+    # A graceful stop of the whole fleet: each beat exits, none hangs.
+    for proc in fleet.beats().values():
+        if proc.poll() is None:
+            proc.terminate()
+    for name, proc in fleet.beats().items():
+        try:
+            proc.wait(BOUND_S)
+        except subprocess.TimeoutExpired:
+            report.problems.append(f"{name} did not exit within {BOUND_S} s of the final SIGTERM")
+    ledger = fleet.ledger()
+    sent = sum(1 for _, outcome, _, _ in ledger.rows if outcome == "sent")
+    try:
+        wait_for(lambda: len(fleet.executions()) >= sent, BOUND_S, "the worker's backlog")
+    except TimeoutError as exc:
+        report.problems.append(str(exc))
+    time.sleep(1.0)  # anything sent late (a frozen leader's send) has arrived by now
+    check(fleet, report)
+    report.send_window_s = fleet.send_window_s()
+    report.replicas_started = fleet.started - 1  # the worker is not a replica
+    return report
+
+
+def check(fleet: Fleet, report: Report) -> None:
+    outcomes = fleet.ledger().outcomes()
+    executed = Counter(slot for slot, _ in fleet.executions())
+    if None in executed:
+        report.problems.append(f"{executed[None]} executions without a slot header")
+    if not outcomes:
+        report.problems.append("the ledger has no rows")
+        return
+    first, last = min(outcomes), max(outcomes)
+    window = [
+        first + dt.timedelta(seconds=i) for i in range(int((last - first).total_seconds()) + 1)
+    ]
+    report.slots = len(window)
+    report.executions = sum(executed.values())
+    report.outcomes = Counter(outcomes.values())
+    report.duplicates = sum(count - 1 for count in executed.values() if count > 1)
+    for slot in window:
+        outcome = outcomes.get(slot)
+        if outcome is None:
+            report.no_row += 1
+        elif outcome == "lost":
+            report.lost += 1
+            report.lost_executed += executed[slot] > 0
+        elif not executed[slot]:
+            report.missed += 1
+    extra = {slot for slot in executed if slot is not None} - set(window)
+    if extra:
+        report.problems.append(f"executions of slots outside the ledger: {sorted(extra)[:5]}")
+
+
+@pytest.fixture
+def fleets(pg_dsn: str, tmp_path: Path) -> Iterator[list[Fleet]]:
+    database = f"pgleaderlock_dj_{uuid.uuid4().hex[:12]}"
+    django_env = {"DJANGO_SETTINGS_MODULE": "djproject.settings", "DJANGO_DB_NAME": database}
+    timing = {"BEAT_LEASE_S": "2", "BEAT_GRACE_S": str(GRACE_S), "BEAT_CATCH_UP": "latest"}
+    made = [
+        Fleet(pg_dsn=pg_dsn, tmp_path=tmp_path, broker=REDIS, label="redis", extra_env=timing),
+        Fleet(
+            pg_dsn=pg_dsn, tmp_path=tmp_path, broker=RABBITMQ, label="rabbitmq", extra_env=timing
+        ),
+        Fleet(
+            pg_dsn=pg_dsn,
+            tmp_path=tmp_path,
+            broker=REDIS,
+            label="django",
+            scheduler=LEADER_DATABASE_SCHEDULER,
+            interval_s=None,
+            extra_env={**timing, **django_env},
+        ),
+    ]
+    assert made[0].scheduler == LEADER_SCHEDULER
+    django_database(pg_dsn, database, create=True)
+    try:
+        for fleet in made:
+            fleet.create_table()
+        setup = [sys.executable, str(APP_DIR / "djsetup.py")]
+        for args in (["migrate"], ["every", "tick", "1"]):
+            subprocess.run(
+                [*setup, *args], env=made[2].env(), check=True, timeout=120, capture_output=True
+            )
+        yield made
+    finally:
+        for fleet in made:
+            fleet.close()
+        for fleet in made:
+            fleet.drop_table()
+        django_database(pg_dsn, database, create=False)
+
+
+def test_celery_beat_fleets_under_faults(fleets: list[Fleet], figures: Callable[..., None]) -> None:
+    seed = int(os.environ.get("PGLEADERLOCK_SOAK_SEED", str(random.randrange(1 << 30))))
+    print(f"seed: {seed} (PGLEADERLOCK_SOAK_SEED), {SOAK_S:g} s")
+    began = time.monotonic()
+    for fleet in fleets:
+        fleet.start_worker()
+        for name in REPLICAS:
+            fleet.start_beat(name)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(fleets)) as pool:
+            futures = [pool.submit(run_faults, fleet, seed + i) for i, fleet in enumerate(fleets)]
+            reports = [future.result() for future in futures]
+    except BaseException:
+        for fleet in fleets:
+            print(fleet.outputs())
+        raise
+    figures("duration", time.monotonic() - began)
+    for r in reports:
+        for metric, value in (
+            ("slots", r.slots),
+            ("executions", r.executions),
+            ("duplicates", r.duplicates),
+            ("missed", r.missed),
+            ("lost (leader died mid-send)", r.lost),
+            ("lost yet executed", r.lost_executed),
+            ("slots without a ledger row", r.no_row),
+            ("SIGKILL", r.faults["kill"]),
+            ("SIGSTOP", r.faults["stop"]),
+            ("SIGTERM", r.faults["term"]),
+            ("replicas started", r.replicas_started),
+        ):
+            figures(f"{r.label}: {metric}", value, "")
+        figures(f"{r.label}: longest fail-over", r.failover_max_s)
+        figures(f"{r.label}: longest exit after SIGTERM", r.term_exit_max_s)
+        figures(f"{r.label}: claim to recorded send, median", r.send_window_s[0], "ms")
+        figures(f"{r.label}: claim to recorded send, longest", r.send_window_s[1], "ms")
+        print(f"{r.label}: ledger outcomes {dict(r.outcomes)}")
+    failures = []
+    for r in reports:
+        if r.problems:
+            failures.append(f"{r.label}: {r.problems}")
+        if r.duplicates or r.missed or r.no_row:
+            failures.append(
+                f"{r.label}: {r.duplicates} duplicates, {r.missed} missed, {r.no_row} without a row"
+            )
+        if r.lost > r.faults["kill"] + r.faults["stop"]:
+            failures.append(f"{r.label}: {r.lost} lost slots for fewer SIGKILL/SIGSTOP")
+        if set(r.outcomes) - {"sent", "lost"}:
+            failures.append(f"{r.label}: ledger outcomes {dict(r.outcomes)}")
+        if r.slots < SOAK_S * 0.8 or sum(r.faults.values()) < SOAK_S / 15:
+            failures.append(f"{r.label}: too little happened ({r.slots} slots, {r.faults})")
+    for line in sorted(line for r in reports for line in r.log):
+        print(line)
+    if failures:
+        for fleet in fleets:
+            print(fleet.outputs())
+    assert not failures, failures
