@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import django  # noqa: F401 - the test extra installs it: a missing Django fails here
 import pytest
-
-pytest.importorskip("django")
 
 PROJECT = Path(__file__).parent / "proj"
 ROOT = Path(__file__).parents[2]
