@@ -415,10 +415,23 @@ class LeaderSchedulerMixin:
         threaded = ThreadedLeaderLock(lock)
         self._pgl_scheduler = scheduler
         self._pgl_threaded = threaded
+        self._pgl_warm()
         threaded.start()
         self._pgl_call(scheduler.start())
         log.info("celery_beat_started", lock=lock.label, catch_up=settings.catch_up,
                  misfire_grace_s=settings.misfire_grace_s)  # fmt: skip
+
+    def _pgl_warm(self) -> None:
+        """Connect to the broker now, into the producer pool the sends use: a leader's
+        first send then does not wait for a connection, which would widen the moment
+        between a slot's claim and its send (a leader killed there leaves the slot
+        ``lost``)."""
+        try:
+            with self.app.producer_or_acquire() as producer:
+                producer.connection.ensure_connection(max_retries=1)
+        except Exception as exc:  # the sends retry as Celery does; beat goes on
+            log.warning("celery_broker_not_ready", lock=self._pgl_config().lock_name,
+                        error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     def _pgl_stop(self) -> None:
         threaded, scheduler = self._pgl_threaded, self._pgl_scheduler
