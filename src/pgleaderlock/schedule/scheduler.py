@@ -333,13 +333,14 @@ class Scheduler:
         other arguments are [`add`][pgleaderlock.schedule.Scheduler.add]'s."""
         interval = dt.timedelta(hours=hours, minutes=minutes, seconds=seconds)
         timing = Every(interval, dt.timedelta(seconds=offset_s))
-
-        def register(fn: F) -> F:
-            self.add(fn, timing, name=name, catch_up=catch_up, max_catch_up=max_catch_up,
-                     misfire_grace_s=misfire_grace_s, interrupted=interrupted)  # fmt: skip
-            return fn
-
-        return register
+        return self._decorator(
+            timing,
+            name=name,
+            catch_up=catch_up,
+            max_catch_up=max_catch_up,
+            misfire_grace_s=misfire_grace_s,
+            interrupted=interrupted,
+        )
 
     def cron(
         self,
@@ -356,10 +357,18 @@ class Scheduler:
         ``timezone`` (needs ``pip install 'pgleaderlock[cron]'``). The other arguments
         are [`add`][pgleaderlock.schedule.Scheduler.add]'s."""
         timing = Cron(expression, timezone)
+        return self._decorator(
+            timing,
+            name=name,
+            catch_up=catch_up,
+            max_catch_up=max_catch_up,
+            misfire_grace_s=misfire_grace_s,
+            interrupted=interrupted,
+        )
 
+    def _decorator(self, timing: Timing, **options: Any) -> Callable[[F], F]:
         def register(fn: F) -> F:
-            self.add(fn, timing, name=name, catch_up=catch_up, max_catch_up=max_catch_up,
-                     misfire_grace_s=misfire_grace_s, interrupted=interrupted)  # fmt: skip
+            self.add(fn, timing, **options)
             return fn
 
         return register
