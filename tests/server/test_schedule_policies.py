@@ -1,0 +1,200 @@
+"""The schedule's policies, on one backend (they are the same SQL on every one; the
+driver-specific parts, statements and ``run.transaction``, are in
+``tests/contract/test_schedule_contract.py``): replicas that step down, slots nobody ran
+(catch-up), slots whose leader ended mid-run (interrupted)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pgleaderlock import LeaderLock, LockState
+from pgleaderlock.schedule import Every, Run, Scheduler
+from support.timings import timings
+
+if TYPE_CHECKING:
+    from conftest import Admin
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1, load_plugins=False)
+LEDGER = (
+    "SELECT slot, term, outcome, attempt, started_at, claimed_at, detail"
+    " FROM public.pgleaderlock_runs WHERE schedule = %s ORDER BY slot"
+)
+
+
+async def ledger(admin: Admin, schedule: str) -> list[tuple[Any, ...]]:
+    return await (await admin.execute(LEDGER, (schedule,))).fetchall()
+
+
+async def until(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.05)
+
+
+def sched_every(seconds: float, first_in_s: float | None = None) -> Every:
+    """Every ``seconds``; with ``first_in_s``, shifted so that a slot falls that soon."""
+    if first_in_s is None:
+        return Every(dt.timedelta(seconds=seconds))
+    return Every(dt.timedelta(seconds=seconds), dt.timedelta(seconds=time.time() + first_in_s))
+
+
+class Target:
+    """Locks on the test server (the contract suite's ``target.lock``, for one backend)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def lock(self, keys: tuple[int, int], **kwargs: Any) -> LeaderLock:
+        return LeaderLock(self.dsn, *keys, **{**FAST, **kwargs})
+
+
+@pytest.fixture
+def target(pg_dsn: str) -> Target:
+    return Target(pg_dsn)
+
+
+async def test_two_replicas_claim_each_slot_once_across_a_step_down(
+    target: Target, keys: tuple[int, int], admin: Admin
+) -> None:
+    """Two schedulers on one lock (two replicas): the leader steps down between slots
+    and the other takes over; every slot in the window has one row and one run."""
+    runs: list[tuple[str, dt.datetime]] = []
+    replicas = []
+    for who in ("a", "b"):
+        lock = target.lock(keys, fencing=True)
+        sched = Scheduler(lock)
+
+        async def job(run: Run, who: str = who) -> None:
+            runs.append((who, run.slot))
+
+        sched.add(job, sched_every(1), name="job")
+        replicas.append((lock, sched))
+    async with contextlib.AsyncExitStack() as stack:
+        for lock, sched in replicas:
+            await stack.enter_async_context(lock)
+            await stack.enter_async_context(sched)
+        for _ in range(3):
+            await until(lambda: asyncio.sleep(0, any(lk.is_leader for lk, _ in replicas)))
+            first = len(runs)
+            await until(lambda first=first: asyncio.sleep(0, len(runs) >= first + 2), 10)
+            leader = next(lk for lk, _ in replicas if lk.is_leader)
+            await leader.step_down()
+    rows = await ledger(admin, replicas[0][1].schedule_name("job"))
+    slots = [slot for _, slot in runs]
+    assert len(slots) == len(set(slots)), "a slot ran twice"
+    assert {who for who, _ in runs} == {"a", "b"}
+    recorded = [row[0] for row in rows]
+    assert recorded == sorted(recorded)
+    assert all(b - a == dt.timedelta(seconds=1) for a, b in itertools.pairwise(recorded))
+    ran = set(slots)
+    assert {row[0] for row in rows if row[2] in ("done", "running")} == ran
+    assert [row for row in rows if row[2] == "missed"] == []  # step-downs are fast
+
+
+@pytest.mark.parametrize("policy", ["none", "latest", "all"])
+async def test_slots_missed_while_nobody_led_follow_the_catch_up_policy(
+    target: Target, keys: tuple[int, int], admin: Admin, policy: str
+) -> None:
+    """A schedule runs one slot, nobody leads for 2-3 slots, then a leader catches up:
+    ``none`` records every missed slot, ``latest`` runs the newest of them, ``all`` runs
+    them all (oldest first); the slots after that run on time."""
+    name = f"catch-{policy}"
+    ran: list[dt.datetime] = []
+
+    def replica() -> tuple[LeaderLock, Scheduler]:
+        lock = target.lock(keys, fencing=True)
+        sched = Scheduler(lock)
+
+        async def job(run: Run) -> None:
+            ran.append(run.slot)
+
+        sched.add(job, sched_every(1.0), name=name, catch_up=policy,  # type: ignore[arg-type]
+                  misfire_grace_s=0.4)  # fmt: skip
+        return lock, sched
+
+    lock, sched = replica()
+    async with lock, sched:
+        await until(lambda: asyncio.sleep(0, len(ran) >= 1))
+    # Nobody leads for 2-3 slots; the next leader starts 0.6 s into a slot's interval,
+    # so the newest slot before it is past the grace (0.4 s), and the next one is on time
+    # unless taking the lock takes 0.8 s.
+    await asyncio.sleep(1.6)
+    now = await (await admin.execute("SELECT extract(epoch FROM clock_timestamp())")).fetchone()
+    assert now is not None
+    await asyncio.sleep((0.6 - float(now[0]) % 1.0) % 1.0)
+    takeover = dt.datetime.now(dt.UTC)  # (this host is the server's: same clock)
+    lock, sched = replica()
+    async with lock, sched:
+        await until(lambda: asyncio.sleep(0, any(slot > takeover for slot in ran)))
+    rows = await ledger(admin, sched.schedule_name(name))
+    recorded = [row[0] for row in rows]
+    assert all(b - a == dt.timedelta(seconds=1) for a, b in itertools.pairwise(recorded))
+    assert len(ran) == len(set(ran))
+    past = [slot for slot in recorded if ran[0] < slot < takeover]  # fell due while nobody led
+    missed = [row[0] for row in rows if row[2] == "missed"]
+    late = [slot for slot in ran if slot in past]
+    assert len(past) >= 2
+    expected = {"none": ([], past), "latest": (past[-1:], past[:-1]), "all": (past, [])}[policy]
+    assert (late, missed) == expected
+    # (the last run may have been cancelled by the shutdown: its row says running)
+    assert set(ran) == {row[0] for row in rows if row[2] in ("done", "running")}
+    assert max(ran) > takeover  # and then on time again
+
+
+@pytest.mark.parametrize("interrupted", ["lost", "rerun"])
+async def test_a_slot_whose_leader_ended_mid_run_is_lost_or_run_again(
+    target: Target,
+    keys: tuple[int, int],
+    admin: Admin,
+    interrupted: str,
+) -> None:
+    """The leader's session is terminated while a run is in progress: the run is
+    cancelled with the leadership, its row stays ``running`` under the old term, and the
+    next leader (a newer term) records it as lost, or runs it again, as told."""
+    started: list[Run] = []
+    hang = asyncio.Event()
+    hourly = sched_every(3600, first_in_s=1)
+
+    def replica() -> tuple[LeaderLock, Scheduler]:
+        lock = target.lock(keys, fencing=True, auto_reacquire=False)
+        sched = Scheduler(lock)
+
+        async def job(run: Run) -> None:
+            started.append(run)
+            if len(started) == 1:
+                await hang.wait()  # the first run never ends by itself
+
+        sched.add(job, hourly, name="slow", interrupted=interrupted,  # type: ignore[arg-type]
+                  catch_up="latest", misfire_grace_s=3600)  # fmt: skip
+        return lock, sched
+
+    first, first_sched = replica()
+    async with first, first_sched:
+        await until(lambda: asyncio.sleep(0, len(started) == 1))
+        await admin.execute("SELECT pg_terminate_backend(%s)", (first.backend_pid,))
+        await until(lambda: asyncio.sleep(0, not first.is_leader))
+    assert first.state is LockState.STOPPED
+    second, second_sched = replica()
+    async with second, second_sched:
+        await until(lambda: asyncio.sleep(0, second.is_leader and second.term != started[0].term))
+        await asyncio.sleep(0.5)
+    rows = await ledger(admin, second_sched.schedule_name("slow"))
+    assert len(rows) == 1
+    slot, term, outcome, attempt, *_ = rows[0]
+    assert slot == started[0].slot
+    if interrupted == "lost":
+        assert (outcome, attempt, len(started)) == ("lost", 1, 1)
+    else:
+        assert (outcome, attempt, len(started)) == ("done", 2, 2)
+        assert term == started[1].term > started[0].term
