@@ -198,3 +198,28 @@ async def test_a_slot_whose_leader_ended_mid_run_is_lost_or_run_again(
     else:
         assert (outcome, attempt, len(started)) == ("done", 2, 2)
         assert term == started[1].term > started[0].term
+
+
+async def test_a_graceful_stop_does_not_wait_for_the_next_slot(
+    target: Target, keys: tuple[int, int]
+) -> None:
+    """With ``drain_s``, a graceful stop lets a run in progress finish; a schedule that
+    waits for its next slot (an hour away) ends at once instead of holding the lock
+    until ``drain_s`` is over."""
+    lock = target.lock(keys, fencing=True, drain_s=30.0)
+    sched = Scheduler(lock)
+    ran: list[Run] = []
+
+    @sched.every(seconds=3600)
+    async def hourly(run: Run) -> None:
+        ran.append(run)
+
+    async with sched:
+        await lock.start()
+        assert await lock.wait_for_leadership(10)
+        await until(lambda: asyncio.sleep(0, "hourly" in sched._tasks.running))
+        started = time.monotonic()
+        await lock.shutdown()
+        took = time.monotonic() - started
+    assert took < 10.0, f"the stop waited {took:.1f} s for a slot an hour away"
+    assert ran == []

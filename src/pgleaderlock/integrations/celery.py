@@ -119,7 +119,7 @@ class BeatSettings:
         lease_s: ``pgleaderlock_lease_s`` (default: the lock's, twice
             ``health_interval_s``): how long a frozen leader keeps its lock.
         health_interval_s: ``pgleaderlock_health_interval_s`` (default: the lock's).
-        drain_s: ``pgleaderlock_drain_s`` (default 2): on a graceful stop (SIGTERM), how
+        drain_s: ``pgleaderlock_drain_s`` (default 5): on a graceful stop (SIGTERM), how
             long a send in progress may take to finish before the lock is released.
         shutdown_timeout_s: ``pgleaderlock_shutdown_timeout_s`` (default 30).
         lock_options: ``pgleaderlock_lock_options``, a dict of further
@@ -136,7 +136,7 @@ class BeatSettings:
     tick_s: float = 1.0
     lease_s: float | None = None
     health_interval_s: float | None = None
-    drain_s: float = 2.0
+    drain_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     lock_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -206,7 +206,7 @@ class BeatSettings:
             health_interval_s=_seconds(
                 "health_interval_s", get("health_interval_s", None), optional=True
             ),
-            drain_s=_seconds("drain_s", get("drain_s", 2.0), zero=True),
+            drain_s=_seconds("drain_s", get("drain_s", 5.0), zero=True),
             shutdown_timeout_s=_seconds("shutdown_timeout_s", get("shutdown_timeout_s", 30.0)),
             lock_options=dict(lock_options),
         )

@@ -16,10 +16,12 @@ from typing import Any, Literal, TypeVar
 
 from ..core import (
     ConfigurationError,
+    Event,
     FencedError,
     LeaderLock,
     QuerySession,
     SessionSlot,
+    callback_plugin,
     can,
     check_identifier,
     fence_transaction,
@@ -232,6 +234,9 @@ class Scheduler:
         self._holder = f"{socket.gethostname()}:{os.getpid()}"
         self._jobs: dict[str, Job] = {}
         self._tasks = LeaderTasks(lock)
+        self._drained = asyncio.Event()  # set when the lock drains: no new slot starts
+        self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drained.set)
+        lock.plugins.register(self._drain_plugin)
         self._started = False
         self.clock = ServerClock()
         """The server's time as this process estimates it."""
@@ -389,6 +394,9 @@ class Scheduler:
         ledger; the next leader applies the job's ``interrupted`` policy). To let the
         current runs finish, shut the lock down first with its ``drain_s``."""
         self._started = False
+        plugin, self._drain_plugin = self._drain_plugin, None
+        if plugin is not None and self._lock.plugins.is_registered(plugin):
+            self._lock.plugins.unregister(plugin)
         await self._tasks.close()
 
     async def __aenter__(self) -> Scheduler:
@@ -500,6 +508,7 @@ class Scheduler:
         term = lock.term
         if term is None:
             return  # the leadership ended before this task ran
+        self._drained.clear()
         name = self.schedule_name(job.name)
         cursor, reruns = await self._begin(job, name, term)
         for slot in reruns:
@@ -515,7 +524,8 @@ class Scheduler:
                     await self._run(job, name, slot, term)
                 continue
             if late_by < 0:
-                await self.clock.sleep_until(due)
+                with contextlib.suppress(TimeoutError):  # a drain ends the wait
+                    await asyncio.wait_for(self._drained.wait(), self.clock.until(due))
                 if lock.draining:
                     return
             await self._run(job, name, due, term)

@@ -446,7 +446,10 @@ class Machine:
                     elif self._work:
                         self._work = False
                         bound = self.config.command_timeout_s  # each queued call has its own
-                        self._block(Call(Op.WORK, bound, interruptible=Request.STOP))
+                        # A stop cuts short queued calls (dropping the session), unless it
+                        # is to drain first: the drain's work needs them (each is bounded).
+                        cut = None if self.config.drain_s > 0 else Request.STOP
+                        self._block(Call(Op.WORK, bound, interruptible=cut))
                     else:
                         self._out.append(fx.WatchSession())
                         wake = self._probe_at
