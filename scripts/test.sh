@@ -65,23 +65,28 @@ if [ "$#" -gt 0 ]; then
     echo "== pytest $*"
     exec "$VENV/bin/python" -m pytest -W error::ResourceWarning "$@"
 fi
-# The soak tier (tests/soak: minutes-long fault runs that mostly wait for clock
-# ticks) runs beside the rest, in a pytest of its own; its output follows the rest's.
-echo "== pytest (tests/soak runs beside it; its report follows)"
+# Two pytest processes side by side: the soak tier (tests/soak: minutes-long fault runs
+# that mostly wait for clock ticks) with the suites of other services' processes
+# (tests/celerybeat: Celery beat and workers on Redis/RabbitMQ; tests/djangoapp:
+# manage.py), and the rest here. The side tier's report follows the rest's.
+SIDE=(tests/soak tests/celerybeat tests/djangoapp)
+echo "== pytest (${SIDE[*]} run beside it; their report follows)"
 soak_log="$(mktemp)"
-"$VENV/bin/python" -m pytest -W error::ResourceWarning -p no:cacheprovider tests/soak \
-    >"$soak_log" 2>&1 &
+"$VENV/bin/python" -m pytest -W error::ResourceWarning -p no:cacheprovider --durations=15 \
+    "${SIDE[@]}" >"$soak_log" 2>&1 &
 soak_pid=$!
 trap 'kill "$soak_pid" 2>/dev/null || true' EXIT
 status=0
-"$VENV/bin/python" -m pytest -W error::ResourceWarning --ignore=tests/soak || status=$?
+ignored=()
+for dir in "${SIDE[@]}"; do ignored+=("--ignore=$dir"); done
+"$VENV/bin/python" -m pytest -W error::ResourceWarning --durations=25 "${ignored[@]}" || status=$?
 soak_status=0
 wait "$soak_pid" || soak_status=$?
 trap - EXIT
-echo "== pytest tests/soak (exit $soak_status)"
+echo "== pytest ${SIDE[*]} (exit $soak_status)"
 cat "$soak_log"
 rm -f "$soak_log"
 if [ "$status" != 0 ] || [ "$soak_status" != 0 ]; then
-    echo "pytest failed: the suite exited $status, tests/soak exited $soak_status"
+    echo "pytest failed: the suite exited $status, ${SIDE[*]} exited $soak_status"
     exit 1
 fi
