@@ -607,8 +607,10 @@ class Scheduler:
                 raise FencedError(f"{name}: the fencing term moved on from {term}")
             if attempt is not None:
                 started = utc(server_now)
-                self._log("debug", "slot_claimed", schedule=name, slot=slot.isoformat(), term=term,
-                          late_s=round((started - slot).total_seconds(), 4))  # fmt: skip
+                if log.enabled("debug"):  # on every slot: build the record only if it is seen
+                    late_s = round((started - slot).total_seconds(), 4)
+                    self._log("debug", "slot_claimed", schedule=name, slot=slot.isoformat(),
+                              term=term, late_s=late_s)  # fmt: skip
                 return int(attempt), started
             early = (slot - utc(server_now)).total_seconds()
             if early <= 0:
