@@ -68,8 +68,9 @@ fi
 # Two pytest processes side by side: the soak tier (tests/soak: minutes-long fault runs
 # that mostly wait for clock ticks) with the suites of other services' processes
 # (tests/celerybeat: Celery beat and workers on Redis/RabbitMQ; tests/djangoapp:
-# manage.py), and the rest here. The side tier's report follows the rest's.
-SIDE=(tests/soak tests/celerybeat tests/djangoapp)
+# manage.py) and of their own servers (tests/deploy: throwaway clusters, standbys,
+# PgBouncers), and the rest here. The side tier's report follows the rest's.
+SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy)
 echo "== pytest (${SIDE[*]} run beside it; their report follows)"
 soak_log="$(mktemp)"
 "$VENV/bin/python" -m pytest -W error::ResourceWarning -p no:cacheprovider --durations=15 \
