@@ -14,16 +14,17 @@ import asyncio
 import contextlib
 import datetime as dt
 import itertools
-import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
 from pgleaderlock import FencedError
-from pgleaderlock.schedule import Every, Run, Scheduler
+from pgleaderlock.schedule import Run, Scheduler
+from support.poll import eventually
+from support.schedule import ledger, sched_every
 
 if TYPE_CHECKING:
     from conftest import Admin
@@ -34,23 +35,6 @@ pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.postgres_only("the ledger is SQL on the server"),
 ]
-
-LEDGER = (
-    "SELECT slot, term, outcome, attempt, started_at, claimed_at, detail"
-    " FROM public.pgleaderlock_runs WHERE schedule = %s ORDER BY slot"
-)
-
-
-async def ledger(admin: Admin, schedule: str) -> list[tuple[Any, ...]]:
-    return await (await admin.execute(LEDGER, (schedule,))).fetchall()
-
-
-async def until(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
@@ -120,7 +104,7 @@ async def test_each_slot_runs_once_at_the_servers_time_in_a_fenced_transaction(
 
             async with lock, sched:
                 await lock.wait_for_leadership(10)
-                await until(lambda: asyncio.sleep(0, sum(run.done for run in runs) >= 3), 10)
+                await eventually(lambda: sum(run.done for run in runs) >= 3, 10)
     finally:
         rows = await ledger(admin, sched.schedule_name("tick"))
         written = await (await admin.execute(f"SELECT slot, term FROM {sink}")).fetchall()
@@ -159,7 +143,7 @@ async def test_a_failing_job_rolls_back_and_is_recorded_failed(
                     raise RuntimeError("disk full")
 
             async with lock, sched:
-                await until(lambda: asyncio.sleep(0, len(attempts) >= 2), 10)
+                await eventually(lambda: len(attempts) >= 2, 10)
                 await asyncio.sleep(0.2)
                 assert lock.is_leader  # a failing job does not cost the leadership
     finally:
@@ -170,13 +154,6 @@ async def test_a_failing_job_rolls_back_and_is_recorded_failed(
     failed = [row for row in rows if row[2] == "failed"]
     assert len(failed) >= 1
     assert failed[0][6] == "RuntimeError: disk full"
-
-
-def sched_every(seconds: float, first_in_s: float | None = None) -> Every:
-    """Every ``seconds``; with ``first_in_s``, shifted so that a slot falls that soon."""
-    if first_in_s is None:
-        return Every(dt.timedelta(seconds=seconds))
-    return Every(dt.timedelta(seconds=seconds), dt.timedelta(seconds=time.time() + first_in_s))
 
 
 async def test_an_old_terms_transaction_cannot_mark_a_slot_done(
@@ -193,9 +170,9 @@ async def test_an_old_terms_transaction_cannot_mark_a_slot_done(
 
     sched.add(once, sched_every(3600, first_in_s=1), name="once", misfire_grace_s=3600)
     async with lock, sched:
-        await until(lambda: asyncio.sleep(0, len(kept) >= 1))
+        await eventually(lambda: len(kept) >= 1)
         await lock.step_down()
-        await until(lambda: asyncio.sleep(0, lock.is_leader))  # a new term
+        await eventually(lambda: lock.is_leader)  # a new term
     run = kept[0]
     async with sink_connection(target, pg_dsn) as conn:
         with pytest.raises(FencedError):

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pgleaderlock import LeaderLock, LockState
-from pgleaderlock.schedule import Every, Run, Scheduler
+from pgleaderlock.schedule import Run, Scheduler
+from support.poll import eventually
+from support.schedule import ledger, sched_every
 from support.timings import timings
 
 if TYPE_CHECKING:
@@ -24,29 +26,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1, load_plugins=False)
-LEDGER = (
-    "SELECT slot, term, outcome, attempt, started_at, claimed_at, detail"
-    " FROM public.pgleaderlock_runs WHERE schedule = %s ORDER BY slot"
-)
-
-
-async def ledger(admin: Admin, schedule: str) -> list[tuple[Any, ...]]:
-    return await (await admin.execute(LEDGER, (schedule,))).fetchall()
-
-
-async def until(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.05)
-
-
-def sched_every(seconds: float, first_in_s: float | None = None) -> Every:
-    """Every ``seconds``; with ``first_in_s``, shifted so that a slot falls that soon."""
-    if first_in_s is None:
-        return Every(dt.timedelta(seconds=seconds))
-    return Every(dt.timedelta(seconds=seconds), dt.timedelta(seconds=time.time() + first_in_s))
 
 
 class Target:
@@ -85,9 +64,9 @@ async def test_two_replicas_claim_each_slot_once_across_a_step_down(
             await stack.enter_async_context(lock)
             await stack.enter_async_context(sched)
         for _ in range(3):
-            await until(lambda: asyncio.sleep(0, any(lk.is_leader for lk, _ in replicas)))
-            first = len(runs)
-            await until(lambda first=first: asyncio.sleep(0, len(runs) >= first + 2), 10)
+            await eventually(lambda: any(lk.is_leader for lk, _ in replicas))
+            wanted = len(runs) + 2
+            await eventually(lambda: len(runs) >= wanted, 10)  # noqa: B023 - awaited here
             leader = next(lk for lk, _ in replicas if lk.is_leader)
             await leader.step_down()
     rows = await ledger(admin, replicas[0][1].schedule_name("job"))
@@ -125,7 +104,7 @@ async def test_slots_missed_while_nobody_led_follow_the_catch_up_policy(
 
     lock, sched = replica()
     async with lock, sched:
-        await until(lambda: asyncio.sleep(0, len(ran) >= 1))
+        await eventually(lambda: len(ran) >= 1)
     # Nobody leads for 2-3 slots; the next leader starts 0.6 s into a slot's interval,
     # so the newest slot before it is past the grace (0.4 s), and the next one is on time
     # unless taking the lock takes 0.8 s.
@@ -136,7 +115,7 @@ async def test_slots_missed_while_nobody_led_follow_the_catch_up_policy(
     takeover = dt.datetime.now(dt.UTC)  # (this host is the server's: same clock)
     lock, sched = replica()
     async with lock, sched:
-        await until(lambda: asyncio.sleep(0, any(slot > takeover for slot in ran)))
+        await eventually(lambda: any(slot > takeover for slot in ran))
     rows = await ledger(admin, sched.schedule_name(name))
     recorded = [row[0] for row in rows]
     assert all(b - a == dt.timedelta(seconds=1) for a, b in itertools.pairwise(recorded))
@@ -181,13 +160,13 @@ async def test_a_slot_whose_leader_ended_mid_run_is_lost_or_run_again(
 
     first, first_sched = replica()
     async with first, first_sched:
-        await until(lambda: asyncio.sleep(0, len(started) == 1))
+        await eventually(lambda: len(started) == 1)
         await admin.execute("SELECT pg_terminate_backend(%s)", (first.backend_pid,))
-        await until(lambda: asyncio.sleep(0, not first.is_leader))
+        await eventually(lambda: not first.is_leader)
     assert first.state is LockState.STOPPED
     second, second_sched = replica()
     async with second, second_sched:
-        await until(lambda: asyncio.sleep(0, second.is_leader and second.term != started[0].term))
+        await eventually(lambda: second.is_leader and second.term != started[0].term)
         await asyncio.sleep(0.5)
     rows = await ledger(admin, second_sched.schedule_name("slow"))
     assert len(rows) == 1
@@ -217,7 +196,7 @@ async def test_a_graceful_stop_does_not_wait_for_the_next_slot(
     async with sched:
         await lock.start()
         assert await lock.wait_for_leadership(10)
-        await until(lambda: asyncio.sleep(0, "hourly" in sched._tasks.running))
+        await eventually(lambda: "hourly" in sched._tasks.running)
         started = time.monotonic()
         await lock.shutdown()
         took = time.monotonic() - started
