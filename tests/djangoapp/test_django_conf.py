@@ -142,7 +142,10 @@ def test_import_without_django_names_the_extra() -> None:
 def test_unix_socket_host_connects(manage: Manage, pg_dsn: str) -> None:
     params = conninfo_to_dict(pg_dsn)
     if params.get("host") not in ("127.0.0.1", "localhost") or not _socket_answers(pg_dsn):
-        pytest.skip("the test server has no unix socket in /var/run/postgresql")
+        pytest.skip(
+            "the test server is not on this machine, or answers on no unix socket in "
+            "/var/run/postgresql (a server reached over TCP only): nothing to connect to"
+        )
     settings = {
         "DATABASES": database(
             NAME=params.get("dbname", "postgres"),

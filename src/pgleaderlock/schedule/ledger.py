@@ -198,12 +198,3 @@ class Ledger:
             " WHERE schedule = ({0})::text AND slot = ({1})::timestamptz"
             " AND term = ({2})::int8 AND outcome = 'running' RETURNING 1"
         )
-
-    @functools.cached_property
-    def recent(self) -> str:
-        """``{0}`` schedule, ``{1}`` limit: its newest rows (for status and tests)."""
-        return (
-            "SELECT slot, term, holder, outcome, attempt, claimed_at, started_at,"
-            f" finished_at, detail FROM {self.runs.sql} WHERE schedule = ({{0}})::text"
-            " ORDER BY slot DESC LIMIT ({1})::int4"
-        )

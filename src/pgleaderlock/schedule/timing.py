@@ -9,7 +9,6 @@ push a slot away), and a cron expression has no start at all.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import time
 from collections.abc import Iterator
@@ -200,9 +199,3 @@ class ServerClock:
     def until(self, when: dt.datetime) -> float:
         """Seconds from now until the server's clock shows ``when`` (by the estimate)."""
         return when.timestamp() - (time.time() + self.offset_s)
-
-    async def sleep_until(self, when: dt.datetime) -> None:
-        """Sleep until the server's clock shows ``when`` (by the estimate)."""
-        delay = self.until(when)
-        if delay > 0:
-            await asyncio.sleep(delay)
