@@ -154,8 +154,7 @@ async def test_a_role_at_its_connection_limit_escalates_and_recovers(
     role = f"otel_limit_{random.randrange(10**9)}"
     await admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
     try:
-        info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
-        dsn = psycopg.conninfo.make_conninfo(**{**info, "user": role})
+        dsn = psycopg.conninfo.make_conninfo(pg_dsn, user=role)
         lock = LeaderLock(dsn, *keys, **FAST, escalate_after_s=0.3)
         async with lock:
             await eventually(lambda: _records(caplog, "lock_failing"), 20, "lock_failing")
