@@ -99,9 +99,11 @@ async def test_leadership_spans_and_metrics_through_a_failover_and_a_hand_over(
         await second.start()
         await eventually(lambda: second.statistics().failed_attempts >= 1, 10, "a standby")
         first_term, first_pid = first.term, first.backend_pid
-        assert first_term is not None and first_pid is not None
+        assert first_term is not None
+        assert first_pid is not None
         span = telemetry.plugin.leadership_span(first)
-        assert span is not None and span.is_recording()
+        assert span is not None
+        assert span.is_recording()
         assert [p.value for p in telemetry.points("pgleaderlock.leader", **label)] == [1]
         (age,) = telemetry.points("pgleaderlock.leadership.confirmation.age", **label)
         assert 0 <= age.value < 5
@@ -127,7 +129,8 @@ async def test_leadership_spans_and_metrics_through_a_failover_and_a_hand_over(
         assert [p.value for p in telemetry.points("pgleaderlock.leader", **label)] == [1]
 
         second_term = second.term
-        assert second_term is not None and second_term > first_term
+        assert second_term is not None
+        assert second_term > first_term
         await eventually(lambda: first.state is not LockState.STOPPED, 5, "first follows")
         await eventually(lambda: first.statistics().failed_attempts >= 1, 10, "first waits")
         await second.step_down()
