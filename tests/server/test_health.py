@@ -68,7 +68,7 @@ def test_a_lock_whose_event_loop_is_blocked_fails_liveness_within_its_bound(
         figures("wedge noticed after the loop blocked", failed_at - blocked_at)
         assert not report.ok
         assert report.reasons[0].startswith("wedged:"), report.reasons
-        assert report.details["stalled_s"] > stall_s
+        assert report.details["stalled_s"] >= stall_s
         eventually_sync(lambda: health.live(threaded, stall_s=stall_s).ok, 20, "alive again")
         assert threaded.wait_for_leadership(10)  # it goes on leading (or leads again)
         assert health.check(threaded, stall_s=stall_s).ok
