@@ -11,6 +11,7 @@ the database call in flight, if the machine's effect allows it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self, TypeVar
@@ -157,6 +158,13 @@ class LeaderLock(Fencing):
             [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks run; the
             release follows when they have returned, or after ``drain_s``. Default 0:
             release at once.
+        escalate_after_s: errors that keep the lock from leading (it cannot connect,
+            or its attempts fail, with no attempt reaching the server in between) for
+            this long are escalated: an ERROR line ``lock_failing`` says for how long,
+            how many errors and what to check, again at doubling intervals (at most
+            every 10 min); until then only the first error, and each different one, is
+            logged at ERROR, repeats at DEBUG.
+            [`statistics().failing_since`][pgleaderlock.LockStatistics] says since when.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -195,6 +203,7 @@ class LeaderLock(Fencing):
         lease_s: float | None = None,
         fencing_grace_s: float = 2.0,
         drain_s: float = 0.0,
+        escalate_after_s: float = 30.0,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -217,6 +226,7 @@ class LeaderLock(Fencing):
             lease_s=lease_s,
             fencing_grace_s=fencing_grace_s,
             drain_s=drain_s,
+            escalate_after_s=escalate_after_s,
         )
         check_retry_strategy(retry_strategy)
         self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
@@ -358,8 +368,17 @@ class LeaderLock(Fencing):
             A frozen [`LockStatistics`][pgleaderlock.LockStatistics]; the counters cover
                 the lock's whole life.
         """
-        return self._machine.statistics(
+        stats = self._machine.statistics(
             leader_since=self.leader_since, backend_pid=self.backend_pid
+        )
+        machine, now = self._machine, time.monotonic()
+        due, offset = machine.due, time.time() - now  # monotonic + offset = wall clock
+        failing, confirmed = machine.failing_since, machine.confirmed_at
+        return dataclasses.replace(
+            stats,
+            stalled_s=0.0 if due is None or not self._runner.running else max(0.0, now - due),
+            failing_since=None if failing is None else failing + offset,
+            confirmed_at=None if confirmed is None else confirmed + offset,
         )
 
     def __repr__(self) -> str:
