@@ -19,7 +19,7 @@ Exit codes (also in ``pgleaderlock --help``):
 | Code | Meaning |
 |---|---|
 | 0 | success; ``run`` stopped by SIGTERM/SIGINT (lock released) |
-| 1 | ``acquire``: the lock is held elsewhere; ``run``: the lock stopped by itself; ``doctor``: a check failed |
+| 1 | ``acquire``: held elsewhere; ``run``: the lock stopped by itself; ``doctor``: a check failed |
 | 2 | bad input (no or malformed DSN, keys out of range, ...), unreachable or refusing server |
 | 75 | ``exec``: the lock is held elsewhere, COMMAND was not run (``--held-exit-code``) |
 | 76 | ``exec``/``acquire --hold``: leadership was lost; COMMAND was terminated |

@@ -725,8 +725,7 @@ async def _keepalive_support(conn: Conn, options: _Options, f: Facts) -> None:
             (got,), *_ = await _rows(
                 conn,
                 options,
-                "SELECT pg_catalog.set_config(%s, %s, false)"
-                " OPERATOR(pg_catalog.=) %s",
+                "SELECT pg_catalog.set_config(%s, %s, false) OPERATOR(pg_catalog.=) %s",
                 (name, value, value),
             )
             seen[name] = bool(got)
@@ -734,9 +733,7 @@ async def _keepalive_support(conn: Conn, options: _Options, f: Facts) -> None:
             seen[name] = False
             f.keepalive_error = first_line(exc)
         finally:
-            await _rows(
-                conn, options, "SELECT pg_catalog.set_config(%s, '0', false)", (name,)
-            )
+            await _rows(conn, options, "SELECT pg_catalog.set_config(%s, '0', false)", (name,))
     f.tcp_user_timeout_ok = seen["tcp_user_timeout"]
     f.keepalives_ok = seen["tcp_keepalives_idle"]
 
@@ -890,6 +887,6 @@ def doctor(
         }
         click.echo(json.dumps(report, indent=2, default=json_default))
     else:
-        where = f"{facts.user or '?'}@{facts.database or '?'}"
-        click.echo(render_checks(checks, f"pgleaderlock doctor: {where}, PostgreSQL {facts.version}"))
+        where = f"{facts.user or '?'}@{facts.database or '?'}, PostgreSQL {facts.version}"
+        click.echo(render_checks(checks, f"pgleaderlock doctor: {where}"))
     return code

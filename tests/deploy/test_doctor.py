@@ -1,0 +1,171 @@
+"""``pgleaderlock doctor`` against real deployments: the right verdict for each.
+
+- a session-mode PgBouncer: the pooler warns (locks work there), the other checks run;
+- a transaction-mode PgBouncer: the pooler fails (exit 1), nothing else is checked
+  through it;
+- a streaming standby: the standby check fails;
+- a cluster of this module's own with ``max_connections = 20``: a plan that needs more
+  fails, and the number of free sessions doctor reports for a plain role is exactly the
+  number of sessions that role can then open before "too many clients";
+- a role without grants on the fencing terms table fails with the GRANT that mends it
+  (and passes once it is run); a schema and table of another role fail as untrusted.
+
+Every command runs as a subprocess (the real console script).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from cli.clitools import CLI, clean_env
+from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.pgbouncer import PgBouncer
+from support.replication import PrimaryStandby
+from support.server import prepared_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TERMS = "table public.pgleaderlock_terms"
+
+
+def doctor(dsn: str, *args: str) -> tuple[int, dict[str, Any], str]:
+    """Run ``pgleaderlock doctor --json``: exit code, report (by check), stderr."""
+    proc = subprocess.run(
+        [*CLI, "doctor", "--json", "--timeout", "5", *args],
+        env=clean_env(PG_DSN=dsn),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.stdout, proc.stderr
+    report = json.loads(proc.stdout)
+    report["by_check"] = {c["check"]: c for c in report["checks"]}
+    return proc.returncode, report, proc.stderr
+
+
+def verdicts(report: dict[str, Any]) -> dict[str, str]:
+    return {name: c["verdict"] for name, c in report["by_check"].items()}
+
+
+def test_session_mode_pgbouncer_warns_and_checks_the_rest(
+    make_pgbouncer: Callable[..., PgBouncer],
+) -> None:
+    bouncer = make_pgbouncer("session")
+    code, report, err = doctor(bouncer.dsn())
+    assert code == 0, err
+    found = verdicts(report)
+    assert found["pooler"] == "warn"
+    assert found["standby"] == "pass"
+    assert {"connections", TERMS, "search_path", "logging"} <= set(found)
+    pooler = report["by_check"]["pooler"]["details"]
+    assert pooler["protocol_pid"] != pooler["backend_pid"]
+
+
+def test_transaction_mode_pgbouncer_fails(make_pgbouncer: Callable[..., PgBouncer]) -> None:
+    bouncer = make_pgbouncer("transaction")
+    code, report, err = doctor(bouncer.dsn())
+    assert code == 1, err
+    assert verdicts(report) == {"pooler": "fail"}
+    assert "transaction or statement mode" in report["by_check"]["pooler"]["summary"]
+
+
+def test_a_standby_fails(replication_pair: PrimaryStandby) -> None:
+    code, report, err = doctor(replication_pair.standby_dsn)
+    assert code == 1, err
+    assert verdicts(report)["standby"] == "fail"
+    primary_code, primary, _ = doctor(replication_pair.primary_dsn)
+    assert verdicts(primary)["standby"] == "pass"
+    assert primary_code == 0
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[ThrowawayPostgres]:
+    """A cluster with max_connections = 20, a plain role ``app``, the fencing terms table
+    (the superuser's, no grant to ``app``) and a schema and table of role ``mallory``."""
+    with prepared_cluster(
+        "CREATE ROLE app LOGIN",
+        "CREATE ROLE mallory LOGIN",
+        "CREATE TABLE public.pgleaderlock_terms (key1 int4 NOT NULL, key2 int4 NOT NULL,"
+        " term int8 NOT NULL, holder text, acquired_at timestamptz NOT NULL,"
+        " PRIMARY KEY (key1, key2))",
+        "CREATE SCHEMA shady AUTHORIZATION mallory",
+        "SET ROLE mallory",
+        "CREATE TABLE shady.pgleaderlock_terms (key1 int4, key2 int4, term int8,"
+        " holder text, acquired_at timestamptz)",
+        "GRANT USAGE ON SCHEMA shady TO app",
+        "GRANT ALL ON shady.pgleaderlock_terms TO app",
+        "RESET ROLE",
+        max_connections=20,
+    ) as pg:
+        yield pg
+
+
+def role_dsn(pg: ThrowawayPostgres, role: str) -> str:
+    return pg.dsn.replace("postgres@", f"{role}@", 1)
+
+
+@pytest.mark.throwaway
+def test_a_plan_too_big_for_max_connections_fails(small: ThrowawayPostgres) -> None:
+    code, report, err = doctor(role_dsn(small, "app"), "--locks", "10", "--replicas", "2")
+    assert code == 1, err
+    check = report["by_check"]["connections"]
+    assert check["verdict"] == "fail"
+    assert check["details"]["max_connections"] == 20
+    assert check["details"]["reserved"] == 3  # superuser_reserved_connections
+    assert check["details"]["peak"] == 20
+    assert "too many clients" in check["summary"]
+    _, fits, _ = doctor(role_dsn(small, "app"), "--locks", "2", "--replicas", "2")
+    assert fits["by_check"]["connections"]["verdict"] == "pass", fits["by_check"]["connections"]
+
+
+@pytest.mark.throwaway
+def test_the_free_sessions_reported_are_the_sessions_a_role_can_open(
+    small: ThrowawayPostgres,
+) -> None:
+    _, report, _ = doctor(role_dsn(small, "app"))
+    free = report["by_check"]["connections"]["details"]["free"]
+    opened: list[psycopg.Connection[Any]] = []
+    try:
+        with pytest.raises(psycopg.OperationalError, match="connection slots"):
+            for _ in range(free + 1):
+                opened.append(psycopg.connect(role_dsn(small, "app"), connect_timeout=5))
+        assert len(opened) == free
+    finally:
+        for conn in opened:
+            conn.close()
+
+
+@pytest.mark.throwaway
+def test_a_role_without_table_grants_fails_until_granted(small: ThrowawayPostgres) -> None:
+    code, report, err = doctor(role_dsn(small, "app"))
+    assert code == 1, err
+    terms = report["by_check"][TERMS]
+    assert terms["verdict"] == "fail"
+    assert "lacks SELECT, INSERT, UPDATE" in terms["summary"]
+    grant = terms["fix"].removeprefix("as the table's owner: ")
+    with psycopg.connect(small.dsn, autocommit=True) as admin:
+        admin.execute(grant.encode())
+        try:
+            code, report, err = doctor(role_dsn(small, "app"))
+            assert report["by_check"][TERMS]["verdict"] == "pass"
+            assert code == 0, (err, report["checks"])
+        finally:
+            admin.execute(b"REVOKE ALL ON public.pgleaderlock_terms FROM app")
+
+
+@pytest.mark.throwaway
+def test_another_roles_schema_and_table_fail_as_untrusted(small: ThrowawayPostgres) -> None:
+    code, report, err = doctor(role_dsn(small, "app"), "--schema", "shady")
+    assert code == 1, err
+    terms = report["by_check"]["table shady.pgleaderlock_terms"]
+    assert terms["verdict"] == "fail"
+    assert "'mallory'" in terms["summary"]
+    trusting = doctor(role_dsn(small, "app"), "--schema", "shady", "--trusted-role", "mallory")
+    assert trusting[1]["by_check"]["table shady.pgleaderlock_terms"]["verdict"] == "pass"
