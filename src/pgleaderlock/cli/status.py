@@ -24,7 +24,7 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -55,13 +55,14 @@ from .options import (
 )
 from .render import json_default, render_all, render_group, render_one
 
-__all__ = ["schedule_report", "status", "unreadable"]
+__all__ = ["Reader", "schedule_report", "status", "unreadable"]
 
 _STATUS_EPILOG = """\b
 Examples:
   pgleaderlock status --name billing-scheduler
   pgleaderlock status --key1 1234 --key2 5678 --json | jq .holders[0].pid
   pgleaderlock status --all
+  pgleaderlock status --name billing-scheduler --watch   # redrawn as leadership changes
   pgleaderlock status --group billing
   pgleaderlock status --group billing --name projection:users --name saga:fulfillment --json
 
@@ -184,6 +185,14 @@ _SESSION_FIELDS = (
     help="With --name: how many of each schedule's last runs to show.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep the report on screen, redrawn when it changes (who leads, who waits); "
+    "without --name, --group or --key1/--key2: every advisory lock. Ctrl-C ends it "
+    "(exit 0). Needs the tui extra: pip install 'pgleaderlock[tui]'.",
+)
+@seconds_option("--interval", default=1.0, text="With --watch: how often to read the server.")
 @seconds_option("--timeout", default=5.0, text="Connect timeout and statement timeout.")
 @log_options(cli="WARNING", library="WARNING")
 def status(
@@ -199,6 +208,8 @@ def status(
     schedule_schema: str,
     last_runs: int,
     as_json: bool,
+    watch: bool,
+    interval: float,
     timeout: float,
 ) -> int:
     """Show who holds the lock now and how many sessions wait for it.
@@ -228,6 +239,8 @@ def status(
     elif all_locks:
         if name or key1 is not None or key2 is not None:
             raise CliError("--all lists every lock: leave out --name/--key1/--key2")
+    elif watch and not name and key1 is None and key2 is None:
+        pass  # every lock
     else:
         target = resolve_target(name[0] if name else None, key1, key2)
     timeout = positive("--timeout", timeout)
@@ -235,7 +248,8 @@ def status(
         trusted_roles = check_roles(trusted_roles)
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
-    with _connect(dsn, timeout) as conn:
+
+    def build(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         try:
             info = _server_info(conn, trusted_roles)
             if group is not None:
@@ -261,20 +275,73 @@ def status(
             raise CliError(f"the status query took longer than {timeout:g} s") from None
         except psycopg.Error as exc:
             raise CliError(f"status query failed: {first_line(exc)}") from None
-    if as_json:
-        click.echo(json.dumps(report, indent=2, default=json_default))
-    elif group is not None:
-        click.echo(render_group(report))
-    elif target is None:
-        click.echo(render_all(report))
-    else:
-        click.echo(render_one(report))
+        return report
+
+    def text(report: dict[str, Any]) -> str:
+        if group is not None:
+            return render_group(report)
+        if target is None:
+            return render_all(report)
+        return render_one(report)
+
+    if watch:
+        if as_json:
+            raise CliError("--watch draws on the terminal: leave out --json")
+        from .watch import watch_status  # needs the tui extra (rich)
+
+        with Reader(lambda: _open(dsn, timeout), build) as reader:
+            return watch_status(reader, text, positive("--interval", interval))
+    with _connect(dsn, timeout) as conn:
+        report = build(conn)
+    click.echo(json.dumps(report, indent=2, default=json_default) if as_json else text(report))
     return EXIT_OK
+
+
+class Reader:
+    """A status report on demand, for ``--watch``: one connection kept between reports,
+    opened again after an error (each report bounded as for ``status``)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        build: Callable[[psycopg.Connection[Any]], dict[str, Any]],
+    ) -> None:
+        self._connect = connect
+        self._build = build
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        """The report now; raises `CliError` (and drops the connection) on failure."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+            return self._build(self._conn)
+        except CliError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection (if open)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @contextlib.contextmanager
 def _connect(dsn: str, timeout_s: float) -> Iterator[psycopg.Connection[Any]]:
     """A short autocommit connection whose statements time out after ``timeout_s``."""
+    with _open(dsn, timeout_s) as conn:
+        yield conn
+
+
+def _open(dsn: str, timeout_s: float) -> psycopg.Connection[Any]:
+    """An autocommit connection whose statements time out after ``timeout_s``."""
     driver_dsn = without_driver(dsn)  # status always connects with psycopg
     try:
         params = conninfo_to_dict(driver_dsn)
@@ -296,8 +363,7 @@ def _connect(dsn: str, timeout_s: float) -> Iterator[psycopg.Connection[Any]]:
         )
     except psycopg.Error as exc:
         raise CliError(f"cannot connect to the database: {first_line(exc)}; DSN: {dsn}") from None
-    with conn:
-        yield conn
+    return conn
 
 
 @dataclass(frozen=True)
