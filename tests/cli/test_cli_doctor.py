@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgleaderlock.cli.doctor import (
+from pgleaderlock.cli.doctor_checks import (
     Check,
     Facts,
     Plan,
@@ -214,8 +214,11 @@ def test_missing_keepalive_support_warns_but_a_unix_socket_passes() -> None:
 def test_the_report_has_one_line_per_check_and_the_fix_of_each_problem() -> None:
     checks = evaluate(_facts(in_recovery=True), Plan())
     text = render_checks(checks, "header")
-    assert "FAIL  standby" in text
-    assert "fix: point the DSN at the primary" in text
+    assert "FAIL  standby: a standby" in text
+    assert "      fix: point the DSN at the primary" in text
+    narrow = render_checks(checks, "header", width=60)
+    assert max(len(line) for line in narrow.splitlines()) <= 60
+    assert "      fix: point the DSN at the primary" in narrow
     assert text.endswith("passed, 0 warnings, 1 failed")
 
 
@@ -251,7 +254,7 @@ async def test_warnings_fail_only_with_strict(run_cli: Run) -> None:
     schema = f"doctor_none_{uuid.uuid4().hex[:8]}"  # no such schema: the tables warn
     lenient = await run_cli("doctor", "--schema", schema)
     assert lenient.code == 0, lenient.describe()
-    assert f"WARN  table {schema}.pgleaderlock_terms" in lenient.stdout
+    assert f"WARN  table {schema}.pgleaderlock_terms:" in lenient.stdout
     strict = await run_cli("doctor", "--schema", schema, "--strict")
     assert strict.code == 1, strict.describe()
 
