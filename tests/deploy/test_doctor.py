@@ -8,26 +8,35 @@
   fails, and the number of free sessions doctor reports for a plain role is exactly the
   number of sessions that role can then open before "too many clients";
 - a role without grants on the fencing terms table fails with the GRANT that mends it
-  (and passes once it is run); a schema and table of another role fail as untrusted.
+  (and passes once it is run); a schema and table of another role fail as untrusted;
+- the sessions doctor counts for a Coordinator's plan (``sessions_needed``) are the
+  sessions real Coordinators hold once settled, and never fewer than they hold while
+  they start.
 
 Every command runs as a subprocess (the real console script).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+import time
+import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
 
 from cli.clitools import CLI, clean_env
+from pgleaderlock import Coordinator, WorkerContext
+from pgleaderlock.cli.doctor_checks import Plan, sessions_needed
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.pgbouncer import PgBouncer
 from support.replication import PrimaryStandby
 from support.server import prepared_cluster
+from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -169,3 +178,63 @@ def test_another_roles_schema_and_table_fail_as_untrusted(small: ThrowawayPostgr
     assert "'mallory'" in terms["summary"]
     trusting = doctor(role_dsn(small, "app"), "--schema", "shady", "--trusted-role", "mallory")
     assert trusting[1]["by_check"]["table shady.pgleaderlock_terms"]["verdict"] == "pass"
+
+
+# ------------------------------------------------------- the count, against Coordinators
+
+
+async def _group_sessions(admin: psycopg.AsyncConnection[Any], group: str) -> int:
+    cur = await admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, %s)",
+        (f"pgl:{group}:",),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("mode", ["dedicated", "shared"])
+async def test_sessions_needed_matches_real_coordinators(
+    pg_dsn: str, mode: Literal["dedicated", "shared"]
+) -> None:
+    """Three replicas (Coordinators in one process) with six names: once settled, the
+    group holds exactly the sessions doctor counts for the plan; while they start, never
+    more than its peak (sampled every few milliseconds)."""
+    replicas, n = 3, 6
+    steady, peak = sessions_needed(Plan(n, replicas, mode))
+    group = f"doctor{uuid.uuid4().hex[:10]}"
+    names = [f"n{i}" for i in range(n)]
+
+    async def forever(ctx: WorkerContext) -> None:
+        await asyncio.Event().wait()
+
+    coords = [
+        Coordinator(pg_dsn, group=group, sessions=mode, idle_tick_s=1.0, balance_interval_s=0.1,
+                    **timings(retry_s=0.05, health_interval_s=0.5, load_plugins=False))
+        for _ in range(replicas)
+    ]  # fmt: skip
+    for coord in coords:
+        for name in names:
+            coord.add(name, forever)
+    seen: list[int] = []
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
+        try:
+            starting = asyncio.gather(*(c.start() for c in coords))
+            while not starting.done():
+                seen.append(await _group_sessions(admin, group))
+                await asyncio.sleep(0.005)
+            await starting
+
+            async def settled() -> bool:
+                seen.append(await _group_sessions(admin, group))
+                balanced = sorted(len(c.owned) for c in coords) == [n // replicas] * replicas
+                return balanced and seen[-1] == steady
+
+            deadline = time.monotonic() + 15.0
+            while not await settled():
+                assert time.monotonic() < deadline, (seen[-20:], steady, peak)
+                await asyncio.sleep(0.02)
+        finally:
+            await asyncio.gather(*(c.shutdown() for c in coords), return_exceptions=True)
+    print(f"{mode}: settled at {steady} sessions, at most {max(seen)} seen (bound {peak})")
+    assert max(seen) <= peak
