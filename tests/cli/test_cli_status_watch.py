@@ -9,7 +9,9 @@ its ``application_name``, which carries the holder process's own pid.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -157,3 +159,41 @@ def test_the_fingerprint_ignores_the_clock_but_not_the_holder() -> None:
     other = {"checked_at": 2, "holders": [{"pid": 6, "state_change_age_s": 9.0}]}
     assert fingerprint(one) == fingerprint(later)
     assert fingerprint(one) != fingerprint(other)
+
+
+def test_watch_shows_an_unreachable_server_and_keeps_trying() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**clean_env(PG_DSN=f"postgresql://postgres@127.0.0.1:{port}/test"), "TERM": "xterm"}
+    term = Terminal([*CLI, "status", "--name", "x", "--watch", "--interval", "0.2"], env)
+    try:
+        screen = term.wait_for(lambda s: "cannot read the status" in s, "the error")
+        assert "(retrying)" in screen
+        assert term.child.isalive()
+        term.child.sendintr()
+        term.child.expect(pexpect.EOF, timeout=10)
+        term.child.close()
+        assert term.child.exitstatus == 0
+        assert b"Traceback" not in term.raw
+    finally:
+        if term.child.isalive():
+            term.child.kill(signal.SIGKILL)
+        term.child.close(force=True)
+
+
+def test_watch_without_the_tui_extra_names_it() -> None:
+    hide_rich = (
+        "import sys; sys.modules['rich'] = None; from pgleaderlock.cli import run_cli;"
+        " sys.exit(run_cli(['status', '--name', 'x', '--watch']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", hide_rich],
+        env=clean_env(PG_DSN="postgresql://postgres@127.0.0.1:1/test"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'pgleaderlock[tui]'" in proc.stderr
