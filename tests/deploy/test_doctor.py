@@ -1,8 +1,8 @@
 """``pgleaderlock doctor`` against real deployments: the right verdict for each.
 
 - a session-mode PgBouncer: the pooler warns (locks work there), the other checks run;
-- a transaction-mode PgBouncer: the pooler fails (exit 1), nothing else is checked
-  through it;
+- a transaction- or statement-mode PgBouncer: the pooler fails (exit 1), nothing else
+  is checked through it;
 - a streaming standby: the standby check fails;
 - a cluster of this module's own with ``max_connections = 20``: a plan that needs more
   fails, and the number of free sessions doctor reports for a plain role is exactly the
@@ -77,8 +77,11 @@ def test_session_mode_pgbouncer_warns_and_checks_the_rest(
     assert pooler["protocol_pid"] != pooler["backend_pid"]
 
 
-def test_transaction_mode_pgbouncer_fails(make_pgbouncer: Callable[..., PgBouncer]) -> None:
-    bouncer = make_pgbouncer("transaction")
+@pytest.mark.parametrize("mode", ["transaction", "statement"])
+def test_transaction_and_statement_mode_pgbouncer_fail(
+    make_pgbouncer: Callable[..., PgBouncer], mode: str
+) -> None:
+    bouncer = make_pgbouncer(mode)
     code, report, err = doctor(bouncer.dsn())
     assert code == 1, err
     assert verdicts(report) == {"pooler": "fail"}
