@@ -289,7 +289,11 @@ def status(
             raise CliError("--watch draws on the terminal: leave out --json")
         from .watch import watch_status  # needs the tui extra (rich)
 
-        with Reader(lambda: _open(dsn, timeout), build) as reader:
+        def build_bounded(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            with bounded(conn, timeout):
+                return build(conn)
+
+        with Reader(lambda: _open(dsn, timeout), build_bounded) as reader:
             return watch_status(reader, text, positive("--interval", interval))
     with _connect(dsn, timeout) as conn:
         report = build(conn)
@@ -335,35 +339,48 @@ class Reader:
 
 @contextlib.contextmanager
 def _connect(dsn: str, timeout_s: float) -> Iterator[psycopg.Connection[Any]]:
-    """A short autocommit connection whose statements time out after ``timeout_s``."""
-    with _open(dsn, timeout_s) as conn:
+    """A short connection whose statements run in one transaction, bounded as
+    `bounded` says."""
+    with _open(dsn, timeout_s) as conn, bounded(conn, timeout_s):
         yield conn
 
 
 def _open(dsn: str, timeout_s: float) -> psycopg.Connection[Any]:
-    """An autocommit connection whose statements time out after ``timeout_s``."""
-    driver_dsn = without_driver(dsn)  # status always connects with psycopg
+    """An autocommit connection (status always connects with psycopg). It sets nothing
+    at startup: a pooler refuses startup options (PgBouncer: ``unsupported startup
+    parameter: options``); `bounded` sets what a report needs, for its transaction."""
+    driver_dsn = without_driver(dsn)
     try:
-        params = conninfo_to_dict(driver_dsn)
+        conninfo_to_dict(driver_dsn)
     except psycopg.Error as exc:
         raise CliError(f"malformed DSN {dsn!r}: {first_line(exc)}") from None
-    existing = params.get("options")
-    # Bounded, and never resolving a name through a schema another role may write to:
-    # the same search_path as the library's own sessions (its queries rely on it).
-    search_path = SAFE_SETTINGS["search_path"].replace(" ", "")
-    statement = f"-c statement_timeout={math.ceil(timeout_s * 1000)} -c search_path={search_path}"
-    options = f"{existing} {statement}" if existing else statement
     try:
-        conn = psycopg.connect(
+        return psycopg.connect(
             driver_dsn,
             autocommit=True,
             connect_timeout=max(2, math.ceil(timeout_s)),
             application_name="pgleaderlock-status",
-            options=options,
         )
     except psycopg.Error as exc:
         raise CliError(f"cannot connect to the database: {first_line(exc)}; DSN: {dsn}") from None
-    return conn
+
+
+_BOUNDS = (
+    "SELECT pg_catalog.set_config('statement_timeout', %s, true),"
+    " pg_catalog.set_config('search_path', %s, true)"
+)
+
+
+@contextlib.contextmanager
+def bounded(conn: psycopg.Connection[Any], timeout_s: float) -> Iterator[None]:
+    """One transaction whose statements time out after ``timeout_s`` and never resolve
+    a name through a schema another role may write to (the library's own sessions'
+    ``search_path``; the queries rely on it). Both are transaction-local, so they reach
+    no other client through a pooler, and a report reads one snapshot."""
+    search_path = SAFE_SETTINGS["search_path"]
+    with conn.transaction():
+        conn.execute(_BOUNDS, (str(math.ceil(timeout_s * 1000)), search_path))
+        yield
 
 
 @dataclass(frozen=True)
@@ -492,22 +509,27 @@ def unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | None
     """Why one of the library's tables is not to be read (``None``: it may be). It is
     read only if it is a plain table that a trusted role owns, in a schema a trusted
     role owns: another role's table, or a view, could run that role's code as yours."""
+    return _unreadable(conn, table)[0]
+
+
+def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> tuple[str | None, bool]:
+    """`unreadable`'s reason, and whether it is that the table (or schema) is absent."""
     values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
     row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
     assert row is not None
     check = TableCheck(table, *row[:9])
     if check.schema_owner is None:
-        return f"the schema {table.schema!r} does not exist"
+        return f"the schema {table.schema!r} does not exist", True
     if check.relkind is None:
-        return f"{table.shown} does not exist"
+        return f"{table.shown} does not exist", True
     try:
         check.verify()
     except MissingPrivilegeError as exc:
         if not check.missing or "SELECT" in check.missing:
-            return str(exc)
+            return str(exc), False
     except ConfigurationError as exc:
-        return str(exc)
-    return None
+        return str(exc), False
+    return None, False
 
 
 _SCHEDULES = (
@@ -536,45 +558,61 @@ def schedule_report(
     """The schedules in the ledger whose names start with one of ``prefixes`` (all
     when empty): spec, next slot, the outcomes of the rows kept, and the last ``last``
     runs. The tables are read only if they may be trusted (see `unreadable`); else
-    ``not_read`` says why."""
+    ``not_read`` says why. Tables that do not exist (no schedule ran yet) are no error:
+    no items, and ``absent`` says which."""
     report: dict[str, Any] = {
         "table": schedules.shown,
         "runs_table": runs.shown,
         "not_read": None,
+        "absent": None,
         "items": [],
     }
     try:
-        for table in (schedules, runs):
-            skipped = unreadable(conn, table)
-            if skipped is not None:
-                report["not_read"] = skipped
-                return report
-        names = {"runs": runs.sql, "schedules": schedules.sql}
-        for schedule, spec, since, next_slot, updated_at, outcomes in conn.execute(
-            _SCHEDULES.format(**names).encode()
-        ).fetchall():
-            head = next((p for p in prefixes if str(schedule).startswith(p)), None)
-            if prefixes and head is None:
-                continue
-            recent = conn.execute(_LAST_RUNS.format(**names).encode(), (schedule, last))
-            report["items"].append(
-                {
-                    "schedule": schedule,
-                    "job": str(schedule)[len(head or "") :],
-                    "spec": spec,
-                    "since": since,
-                    "next_slot": next_slot,
-                    "updated_at": updated_at,
-                    "outcomes": outcomes,
-                    "last_runs": [
-                        dict(zip(_RUN_FIELDS, row, strict=True)) for row in recent.fetchall()
-                    ],
-                }
-            )
+        with conn.transaction():  # a savepoint: an error here spares the report's transaction
+            return _schedules(conn, runs, schedules, prefixes, last, report)
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
         report["not_read"] = first_line(exc)
+    return report
+
+
+def _schedules(
+    conn: psycopg.Connection[Any],
+    runs: RunTable,
+    schedules: ScheduleTable,
+    prefixes: Sequence[str],
+    last: int,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    for table in (schedules, runs):
+        skipped, absent = _unreadable(conn, table)
+        if skipped is not None:
+            # An absent table is no error: no schedule ran yet.
+            report["absent" if absent else "not_read"] = skipped
+            return report
+    names = {"runs": runs.sql, "schedules": schedules.sql}
+    for schedule, spec, since, next_slot, updated_at, outcomes in conn.execute(
+        _SCHEDULES.format(**names).encode()
+    ).fetchall():
+        head = next((p for p in prefixes if str(schedule).startswith(p)), None)
+        if prefixes and head is None:
+            continue
+        recent = conn.execute(_LAST_RUNS.format(**names).encode(), (schedule, last))
+        report["items"].append(
+            {
+                "schedule": schedule,
+                "job": str(schedule)[len(head or "") :],
+                "spec": spec,
+                "since": since,
+                "next_slot": next_slot,
+                "updated_at": updated_at,
+                "outcomes": outcomes,
+                "last_runs": [
+                    dict(zip(_RUN_FIELDS, row, strict=True)) for row in recent.fetchall()
+                ],
+            }
+        )
     return report
 
 
@@ -586,15 +624,16 @@ def _checkpoint_names(
     plain table that a trusted role owns, in a schema a trusted role owns: another
     role's table, or a view, could run that role's code as yours."""
     try:
-        skipped = unreadable(conn, table)
-        if skipped is not None:
-            return {}, skipped
-        head = checkpoint_name(group, "")
-        query = sql.SQL(
-            "SELECT subscription_name FROM {}.{}"
-            " WHERE pg_catalog.starts_with(subscription_name, %s)"
-        ).format(sql.Identifier(table.schema), sql.Identifier(table.name))
-        rows = conn.execute(query, (head,)).fetchall()
+        with conn.transaction():  # a savepoint: an error here spares the report's transaction
+            skipped = unreadable(conn, table)
+            if skipped is not None:
+                return {}, skipped
+            head = checkpoint_name(group, "")
+            query = sql.SQL(
+                "SELECT subscription_name FROM {}.{}"
+                " WHERE pg_catalog.starts_with(subscription_name, %s)"
+            ).format(sql.Identifier(table.schema), sql.Identifier(table.name))
+            rows = conn.execute(query, (head,)).fetchall()
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
