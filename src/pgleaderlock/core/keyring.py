@@ -36,7 +36,6 @@ class Keyring(Protocol):
         lock, False when ``wait_s`` has passed without."""
         ...
 
-
 class FixedKeys:
     """One pair of keys, as a [`LeaderLock`][pgleaderlock.LeaderLock] has."""
 

@@ -31,10 +31,14 @@ from .keys import lock_keys, slot_keys
 from .lock import LeaderLock
 from .session import LockSession, WaitingSession
 
-__all__ = ["DEFAULT_RESCAN_S", "Semaphore", "SlotKeyring"]
+__all__ = ["DEFAULT_RESCAN_S", "HANDOVER_RESCANS", "Semaphore", "SlotKeyring"]
 
 DEFAULT_RESCAN_S = 0.05
 """How often a waiting follower tries every slot again (see ``rescan_s``)."""
+
+HANDOVER_RESCANS = 2
+"""When its hold ends (``step_down()``, or a lost session), a semaphore leaves the slot it
+held to the waiting followers for this many ``rescan_s`` before it asks for it again."""
 
 
 class SlotKeyring:
@@ -51,20 +55,43 @@ class SlotKeyring:
         """The slot the session holds (or last held)."""
         self._rescan_s = rescan_s
         self._rng = random.Random()
+        self._holding = False  # granted, and no attempt since (the hold may go on)
+        self._released: tuple[int, float] | None = None  # which slot, when (monotonic)
 
     @property
     def held(self) -> tuple[int, int]:
         return self.keys[self.index or 0]
+
+    def _handed_over(self) -> int | None:
+        """The slot this session held until recently, left to the waiting followers for
+        ``HANDOVER_RESCANS`` rescans from the first attempt after the hold ended
+        (released, or lost): a semaphore that loses its session (terminated backend)
+        reconnects in milliseconds, before a follower's next rescan, and would take its
+        slot straight back; a lock's follower that waits on the server gets it first."""
+        if self._holding:
+            self._holding = False
+            if self.index is not None:
+                self._released = (self.index, time.monotonic())
+        released = self._released
+        if released is None or len(self.keys) == 1:
+            return None
+        if time.monotonic() - released[1] >= HANDOVER_RESCANS * self._rescan_s:
+            self._released = None
+            return None
+        return released[0]
 
     async def try_lock(self, session: LockSession) -> bool:
         """Try every slot once, from a random one (so that many candidates spread over
         the slots, instead of all asking the first); stop at the first granted."""
         count = len(self.keys)
         first = self._rng.randrange(count)
+        skip = self._handed_over()
         for step in range(count):
             index = (first + step) % count
+            if index == skip:
+                continue
             if await session.try_lock(*self.keys[index]):
-                self.index = index
+                self.index, self._holding = index, True
                 return True
         return False
 
@@ -74,7 +101,7 @@ class SlotKeyring:
         if len(self.keys) == 1:
             granted = bool(await session.wait_lock(*self.keys[0], wait_s))
             if granted:
-                self.index = 0
+                self.index, self._holding = 0, True
             return granted
         deadline = time.monotonic() + wait_s
         while not await self.try_lock(session):
