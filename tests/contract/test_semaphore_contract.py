@@ -70,8 +70,9 @@ async def test_n_of_n_plus_one_hold_and_a_released_slot_goes_to_the_waiter(
     assert sorted(s.slot for s in leading) == [0, 1]  # type: ignore[type-var]
     for sem in leading:
         assert sem.held_keys == slot_keys(name, 2)[sem.slot]  # type: ignore[index]
-        assert await holders(*sem.held_keys) == [sem.backend_pid]  # type: ignore[misc]
-    assert waiter.slot is None and waiter.held_keys is None
+        assert await holders(*sem.held_keys) == [sem.backend_pid]
+    assert waiter.slot is None
+    assert waiter.held_keys is None
     assert waiter.state is not LockState.LEADER
 
     leaving = leading[0]
@@ -158,7 +159,8 @@ async def test_each_slot_has_its_own_term(target: Target, pg_dsn: str) -> None:
         await leaving.step_down()
         await eventually(lambda: waiter.is_leader, 10, "the waiter takes the freed slot")
         assert waiter.slot == freed
-        assert waiter.term is not None and waiter.term > terms[freed]  # type: ignore[operator]
+        assert waiter.term is not None
+        assert waiter.term > terms[freed]
         assert staying.term == terms[staying.slot]  # the other slot's term did not move
         async with conn.transaction():
             assert await waiter.fence(conn) == waiter.term

@@ -36,6 +36,7 @@ class Keyring(Protocol):
         lock, False when ``wait_s`` has passed without."""
         ...
 
+
 class FixedKeys:
     """One pair of keys, as a [`LeaderLock`][pgleaderlock.LeaderLock] has."""
 

@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from .errors import ConfigurationError, FencedError
 from .fencing import fence_transaction, fence_transaction_sync
@@ -104,7 +104,7 @@ class SlotKeyring:
                 self.index, self._holding = 0, True
             return granted
         deadline = time.monotonic() + wait_s
-        while not await self.try_lock(session):
+        while not await self.try_lock(cast(LockSession, session)):  # a waiting one is both
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -208,9 +208,7 @@ class Semaphore(LeaderLock):
 
     def __repr__(self) -> str:
         slot = "" if self.slot is None else f" slot={self.slot}"
-        return (
-            f"<Semaphore name={self.name!r} slots={self.slots}{slot} state={self.state.value}>"
-        )
+        return f"<Semaphore name={self.name!r} slots={self.slots}{slot} state={self.state.value}>"
 
     async def fence(self, conn: object) -> int:
         """[`LeaderLock.fence`][pgleaderlock.LeaderLock.fence] against the held slot's
