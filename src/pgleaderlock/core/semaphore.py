@@ -33,7 +33,7 @@ from .session import LockSession, WaitingSession
 
 __all__ = ["DEFAULT_RESCAN_S", "HANDOVER_RESCANS", "Semaphore", "SlotKeyring"]
 
-DEFAULT_RESCAN_S = 0.05
+DEFAULT_RESCAN_S = 0.01
 """How often a waiting follower tries every slot again (see ``rescan_s``)."""
 
 HANDOVER_RESCANS = 2
