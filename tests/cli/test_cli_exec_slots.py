@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,3 +116,22 @@ async def test_exit_codes_are_those_of_exec(run_cli: Run, lock_name: str) -> Non
     assert "--name" in result.stderr
     result = await run_cli("exec", "--name", lock_name, "-n", "0", "--", "true")
     assert result.code == 2, result.describe()
+
+
+async def test_status_names_the_slots_and_their_holders(
+    cli: Start, run_cli: Run, lock_name: str
+) -> None:
+    procs = [
+        await cli("exec", "--name", lock_name, "-n", "2", "-v", "--", "sleep", "30")
+        for _ in range(2)
+    ]
+    for proc in procs:
+        await proc.expect(STARTED)
+    result = await run_cli("status", "--all", "--json")
+    assert result.code == 0, result.describe()
+    report = json.loads(result.stdout)
+    mine = [lock for lock in report["locks"] if lock_name in (lock.get("name") or "")]
+    assert sorted(lock["name"] for lock in mine) == [f"{lock_name}[slot 0]", f"{lock_name}[slot 1]"]
+    for lock in mine:
+        index = int(lock["name"][-2])
+        assert (lock["key1"], lock["key2"]) == slot_keys(lock_name, 2)[index]

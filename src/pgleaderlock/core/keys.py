@@ -12,6 +12,7 @@ __all__ = [
     "INT32_MIN",
     "check_key",
     "check_name",
+    "find_slot",
     "key_to_oid",
     "lock_keys",
     "oid_to_key",
@@ -134,12 +135,20 @@ def slot_keys(name: str, slots: int) -> list[tuple[int, int]]:
     check_name(name)
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise ConfigurationError(f"slots must be an int of at least 1, got {slots!r}")
-    keys: list[tuple[int, int]] = []
-    for index in range(slots):
-        seed = f"{name}{SLOT_SEPARATOR}{index}".encode()
-        digest = hashlib.md5(seed, usedforsecurity=False).hexdigest()
-        keys.append((oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))))
-    return keys
+    return [_slot_key(name, index) for index in range(slots)]
+
+
+def _slot_key(name: str, index: int) -> tuple[int, int]:
+    digest = hashlib.md5(f"{name}{SLOT_SEPARATOR}{index}".encode(), usedforsecurity=False)
+    hexdigest = digest.hexdigest()
+    return oid_to_key(int(hexdigest[0:8], 16)), oid_to_key(int(hexdigest[8:16], 16))
+
+
+def find_slot(name: str, keys: tuple[int, int], limit: int = 1024) -> int | None:
+    """Which slot of the semaphore ``name`` has ``keys`` (among the first ``limit``), or
+    ``None``: for ``pgleaderlock status``, which sees a slot's keys and its holder's
+    ``application_name`` (the semaphore's name) but not how many slots it has."""
+    return next((i for i in range(limit) if _slot_key(name, i) == keys), None)
 
 
 def check_key(name: str, value: object) -> int:
