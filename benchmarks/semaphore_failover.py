@@ -106,7 +106,7 @@ class Setup:
         victim = rng.choice([p for p in self.procs if p.is_leader])
         killed_at = await victim.kill()
         self.procs.remove(victim)
-        event = await _first_acquired(waiters, killed_at)
+        event = await _first_acquired(self.label, waiters, killed_at)
         took = event - killed_at
         self.times.append(took)
         await self.spawn()  # the next trial's waiter
@@ -117,14 +117,15 @@ class Setup:
             await proc.kill()
 
 
-async def _first_acquired(waiters: list[Candidate], since: float) -> float:
+async def _first_acquired(label: str, waiters: list[Candidate], since: float) -> float:
     deadline = time.monotonic() + EVENT_TIMEOUT_S
     while time.monotonic() < deadline:
         times = [e.t for p in waiters if (e := p.find("acquired", since=since)) is not None]
         if times:
             return min(times)
         await asyncio.sleep(0.005)
-    raise TimeoutError("no waiter acquired after the kill")
+    seen = {p.name: [(e.event, round(e.t - since, 3)) for e in p.events[-6:]] for p in waiters}
+    raise TimeoutError(f"{label}: no waiter acquired after the kill; last events {seen}")
 
 
 async def run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
