@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 import pytest
@@ -53,11 +53,15 @@ def _leading(sems: list[Semaphore]) -> list[Semaphore]:
     return [s for s in sems if s.is_leader]
 
 
+@pytest.mark.parametrize("follower_mode", ["wait", "poll"])
 async def test_n_of_n_plus_one_hold_and_a_released_slot_goes_to_the_waiter(
-    target: Target, recorder: Callable[[Semaphore], Recorder], holders: Holders
+    target: Target,
+    recorder: Callable[[Semaphore], Recorder],
+    holders: Holders,
+    follower_mode: Literal["wait", "poll"],
 ) -> None:
     name = _name()
-    sems = [semaphore(target, name, 2) for _ in range(3)]
+    sems = [semaphore(target, name, 2, follower_mode=follower_mode) for _ in range(3)]
     recs = {id(s): recorder(s) for s in sems}
     for sem in sems:
         await sem.start()
@@ -84,6 +88,13 @@ async def test_n_of_n_plus_one_hold_and_a_released_slot_goes_to_the_waiter(
     assert await holders(*slot_keys(name, 2)[freed]) == [waiter.backend_pid]
     assert recs[id(waiter)].names().count("acquired") == 1
     assert len(_leading(sems)) <= 2
+    # The other slot next: the one that stepped down (now the waiter) finds it.
+    (other,) = [s for s in leading if s is not leaving]
+    other_slot = other.slot
+    await other.step_down()
+    await eventually(lambda: leaving.is_leader, 10, "the former holder takes the other slot")
+    assert leaving.slot == other_slot
+    assert sorted(s.slot for s in _leading(sems)) == [0, 1]
     for sem in sems:
         await sem.shutdown()
     for keys in slot_keys(name, 2):

@@ -129,6 +129,9 @@ class Semaphore(LeaderLock):
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
     [`fence`][pgleaderlock.Semaphore.fence] fences against the holder of that slot only.
 
+    A holder whose hold ends (``step_down()``, a lost session) leaves its slot to the
+    waiting followers for ``HANDOVER_RESCANS`` rescans before it asks for it again.
+
     Every semaphore of a name must give the same ``slots``: one that counts fewer slots
     never takes the others, one that counts more lets more holders in.
 
