@@ -104,7 +104,10 @@ class Setup:
         await self.settled()
         waiters = [p for p in self.procs if not p.is_leader]
         victim = rng.choice([p for p in self.procs if p.is_leader])
-        killed_at = await victim.kill()
+        # The time just before the signal: kill() reads the clock after it, and on a busy
+        # machine the waiter may have been told it leads before this process runs again.
+        killed_at = time.monotonic()
+        await victim.kill()
         self.procs.remove(victim)
         event = await _first_acquired(self.label, waiters, killed_at)
         took = event - killed_at
