@@ -37,7 +37,7 @@ from .core.errors import (
     UntrustedObjectError,
 )
 from .core.hooks import hookimpl
-from .core.keys import lock_keys
+from .core.keys import lock_keys, slot_keys
 from .core.lock import LeaderLock
 from .core.models import (
     Callback,
@@ -49,6 +49,7 @@ from .core.models import (
     StateChangeCallback,
 )
 from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
+from .core.semaphore import Semaphore
 from .core.session import Backend, ConnectOptions, LockSession
 from .tasks import LeaderTasks
 from .threaded import ThreadedLeaderLock
@@ -92,4 +93,6 @@ __all__ = [
     "__version__",
     "hookimpl",
     "lock_keys",
+    "Semaphore",
+    "slot_keys",
 ]

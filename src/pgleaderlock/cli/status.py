@@ -21,6 +21,7 @@ pgleaderlock's (by its ``application_name``) but is of another role is marked
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -39,7 +40,7 @@ from ..coordination.protocol import check_group, checkpoint_name, member_key, na
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError, MissingPrivilegeError
-from ..core.keys import key_to_oid, lock_keys, oid_to_key
+from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
 from ..core.registry import without_driver
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck
 from ..schedule.ledger import RunTable, ScheduleTable
@@ -465,9 +466,23 @@ def _name_for(keys: tuple[int, int], application_name: str | None) -> str | None
             return None
         label = f"pgleaderlock-member:{member.group('group')}:{member.group('member')}"
     try:
-        return label if label and lock_keys(label) == keys else None
+        if label and lock_keys(label) == keys:
+            return label
     except ConfigurationError:  # pragma: no cover - label is a non-empty str
         return None
+    if match is None or _KEYS_LABEL.match(label):
+        return None
+    slot = _slot_of(label, keys)  # a Semaphore's slot, named by the semaphore's name
+    return None if slot is None else f"{label}[slot {slot}]"
+
+
+_KEYS_LABEL = re.compile(r"^-?\d+,-?\d+$")
+"""The label of a lock made from keys (``key1,key2``): no semaphore's name."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_of(label: str, keys: tuple[int, int]) -> int | None:
+    return find_slot(label, keys, limit=256)
 
 
 def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, Any]:

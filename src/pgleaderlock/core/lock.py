@@ -30,6 +30,7 @@ from .config import (
 from .errors import ShutdownError
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
+from .keyring import Keyring
 from .keys import check_key, check_name, lock_keys
 from .machine import Machine, Request
 from .models import (
@@ -258,7 +259,12 @@ class LeaderLock(Fencing):
             log=log,
             fields=fields,
         )
-        self._runner = Runner(self._machine, self._slot, self._emit, self.keys, fields)
+        self._runner = Runner(self._machine, self._slot, self._emit, self._keyring(), fields)
+
+    def _keyring(self) -> tuple[int, int] | Keyring:
+        """Which lock the session takes (a [`Semaphore`][pgleaderlock.Semaphore]
+        chooses among its slots)."""
+        return self.keys
 
     @classmethod
     def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
