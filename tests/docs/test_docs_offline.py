@@ -15,7 +15,7 @@ import hashlib
 import http.server
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -135,7 +135,12 @@ def test_every_diagram_page_is_checked(site_dir: Path) -> None:
 
 @pytest.mark.parametrize("name", DIAGRAM_PAGES)
 def test_diagrams_render_with_no_network(
-    name: str, site_dir: Path, site_url: str, chromium: Browser, tmp_path: Path
+    name: str,
+    site_dir: Path,
+    site_url: str,
+    chromium: Browser,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     html = (site_dir / name / "index.html").read_text()
     expected = html.count('<pre class="mermaid">')
@@ -165,6 +170,7 @@ def test_diagrams_render_with_no_network(
         shot = tmp_path / f"{name}-diagram.png"
         page.locator("div.mermaid").first.screenshot(path=shot)
         print(f"screenshot of the first diagram on {name}: {shot}")
+        record_property("screenshot", str(shot))
         visible = page.locator("article").inner_text()
         page_text = page.content()
     finally:
