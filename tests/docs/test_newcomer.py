@@ -8,6 +8,7 @@ import datetime as dt
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -58,8 +59,10 @@ def test_make_demo_passes_the_readme_options_through() -> None:
     example = re.search(r'`make demo ARGS="([^"]+)"`', README)
     assert example is not None, "the README shows no `make demo ARGS=...` example"
     done = subprocess.run(
-        ["make", "-n", "demo", f"ARGS={example.group(1)}"],
+        ["make", "--no-print-directory", "-n", "demo", f"ARGS={example.group(1)}"],
         cwd=REPO,
+        # Under `make test` the outer make's flags would make this one a sub-make.
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
         capture_output=True,
         text=True,
         timeout=60,
