@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from pgleaderlock import ConnectionError, ServerRefusedError
 from pgleaderlock.core.machine.failing import MAX_SUMMARY_INTERVAL_S, FailingStreak, what_to_check
 
@@ -47,3 +49,15 @@ def test_hints_name_what_to_check() -> None:
     assert "listen_addresses" in what_to_check(ConnectionError("Connection refused"))
     assert "password" in what_to_check(ServerRefusedError("password authentication failed"))
     assert "psql" in what_to_check(ConnectionError("something else"))
+
+
+def test_a_coordinator_passes_escalate_after_s_on_and_checks_it() -> None:
+    """A Coordinator's locks escalate like a LeaderLock's, after the bound it is given."""
+    from pgleaderlock import Coordinator
+    from pgleaderlock.core.errors import ConfigurationError
+
+    coordinator = Coordinator("postgresql://u@h/db", group="g", escalate_after_s=7)
+    assert coordinator._settings.config.escalate_after_s == 7
+    assert coordinator._settings.lock_kwargs["escalate_after_s"] == 7
+    with pytest.raises(ConfigurationError, match="escalate_after_s"):
+        Coordinator("postgresql://u@h/db", group="g", escalate_after_s=0)

@@ -34,7 +34,7 @@ _LOCK_KNOBS = frozenset({
     "health_interval_s", "health_timeout_s", "reconnect_grace_s", "connect_timeout_s",
     "command_timeout_s", "tcp_user_timeout_s", "follower_mode", "load_plugins",
     "retry_permanent_errors", "acquire_delay_s", "backend", "lease_s", "fencing_grace_s",
-    "drain_s",
+    "drain_s", "escalate_after_s",
 })  # fmt: skip
 _CONFIG_KNOBS = _LOCK_KNOBS - {"load_plugins", "backend"}  # lock_config()'s, with its defaults
 
@@ -85,9 +85,9 @@ class Coordinator:
         **lock_knobs: other ``LeaderLock`` arguments: ``health_interval_s``,
             ``health_timeout_s``, ``connect_timeout_s``, ``command_timeout_s``,
             ``tcp_user_timeout_s``, ``lease_s``, ``fencing_grace_s``, ``drain_s``,
-            ``backend``, ``reconnect_grace_s``, ``follower_mode``, ``load_plugins``,
-            ``retry_permanent_errors``, and ``acquire_delay_s`` (dedicated sessions'
-            names). They hold for every lock of the member: a name's (dedicated
+            ``escalate_after_s``, ``backend``, ``reconnect_grace_s``, ``follower_mode``,
+            ``load_plugins``, ``retry_permanent_errors``, and ``acquire_delay_s``
+            (dedicated sessions' names). They hold for every lock of the member: a name's (dedicated
             sessions) and the member's own lock, a ``LeaderLock`` too, whose session is
             the util session with dedicated sessions and the hold session with shared
             ones (which holds the names). The lease holds for every session that holds a
