@@ -38,11 +38,13 @@ from .core.errors import (
 )
 from .core.hooks import hookimpl
 from .core.keys import lock_keys
+from .core.leader import LeaderInfo, Participant, current_leader, current_leader_sync
 from .core.lock import LeaderLock
 from .core.models import (
     Callback,
     ErrorCallback,
     Event,
+    LeaderChangedCallback,
     LockState,
     LockStatistics,
     RetryContext,
@@ -69,6 +71,8 @@ __all__ = [
     "FencedError",
     "ExponentialBackoff",
     "FixedInterval",
+    "LeaderChangedCallback",
+    "LeaderInfo",
     "LeaderLock",
     "LeaderTasks",
     "LockError",
@@ -92,4 +96,7 @@ __all__ = [
     "__version__",
     "hookimpl",
     "lock_keys",
+    "Participant",
+    "current_leader",
+    "current_leader_sync",
 ]

@@ -11,8 +11,11 @@ the database call in flight, if the machine's effect allows it.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 import pluggy
@@ -26,23 +29,37 @@ from .config import (
     lock_config,
     session_settings,
 )
-from .errors import ShutdownError
+from .errors import ConfigurationError, ShutdownError
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
 from .keys import check_key, check_name, lock_keys
+from .leader import (
+    CHANNEL,
+    NOTIFY_ONLY,
+    LeaderInfo,
+    LeaderReader,
+    Participant,
+    ParticipantTable,
+    Target,
+    _close,
+    check_metadata,
+    open_session,
+)
 from .machine import Machine, Request
 from .models import (
     Callback,
     ErrorCallback,
     Event,
+    LeaderChangedCallback,
     LockState,
     LockStatistics,
     StateChangeCallback,
 )
 from .retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from .runner import Runner
-from .session import Backend, ConnectOptions, SessionFactory
+from .session import Backend, ConnectOptions, QuerySession, SessionFactory
 from .slot import SessionSlot, connection_target
+from .watch import LeaderWatch, Subscription, watch_for
 
 __all__ = ["LeaderLock", "lock_settings", "run_on_session"]
 
@@ -51,6 +68,13 @@ log = get_logger()
 T = TypeVar("T")
 
 _EXIT_TIMEOUT_S = 10.0
+
+_identities = itertools.count(1)
+
+
+def default_identity() -> str:
+    """``<host>:<pid>:<n>``: unique among the locks of this process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{next(_identities)}"
 
 
 class LeaderLock(Fencing):
@@ -157,6 +181,20 @@ class LeaderLock(Fencing):
             [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks run; the
             release follows when they have returned, or after ``drain_s``. Default 0:
             release at once.
+        metadata: a small JSON object this lock publishes (its address, version...):
+            [`leader()`][pgleaderlock.LeaderLock.leader] on any replica returns it while
+            this lock leads. See [Who leads](../guides/who-leads.md).
+        identity: this lock's name among the replicas (default
+            ``<host>:<pid>:<n>``), published with its metadata.
+        eligible: ``False`` makes an observer: it never takes the lock (it opens no
+            lock session), and its [`on_leader_changed`][pgleaderlock.LeaderLock.on_leader_changed]
+            callbacks still run.
+        participants_table: the table locks publish their details in (default
+            ``pgleaderlock_participants``, created if missing, with row-level security).
+        participants_schema: its schema (default ``public``).
+        watch_interval_s: how often the process's leader watch looks again without a
+            notification (default ``health_interval_s``): the bound on noticing a
+            leader that ended with nobody to follow it.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -195,6 +233,12 @@ class LeaderLock(Fencing):
         lease_s: float | None = None,
         fencing_grace_s: float = 2.0,
         drain_s: float = 0.0,
+        metadata: Mapping[str, Any] | None = None,
+        identity: str | None = None,
+        eligible: bool = True,
+        participants_table: str = ParticipantTable.name,
+        participants_schema: str = DEFAULT_SCHEMA,
+        watch_interval_s: float | None = None,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -249,6 +293,27 @@ class LeaderLock(Fencing):
             fields=fields,
         )
         self._runner = Runner(self._machine, self._slot, self._emit, self.keys, fields)
+
+        # Who leads (see core.leader and core.watch).
+        self._metadata_json = check_metadata(metadata)
+        self._metadata = None if metadata is None else dict(metadata)
+        self._identity = check_name(identity, "identity") if identity else default_identity()
+        self._eligible = bool(eligible)
+        self._participants = ParticipantTable(
+            participants_table, participants_schema, self._config.trusted_roles
+        )
+        self._target = Target(self._backend, driver_dsn, connect_fn, connect_timeout_s)
+        self._watch_interval_s = (
+            health_interval_s if watch_interval_s is None else float(watch_interval_s)
+        )
+        if self._watch_interval_s <= 0:
+            raise ConfigurationError("watch_interval_s must be positive")
+        self._published = False  # this session's participant row was written
+        self._publish_warned = False
+        self._watch: LeaderWatch | None = None
+        self._subscription: Subscription | None = None
+        self._slot.after_open = self._publish
+        self._runner.announce = self._announce
 
     @classmethod
     def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
@@ -351,6 +416,21 @@ class LeaderLock(Fencing):
         raises, for status pages and readiness checks."""
         return self._machine.fatal_error
 
+    @property
+    def identity(self) -> str:
+        """This lock's identity among the replicas (``identity=``)."""
+        return self._identity
+
+    @property
+    def metadata(self) -> Mapping[str, Any] | None:
+        """The document this lock publishes while it leads (``metadata=``)."""
+        return self._metadata
+
+    @property
+    def eligible(self) -> bool:
+        """``False`` for an observer, which never takes the lock."""
+        return self._eligible
+
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock's state and counters (cheap; no I/O).
 
@@ -388,12 +468,131 @@ class LeaderLock(Fencing):
     lifecycle task (which keeps probing); the lock is released once they have all
     returned, or after ``drain_s`` (they are cancelled then)."""
 
+    on_leader_changed = On[LeaderChangedCallback](Event.LEADER_CHANGED)
+    """Register a callback called with the new [`LeaderInfo`][pgleaderlock.LeaderInfo]
+    (``None``: nobody leads) whenever who leads changes, on every replica (followers
+    and observers too), and once with the leader first seen after ``start()``. Register
+    it before ``start()``. The callbacks run on the process's shared leader watch (see
+    [Who leads](../guides/who-leads.md)), one at a time: keep them short."""
+
     async def _emit(self, event: Event, data: dict[str, Any]) -> None:
         await emit(self.plugins, event, {"lock": self, **data}, self._callback_failed)
 
     def _callback_failed(self, name: str, event: Event, exc: Exception) -> None:
         log.error("callback_failed", exc=exc, callback=name, on=event.value,
                   error=repr(exc), **self._log_fields)  # fmt: skip
+
+    # ------------------------------------------------------------------ who leads
+
+    async def leader(self) -> LeaderInfo | None:
+        """Who leads this lock now, as the server says (``pg_locks``), with what the
+        leader published (``metadata``...) when its row is that very session's.
+
+        From any replica, leader or not (and observers). Read on the process's leader
+        watch session when this lock watches (``on_leader_changed``, ``eligible=False``),
+        else on a short session of its own.
+
+        Returns:
+            The leader, or ``None`` when nobody holds the lock.
+
+        Raises:
+            TimeoutError: the server did not answer within the connect and command
+                timeouts.
+        """
+        watch = self._watch
+        if watch is not None:
+            return await watch.leader(self.keys)
+        return await self._read(lambda reader: reader.leader(self.keys))
+
+    async def participants(self) -> list[Participant]:
+        """Every live lock session that published a row for this lock (candidates and
+        observers), and which of them leads or waits; empty when the participants
+        table cannot be read."""
+        watch = self._watch
+        if watch is not None:
+            return await watch.participants(self.keys)
+        return await self._read(lambda reader: reader.participants(self.keys))
+
+    async def _read(self, fn: Callable[[LeaderReader], Awaitable[T]]) -> T:
+        config = self._config
+        async with asyncio.timeout(
+            (config.connect_budget_s or config.connect_timeout_s) + config.command_timeout_s
+        ):
+            session = await open_session(self._target, "pgleaderlock:leader")
+            try:
+                return await fn(LeaderReader(session, self._participants))
+            finally:
+                await _close(session)
+
+    def _row(self, eligible: bool) -> tuple[object, ...]:
+        return (
+            self._key1, self._key2, self._identity, self._name, None, eligible,
+            self._metadata_json,
+        )  # fmt: skip
+
+    async def _publish(self) -> None:
+        """A new session's participant row (``SessionSlot.after_open``): written on
+        the lock's own session, before its first lock call. A failure (no privilege
+        on the table, another role's table) is logged once: the lock works without
+        it, and ``leader()`` then has no metadata."""
+        self._published = False
+        session = self._slot.session
+        if not isinstance(session, QuerySession):
+            return
+        try:
+            await self._slot.prepare(self._participants)
+            await session.query(self._participants.upsert(), self._row(True))
+            self._published = True
+        except Exception as exc:
+            if not self._publish_warned:
+                self._publish_warned = True
+                log.warning("participant_row_failed", error=str(exc),
+                            table=self._participants.shown, **self._log_fields)  # fmt: skip
+
+    async def _announce(self, slot: SessionSlot) -> None:
+        """The new leader's announcement (``Runner.announce``, before the
+        ``on_acquired`` callbacks): its row leads since now, and ``NOTIFY``."""
+        session = slot.session
+        if not isinstance(session, QuerySession):
+            return
+        payload = f"{self._key1},{self._key2}"
+        try:
+            if self._published:
+                values = (self._key1, self._key2, self._identity, self._machine.term,
+                          CHANNEL, payload)  # fmt: skip
+                await session.query(self._participants.announce(), values)
+            else:
+                await session.query(NOTIFY_ONLY, (CHANNEL, payload))
+        except Exception as exc:
+            log.warning("announce_failed", error=str(exc), **self._log_fields)
+
+    def _wants_watch(self) -> bool:
+        hook = getattr(self.plugins.hook, Event.LEADER_CHANGED.hook)
+        return not self._eligible or bool(hook.get_hookimpls())
+
+    def _start_watch(self) -> None:
+        if self._watch is not None or not self._wants_watch():
+            return
+        config = self._config
+        watch = watch_for(
+            self._target, self._participants, self._watch_interval_s,
+            (config.connect_budget_s or config.connect_timeout_s) + config.command_timeout_s,
+        )  # fmt: skip
+        row = None
+        if not self._eligible:
+            row = (self._identity, self._name, None, self._metadata_json)
+        self._subscription = Subscription(self.keys, self._leader_changed, row)
+        self._watch = watch
+        watch.subscribe(self._subscription)
+
+    async def _stop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        sub, self._subscription = self._subscription, None
+        if watch is not None and sub is not None:
+            await watch.unsubscribe(sub)
+
+    async def _leader_changed(self, info: LeaderInfo | None) -> None:
+        await self._emit(Event.LEADER_CHANGED, {"leader": info})
 
     # ------------------------------------------------------------------ lifecycle API
 
@@ -403,6 +602,9 @@ class LeaderLock(Fencing):
         Returns once the task has made the Start transition; acquisition goes on in the
         background (see [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership]).
         """
+        self._start_watch()
+        if not self._eligible:
+            return  # an observer: no lifecycle task, no lock session
         name = f"pgleaderlock-{self._key1}-{self._key2}"
         await asyncio.shield(self._runner.start(name, self._external_stop))
 
@@ -419,10 +621,17 @@ class LeaderLock(Fencing):
         """
         task = self._runner.task
         if task is None or task.done():
+            await self._stop_watch()
             return
         self._runner.request(Request.STOP)
         if task is asyncio.current_task():
             return  # called from a callback: the task stops once the callback returns
+        try:
+            await self._stop_when_stopped(task, timeout_s)
+        finally:
+            await self._stop_watch()
+
+    async def _stop_when_stopped(self, task: asyncio.Task[None], timeout_s: float | None) -> None:
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(task)

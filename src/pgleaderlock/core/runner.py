@@ -111,6 +111,9 @@ class Runner:
         self._stop_reported = False  # on_stopped has run for this run of the task
         self._drain: asyncio.Task[None] | None = None  # the on_draining callbacks
         self._queued: list[_Queued] = []  # calls for the leader's session (on_session)
+        # Run on the session before the ACQUIRED callbacks (the lock publishes that it
+        # leads and notifies listeners); it must not raise but a timeout.
+        self.announce: Callable[[SessionSlot], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ for the API
 
@@ -236,6 +239,8 @@ class Runner:
                 case Emit(event=event):
                     if event is Event.STOPPED:
                         self._stop_reported = True
+                    elif event is Event.ACQUIRED and self.announce is not None:
+                        await self._announce(self.announce)
                     await self._keeping_alive(self._emit(effect), effect.keepalive_s)
                 case StartDrain():
                     drain = asyncio.get_running_loop().create_task(
@@ -281,6 +286,14 @@ class Runner:
             "old": effect.old, "new": effect.new,
             "error": effect.error, "attempt": effect.attempt,
         })  # fmt: skip
+
+    async def _announce(self, announce: Callable[[SessionSlot], Awaitable[None]]) -> None:
+        """``announce`` on the new leader's session, bounded like a lock call; a
+        timeout drops the session (the next probe then reports the loss)."""
+        try:
+            await self._call(announce(self._slot), self._machine.config.command_timeout_s)
+        except TimeoutError:
+            log.warning("announce_timeout", **self._fields)
 
     async def _keeping_alive(self, work: Awaitable[None], every_s: float | None) -> None:
         """``await work`` (callbacks); meanwhile, with ``every_s``, show the server every
