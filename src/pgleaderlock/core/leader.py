@@ -364,7 +364,10 @@ class LeaderReader:
         self.reason: str | None = None  # why it is not readable
 
     async def _check(self) -> bool:
-        if self.readable is None:
+        # A table found readable stays so for the session; one that was not (not made
+        # yet, say: the first lock creates it) is looked at again at the next read.
+        if not self.readable:
+            self.reason = None
             t = self._table
             rows = await self._session.query(READABLE, (t.schema, t.name, list(t.trusted_roles)))
             if not rows:

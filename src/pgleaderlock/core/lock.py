@@ -185,7 +185,10 @@ class LeaderLock(Fencing):
             [`leader()`][pgleaderlock.LeaderLock.leader] on any replica returns it while
             this lock leads. See [Who leads](../guides/who-leads.md).
         identity: this lock's name among the replicas (default
-            ``<host>:<pid>:<n>``), published with its metadata.
+            ``<host>:<pid>:<n>``), published with its metadata. A lock given
+            ``metadata`` or ``identity`` (or ``priority``) publishes a row in the
+            participants table on each new session; without them it publishes nothing,
+            and ``leader()`` knows only its pid, ``application_name`` and role.
         eligible: ``False`` makes an observer: it never takes the lock (it opens no
             lock session), and its [`on_leader_changed`][pgleaderlock.LeaderLock.on_leader_changed]
             callbacks still run.
@@ -298,6 +301,9 @@ class LeaderLock(Fencing):
         self._metadata_json = check_metadata(metadata)
         self._metadata = None if metadata is None else dict(metadata)
         self._identity = check_name(identity, "identity") if identity else default_identity()
+        # Only a lock with something to publish writes a participant row (one statement
+        # per new session); every leader announces itself with NOTIFY.
+        self._publishes = metadata is not None or identity is not None
         self._eligible = bool(eligible)
         self._participants = ParticipantTable(
             participants_table, participants_schema, self._config.trusted_roles
@@ -537,7 +543,7 @@ class LeaderLock(Fencing):
         it, and ``leader()`` then has no metadata."""
         self._published = False
         session = self._slot.session
-        if not isinstance(session, QuerySession):
+        if not self._publishes or not isinstance(session, QuerySession):
             return
         try:
             await self._slot.prepare(self._participants)

@@ -72,7 +72,7 @@ class Subscription:
 def _fingerprint(info: LeaderInfo | None) -> object:
     if info is None:
         return None
-    return (info.pid, info.identity, info.since, info.term)
+    return (info.pid, info.identity, info.term)
 
 
 class LeaderWatch:
@@ -215,6 +215,7 @@ class LeaderWatch:
                 self._dirty.update(sub.keys for sub in self._subs)  # missed while away
                 checked = time.monotonic()
                 while True:
+                    self._wake.clear()  # what it was set for is in _dirty
                     if self._dirty:
                         await self._check()
                     if time.monotonic() - checked >= self.interval_s:
@@ -225,7 +226,6 @@ class LeaderWatch:
                         recv = asyncio.ensure_future(
                             listen.notifications(self.interval_s)  # type: ignore[attr-defined]
                         )
-                    self._wake.clear()
                     woke = asyncio.ensure_future(self._wake.wait())
                     try:
                         await asyncio.wait(
