@@ -24,8 +24,6 @@ bounded, and every process started here is killed on every exit path.
 
 from __future__ import annotations
 
-import _common  # noqa: I001 - puts tests/ on sys.path before support.*
-
 import argparse
 import asyncio
 import contextlib
@@ -36,6 +34,8 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+import _common
 
 from pgleaderlock import FixedInterval, LeaderInfo, LeaderLock
 
@@ -183,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _common.markdown_table(
             ["on_acquired -> on_leader_changed", "n", "median", "p95", "max"],
             [
-                ["every follower", every.n, *map(_common.fmt_ms, (every.median, every.p95, every.max))],
+                ["every follower", every.n,
+                 *map(_common.fmt_ms, (every.median, every.p95, every.max))],
                 ["slowest follower per change", worst.n,
                  *map(_common.fmt_ms, (worst.median, worst.p95, worst.max))],
             ],
