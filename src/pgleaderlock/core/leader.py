@@ -351,15 +351,17 @@ class LeaderReader:
         session: the session to read on (not the lock's own: that one may be blocked
             in a wait for the lock).
         table: the participants table.
+        label: the lock's label, for logs.
     """
 
-    def __init__(self, session: LockSession, table: ParticipantTable) -> None:
+    def __init__(self, session: LockSession, table: ParticipantTable, label: str = "") -> None:
         if not isinstance(session, QuerySession):
             raise ConfigurationError(
                 f"reading who leads needs a session that can run queries; {session!r} cannot"
             )
         self._session: QuerySession = session
         self._table = table
+        self._label = label
         self.readable: bool | None = None  # the table: unknown until checked
         self.reason: str | None = None  # why it is not readable
 
@@ -380,7 +382,7 @@ class LeaderReader:
                     self.reason = f"no SELECT on {t.shown}"
             self.readable = self.reason is None
             if self.reason is not None:
-                log.debug("participants_unreadable", reason=self.reason)
+                log.debug("participants_unreadable", reason=self.reason, lock=self._label)
         return self.readable
 
     async def leader(self, keys: tuple[int, int]) -> LeaderInfo | None:
@@ -502,7 +504,8 @@ async def current_leader(
     async with asyncio.timeout(timeout_s):
         session = await open_session(target, "pgleaderlock:leader")
         try:
-            return await LeaderReader(session, table).leader(keys)
+            label = name_or_keys if isinstance(name_or_keys, str) else f"{keys[0]},{keys[1]}"
+            return await LeaderReader(session, table, label).leader(keys)
         finally:
             await _close(session)
 

@@ -526,7 +526,7 @@ class LeaderLock(Fencing):
         ):
             session = await open_session(self._target, "pgleaderlock:leader")
             try:
-                return await fn(LeaderReader(session, self._participants))
+                return await fn(LeaderReader(session, self._participants, self.label))
             finally:
                 await _close(session)
 
@@ -587,7 +587,7 @@ class LeaderLock(Fencing):
         row = None
         if not self._eligible:
             row = (self._identity, self._name, None, self._metadata_json)
-        self._subscription = Subscription(self.keys, self._leader_changed, row)
+        self._subscription = Subscription(self.keys, self._leader_changed, row, self.label)
         self._watch = watch
         watch.subscribe(self._subscription)
 

@@ -66,6 +66,7 @@ class Subscription:
     keys: tuple[int, int]
     deliver: Deliver
     row: tuple[str, str | None, int | None, str | None] | None = None
+    label: str = ""  # the lock's label, for logs
     seen: Any = field(default=_UNSEEN)  # the fingerprint it was last told
 
 
@@ -108,6 +109,11 @@ class LeaderWatch:
         """Set while the listening session listens (tests wait for it)."""
 
     # ------------------------------------------------------------------ subscribers
+
+    @property
+    def label(self) -> str:
+        """The labels of the locks it watches, for logs."""
+        return ",".join(sorted({sub.label for sub in self._subs}))
 
     def subscribe(self, sub: Subscription) -> None:
         self._subs.append(sub)
@@ -163,7 +169,7 @@ class LeaderWatch:
         if self._reader is None or self._query is None:
             async with asyncio.timeout(self.timeout_s):
                 self._query = await open_session(self._target, "pgleaderlock:watch")
-            self._reader = LeaderReader(self._query, self._table)
+            self._reader = LeaderReader(self._query, self._table, self.label)
             self._rows_written = False
         if not self._rows_written:
             self._rows_written = True
@@ -190,7 +196,8 @@ class LeaderWatch:
                     values = (*sub.keys, identity, name, priority, False, metadata)
                     await session.query(self._table.upsert(), values)
         except Exception as exc:
-            log.warning("observer_row_failed", error=repr(exc), table=self._table.shown)
+            log.warning("observer_row_failed", error=repr(exc), table=self._table.shown,
+                        lock=self.label)  # fmt: skip
 
     async def _remove_row(self, sub: Subscription) -> None:
         async with self._query_lock:
@@ -252,7 +259,8 @@ class LeaderWatch:
                 raise
             except Exception as exc:
                 attempt += 1
-                log.warning("leader_watch_failed", error=repr(exc), attempt=attempt)
+                log.warning("leader_watch_failed", error=repr(exc), attempt=attempt,
+                            lock=self.label)  # fmt: skip
             finally:
                 self.listening.clear()
                 if recv is not None:
