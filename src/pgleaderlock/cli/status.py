@@ -409,12 +409,12 @@ def _add_participants(
     # may come before another in the text.
     placeholders = [f"%(p{i})s" for i in range(4)]
 
-    def values(*given: object) -> dict[str, object]:
+    def named(*given: object) -> dict[str, object]:
         return {f"p{i}": value for i, value in enumerate(given)}
 
     row = conn.execute(
         READABLE.format(*placeholders[:3]).encode(),
-        values(table.schema, table.name, list(table.trusted_roles)),
+        named(table.schema, table.name, list(table.trusted_roles)),
     ).fetchone()
     reason = None
     if row is None:
@@ -429,7 +429,7 @@ def _add_participants(
     keys = (target.key1, target.key2)
     rows = conn.execute(
         participants_of(table).format(*placeholders).encode(),
-        values(key_to_oid(keys[0]), key_to_oid(keys[1]), *keys),
+        named(key_to_oid(keys[0]), key_to_oid(keys[1]), *keys),
     ).fetchall()
     by_pid: dict[int, dict[str, Any]] = {}
     for values in rows:
