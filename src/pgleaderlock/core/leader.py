@@ -83,6 +83,7 @@ class ParticipantTable(LibraryTable):
         " backend_start timestamptz NOT NULL, identity text NOT NULL, name text,"
         " priority int4, eligible bool NOT NULL, metadata jsonb, since timestamptz,"
         " term int8, writer name NOT NULL, updated_at timestamptz NOT NULL,"
+        " reserved_for text, reserved_until timestamptz,"
         " PRIMARY KEY (key1, key2, pid, identity)"
     )
 
@@ -120,16 +121,26 @@ class ParticipantTable(LibraryTable):
 
     def upsert(self) -> str:
         """``{0}`` ``{1}`` keys, ``{2}`` identity, ``{3}`` name, ``{4}`` priority,
-        ``{5}`` eligible, ``{6}`` metadata (JSON text): this session's row, after
-        pruning the rows of ended sessions of the same lock."""
+        ``{5}`` eligible, ``{6}`` metadata (JSON text), ``{7}`` whether to notify,
+        ``{8}`` channel, ``{9}`` payload: this session's row, after pruning the rows of
+        ended sessions of the same lock; with ``{7}``, ``NOTIFY`` (a candidate with a
+        priority joins: the leader looks whether to hand over)."""
+        return (
+            f"WITH {self._upsert()}"
+            " SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM (SELECT"
+            " pg_catalog.pg_notify(({8})::text, ({9})::text) WHERE ({7})::bool) n)"
+        )
+
+    def _upsert(self) -> str:
+        """The ``pruned`` and ``up`` CTEs of `upsert`."""
         t = self.sql
         return (
-            f"WITH pruned AS (DELETE FROM {t} p WHERE p.key1 = ({{0}})::int4"
+            f"pruned AS (DELETE FROM {t} p WHERE p.key1 = ({{0}})::int4"
             " AND p.key2 = ({1})::int4 AND NOT EXISTS (SELECT 1 FROM"
             " pg_catalog.pg_stat_activity a WHERE a.pid = p.pid AND (a.backend_start IS NULL"
-            " OR a.backend_start = p.backend_start)) RETURNING 1)"
-            f" INSERT INTO {t} AS p (key1, key2, pid, backend_start, identity, name, priority,"
-            " eligible, metadata, writer, updated_at)"
+            " OR a.backend_start = p.backend_start)) RETURNING 1),"
+            f" up AS (INSERT INTO {t} AS p (key1, key2, pid, backend_start, identity, name,"
+            " priority, eligible, metadata, writer, updated_at)"
             " SELECT ({0})::int4, ({1})::int4, a.pid, a.backend_start, ({2})::text,"
             " ({3})::text, ({4})::int4, ({5})::bool, ({6})::text::jsonb, current_user,"
             " pg_catalog.clock_timestamp() FROM pg_catalog.pg_stat_activity a"
@@ -138,8 +149,45 @@ class ParticipantTable(LibraryTable):
             " backend_start = EXCLUDED.backend_start, name = EXCLUDED.name,"
             " priority = EXCLUDED.priority, eligible = EXCLUDED.eligible,"
             " metadata = EXCLUDED.metadata, writer = EXCLUDED.writer, since = NULL,"
-            " term = NULL, updated_at = EXCLUDED.updated_at"
-            " RETURNING (SELECT count(*) FROM pruned)"
+            " term = NULL, reserved_for = NULL, reserved_until = NULL,"
+            " updated_at = EXCLUDED.updated_at RETURNING 1)"
+        )
+
+    def reserve(self) -> str:
+        """``{0}`` ``{1}`` keys, ``{2}`` identity, ``{3}`` the target's identity, ``{4}``
+        seconds: the leader's reservation of the lock for the target, on its own row:
+        candidates granted the lock meanwhile, but for the target, let it go again
+        (see ``reserved_elsewhere``)."""
+        return (
+            f"UPDATE {self.sql} SET reserved_for = ({{3}})::text,"
+            " reserved_until = pg_catalog.clock_timestamp()"
+            " + ({4})::float8 * interval '1 second'"
+            " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
+            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({2})::text RETURNING 1"
+        )
+
+    def reserved_elsewhere(self) -> str:
+        """``{0}`` ``{1}`` keys, ``{2}`` ``{3}`` the keys as oids, ``{4}`` this lock's
+        identity, ``{5}`` trusted roles: is the lock reserved for another candidate, one
+        that is waiting for it now? Only a reservation written by a trusted role, not
+        expired, counts: one of another role, or for a target that is gone or no longer
+        waits, is ignored."""
+        t = self.sql
+        return (
+            f"WITH trusted AS ({_TRUSTED.replace('{2}', '{5}')})"
+            f" SELECT EXISTS (SELECT 1 FROM {t} r JOIN {t} w ON w.key1 = r.key1"
+            " AND w.key2 = r.key2 AND w.identity = r.reserved_for AND w.eligible"
+            " JOIN pg_catalog.pg_stat_activity a ON a.pid = w.pid"
+            " AND a.backend_start = w.backend_start AND a.usename = w.writer"
+            " JOIN pg_catalog.pg_roles o ON o.rolname = r.writer"
+            " WHERE r.key1 = ({0})::int4 AND r.key2 = ({1})::int4"
+            " AND r.reserved_for IS NOT NULL AND r.reserved_for <> ({4})::text"
+            " AND r.reserved_until > pg_catalog.clock_timestamp()"
+            " AND o.oid IN (SELECT oid FROM trusted)"
+            " AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.pid = w.pid"
+            " AND NOT l.granted AND l.locktype = 'advisory' AND l.objsubid = 2"
+            f" AND l.database = {_DATABASE}"
+            " AND l.classid = ({2})::int8::oid AND l.objid = ({3})::int8::oid))"
         )
 
     def remove(self) -> str:

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 import pluggy
 
@@ -29,10 +29,10 @@ from .config import (
     lock_config,
     session_settings,
 )
-from .errors import ConfigurationError, ShutdownError
+from .errors import ConfigurationError, ConnectionError, HandOverError, ShutdownError
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
-from .keys import check_key, check_name, lock_keys
+from .keys import check_key, check_name, key_to_oid, lock_keys
 from .leader import (
     CHANNEL,
     NOTIFY_ONLY,
@@ -70,6 +70,16 @@ T = TypeVar("T")
 _EXIT_TIMEOUT_S = 10.0
 
 _identities = itertools.count(1)
+
+
+_CONSIDER_LOOKS = 5
+"""How many times a leader with a priority looks for a higher one to queue."""
+
+
+def _check_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise ConfigurationError(f"priority must be a 32-bit integer, got {value!r}")
+    return value
 
 
 def default_identity() -> str:
@@ -198,6 +208,14 @@ class LeaderLock(Fencing):
         watch_interval_s: how often the process's leader watch looks again without a
             notification (default ``health_interval_s``): the bound on noticing a
             leader that ended with nobody to follow it.
+        priority: higher wins. ``None`` (default): off. While this lock leads with a
+            priority, a candidate of a strictly higher priority that waits for the
+            lock is handed the leadership ([`hand_over`][pgleaderlock.LeaderLock.hand_over])
+            ``handover_delay_s`` after it is seen (never between equal priorities; a
+            candidate without priority ranks lowest). See
+            [Who leads](../guides/who-leads.md#choosing-who-leads).
+        handover_delay_s: how long a leader waits after seeing a waiting candidate of a
+            higher priority before it hands over (it looks again then).
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -242,6 +260,8 @@ class LeaderLock(Fencing):
         participants_table: str = ParticipantTable.name,
         participants_schema: str = DEFAULT_SCHEMA,
         watch_interval_s: float | None = None,
+        priority: int | None = None,
+        handover_delay_s: float = 0.5,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -303,7 +323,12 @@ class LeaderLock(Fencing):
         self._identity = check_name(identity, "identity") if identity else default_identity()
         # Only a lock with something to publish writes a participant row (one statement
         # per new session); every leader announces itself with NOTIFY.
-        self._publishes = metadata is not None or identity is not None
+        self._priority = None if priority is None else _check_priority(priority)
+        self._handover_delay_s = float(handover_delay_s)
+        if not self._handover_delay_s >= 0:
+            raise ConfigurationError("handover_delay_s must be >= 0")
+        self._publishes = metadata is not None or identity is not None or priority is not None
+        self._considering: asyncio.Task[None] | None = None
         self._eligible = bool(eligible)
         self._participants = ParticipantTable(
             participants_table, participants_schema, self._config.trusted_roles
@@ -320,6 +345,8 @@ class LeaderLock(Fencing):
         self._subscription: Subscription | None = None
         self._slot.after_open = self._publish
         self._runner.announce = self._announce
+        if self._publishes:
+            self._runner.admit = self._admit
 
     @classmethod
     def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
@@ -433,6 +460,11 @@ class LeaderLock(Fencing):
         return self._metadata
 
     @property
+    def priority(self) -> int | None:
+        """This lock's priority (``priority=``), or ``None``."""
+        return self._priority
+
+    @property
     def eligible(self) -> bool:
         """``False`` for an observer, which never takes the lock."""
         return self._eligible
@@ -532,8 +564,9 @@ class LeaderLock(Fencing):
 
     def _row(self, eligible: bool) -> tuple[object, ...]:
         return (
-            self._key1, self._key2, self._identity, self._name, None, eligible,
-            self._metadata_json,
+            self._key1, self._key2, self._identity, self._name, self._priority, eligible,
+            self._metadata_json, self._priority is not None, CHANNEL,
+            f"{self._key1},{self._key2}",
         )  # fmt: skip
 
     async def _publish(self) -> None:
@@ -571,10 +604,124 @@ class LeaderLock(Fencing):
                 await session.query(NOTIFY_ONLY, (CHANNEL, payload))
         except Exception as exc:
             log.warning("announce_failed", error=str(exc), **self._log_fields)
+        self._poked()  # a candidate of a higher priority may be waiting already
+
+    # ------------------------------------------------------------------ choosing who leads
+
+    async def hand_over(self, to: str, timeout_s: float | None = None) -> None:
+        """Hand leadership to one chosen waiting replica, by its ``identity``: it leads
+        next, and no other candidate announces leadership meanwhile.
+
+        This lock reserves the lock for ``to`` (on its own row in the participants
+        table, for at most ``max(2, command_timeout_s)`` seconds) and steps down. A
+        candidate that PostgreSQL grants the lock before ``to`` (the first in its
+        queue) finds the reservation right after the grant, before it announces
+        anything, and lets the lock go again; so the lock passes down the queue to
+        ``to``. Every lock that publishes a row (``identity``, ``metadata`` or
+        ``priority``) honours reservations; one that does not would take the lock.
+
+        Args:
+            to: the target's ``identity``.
+            timeout_s: as for [`step_down`][pgleaderlock.LeaderLock.step_down].
+
+        Raises:
+            HandOverError: this lock does not lead, published no row, or ``to`` is
+                not waiting for the lock now.
+        """
+        if not self.is_leader:
+            raise HandOverError(f"{self.label}: not leading, nothing to hand over")
+        if to == self._identity:
+            return
+        if not self._published:
+            raise HandOverError(
+                f"{self.label}: this lock has no row in {self._participants.shown} (give it "
+                "identity=, metadata= or priority=, and the privileges on the table)"
+            )
+        waiting = [
+            p for p in await self.participants()
+            if p.info.identity == to and p.eligible and p.waiting
+        ]  # fmt: skip
+        if not waiting:
+            raise HandOverError(f"{self.label}: {to!r} is not waiting for the lock")
+        config = self._config
+        values = (self._key1, self._key2, self._identity, to, max(2.0, config.command_timeout_s))
+        statement = self._participants.reserve()
+
+        async def reserve(slot: SessionSlot) -> list[tuple[Any, ...]]:
+            session = slot.session
+            assert isinstance(session, QuerySession)
+            return await session.query(statement, values)
+
+        try:
+            reserved = await run_on_session(self, reserve, config.command_timeout_s)
+        except ConnectionError as exc:
+            raise HandOverError(f"{self.label}: lost the lock before handing it over") from exc
+        if not reserved:
+            raise HandOverError(f"{self.label}: this lock's row is gone; not handed over")
+        log.info("handing_over", to=to, **self._log_fields)
+        await self.step_down(timeout_s)
+
+    async def _admit(self, slot: SessionSlot) -> bool:
+        """``Runner.admit``: just granted the lock, is it reserved for another waiting
+        candidate? Then let it go again (unannounced) and report a failed attempt."""
+        session = slot.session
+        if not self._published or not isinstance(session, QuerySession):
+            return True
+        keys = (self._key1, self._key2)
+        values = (*keys, key_to_oid(keys[0]), key_to_oid(keys[1]), self._identity,
+                  list(self._config.trusted_roles))  # fmt: skip
+        try:
+            rows = await session.query(self._participants.reserved_elsewhere(), values)
+        except Exception as exc:
+            log.warning("reservation_unreadable", error=str(exc), **self._log_fields)
+            return True
+        if not (rows and rows[0][0]):
+            return True
+        await session.unlock(*keys)
+        log.debug("reserved_for_another", **self._log_fields)
+        return False
+
+    def _poked(self) -> None:
+        """The watch heard of this lock's keys (or ticked): with a priority, while
+        leading, look (after ``handover_delay_s``) whether to hand over."""
+        if self._priority is None or not self.is_leader:
+            return
+        if self._considering is not None and not self._considering.done():
+            return
+        self._considering = asyncio.get_running_loop().create_task(
+            self._consider(), name=f"pgleaderlock-priority-{self._key1}-{self._key2}"
+        )
+
+    async def _consider(self) -> None:
+        """Hand over to the waiting candidate of the highest priority above this
+        lock's, if there is one (looking a few times while one of a higher priority
+        is known but not waiting yet: it is about to queue)."""
+        assert self._priority is not None
+        for _ in range(_CONSIDER_LOOKS):
+            await asyncio.sleep(self._handover_delay_s)
+            if not self.is_leader:
+                return
+            try:
+                higher = [
+                    p for p in await self.participants()
+                    if p.eligible and not p.leading and p.info.priority is not None
+                    and p.info.priority > self._priority
+                ]  # fmt: skip
+                ready = [p for p in higher if p.waiting]
+                if ready:
+                    best = max(ready, key=lambda p: cast(int, p.info.priority))
+                    assert best.info.identity is not None
+                    await self.hand_over(to=best.info.identity)
+                    return
+            except Exception as exc:
+                log.warning("priority_handover_failed", error=str(exc), **self._log_fields)
+                return
+            if not higher:
+                return
 
     def _wants_watch(self) -> bool:
         hook = getattr(self.plugins.hook, Event.LEADER_CHANGED.hook)
-        return not self._eligible or bool(hook.get_hookimpls())
+        return not self._eligible or self._priority is not None or bool(hook.get_hookimpls())
 
     def _start_watch(self) -> None:
         if self._watch is not None or not self._wants_watch():
@@ -587,11 +734,17 @@ class LeaderLock(Fencing):
         row = None
         if not self._eligible:
             row = (self._identity, self._name, None, self._metadata_json)
-        self._subscription = Subscription(self.keys, self._leader_changed, row, self.label)
+        self._subscription = Subscription(
+            self.keys, self._leader_changed, row, self.label, self._poked
+        )
         self._watch = watch
         watch.subscribe(self._subscription)
 
     async def _stop_watch(self) -> None:
+        considering, self._considering = self._considering, None
+        if considering is not None and considering is not asyncio.current_task():
+            considering.cancel()
+            await asyncio.gather(considering, return_exceptions=True)
         watch, self._watch = self._watch, None
         sub, self._subscription = self._subscription, None
         if watch is not None and sub is not None:

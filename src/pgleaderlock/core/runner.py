@@ -114,6 +114,10 @@ class Runner:
         # Run on the session before the ACQUIRED callbacks (the lock publishes that it
         # leads and notifies listeners); it must not raise but a timeout.
         self.announce: Callable[[SessionSlot], Awaitable[None]] | None = None
+        # Asked right after a lock call granted the lock, before the machine hears of
+        # it: False when the lock is reserved for another candidate (a targeted
+        # hand-over); it has then released the lock again, and the attempt failed.
+        self.admit: Callable[[SessionSlot], Awaitable[bool]] | None = None
 
     # ------------------------------------------------------------------ for the API
 
@@ -561,6 +565,8 @@ class Runner:
                     term = await guard(self._slot.with_table(table, bump), *bound)
                     return TermBlocked() if term is None else TermBumped(term)
             if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
+                if self.admit is not None and not await guard(self.admit(self._slot), *bound):
+                    return Answered(False)  # reserved for another: let go, unannounced
                 self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
         except Interrupted:

@@ -67,6 +67,7 @@ class Subscription:
     deliver: Deliver
     row: tuple[str, str | None, int | None, str | None] | None = None
     label: str = ""  # the lock's label, for logs
+    poke: Callable[[], None] | None = None  # a notification about its keys, or a tick
     seen: Any = field(default=_UNSEEN)  # the fingerprint it was last told
 
 
@@ -193,7 +194,8 @@ class LeaderWatch:
                 for sub in rows:
                     assert sub.row is not None
                     identity, name, priority, metadata = sub.row
-                    values = (*sub.keys, identity, name, priority, False, metadata)
+                    values = (*sub.keys, identity, name, priority, False, metadata,
+                              False, CHANNEL, "")  # fmt: skip
                     await session.query(self._table.upsert(), values)
         except Exception as exc:
             log.warning("observer_row_failed", error=repr(exc), table=self._table.shown,
@@ -228,6 +230,7 @@ class LeaderWatch:
                     if time.monotonic() - checked >= self.interval_s:
                         checked = time.monotonic()
                         self._dirty.update(sub.keys for sub in self._subs)
+                        self._poke(None)
                         continue
                     if recv is None:
                         recv = asyncio.ensure_future(
@@ -252,6 +255,7 @@ class LeaderWatch:
                         keys = _parse(payload)
                         if keys in watched:
                             self._dirty.add(keys)
+                            self._poke(keys)
                     if not received:
                         async with asyncio.timeout(self.timeout_s):
                             await listen.ping()  # type: ignore[attr-defined]
@@ -269,6 +273,16 @@ class LeaderWatch:
                 if listen is not None:
                     await _close(listen)
             await asyncio.sleep(min(0.1 * 2**attempt, self.interval_s))
+
+    def _poke(self, keys: tuple[int, int] | None) -> None:
+        """Tell the subscribers of ``keys`` (all: ``None``) that something may have
+        changed (a lock with a priority then looks whether to hand over)."""
+        for sub in list(self._subs):
+            if sub.poke is not None and (keys is None or sub.keys == keys):
+                try:
+                    sub.poke()
+                except Exception as exc:  # a bug; the watch goes on
+                    log.error("poke_failed", error=repr(exc), lock=sub.label)
 
     async def _check(self) -> None:
         """Read who leads each dirty lock; tell each subscriber that was told otherwise."""
