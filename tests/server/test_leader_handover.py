@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import random
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -153,3 +157,73 @@ async def test_equal_priorities_never_hand_over(candidates: Candidates) -> None:
             assert await lock.wait_for_leadership(10)
     await asyncio.sleep(2.0)
     assert candidates.acquired == ["a"]
+
+
+REPLICA = Path(__file__).with_name("leader_replica.py")
+
+
+class Replica:
+    """A replica process (``leader_replica.py``)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, identity: str) -> None:
+        self.proc, self.identity = proc, identity
+
+    @classmethod
+    async def start(cls, dsn: str, name: str, identity: str, priority: int, schema: str) -> Replica:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPLICA), dsn, name, identity, str(priority), schema,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.strip() == b"ready", line
+        return cls(proc, identity)
+
+    async def terminate(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(self.proc.wait(), 30) == 0
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+async def test_a_rolling_restart_moves_leadership_at_most_three_times(
+    pg_dsn: str, schema: str
+) -> None:
+    """Three replica processes, each started with a higher priority than any before
+    (the newest is preferred), restarted one after the other (SIGTERM, start again):
+    leadership moves to each new replica once, and at most three times in all."""
+    name = f"rolling-{uuid.uuid4().hex[:8]}"
+    told: list[int | None] = []  # the leader's pid, as an observer is told
+    observer = LeaderLock.from_name(
+        name, pg_dsn, identity="observer", eligible=False, participants_schema=schema, **FAST
+    )
+    observer.on_leader_changed(lambda info: told.append(None if info is None else info.pid))
+    replicas: list[Replica] = []
+    try:
+        await observer.start()
+        for i in range(3):
+            replicas.append(await Replica.start(pg_dsn, name, f"r{i}-1", i + 1, schema))
+        await eventually(
+            functools.partial(_leads, observer, "r2-1"), 20, "the most preferred leads"
+        )
+        start = len(told)
+        for i in range(3):  # oldest first
+            await replicas[i].terminate()
+            replicas[i] = await Replica.start(pg_dsn, name, f"r{i}-2", 4 + i, schema)
+            await eventually(functools.partial(_leads, observer, f"r{i}-2"), 20, f"r{i}-2 leads")
+        leaders = [pid for pid in told[start - 1 :] if pid is not None]
+        moves = sum(1 for a, b in itertools.pairwise(leaders) if a != b)
+        assert moves == 3, told[start - 1 :]  # one per new replica, never more
+    finally:
+        for replica in replicas:
+            replica.kill()
+            await replica.proc.wait()
+        await observer.shutdown()
+
+
+async def _leads(observer: LeaderLock, identity: str) -> bool:
+    info = await observer.leader()
+    return info is not None and info.identity == identity
