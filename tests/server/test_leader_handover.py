@@ -196,25 +196,30 @@ async def test_a_rolling_restart_moves_leadership_at_most_three_times(
     (the newest is preferred), restarted one after the other (SIGTERM, start again):
     leadership moves to each new replica once, and at most three times in all."""
     name = f"rolling-{uuid.uuid4().hex[:8]}"
-    told: list[int | None] = []  # the leader's pid, as an observer is told
+    told: list[tuple[int, str | None] | None] = []  # the leader, as an observer is told
     observer = LeaderLock.from_name(
         name, pg_dsn, identity="observer", eligible=False, participants_schema=schema, **FAST
     )
-    observer.on_leader_changed(lambda info: told.append(None if info is None else info.pid))
+    observer.on_leader_changed(
+        lambda info: told.append(None if info is None else (info.pid, info.identity))
+    )
     replicas: list[Replica] = []
     try:
         await observer.start()
         for i in range(3):
             replicas.append(await Replica.start(pg_dsn, name, f"r{i}-1", i + 1, schema))
         await eventually(
-            functools.partial(_leads, observer, "r2-1"), 20, "the most preferred leads"
+            lambda: told[-1:] != [] and told[-1] is not None and told[-1][1] == "r2-1",
+            20,
+            "the most preferred leads",
         )
         start = len(told)
         for i in range(3):  # oldest first
             await replicas[i].terminate()
             replicas[i] = await Replica.start(pg_dsn, name, f"r{i}-2", 4 + i, schema)
             await eventually(functools.partial(_leads, observer, f"r{i}-2"), 20, f"r{i}-2 leads")
-        leaders = [pid for pid in told[start - 1 :] if pid is not None]
+        await eventually(lambda: told[-1] is not None and told[-1][1] == "r2-2", 20)
+        leaders = [leader[0] for leader in told[start - 1 :] if leader is not None]
         moves = sum(1 for a, b in itertools.pairwise(leaders) if a != b)
         assert moves == 3, told[start - 1 :]  # one per new replica, never more
     finally:

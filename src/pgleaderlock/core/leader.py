@@ -155,15 +155,26 @@ class ParticipantTable(LibraryTable):
 
     def reserve(self) -> str:
         """``{0}`` ``{1}`` keys, ``{2}`` identity, ``{3}`` the target's identity, ``{4}``
-        seconds: the leader's reservation of the lock for the target, on its own row:
-        candidates granted the lock meanwhile, but for the target, let it go again
-        (see ``reserved_elsewhere``)."""
+        seconds, ``{5}`` ``{6}`` the keys as oids: the leader's reservation of the lock
+        for the target, on its own row, if the target (a live, eligible participant)
+        waits for the lock now: candidates granted the lock meanwhile, but for the
+        target, let it go again (see ``reserved_elsewhere``). No row: not reserved."""
+        t = self.sql
         return (
-            f"UPDATE {self.sql} SET reserved_for = ({{3}})::text,"
+            f"UPDATE {t} SET reserved_for = ({{3}})::text,"
             " reserved_until = pg_catalog.clock_timestamp()"
             " + ({4})::float8 * interval '1 second'"
             " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
-            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({2})::text RETURNING 1"
+            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({2})::text"
+            f" AND EXISTS (SELECT 1 FROM {t} w JOIN pg_catalog.pg_stat_activity a"
+            " ON a.pid = w.pid AND a.backend_start = w.backend_start AND a.usename = w.writer"
+            " JOIN pg_catalog.pg_locks l ON l.pid = w.pid AND NOT l.granted"
+            " AND l.locktype = 'advisory' AND l.objsubid = 2"
+            f" AND l.database = {_DATABASE}"
+            " AND l.classid = ({5})::int8::oid AND l.objid = ({6})::int8::oid"
+            " WHERE w.key1 = ({0})::int4 AND w.key2 = ({1})::int4"
+            " AND w.identity = ({3})::text AND w.eligible)"
+            " RETURNING 1"
         )
 
     def reserved_elsewhere(self) -> str:

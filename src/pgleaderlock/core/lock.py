@@ -637,14 +637,10 @@ class LeaderLock(Fencing):
                 f"{self.label}: this lock has no row in {self._participants.shown} (give it "
                 "identity=, metadata= or priority=, and the privileges on the table)"
             )
-        waiting = [
-            p for p in await self.participants()
-            if p.info.identity == to and p.eligible and p.waiting
-        ]  # fmt: skip
-        if not waiting:
-            raise HandOverError(f"{self.label}: {to!r} is not waiting for the lock")
         config = self._config
-        values = (self._key1, self._key2, self._identity, to, max(2.0, config.command_timeout_s))
+        oids = (key_to_oid(self._key1), key_to_oid(self._key2))
+        values = (self._key1, self._key2, self._identity, to,
+                  max(2.0, config.command_timeout_s), *oids)  # fmt: skip
         statement = self._participants.reserve()
 
         async def reserve(slot: SessionSlot) -> list[tuple[Any, ...]]:
@@ -652,12 +648,14 @@ class LeaderLock(Fencing):
             assert isinstance(session, QuerySession)
             return await session.query(statement, values)
 
+        # One statement on the lock's own session (idle between probes): the target
+        # must be waiting now, and the reservation is written in the same breath.
         try:
             reserved = await run_on_session(self, reserve, config.command_timeout_s)
         except ConnectionError as exc:
             raise HandOverError(f"{self.label}: lost the lock before handing it over") from exc
         if not reserved:
-            raise HandOverError(f"{self.label}: this lock's row is gone; not handed over")
+            raise HandOverError(f"{self.label}: {to!r} is not waiting for the lock")
         log.info("handing_over", to=to, **self._log_fields)
         await self.step_down(timeout_s)
 
