@@ -13,6 +13,16 @@ leader's ``NOTIFY`` goes out just before its ``on_acquired`` callbacks).
 Printed: the median, p95 and max over all (change, follower) pairs, the median of the
 slowest follower per change, and how many changes some follower missed (must be 0).
 
+Two more measurements (``--only``):
+
+- ``handover``: ``hand_over(to=X)`` among four candidates in this process, all queued on
+  the server, to a random one of the three waiting, ``--changes`` times: the time from
+  the call to X's ``on_acquired``, and whether it landed on X (and nobody else
+  announced leadership meanwhile).
+- ``preferred``: a leader of priority 1; a candidate of priority 5 starts: the time from
+  its ``start()`` to its ``on_acquired`` (``handover_delay_s`` 0.5 s, the default,
+  included), ``--trials`` times.
+
 Usage::
 
     python benchmarks/leader_changes.py                    # 20 changes, 3 follower processes
@@ -28,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import subprocess
 import sys
 import time
@@ -151,6 +162,73 @@ async def measure(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         await a.shutdown()
 
 
+async def measure_handover(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    name = f"bench-handover-{uuid.uuid4().hex[:8]}"
+    acquired: list[tuple[str, float]] = []
+    locks = {
+        who: LeaderLock.from_name(
+            name, dsn, identity=who, **{**TIMINGS, "retry_strategy": FixedInterval(1.0)}
+        )
+        for who in "abcd"
+    }
+    for who, lock in locks.items():
+        lock.on_acquired(lambda who=who: acquired.append((who, time.monotonic())))
+    rng = random.Random(1)
+    delays: list[float] = []
+    landed = 0
+    try:
+        for lock in locks.values():
+            await lock.start()
+            await asyncio.sleep(0.05)
+        for _ in range(args.changes):
+            leader = next(lock for lock in locks.values() if lock.is_leader)
+            others = sorted(w for w in locks if w != leader.identity)
+            async with asyncio.timeout(30):
+                while {p.info.identity for p in await leader.participants() if p.waiting} < set(
+                    others
+                ):
+                    await asyncio.sleep(0.05)
+            target = rng.choice(others)
+            before = len(acquired)
+            started = time.monotonic()
+            await leader.hand_over(to=target)
+            assert await locks[target].wait_for_leadership(10)
+            who, at = acquired[before]
+            landed += who == target and len(acquired) == before + 1
+            delays.append(at - started)
+    finally:
+        for lock in locks.values():
+            await lock.shutdown()
+    return {"delays": delays, "landed": landed}
+
+
+async def measure_preferred(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    delays: list[float] = []
+    moves: list[int] = []
+    for _ in range(args.trials):
+        name = f"bench-preferred-{uuid.uuid4().hex[:8]}"
+        acquired: list[str] = []
+        low = LeaderLock.from_name(name, dsn, identity="low", priority=1, **TIMINGS)
+        high = LeaderLock.from_name(name, dsn, identity="high", priority=5, **TIMINGS)
+        low.on_acquired(lambda: acquired.append("low"))
+        done = asyncio.get_running_loop().create_future()
+        high.on_acquired(lambda done=done: done.done() or done.set_result(time.monotonic()))
+        high.on_acquired(lambda: acquired.append("high"))
+        try:
+            await low.start()
+            assert await low.wait_for_leadership(10)
+            started = time.monotonic()
+            await high.start()
+            async with asyncio.timeout(30):
+                delays.append(await done - started)
+            await asyncio.sleep(0.3)
+            moves.append(len(acquired) - 1)
+        finally:
+            await high.shutdown()
+            await low.shutdown()
+    return {"delays": delays, "moves": moves}
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -160,6 +238,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--followers", type=int, default=3)
     parser.add_argument("--pause", type=float, default=0.8, help="seconds between changes")
     parser.add_argument("--verbose", action="store_true", help="print every change")
+    parser.add_argument("--trials", type=int, default=10, help="preferred: trials")
+    parser.add_argument(
+        "--only", choices=["changes", "handover", "preferred"], action="append",
+        help="run only these measurements (repeatable; default all)",
+    )  # fmt: skip
     parser.add_argument("--follower", nargs=2, metavar=("NAME", "TAG"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -170,9 +253,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(follower(args.dsn, *args.follower))
         return
     _common.interrupt_on_signals()
+    only = set(args.only or ["changes", "handover", "preferred"])
     with _common.database(args.dsn) as dsn:
         print(_common.describe_machine({**_common.machine_info(), **_common.server_info(dsn)}))
-        result = asyncio.run(measure(dsn, args))
+        if "changes" in only:
+            report_changes(asyncio.run(measure(dsn, args)), args)
+        if "handover" in only:
+            result = asyncio.run(measure_handover(dsn, args))
+            print(f"\nhand_over(to=X), {len(result['delays'])} trials, four candidates\n")
+            print(_table("call -> X's on_acquired", result["delays"]))
+            print(f"\nlanded on X (nobody else announced): {result['landed']} of "
+                  f"{len(result['delays'])}")  # fmt: skip
+        if "preferred" in only:
+            result = asyncio.run(measure_preferred(dsn, args))
+            print(f"\na preferred candidate joins (priority 5 over 1), {args.trials} trials\n")
+            print(_table("start() -> its on_acquired", result["delays"]))
+            print(f"\nmoves per trial: {sorted(set(result['moves']))}")
+
+
+def _table(what: str, values: list[float]) -> str:
+    summary = _common.summarize(values)
+    cells = map(_common.fmt_ms, (summary.median, summary.p95, summary.max))
+    return _common.markdown_table([what, "n", "median", "p95", "max"], [[what, summary.n, *cells]])
+
+
+def report_changes(result: dict[str, Any], args: argparse.Namespace) -> None:
     every = _common.summarize(result["delays"])
     worst = _common.summarize(result["slowest"])
     print(

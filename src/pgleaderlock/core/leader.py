@@ -182,11 +182,18 @@ class ParticipantTable(LibraryTable):
         identity, ``{5}`` trusted roles: is the lock reserved for another candidate, one
         that is waiting for it now? Only a reservation written by a trusted role, not
         expired, counts: one of another role, or for a target that is gone or no longer
-        waits, is ignored."""
+        waits, is ignored. If it is, the lock (just granted to this session) is let go
+        in the same statement. Returns (reserved, unlocked)."""
+        return (
+            f"WITH trusted AS ({_TRUSTED.replace('{2}', '{5}')}),"
+            f" r AS (SELECT {self._reserved()} AS reserved)"
+            f" SELECT (SELECT reserved FROM r), {_LET_GO}"
+        )
+
+    def _reserved(self) -> str:
         t = self.sql
         return (
-            f"WITH trusted AS ({_TRUSTED.replace('{2}', '{5}')})"
-            f" SELECT EXISTS (SELECT 1 FROM {t} r JOIN {t} w ON w.key1 = r.key1"
+            f"EXISTS (SELECT 1 FROM {t} r JOIN {t} w ON w.key1 = r.key1"
             " AND w.key2 = r.key2 AND w.identity = r.reserved_for AND w.eligible"
             " JOIN pg_catalog.pg_stat_activity a ON a.pid = w.pid"
             " AND a.backend_start = w.backend_start AND a.usename = w.writer"
@@ -199,6 +206,24 @@ class ParticipantTable(LibraryTable):
             " AND NOT l.granted AND l.locktype = 'advisory' AND l.objsubid = 2"
             f" AND l.database = {_DATABASE}"
             " AND l.classid = ({2})::int8::oid AND l.objid = ({3})::int8::oid))"
+        )
+
+    def admit(self) -> str:
+        """The values of ``reserved_elsewhere``, then ``{6}`` channel, ``{7}``
+        payload: unless the lock is reserved for another, also what ``announce`` does
+        for a lock without fencing, in the same round trip from the grant to the
+        announcement. Returns (reserved, unlocked, rows marked, notified)."""
+        now = "pg_catalog.clock_timestamp()"
+        return (
+            f"WITH trusted AS ({_TRUSTED.replace('{2}', '{5}')}),"
+            f" r AS (SELECT {self._reserved()} AS reserved),"
+            f" up AS (UPDATE {self.sql} SET since = {now}, term = NULL, updated_at = {now}"
+            " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
+            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({4})::text"
+            " AND NOT (SELECT reserved FROM r) RETURNING 1)"
+            f" SELECT (SELECT reserved FROM r), {_LET_GO}, (SELECT count(*) FROM up),"
+            " (SELECT count(*) FROM (SELECT pg_catalog.pg_notify(({6})::text, ({7})::text)"
+            " WHERE NOT (SELECT reserved FROM r)) n)"
         )
 
     def remove(self) -> str:
@@ -219,6 +244,12 @@ class ParticipantTable(LibraryTable):
             " SELECT pg_catalog.pg_notify(({4})::text, ({5})::text), (SELECT count(*) FROM up)"
         )
 
+
+_LET_GO = (
+    "(SELECT count(*) FROM (SELECT pg_catalog.pg_advisory_unlock(({0})::int4, ({1})::int4)"
+    " WHERE (SELECT reserved FROM r)) u)"
+)
+"""With a ``reserved`` CTE ``r``: let the lock go when it is reserved for another."""
 
 NOTIFY_ONLY = "SELECT pg_catalog.pg_notify(({0})::text, ({1})::text)"
 """``{0}`` channel, ``{1}`` payload: the announcement when the table cannot be used."""

@@ -329,6 +329,7 @@ class LeaderLock(Fencing):
             raise ConfigurationError("handover_delay_s must be >= 0")
         self._publishes = metadata is not None or identity is not None or priority is not None
         self._considering: asyncio.Task[None] | None = None
+        self._announced = False  # the grant's statement announced this leadership
         self._eligible = bool(eligible)
         self._participants = ParticipantTable(
             participants_table, participants_schema, self._config.trusted_roles
@@ -595,8 +596,11 @@ class LeaderLock(Fencing):
         if not isinstance(session, QuerySession):
             return
         payload = f"{self._key1},{self._key2}"
+        announced, self._announced = self._announced, False
         try:
-            if self._published:
+            if announced:
+                pass  # done with the grant (``_admit``)
+            elif self._published:
                 values = (self._key1, self._key2, self._identity, self._machine.term,
                           CHANNEL, payload)  # fmt: skip
                 await session.query(self._participants.announce(), values)
@@ -666,17 +670,26 @@ class LeaderLock(Fencing):
         if not self._published or not isinstance(session, QuerySession):
             return True
         keys = (self._key1, self._key2)
-        values = (*keys, key_to_oid(keys[0]), key_to_oid(keys[1]), self._identity,
-                  list(self._config.trusted_roles))  # fmt: skip
+        values: tuple[object, ...] = (
+            *keys, key_to_oid(keys[0]), key_to_oid(keys[1]), self._identity,
+            list(self._config.trusted_roles),
+        )  # fmt: skip
+        # Without fencing the announcement goes in the same statement (one round trip
+        # from the grant to the NOTIFY); with fencing it waits for the term.
+        fenced = self._config.term_table is not None
+        statement = self._participants.reserved_elsewhere()
+        if not fenced:
+            statement = self._participants.admit()
+            values = (*values, CHANNEL, f"{keys[0]},{keys[1]}")
         try:
-            rows = await session.query(self._participants.reserved_elsewhere(), values)
+            rows = await session.query(statement, values)
         except Exception as exc:
             log.warning("reservation_unreadable", error=str(exc), **self._log_fields)
             return True
         if not (rows and rows[0][0]):
+            self._announced = not fenced
             return True
-        await session.unlock(*keys)
-        log.debug("reserved_for_another", **self._log_fields)
+        log.debug("reserved_for_another", **self._log_fields)  # and let go already
         return False
 
     def _poked(self) -> None:
