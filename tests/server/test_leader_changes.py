@@ -29,7 +29,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 FAST: dict[str, Any] = timings(
     retry_s=0.05, health_interval_s=0.2, load_plugins=False, watch_interval_s=30.0
 )
-BACKENDS = ["psycopg", "asyncpg"]
+# (backend, URL scheme): SQLAlchemy here over asyncpg (the psycopg driver is the same
+# session adapter as the psycopg backend's).
+BACKENDS = [
+    ("psycopg", "postgresql"),
+    ("asyncpg", "postgresql"),
+    ("sqlalchemy", "postgresql+asyncpg"),
+]
 
 
 @pytest.fixture
@@ -78,15 +84,18 @@ def _replicas(url: str, keys: tuple[int, int], schema: str, n: int, **kw: Any) -
     ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "scheme"), BACKENDS, ids=[b for b, _ in BACKENDS])
 async def test_every_replica_is_told_every_change(
-    pg_dsn: str, keys: tuple[int, int], schema: str, backend: str
+    pg_dsn: str, keys: tuple[int, int], schema: str, backend: str, scheme: str
 ) -> None:
-    url = dsn_to_url(pg_dsn, f"postgresql+{backend}")
-    replicas = _replicas(url, keys, schema, 3)
+    url = dsn_to_url(pg_dsn, scheme)
+    replicas = _replicas(url, keys, schema, 3, backend=backend)
     observer = Replica(
-        LeaderLock(url, *keys, identity="obs", eligible=False, participants_schema=schema, **FAST)
-    )
+        LeaderLock(
+            url, *keys, identity="obs", eligible=False, participants_schema=schema,
+            backend=backend, **FAST,
+        )
+    )  # fmt: skip
     everyone = [*replicas, observer]
     expected: list[str | None] = [None]
     try:
