@@ -2,7 +2,8 @@
 
 Fifty random faults on three candidates on the shared server: the leader's session
 terminated (``pg_terminate_backend``), the leader shut down (and started again), a
-follower shut down (and started again). Two observers watch throughout. Afterwards: no
+follower shut down (and started again), the observers' leader watch's sessions
+terminated (it reconnects and looks again). Two observers watch throughout. Afterwards: no
 observer ever believed it led or held the lock (it never opens a lock session), the
 candidates' beliefs never overlapped (but for the short terminate overlap), and each
 observer was told of the leader of the end.
@@ -63,7 +64,14 @@ async def test_an_observer_never_leads_under_faults(
         current = leader()
         assert current is not None
         holders_seen.update(await candidates.holders())
-        kind = rng.choice(["terminate", "shutdown leader", "shutdown follower"])
+        kind = rng.choice(["terminate", "shutdown leader", "shutdown follower", "watch"])
+        if kind == "watch":  # the observers' leader watch loses its sessions
+            watch = observers["o1"]._watch
+            assert watch is not None
+            for pid in watch.backend_pids:
+                if pid is not None:
+                    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            continue
         if kind == "terminate":
             losses = current.statistics().losses
             beliefs.fault("terminate", current.name)

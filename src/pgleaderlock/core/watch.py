@@ -106,10 +106,17 @@ class LeaderWatch:
         self._reader: LeaderReader | None = None
         self._query_lock = asyncio.Lock()
         self._rows_written = False
+        self._listen_pid: int | None = None
         self.listening = asyncio.Event()
         """Set while the listening session listens (tests wait for it)."""
 
     # ------------------------------------------------------------------ subscribers
+
+    @property
+    def backend_pids(self) -> tuple[int | None, int | None]:
+        """The server pids of its listening and query sessions (``None``: not open)."""
+        query = self._query
+        return self._listen_pid, None if query is None else query.backend_pid
 
     @property
     def label(self) -> str:
@@ -219,6 +226,7 @@ class LeaderWatch:
                 async with asyncio.timeout(self.timeout_s):
                     listen = await open_session(self._target, "pgleaderlock:listen")
                     await listen.listen(CHANNEL)  # type: ignore[attr-defined]
+                self._listen_pid = listen.backend_pid
                 self.listening.set()
                 attempt = 0
                 self._dirty.update(sub.keys for sub in self._subs)  # missed while away
@@ -267,6 +275,7 @@ class LeaderWatch:
                             lock=self.label)  # fmt: skip
             finally:
                 self.listening.clear()
+                self._listen_pid = None
                 if recv is not None:
                     recv.cancel()
                     await asyncio.gather(recv, return_exceptions=True)
