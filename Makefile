@@ -1,7 +1,7 @@
 .PHONY: demo test lint docs clean
 
-demo:  ## live leader election demo (throwaway PostgreSQL unless PG_DSN is set)
-	./scripts/demo.sh
+demo:  ## live leader election demo (throwaway PostgreSQL unless PG_DSN is set); options: make demo ARGS="..."
+	./scripts/demo.sh $(ARGS)
 
 test:  ## install everything into .venv and run lint, types, docs and the whole test suite
 	./scripts/test.sh

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import subprocess
@@ -210,10 +211,10 @@ async def measure_preferred(dsn: str, args: argparse.Namespace) -> dict[str, Any
         acquired: list[str] = []
         low = LeaderLock.from_name(name, dsn, identity="low", priority=1, **TIMINGS)
         high = LeaderLock.from_name(name, dsn, identity="high", priority=5, **TIMINGS)
-        low.on_acquired(lambda: acquired.append("low"))
+        low.on_acquired(functools.partial(acquired.append, "low"))
         done = asyncio.get_running_loop().create_future()
         high.on_acquired(lambda done=done: done.done() or done.set_result(time.monotonic()))
-        high.on_acquired(lambda: acquired.append("high"))
+        high.on_acquired(functools.partial(acquired.append, "high"))
         try:
             await low.start()
             assert await low.wait_for_leadership(10)

@@ -10,13 +10,10 @@ source scripts/_venv.sh
 echo "== install"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,docs]'
 
-# PgBouncer for tests/deploy: the fixture (tests/support/pgbouncer.py) runs its own
-# instances, so the Debian package's own service must not start. Never fatal: without
-# it the pooler tests skip, with the reason printed here and passed on to pytest.
-install_pgbouncer() {
-    if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
-        return 0
-    fi
+# Debian packages the tests use, installed when missing. Never fatal: without one, its
+# tests skip, with the reason printed here and passed on to pytest.
+# apt_install PACKAGE: prints why not and fails when it cannot install.
+apt_install() {
     if [ "$(id -u)" != 0 ]; then
         echo "not root, so apt-get cannot install it"
         return 1
@@ -29,19 +26,30 @@ install_pgbouncer() {
     if [ ! -e "$policy" ]; then  # "exit 101": maintainer scripts may not start services
         printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
     fi
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer) \
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") \
         >&2 || status=$?
     [ -z "$ours" ] || rm -f "$policy"
+    if [ "$status" != 0 ]; then
+        echo "apt-get install $1 failed (exit $status)"
+        return 1
+    fi
+}
+
+# PgBouncer for tests/deploy: the fixture (tests/support/pgbouncer.py) runs its own
+# instances, so the Debian package's own service must not start.
+install_pgbouncer() {
+    if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+        return 0
+    fi
+    local status=0
+    apt_install pgbouncer || status=$?
     # Belt and braces: stop the package's service if something started it anyway.
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
         systemctl stop pgbouncer.service >/dev/null 2>&1 || true
     elif [ -s /run/postgresql/pgbouncer.pid ] && [ -x /etc/init.d/pgbouncer ]; then
         /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
     fi
-    if [ "$status" != 0 ]; then
-        echo "apt-get install pgbouncer failed (exit $status)"
-        return 1
-    fi
+    return "$status"
 }
 echo "== pgbouncer"
 if why="$(install_pgbouncer)"; then
@@ -50,6 +58,16 @@ if why="$(install_pgbouncer)"; then
 else
     echo "PgBouncer unavailable, the pooler tests (tests/deploy) will skip: $why"
     export PGLEADERLOCK_TEST_PGBOUNCER_MISSING="$why"
+fi
+
+# Chromium for tests/docs: the docs site is opened in Debian's Chromium, driven by
+# Playwright through its executable path (Playwright's own browser download is not used).
+echo "== chromium"
+if command -v chromium >/dev/null 2>&1 || why="$(apt_install chromium)"; then
+    echo "$(command -v chromium): $(chromium --version 2>/dev/null | sed -n 1p || true)"
+else
+    echo "Chromium unavailable, the browser tests (tests/docs) will skip: $why"
+    export PGLEADERLOCK_TEST_CHROMIUM_MISSING="$why"
 fi
 
 echo "== ruff"

@@ -38,7 +38,7 @@ from .core.errors import (
     UntrustedObjectError,
 )
 from .core.hooks import hookimpl
-from .core.keys import lock_keys
+from .core.keys import lock_keys, slot_keys
 from .core.leader import LeaderInfo, Participant, current_leader, current_leader_sync
 from .core.lock import LeaderLock
 from .core.models import (
@@ -52,6 +52,7 @@ from .core.models import (
     StateChangeCallback,
 )
 from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
+from .core.semaphore import Semaphore
 from .core.session import Backend, ConnectOptions, LockSession
 from .tasks import LeaderTasks
 from .threaded import ThreadedLeaderLock
@@ -101,4 +102,6 @@ __all__ = [
     "Participant",
     "current_leader",
     "current_leader_sync",
+    "Semaphore",
+    "slot_keys",
 ]

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -356,13 +357,32 @@ def start_throwaway() -> ThrowawayPostgres:
     return pg
 
 
+def plain_text(markdown: str) -> str:
+    """The module docstring as terminal text: code fences become indented lines, and
+    Markdown code spans and mkdocstrings cross-references (``[`X`][pgleaderlock.X]``)
+    become their plain text."""
+    lines, in_code = [], False
+    for line in markdown.strip().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        lines.append(f"    {line}" if in_code else line)
+    text = "\n".join(lines)
+    text = re.sub(r"\[([^\]]+)\]\[[^\]]*\]", r"\1", text)  # [label][target] -> label
+    return re.sub(r"``?([^`]+)``?", r"\1", text)  # `code` and ``code`` -> code
+
+
 def _interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m pgleaderlock.demo``."""
-    parser = argparse.ArgumentParser(prog="python -m pgleaderlock.demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m pgleaderlock.demo",
+        description=plain_text(__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     dsn_help = "default: $PG_DSN, else a throwaway PostgreSQL is started"
     parser.add_argument("--dsn", default=os.environ.get("PG_DSN"), help=dsn_help)
     parser.add_argument("--candidates", type=int, default=3, help="processes (default 3)")

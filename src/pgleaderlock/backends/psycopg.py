@@ -78,6 +78,11 @@ class PsycopgSession(BaseSession):
         self._queries: dict[tuple[object, ...], bytes] = {}
         self._sync: asyncio.Future[None] | None = None  # a probe's Sync awaits its answer
         self._sync_io = 0  # what the probe added to the event loop (_READER, _WRITER)
+        # The fd the probe's and the watch's callbacks are on: libpq closes the socket when
+        # it finds the connection closed, and they must come off the event loop all the
+        # same (a new connection may get the fd number, see `_answer`).
+        self._sync_fd = -1
+        self._watch_fd = -1
 
     @property
     def connection(self) -> psycopg.AsyncConnection[object]:
@@ -182,7 +187,7 @@ class PsycopgSession(BaseSession):
             return None
         loop = asyncio.get_running_loop()
         reply = self._sync = loop.create_future()
-        fd = pgconn.socket
+        fd = self._sync_fd = pgconn.socket
         try:
             pgconn.enter_pipeline_mode()
             pgconn.pipeline_sync()
@@ -212,7 +217,13 @@ class PsycopgSession(BaseSession):
             return
         pgconn = self._conn.pgconn
         try:
-            pgconn.consume_input()
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError as exc:
+                # Read to the end of the connection: the server's last words may be in
+                # libpq's buffer still (its ErrorResponse came in the same read as the
+                # answer to the previous Sync, and the end of the connection only now).
+                raise self._server_said() or exc from None
             if pgconn.is_busy():
                 return  # part of the answer: wait for the rest
             result = pgconn.get_result()
@@ -229,6 +240,24 @@ class PsycopgSession(BaseSession):
             return
         self._answer(None)
 
+    def _server_said(self) -> psycopg.Error | None:
+        """The error the server sent before it closed the connection (``AdminShutdown``,
+        ``IdleSessionTimeout``), if libpq read it; ``None`` if not. libpq keeps the
+        data it read when it finds the connection closed, so its results still give
+        the server's message, which ``consume_input`` replaced by its own ("server
+        closed the connection unexpectedly")."""
+        pgconn = self._conn.pgconn
+        with contextlib.suppress(Exception):
+            for _ in range(_RESULTS_AFTER_CLOSE):
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                if result.status == pq.ExecStatus.FATAL_ERROR and result.error_field(
+                    pq.DiagnosticField.SQLSTATE
+                ):  # libpq's own errors have no SQLSTATE
+                    return psycopg.errors.error_from_result(result, self._conn.info.encoding)
+        return None
+
     def _answer(self, error: psycopg.Error | None, *, abort: bool = True) -> None:
         """The probe in flight is over: resolve its future (failed: translated, and the
         session aborted) and undo what the probe put on the event loop."""
@@ -236,13 +265,17 @@ class PsycopgSession(BaseSession):
         if reply is None:
             return
         io, self._sync_io = self._sync_io, 0
-        if io and not self._conn.closed:
-            with contextlib.suppress(Exception):
-                loop = asyncio.get_running_loop()
-                if io & _WRITER:
-                    loop.remove_writer(self._conn.pgconn.socket)
-                if io & _READER and self._watch is None:  # a watch armed since keeps it
-                    loop.remove_reader(self._conn.pgconn.socket)
+        # Even on a connection libpq has closed (its fd closed too): else the event loop
+        # keeps the callback under that fd number, and the next connection that gets the
+        # number fails ("connection socket closed") when psycopg waits on it.
+        if io:
+            loop = asyncio.get_running_loop()
+            if io & _WRITER:
+                with contextlib.suppress(Exception):
+                    loop.remove_writer(self._sync_fd)
+            if io & _READER and self._watch is None:  # a watch armed since keeps it
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(self._sync_fd)
         if error is not None and abort:
             self.abort()
         if reply.done():
@@ -280,14 +313,13 @@ class PsycopgSession(BaseSession):
         psycopg finds no active query left to cancel. psycopg's reader comes off the
         event loop before the fd is closed, so that the fd number cannot be reused
         under it."""
-        if self._conn.closed:
-            return
-        pgconn = self._conn.pgconn
-        with contextlib.suppress(Exception):
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(pgconn.socket)
-            loop.remove_writer(pgconn.socket)
-        pgconn.finish()
+        if not self._conn.closed:
+            pgconn = self._conn.pgconn
+            with contextlib.suppress(Exception):
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(pgconn.socket)
+                loop.remove_writer(pgconn.socket)
+            pgconn.finish()
         self._answer(psycopg.OperationalError("the session was aborted"), abort=False)
 
     async def _close(self) -> None:
@@ -301,15 +333,17 @@ class PsycopgSession(BaseSession):
     def _arm(self) -> None:
         # psycopg waits on the same fd for its queries; asyncio keeps one reader per fd,
         # which is why every statement disarms the watch first.
-        asyncio.get_running_loop().add_reader(self._conn.pgconn.socket, self._on_readable)
+        self._watch_fd = self._conn.pgconn.socket
+        asyncio.get_running_loop().add_reader(self._watch_fd, self._on_readable)
 
     def _disarm(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._conn.pgconn.socket)
+        asyncio.get_running_loop().remove_reader(self._watch_fd)  # the fd may be closed
 
 
 # The probe's bare Sync needs pipeline mode (libpq >= 14).
 _CAN_SYNC = pq.version() >= 140000
 _READER, _WRITER = 1, 2
+_RESULTS_AFTER_CLOSE = 4  # results looked at for the server's last message (bounded)
 
 
 def _probe_failure(exc: psycopg.Error) -> Exception:

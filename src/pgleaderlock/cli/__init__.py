@@ -1,5 +1,6 @@
 """The ``pgleaderlock`` command line: ``run``, ``acquire``, ``exec``, ``cron``,
-``status``, and ``sql`` (the tables and grants, for a migration).
+``status``, ``sql`` (the tables and grants, for a migration) and ``doctor`` (is this
+database a safe place for the locks?).
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
 works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleaderlock.lock_keys])
@@ -10,7 +11,7 @@ loguru (`InterceptHandler`) and writes every line to stderr, so that stdout
 belongs to ``status`` output and to the command that ``exec`` runs.
 
 This package holds the click group and the entry point; one module per command (`run`,
-`acquire`, `exec`, `cron`, `status` with `render`, `sql`), and what they share:
+`acquire`, `exec`, `cron`, `status` with `render`, `sql`, `doctor`), and what they share:
 `options`, `logs`, `exits`, `runtime`, `retry`, `tracker`.
 
 Exit codes (also in ``pgleaderlock --help``):
@@ -18,7 +19,7 @@ Exit codes (also in ``pgleaderlock --help``):
 | Code | Meaning |
 |---|---|
 | 0 | success; ``run`` stopped by SIGTERM/SIGINT (lock released) |
-| 1 | ``acquire``: the lock is held elsewhere; ``run``: the lock stopped by itself |
+| 1 | ``acquire``: held elsewhere; ``run``: the lock stopped by itself; ``doctor``: a check failed |
 | 2 | bad input (no or malformed DSN, keys out of range, ...), unreachable or refusing server |
 | 75 | ``exec``: the lock is held elsewhere, COMMAND was not run (``--held-exit-code``) |
 | 76 | ``exec``/``acquire --hold``: leadership was lost; COMMAND was terminated |
@@ -46,6 +47,7 @@ from ..core._logging import mask_dsn
 from . import exits
 from .acquire import acquire
 from .cron import cron
+from .doctor import doctor
 from .exec import exec_
 from .exits import *  # noqa: F403 - its exit codes, EXIT_*, are this package's too
 from .exits import EXIT_OK, CliError, signal_exit
@@ -73,11 +75,13 @@ Examples:
   pgleaderlock status --name billing-scheduler       # who holds it, who waits
   pgleaderlock status --all --json                   # every advisory lock, for scripts
   pgleaderlock sql --role app > pgleaderlock.sql     # tables and grants, for a migration
+  pgleaderlock doctor --locks 30 --replicas 3        # is this database safe for the plan?
 
 \b
 Exit codes:
   0      success; run, cron: stopped by SIGTERM/SIGINT (the lock was released)
-  1      acquire: the lock is held elsewhere; run, cron: the lock stopped by itself
+  1      acquire: the lock is held elsewhere; run, cron: the lock stopped by itself;
+         doctor: a check failed (--strict: or warned)
   2      bad input (no or malformed DSN, keys out of range, ...), unreachable server,
          or refused for good (authentication, unknown role or database, pooler)
   75     exec: the lock is held elsewhere, COMMAND did not run (--held-exit-code)
@@ -103,7 +107,7 @@ def cli() -> None:
     """
 
 
-for _command in (run, acquire, exec_, cron, status, sql):
+for _command in (run, acquire, exec_, cron, status, sql, doctor):
     cli.add_command(_command)
 
 

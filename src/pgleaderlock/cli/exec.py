@@ -16,11 +16,14 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
+from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
-from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND
+from ..core.semaphore import Semaphore
+from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
 from .logs import log
 from .options import (
     Common,
@@ -29,9 +32,10 @@ from .options import (
     log_options,
     positive,
     seconds_option,
+    slots_option,
     wait_option,
 )
-from .retry import Deadline
+from .retry import Deadline, FailFast
 from .runtime import Signals, build_lock, contend, first
 from .tracker import Tracker
 
@@ -47,11 +51,14 @@ Examples:
   pgleaderlock exec --name nightly-report --wait 600 -- python -m app.report
   # skipping is not a failure for this job
   pgleaderlock exec --name cleanup --held-exit-code 0 -- ./cleanup.sh
+  # at most 3 hosts transcode at once; the others wait for a free slot
+  pgleaderlock exec --name transcoders -n 3 --wait inf -- ./transcode-worker
 
 \b
 Exit codes: COMMAND's own exit code (128+N if it died of signal N); 75 if the lock is
 held elsewhere (COMMAND did not run); 76 if leadership was lost while COMMAND ran
-(COMMAND was sent SIGTERM, then SIGKILL after --kill-after); 2 for bad input, an
+(COMMAND was sent SIGTERM, then SIGKILL after --kill-after); with -n N, 75 means all N
+slots are held elsewhere; 2 for bad input, an
 unreachable server or a server that refuses this client for good (COMMAND did not run);
 126/127 if COMMAND cannot be executed / is not found.
 
@@ -67,6 +74,7 @@ pgleaderlock itself dies.
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @lock_options
+@slots_option
 @wait_option
 @seconds_option(
     "--kill-after",
@@ -91,6 +99,7 @@ pgleaderlock itself dies.
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(
     common: Common,
+    slots: int,
     wait_s: float,
     kill_after: float,
     held_exit_code: int,
@@ -101,14 +110,18 @@ def exec_(
 
     Like flock(1), but for a whole fleet: of all hosts running the same `exec`, only
     the one holding the lock runs COMMAND; the others exit 75 at once (or wait with
-    --wait). If leadership is lost while COMMAND runs, COMMAND is terminated. Put
-    `--` before COMMAND.
+    --wait). If leadership is lost while COMMAND runs, COMMAND is terminated. With
+    -n N, up to N hosts run COMMAND at once, each holding one of N slots. Put `--`
+    before COMMAND.
     """
     deadline = Deadline(check_wait(wait_s))
     kill_after = positive("--kill-after", kill_after)
-    lock, tracker = build_lock(
-        common, deadline, auto_reacquire=False, health_interval_s=health_interval
-    )
+    options = {"auto_reacquire": False, "health_interval_s": health_interval}
+    lock: LeaderLock
+    if slots > 1:
+        lock, tracker = _build_semaphore(common, slots, deadline, **options)
+    else:
+        lock, tracker = build_lock(common, deadline, **options)
     return asyncio.run(
         contend(
             common,
@@ -120,6 +133,31 @@ def exec_(
             then=lambda signals: _supervise(lock, tracker, signals, list(command), kill_after),
         )
     )
+
+
+def _build_semaphore(
+    common: Common, slots: int, deadline: Deadline, **options: Any
+) -> tuple[Semaphore, Tracker]:
+    """`build_lock` for ``-n N``: a [`Semaphore`][pgleaderlock.Semaphore] of ``slots``
+    slots named by ``--name``."""
+    name = common.target.name
+    if name is None:
+        raise CliError("-n/--slots names the semaphore with --name, not --key1/--key2")
+    tracker = Tracker()
+    try:
+        sem = Semaphore(
+            common.dsn,
+            name,
+            slots=slots,
+            retry_strategy=FailFast(deadline, tracker),
+            backend=common.backend,
+            connect_timeout_s=common.connect_timeout_s,
+            **options,
+        )
+    except PgLeaderLockError as exc:
+        raise CliError(str(exc)) from None
+    sem.plugins.register(tracker)
+    return sem, tracker
 
 
 def _pdeathsig() -> Callable[[], None] | None:

@@ -37,6 +37,7 @@ __all__ = [
     "seconds_option",
     "names_target_options",
     "target_options",
+    "slots_option",
     "wait_option",
 ]
 
@@ -210,6 +211,22 @@ def lock_options(f: F) -> F:
         ],
     )
     return target_options(decorated)
+
+
+def slots_option(f: F) -> F:
+    """``-n/--slots N`` (``exec``): a [`Semaphore`][pgleaderlock.Semaphore] of N slots
+    instead of a lock (1: a lock)."""
+    return click.option(
+        "-n",
+        "--slots",
+        "slots",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        metavar="N",
+        help="Run COMMAND on at most N hosts at once (a semaphore of N slots named by "
+        "--name; every host must give the same N). 1: a singleton.",
+    )(f)
 
 
 def wait_option(f: F) -> F:

@@ -21,10 +21,11 @@ pgleaderlock's (by its ``application_name``) but is of another role is marked
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -39,7 +40,7 @@ from ..coordination.protocol import check_group, checkpoint_name, member_key, na
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError, MissingPrivilegeError
-from ..core.keys import key_to_oid, lock_keys, oid_to_key
+from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
 from ..core.leader import READABLE, ParticipantTable, participants_of
 from ..core.registry import without_driver
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck
@@ -56,13 +57,14 @@ from .options import (
 )
 from .render import json_default, render_all, render_group, render_one
 
-__all__ = ["schedule_report", "status", "unreadable"]
+__all__ = ["Reader", "schedule_report", "status", "unreadable"]
 
 _STATUS_EPILOG = """\b
 Examples:
   pgleaderlock status --name billing-scheduler
   pgleaderlock status --key1 1234 --key2 5678 --json | jq .holders[0].pid
   pgleaderlock status --all
+  pgleaderlock status --name billing-scheduler --watch   # redrawn as leadership changes
   pgleaderlock status --group billing
   pgleaderlock status --group billing --name projection:users --name saga:fulfillment --json
 
@@ -193,6 +195,14 @@ _SESSION_FIELDS = (
     "rows give each session's identity, priority and metadata, and the observers.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep the report on screen, redrawn when it changes (who leads, who waits); "
+    "without --name, --group or --key1/--key2: every advisory lock. Ctrl-C ends it "
+    "(exit 0). Needs the tui extra: pip install 'pgleaderlock[tui]'.",
+)
+@seconds_option("--interval", default=1.0, text="With --watch: how often to read the server.")
 @seconds_option("--timeout", default=5.0, text="Connect timeout and statement timeout.")
 @log_options(cli="WARNING", library="WARNING")
 def status(
@@ -209,6 +219,8 @@ def status(
     last_runs: int,
     participants_schema: str,
     as_json: bool,
+    watch: bool,
+    interval: float,
     timeout: float,
 ) -> int:
     """Show who holds the lock now and how many sessions wait for it.
@@ -238,6 +250,8 @@ def status(
     elif all_locks:
         if name or key1 is not None or key2 is not None:
             raise CliError("--all lists every lock: leave out --name/--key1/--key2")
+    elif watch and not name and key1 is None and key2 is None:
+        pass  # every lock
     else:
         target = resolve_target(name[0] if name else None, key1, key2)
     timeout = positive("--timeout", timeout)
@@ -245,7 +259,8 @@ def status(
         trusted_roles = check_roles(trusted_roles)
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
-    with _connect(dsn, timeout) as conn:
+
+    def build(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         try:
             info = _server_info(conn, trusted_roles)
             if group is not None:
@@ -278,43 +293,112 @@ def status(
             raise CliError(f"the status query took longer than {timeout:g} s") from None
         except psycopg.Error as exc:
             raise CliError(f"status query failed: {first_line(exc)}") from None
-    if as_json:
-        click.echo(json.dumps(report, indent=2, default=json_default))
-    elif group is not None:
-        click.echo(render_group(report))
-    elif target is None:
-        click.echo(render_all(report))
-    else:
-        click.echo(render_one(report))
+        return report
+
+    def text(report: dict[str, Any]) -> str:
+        if group is not None:
+            return render_group(report)
+        if target is None:
+            return render_all(report)
+        return render_one(report)
+
+    if watch:
+        if as_json:
+            raise CliError("--watch draws on the terminal: leave out --json")
+        from .watch import watch_status  # needs the tui extra (rich)
+
+        def build_bounded(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+            with bounded(conn, timeout):
+                return build(conn)
+
+        with Reader(lambda: _open(dsn, timeout), build_bounded) as reader:
+            return watch_status(reader, text, positive("--interval", interval))
+    with _connect(dsn, timeout) as conn:
+        report = build(conn)
+    click.echo(json.dumps(report, indent=2, default=json_default) if as_json else text(report))
     return EXIT_OK
+
+
+class Reader:
+    """A status report on demand, for ``--watch``: one connection kept between reports,
+    opened again after an error (each report bounded as for ``status``)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        build: Callable[[psycopg.Connection[Any]], dict[str, Any]],
+    ) -> None:
+        self._connect = connect
+        self._build = build
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        """The report now; raises `CliError` (and drops the connection) on failure."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+            return self._build(self._conn)
+        except CliError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection (if open)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @contextlib.contextmanager
 def _connect(dsn: str, timeout_s: float) -> Iterator[psycopg.Connection[Any]]:
-    """A short autocommit connection whose statements time out after ``timeout_s``."""
-    driver_dsn = without_driver(dsn)  # status always connects with psycopg
+    """A short connection whose statements run in one transaction, bounded as
+    `bounded` says."""
+    with _open(dsn, timeout_s) as conn, bounded(conn, timeout_s):
+        yield conn
+
+
+def _open(dsn: str, timeout_s: float) -> psycopg.Connection[Any]:
+    """An autocommit connection (status always connects with psycopg). It sets nothing
+    at startup: a pooler refuses startup options (PgBouncer: ``unsupported startup
+    parameter: options``); `bounded` sets what a report needs, for its transaction."""
+    driver_dsn = without_driver(dsn)
     try:
-        params = conninfo_to_dict(driver_dsn)
+        conninfo_to_dict(driver_dsn)
     except psycopg.Error as exc:
         raise CliError(f"malformed DSN {dsn!r}: {first_line(exc)}") from None
-    existing = params.get("options")
-    # Bounded, and never resolving a name through a schema another role may write to:
-    # the same search_path as the library's own sessions (its queries rely on it).
-    search_path = SAFE_SETTINGS["search_path"].replace(" ", "")
-    statement = f"-c statement_timeout={math.ceil(timeout_s * 1000)} -c search_path={search_path}"
-    options = f"{existing} {statement}" if existing else statement
     try:
-        conn = psycopg.connect(
+        return psycopg.connect(
             driver_dsn,
             autocommit=True,
             connect_timeout=max(2, math.ceil(timeout_s)),
             application_name="pgleaderlock-status",
-            options=options,
         )
     except psycopg.Error as exc:
         raise CliError(f"cannot connect to the database: {first_line(exc)}; DSN: {dsn}") from None
-    with conn:
-        yield conn
+
+
+_BOUNDS = (
+    "SELECT pg_catalog.set_config('statement_timeout', %s, true),"
+    " pg_catalog.set_config('search_path', %s, true)"
+)
+
+
+@contextlib.contextmanager
+def bounded(conn: psycopg.Connection[Any], timeout_s: float) -> Iterator[None]:
+    """One transaction whose statements time out after ``timeout_s`` and never resolve
+    a name through a schema another role may write to (the library's own sessions'
+    ``search_path``; the queries rely on it). Both are transaction-local, so they reach
+    no other client through a pooler, and a report reads one snapshot."""
+    search_path = SAFE_SETTINGS["search_path"]
+    with conn.transaction():
+        conn.execute(_BOUNDS, (str(math.ceil(timeout_s * 1000)), search_path))
+        yield
 
 
 @dataclass(frozen=True)
@@ -461,9 +545,23 @@ def _name_for(keys: tuple[int, int], application_name: str | None) -> str | None
             return None
         label = f"pgleaderlock-member:{member.group('group')}:{member.group('member')}"
     try:
-        return label if label and lock_keys(label) == keys else None
+        if label and lock_keys(label) == keys:
+            return label
     except ConfigurationError:  # pragma: no cover - label is a non-empty str
         return None
+    if match is None or _KEYS_LABEL.match(label):
+        return None
+    slot = _slot_of(label, keys)  # a Semaphore's slot, named by the semaphore's name
+    return None if slot is None else f"{label}[slot {slot}]"
+
+
+_KEYS_LABEL = re.compile(r"^-?\d+,-?\d+$")
+"""The label of a lock made from keys (``key1,key2``): no semaphore's name."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_of(label: str, keys: tuple[int, int]) -> int | None:
+    return find_slot(label, keys, limit=256)
 
 
 def _all_locks(conn: psycopg.Connection[Any], info: _ServerInfo) -> dict[str, Any]:
@@ -505,22 +603,27 @@ def unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> str | None
     """Why one of the library's tables is not to be read (``None``: it may be). It is
     read only if it is a plain table that a trusted role owns, in a schema a trusted
     role owns: another role's table, or a view, could run that role's code as yours."""
+    return _unreadable(conn, table)[0]
+
+
+def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> tuple[str | None, bool]:
+    """`unreadable`'s reason, and whether it is that the table (or schema) is absent."""
     values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
     row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
     assert row is not None
     check = TableCheck(table, *row[:9])
     if check.schema_owner is None:
-        return f"the schema {table.schema!r} does not exist"
+        return f"the schema {table.schema!r} does not exist", True
     if check.relkind is None:
-        return f"{table.shown} does not exist"
+        return f"{table.shown} does not exist", True
     try:
         check.verify()
     except MissingPrivilegeError as exc:
         if not check.missing or "SELECT" in check.missing:
-            return str(exc)
+            return str(exc), False
     except ConfigurationError as exc:
-        return str(exc)
-    return None
+        return str(exc), False
+    return None, False
 
 
 _SCHEDULES = (
@@ -549,45 +652,61 @@ def schedule_report(
     """The schedules in the ledger whose names start with one of ``prefixes`` (all
     when empty): spec, next slot, the outcomes of the rows kept, and the last ``last``
     runs. The tables are read only if they may be trusted (see `unreadable`); else
-    ``not_read`` says why."""
+    ``not_read`` says why. Tables that do not exist (no schedule ran yet) are no error:
+    no items, and ``absent`` says which."""
     report: dict[str, Any] = {
         "table": schedules.shown,
         "runs_table": runs.shown,
         "not_read": None,
+        "absent": None,
         "items": [],
     }
     try:
-        for table in (schedules, runs):
-            skipped = unreadable(conn, table)
-            if skipped is not None:
-                report["not_read"] = skipped
-                return report
-        names = {"runs": runs.sql, "schedules": schedules.sql}
-        for schedule, spec, since, next_slot, updated_at, outcomes in conn.execute(
-            _SCHEDULES.format(**names).encode()
-        ).fetchall():
-            head = next((p for p in prefixes if str(schedule).startswith(p)), None)
-            if prefixes and head is None:
-                continue
-            recent = conn.execute(_LAST_RUNS.format(**names).encode(), (schedule, last))
-            report["items"].append(
-                {
-                    "schedule": schedule,
-                    "job": str(schedule)[len(head or "") :],
-                    "spec": spec,
-                    "since": since,
-                    "next_slot": next_slot,
-                    "updated_at": updated_at,
-                    "outcomes": outcomes,
-                    "last_runs": [
-                        dict(zip(_RUN_FIELDS, row, strict=True)) for row in recent.fetchall()
-                    ],
-                }
-            )
+        with conn.transaction():  # a savepoint: an error here spares the report's transaction
+            return _schedules(conn, runs, schedules, prefixes, last, report)
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:
         report["not_read"] = first_line(exc)
+    return report
+
+
+def _schedules(
+    conn: psycopg.Connection[Any],
+    runs: RunTable,
+    schedules: ScheduleTable,
+    prefixes: Sequence[str],
+    last: int,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    for table in (schedules, runs):
+        skipped, absent = _unreadable(conn, table)
+        if skipped is not None:
+            # An absent table is no error: no schedule ran yet.
+            report["absent" if absent else "not_read"] = skipped
+            return report
+    names = {"runs": runs.sql, "schedules": schedules.sql}
+    for schedule, spec, since, next_slot, updated_at, outcomes in conn.execute(
+        _SCHEDULES.format(**names).encode()
+    ).fetchall():
+        head = next((p for p in prefixes if str(schedule).startswith(p)), None)
+        if prefixes and head is None:
+            continue
+        recent = conn.execute(_LAST_RUNS.format(**names).encode(), (schedule, last))
+        report["items"].append(
+            {
+                "schedule": schedule,
+                "job": str(schedule)[len(head or "") :],
+                "spec": spec,
+                "since": since,
+                "next_slot": next_slot,
+                "updated_at": updated_at,
+                "outcomes": outcomes,
+                "last_runs": [
+                    dict(zip(_RUN_FIELDS, row, strict=True)) for row in recent.fetchall()
+                ],
+            }
+        )
     return report
 
 
@@ -599,15 +718,16 @@ def _checkpoint_names(
     plain table that a trusted role owns, in a schema a trusted role owns: another
     role's table, or a view, could run that role's code as yours."""
     try:
-        skipped = unreadable(conn, table)
-        if skipped is not None:
-            return {}, skipped
-        head = checkpoint_name(group, "")
-        query = sql.SQL(
-            "SELECT subscription_name FROM {}.{}"
-            " WHERE pg_catalog.starts_with(subscription_name, %s)"
-        ).format(sql.Identifier(table.schema), sql.Identifier(table.name))
-        rows = conn.execute(query, (head,)).fetchall()
+        with conn.transaction():  # a savepoint: an error here spares the report's transaction
+            skipped = unreadable(conn, table)
+            if skipped is not None:
+                return {}, skipped
+            head = checkpoint_name(group, "")
+            query = sql.SQL(
+                "SELECT subscription_name FROM {}.{}"
+                " WHERE pg_catalog.starts_with(subscription_name, %s)"
+            ).format(sql.Identifier(table.schema), sql.Identifier(table.name))
+            rows = conn.execute(query, (head,)).fetchall()
     except psycopg.errors.QueryCanceled:
         raise
     except psycopg.Error as exc:

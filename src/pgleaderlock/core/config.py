@@ -159,6 +159,9 @@ class LockConfig:
     before it ends their sessions."""
     drain_s: float = 0.0
     """How long a graceful stop lets leader work finish its unit before the release."""
+    escalate_after_s: float = 30.0
+    """Errors that keep the lock from leading for this long are escalated (a summary at
+    ERROR, then at doubling intervals)."""
     trusted_roles: tuple[str, ...] = ()
     """Roles trusted besides the session's own and superusers: their tables and schemas,
     and (in a group) their sessions and messages."""
@@ -188,6 +191,7 @@ def lock_config(
     lease_s: object = None,
     fencing_grace_s: object = 2.0,
     drain_s: object = 0.0,
+    escalate_after_s: object = 30.0,
 ) -> LockConfig:
     """Check a lock's settings before any I/O. Its defaults are every lock's (a
     ``LeaderLock``'s signature repeats them for its readers; a unit test keeps the two
@@ -240,6 +244,7 @@ def lock_config(
         lease_s=lease,
         fencing_grace_s=positive("fencing_grace_s", fencing_grace_s),
         drain_s=_not_negative("drain_s", drain_s),
+        escalate_after_s=positive("escalate_after_s", escalate_after_s),
     )
 
 

@@ -12,9 +12,11 @@ __all__ = [
     "INT32_MIN",
     "check_key",
     "check_name",
+    "find_slot",
     "key_to_oid",
     "lock_keys",
     "oid_to_key",
+    "slot_keys",
 ]
 
 INT32_MIN = -(2**31)
@@ -100,6 +102,53 @@ def lock_keys(name: str) -> tuple[int, int]:
     check_name(name)
     digest = hashlib.md5(name.encode("utf-8"), usedforsecurity=False).hexdigest()
     return oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))
+
+
+SLOT_SEPARATOR = "\x1f"
+"""Between a semaphore's name and a slot's index in the string its slot keys are derived
+from: a control character (ASCII unit separator), which no lock name may hold, so no
+[`lock_keys`][pgleaderlock.lock_keys] of any name gives a slot's keys."""
+
+
+def slot_keys(name: str, slots: int) -> list[tuple[int, int]]:
+    """The advisory-lock keys of each slot of the semaphore ``name`` (see
+    [`Semaphore`][pgleaderlock.Semaphore]): slot ``i`` has the keys derived as
+    [`lock_keys`][pgleaderlock.lock_keys] derives them, from ``name + "\\x1f" + str(i)``
+    (hashed as UTF-8), i.e.
+
+    ```sql
+    SELECT ('x' || substr(md5(name || chr(31) || i), 1, 8))::bit(32)::int,
+           ('x' || substr(md5(name || chr(31) || i), 9, 8))::bit(32)::int;
+    ```
+
+    The separator is a control character, which `lock_keys` refuses in a name: no
+    `LeaderLock.from_name`, `Semaphore` of another name, or other name-derived lock can
+    share a slot's keys (short of an MD5 collision of 64 bits).
+
+    Args:
+        name: the semaphore's name (as for `lock_keys`).
+        slots: how many slots, at least 1.
+
+    Raises:
+        ConfigurationError: a bad name, or ``slots`` not a positive int.
+    """
+    check_name(name)
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ConfigurationError(f"slots must be an int of at least 1, got {slots!r}")
+    return [_slot_key(name, index) for index in range(slots)]
+
+
+def _slot_key(name: str, index: int) -> tuple[int, int]:
+    digest = hashlib.md5(f"{name}{SLOT_SEPARATOR}{index}".encode(), usedforsecurity=False)
+    hexdigest = digest.hexdigest()
+    return oid_to_key(int(hexdigest[0:8], 16)), oid_to_key(int(hexdigest[8:16], 16))
+
+
+def find_slot(name: str, keys: tuple[int, int], limit: int = 1024) -> int | None:
+    """Which slot of the semaphore ``name`` has ``keys`` (among the first ``limit``), or
+    ``None``: for ``pgleaderlock status``, which sees a slot's keys and its holder's
+    ``application_name`` (the semaphore's name) but not how many slots it has."""
+    return next((i for i in range(limit) if _slot_key(name, i) == keys), None)
 
 
 def check_key(name: str, value: object) -> int:

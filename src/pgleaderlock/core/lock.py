@@ -11,6 +11,7 @@ the database call in flight, if the machine's effect allows it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import socket
@@ -32,6 +33,7 @@ from .config import (
 from .errors import ConfigurationError, ConnectionError, HandOverError, ShutdownError
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
+from .keyring import Keyring
 from .keys import check_key, check_name, key_to_oid, lock_keys
 from .leader import (
     CHANNEL,
@@ -216,6 +218,13 @@ class LeaderLock(Fencing):
             [Who leads](../guides/who-leads.md#choosing-who-leads).
         handover_delay_s: how long a leader waits after seeing a waiting candidate of a
             higher priority before it hands over (it looks again then).
+        escalate_after_s: errors that keep the lock from leading (it cannot connect,
+            or its attempts fail, with no attempt reaching the server in between) for
+            this long are escalated: an ERROR line ``lock_failing`` says for how long,
+            how many errors and what to check, again at doubling intervals (at most
+            every 10 min); until then only the first error, and each different one, is
+            logged at ERROR, repeats at DEBUG.
+            [`statistics().failing_since`][pgleaderlock.LockStatistics] says since when.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -262,6 +271,7 @@ class LeaderLock(Fencing):
         watch_interval_s: float | None = None,
         priority: int | None = None,
         handover_delay_s: float = 0.5,
+        escalate_after_s: float = 30.0,
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
@@ -284,6 +294,7 @@ class LeaderLock(Fencing):
             lease_s=lease_s,
             fencing_grace_s=fencing_grace_s,
             drain_s=drain_s,
+            escalate_after_s=escalate_after_s,
         )
         check_retry_strategy(retry_strategy)
         self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
@@ -315,7 +326,7 @@ class LeaderLock(Fencing):
             log=log,
             fields=fields,
         )
-        self._runner = Runner(self._machine, self._slot, self._emit, self.keys, fields)
+        self._runner = Runner(self._machine, self._slot, self._emit, self._keyring(), fields)
 
         # Who leads (see core.leader and core.watch).
         self._metadata_json = check_metadata(metadata)
@@ -344,10 +355,24 @@ class LeaderLock(Fencing):
         self._publish_warned = False
         self._watch: LeaderWatch | None = None
         self._subscription: Subscription | None = None
+        if not isinstance(self._keyring(), tuple):
+            # A Semaphore: its holders take slot keys, several at once; who leads, as
+            # published and announced here, is about one lock's keys.
+            if metadata is not None or priority is not None or not eligible:
+                raise ConfigurationError(
+                    "metadata, priority and eligible are for a LeaderLock, not a Semaphore"
+                )
+            self._publishes = False
+            return
         self._slot.after_open = self._publish
         self._runner.announce = self._announce
         if self._publishes:
             self._runner.admit = self._admit
+
+    def _keyring(self) -> tuple[int, int] | Keyring:
+        """Which lock the session takes (a [`Semaphore`][pgleaderlock.Semaphore]
+        chooses among its slots)."""
+        return self.keys
 
     @classmethod
     def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
@@ -477,8 +502,17 @@ class LeaderLock(Fencing):
             A frozen [`LockStatistics`][pgleaderlock.LockStatistics]; the counters cover
                 the lock's whole life.
         """
-        return self._machine.statistics(
+        stats = self._machine.statistics(
             leader_since=self.leader_since, backend_pid=self.backend_pid
+        )
+        machine, now = self._machine, time.monotonic()
+        due, offset = machine.due, time.time() - now  # monotonic + offset = wall clock
+        failing, confirmed = machine.failing_since, machine.confirmed_at
+        return dataclasses.replace(
+            stats,
+            stalled_s=0.0 if due is None or not self._runner.running else max(0.0, now - due),
+            failing_since=None if failing is None else failing + offset,
+            confirmed_at=None if confirmed is None else confirmed + offset,
         )
 
     def __repr__(self) -> str:

@@ -159,6 +159,18 @@ class LockStatistics:
             ``None`` when not LEADER or without fencing.
         probes: health probes the session answered (whatever the answer), over the
             lock's whole life.
+        stalled_s: how far the lifecycle task is behind its own schedule: seconds
+            since it should have taken its next step at the latest (the end of the
+            sleep it took, or the bound of the database call it made) and has not. 0.0
+            while on time and when stopped; more than a fraction of a second means a
+            blocked event loop or a callback that does not return (a wedged lock:
+            [`health.check`][pgleaderlock.health.check]).
+        failing_since: ``time.time()`` when the current run of errors that keep the
+            lock from leading began (it cannot connect, or its attempts fail, and no
+            attempt has reached the server since); ``None`` otherwise. See
+            ``escalate_after_s``.
+        confirmed_at: ``time.time()`` when this session was last confirmed to hold
+            the lock (granted, or a health probe answered); ``None`` when not LEADER.
     """
 
     state: LockState
@@ -173,6 +185,9 @@ class LockStatistics:
     backend_pid: int | None
     term: int | None = None
     probes: int = 0
+    stalled_s: float = 0.0
+    failing_since: float | None = None
+    confirmed_at: float | None = None
 
 
 Callback = Callable[[], None] | Callable[[], Awaitable[None]]

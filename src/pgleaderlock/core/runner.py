@@ -21,6 +21,7 @@ from typing import Any, TypeVar, cast
 from ._logging import get_logger
 from .calls import CallGuard, Interrupted, call_failure
 from .errors import ConfigurationError, ConnectionError
+from .keyring import FixedKeys, Keyring
 from .machine import (
     Aborted,
     Answered,
@@ -80,7 +81,9 @@ class Runner:
         machine: decides.
         slot: holds the session.
         emit: runs an event's callbacks and hooks.
-        keys: the lock's `(key1, key2)`.
+        keys: the lock's `(key1, key2)`, or a
+            [`Keyring`][pgleaderlock.core.keyring.Keyring] that chooses among several
+            (a semaphore's slots).
         log_fields: added to every log record (the lock's name and keys).
     """
 
@@ -89,11 +92,11 @@ class Runner:
         machine: Machine,
         slot: SessionSlot,
         emit: Emitter,
-        keys: tuple[int, int],
+        keys: tuple[int, int] | Keyring,
         log_fields: dict[str, Any],
     ) -> None:
         self._machine, self._slot, self._emit_hook = machine, slot, emit
-        self._key1, self._key2 = keys
+        self._keys: Keyring = FixedKeys(*keys) if isinstance(keys, tuple) else keys
         self._fields = log_fields
         self._call = CallGuard(slot.abort)  # bounds every database call
         self._woken = False  # a request arrived since the machine last looked
@@ -531,7 +534,7 @@ class Runner:
         started, to await for at most ``timeout_s`` more)."""
         guard, session = self._call, self._slot.session
         bound = (call.timeout_s, call.interruptible, call.abort_on_interrupt)
-        keys = k1, k2 = self._key1, self._key2
+        keys = k1, k2 = self._keys.held
         try:
             if probe is not None:
                 await guard(probe, timeout_s, call.interruptible, call.abort_on_interrupt)
@@ -542,10 +545,10 @@ class Runner:
             assert session is not None, call
             match call.op:
                 case Op.TRY_LOCK:
-                    value = await guard(session.try_lock(k1, k2), *bound)
+                    value = await guard(self._keys.try_lock(session), *bound)
                 case Op.WAIT_LOCK:
                     waiting = cast(WaitingSession, session)
-                    value = await guard(waiting.wait_lock(k1, k2, call.wait_s), *bound)
+                    value = await guard(self._keys.wait_lock(waiting, call.wait_s), *bound)
                 case Op.PROBE:
                     value = await guard(self._slot.holds(k1, k2), *bound)
                 case Op.UNLOCK:

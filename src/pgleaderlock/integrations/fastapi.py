@@ -12,7 +12,7 @@ async def refresh_cache() -> None:  # runs on exactly one replica at a time
         await asyncio.sleep(30)
 
 app = FastAPI(lifespan=leader)           # or lifespan=leader.wrap(your_lifespan)
-app.include_router(leader.router())      # GET /leader, GET /leader/ready
+app.include_router(leader.router())      # GET /leader, /leader/ready, /leader/live, /leader/health
 ```
 
 Failover behaviour (see [`LeaderTasks`][pgleaderlock.LeaderTasks]): a leader task is
@@ -63,12 +63,14 @@ from ..core.lock import LeaderLock
 from ..core.machine import describe
 from ..core.models import LockState
 from ..core.retry import RetryStrategy
+from ..health import DEFAULT_FAILING_S, DEFAULT_STALL_S, HealthReport, check, live
 from ..tasks import LeaderTasks, TaskFunction
 
 __all__ = [
     "GroupLifespan",
     "GroupStatus",
     "GroupTaskFunction",
+    "HealthStatus",
     "LeaderLifespan",
     "LeaderStatus",
     "LeaderView",
@@ -180,6 +182,28 @@ class LeaderStatus(BaseModel):
     tasks: list[str]
     paused_until: dt.datetime | None = None
     leader: LeaderView | None = None
+
+
+class HealthStatus(BaseModel):
+    """A [health check][pgleaderlock.health]'s verdict, as served by
+    [`LeaderLifespan.router`][pgleaderlock.integrations.fastapi.LeaderLifespan.router]'s
+    ``/live`` and ``/health`` routes (200 when ``ok``, else 503).
+
+    Attributes:
+        ok: every condition holds.
+        reasons: why not, one sentence each (``wedged: ...``, ``stopped``,
+            ``failing for ...``).
+        details: what the verdict was made from
+            ([`HealthReport.details`][pgleaderlock.health.HealthReport]).
+    """
+
+    ok: bool
+    reasons: list[str]
+    details: dict[str, Any]
+
+    @classmethod
+    def of(cls, report: HealthReport) -> HealthStatus:
+        return cls(ok=report.ok, reasons=list(report.reasons), details=dict(report.details))
 
 
 class GroupStatus(BaseModel):
@@ -488,10 +512,20 @@ class LeaderLifespan(_AppLifespan):
         ready_path: str | None = "/ready",
         tags: Sequence[str] = ("leadership",),
         include_in_schema: bool = True,
+        live_path: str | None = "/live",
+        health_path: str | None = "/health",
+        stall_s: float = DEFAULT_STALL_S,
+        failing_s: float | None = DEFAULT_FAILING_S,
     ) -> APIRouter:
         """A router with ``GET path`` returning
-        [`LeaderStatus`][pgleaderlock.integrations.fastapi.LeaderStatus] as JSON, and a
-        readiness route ``GET path + ready_path`` (``/leader/ready``).
+        [`LeaderStatus`][pgleaderlock.integrations.fastapi.LeaderStatus] as JSON, a
+        readiness route ``GET path + ready_path`` (``/leader/ready``), and the
+        [health checks][pgleaderlock.health] ``GET path + live_path``
+        (``/leader/live``, liveness: 503 only while the lock is wedged) and
+        ``GET path + health_path`` (``/leader/health``, readiness: 503 while wedged,
+        stopped, or failing for longer than ``failing_s``), both answering
+        [`HealthStatus`][pgleaderlock.integrations.fastapi.HealthStatus]. None of them
+        depends on being the leader.
 
         Both answer **503** while the lock is not ready (``ready`` is false: the lock is
         stopped, before startup, after shutdown, or because it stopped on an error that
@@ -509,6 +543,19 @@ class LeaderLifespan(_AppLifespan):
                 out.
             tags: OpenAPI tags.
             include_in_schema: list the routes in the OpenAPI schema.
+            live_path: the liveness route's path below ``path``; ``None`` leaves it out.
+            health_path: the health (readiness) route's path below ``path``; ``None``
+                leaves it out. During a cool-down after giving leadership away
+                (``paused_until``) the stopped lock counts as healthy.
+            stall_s: how far behind its schedule the lock's task may be before both
+                health routes fail ([`health.check`][pgleaderlock.health.check]).
+            failing_s: how long errors may keep the lock from leading before the
+                health route fails; ``None``: never for that reason.
+
+        A blocked event loop also blocks these routes when the app and the lock share
+        it (the usual case): the probe then times out, which Kubernetes counts as a
+        failure too; the 503 with ``wedged`` comes from a lock on another loop, or from
+        a slow callback while the loop still serves requests.
         """
 
         def status_code(status: LeaderStatus) -> int | None:
@@ -516,10 +563,42 @@ class LeaderLifespan(_AppLifespan):
                 return NOT_READY_STATUS_CODE
             return None if status.is_leader else follower_status_code
 
-        return _status_router(
+        router = _status_router(
             "leader", LeaderStatus, self.status, status_code,
             path, ready_path, tags, include_in_schema,
         )  # fmt: skip
+        base, route_tags = path.rstrip("/"), list[str | Enum](tags)
+
+        def respond(report: HealthReport, response: Response) -> HealthStatus:
+            if not report.ok:
+                response.status_code = NOT_READY_STATUS_CODE
+            return HealthStatus.of(report)
+
+        if live_path is not None:
+
+            async def live_route(response: Response) -> Any:
+                return respond(live(self._lock, stall_s=stall_s), response)
+
+            router.get(
+                base + live_path, response_model=HealthStatus, tags=route_tags,
+                include_in_schema=include_in_schema, name="leader_live",
+                summary="Liveness: the lock's task runs on time (not wedged)",
+            )(live_route)  # fmt: skip
+        if health_path is not None:
+
+            async def health_route(response: Response) -> Any:
+                paused = self._tasks.paused_until is not None
+                report = check(
+                    self._lock, stall_s=stall_s, failing_s=failing_s, require_running=not paused
+                )
+                return respond(report, response)
+
+            router.get(
+                base + health_path, response_model=HealthStatus, tags=route_tags,
+                include_in_schema=include_in_schema, name="leader_health",
+                summary="Readiness: not wedged, not stopped, not failing for long",
+            )(health_route)  # fmt: skip
+        return router
 
 
 class GroupLifespan(_AppLifespan):

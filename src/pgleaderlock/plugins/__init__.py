@@ -11,6 +11,8 @@ optional dependency:
 
 - [`pgleaderlock.plugins.metrics`][pgleaderlock.plugins.metrics]: Prometheus counters and gauges
   (``pip install 'pgleaderlock[metrics]'``).
+- [`pgleaderlock.plugins.otel`][pgleaderlock.plugins.otel]: OpenTelemetry leadership spans
+  and metrics, on the API package (``pip install 'pgleaderlock[otel]'``).
 """
 
 from __future__ import annotations

@@ -221,9 +221,22 @@ class BeliefLog:
     A belief begins at the earliest of ``on_state_change(..., LEADER)`` and
     ``on_acquired``, and ends at the earliest of ``on_state_change(LEADER, ...)``,
     ``on_lost``, ``on_released`` and ``on_stopped``.
+
+    With ``slots=N`` (a [`Semaphore`][pgleaderlock.Semaphore]'s candidates) up to N
+    beliefs may be held at once: an overlap is a moment when more than N candidates
+    believe they hold a slot, reported against the belief that began last (``later``)
+    and one of the N it came on top of (``earlier``: the one whose termination or freeze
+    explains it, if any).
+
+    Args:
+        clock: the clock of the timestamps (``time.monotonic``).
+        slots: how many candidates may believe at once (1: a lock).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, slots: int = 1) -> None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an int of at least 1, got {slots!r}")
+        self.slots = slots
         self._clock = clock
         self._open: dict[str, BeliefInterval] = {}
         self._closed: list[BeliefInterval] = []
@@ -308,21 +321,18 @@ class BeliefLog:
         terminate: list[Overlap] = []
         other: list[Overlap] = []
         frozen: list[Overlap] = []
-        for j, later in enumerate(intervals):
-            for earlier in intervals[:j]:
-                stop = min(earlier.end_or(end_of_time), later.end_or(end_of_time))
-                size = stop - later.start
-                if size <= 0 or earlier.candidate == later.candidate:
-                    continue
-                cause = self._terminate_cause(earlier, later)
-                thaw = None if cause is not None else self._thaw(earlier, later)
-                overlap = Overlap(earlier, later, size, cause, thaw)
-                if cause is not None:
-                    terminate.append(overlap)
-                elif thaw is not None:
-                    frozen.append(overlap)
-                else:
-                    other.append(overlap)
+        found = (
+            self._pair_overlaps(intervals, end_of_time)
+            if self.slots == 1
+            else self._excess_overlaps(intervals, end_of_time)
+        )
+        for overlap in found:
+            if overlap.terminate is not None:
+                terminate.append(overlap)
+            elif overlap.thaw is not None:
+                frozen.append(overlap)
+            else:
+                other.append(overlap)
         changes = sum(1 for a, b in itertools.pairwise(intervals) if a.candidate != b.candidate)
         return BeliefReport(
             intervals=tuple(intervals),
@@ -335,6 +345,46 @@ class BeliefLog:
             origin=self.origin,
             until=end_of_time,
         )
+
+    def _overlap(self, earlier: BeliefInterval, later: BeliefInterval, size: float) -> Overlap:
+        cause = self._terminate_cause(earlier, later)
+        thaw = None if cause is not None else self._thaw(earlier, later)
+        return Overlap(earlier, later, size, cause, thaw)
+
+    def _pair_overlaps(self, intervals: list[BeliefInterval], until: float) -> list[Overlap]:
+        """One leader at most: every pair of beliefs of two candidates that overlap."""
+        found = []
+        for j, later in enumerate(intervals):
+            for earlier in intervals[:j]:
+                stop = min(earlier.end_or(until), later.end_or(until))
+                size = stop - later.start
+                if size > 0 and earlier.candidate != later.candidate:
+                    found.append(self._overlap(earlier, later, size))
+        return found
+
+    def _excess_overlaps(self, intervals: list[BeliefInterval], until: float) -> list[Overlap]:
+        """Up to ``slots`` believers: the count only grows when a belief begins, so a
+        moment with more than ``slots`` believers follows the start of one (``later``)
+        that came on top of ``slots`` or more others (of other candidates), and lasts
+        until enough of those have ended (or ``later`` has)."""
+        found = []
+        for j, later in enumerate(intervals):
+            start = later.start
+            others = [
+                i
+                for i in intervals[:j]
+                if i.candidate != later.candidate and i.start <= start < i.end_or(until)
+            ]
+            if len(others) < self.slots:
+                continue
+            ends = sorted(i.end_or(until) for i in others)
+            size = min(ends[len(others) - self.slots], later.end_or(until)) - start
+            if size <= 0:
+                continue
+            candidates = [self._overlap(earlier, later, size) for earlier in others]
+            explained = [o for o in candidates if o.terminate is not None or o.thaw is not None]
+            found.append(explained[0] if explained else candidates[0])
+        return found
 
     def _terminate_cause(self, earlier: BeliefInterval, later: BeliefInterval) -> Fault | None:
         for f in self._faults:

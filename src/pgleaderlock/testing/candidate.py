@@ -12,10 +12,10 @@ JSON lines.
 ``t`` is ``time.monotonic()``: one clock for every process of a Linux host, network
 namespaces included. The events are ``ready`` (the lock has started; ``pid``), ``state``
 (``old``, ``new``), ``acquired`` (``term``: the fencing term, or ``null`` without
-fencing), ``acquire_failed``, ``lost``, ``released``, ``error``
-(``error``), ``stopped``, ``step_down_returned`` (``state``), ``shutdown_error``
-(``error``) and, last, ``exit`` (``state``). stdin takes ``step_down`` and ``shutdown``
-lines; EOF (the parent is gone), SIGTERM and SIGINT shut the lock down too.
+fencing; and ``slot`` for a semaphore, ``--slots N``), ``acquire_failed``, ``lost``,
+``released``, ``error`` (``error``), ``stopped``, ``step_down_returned`` (``state``),
+``shutdown_error`` (``error``) and, last, ``exit`` (``state``). stdin takes ``step_down``
+and ``shutdown`` lines; EOF (the parent is gone), SIGTERM and SIGINT shut the lock down too.
 
 **The parent**: [`CandidateProcess`][pgleaderlock.testing.candidate.CandidateProcess] starts
 and observes one child from asyncio and can feed a
@@ -50,6 +50,7 @@ from ..core.errors import ShutdownError
 from ..core.lock import LeaderLock
 from ..core.models import LockState
 from ..core.retry import FixedInterval
+from ..core.semaphore import Semaphore
 
 if TYPE_CHECKING:
     from .beliefs import BeliefLog
@@ -95,6 +96,10 @@ class CandidateOptions:
         fencing_grace_s: with fencing, ``fencing_grace_s``; ``None``: the default.
         backend: the driver backend (``"psycopg"``, ``"asyncpg"``, ...); ``None``: the
             default (from the DSN, else psycopg).
+        slots: a [`Semaphore`][pgleaderlock.Semaphore] of this many slots named by the
+            lock name instead of a lock (its ``acquired`` events carry the ``slot``);
+            ``None``: a lock.
+        rescan_s: with ``slots``, the semaphore's ``rescan_s``; ``None``: the default.
     """
 
     health_interval_s: float | None = 1.0
@@ -115,6 +120,8 @@ class CandidateOptions:
     lease_s: float | None = None
     fencing_grace_s: float | None = None
     backend: str | None = None
+    slots: int | None = None
+    rescan_s: float | None = None
 
     @classmethod
     def library_defaults(cls, **changes: Any) -> CandidateOptions:
@@ -144,6 +151,8 @@ class CandidateOptions:
             "--lease": self.lease_s,
             "--fencing-grace": self.fencing_grace_s,
             "--backend": self.backend,
+            "--slots": self.slots,
+            "--rescan": self.rescan_s,
         }
         args = [f"{flag}={value}" for flag, value in optional.items() if value is not None]
         args += [
@@ -532,6 +541,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease", type=float, help="lease_s")
     parser.add_argument("--fencing-grace", type=float, help="fencing_grace_s (with --fencing)")
     parser.add_argument("--backend", help="the driver backend (psycopg, asyncpg, ...)")
+    parser.add_argument("--slots", type=int, help="a Semaphore of SLOTS slots (--lock-name)")
+    parser.add_argument("--rescan", type=float, help="the semaphore's rescan_s (with --slots)")
     return parser
 
 
@@ -563,6 +574,10 @@ def _make_lock(opts: argparse.Namespace, dsn: str) -> LeaderLock:
     kwargs.update({k: v for k, v in timings.items() if v is not None})
     if opts.retry is not None:
         kwargs["retry_strategy"] = FixedInterval(opts.retry)
+    if opts.slots is not None:
+        if opts.rescan is not None:
+            kwargs["rescan_s"] = opts.rescan
+        return Semaphore(dsn, opts.lock_name, slots=opts.slots, **kwargs)
     if opts.lock_name is not None:
         return LeaderLock.from_name(opts.lock_name, dsn, **kwargs)
     return LeaderLock(dsn, opts.key1, opts.key2, **kwargs)
@@ -591,7 +606,11 @@ async def _run(opts: argparse.Namespace, dsn: str) -> int:
         stop.set()
 
     lock.on_state_change(state_change)
-    lock.on_acquired(lambda: emit("acquired", term=lock.term))
+    if isinstance(lock, Semaphore):
+        sem = lock
+        lock.on_acquired(lambda: emit("acquired", term=sem.term, slot=sem.slot))
+    else:
+        lock.on_acquired(lambda: emit("acquired", term=lock.term))
     lock.on_lost(lambda: emit("lost"))
     lock.on_released(lambda: emit("released"))
     lock.on_acquire_failed(lambda: emit("acquire_failed"))
@@ -650,6 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if (opts.lock_name is None) == (opts.key1 is None or opts.key2 is None):
         parser.error("give --lock-name, or --key1 and --key2")
+    if opts.slots is not None and opts.lock_name is None:
+        parser.error("--slots names the semaphore with --lock-name")
     dsn = opts.dsn or os.environ.get(DSN_ENV)
     if not dsn:
         parser.error(f"give --dsn or set ${DSN_ENV}")

@@ -24,6 +24,7 @@ from ..models import Event, LockState, LockStatistics, RetryContext
 from ..retry import RetryStrategy, ask
 from . import effects as fx  # the results it matches, the effects it asks for: fx.Sleep
 from .effects import Call, Effect, Log, LogLevel, Op, Request, Result
+from .failing import FailingStreak
 from .table import Action, Conditions, IllegalTransitionError, Input, Transition, step
 
 __all__ = ["NON_RETRYABLE", "Machine", "describe", "is_permanent"]
@@ -64,6 +65,9 @@ def describe(error: BaseException | None) -> str:
 
 
 _LEADING = frozenset({S.LEADER, S.RECONNECTING, S.RELEASING})
+
+_CONFIRMING = frozenset({I.ACQUIRE_SUCCEEDED, I.REACQUIRE_SUCCEEDED, I.HEALTH_OK})
+"""Inputs that confirm that this session holds the lock (``confirmed_at``)."""
 
 PROBE_GRID_S = 0.1
 """Probe times are rounded down to a grid of this step (at most a tenth of
@@ -149,6 +153,11 @@ class Machine:
         self._transitions = self._acquisitions = self._losses = self._releases = 0
         self._failed_attempts = self._errors = self._probes = 0
         self._leader_since: float | None = None
+        # Health: when the next step is due at the latest, when the leadership was last
+        # confirmed, and the errors that keep the lock from leading.
+        self._due: float | None = None
+        self._confirmed_at: float | None = None
+        self._failing = FailingStreak(config.escalate_after_s)
 
     # ------------------------------------------------------------------ observation
 
@@ -198,6 +207,26 @@ class Machine:
     def leader_since(self) -> float | None:
         """Monotonic time at which the current leadership began, or None."""
         return self._leader_since if self._state is S.LEADER else None
+
+    @property
+    def due(self) -> float | None:
+        """Monotonic time by which the lifecycle task takes its next step at the latest:
+        the end of the sleep it was told to take, or the bound of the call it performs
+        (callbacks run before either, so slow callbacks make it late). ``None`` when
+        stopped. A task still waiting well past it is wedged (a blocked event loop)."""
+        return self._due if self._state is not S.STOPPED else None
+
+    @property
+    def confirmed_at(self) -> float | None:
+        """Monotonic time at which the current leadership was last confirmed (granted,
+        or a probe answered), or None when not LEADER."""
+        return self._confirmed_at if self._state is S.LEADER else None
+
+    @property
+    def failing_since(self) -> float | None:
+        """Monotonic time at which the current run of errors that keep the lock from
+        leading began (no attempt reached the server since), or None."""
+        return self._failing.since
 
     def preempted(self, call: Call) -> bool:
         """True if a request that may cut `call` short came before it started."""
@@ -264,6 +293,7 @@ class Machine:
                 (a bug in the runner).
         """
         self._out, self._now, self._blocked = [], now, False
+        self._due = None
         call, self._call = self._call, None
         match result:
             case fx.Started():
@@ -512,8 +542,14 @@ class Machine:
     def _block(self, effect: Call | fx.Await | fx.Sleep) -> None:
         self._out.append(effect)
         self._blocked = True
-        if isinstance(effect, Call):
-            self._call = effect
+        match effect:
+            case Call(timeout_s=timeout_s):
+                self._call = effect
+                self._due = self._now + timeout_s
+            case fx.Sleep(until=until):
+                self._due = until
+            case fx.Await():  # a late call: at most its whole bound from now
+                self._due = self._now + (self._call.timeout_s if self._call else 0.0)
 
     # ------------------------------------------------------------------ transitions
 
@@ -539,6 +575,8 @@ class Machine:
             fields = (("from", source.value), ("to", self._state.value))
             self._out.append(Log("info", "state_change", fields))
             self._emit(Event.STATE_CHANGE, old=source, new=transition.target)
+        if transition.target is S.LEADER and input_ in _CONFIRMING:
+            self._confirmed_at = self._now
         if source is S.RELEASING:
             self._step_down = False
         if source is S.ACQUIRING:
@@ -609,6 +647,7 @@ class Machine:
                 self._backoff()
             case A.RESET_RETRY:
                 self._attempt, self._cycle_start, self._last_error = 0, None, None
+                self._end_failing()
             case A.LOG_SESSION_LOST:
                 self._log("warning", "health_check_failed", error=describe(self._last_error))
             case A.LOG_PROBE_LATE:
@@ -624,6 +663,7 @@ class Machine:
                 self._emit(Event.ACQUIRED)
             case A.EMIT_ACQUIRE_FAILED:
                 self._failed_attempts += 1
+                self._end_failing()  # the attempt reached the server: another session leads
                 self._emit(Event.ACQUIRE_FAILED, attempt=self._attempt + 1)
             case A.EMIT_LOST:
                 self._losses += 1
@@ -636,8 +676,7 @@ class Machine:
             case A.EMIT_ERROR:
                 self._errors += 1
                 error = self._last_error or PgLeaderLockError("unknown error")
-                self._log("error", "db_error", error=describe(error),
-                          state=transition.source.value)  # fmt: skip
+                self._log_error(error, transition.source)
                 self._emit(Event.ERROR, error=error)
             case A.EMIT_STOPPED:
                 self._log("info", "lock_stopped")
@@ -646,6 +685,24 @@ class Machine:
                 self._drain_until = now + config.drain_s
                 self._log("info", "draining", drain_s=config.drain_s)
                 self._out.append(fx.StartDrain())
+
+    def _log_error(self, error: Exception, source: LockState) -> None:
+        """``db_error``; errors that keep the lock from leading escalate instead of
+        repeating (`FailingStreak`)."""
+        text = describe(error)
+        if source not in (S.FOLLOWER, S.ACQUIRING):
+            self._log("error", "db_error", error=text, state=source.value)
+            return
+        line = self._failing.error(error, text, self._now)
+        fields = dict(line.fields)
+        if line.message == "db_error":
+            fields = {"error": text, "state": source.value, **fields}
+        self._out.append(Log(line.level, line.message, tuple(fields.items())))
+
+    def _end_failing(self) -> None:
+        line = self._failing.end(self._now)
+        if line is not None:
+            self._out.append(Log(line.level, line.message, line.fields))
 
     # ------------------------------------------------------------------ retry policy
 
@@ -710,6 +767,8 @@ class Machine:
         self._probe_pending = False
         self._drain_until, self._drained, self._drain_over = None, False, False
         self._wait_budget_s = 0.0
+        self._confirmed_at = None
+        self._failing = FailingStreak(self.config.escalate_after_s)
 
     def _emit(
         self,

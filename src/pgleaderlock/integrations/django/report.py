@@ -72,7 +72,8 @@ def render_report(report: dict[str, Any]) -> str:
     ledger = report["ledger"]
     lines = [f"schedules ({ledger['table']}, {ledger['runs_table']})"]
     if ledger["not_read"] is None and not ledger["items"]:
-        lines.append("          none yet")
+        absent = ledger["absent"]
+        lines.append("          none yet" + (f" ({absent})" if absent else ""))
     lines += schedule_lines(ledger, report["checked_at"])
     blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

@@ -1,0 +1,179 @@
+"""Faults under a ``Semaphore``: never more than N believers.
+
+Three candidate processes share a semaphore of two slots (``--slots 2``); one holder is
+then hit by a fault (SIGKILL, SIGSTOP until its lease runs out, ``pg_terminate_backend``,
+or a restart of the whole server on a throwaway cluster). The beliefs checker with
+``slots=2`` allows more than two believers only where a lock allows two: right after a
+termination of a believer's backend (bounded like a terminate overlap), or while a
+believer was frozen (ended promptly once it runs again). Afterwards two candidates hold a
+slot each again, and the server agrees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import IO, Any, Literal
+
+import psycopg
+import pytest
+
+from pgleaderlock import slot_keys
+from pgleaderlock.testing.beliefs import BeliefLog
+from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess, candidate_command
+from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.poll import eventually
+from support.server import lock_holders
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SLOTS = 2
+OPTIONS = CandidateOptions(
+    health_interval_s=0.5,
+    health_timeout_s=0.5,
+    lease_s=1.5,
+    retry_s=0.05,
+    slots=SLOTS,
+    rescan_s=0.02,
+)
+
+Fault = Literal["sigkill", "sigstop", "terminate", "restart"]
+
+
+class SlotCandidate(CandidateProcess):
+    """A candidate process whose lock is the semaphore ``sem_name`` (``--slots``)."""
+
+    def __init__(self, name: str, dsn: str, sem_name: str, **kwargs: Any) -> None:
+        super().__init__(name, dsn, 0, 0, **kwargs)
+        self.sem_name = sem_name
+
+    def argv(self) -> list[str]:
+        return candidate_command(
+            lock_name=self.sem_name, name=self.name, options=self.options, prefix=self.prefix
+        )
+
+
+async def slot_holders(dsn: str, name: str) -> list[list[int]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        return [await lock_holders(admin, *keys) for keys in slot_keys(name, SLOTS)]
+
+
+@contextlib.asynccontextmanager
+async def started(
+    dsn: str, name: str, beliefs: BeliefLog, stderr: IO[str], count: int = SLOTS + 1
+) -> AsyncIterator[list[SlotCandidate]]:
+    children = [
+        SlotCandidate(f"c{i}", dsn, name, options=OPTIONS, beliefs=beliefs, stderr=stderr)
+        for i in range(count)
+    ]
+    try:
+        for child in children:
+            await child.start()
+        yield children
+    finally:
+        for child in children:
+            child.signal(signal.SIGCONT)
+            await child.stop()
+            await child.kill()
+
+
+async def settled(dsn: str, name: str, beliefs: BeliefLog, children: list[SlotCandidate]) -> None:
+    """N believers, each holding a slot of its own, and the server agrees."""
+
+    async def agreed() -> bool:
+        leaders = beliefs.leaders()
+        if len(leaders) != SLOTS:
+            return False
+        pids = sorted(c.backend_pid or 0 for c in children if c.name in leaders)
+        held = await slot_holders(dsn, name)
+        return sorted(p for slot in held for p in slot) == pids and all(
+            len(slot) == 1 for slot in held
+        )
+
+    await eventually(agreed, 20, f"{SLOTS} holders that the server agrees with")
+
+
+async def inject(
+    fault: Fault,
+    victim: SlotCandidate,
+    beliefs: BeliefLog,
+    dsn: str,
+    pg: ThrowawayPostgres | None,
+) -> None:
+    """Hit ``victim`` (a holder) with ``fault``; return once the fault is over (a frozen
+    victim runs again, a restarted server answers)."""
+    if fault == "sigkill":
+        await victim.kill()
+    elif fault == "sigstop":
+        frozen_at = beliefs.fault("freeze", victim.name).t
+        victim.signal(signal.SIGSTOP)
+
+        def taken() -> bool:  # its lease ends its session: another takes the slot
+            return any(i.start > frozen_at for i in beliefs.intervals())
+
+        await eventually(taken, 10, "another candidate takes the frozen one's slot")
+        await asyncio.sleep(OPTIONS.health_interval_s or 0.5)  # frozen a while longer
+        beliefs.fault("thaw", victim.name)
+        victim.signal(signal.SIGCONT)
+        await victim.wait_event("lost", since=time.monotonic() - 30, timeout_s=10)
+    elif fault == "terminate":
+        beliefs.fault("terminate", victim.name)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (victim.backend_pid,))
+        await victim.wait_event("lost", timeout_s=10)
+    else:
+        assert pg is not None
+        for name in beliefs.leaders():  # going down, the server ends every backend
+            beliefs.fault("terminate", name)
+        await asyncio.to_thread(pg.restart, "fast")
+
+
+async def _run(
+    fault: Fault, dsn: str, beliefs: BeliefLog, stderr: IO[str], pg: ThrowawayPostgres | None
+) -> None:
+    name = f"sema-fault-{uuid.uuid4().hex[:12]}"
+    async with started(dsn, name, beliefs, stderr) as children:
+        await settled(dsn, name, beliefs, children)
+        (waiter,) = [c for c in children if c.name not in beliefs.leaders()]
+        await waiter.wait_event("acquire_failed", timeout_s=10)
+        victim = next(c for c in children if c.name in beliefs.leaders())
+        await inject(fault, victim, beliefs, dsn, pg)
+        await settled(dsn, name, beliefs, [c for c in children if c.running])
+        if fault in ("sigkill", "sigstop", "terminate"):
+            assert waiter.name in beliefs.leaders()  # the waiter took the freed slot
+        for child in children:  # nobody holds two slots, nobody believes twice at once
+            acquired = [e for e in child.events if e.event == "acquired"]
+            assert all(0 <= e.data["slot"] < SLOTS for e in acquired)
+    report = beliefs.report()
+    assert report.intervals, report.format()
+    report.assert_safe()
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop", "terminate"])
+async def test_never_more_than_n_believers(
+    fault: Fault,
+    pg_dsn: str,
+    children_log: IO[str],
+    figures: Callable[[str, float, str], None],
+) -> None:
+    beliefs = BeliefLog(slots=SLOTS)
+    await _run(fault, pg_dsn, beliefs, children_log, None)
+    report = beliefs.report()
+    if fault == "sigstop":
+        # The frozen holder still believed while the waiter took its slot: three
+        # believers, which the checker sees (and allows, as it ended at the thaw).
+        assert len(report.frozen_overlaps) == 1, report.format()
+        assert report.frozen_overlaps[0].earlier.candidate == report.faults[0].candidate
+    figures(f"semaphore {fault}: terminate overlap", report.max_terminate_overlap_s, "ms")
+
+
+@pytest.mark.throwaway
+async def test_never_more_than_n_believers_across_a_server_restart(
+    throwaway_pg: ThrowawayPostgres, children_log: IO[str]
+) -> None:
+    beliefs = BeliefLog(slots=SLOTS)
+    await _run("restart", throwaway_pg.dsn, beliefs, children_log, throwaway_pg)
