@@ -489,6 +489,18 @@ def _add_participants(
     report["participants"], report["observers"] = [], []
     for s in report["holders"] + report["waiting"]:
         s.update(identity=None, priority=None, metadata=None)
+    try:
+        with conn.transaction():  # a savepoint: an error here spares the report's transaction
+            _read_participants(conn, report, table, target)
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        report["participants_table"]["not_read"] = first_line(exc)
+
+
+def _read_participants(
+    conn: psycopg.Connection[Any], report: dict[str, Any], table: ParticipantTable, target: Target
+) -> None:
     # The library's templates number their values {0}, {1}...: named here, as a value
     # may come before another in the text.
     placeholders = [f"%(p{i})s" for i in range(4)]
