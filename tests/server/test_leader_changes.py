@@ -16,7 +16,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderInfo, LeaderLock, LockState
+from pgleaderlock import (
+    ConfigurationError,
+    FixedInterval,
+    LeaderInfo,
+    LeaderLock,
+    LockState,
+    Semaphore,
+)
 from pgleaderlock.core.leader import CHANNEL
 from support.poll import eventually
 from support.server import dsn_to_url
@@ -279,3 +286,13 @@ async def test_same_role_forgery_is_refused(
         assert seen.metadata == {"address": "real"}
     finally:
         await lock.shutdown()
+
+
+@pytest.mark.parametrize(
+    "option", [{"metadata": {"a": 1}}, {"priority": 3}, {"eligible": False}], ids=str
+)
+def test_a_semaphore_refuses_who_leads_options(pg_dsn: str, option: dict[str, Any]) -> None:
+    """A Semaphore's holders hold slot keys, several at once: publishing one leader's
+    details there would describe nobody."""
+    with pytest.raises(ConfigurationError, match="not a Semaphore"):
+        Semaphore(pg_dsn, "leader-semaphore", slots=2, **option)
