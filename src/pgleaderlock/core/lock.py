@@ -30,7 +30,13 @@ from .config import (
     lock_config,
     session_settings,
 )
-from .errors import ConfigurationError, ConnectionError, HandOverError, ShutdownError
+from .errors import (
+    ConfigurationError,
+    ConnectionError,
+    HandOverError,
+    ShutdownError,
+    sqlstate,
+)
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
 from .keyring import Keyring
@@ -76,6 +82,16 @@ _identities = itertools.count(1)
 
 _CONSIDER_LOOKS = 5
 """How many times a leader with a priority looks for a higher one to queue."""
+
+
+_STATEMENT_ERRORS = ("42", "22", "23", "0A", "2B", "44")
+"""SQLSTATE classes of a statement the server refused (a table changed or gone, a
+privilege missing): the lock goes on without what the statement would have done."""
+
+
+def _statement_error(exc: BaseException) -> bool:
+    code = sqlstate(exc.__cause__ if exc.__cause__ is not None else exc)
+    return code is not None and code[:2] in _STATEMENT_ERRORS
 
 
 def _check_priority(value: object) -> int:
@@ -366,8 +382,7 @@ class LeaderLock(Fencing):
             return
         self._slot.after_open = self._publish
         self._runner.announce = self._announce
-        if self._publishes:
-            self._runner.admit = self._admit
+        self._runner.admit = self._admit
 
     def _keyring(self) -> tuple[int, int] | Keyring:
         """Which lock the session takes (a [`Semaphore`][pgleaderlock.Semaphore]
@@ -698,26 +713,36 @@ class LeaderLock(Fencing):
         await self.step_down(timeout_s)
 
     async def _admit(self, slot: SessionSlot) -> bool:
-        """``Runner.admit``: just granted the lock, is it reserved for another waiting
-        candidate? Then let it go again (unannounced) and report a failed attempt."""
+        """``Runner.admit``, right after a grant and before the machine hears of it: is
+        the lock reserved for another waiting candidate? Then let it go again
+        (unannounced) and report a failed attempt. Without fencing, announce the new
+        leadership in the same statement (``since``, ``NOTIFY``): one round trip from
+        the grant to the notification, and before the lock is LEADER, so that a session
+        that ends meanwhile fails the lock call itself, with the server's message."""
         session = slot.session
-        if not self._published or not isinstance(session, QuerySession):
+        if not isinstance(session, QuerySession):
             return True
         keys = (self._key1, self._key2)
+        payload = f"{keys[0]},{keys[1]}"
+        fenced = self._config.term_table is not None  # announced once the term is bumped
+        if not self._published:
+            if not fenced:
+                await session.query(NOTIFY_ONLY, (CHANNEL, payload))
+                self._announced = True
+            return True
         values: tuple[object, ...] = (
             *keys, key_to_oid(keys[0]), key_to_oid(keys[1]), self._identity,
             list(self._config.trusted_roles),
         )  # fmt: skip
-        # Without fencing the announcement goes in the same statement (one round trip
-        # from the grant to the NOTIFY); with fencing it waits for the term.
-        fenced = self._config.term_table is not None
         statement = self._participants.reserved_elsewhere()
         if not fenced:
             statement = self._participants.admit()
-            values = (*values, CHANNEL, f"{keys[0]},{keys[1]}")
+            values = (*values, CHANNEL, payload)
         try:
             rows = await session.query(statement, values)
         except Exception as exc:
+            if not _statement_error(exc):
+                raise  # the session failed: so does the lock call
             log.warning("reservation_unreadable", error=str(exc), **self._log_fields)
             return True
         if not (rows and rows[0][0]):
