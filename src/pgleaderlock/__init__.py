@@ -25,6 +25,7 @@ from .core.errors import (
     ConfigurationError,
     ConnectionError,
     FencedError,
+    HandOverError,
     LockError,
     LockNotHeldError,
     MissingPrivilegeError,
@@ -38,11 +39,13 @@ from .core.errors import (
 )
 from .core.hooks import hookimpl
 from .core.keys import lock_keys, slot_keys
+from .core.leader import LeaderInfo, Participant, current_leader, current_leader_sync
 from .core.lock import LeaderLock
 from .core.models import (
     Callback,
     ErrorCallback,
     Event,
+    LeaderChangedCallback,
     LockState,
     LockStatistics,
     RetryContext,
@@ -68,8 +71,11 @@ __all__ = [
     "ErrorCallback",
     "Event",
     "FencedError",
+    "HandOverError",
     "ExponentialBackoff",
     "FixedInterval",
+    "LeaderChangedCallback",
+    "LeaderInfo",
     "LeaderLock",
     "LeaderTasks",
     "LockError",
@@ -93,6 +99,9 @@ __all__ = [
     "__version__",
     "hookimpl",
     "lock_keys",
+    "Participant",
+    "current_leader",
+    "current_leader_sync",
     "Semaphore",
     "slot_keys",
 ]

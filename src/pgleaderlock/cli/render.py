@@ -8,6 +8,7 @@ coordinator group's members and who leads what, as two tables; `json_default` le
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -89,6 +90,7 @@ def render_one(report: dict[str, Any]) -> str:
             f"          {s['state'] or 'state unknown'} since "
             f"{_when(s['state_change'], s['state_change_age_s'])}",
         ]
+        lines += _published(s)
     count = report["waiting_count"]
     lines.append(f"waiting   {count} session{'' if count == 1 else 's'}")
     for s in report["waiting"]:
@@ -97,11 +99,37 @@ def render_one(report: dict[str, Any]) -> str:
             f"          pid {s['pid']}  {s['application_name'] or '(no application_name)'}"
             f"  client {_client(s)}  user {_user(s)}  waiting since {since}"
         )
+        lines += _published(s)
+    lines += _observer_lines(report)
     if any(s["impostor"] for s in report["holders"] + report["waiting"]):
         lines += _impostor_note(report)
     if "schedules" in report:
         lines += schedule_lines(report["schedules"], report["checked_at"])
     return "\n".join(lines)
+
+
+def _published(session: dict[str, Any]) -> list[str]:
+    """What a session published in the participants table: identity, priority, metadata."""
+    if session.get("identity") is None:
+        return []
+    parts = [f"identity {session['identity']}"]
+    if session.get("priority") is not None:
+        parts.append(f"priority {session['priority']}")
+    if session.get("metadata") is not None:
+        parts.append("metadata " + json.dumps(session["metadata"], sort_keys=True))
+    return ["          " + "  ".join(parts)]
+
+
+def _observer_lines(report: dict[str, Any]) -> list[str]:
+    """The observers (``eligible=False``), if there are any (``--json`` also says why
+    the participants table was not read, if it was not)."""
+    observers = report.get("observers") or []
+    if not observers:
+        return []
+    lines = [f"observers {len(observers)}"]
+    for o in observers:
+        lines.append(f"          {o['identity']}  pid {o['pid']}  {o['application_name'] or ''}")
+    return lines
 
 
 def schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:

@@ -41,6 +41,7 @@ from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError, MissingPrivilegeError
 from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
+from ..core.leader import READABLE, ParticipantTable, participants_of
 from ..core.registry import without_driver
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck
 from ..schedule.ledger import RunTable, ScheduleTable
@@ -185,6 +186,14 @@ _SESSION_FIELDS = (
     show_default=True,
     help="With --name: how many of each schedule's last runs to show.",
 )
+@click.option(
+    "--participants-schema",
+    metavar="SCHEMA",
+    default=DEFAULT_SCHEMA,
+    show_default=True,
+    help="With --name or --key1/--key2: the schema of the participants table, whose live "
+    "rows give each session's identity, priority and metadata, and the observers.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @click.option(
     "--watch",
@@ -208,6 +217,7 @@ def status(
     trusted_roles: tuple[str, ...],
     schedule_schema: str,
     last_runs: int,
+    participants_schema: str,
     as_json: bool,
     watch: bool,
     interval: float,
@@ -259,6 +269,13 @@ def status(
                 report["checkpoint_table"] = {"table": table.shown, "not_read": skipped}
             elif target is not None:
                 report = _one_lock(conn, info, target)
+                try:
+                    participants = ParticipantTable(
+                        schema=participants_schema, trusted_roles=trusted_roles
+                    )
+                except ConfigurationError as exc:
+                    raise CliError(str(exc)) from None
+                _add_participants(conn, report, participants, target)
                 if target.name is not None:
                     try:
                         ledger = (
@@ -452,6 +469,80 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
         "waiting": waiting,
         "trust": info.trust,
     }
+
+
+_PARTICIPANT_FIELDS = (
+    "pid", "application_name", "usename", "identity", "name", "priority", "metadata",
+    "since", "term", "eligible", "leading", "waiting",
+)  # fmt: skip
+
+
+def _add_participants(
+    conn: psycopg.Connection[Any], report: dict[str, Any], table: ParticipantTable, target: Target
+) -> None:
+    """The live rows of the participants table for the lock (see
+    `pgleaderlock.core.leader`): each session's identity, priority and metadata, and
+    the observers (``eligible`` false). A row counts only while its session (pid and
+    ``backend_start``, of the writer's role) is alive; the table is read only if a
+    trusted role owns it and its schema."""
+    report["participants_table"] = {"table": table.shown, "not_read": None}
+    report["participants"], report["observers"] = [], []
+    for s in report["holders"] + report["waiting"]:
+        s.update(identity=None, priority=None, metadata=None)
+    try:
+        with conn.transaction():  # a savepoint: an error here spares the report's transaction
+            _read_participants(conn, report, table, target)
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        report["participants_table"]["not_read"] = first_line(exc)
+
+
+def _read_participants(
+    conn: psycopg.Connection[Any], report: dict[str, Any], table: ParticipantTable, target: Target
+) -> None:
+    # The library's templates number their values {0}, {1}...: named here, as a value
+    # may come before another in the text.
+    placeholders = [f"%(p{i})s" for i in range(4)]
+
+    def named(*given: object) -> dict[str, object]:
+        return {f"p{i}": value for i, value in enumerate(given)}
+
+    row = conn.execute(
+        READABLE.format(*placeholders[:3]).encode(),
+        named(table.schema, table.name, list(table.trusted_roles)),
+    ).fetchone()
+    reason = None
+    if row is None:
+        reason = "it does not exist"
+    elif row[0] not in ("r", "p") or not row[1] or not row[2]:
+        reason = "it is not a plain table of a trusted role (see --trusted-role)"
+    elif not (row[3] and row[4]):
+        reason = "no SELECT on it"
+    if reason is not None:
+        report["participants_table"]["not_read"] = reason
+        return
+    keys = (target.key1, target.key2)
+    rows = conn.execute(
+        participants_of(table).format(*placeholders).encode(),
+        named(key_to_oid(keys[0]), key_to_oid(keys[1]), *keys),
+    ).fetchall()
+    by_pid: dict[int, dict[str, Any]] = {}
+    for values in rows:
+        entry = dict(zip(_PARTICIPANT_FIELDS, values, strict=True))
+        if isinstance(entry["metadata"], str):
+            entry["metadata"] = json.loads(entry["metadata"])
+        report["participants"].append(entry)
+        if not entry["eligible"]:
+            report["observers"].append(entry)
+        elif entry["leading"] or entry["pid"] not in by_pid:
+            by_pid[entry["pid"]] = entry
+    for s in report["holders"] + report["waiting"]:
+        found = by_pid.get(s["pid"])
+        if found is not None:
+            s.update(
+                identity=found["identity"], priority=found["priority"], metadata=found["metadata"]
+            )
 
 
 def _name_for(keys: tuple[int, int], application_name: str | None) -> str | None:

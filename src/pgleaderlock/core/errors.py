@@ -16,6 +16,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionError",
     "FencedError",
+    "HandOverError",
     "LockError",
     "LockNotHeldError",
     "MissingPrivilegeError",
@@ -110,6 +111,12 @@ class FencedError(LockError):
     """``fence()`` found that the lock's term has moved on (or that this process does not
     lead): another leader has begun, so this transaction must not commit. Roll it back.
     """
+
+
+class HandOverError(LockError):
+    """[`hand_over(to=...)`][pgleaderlock.LeaderLock.hand_over] cannot hand leadership to
+    that replica: this lock does not lead, or the replica is not waiting for the lock
+    (or published no row to be found by)."""
 
 
 class LockNotHeldError(LockError):

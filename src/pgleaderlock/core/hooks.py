@@ -47,6 +47,7 @@ from .errors import ConfigurationError
 from .models import Event, LockState
 
 if TYPE_CHECKING:
+    from .leader import LeaderInfo
     from .lock import LeaderLock
 
 __all__ = [
@@ -82,6 +83,7 @@ def _spec_lock(self: object, lock: LeaderLock) -> None: ...
 def _spec_state(self: object, lock: LeaderLock, old: LockState, new: LockState) -> None: ...
 def _spec_error(self: object, lock: LeaderLock, error: Exception) -> None: ...
 def _spec_attempt(self: object, lock: LeaderLock, attempt: int) -> None: ...
+def _spec_leader(self: object, lock: LeaderLock, leader: LeaderInfo | None) -> None: ...
 
 
 # pluggy reads a hook's argument names from its function's code: one template per
@@ -91,6 +93,7 @@ _TEMPLATES: dict[tuple[str, ...], Callable[..., None]] = {
     ("old", "new"): _spec_state,
     ("error",): _spec_error,
     ("attempt",): _spec_attempt,
+    ("leader",): _spec_leader,
 }
 
 
@@ -161,6 +164,11 @@ def callback_plugin(event: Event, fn: Callable[..., Any]) -> object:
 
             def impl(error: Exception) -> Any:
                 return fn(error)
+
+        case ("leader",):
+
+            def impl(leader: LeaderInfo | None) -> Any:
+                return fn(leader)
 
         case _:
 

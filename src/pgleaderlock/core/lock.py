@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import os
+import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Self, TypeVar, cast
 
 import pluggy
 
@@ -27,24 +30,44 @@ from .config import (
     lock_config,
     session_settings,
 )
-from .errors import ShutdownError
+from .errors import (
+    ConfigurationError,
+    ConnectionError,
+    HandOverError,
+    ShutdownError,
+    sqlstate,
+)
 from .fencing import Fencing
 from .hooks import On, emit, new_plugin_manager
 from .keyring import Keyring
-from .keys import check_key, check_name, lock_keys
+from .keys import check_key, check_name, key_to_oid, lock_keys
+from .leader import (
+    CHANNEL,
+    NOTIFY_ONLY,
+    LeaderInfo,
+    LeaderReader,
+    Participant,
+    ParticipantTable,
+    Target,
+    _close,
+    check_metadata,
+    open_session,
+)
 from .machine import Machine, Request
 from .models import (
     Callback,
     ErrorCallback,
     Event,
+    LeaderChangedCallback,
     LockState,
     LockStatistics,
     StateChangeCallback,
 )
 from .retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from .runner import Runner
-from .session import Backend, ConnectOptions, SessionFactory
+from .session import Backend, ConnectOptions, QuerySession, SessionFactory
 from .slot import SessionSlot, connection_target
+from .watch import LeaderWatch, Subscription, watch_for
 
 __all__ = ["LeaderLock", "lock_settings", "run_on_session"]
 
@@ -53,6 +76,33 @@ log = get_logger()
 T = TypeVar("T")
 
 _EXIT_TIMEOUT_S = 10.0
+
+_identities = itertools.count(1)
+
+
+_CONSIDER_LOOKS = 5
+"""How many times a leader with a priority looks for a higher one to queue."""
+
+
+_STATEMENT_ERRORS = ("42", "22", "23", "0A", "2B", "44")
+"""SQLSTATE classes of a statement the server refused (a table changed or gone, a
+privilege missing): the lock goes on without what the statement would have done."""
+
+
+def _statement_error(exc: BaseException) -> bool:
+    code = sqlstate(exc.__cause__ if exc.__cause__ is not None else exc)
+    return code is not None and code[:2] in _STATEMENT_ERRORS
+
+
+def _check_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise ConfigurationError(f"priority must be a 32-bit integer, got {value!r}")
+    return value
+
+
+def default_identity() -> str:
+    """``<host>:<pid>:<n>``: unique among the locks of this process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{next(_identities)}"
 
 
 class LeaderLock(Fencing):
@@ -159,6 +209,31 @@ class LeaderLock(Fencing):
             [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks run; the
             release follows when they have returned, or after ``drain_s``. Default 0:
             release at once.
+        metadata: a small JSON object this lock publishes (its address, version...):
+            [`leader()`][pgleaderlock.LeaderLock.leader] on any replica returns it while
+            this lock leads. See [Who leads](../guides/who-leads.md).
+        identity: this lock's name among the replicas (default
+            ``<host>:<pid>:<n>``), published with its metadata. A lock given
+            ``metadata`` or ``identity`` (or ``priority``) publishes a row in the
+            participants table on each new session; without them it publishes nothing,
+            and ``leader()`` knows only its pid, ``application_name`` and role.
+        eligible: ``False`` makes an observer: it never takes the lock (it opens no
+            lock session), and its [`on_leader_changed`][pgleaderlock.LeaderLock.on_leader_changed]
+            callbacks still run.
+        participants_table: the table locks publish their details in (default
+            ``pgleaderlock_participants``, created if missing, with row-level security).
+        participants_schema: its schema (default ``public``).
+        watch_interval_s: how often the process's leader watch looks again without a
+            notification (default ``health_interval_s``): the bound on noticing a
+            leader that ended with nobody to follow it.
+        priority: higher wins. ``None`` (default): off. While this lock leads with a
+            priority, a candidate of a strictly higher priority that waits for the
+            lock is handed the leadership ([`hand_over`][pgleaderlock.LeaderLock.hand_over])
+            ``handover_delay_s`` after it is seen (never between equal priorities; a
+            candidate without priority ranks lowest). See
+            [Who leads](../guides/who-leads.md#choosing-who-leads).
+        handover_delay_s: how long a leader waits after seeing a waiting candidate of a
+            higher priority before it hands over (it looks again then).
         escalate_after_s: errors that keep the lock from leading (it cannot connect,
             or its attempts fail, with no attempt reaching the server in between) for
             this long are escalated: an ERROR line ``lock_failing`` says for how long,
@@ -204,6 +279,14 @@ class LeaderLock(Fencing):
         lease_s: float | None = None,
         fencing_grace_s: float = 2.0,
         drain_s: float = 0.0,
+        metadata: Mapping[str, Any] | None = None,
+        identity: str | None = None,
+        eligible: bool = True,
+        participants_table: str = ParticipantTable.name,
+        participants_schema: str = DEFAULT_SCHEMA,
+        watch_interval_s: float | None = None,
+        priority: int | None = None,
+        handover_delay_s: float = 0.5,
         escalate_after_s: float = 30.0,
     ) -> None:
         self._key1 = check_key("key1", key1)
@@ -260,6 +343,46 @@ class LeaderLock(Fencing):
             fields=fields,
         )
         self._runner = Runner(self._machine, self._slot, self._emit, self._keyring(), fields)
+
+        # Who leads (see core.leader and core.watch).
+        self._metadata_json = check_metadata(metadata)
+        self._metadata = None if metadata is None else dict(metadata)
+        self._identity = check_name(identity, "identity") if identity else default_identity()
+        # Only a lock with something to publish writes a participant row (one statement
+        # per new session); every leader announces itself with NOTIFY.
+        self._priority = None if priority is None else _check_priority(priority)
+        self._handover_delay_s = float(handover_delay_s)
+        if not self._handover_delay_s >= 0:
+            raise ConfigurationError("handover_delay_s must be >= 0")
+        self._publishes = metadata is not None or identity is not None or priority is not None
+        self._considering: asyncio.Task[None] | None = None
+        self._announced = False  # the grant's statement announced this leadership
+        self._eligible = bool(eligible)
+        self._participants = ParticipantTable(
+            participants_table, participants_schema, self._config.trusted_roles
+        )
+        self._target = Target(self._backend, driver_dsn, connect_fn, connect_timeout_s)
+        self._watch_interval_s = (
+            health_interval_s if watch_interval_s is None else float(watch_interval_s)
+        )
+        if self._watch_interval_s <= 0:
+            raise ConfigurationError("watch_interval_s must be positive")
+        self._published = False  # this session's participant row was written
+        self._publish_warned = False
+        self._watch: LeaderWatch | None = None
+        self._subscription: Subscription | None = None
+        if not isinstance(self._keyring(), tuple):
+            # A Semaphore: its holders take slot keys, several at once; who leads, as
+            # published and announced here, is about one lock's keys.
+            if metadata is not None or priority is not None or not eligible:
+                raise ConfigurationError(
+                    "metadata, priority and eligible are for a LeaderLock, not a Semaphore"
+                )
+            self._publishes = False
+            return
+        self._slot.after_open = self._publish
+        self._runner.announce = self._announce
+        self._runner.admit = self._admit
 
     def _keyring(self) -> tuple[int, int] | Keyring:
         """Which lock the session takes (a [`Semaphore`][pgleaderlock.Semaphore]
@@ -367,6 +490,26 @@ class LeaderLock(Fencing):
         raises, for status pages and readiness checks."""
         return self._machine.fatal_error
 
+    @property
+    def identity(self) -> str:
+        """This lock's identity among the replicas (``identity=``)."""
+        return self._identity
+
+    @property
+    def metadata(self) -> Mapping[str, Any] | None:
+        """The document this lock publishes while it leads (``metadata=``)."""
+        return self._metadata
+
+    @property
+    def priority(self) -> int | None:
+        """This lock's priority (``priority=``), or ``None``."""
+        return self._priority
+
+    @property
+    def eligible(self) -> bool:
+        """``False`` for an observer, which never takes the lock."""
+        return self._eligible
+
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock's state and counters (cheap; no I/O).
 
@@ -413,12 +556,272 @@ class LeaderLock(Fencing):
     lifecycle task (which keeps probing); the lock is released once they have all
     returned, or after ``drain_s`` (they are cancelled then)."""
 
+    on_leader_changed = On[LeaderChangedCallback](Event.LEADER_CHANGED)
+    """Register a callback called with the new [`LeaderInfo`][pgleaderlock.LeaderInfo]
+    (``None``: nobody leads) whenever who leads changes, on every replica (followers
+    and observers too), and once with the leader first seen after ``start()``. Register
+    it before ``start()``. The callbacks run on the process's shared leader watch (see
+    [Who leads](../guides/who-leads.md)), one at a time: keep them short."""
+
     async def _emit(self, event: Event, data: dict[str, Any]) -> None:
         await emit(self.plugins, event, {"lock": self, **data}, self._callback_failed)
 
     def _callback_failed(self, name: str, event: Event, exc: Exception) -> None:
         log.error("callback_failed", exc=exc, callback=name, on=event.value,
                   error=repr(exc), **self._log_fields)  # fmt: skip
+
+    # ------------------------------------------------------------------ who leads
+
+    async def leader(self) -> LeaderInfo | None:
+        """Who leads this lock now, as the server says (``pg_locks``), with what the
+        leader published (``metadata``...) when its row is that very session's.
+
+        From any replica, leader or not (and observers). Read on the process's leader
+        watch session when this lock watches (``on_leader_changed``, ``eligible=False``),
+        else on a short session of its own.
+
+        Returns:
+            The leader, or ``None`` when nobody holds the lock.
+
+        Raises:
+            TimeoutError: the server did not answer within the connect and command
+                timeouts.
+        """
+        watch = self._watch
+        if watch is not None:
+            return await watch.leader(self.keys)
+        return await self._read(lambda reader: reader.leader(self.keys))
+
+    async def participants(self) -> list[Participant]:
+        """Every live lock session that published a row for this lock (candidates and
+        observers), and which of them leads or waits; empty when the participants
+        table cannot be read."""
+        watch = self._watch
+        if watch is not None:
+            return await watch.participants(self.keys)
+        return await self._read(lambda reader: reader.participants(self.keys))
+
+    async def _read(self, fn: Callable[[LeaderReader], Awaitable[T]]) -> T:
+        config = self._config
+        async with asyncio.timeout(
+            (config.connect_budget_s or config.connect_timeout_s) + config.command_timeout_s
+        ):
+            session = await open_session(self._target, "pgleaderlock:leader")
+            try:
+                return await fn(LeaderReader(session, self._participants, self.label))
+            finally:
+                await _close(session)
+
+    def _row(self, eligible: bool) -> tuple[object, ...]:
+        return (
+            self._key1, self._key2, self._identity, self._name, self._priority, eligible,
+            self._metadata_json, self._priority is not None, CHANNEL,
+            f"{self._key1},{self._key2}",
+        )  # fmt: skip
+
+    async def _publish(self) -> None:
+        """A new session's participant row (``SessionSlot.after_open``): written on
+        the lock's own session, before its first lock call. A failure (no privilege
+        on the table, another role's table) is logged once: the lock works without
+        it, and ``leader()`` then has no metadata."""
+        self._published = False
+        session = self._slot.session
+        if not self._publishes or not isinstance(session, QuerySession):
+            return
+        try:
+            await self._slot.prepare(self._participants)
+            await session.query(self._participants.upsert(), self._row(True))
+            self._published = True
+        except Exception as exc:
+            if not self._publish_warned:
+                self._publish_warned = True
+                log.warning("participant_row_failed", error=str(exc),
+                            table=self._participants.shown, **self._log_fields)  # fmt: skip
+
+    async def _announce(self, slot: SessionSlot) -> None:
+        """The new leader's announcement (``Runner.announce``, before the
+        ``on_acquired`` callbacks): its row leads since now, and ``NOTIFY``."""
+        session = slot.session
+        if not isinstance(session, QuerySession):
+            return
+        payload = f"{self._key1},{self._key2}"
+        announced, self._announced = self._announced, False
+        try:
+            if announced:
+                pass  # done with the grant (``_admit``)
+            elif self._published:
+                values = (self._key1, self._key2, self._identity, self._machine.term,
+                          CHANNEL, payload)  # fmt: skip
+                await session.query(self._participants.announce(), values)
+            else:
+                await session.query(NOTIFY_ONLY, (CHANNEL, payload))
+        except Exception as exc:
+            log.warning("announce_failed", error=str(exc), **self._log_fields)
+        self._poked()  # a candidate of a higher priority may be waiting already
+
+    # ------------------------------------------------------------------ choosing who leads
+
+    async def hand_over(self, to: str, timeout_s: float | None = None) -> None:
+        """Hand leadership to one chosen waiting replica, by its ``identity``: it leads
+        next, and no other candidate announces leadership meanwhile.
+
+        This lock reserves the lock for ``to`` (on its own row in the participants
+        table, for at most ``max(2, command_timeout_s)`` seconds) and steps down. A
+        candidate that PostgreSQL grants the lock before ``to`` (the first in its
+        queue) finds the reservation right after the grant, before it announces
+        anything, and lets the lock go again; so the lock passes down the queue to
+        ``to``. Every lock that publishes a row (``identity``, ``metadata`` or
+        ``priority``) honours reservations; one that does not would take the lock.
+
+        Args:
+            to: the target's ``identity``.
+            timeout_s: as for [`step_down`][pgleaderlock.LeaderLock.step_down].
+
+        Raises:
+            HandOverError: this lock does not lead, published no row, or ``to`` is
+                not waiting for the lock now.
+        """
+        if not self.is_leader:
+            raise HandOverError(f"{self.label}: not leading, nothing to hand over")
+        if to == self._identity:
+            return
+        if not self._published:
+            raise HandOverError(
+                f"{self.label}: this lock has no row in {self._participants.shown} (give it "
+                "identity=, metadata= or priority=, and the privileges on the table)"
+            )
+        config = self._config
+        oids = (key_to_oid(self._key1), key_to_oid(self._key2))
+        values = (self._key1, self._key2, self._identity, to,
+                  max(2.0, config.command_timeout_s), *oids)  # fmt: skip
+        statement = self._participants.reserve()
+
+        async def reserve(slot: SessionSlot) -> list[tuple[Any, ...]]:
+            session = slot.session
+            assert isinstance(session, QuerySession)
+            return await session.query(statement, values)
+
+        # One statement on the lock's own session (idle between probes): the target
+        # must be waiting now, and the reservation is written in the same breath.
+        try:
+            reserved = await run_on_session(self, reserve, config.command_timeout_s)
+        except ConnectionError as exc:
+            raise HandOverError(f"{self.label}: lost the lock before handing it over") from exc
+        if not reserved:
+            raise HandOverError(f"{self.label}: {to!r} is not waiting for the lock")
+        log.info("handing_over", to=to, **self._log_fields)
+        await self.step_down(timeout_s)
+
+    async def _admit(self, slot: SessionSlot) -> bool:
+        """``Runner.admit``, right after a grant and before the machine hears of it: is
+        the lock reserved for another waiting candidate? Then let it go again
+        (unannounced) and report a failed attempt. Without fencing, announce the new
+        leadership in the same statement (``since``, ``NOTIFY``): one round trip from
+        the grant to the notification, and before the lock is LEADER, so that a session
+        that ends meanwhile fails the lock call itself, with the server's message."""
+        session = slot.session
+        if not isinstance(session, QuerySession):
+            return True
+        keys = (self._key1, self._key2)
+        payload = f"{keys[0]},{keys[1]}"
+        fenced = self._config.term_table is not None  # announced once the term is bumped
+        if not self._published:
+            if not fenced:
+                await session.query(NOTIFY_ONLY, (CHANNEL, payload))
+                self._announced = True
+            return True
+        values: tuple[object, ...] = (
+            *keys, key_to_oid(keys[0]), key_to_oid(keys[1]), self._identity,
+            list(self._config.trusted_roles),
+        )  # fmt: skip
+        statement = self._participants.reserved_elsewhere()
+        if not fenced:
+            statement = self._participants.admit()
+            values = (*values, CHANNEL, payload)
+        try:
+            rows = await session.query(statement, values)
+        except Exception as exc:
+            if not _statement_error(exc):
+                raise  # the session failed: so does the lock call
+            log.warning("reservation_unreadable", error=str(exc), **self._log_fields)
+            return True
+        if not (rows and rows[0][0]):
+            self._announced = not fenced
+            return True
+        log.debug("reserved_for_another", **self._log_fields)  # and let go already
+        return False
+
+    def _poked(self) -> None:
+        """The watch heard of this lock's keys (or ticked): with a priority, while
+        leading, look (after ``handover_delay_s``) whether to hand over."""
+        if self._priority is None or not self.is_leader:
+            return
+        if self._considering is not None and not self._considering.done():
+            return
+        self._considering = asyncio.get_running_loop().create_task(
+            self._consider(), name=f"pgleaderlock-priority-{self._key1}-{self._key2}"
+        )
+
+    async def _consider(self) -> None:
+        """Hand over to the waiting candidate of the highest priority above this
+        lock's, if there is one (looking a few times while one of a higher priority
+        is known but not waiting yet: it is about to queue)."""
+        assert self._priority is not None
+        for _ in range(_CONSIDER_LOOKS):
+            await asyncio.sleep(self._handover_delay_s)
+            if not self.is_leader:
+                return
+            try:
+                higher = [
+                    p for p in await self.participants()
+                    if p.eligible and not p.leading and p.info.priority is not None
+                    and p.info.priority > self._priority
+                ]  # fmt: skip
+                ready = [p for p in higher if p.waiting]
+                if ready:
+                    best = max(ready, key=lambda p: cast(int, p.info.priority))
+                    assert best.info.identity is not None
+                    await self.hand_over(to=best.info.identity)
+                    return
+            except Exception as exc:
+                log.warning("priority_handover_failed", error=str(exc), **self._log_fields)
+                return
+            if not higher:
+                return
+
+    def _wants_watch(self) -> bool:
+        hook = getattr(self.plugins.hook, Event.LEADER_CHANGED.hook)
+        return not self._eligible or self._priority is not None or bool(hook.get_hookimpls())
+
+    def _start_watch(self) -> None:
+        if self._watch is not None or not self._wants_watch():
+            return
+        config = self._config
+        watch = watch_for(
+            self._target, self._participants, self._watch_interval_s,
+            (config.connect_budget_s or config.connect_timeout_s) + config.command_timeout_s,
+        )  # fmt: skip
+        row = None
+        if not self._eligible:
+            row = (self._identity, self._name, None, self._metadata_json)
+        self._subscription = Subscription(
+            self.keys, self._leader_changed, row, self.label, self._poked
+        )
+        self._watch = watch
+        watch.subscribe(self._subscription)
+
+    async def _stop_watch(self) -> None:
+        considering, self._considering = self._considering, None
+        if considering is not None and considering is not asyncio.current_task():
+            considering.cancel()
+            await asyncio.gather(considering, return_exceptions=True)
+        watch, self._watch = self._watch, None
+        sub, self._subscription = self._subscription, None
+        if watch is not None and sub is not None:
+            await watch.unsubscribe(sub)
+
+    async def _leader_changed(self, info: LeaderInfo | None) -> None:
+        await self._emit(Event.LEADER_CHANGED, {"leader": info})
 
     # ------------------------------------------------------------------ lifecycle API
 
@@ -428,6 +831,9 @@ class LeaderLock(Fencing):
         Returns once the task has made the Start transition; acquisition goes on in the
         background (see [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership]).
         """
+        self._start_watch()
+        if not self._eligible:
+            return  # an observer: no lifecycle task, no lock session
         name = f"pgleaderlock-{self._key1}-{self._key2}"
         await asyncio.shield(self._runner.start(name, self._external_stop))
 
@@ -444,10 +850,17 @@ class LeaderLock(Fencing):
         """
         task = self._runner.task
         if task is None or task.done():
+            await self._stop_watch()
             return
         self._runner.request(Request.STOP)
         if task is asyncio.current_task():
             return  # called from a callback: the task stops once the callback returns
+        try:
+            await self._stop_when_stopped(task, timeout_s)
+        finally:
+            await self._stop_watch()
+
+    async def _stop_when_stopped(self, task: asyncio.Task[None], timeout_s: float | None) -> None:
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(task)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "Callback",
     "ErrorCallback",
     "Event",
+    "LeaderChangedCallback",
     "LockState",
     "LockStatistics",
     "RetryContext",
@@ -51,6 +53,7 @@ class Event(enum.Enum):
     ERROR = "error"
     STOPPED = "stopped"
     DRAINING = "draining"
+    LEADER_CHANGED = "leader_changed"
 
     @property
     def description(self) -> str:
@@ -95,13 +98,24 @@ _DESCRIPTIONS = {
         "(then they are cancelled), and releases the lock after that. Unlike the other "
         "events, these run beside the lock's lifecycle task, not on it."
     ),
+    Event.LEADER_CHANGED: (
+        "Who leads the lock changed, as seen by every replica (followers and observers "
+        "included), with the new `LeaderInfo` (`None`: nobody leads); also once with the "
+        "leader first seen. Verified against `pg_locks` (a notification only makes the "
+        "replica look). Runs on the process's shared leader watch, not on the lifecycle task."
+    ),
 }
 _HOOK_ARGS = {
     Event.STATE_CHANGE: ("old", "new"),
     Event.ERROR: ("error",),
     Event.ACQUIRE_FAILED: ("attempt",),
+    Event.LEADER_CHANGED: ("leader",),
 }
-_CALLBACK_ARGS = {Event.STATE_CHANGE: ("old", "new"), Event.ERROR: ("error",)}
+_CALLBACK_ARGS = {
+    Event.STATE_CHANGE: ("old", "new"),
+    Event.ERROR: ("error",),
+    Event.LEADER_CHANGED: ("leader",),
+}
 
 
 @dataclass(frozen=True)
@@ -183,6 +197,10 @@ StateChangeCallback = (
     Callable[[LockState, LockState], None] | Callable[[LockState, LockState], Awaitable[None]]
 )
 """Called with ``(from_state, to_state)`` on every change of state."""
+
+LeaderChangedCallback = Callable[[Any], None] | Callable[[Any], Awaitable[None]]
+"""Called with the new [`LeaderInfo`][pgleaderlock.LeaderInfo], or ``None`` when nobody
+leads."""
 
 ErrorCallback = Callable[[Exception], None] | Callable[[Exception], Awaitable[None]]
 """Called with the exception of a database error or of a failing callback."""

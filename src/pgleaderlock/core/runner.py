@@ -114,6 +114,13 @@ class Runner:
         self._stop_reported = False  # on_stopped has run for this run of the task
         self._drain: asyncio.Task[None] | None = None  # the on_draining callbacks
         self._queued: list[_Queued] = []  # calls for the leader's session (on_session)
+        # Run on the session before the ACQUIRED callbacks (the lock publishes that it
+        # leads and notifies listeners); it must not raise but a timeout.
+        self.announce: Callable[[SessionSlot], Awaitable[None]] | None = None
+        # Asked right after a lock call granted the lock, before the machine hears of
+        # it: False when the lock is reserved for another candidate (a targeted
+        # hand-over); it has then released the lock again, and the attempt failed.
+        self.admit: Callable[[SessionSlot], Awaitable[bool]] | None = None
 
     # ------------------------------------------------------------------ for the API
 
@@ -239,6 +246,8 @@ class Runner:
                 case Emit(event=event):
                     if event is Event.STOPPED:
                         self._stop_reported = True
+                    elif event is Event.ACQUIRED and self.announce is not None:
+                        await self._announce(self.announce)
                     await self._keeping_alive(self._emit(effect), effect.keepalive_s)
                 case StartDrain():
                     drain = asyncio.get_running_loop().create_task(
@@ -284,6 +293,14 @@ class Runner:
             "old": effect.old, "new": effect.new,
             "error": effect.error, "attempt": effect.attempt,
         })  # fmt: skip
+
+    async def _announce(self, announce: Callable[[SessionSlot], Awaitable[None]]) -> None:
+        """``announce`` on the new leader's session, bounded like a lock call; a
+        timeout drops the session (the next probe then reports the loss)."""
+        try:
+            await self._call(announce(self._slot), self._machine.config.command_timeout_s)
+        except TimeoutError:
+            log.warning("announce_timeout", **self._fields)
 
     async def _keeping_alive(self, work: Awaitable[None], every_s: float | None) -> None:
         """``await work`` (callbacks); meanwhile, with ``every_s``, show the server every
@@ -551,6 +568,8 @@ class Runner:
                     term = await guard(self._slot.with_table(table, bump), *bound)
                     return TermBlocked() if term is None else TermBumped(term)
             if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
+                if self.admit is not None and not await guard(self.admit(self._slot), *bound):
+                    return Answered(False)  # reserved for another: let go, unannounced
                 self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
         except Interrupted:

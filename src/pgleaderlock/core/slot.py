@@ -156,6 +156,9 @@ class SessionSlot:
         # confirmed its lock since the last grant, and which tables it checked.
         self._verified = False
         self._prepared: set[LibraryTable] = set()
+        self.after_open: Callable[[], Awaitable[None]] | None = None
+        """Run on each new session once it passed its checks, within the open's bound
+        (a lock publishes its participant row there); it must not raise."""
 
     @property
     def backend_pid(self) -> int | None:
@@ -181,6 +184,8 @@ class SessionSlot:
             await self._close(session)
             raise
         self.session = session
+        if self.after_open is not None:
+            await self.after_open()
         self._log.debug(
             "session_opened",
             backend_pid=session.backend_pid,

@@ -58,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from ..coordination import Coordinator, WorkerContext, WorkerFunction
 from ..core._logging import get_logger
 from ..core.errors import ConfigurationError, ShutdownError
+from ..core.leader import LeaderInfo
 from ..core.lock import LeaderLock
 from ..core.machine import describe
 from ..core.models import LockState
@@ -72,6 +73,7 @@ __all__ = [
     "HealthStatus",
     "LeaderLifespan",
     "LeaderStatus",
+    "LeaderView",
 ]
 
 log = get_logger("pgleaderlock.integrations.fastapi")
@@ -94,6 +96,44 @@ GF = TypeVar("GF", bound=GroupTaskFunction)
 
 def _utc(timestamp: float | None) -> dt.datetime | None:
     return None if timestamp is None else dt.datetime.fromtimestamp(timestamp, dt.UTC)
+
+
+class LeaderView(BaseModel):
+    """Who leads, as the status route shows it (a
+    [`LeaderInfo`][pgleaderlock.LeaderInfo]; see [Who leads](../guides/who-leads.md)).
+
+    Attributes:
+        pid: the leader's server backend pid.
+        application_name: its session's ``application_name``.
+        role: its session's role.
+        identity: its ``identity``, when it published one.
+        name: its lock name.
+        priority: its ``priority``.
+        metadata: the document it publishes (``metadata=``).
+        since: when it announced its leadership (server clock).
+        term: its fencing term, with fencing.
+    """
+
+    pid: int
+    application_name: str | None
+    role: str | None
+    identity: str | None = None
+    name: str | None = None
+    priority: int | None = None
+    metadata: dict[str, Any] | None = None
+    since: dt.datetime | None = None
+    term: int | None = None
+
+    @classmethod
+    def of(cls, info: LeaderInfo | None) -> LeaderView | None:
+        if info is None:
+            return None
+        return cls(
+            pid=info.pid, application_name=info.application_name, role=info.role,
+            identity=info.identity, name=info.name, priority=info.priority,
+            metadata=None if info.metadata is None else dict(info.metadata),
+            since=info.since, term=info.term,
+        )  # fmt: skip
 
 
 class LeaderStatus(BaseModel):
@@ -126,6 +166,9 @@ class LeaderStatus(BaseModel):
         paused_until: with ``give_away_after_crashes``: after a task crashed that many
             times in a row, this replica gave its leadership away and stays out of the
             election until then (UTC); ``None`` otherwise.
+        leader: who leads the lock (any replica, this one included), as the process's
+            leader watch was last told (``on_leader_changed``: milliseconds after a
+            change); ``None`` while nobody leads, or before the watch first looked.
     """
 
     name: str | None
@@ -138,6 +181,7 @@ class LeaderStatus(BaseModel):
     last_error: str | None
     tasks: list[str]
     paused_until: dt.datetime | None = None
+    leader: LeaderView | None = None
 
 
 class HealthStatus(BaseModel):
@@ -313,6 +357,10 @@ class LeaderLifespan(_AppLifespan):
             [`LeaderTasks`][pgleaderlock.LeaderTasks]); ``None`` (default): never.
         give_away_cooldown_s: how long a replica that gave its leadership away stays
             out of the election.
+        watch_leader: keep who leads up to date for the status route (``leader``), with
+            an ``on_leader_changed`` callback on the lock: the process's leader watch,
+            two sessions per process ([Who leads](../guides/who-leads.md)). Only for a
+            lock opened from a DSN (not with ``connect_fn``).
     """
 
     def __init__(
@@ -324,8 +372,12 @@ class LeaderLifespan(_AppLifespan):
         shutdown_timeout_s: float = 30.0,
         give_away_after_crashes: int | None = None,
         give_away_cooldown_s: float = 60.0,
+        watch_leader: bool = True,
     ) -> None:
         self._lock = lock
+        self._leader: LeaderInfo | None = None
+        if watch_leader and lock.backend is not None:
+            lock.on_leader_changed(self._leader_changed)
         self._tasks = LeaderTasks(
             lock,
             retry_strategy=retry_strategy,
@@ -386,9 +438,43 @@ class LeaderLifespan(_AppLifespan):
             except ShutdownError as exc:
                 log.error("shutdown_failed", lock=self._lock.label, error=str(exc))
             finally:
+                self._leader = None  # the watch stopped with the lock
                 await self._tasks.stop()
 
     # ------------------------------------------------------------------ status
+
+    def _leader_changed(self, info: LeaderInfo | None) -> None:
+        self._leader = info
+
+    async def current_leader(self) -> LeaderInfo | None:
+        """A dependency: who leads now, read from the server
+        ([`LeaderLock.leader`][pgleaderlock.LeaderLock.leader]; one query on the
+        process's leader watch session). ``None`` while nobody leads.
+
+        Raises:
+            HTTPException: 503 when the server cannot be asked.
+        """
+        try:
+            return await self._lock.leader()
+        except Exception as exc:
+            log.warning("leader_unknown", lock=self._lock.label, error=repr(exc))
+            raise HTTPException(status_code=503, detail="who leads is unknown") from exc
+
+    async def leader_metadata(self) -> dict[str, Any]:
+        """A dependency for forwarding a request to the leader: the ``metadata`` the
+        current leader publishes (its address...), read from the server.
+
+        ``async def write(meta: dict = Depends(leader.leader_metadata))``.
+
+        Raises:
+            HTTPException: 503 when nobody leads, the leader published no metadata, or
+                the server cannot be asked.
+        """
+        info = await self.current_leader()
+        if info is None or info.metadata is None:
+            detail = "nobody leads" if info is None else "the leader published no metadata"
+            raise HTTPException(status_code=503, detail=detail)
+        return dict(info.metadata)
 
     def status(self) -> LeaderStatus:
         """This replica's leadership now; also usable as a dependency
@@ -407,6 +493,7 @@ class LeaderLifespan(_AppLifespan):
             last_error=None if stats.last_error is None else describe(stats.last_error),
             tasks=self._tasks.running,
             paused_until=_utc(paused),
+            leader=LeaderView.of(self._leader),
         )
 
     async def require_leader(self) -> None:
