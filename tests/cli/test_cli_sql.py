@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,16 @@ def test_the_shipped_file_is_what_the_command_prints() -> None:
     assert 'CREATE TABLE IF NOT EXISTS "public"."pgleaderlock_terms"' in shipped
     assert 'CREATE TABLE IF NOT EXISTS "public"."pgleaderlock_subscriptions"' in shipped
     assert '-- GRANT SELECT, INSERT, UPDATE ON "public"."pgleaderlock_terms"' in shipped
+    assert "ENABLE ROW LEVEL SECURITY" in shipped  # the participants table's
+
+
+def test_the_cli_page_shows_what_the_command_prints() -> None:
+    command = "pgleaderlock sql --schema pgleaderlock --role app"
+    page = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    shown = page.split(f"$ {command}\n", 1)[1].split("```", 1)[0]
+    result = sql("--schema", "pgleaderlock", "--role", "app")
+    assert result.returncode == 0, result.stderr
+    assert shown == result.stdout
 
 
 def test_a_role_and_a_schema_give_the_grants_to_run() -> None:

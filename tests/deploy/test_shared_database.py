@@ -611,3 +611,22 @@ async def test_a_role_with_only_table_grants_runs_a_schedule(db: Database) -> No
         await eventually(lambda: asyncio.sleep(0, len(ran) >= 2), what="two runs")
     assert db.value("SELECT count(*) FROM pgl.pgleaderlock_runs WHERE outcome = 'done'") >= 1
     assert db.value("SELECT count(*) FROM pgl.pgleaderlock_schedules") == 1
+
+
+async def test_a_role_with_only_table_grants_publishes_its_metadata(db: Database) -> None:
+    """The migration creates the participants table too (with its row-level security):
+    ``app`` publishes metadata with only its grants, and a follower reads it."""
+    migrate(db)
+    assert app_creates_nothing(db)
+    kwargs = {**FAST, "participants_schema": "pgl", "trusted_roles": ["owner"]}
+    leader = LeaderLock.from_name("nightly", db.dsn("app"), metadata={"url": "http://a"}, **kwargs)
+    follower = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    async with leader:
+        assert await leader.wait_for_leadership(5)
+        async with follower:
+            info = await follower.leader()
+    assert info is not None
+    assert info.metadata == {"url": "http://a"}
+    assert db.value(
+        "SELECT relrowsecurity FROM pg_class WHERE oid = 'pgl.pgleaderlock_participants'::regclass"
+    )

@@ -55,6 +55,7 @@ from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError
+from ..core.leader import ParticipantTable
 from ..core.registry import without_driver
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck, TermTable
 from ..schedule.ledger import RunTable, ScheduleTable
@@ -404,7 +405,7 @@ def doctor(
         roles = check_roles(trusted_roles)
         tables: tuple[LibraryTable, ...] = tuple(
             cls(schema=schema, trusted_roles=roles)
-            for cls in (TermTable, CheckpointTable, RunTable, ScheduleTable)
+            for cls in (TermTable, CheckpointTable, RunTable, ScheduleTable, ParticipantTable)
         )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS
 from ..core.errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
+from ..core.leader import ParticipantTable
 from ..core.tables import LibraryTable, TableCheck, TermTable
 from .exits import EXIT_OK
 
@@ -392,6 +393,8 @@ def _used_by(table: LibraryTable) -> str:
         return "fencing=True"
     if isinstance(table, CheckpointTable):
         return "Coordinator checkpoints"
+    if isinstance(table, ParticipantTable):
+        return "who leads (metadata=, identity=, priority=, eligible=False)"
     return "the schedule ledger (cron, Scheduler, Celery beat, APScheduler)"
 
 

@@ -11,6 +11,7 @@ import click
 
 from ..coordination.workers import CheckpointTable
 from ..core.errors import ConfigurationError
+from ..core.leader import ParticipantTable
 from ..core.tables import DEFAULT_SCHEMA, TermTable, quoted
 from ..schedule.ledger import RunTable, ScheduleTable
 from .exits import EXIT_OK, CliError
@@ -27,6 +28,7 @@ def setup_sql(
     checkpoint_table: str = CheckpointTable.name,
     runs_table: str = RunTable.name,
     schedules_table: str = ScheduleTable.name,
+    participants_table: str = ParticipantTable.name,
 ) -> str:
     """The statements: the tables (``IF NOT EXISTS``), then the grants to ``role``
     (commented out, with a placeholder, when ``None``).
@@ -38,6 +40,7 @@ def setup_sql(
     checkpoints = CheckpointTable(checkpoint_table, schema)
     runs = RunTable(runs_table, schema)
     schedules = ScheduleTable(schedules_table, schema)
+    participants = ParticipantTable(participants_table, schema)
     grantee = role if role is not None else _ROLE_PLACEHOLDER
     lines = [
         "-- pgleaderlock: the library's tables, made beforehand by a migration (run it as",
@@ -62,9 +65,15 @@ def setup_sql(
         runs.create + ";",
         schedules.create + ";",
         "",
+        "-- What locks publish about themselves (LeaderLock(..., metadata=, identity=,",
+        "-- priority=, eligible=False)): row-level security lets a session write only its",
+        "-- own rows.",
+        participants.create + ";",
+        "",
     ]
     grants = [checkpoints.grant_usage(grantee)]
-    grants += [table.grant(grantee) for table in (terms, checkpoints, runs, schedules)]
+    tables = (terms, checkpoints, runs, schedules, participants)
+    grants += [table.grant(grantee) for table in tables]
     if role is None:
         lines.append(f"-- Then, for the role that runs the locks (here {_ROLE_PLACEHOLDER}):")
         lines += [f"-- {grant};" for grant in grants]
@@ -86,6 +95,7 @@ def setup_sql(
 @click.option("--checkpoint-table", default=CheckpointTable.name, show_default=True)
 @click.option("--runs-table", default=RunTable.name, show_default=True)
 @click.option("--schedules-table", default=ScheduleTable.name, show_default=True)
+@click.option("--participants-table", default=ParticipantTable.name, show_default=True)
 def sql(
     schema: str,
     role: str | None,
@@ -93,6 +103,7 @@ def sql(
     checkpoint_table: str,
     runs_table: str,
     schedules_table: str,
+    participants_table: str,
 ) -> int:
     """Print the SQL that creates the library's tables and grants a role what it needs.
 
@@ -100,7 +111,15 @@ def sql(
     the locks then needs no CREATE anywhere.
     """
     try:
-        text = setup_sql(schema, role, fencing_table, checkpoint_table, runs_table, schedules_table)
+        text = setup_sql(
+            schema,
+            role,
+            fencing_table,
+            checkpoint_table,
+            runs_table,
+            schedules_table,
+            participants_table,
+        )
         click.echo(text, nl=False)
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
