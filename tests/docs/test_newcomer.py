@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import asyncio
 import json
 import logging
 import os
@@ -197,7 +198,8 @@ async def test_fastapi_example_readme_shows_the_real_leader_answers(
             seen = await views()
             states = sorted(view["state"] for view in seen)
             tasks = sorted(str(view["tasks"]) for view in seen)
-            return states == ["acquiring", "leader"] and tasks == ["['heartbeat']", "[]"]
+            told = all(view["leader"] is not None for view in seen)  # the leader watch read
+            return states == ["acquiring", "leader"] and tasks == ["['heartbeat']", "[]"] and told
 
         await eventually(settled, 20.0, "one leader running its task, one waiting follower")
         real_leader, real_follower = sorted(await views(), key=lambda v: not v["is_leader"])
@@ -213,6 +215,14 @@ async def test_fastapi_example_readme_shows_the_real_leader_answers(
         if shown["leader_since"] is not None:
             dt.datetime.fromisoformat(shown["leader_since"])
         same = {k: v for k, v in real.items() if k not in ("name", "keys", "leader_since")}
+        # Who leads: the same fields; its pid and application_name are the run's own.
+        told, shown_told = same.pop("leader"), shown["leader"]
+        assert list(shown_told) == list(told)
+        assert shown_told["application_name"].startswith("pgleaderlock:example-fastapi-app@")
+        varying = ("pid", "application_name", "role")
+        assert {k: v for k, v in told.items() if k not in varying} == {
+            k: v for k, v in shown_told.items() if k not in varying
+        }
         assert {k: shown[k] for k in same} == same
 
 
