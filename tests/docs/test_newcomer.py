@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
-import asyncio
 import json
 import logging
 import os
