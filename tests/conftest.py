@@ -8,6 +8,7 @@ import json
 import logging
 import random
 import threading
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -286,6 +287,17 @@ async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
     """A separate session for looking at (and interfering with) the server."""
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+async def schema(admin: Admin) -> AsyncIterator[str]:
+    """A schema of its own for the test's tables (dropped with them afterwards)."""
+    name = f"test_{uuid.uuid4().hex[:10]}"
+    await admin.execute(f"CREATE SCHEMA {name}")
+    try:
+        yield name
+    finally:
+        await admin.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 @pytest.fixture

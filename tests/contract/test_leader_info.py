@@ -9,8 +9,7 @@ a schema of its own for that table, so that tests on the shared server never sha
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -29,16 +28,6 @@ pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.postgres_only("who leads is read from pg_locks on the server"),
 ]
-
-
-@pytest.fixture
-async def schema(admin: Admin) -> AsyncIterator[str]:
-    name = f"leader_{uuid.uuid4().hex[:10]}"
-    await admin.execute(f"CREATE SCHEMA {name}")
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 def _candidate(target: Target, keys: tuple[int, int], schema: str, who: str) -> LeaderLock:

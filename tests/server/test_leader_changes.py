@@ -46,16 +46,6 @@ BACKENDS = [
 
 
 @pytest.fixture
-async def schema(admin: psycopg.AsyncConnection[Any]) -> AsyncIterator[str]:
-    name = f"leader_{uuid.uuid4().hex[:10]}"
-    await admin.execute(f"CREATE SCHEMA {name}")
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP SCHEMA {name} CASCADE")
-
-
-@pytest.fixture
 async def other_role(admin: psycopg.AsyncConnection[Any], pg_dsn: str) -> AsyncIterator[str]:
     """A second login role (no superuser); yields a DSN that logs in as it."""
     role = f"pgl_leader_{uuid.uuid4().hex[:10]}"
@@ -216,22 +206,7 @@ async def test_a_forged_row_is_refused(
         assert await lock.wait_for_leadership(10)
         await admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}")
         pid = lock.backend_pid
-        async with await psycopg.AsyncConnection.connect(other_role, autocommit=True) as forger:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                await forger.execute(
-                    f"INSERT INTO {table} (key1, key2, pid, backend_start, identity, eligible,"
-                    " metadata, writer, updated_at) SELECT %s, %s, pid, backend_start, 'fake',"
-                    ' true, \'{"address": "evil"}\', usename, now()'
-                    " FROM pg_stat_activity WHERE pid = %s",
-                    (*keys, pid),
-                )
-            cur = await forger.execute(
-                f'UPDATE {table} SET metadata = \'{{"address": "evil"}}\' WHERE pid = %s',
-                (pid,),
-            )
-            assert cur.rowcount == 0
-            cur = await forger.execute(f"DELETE FROM {table} WHERE pid = %s", (pid,))
-            assert cur.rowcount == 0
+        await forge(other_role, table, keys, pid, delete=True)
         seen = await lock.leader()
         assert seen is not None
         assert seen.metadata == {"address": "real"}
@@ -266,20 +241,7 @@ async def test_same_role_forgery_is_refused(
         await lock.start()  # the role creates the table: it owns it (FORCE row security)
         assert await lock.wait_for_leadership(10)
         pid = lock.backend_pid
-        async with await psycopg.AsyncConnection.connect(other_role, autocommit=True) as forger:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                await forger.execute(
-                    f"INSERT INTO {table} (key1, key2, pid, backend_start, identity, eligible,"
-                    " metadata, writer, updated_at) SELECT %s, %s, pid, backend_start, 'fake',"
-                    ' true, \'{"address": "evil"}\', usename, now()'
-                    " FROM pg_stat_activity WHERE pid = %s",
-                    (*keys, pid),
-                )
-            cur = await forger.execute(
-                f'UPDATE {table} SET metadata = \'{{"address": "evil"}}\' WHERE pid = %s',
-                (pid,),
-            )
-            assert cur.rowcount == 0
+        await forge(other_role, table, keys, pid, delete=False)
         seen = await lock.leader()
         assert seen is not None
         assert seen.pid == pid
@@ -296,3 +258,26 @@ def test_a_semaphore_refuses_who_leads_options(pg_dsn: str, option: dict[str, An
     details there would describe nobody."""
     with pytest.raises(ConfigurationError, match="not a Semaphore"):
         Semaphore(pg_dsn, "leader-semaphore", slots=2, **option)
+
+
+async def forge(
+    forger_dsn: str, table: str, keys: tuple[int, int], pid: int | None, *, delete: bool
+) -> None:
+    """Another session tries to publish, change (and ``delete``: remove) a row for the
+    leader's ``pid``: row-level security refuses the insert, and the rest changes no row."""
+    async with await psycopg.AsyncConnection.connect(forger_dsn, autocommit=True) as forger:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await forger.execute(
+                f"INSERT INTO {table} (key1, key2, pid, backend_start, identity, eligible,"
+                " metadata, writer, updated_at) SELECT %s, %s, pid, backend_start, 'fake',"
+                ' true, \'{"address": "evil"}\', usename, now()'
+                " FROM pg_stat_activity WHERE pid = %s",
+                (*keys, pid),
+            )
+        cur = await forger.execute(
+            f'UPDATE {table} SET metadata = \'{{"address": "evil"}}\' WHERE pid = %s', (pid,)
+        )
+        assert cur.rowcount == 0
+        if delete:
+            cur = await forger.execute(f"DELETE FROM {table} WHERE pid = %s", (pid,))
+            assert cur.rowcount == 0

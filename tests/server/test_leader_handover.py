@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from pgleaderlock import HandOverError, LeaderLock
@@ -34,16 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 FAST: dict[str, Any] = timings(
     retry_s=1.0, health_interval_s=0.2, load_plugins=False, watch_interval_s=30.0
 )
-
-
-@pytest.fixture
-async def schema(admin: psycopg.AsyncConnection[Any]) -> AsyncIterator[str]:
-    name = f"leader_{uuid.uuid4().hex[:10]}"
-    await admin.execute(f"CREATE SCHEMA {name}")
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 class Candidates:

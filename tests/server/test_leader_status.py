@@ -7,10 +7,8 @@ import asyncio
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock
@@ -20,16 +18,6 @@ from support.timings import timings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 FAST: dict[str, Any] = timings(retry_s=0.05, health_interval_s=0.2, load_plugins=False)
-
-
-@pytest.fixture
-async def schema(admin: psycopg.AsyncConnection[Any]) -> AsyncIterator[str]:
-    name = f"leader_{uuid.uuid4().hex[:10]}"
-    await admin.execute(f"CREATE SCHEMA {name}")
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 async def _status(pg_dsn: str, *args: str) -> tuple[int, str, str]:

@@ -169,9 +169,7 @@ class ParticipantTable(LibraryTable):
             f" AND EXISTS (SELECT 1 FROM {t} w JOIN pg_catalog.pg_stat_activity a"
             " ON a.pid = w.pid AND a.backend_start = w.backend_start AND a.usename = w.writer"
             " JOIN pg_catalog.pg_locks l ON l.pid = w.pid AND NOT l.granted"
-            " AND l.locktype = 'advisory' AND l.objsubid = 2"
-            f" AND l.database = {_DATABASE}"
-            " AND l.classid = ({5})::int8::oid AND l.objid = ({6})::int8::oid"
+            f" AND {_on_lock(5, 6)}"
             " WHERE w.key1 = ({0})::int4 AND w.key2 = ({1})::int4"
             " AND w.identity = ({3})::text AND w.eligible)"
             " RETURNING 1"
@@ -203,9 +201,7 @@ class ParticipantTable(LibraryTable):
             " AND r.reserved_until > pg_catalog.clock_timestamp()"
             " AND o.oid IN (SELECT oid FROM trusted)"
             " AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.pid = w.pid"
-            " AND NOT l.granted AND l.locktype = 'advisory' AND l.objsubid = 2"
-            f" AND l.database = {_DATABASE}"
-            " AND l.classid = ({2})::int8::oid AND l.objid = ({3})::int8::oid))"
+            f" AND NOT l.granted AND {_on_lock(2, 3)}))"
         )
 
     def admit(self) -> str:
@@ -275,11 +271,20 @@ table? (A table another role owns could run that role's code as the reader: a
 row-level security policy calling its function.)"""
 
 _DATABASE = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
+
+
+def _on_lock(classid: int, objid: int) -> str:
+    """The condition on ``pg_locks l`` for a two-key advisory lock of this database, the
+    keys (as oids) in placeholders ``{classid}`` and ``{objid}``."""
+    return (
+        f"l.locktype = 'advisory' AND l.objsubid = 2 AND l.database = {_DATABASE}"
+        f" AND l.classid = ({{{classid}}})::int8::oid AND l.objid = ({{{objid}}})::int8::oid"
+    )
+
+
 _HOLDER = (
     "FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
-    " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"
-    f" AND l.database = {_DATABASE}"
-    " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
+    f" WHERE l.granted AND {_on_lock(0, 1)}"
 )
 LEADER = f"SELECT l.pid, a.application_name, a.usename::text {_HOLDER}"
 """``{0}`` ``{1}`` the keys as oids: the session granted the lock, if any."""
@@ -296,20 +301,14 @@ def leader_with(table: ParticipantTable) -> str:
         " AND p.key2 = ({3})::int4 AND p.pid = l.pid AND p.backend_start = a.backend_start"
         " AND p.writer = a.usename AND p.eligible"
         " ORDER BY p.since DESC NULLS LAST LIMIT 1) p ON true"
-        " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"
-        f" AND l.database = {_DATABASE}"
-        " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
+        f" WHERE l.granted AND {_on_lock(0, 1)}"
     )
 
 
 def participants_of(table: ParticipantTable) -> str:
     """``{0}`` ``{1}`` the keys as oids, ``{2}`` ``{3}`` the keys: every live
     participant's row, whether its session holds the lock, and whether it waits."""
-    lock = (
-        "SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 2"
-        f" AND l.pid = p.pid AND l.database = {_DATABASE}"
-        " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
-    )
+    lock = f"SELECT 1 FROM pg_catalog.pg_locks l WHERE l.pid = p.pid AND {_on_lock(0, 1)}"
     return (
         "SELECT p.pid, a.application_name, a.usename::text, p.identity, p.name, p.priority,"
         " p.metadata::text, p.since, p.term, p.eligible,"
