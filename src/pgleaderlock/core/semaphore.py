@@ -53,7 +53,7 @@ class SlotKeyring:
         self.keys = tuple(keys)
         self.index: int | None = None
         """The slot the session holds (or last held)."""
-        self._rescan_s = rescan_s
+        self.rescan_s = rescan_s
         self._rng = random.Random()
         self._holding = False  # granted, and no attempt since (the hold may go on)
         self._released: tuple[int, float] | None = None  # which slot, when (monotonic)
@@ -75,7 +75,7 @@ class SlotKeyring:
         released = self._released
         if released is None or len(self.keys) == 1:
             return None
-        if time.monotonic() - released[1] >= HANDOVER_RESCANS * self._rescan_s:
+        if time.monotonic() - released[1] >= HANDOVER_RESCANS * self.rescan_s:
             self._released = None
             return None
         return released[0]
@@ -108,7 +108,7 @@ class SlotKeyring:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            await asyncio.sleep(min(self._rescan_s, remaining))
+            await asyncio.sleep(min(self.rescan_s, remaining))
         return True
 
 
@@ -170,7 +170,6 @@ class Semaphore(LeaderLock):
             if taken in kwargs:
                 raise ConfigurationError(f"a Semaphore's {taken} comes from its name")
         self._ring = SlotKeyring(slot_keys(name, slots), float(rescan_s))
-        self._rescan_s = float(rescan_s)
         super().__init__(dsn, *lock_keys(name), name=name, **kwargs)
         self._log_fields["slots"] = slots
 
@@ -207,7 +206,7 @@ class Semaphore(LeaderLock):
     @property
     def rescan_s(self) -> float:
         """How often a waiting follower tries every slot again."""
-        return self._rescan_s
+        return self._ring.rescan_s
 
     def __repr__(self) -> str:
         slot = "" if self.slot is None else f" slot={self.slot}"
