@@ -162,6 +162,30 @@ async def test_command_that_ignores_sigterm_is_killed(
     assert process_gone(child_pid)
 
 
+async def test_lost_leadership_ends_what_the_command_left_in_its_group(
+    cli: Start, admin: Admin, tmp_path: Path, lock_name: str
+) -> None:
+    """COMMAND exits at once on SIGTERM but leaves a background child that ignores it:
+    the child is killed too before exec exits, so nothing works for a lost leadership."""
+    ready, child = tmp_path / "ready", tmp_path / "child"
+    script = (
+        f"sh -c 'trap \"\" TERM; echo $$ > {child}; while :; do sleep 0.05; done' &"
+        f' trap "exit 9" TERM; : > {ready}; while :; do sleep 0.05; done'
+    )
+    proc = await cli("exec", "--name", lock_name, "-v", "--kill-after", "0.5", *sh(script))
+    backend_pid = int((await proc.expect(STARTED)).group(2))
+    await traps_set(ready)
+
+    async def child_pid_written() -> bool:
+        return child.exists() and child.read_text().strip().isdigit()
+
+    await eventually(child_pid_written, what="the background child's pid")
+    await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
+    assert await proc.wait() == 76, proc.describe()
+    assert process_gone(int(child.read_text())), "the background child outlived exec"
+    assert "command_killed" in proc.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_signals_are_forwarded_to_the_command(
     cli: Start, holders: Holders, tmp_path: Path, lock_name: str, sig: signal.Signals

@@ -2,8 +2,9 @@
 
 Like flock(1) for a fleet: the host holding the lock runs COMMAND, the others exit 75
 (or wait with ``--wait``). COMMAND runs in its own process group; SIGTERM and SIGINT are
-forwarded to it; if leadership is lost it gets SIGTERM, then SIGKILL after
-``--kill-after`` (exit 76). On Linux it also dies with pgleaderlock (PR_SET_PDEATHSIG).
+forwarded to it; if leadership is lost its group gets SIGTERM, then SIGKILL after
+``--kill-after`` if any of it still runs (exit 76). On Linux it also dies with
+pgleaderlock (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -206,15 +207,49 @@ def kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
 
 
 async def stop_command(proc: asyncio.subprocess.Process, kill_after_s: float, label: str) -> None:
-    """SIGTERM to ``proc``'s group, SIGKILL after ``kill_after_s``; wait for its end."""
+    """SIGTERM to ``proc``'s group, SIGKILL to what is left of the group after
+    ``kill_after_s``; return once ``proc`` has ended and nothing of its group runs.
+
+    The whole group, not only ``proc``: a shell that exits on SIGTERM may leave a
+    background child behind (one forked just after the signal never got it), and that
+    child must not go on working for a leader that is no longer one.
+    """
     kill_group(proc, signal.SIGTERM)
     try:
         async with asyncio.timeout(kill_after_s):
             await proc.wait()
+            # nothing signals the end of a group's last process: poll for it
+            while await asyncio.to_thread(_group_runs, proc.pid):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
     except TimeoutError:
         log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL", lock=label)
-        kill_group(proc, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
     await proc.wait()
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. Zombies do not count: an orphan
+    that ended stays one where nothing reaps it (a container's first process may not)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member that changed its user: it runs
+        return True
+    try:
+        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:  # pragma: no cover - no /proc (not Linux): the group exists
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def exit_status(returncode: int) -> int:
