@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from pgleaderlock import FencedError
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Run, Scheduler, SlotGuard
 from support.poll import eventually
 from support.schedule import ledger, sched_every
 
@@ -178,3 +178,49 @@ async def test_an_old_terms_transaction_cannot_mark_a_slot_done(
         with pytest.raises(FencedError):
             async with run.transaction(conn):
                 pass
+
+
+async def test_the_work_a_slot_hands_over_begins_once_however_many_copies(
+    target: Target, keys: tuple[int, int], admin: Admin
+) -> None:
+    """A job hands its slots over (``outcome="sent"``, as Celery beat does), and copies
+    of a slot's work reach workers that ask a ``SlotGuard`` first: of 8 copies at once,
+    one begins; a slot left ``running`` by a leader that died before recording the send
+    begins once, and a rerun by the next leader cannot take it over then; a slot with
+    no row, or recorded ``missed``, does not begin."""
+    lock = target.lock(keys, fencing=True)
+    sched = Scheduler(lock)
+    sent: list[Run] = []
+
+    async def send(run: Run) -> None:
+        sent.append(run)
+
+    job = sched.add(send, sched_every(1), name="send", outcome="sent")
+    guard = SlotGuard(target.dsn(), backend=target.flavour.backend, worker="w1")
+    name = sched.schedule_name("send")
+    async with lock, sched:
+        await eventually(lambda: len(sent) >= 1, 10)
+        await eventually(lambda: len(sent) >= 2, 10)  # the first one's row is final
+        first = sent[0].slot
+        copies = await asyncio.gather(*(guard.admit(name, first) for _ in range(8)))
+        assert sorted(copies) == [False] * 7 + [True]
+        # A leader claimed this slot and died before the send was recorded:
+        orphan = first - dt.timedelta(seconds=30)
+        run = await sched.claim(job, orphan)
+        assert run is not None
+        assert await guard.admit(name, orphan)
+        await lock.step_down()
+        await eventually(lambda: lock.is_leader)  # the next term
+        assert await sched.claim(job, orphan, rerun=True) is None  # it began: no resend
+        assert not await guard.admit(name, orphan)
+    rows = {row[0]: row for row in await ledger(admin, name)}
+    assert rows[first][2] == "executed"
+    assert rows[first][6] == "by w1"
+    assert rows[orphan][2] == "executed"
+    assert not await guard.admit(name, first - dt.timedelta(seconds=31))  # no row
+    await admin.execute(
+        "INSERT INTO public.pgleaderlock_runs (schedule, slot, term, outcome, claimed_at)"
+        " VALUES (%s, %s, 1, 'missed', now())",
+        (name, first - dt.timedelta(seconds=32)),
+    )
+    assert not await guard.admit(name, first - dt.timedelta(seconds=32))

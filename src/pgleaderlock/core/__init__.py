@@ -13,6 +13,7 @@ from .config import (
     LibraryTable,
     LockConfig,
     TermTable,
+    check_roles,
     lock_config,
     positive,
     session_settings,
@@ -27,6 +28,7 @@ from .errors import (
 from .fencing import fence_transaction
 from .hooks import callback_plugin, follow_state
 from .keys import check_name, lock_keys, oid_to_key
+from .leader import Target, short_session
 from .lock import LeaderLock, lock_settings, run_on_session
 from .machine import is_permanent
 from .models import Event, LockState, RetryContext
@@ -73,6 +75,7 @@ __all__ = [
     "SessionSlot",
     "Supervisor",
     "TableSession",
+    "Target",
     "TermTable",
     "UntrustedObjectError",
     "WaitingSession",
@@ -82,6 +85,7 @@ __all__ = [
     "check_give_away",
     "check_identifier",
     "check_name",
+    "check_roles",
     "check_retry_strategy",
     "connection_target",
     "default_retry_strategy",
@@ -98,5 +102,6 @@ __all__ = [
     "positive",
     "run_on_session",
     "session_settings",
+    "short_session",
     "transaction",
 ]

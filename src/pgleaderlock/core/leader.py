@@ -22,8 +22,9 @@ cannot forge another session's row; the table is used only when a trusted role o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, cast
@@ -505,6 +506,17 @@ class Target:
     connect_fn: SessionFactory | None = None
     connect_timeout_s: float = 5.0
 
+    @classmethod
+    def of(cls, dsn: str | Any, backend: str | None, connect_timeout_s: float) -> Target:
+        """The target of ``dsn``, its backend ``backend`` or the DSN's, checked.
+
+        Raises:
+            ConfigurationError: a bad DSN, or no such backend.
+        """
+        found, driver_dsn = resolve(backend, dsn)
+        found.check_dsn(driver_dsn)
+        return cls(found, driver_dsn, connect_timeout_s=connect_timeout_s)
+
     @property
     def key(self) -> tuple[Any, ...]:
         """Locks with the same key share a watch."""
@@ -536,6 +548,18 @@ async def open_session(target: Target, application_name: str) -> LockSession:
         await _close(session)
         raise
     return session
+
+
+@contextlib.asynccontextmanager
+async def short_session(target: Target, application_name: str) -> AsyncIterator[LockSession]:
+    """``async with short_session(...) as session:`` a session from
+    [`open_session`][pgleaderlock.core.leader.open_session], closed on the way out; the
+    caller bounds the time."""
+    session = await open_session(target, application_name)
+    try:
+        yield session
+    finally:
+        await _close(session)
 
 
 async def _close(session: LockSession) -> None:
@@ -587,16 +611,10 @@ async def current_leader(
     """
     keys = _keys(name_or_keys)
     table = ParticipantTable(participants_table, participants_schema, check_roles(trusted_roles))
-    found, driver_dsn = resolve(backend, dsn)
-    found.check_dsn(driver_dsn)
-    target = Target(found, driver_dsn, connect_timeout_s=timeout_s)
-    async with asyncio.timeout(timeout_s):
-        session = await open_session(target, "pgleaderlock:leader")
-        try:
-            label = name_or_keys if isinstance(name_or_keys, str) else f"{keys[0]},{keys[1]}"
-            return await LeaderReader(session, table, label).leader(keys)
-        finally:
-            await _close(session)
+    target = Target.of(dsn, backend, timeout_s)
+    label = name_or_keys if isinstance(name_or_keys, str) else f"{keys[0]},{keys[1]}"
+    async with asyncio.timeout(timeout_s), short_session(target, "pgleaderlock:leader") as session:
+        return await LeaderReader(session, table, label).leader(keys)
 
 
 def current_leader_sync(

@@ -49,9 +49,8 @@ from .leader import (
     Participant,
     ParticipantTable,
     Target,
-    _close,
     check_metadata,
-    open_session,
+    short_session,
 )
 from .machine import Machine, Request
 from .models import (
@@ -606,11 +605,8 @@ class LeaderLock(Fencing):
         async with asyncio.timeout(
             (config.connect_budget_s or config.connect_timeout_s) + config.command_timeout_s
         ):
-            session = await open_session(self._target, "pgleaderlock:leader")
-            try:
+            async with short_session(self._target, "pgleaderlock:leader") as session:
                 return await fn(LeaderReader(session, self._participants, self.label))
-            finally:
-                await _close(session)
 
     def _row(self, eligible: bool) -> tuple[object, ...]:
         return (

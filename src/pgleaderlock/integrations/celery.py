@@ -57,22 +57,25 @@ from typing import Any, TypeVar
 from .._extras import missing_extra
 
 try:
+    from celery import Task
     from celery import schedules as celery_schedules
     from celery.beat import PersistentScheduler
     from celery.beat import Scheduler as BeatScheduler
+    from celery.exceptions import Ignore
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides celery
     raise missing_extra(__name__, "Celery", "celery", exc) from exc
 
-from ..core import ConfigurationError, get_logger
+from ..core import DEFAULT_SCHEMA, ConfigurationError, get_logger
 from ..core.lock import LeaderLock
 from ..core.models import LockState
-from ..schedule import CatchUp, Cron, Every, Interrupted, Run, Scheduler, Timing
+from ..schedule import CatchUp, Cron, Every, Interrupted, Run, Scheduler, SlotGuard, Timing
 from ..threaded import ThreadedLeaderLock
 
 __all__ = [
     "BeatSettings",
     "LeaderScheduler",
     "LeaderSchedulerMixin",
+    "SlotTask",
     "leader_scheduler",
     "timing_of",
 ]
@@ -125,6 +128,11 @@ class BeatSettings:
         lock_options: ``pgleaderlock_lock_options``, a dict of further
             [`LeaderLock`][pgleaderlock.LeaderLock] arguments (``retry_strategy``,
             ``fencing_schema``, ...).
+        worker_dsn: ``pgleaderlock_worker_dsn`` (default: ``dsn``): the DSN a worker's
+            [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] guard connects with
+            (a role with only ``SELECT, UPDATE`` on the runs table will do).
+        guard_timeout_s: ``pgleaderlock_guard_timeout_s`` (default 10): bounds the
+            guard's call before each task of a slot (connect, check, update).
     """
 
     dsn: str = field(repr=False)  # it may carry a password
@@ -139,6 +147,8 @@ class BeatSettings:
     drain_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     lock_options: Mapping[str, Any] = field(default_factory=dict)
+    worker_dsn: str | None = field(default=None, repr=False)
+    guard_timeout_s: float = 10.0
 
     @classmethod
     def from_app(cls, app: Any) -> BeatSettings:
@@ -194,6 +204,11 @@ class BeatSettings:
                 f"pgleaderlock_lock_options must be a dict of LeaderLock arguments, "
                 f"got {lock_options!r}"
             )
+        worker_dsn = get("worker_dsn", None)
+        if worker_dsn is not None and (not isinstance(worker_dsn, str) or not worker_dsn):
+            raise ConfigurationError(
+                f"pgleaderlock_worker_dsn must be a non-empty string, got {type(worker_dsn)}"
+            )
         return cls(
             dsn=dsn,
             lock_name=lock_name,
@@ -209,6 +224,8 @@ class BeatSettings:
             drain_s=_seconds("drain_s", get("drain_s", 5.0), zero=True),
             shutdown_timeout_s=_seconds("shutdown_timeout_s", get("shutdown_timeout_s", 30.0)),
             lock_options=dict(lock_options),
+            worker_dsn=worker_dsn,
+            guard_timeout_s=_seconds("guard_timeout_s", get("guard_timeout_s", 10.0)),
         )
 
     def make_lock(self) -> LeaderLock:
@@ -221,6 +238,19 @@ class BeatSettings:
             options["health_interval_s"] = self.health_interval_s
         options["fencing"] = True
         return LeaderLock.from_name(self.lock_name, dsn=self.dsn, **options)
+
+    def slot_guard(self) -> SlotGuard:
+        """The [`SlotGuard`][pgleaderlock.schedule.SlotGuard] of a worker's tasks: the
+        runs table of these settings' ledger (the lock's ``fencing_schema`` and
+        ``trusted_roles``), through ``worker_dsn`` or ``dsn``."""
+        options = self.lock_options
+        return SlotGuard(
+            self.worker_dsn or self.dsn,
+            backend=options.get("backend"),
+            schema=options.get("fencing_schema", DEFAULT_SCHEMA),
+            trusted_roles=options.get("trusted_roles", ()),
+            timeout_s=self.guard_timeout_s,
+        )
 
 
 def _seconds(name: str, value: Any, *, optional: bool = False, zero: bool = False) -> Any:
@@ -579,6 +609,54 @@ class LeaderSchedulerMixin:
             except Exception as exc:  # bookkeeping only: the send happened
                 log.warning("celery_bookkeeping_failed", lock=self._pgl_config().lock_name,
                             entry=name, exc=exc)  # fmt: skip
+
+
+class SlotTask(Task):  # type: ignore[misc]
+    """The base class of tasks that begin at most once per slot on the workers:
+    ``Celery("proj", task_cls="pgleaderlock.integrations.celery:SlotTask")`` for every
+    task of the app, or ``@app.task(base=SlotTask)`` for some.
+
+    Before a task that the leader scheduler sent begins (one with the
+    ``pgleaderlock_slot`` header), the worker records its slot ``executed`` in the
+    ledger with a [`SlotGuard`][pgleaderlock.schedule.SlotGuard]; when a copy of the
+    same slot began already, this one is skipped (its state is ``IGNORED``). With
+    ``pgleaderlock_interrupted = "rerun"`` on the beats, a slot whose leader died
+    between the claim and the recorded send is sent again, and this guard runs it once:
+    exactly once per slot, across fail-overs.
+
+    Tasks without the header (sent by anything else) and retries of a task that began
+    (``self.retry()``) are not guarded. A message redelivered after a worker died in
+    the middle of the task (``acks_late``) is a later copy and is skipped. When the
+    ledger cannot be reached within ``pgleaderlock_guard_timeout_s`` the task fails
+    (not run), with the error.
+    """
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Admit the task's slot, or skip the task (``Ignore``)."""
+        request = self.request
+        slot = request.get(SLOT_HEADER)
+        schedule = request.get(SCHEDULE_HEADER)
+        if slot and schedule and not request.get("retries"):
+            guard = _slot_guard(self.app)
+            if not guard.admit_sync(str(schedule), dt.datetime.fromisoformat(str(slot))):
+                log.info("celery_task_skipped", task=self.name, task_id=task_id,
+                         schedule=schedule, slot=slot)  # fmt: skip
+                raise Ignore()
+        super().before_start(task_id, args, kwargs)
+
+
+_guards: dict[int, tuple[Any, SlotGuard]] = {}
+_guards_mutex = threading.Lock()
+
+
+def _slot_guard(app: Any) -> SlotGuard:
+    """The app's guard, made from its settings on first use (once per process)."""
+    with _guards_mutex:
+        found = _guards.get(id(app))
+        if found is None or found[0] is not app:
+            found = (app, BeatSettings.from_app(app).slot_guard())
+            _guards[id(app)] = found
+        return found[1]
 
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):  # type: ignore[misc]

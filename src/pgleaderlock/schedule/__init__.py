@@ -13,6 +13,7 @@ async def sync(run: Run) -> None: ...
 See the scheduling guide for what "exactly once" covers.
 """
 
+from .guard import SlotGuard
 from .ledger import OUTCOMES, Ledger, RunTable, ScheduleTable
 from .scheduler import CatchUp, Interrupted, Job, JobFunction, Run, RunFailed, Scheduler
 from .timing import Cron, Every, ServerClock, Timing
@@ -32,5 +33,6 @@ __all__ = [
     "ScheduleTable",
     "Scheduler",
     "ServerClock",
+    "SlotGuard",
     "Timing",
 ]

@@ -11,6 +11,7 @@ records what became of the slot:
 | `done`    | the job returned (or its ``run.transaction`` committed)                   |
 | `failed`  | the job raised (``detail`` says what)                                     |
 | `sent`    | handed to another system (Celery beat sent the task)                      |
+| `executed`| a worker began the work handed over (``SlotGuard``); no other copy will  |
 | `lost`    | its leader died mid-run and the schedule does not run it again            |
 | `missed`  | it fell due while nobody led, and the catch-up policy skipped it          |
 
@@ -29,9 +30,9 @@ from typing import ClassVar
 
 from ..core import LibraryTable, TermTable
 
-__all__ = ["OUTCOMES", "Ledger", "RunTable", "ScheduleTable"]
+__all__ = ["OUTCOMES", "Ledger", "RunTable", "ScheduleTable", "WorkerRunTable"]
 
-OUTCOMES = ("running", "done", "failed", "sent", "lost", "missed")
+OUTCOMES = ("running", "done", "failed", "sent", "executed", "lost", "missed")
 """What a run's row can record (see the module's table)."""
 
 
@@ -49,6 +50,30 @@ class RunTable(LibraryTable):
         " claimed_at timestamptz NOT NULL, started_at timestamptz,"
         " finished_at timestamptz, detail text, PRIMARY KEY (schedule, slot)"
     )
+
+    @property
+    def admit(self) -> str:
+        """``{0}`` schedule, ``{1}`` slot, ``{2}`` the worker: a worker is about to begin
+        the slot's work that the leader handed over (a task Celery beat sent): record the
+        slot ``executed``, unless a worker did so already. A row back (the term that
+        claimed the slot): begin; none: another copy of the work began (or the slot has
+        no row, or nobody ran it: ``missed``). Any other outcome admits: a send the
+        ledger recorded ``lost`` or ``failed`` may still have reached the worker, and it
+        is the slot's one copy."""
+        return (
+            f"UPDATE {self.sql} SET outcome = 'executed', detail = 'by ' || ({{2}})::text,"
+            " finished_at = coalesce(finished_at, pg_catalog.clock_timestamp())"
+            " WHERE schedule = ({0})::text AND slot = ({1})::timestamptz"
+            " AND outcome <> ALL (ARRAY['executed', 'missed']) RETURNING term"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerRunTable(RunTable):
+    """The runs, as a worker behind a [`SlotGuard`][pgleaderlock.schedule.SlotGuard]
+    uses them: it only reads and updates rows."""
+
+    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "UPDATE")
 
 
 @dataclass(frozen=True)
