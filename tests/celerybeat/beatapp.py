@@ -8,7 +8,13 @@ Everything comes from the environment, so one module serves every fleet:
 - ``BEAT_TABLE``: where the ``record`` task writes each execution.
 - ``BEAT_LOCK``: the lock's name; ``BEAT_INTERVAL_S``: the interval of the ``tick``
   entry in ``beat_schedule`` (none when unset: the schedule is elsewhere, e.g. in
-  django-celery-beat's tables); ``BEAT_LEASE_S``, ``BEAT_GRACE_S``, ``BEAT_CATCH_UP``.
+  django-celery-beat's tables); ``BEAT_LEASE_S``, ``BEAT_GRACE_S``, ``BEAT_CATCH_UP``,
+  ``BEAT_INTERRUPTED``.
+- ``BEAT_GUARD``: when set, the app's tasks are ``SlotTask``s (the worker's guard).
+- ``BEAT_PUBLISH_PAUSE``: ``before:<seconds>`` or ``after:<seconds>``: the beat's first
+  send of a slot pauses that long just before (after) it is published, and says so on
+  stdout (``publish_paused``), for a test to kill the leader there; every send of a
+  slot then says ``published``.
 - ``DJANGO_SETTINGS_MODULE``: when set, Django is set up first (the database flavour).
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import time
 from typing import Any
 
 import psycopg
@@ -24,13 +31,14 @@ from celery import Celery
 from psycopg import sql
 
 from pgleaderlock import FixedInterval
+from pgleaderlock.integrations.celery import SlotTask
 
 if os.environ.get("DJANGO_SETTINGS_MODULE"):
     import django
 
     django.setup()
 
-app = Celery("beatapp")
+app = Celery("beatapp", task_cls=SlotTask if os.environ.get("BEAT_GUARD") else None)
 _schedule: dict[str, Any] = {}
 if os.environ.get("BEAT_INTERVAL_S"):
     _schedule["tick"] = {
@@ -50,6 +58,7 @@ app.conf.update(
     pgleaderlock_dsn=os.environ.get("PG_DSN"),
     pgleaderlock_lock_name=os.environ.get("BEAT_LOCK"),
     pgleaderlock_catch_up=os.environ.get("BEAT_CATCH_UP", "latest"),
+    pgleaderlock_interrupted=os.environ.get("BEAT_INTERRUPTED", "lost"),
     pgleaderlock_lease_s=float(os.environ.get("BEAT_LEASE_S", "2")),
     pgleaderlock_health_interval_s=0.5,
     pgleaderlock_misfire_grace_s=float(os.environ.get("BEAT_GRACE_S", "6")),
@@ -65,11 +74,46 @@ app.conf.update(
 )
 
 
+_PAUSE = os.environ.get("BEAT_PUBLISH_PAUSE", "")
+if _PAUSE:
+    from celery.signals import after_task_publish, before_task_publish
+
+    _when, _, _seconds = _PAUSE.partition(":")
+    _paused: list[str] = []
+
+    def _pause(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        slot = (headers or {}).get("pgleaderlock_slot")
+        if slot and not _paused:
+            _paused.append(slot)
+            print(f"publish_paused {_when} slot={slot}", flush=True)
+            time.sleep(float(_seconds))
+
+    def _published(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        slot = (headers or {}).get("pgleaderlock_slot")
+        if slot:
+            print(f"published slot={slot}", flush=True)
+
+    (before_task_publish if _when == "before" else after_task_publish).connect(_pause, weak=False)
+    after_task_publish.connect(_published, weak=False)
+
+
 @app.task(bind=True, name="beatapp.record")  # type: ignore[untyped-decorator]
 def record(self: Any, label: str) -> None:
     """Record this execution: the slot the beat sent it for (from its header), the task
     id and who ran it."""
-    slot = self.request.get("pgleaderlock_slot")
+    _write(self.request, label)
+
+
+@app.task(bind=True, name="beatapp.flaky")  # type: ignore[untyped-decorator]
+def flaky(self: Any, label: str) -> None:
+    """Retry once, then record the execution (a retry keeps the slot's headers)."""
+    if not self.request.retries:
+        raise self.retry(countdown=0.1)
+    _write(self.request, label)
+
+
+def _write(request: Any, label: str) -> None:
+    slot = request.get("pgleaderlock_slot")
     table = os.environ["BEAT_TABLE"]
     with psycopg.connect(os.environ["PG_DSN"], autocommit=True) as conn:
         conn.execute(
@@ -79,8 +123,8 @@ def record(self: Any, label: str) -> None:
             (
                 dt.datetime.fromisoformat(slot) if slot else None,
                 label,
-                self.request.id,
-                self.request.get("pgleaderlock_term"),
+                request.id,
+                request.get("pgleaderlock_term"),
                 f"{socket.gethostname()}:{os.getpid()}",
             ),
         )

@@ -149,6 +149,28 @@ def test_settings_read_from_the_configuration(monkeypatch: pytest.MonkeyPatch) -
     assert lock.retry_strategy is strategy
 
 
+def test_the_worker_guards_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's SlotTask guard: the ledger's runs table (the lock's fencing_schema and
+    trusted roles), through the worker's own DSN when one is set."""
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    settings = BeatSettings.from_app(
+        app(
+            pgleaderlock_dsn="postgresql://beat@db/x",
+            pgleaderlock_worker_dsn="postgresql://worker:s3cret@db/x",
+            pgleaderlock_guard_timeout_s=3,
+            pgleaderlock_lock_options={"fencing_schema": "pgl", "trusted_roles": ["owner"]},
+        )
+    )
+    assert settings.worker_dsn == "postgresql://worker:s3cret@db/x"
+    assert settings.guard_timeout_s == 3.0
+    assert "s3cret" not in repr(settings)
+    table = settings.slot_guard().table
+    assert (table.shown, table.trusted_roles) == ("pgl.pgleaderlock_runs", ("owner",))
+    plain = BeatSettings.from_app(app(pgleaderlock_dsn="postgresql://beat@db/x"))
+    assert (plain.worker_dsn, plain.guard_timeout_s) == (None, 10.0)
+    assert plain.slot_guard().table.shown == "public.pgleaderlock_runs"
+
+
 def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
 
@@ -179,6 +201,8 @@ def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch
         ),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_tick_s": "1"}, r"pgleaderlock_tick_s"),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_lock_options": [1]}, r"pgleaderlock_lock_options"),
+        ({"pgleaderlock_dsn": "x", "pgleaderlock_worker_dsn": 5}, r"pgleaderlock_worker_dsn"),
+        ({"pgleaderlock_dsn": "x", "pgleaderlock_guard_timeout_s": 0}, r"guard_timeout_s"),
     ],
 )
 def test_settings_errors_name_the_setting(

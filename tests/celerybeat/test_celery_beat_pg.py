@@ -122,6 +122,125 @@ def test_a_follower_never_sends(fleets: Callable[..., Fleet], pg_dsn: str) -> No
     assert all(outcome == "sent" for outcome in fleet.ledger().outcomes().values())
 
 
+def test_the_worker_guard_runs_each_slot_once_however_many_copies(
+    fleets: Callable[..., Fleet], pg_dsn: str
+) -> None:
+    """``SlotTask`` on the worker: copies of a slot beat sent (as a rerun sends them)
+    are skipped; a slot whose leader died after the claim, sent twice, runs once; a
+    retry of a task that began runs; a task without the headers is not guarded."""
+    from celery import Celery
+
+    fleet = fleets(label="guard", extra_env={"BEAT_GUARD": "1", "BEAT_INTERRUPTED": "rerun"})
+    fleet.start_worker()
+    beat = fleet.start_beat("beat-1")
+    client = Celery("client", broker=REDIS, set_as_current=False)
+    try:
+        wait_for(lambda: len(executed_slots(fleet)) >= 2, BOUND_S, "two executions")
+        beat.send_signal(signal.SIGTERM)
+        assert beat.wait(BOUND_S) == 0
+        first = executed_slots(fleet)[0]
+        orphan = first - dt.timedelta(seconds=60)  # claimed; its leader died before sending
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO pgleaderlock_runs (schedule, slot, term, outcome, claimed_at)"
+                " VALUES (%s, %s, 1, 'running', now())",
+                (fleet.schedule, orphan),
+            )
+
+        def send(task: str, label: str, slot: dt.datetime | None) -> None:
+            headers = {} if slot is None else {
+                "pgleaderlock_slot": slot.isoformat(),
+                "pgleaderlock_term": 7,
+                "pgleaderlock_schedule": fleet.schedule,
+            }  # fmt: skip
+            client.send_task(task, (label,), headers=headers, queue=fleet.queue)
+
+        for _ in range(3):
+            send("beatapp.record", "again", first)
+        send("beatapp.record", "orphan", orphan)
+        send("beatapp.record", "orphan", orphan)
+        send("beatapp.record", "plain", None)
+        wait_for(
+            lambda: any(slot is None for slot, _ in fleet.executions()),
+            BOUND_S,
+            "the plain task, sent last, run (the solo worker runs them in order)",
+        )
+        retried = orphan - dt.timedelta(seconds=1)  # a retry keeps the slot's headers
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO pgleaderlock_runs (schedule, slot, term, outcome, claimed_at)"
+                " VALUES (%s, %s, 1, 'sent', now())",
+                (fleet.schedule, retried),
+            )
+        send("beatapp.flaky", "flaky", retried)
+        wait_for(lambda: retried in executed_slots(fleet), BOUND_S, "the retried task run")
+    except BaseException:
+        print(fleet.outputs())
+        raise
+    slots = Counter(slot for slot, _ in fleet.executions())
+    assert slots[first] == 1, slots
+    assert slots[orphan] == 1, slots
+    assert slots[retried] == 1, slots
+    assert slots[None] == 1
+    assert max(slots.values()) == 1, slots.most_common(3)
+    outcomes = fleet.ledger().outcomes()
+    assert outcomes[first] == outcomes[orphan] == "executed"
+    assert set(outcomes.values()) <= {"executed", "running"}, outcomes
+
+
+@pytest.mark.parametrize(
+    ("pause", "fault"),
+    [("before", "kill"), ("after", "kill"), ("before", "stop")],
+    ids=["killed-before-publish", "killed-after-publish", "frozen-before-publish"],
+)
+def test_a_leader_lost_between_claim_and_recorded_send_neither_skips_nor_duplicates(
+    fleets: Callable[..., Fleet], pause: str, fault: str
+) -> None:
+    """The moment that used to cost a slot: the leader has claimed the slot and is killed
+    (or frozen) just before its send is published, or just after it is published but
+    before the send is recorded. The next leader sends the slot again (``rerun``); the
+    worker, started only then, gets one copy or two and runs the slot once."""
+    fleet = fleets(
+        label=f"window-{pause}-{fault}",
+        extra_env={"BEAT_GUARD": "1", "BEAT_INTERRUPTED": "rerun"},
+    )
+    first = fleet.start_beat("beat-1", {"BEAT_PUBLISH_PAUSE": f"{pause}:4"})
+    try:
+        wait_for(lambda: "publish_paused" in fleet.output("beat-1"), BOUND_S, "the paused send")
+        stamp = fleet.output("beat-1").split("publish_paused", 1)[1].split("slot=", 1)[1]
+        slot = dt.datetime.fromisoformat(stamp.split()[0])
+        assert fleet.run(slot) == ("running", 1)  # claimed, its send not recorded
+        fleet.start_beat("beat-2")
+        first.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        wait_for(lambda: fleet.run(slot) == ("sent", 2), BOUND_S, "the slot sent again")
+        if fault == "stop":
+            first.send_signal(signal.SIGCONT)  # it wakes up and publishes its copy late
+            wait_for(
+                lambda: f"published slot={stamp.split()[0]}" in fleet.output("beat-1"),
+                BOUND_S,
+                "the frozen leader's late copy",
+            )
+        # Paused after publishing, or woken up: the first leader's copy went out too.
+        first_copy = pause == "after" or f"published slot={stamp.split()[0]}" in fleet.output(
+            "beat-1"
+        )
+        assert first_copy == (pause == "after" or fault == "stop")
+        copies = 1 + first_copy
+        fleet.start_worker()
+        wait_for(
+            lambda: len([s for s in executed_slots(fleet) if s > slot]) >= 2,
+            BOUND_S,
+            "later slots run",
+        )
+    except BaseException:
+        print(fleet.outputs())
+        raise
+    runs = Counter(executed_slots(fleet))
+    assert runs[slot] == 1, f"slot {slot}: {runs[slot]} runs of {copies} copies"
+    assert max(runs.values()) == 1, runs.most_common(3)
+    assert fleet.run(slot) == ("executed", 2)
+
+
 def sent(fleet: Fleet, pg_dsn: str) -> list[tuple[dt.datetime | None, str]]:
     """(slot, label) of every execution."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

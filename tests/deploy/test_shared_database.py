@@ -7,7 +7,8 @@ role may create tables in ``public``), with these roles:
 - ``attacker``: may log in and create tables in ``public``, nothing else;
 - ``owner``: runs the migration (``pgleaderlock sql``) and owns the library's tables;
 - ``app``: runs the locks with only the grants that migration prints (no ``CREATE``
-  anywhere), trusting ``owner``.
+  anywhere), trusting ``owner``;
+- ``worker``: a Celery worker's role, with only what ``--worker-role`` grants.
 
 The attacks are the ones a role with ``CONNECT`` can try: planting the library's tables
 (a table whose trigger escalates its owner, a view whose function does) for a superuser
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime as dt
 import json
 import subprocess
 import uuid
@@ -48,7 +50,7 @@ from pgleaderlock.coordination.protocol import (
     member_key,
     name_keys,
 )
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Every, Run, Scheduler, SlotGuard
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import prepared_cluster
@@ -80,7 +82,10 @@ GRANT EXECUTE ON FUNCTION public.escalate(), public.escalate_trigger() TO PUBLIC
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ThrowawayPostgres]:
     with prepared_cluster(
-        "CREATE ROLE attacker LOGIN", "CREATE ROLE owner LOGIN", "CREATE ROLE app LOGIN"
+        "CREATE ROLE attacker LOGIN",
+        "CREATE ROLE owner LOGIN",
+        "CREATE ROLE app LOGIN",
+        "CREATE ROLE worker LOGIN",
     ) as pg:
         yield pg
 
@@ -331,13 +336,14 @@ async def test_two_groups_with_one_worker_name_run_independently(
 # ---------------------------------------------------------------- least privilege
 
 
-def migrate(db: Database, schema: str = "pgl") -> None:
+def migrate(db: Database, schema: str = "pgl", worker_role: str | None = None) -> None:
     """What a DBA does: no CREATE for anyone in public (PostgreSQL 15's default), then
-    ``pgleaderlock sql --schema pgl --role app`` run as the tables' owner."""
+    ``pgleaderlock sql --schema pgl --role app [--worker-role ...]`` run as the tables'
+    owner."""
     db.run(
         f"REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT CREATE ON DATABASE {db.name} TO owner"
     )
-    db.run(setup_sql(schema, "app"), role="owner")
+    db.run(setup_sql(schema, "app", worker_role=worker_role), role="owner")
     db.run(f"REVOKE CREATE ON DATABASE {db.name} FROM owner")
 
 
@@ -552,13 +558,9 @@ async def test_forged_members_and_messages_move_no_name(
 # ---------------------------------------------------------------- the schedule ledger
 
 
-async def test_a_planted_runs_table_is_refused_by_a_scheduler(
-    db: Database, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The attacker's ``public.pgleaderlock_runs`` with a trigger, under a superuser's
-    Scheduler: no slot is claimed and no job runs (the table is refused before any
-    statement touches it), the lock keeps leading (a refused table is not the session's
-    fault), and the refusal is logged; the attacker gains nothing."""
+def plant_runs_table(db: Database) -> None:
+    """The attacker's ``public.pgleaderlock_runs``, with the ledger's columns and a
+    trigger that makes it SUPERUSER when a superuser writes to it."""
     db.run(
         ESCALATE
         + """
@@ -572,6 +574,16 @@ async def test_a_planted_runs_table_is_refused_by_a_scheduler(
         """,
         role="attacker",
     )
+
+
+async def test_a_planted_runs_table_is_refused_by_a_scheduler(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attacker's ``public.pgleaderlock_runs`` with a trigger, under a superuser's
+    Scheduler: no slot is claimed and no job runs (the table is refused before any
+    statement touches it), the lock keeps leading (a refused table is not the session's
+    fault), and the refusal is logged; the attacker gains nothing."""
+    plant_runs_table(db)
     lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
     sched = Scheduler(lock)
     ran: list[Run] = []
@@ -611,6 +623,49 @@ async def test_a_role_with_only_table_grants_runs_a_schedule(db: Database) -> No
         await eventually(lambda: asyncio.sleep(0, len(ran) >= 2), what="two runs")
     assert db.value("SELECT count(*) FROM pgl.pgleaderlock_runs WHERE outcome = 'done'") >= 1
     assert db.value("SELECT count(*) FROM pgl.pgleaderlock_schedules") == 1
+
+
+async def test_a_worker_role_with_only_its_grants_begins_a_slot_once(db: Database) -> None:
+    """A leader (``app``) hands its slots over; the worker's role, with only what
+    ``--worker-role`` grants (reading and updating the runs), begins each once through
+    a ``SlotGuard``, and cannot claim a slot itself."""
+    migrate(db, worker_role="worker")
+    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    sched = Scheduler(lock)
+    sent: list[Run] = []
+
+    async def send(run: Run) -> None:
+        sent.append(run)
+
+    sched.add(send, Every(dt.timedelta(seconds=0.2)), outcome="sent")
+    async with lock, sched:
+        await eventually(lambda: asyncio.sleep(0, len(sent) >= 2), what="two sends")
+    guard = SlotGuard(db.dsn("worker"), schema="pgl", trusted_roles=["owner"])
+    name, slot = sent[0].schedule, sent[0].slot
+    assert await guard.admit(name, slot)
+    assert not await guard.admit(name, slot)
+    assert db.value("SELECT outcome FROM pgl.pgleaderlock_runs WHERE slot = %s", slot) == (
+        "executed"
+    )
+    with (
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+        psycopg.connect(db.dsn("worker"), autocommit=True) as conn,
+    ):
+        conn.execute(
+            "INSERT INTO pgl.pgleaderlock_runs (schedule, slot, term, outcome, claimed_at)"
+            " VALUES ('nightly:x', now(), 1, 'running', now())"
+        )
+
+
+async def test_a_planted_runs_table_is_refused_by_a_workers_guard(db: Database) -> None:
+    """The attacker's ``public.pgleaderlock_runs`` with a trigger, under a superuser's
+    worker guard: refused before any statement touches it."""
+    plant_runs_table(db)
+    guard = SlotGuard(db.dsn())
+    with pytest.raises(UntrustedObjectError, match="owned by role 'attacker'"):
+        await guard.admit("nightly:send", dt.datetime.now(dt.UTC))
+    assert not db.attacker_is_superuser()
 
 
 async def test_a_role_with_only_table_grants_publishes_its_metadata(db: Database) -> None:

@@ -119,11 +119,13 @@ class Fleet:
                     (f"{self.lock_name}:%",),
                 )
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with (self.tmp_path / f"{self.label}-{name}.log").open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "beatapp", *args],
-                env=self.env(),
+                env={**self.env(), **(env or {})},
                 cwd=self.tmp_path,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -152,7 +154,8 @@ class Fleet:
             ],
         )
 
-    def start_beat(self, name: str) -> subprocess.Popen[bytes]:
+    def start_beat(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start the beat replica ``name`` (with ``env`` added to the fleet's)."""
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
             raise RuntimeError(f"{name} is still running")
@@ -166,6 +169,7 @@ class Fleet:
                 str(self.tmp_path / f"{self.label}-{name}.db"),
                 "--loglevel=INFO",
             ],
+            env,
         )
 
     def beats(self) -> dict[str, subprocess.Popen[bytes]]:
@@ -214,17 +218,35 @@ class Fleet:
         )
         return Ledger([(slot, outcome, term, holder) for slot, outcome, term, holder in rows])
 
+    def run(self, slot: dt.datetime) -> tuple[str, int] | None:
+        """(outcome, attempt) of ``slot``'s row, if it has one."""
+        rows = self._query(
+            "SELECT outcome, attempt FROM pgleaderlock_runs WHERE schedule = %s AND slot = %s",
+            (self.schedule, slot),
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
     def send_window_s(self) -> tuple[float, float]:
-        """The median and the longest time from a slot's claim to its recorded send: the
-        window in which a leader's death leaves the slot ``lost``."""
+        """The median and the longest time from a slot's claim to its recorded send (or
+        its execution, when the worker's guard recorded it first), in s: the window in
+        which a leader's death leaves the slot ``running``, to be sent again or lost."""
         rows = self._query(
             "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), max(d) FROM ("
             " SELECT extract(epoch FROM finished_at - claimed_at)::float8 AS d"
-            " FROM pgleaderlock_runs WHERE schedule = %s AND outcome = 'sent') AS sends",
+            " FROM pgleaderlock_runs WHERE schedule = %s AND attempt = 1"
+            " AND outcome IN ('sent', 'executed')) AS sends",
             (self.schedule,),
         )
         median, longest = rows[0]
         return float(median or 0.0), float(longest or 0.0)
+
+    def resent(self) -> int:
+        """How many slots were sent again (``interrupted="rerun"``): ``attempt`` > 1."""
+        rows = self._query(
+            "SELECT count(*) FROM pgleaderlock_runs WHERE schedule = %s AND attempt > 1",
+            (self.schedule,),
+        )
+        return int(rows[0][0])
 
     def leader_pid(self) -> int | None:
         """The pid of the replica that claimed the newest slot (the ledger's holder)."""

@@ -13,7 +13,7 @@ from ..coordination.workers import CheckpointTable
 from ..core.errors import ConfigurationError
 from ..core.leader import ParticipantTable
 from ..core.tables import DEFAULT_SCHEMA, TermTable, quoted
-from ..schedule.ledger import RunTable, ScheduleTable
+from ..schedule.ledger import RunTable, ScheduleTable, WorkerRunTable
 from .exits import EXIT_OK, CliError
 
 __all__ = ["setup_sql", "sql"]
@@ -29,9 +29,12 @@ def setup_sql(
     runs_table: str = RunTable.name,
     schedules_table: str = ScheduleTable.name,
     participants_table: str = ParticipantTable.name,
+    worker_role: str | None = None,
 ) -> str:
     """The statements: the tables (``IF NOT EXISTS``), then the grants to ``role``
-    (commented out, with a placeholder, when ``None``).
+    (commented out, with a placeholder, when ``None``), and to ``worker_role`` what a
+    worker's [`SlotGuard`][pgleaderlock.schedule.SlotGuard] needs (Celery's
+    ``SlotTask``): reading and updating the runs.
 
     Raises:
         ConfigurationError: a name that is not a plain identifier.
@@ -80,6 +83,14 @@ def setup_sql(
     else:
         lines.append(f"-- What the role {role} needs:")
         lines += [f"{grant};" for grant in grants]
+    if worker_role is not None:
+        worker = WorkerRunTable(runs_table, schema)
+        lines += [
+            "",
+            f"-- What the role {worker_role} needs to run the tasks of a slot once (SlotTask):",
+            f"{worker.grant_usage(worker_role)};",
+            f"{worker.grant(worker_role)};",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -91,6 +102,10 @@ def setup_sql(
     help="The schema of the tables (LeaderLock and Coordinator: fencing_schema).",
 )
 @click.option("--role", help="The role that runs the locks: print its GRANTs.")
+@click.option(
+    "--worker-role",
+    help="A role of Celery workers whose tasks are SlotTasks: print its GRANTs.",
+)
 @click.option("--fencing-table", default=TermTable.name, show_default=True)
 @click.option("--checkpoint-table", default=CheckpointTable.name, show_default=True)
 @click.option("--runs-table", default=RunTable.name, show_default=True)
@@ -104,6 +119,7 @@ def sql(
     runs_table: str,
     schedules_table: str,
     participants_table: str,
+    worker_role: str | None,
 ) -> int:
     """Print the SQL that creates the library's tables and grants a role what it needs.
 
@@ -119,6 +135,7 @@ def sql(
             runs_table,
             schedules_table,
             participants_table,
+            worker_role,
         )
         click.echo(text, nl=False)
     except ConfigurationError as exc:

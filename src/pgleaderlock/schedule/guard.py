@@ -86,6 +86,11 @@ class SlotGuard:
         self._target = Target.of(dsn, backend, self._timeout_s)
         self._worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
 
+    @property
+    def table(self) -> RunTable:
+        """The runs table it records in."""
+        return self._table
+
     async def admit(self, schedule: str, slot: dt.datetime) -> bool:
         """Whether this copy of ``slot``'s work of ``schedule`` (``<lock>:<job>``, as the
         ledger names it) is to begin: True once per slot, False for every later copy,
