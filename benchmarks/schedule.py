@@ -6,6 +6,10 @@ the next slot is still on time after the leader crashes.
 - **claim**: ``Scheduler.claim`` of past slots one after another (one statement on the
   lock's session, queued through the lock's runner), against a raw psycopg ``SELECT 1``
   round trip measured in the same run.
+- **guard**: a worker's ``SlotGuard.admit`` (one short session: connect, check the runs
+  table, one ``UPDATE``, close) for the first copy of a slot and for a second copy (the
+  skip), its ``admit_sync`` from a thread as a Celery worker calls it, and a bare
+  psycopg connect and close for comparison.
 - **after a crash**: a leader process (``every(1)``) is SIGKILLed at a given phase of
   the second; the follower in this process takes over, and the first slot it runs is
   measured (how late after its time). Phases: 0.5 s before the tick, and 5 ms before
@@ -34,7 +38,7 @@ import psycopg
 from _common import database, fmt_ms, interrupt_on_signals, markdown_table, summarize
 
 from pgleaderlock import FixedInterval, LeaderLock
-from pgleaderlock.schedule import Every, Run, Scheduler
+from pgleaderlock.schedule import Every, Run, Scheduler, SlotGuard
 
 FAST = {"retry_strategy": FixedInterval(0.05), "health_interval_s": 1.0, "load_plugins": False}
 
@@ -172,6 +176,43 @@ async def after_crash(dsn: str, phase_before_tick_s: float, trials: int) -> list
     return results
 
 
+async def guards(dsn: str, count: int) -> dict[str, list[float]]:
+    name = f"bench-guard-{uuid.uuid4().hex[:8]}:send"
+    base = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    slots = [base + dt.timedelta(seconds=i) for i in range(2 * count)]
+    guard = SlotGuard(dsn)
+    found: dict[str, list[float]] = {key: [] for key in ("first", "copy", "sync", "connect")}
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await guard.admit(name, base)  # creates the table if need be
+        await conn.execute(
+            "INSERT INTO public.pgleaderlock_runs (schedule, slot, term, outcome, claimed_at)"
+            " SELECT %s, s, 1, 'sent', now() FROM unnest(%s::timestamptz[]) AS s",
+            (name, slots),
+        )
+        try:
+            for slot in slots[:count]:
+                started = time.perf_counter()
+                assert await guard.admit(name, slot)
+                found["first"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                assert not await guard.admit(name, slot)
+                found["copy"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await (await psycopg.AsyncConnection.connect(dsn)).close()
+                found["connect"].append(time.perf_counter() - started)
+
+            def in_thread() -> None:
+                for slot in slots[count:]:
+                    started = time.perf_counter()
+                    assert guard.admit_sync(name, slot)
+                    found["sync"].append(time.perf_counter() - started)
+
+            await asyncio.to_thread(in_thread)
+        finally:
+            await conn.execute("DELETE FROM public.pgleaderlock_runs WHERE schedule = %s", (name,))
+    return found
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn")
@@ -179,11 +220,13 @@ async def main() -> None:
     parser.add_argument("--slots", type=int, default=50)
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--guards", type=int, default=200)
     args = parser.parse_args()
     interrupt_on_signals()
     with database(args.dsn) as dsn:
         late = summarize(await lateness(dsn, args.interval, args.slots))
         cost = {key: summarize(values) for key, values in (await claims(dsn, args.claims)).items()}
+        guard = {key: summarize(values) for key, values in (await guards(dsn, args.guards)).items()}
         crash = {
             phase: summarize(await after_crash(dsn, phase, args.trials)) for phase in (0.5, 0.005)
         }
@@ -199,6 +242,14 @@ async def main() -> None:
     ):
         c = cost[key]
         rows.append([label, c.n, fmt_ms(c.median), fmt_ms(c.p95), fmt_ms(c.max)])
+    for key, label in (
+        ("first", "SlotGuard.admit, the first copy (connect, check, UPDATE, close)"),
+        ("copy", "SlotGuard.admit, a later copy (skipped)"),
+        ("sync", "SlotGuard.admit_sync from a thread (as a Celery worker)"),
+        ("connect", "a bare psycopg connect and close (same run)"),
+    ):
+        g = guard[key]
+        rows.append([label, g.n, fmt_ms(g.median), fmt_ms(g.p95), fmt_ms(g.max)])
     for phase, summary in crash.items():
         rows.append([
             f"first slot after SIGKILL {phase * 1000:g} ms before a tick (late)", summary.n,

@@ -31,6 +31,11 @@ while nobody led follow ``pgleaderlock_catch_up``. Beat's own loop only reads th
 schedule and hands changes over: its ``tick()`` returns at most
 ``pgleaderlock_tick_s``.
 
+For exactly once executions, the workers' tasks are
+[`SlotTask`][pgleaderlock.integrations.celery.SlotTask]s and the beats set
+``pgleaderlock_interrupted = "rerun"``: a slot whose leader died mid-send is sent again,
+and the workers run one copy of it.
+
 Every send carries the headers ``pgleaderlock_slot`` (the slot, ISO 8601, UTC),
 ``pgleaderlock_term`` and ``pgleaderlock_schedule``, and a task id derived from the
 schedule and the slot (the same slot always gets the same id), so a task can tell which
@@ -116,7 +121,9 @@ class BeatSettings:
             it above the fail-over bound (the lock's ``lease_s`` plus its retry delay).
         interrupted: ``pgleaderlock_interrupted`` (``"lost"`` or ``"rerun"``, default
             ``"lost"``): a slot whose leader died between claiming it and recording the
-            send (see the guide: ``"lost"`` never sends twice).
+            send (see the guide: ``"lost"`` never sends twice; ``"rerun"`` with the
+            workers' [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] runs each
+            slot exactly once).
         tick_s: ``pgleaderlock_tick_s`` (default 1): the longest sleep of beat's loop,
             and so how soon a schedule change is picked up.
         lease_s: ``pgleaderlock_lease_s`` (default: the lock's, twice
