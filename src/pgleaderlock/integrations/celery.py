@@ -214,7 +214,8 @@ class BeatSettings:
         worker_dsn = get("worker_dsn", None)
         if worker_dsn is not None and (not isinstance(worker_dsn, str) or not worker_dsn):
             raise ConfigurationError(
-                f"pgleaderlock_worker_dsn must be a non-empty string, got {type(worker_dsn)}"
+                "pgleaderlock_worker_dsn must be a non-empty string, "
+                f"got a {type(worker_dsn).__name__}"
             )
         return cls(
             dsn=dsn,
