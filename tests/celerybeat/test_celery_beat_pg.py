@@ -188,6 +188,49 @@ def test_the_worker_guard_runs_each_slot_once_however_many_copies(
     assert set(outcomes.values()) <= {"executed", "running"}, outcomes
 
 
+def test_copies_racing_in_a_prefork_worker_run_each_slot_once(
+    fleets: Callable[..., Fleet], pg_dsn: str
+) -> None:
+    """Four copies of each of 20 slots, all queued at once, taken by the three processes
+    of a prefork worker (Celery's default pool): each slot runs once."""
+    from celery import Celery
+
+    fleet = fleets(label="prefork", extra_env={"BEAT_GUARD": "1"})
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    slots = [base + dt.timedelta(seconds=i) for i in range(20)]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO pgleaderlock_runs (schedule, slot, term, outcome, claimed_at)"
+            " SELECT %s, s, 1, 'sent', now() FROM unnest(%s::timestamptz[]) AS s",
+            (fleet.schedule, slots),
+        )
+    client = Celery("client", broker=REDIS, set_as_current=False)
+    for slot in slots:
+        headers = {"pgleaderlock_slot": slot.isoformat(), "pgleaderlock_schedule": fleet.schedule}
+        for _ in range(4):
+            client.send_task("beatapp.record", ("copy",), headers=headers, queue=fleet.queue)
+    fleet.start_worker(pool="prefork", concurrency=3)
+    try:
+        wait_for(
+            lambda: set(fleet.ledger().outcomes().values()) == {"executed"},
+            BOUND_S,
+            "every slot begun",
+        )
+        client.send_task("beatapp.record", ("plain",), queue=fleet.queue)
+        wait_for(
+            lambda: any(slot is None for slot, _ in fleet.executions()),
+            BOUND_S,
+            "the plain task run",
+        )
+        time.sleep(1.0)  # a duplicate still running in another process has written by now
+    except BaseException:
+        print(fleet.outputs())
+        raise
+    runs = Counter(slot for slot, _ in fleet.executions() if slot is not None)
+    assert sorted(runs) == slots
+    assert set(runs.values()) == {1}, runs.most_common(3)
+
+
 @pytest.mark.parametrize(
     ("pause", "fault"),
     [("before", "kill"), ("after", "kill"), ("before", "stop")],

@@ -136,13 +136,15 @@ class Fleet:
         self.started += 1
         return proc
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self, pool: str = "solo", concurrency: int = 1) -> subprocess.Popen[bytes]:
         return self._spawn(
             "worker",
             [
                 "worker",
                 "-P",
-                "solo",
+                pool,
+                "-c",
+                str(concurrency),
                 "-Q",
                 self.queue,
                 "-n",
