@@ -47,6 +47,12 @@ STANDBY_DELAY_S = 0.5
 """How long after its locks last gained a name a member waits before it opens sessions
 for new standbys: a failover in progress (a dead member's names granted to their
 standbys) is not slowed by new connections meanwhile."""
+STAND_IN_LOOK_S = 3.0
+"""A member that waits for a name in place of the chosen standby (none of the chosen
+waits yet: a hand-off is just over, or the chosen one is starting) looks again at the
+balance interval for this long, so that it stops waiting soon after the chosen one
+does; a stand-in that stays one (the chosen member does not run the name) is left to
+the idle tick."""
 MOVED_DELAY_S = 0.05
 """A member whose locks gained or lost names tells the group this long after the first
 change (one message for a burst: a dead member's names are granted all at once)."""
@@ -64,6 +70,7 @@ class DedicatedEngine(Engine):
         self._changing: dict[Key, asyncio.Task[None]] = {}  # key -> its lock's last start/stop
         self._moved: asyncio.Task[None] | None = None  # a "moved" message on its way
         self._gained_at = 0.0  # when one of its locks last became LEADER (monotonic)
+        self._standing_in: dict[Key, float] = {}  # key -> since when it stands in (monotonic)
 
     # ------------------------------------------------------------------ sessions
 
@@ -185,11 +192,15 @@ class DedicatedEngine(Engine):
     def _held(self) -> set[Key]:
         return set(self._leading)
 
-    def _stands_by(self, key: Key, view: balance.View) -> bool:
-        """Should this member's lock for ``key`` wait for it (see the module docstring)?"""
+    def _chosen(self, key: Key, view: balance.View) -> list[str]:
+        """The members chosen to stand by for ``key`` (see the module docstring)."""
         leader = view.holders.get(key)
         ranked = balance.hrw_ranked(key, view.members - {leader or ""})
-        chosen = ranked[: 1 if leader is not None else 2]
+        return ranked[: 1 if leader is not None else 2]
+
+    def _stands_by(self, key: Key, view: balance.View) -> bool:
+        """Should this member's lock for ``key`` wait for it (see the module docstring)?"""
+        chosen = self._chosen(key, view)
         if self.member in chosen:
             return True
         waiting = self.waiting.get(key, frozenset())
@@ -200,9 +211,14 @@ class DedicatedEngine(Engine):
         that only wait (never one that leads, is being changed, or is paused for a
         hand-off). True while some name has a standby too many or too few."""
         unsettled = False
-        starting = time.monotonic() - self._gained_at >= STANDBY_DELAY_S
+        now = time.monotonic()
+        starting = now - self._gained_at >= STANDBY_DELAY_S
+        standing_in: dict[Key, float] = {}
         for key in list(self.names):
-            if key in self._leading or key in self._paused or key in self._changing:
+            if key in self._changing:  # a start or stop under way: look again after it
+                unsettled = True
+                continue
+            if key in self._leading or key in self._paused:
                 continue
             lock = self._locks.get(key)
             waits = lock is not None and lock.state is not LockState.STOPPED
@@ -214,6 +230,10 @@ class DedicatedEngine(Engine):
             elif waits and not wanted and lock is not None and not lock.is_leader:
                 self._change(key, lock.shutdown)
                 unsettled = True
+            elif waits and self.member not in self._chosen(key, view):
+                since = standing_in[key] = self._standing_in.get(key, now)
+                unsettled = unsettled or now - since < STAND_IN_LOOK_S
+        self._standing_in = standing_in
         return unsettled
 
     def _to_take(self, view: balance.View) -> list[Key]:
