@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -180,10 +182,15 @@ async def test_lost_leadership_ends_what_the_command_left_in_its_group(
         return child.exists() and child.read_text().strip().isdigit()
 
     await eventually(child_pid_written, what="the background child's pid")
-    await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
-    assert await proc.wait() == 76, proc.describe()
-    assert process_gone(int(child.read_text())), "the background child outlived exec"
-    assert "command_killed" in proc.stderr
+    child_pid = int(child.read_text())
+    try:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
+        assert await proc.wait() == 76, proc.describe()
+        assert process_gone(child_pid), "the background child outlived exec"
+        assert "command_killed" in proc.stderr
+    finally:  # a failure here must not leave the child running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child_pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
