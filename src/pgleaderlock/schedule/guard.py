@@ -84,7 +84,7 @@ class SlotGuard:
             check_roles(trusted_roles),
         )
         self._target = Target.of(dsn, backend, self._timeout_s)
-        self._worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
+        self._worker = worker
 
     @property
     def table(self) -> RunTable:
@@ -112,10 +112,12 @@ class SlotGuard:
                     f"{session!r} cannot (a third-party backend)"
                 )
             await session.prepare_table(self._table)
-            rows = await session.query(self._table.admit, (schedule, utc(slot), self._worker))
+            worker = self._worker or f"{socket.gethostname()}:{os.getpid()}"  # after a fork too
+            rows = await session.query(self._table.admit, (schedule, utc(slot), worker))
         if not rows:
+            reason = "a copy began already, or the slot has no row or was missed"
             log.info("slot_copy_skipped", schedule=schedule, slot=utc(slot).isoformat(),
-                     reason="a copy of this slot's work began already")  # fmt: skip
+                     reason=reason)  # fmt: skip
         return bool(rows)
 
     def admit_sync(self, schedule: str, slot: dt.datetime) -> bool:
