@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.config import TermTable
+from ..core.tables import CHECK_TABLE, trusted_roles_sql
 
 __all__ = [
     "ALIVE",
@@ -339,16 +340,6 @@ def end_fenced_statement(table: TermTable) -> Statement:
     )
 
 
-def trusted_roles_sql(roles: str) -> str:
-    """A query of the oids of the roles a session trusts: its own, superusers, and those
-    named (``roles``: a placeholder of a ``text[]``). For sessions whose
-    ``search_path`` is safe (``SAFE_SETTINGS``): the library's own, the CLI's."""
-    return (
-        "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
-        f" OR r.rolsuper OR r.rolname = ANY (({roles})::text[])"
-    )
-
-
 GROUP_SNAPSHOT = Statement(
     "group snapshot",
     f"WITH trusted AS ({trusted_roles_sql('{1}')})"
@@ -372,32 +363,9 @@ key1 and key2 as unsigned oids, granted, and whether the session's role is trust
 session of another role may take any name, but is never a member).
 ``pg_stat_activity`` and ``pg_locks`` are visible to every role."""
 
-TABLE_CHECK = Statement(
-    "check table",
-    f"WITH trusted AS ({trusted_roles_sql('{2}')}),"
-    " ns AS (SELECT n.oid, o.rolname AS owner, n.nspowner IN (SELECT oid FROM trusted)"
-    " OR (o.rolname = 'pg_database_owner' AND (SELECT d.datdba FROM pg_catalog.pg_database d"
-    " WHERE d.datname = pg_catalog.current_database()) IN (SELECT oid FROM trusted)) AS ok"
-    " FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner"
-    " WHERE n.nspname = ({0})::text),"
-    " rel AS (SELECT c.oid, c.relkind, o.rolname AS owner,"
-    " c.relowner IN (SELECT oid FROM trusted) AS ok FROM pg_catalog.pg_class c"
-    " JOIN ns ON c.relnamespace = ns.oid JOIN pg_catalog.pg_roles o ON o.oid = c.relowner"
-    " WHERE c.relname = ({1})::text)"
-    " SELECT (SELECT owner::text FROM ns), (SELECT ok FROM ns),"
-    " (SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') FROM ns),"
-    " (SELECT pg_catalog.has_schema_privilege(oid, 'CREATE') FROM ns),"
-    " (SELECT relkind::text FROM rel), (SELECT owner::text FROM rel), (SELECT ok FROM rel),"
-    " (SELECT pg_catalog.array_agg(p.name) FROM rel, (VALUES ('SELECT'), ('INSERT'),"
-    " ('UPDATE')) AS p(name) WHERE NOT pg_catalog.has_table_privilege(rel.oid, p.name)),"
-    " current_user::text" + _TAIL,
-)
-"""Can the session trust a library table, and use it? Values: the schema, the table's
-name, the trusted roles (besides the session's own role and superusers). The row: the
-schema's owner (NULL: no such schema), whether it is trusted (a schema owned by
-``pg_database_owner`` is when the database's owner is), USAGE and CREATE on it; the
-table's ``relkind`` (NULL: no such table), its owner, whether it is trusted, the
-privileges among SELECT, INSERT, UPDATE the session lacks on it; the session's role."""
+TABLE_CHECK = Statement("check table", CHECK_TABLE + _TAIL)
+"""[`CHECK_TABLE`][pgleaderlock.core.tables.CHECK_TABLE] on a lock's session (its values
+and row; then the session's token and pid)."""
 
 DUPLICATE_TABLE = frozenset({"42P07", "23505", "42710"})
 """What a concurrent ``CREATE TABLE IF NOT EXISTS`` may raise on the loser of a race: the

@@ -39,9 +39,9 @@ from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.protocol import check_group, checkpoint_name, member_key, name_keys, prefix
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS, check_roles
-from ..core.errors import ConfigurationError, MissingPrivilegeError
+from ..core.errors import ConfigurationError
 from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
-from ..core.leader import READABLE, ParticipantTable, participants_of
+from ..core.leader import ParticipantTable, participants_of
 from ..core.registry import without_driver
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck
 from ..schedule.ledger import RunTable, ScheduleTable
@@ -508,17 +508,7 @@ def _read_participants(
     def named(*given: object) -> dict[str, object]:
         return {f"p{i}": value for i, value in enumerate(given)}
 
-    row = conn.execute(
-        READABLE.format(*placeholders[:3]).encode(),
-        named(table.schema, table.name, list(table.trusted_roles)),
-    ).fetchone()
-    reason = None
-    if row is None:
-        reason = "it does not exist"
-    elif row[0] not in ("r", "p") or not row[1] or not row[2]:
-        reason = "it is not a plain table of a trusted role (see --trusted-role)"
-    elif not (row[3] and row[4]):
-        reason = "no SELECT on it"
+    reason = unreadable(conn, table)
     if reason is not None:
         report["participants_table"]["not_read"] = reason
         return
@@ -624,18 +614,7 @@ def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> tuple[str
     row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
     assert row is not None
     check = TableCheck(table, *row[:9])
-    if check.schema_owner is None:
-        return f"the schema {table.schema!r} does not exist", True
-    if check.relkind is None:
-        return f"{table.shown} does not exist", True
-    try:
-        check.verify()
-    except MissingPrivilegeError as exc:
-        if not check.missing or "SELECT" in check.missing:
-            return str(exc), False
-    except ConfigurationError as exc:
-        return str(exc), False
-    return None, False
+    return check.unreadable(), check.schema_owner is None or check.relkind is None
 
 
 _SCHEDULES = (

@@ -42,7 +42,7 @@ from .session import (
     SessionFactory,
     SetupSession,
 )
-from .tables import DEFAULT_SCHEMA, LibraryTable
+from .tables import CHECK_TABLE, DEFAULT_SCHEMA, LibraryTable, TableCheck, trusted_roles_sql
 
 __all__ = [
     "CHANNEL",
@@ -184,7 +184,7 @@ class ParticipantTable(LibraryTable):
         waits, is ignored. If it is, the lock (just granted to this session) is let go
         in the same statement. Returns (reserved, unlocked)."""
         return (
-            f"WITH trusted AS ({_TRUSTED.replace('{2}', '{5}')}),"
+            f"WITH trusted AS ({trusted_roles_sql('{5}')}),"
             f" r AS (SELECT {self._reserved()} AS reserved)"
             f" SELECT (SELECT reserved FROM r), {_LET_GO}"
         )
@@ -212,7 +212,7 @@ class ParticipantTable(LibraryTable):
         announcement. Returns (reserved, unlocked, rows marked, notified)."""
         now = "pg_catalog.clock_timestamp()"
         return (
-            f"WITH trusted AS ({_TRUSTED.replace('{2}', '{5}')}),"
+            f"WITH trusted AS ({trusted_roles_sql('{5}')}),"
             f" r AS (SELECT {self._reserved()} AS reserved),"
             f" up AS (UPDATE {self.sql} SET since = {now}, term = NULL, updated_at = {now}"
             " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
@@ -250,26 +250,6 @@ _LET_GO = (
 
 NOTIFY_ONLY = "SELECT pg_catalog.pg_notify(({0})::text, ({1})::text)"
 """``{0}`` channel, ``{1}`` payload: the announcement when the table cannot be used."""
-
-_TRUSTED = (
-    "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user OR r.rolsuper"
-    " OR r.rolname = ANY (({2})::text[])"
-)
-READABLE = (
-    f"WITH trusted AS ({_TRUSTED})"
-    " SELECT c.relkind::text, c.relowner IN (SELECT oid FROM trusted),"
-    " n.nspowner IN (SELECT oid FROM trusted) OR (o.rolname = 'pg_database_owner'"
-    " AND (SELECT d.datdba FROM pg_catalog.pg_database d"
-    " WHERE d.datname = pg_catalog.current_database()) IN (SELECT oid FROM trusted)),"
-    " pg_catalog.has_schema_privilege(n.oid, 'USAGE'),"
-    " pg_catalog.has_table_privilege(c.oid, 'SELECT')"
-    " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-    " JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner"
-    " WHERE n.nspname = ({0})::text AND c.relname = ({1})::text"
-)
-"""``{0}`` schema, ``{1}`` table, ``{2}`` trusted roles: may a reader trust and read the
-table? (A table another role owns could run that role's code as the reader: a
-row-level security policy calling its function.)"""
 
 _DATABASE = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
 
@@ -461,15 +441,8 @@ class LeaderReader:
         if not self.readable:
             self.reason = None
             t = self._table
-            rows = await self._session.query(READABLE, (t.schema, t.name, list(t.trusted_roles)))
-            if not rows:
-                self.reason = f"{t.shown} does not exist"
-            else:
-                relkind, owner_ok, schema_ok, usage, select = rows[0][:5]
-                if relkind not in ("r", "p") or not owner_ok or not schema_ok:
-                    self.reason = f"{t.shown} is not a plain table of a trusted role"
-                elif not (usage and select):
-                    self.reason = f"no SELECT on {t.shown}"
+            rows = await self._session.query(CHECK_TABLE, (t.schema, t.name, list(t.trusted_roles)))
+            self.reason = TableCheck(t, *rows[0][:9]).unreadable()
             self.readable = self.reason is None
             if self.reason is not None:
                 log.debug("participants_unreadable", reason=self.reason, lock=self._label)

@@ -17,6 +17,7 @@ from typing import ClassVar
 from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError, sqlstate
 
 __all__ = [
+    "CHECK_TABLE",
     "UNDEFINED_TABLE",
     "missing_table",
     "DEFAULT_SCHEMA",
@@ -25,6 +26,7 @@ __all__ = [
     "TermTable",
     "check_identifier",
     "quoted",
+    "trusted_roles_sql",
 ]
 
 DEFAULT_SCHEMA = "public"
@@ -123,6 +125,44 @@ class TermTable(LibraryTable):
     )
 
 
+def trusted_roles_sql(roles: str) -> str:
+    """A query of the oids of the roles a session trusts: its own, superusers, and those
+    named (``roles``: a placeholder of a ``text[]``). For sessions whose
+    ``search_path`` is safe (``SAFE_SETTINGS``): the library's own, the CLI's."""
+    return (
+        "SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
+        f" OR r.rolsuper OR r.rolname = ANY (({roles})::text[])"
+    )
+
+
+CHECK_TABLE = (
+    f"WITH trusted AS ({trusted_roles_sql('{2}')}),"
+    " ns AS (SELECT n.oid, o.rolname AS owner, n.nspowner IN (SELECT oid FROM trusted)"
+    " OR (o.rolname = 'pg_database_owner' AND (SELECT d.datdba FROM pg_catalog.pg_database d"
+    " WHERE d.datname = pg_catalog.current_database()) IN (SELECT oid FROM trusted)) AS ok"
+    " FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner"
+    " WHERE n.nspname = ({0})::text),"
+    " rel AS (SELECT c.oid, c.relkind, o.rolname AS owner,"
+    " c.relowner IN (SELECT oid FROM trusted) AS ok FROM pg_catalog.pg_class c"
+    " JOIN ns ON c.relnamespace = ns.oid JOIN pg_catalog.pg_roles o ON o.oid = c.relowner"
+    " WHERE c.relname = ({1})::text)"
+    " SELECT (SELECT owner::text FROM ns), (SELECT ok FROM ns),"
+    " (SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') FROM ns),"
+    " (SELECT pg_catalog.has_schema_privilege(oid, 'CREATE') FROM ns),"
+    " (SELECT relkind::text FROM rel), (SELECT owner::text FROM rel), (SELECT ok FROM rel),"
+    " (SELECT pg_catalog.array_agg(p.name) FROM rel, (VALUES ('SELECT'), ('INSERT'),"
+    " ('UPDATE')) AS p(name) WHERE NOT pg_catalog.has_table_privilege(rel.oid, p.name)),"
+    " current_user::text"
+)
+"""Can the session trust a library table, and use it? Values: the schema, the table's
+name, the trusted roles (besides the session's own role and superusers). One row, the
+fields of [`TableCheck`][pgleaderlock.core.tables.TableCheck] after its ``table``: the
+schema's owner (NULL: no such schema), whether it is trusted (a schema owned by
+``pg_database_owner`` is when the database's owner is), USAGE and CREATE on it; the
+table's ``relkind`` (NULL: no such table), its owner, whether it is trusted, the
+privileges among SELECT, INSERT, UPDATE the session lacks on it; the session's role."""
+
+
 @dataclass(frozen=True)
 class TableCheck:
     """What [`TABLE_CHECK`][pgleaderlock.backends.sql.TABLE_CHECK] found about a
@@ -182,6 +222,23 @@ class TableCheck:
             raise MissingPrivilegeError(
                 f"role {role!r} lacks {', '.join(wanted)} on {name}: {table.grant(role, wanted)}"
             )
+
+    def unreadable(self) -> str | None:
+        """Why a session that only reads the table may not (``None``: it may): what
+        [`verify`][pgleaderlock.core.tables.TableCheck.verify] refuses, of the
+        privileges only a missing ``SELECT`` (or ``USAGE`` on the schema)."""
+        if self.schema_owner is None:
+            return f"the schema {self.table.schema!r} does not exist"
+        if self.relkind is None:
+            return f"{self.table.shown} does not exist"
+        try:
+            self.verify()
+        except MissingPrivilegeError as exc:
+            if not self.schema_usage or "SELECT" in (self.missing or []):
+                return str(exc)
+        except ConfigurationError as exc:
+            return str(exc)
+        return None
 
     def cannot_create(self) -> str:
         """The message when the table is missing and the role may not create it."""
