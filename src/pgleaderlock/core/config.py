@@ -27,6 +27,7 @@ __all__ = [
     "default_application_name",
     "default_lease_s",
     "lock_config",
+    "not_negative",
     "optional_positive",
     "partition_settings",
     "positive",
@@ -223,7 +224,7 @@ def lock_config(
             raise ConfigurationError(f"{name} must be a bool, got {flag!r}")
     if follower_mode not in ("wait", "poll"):
         raise ConfigurationError(f"follower_mode must be 'wait' or 'poll', got {follower_mode!r}")
-    delay = _not_negative("acquire_delay_s", acquire_delay_s)
+    delay = not_negative("acquire_delay_s", acquire_delay_s)
     if delay and not fencing:
         raise ConfigurationError("acquire_delay_s needs fencing=True (it follows the term bump)")
     lease = _lease(lease_s, interval, bound, delay)
@@ -243,7 +244,7 @@ def lock_config(
         acquire_delay_s=delay,
         lease_s=lease,
         fencing_grace_s=positive("fencing_grace_s", fencing_grace_s),
-        drain_s=_not_negative("drain_s", drain_s),
+        drain_s=not_negative("drain_s", drain_s),
         escalate_after_s=positive("escalate_after_s", escalate_after_s),
     )
 
@@ -283,7 +284,8 @@ def _term_table(name: object, schema: object, trusted: tuple[str, ...]) -> TermT
     return TermTable(name, schema, trusted)  # type: ignore[arg-type]  # validated there
 
 
-def _not_negative(name: str, value: object) -> float:
+def not_negative(name: str, value: object) -> float:
+    """``value`` as a float if it is a finite number >= 0; else ConfigurationError."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigurationError(f"{name} must be a number, got {value!r}")
     if value < 0:

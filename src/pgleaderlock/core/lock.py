@@ -28,6 +28,8 @@ from .config import (
     LockConfig,
     default_application_name,
     lock_config,
+    not_negative,
+    positive,
     session_settings,
 )
 from .errors import (
@@ -350,9 +352,7 @@ class LeaderLock(Fencing):
         # Only a lock with something to publish writes a participant row (one statement
         # per new session); every leader announces itself with NOTIFY.
         self._priority = None if priority is None else _check_priority(priority)
-        self._handover_delay_s = float(handover_delay_s)
-        if not self._handover_delay_s >= 0:
-            raise ConfigurationError("handover_delay_s must be >= 0")
+        self._handover_delay_s = not_negative("handover_delay_s", handover_delay_s)
         self._publishes = metadata is not None or identity is not None or priority is not None
         self._considering: asyncio.Task[None] | None = None
         self._announced = False  # the grant's statement announced this leadership
@@ -362,10 +362,10 @@ class LeaderLock(Fencing):
         )
         self._target = Target(self._backend, driver_dsn, connect_fn, connect_timeout_s)
         self._watch_interval_s = (
-            health_interval_s if watch_interval_s is None else float(watch_interval_s)
+            self._config.health_interval_s
+            if watch_interval_s is None
+            else positive("watch_interval_s", watch_interval_s)
         )
-        if self._watch_interval_s <= 0:
-            raise ConfigurationError("watch_interval_s must be positive")
         self._published = False  # this session's participant row was written
         self._publish_warned = False
         self._watch: LeaderWatch | None = None
