@@ -126,14 +126,8 @@ class LeaderView(BaseModel):
 
     @classmethod
     def of(cls, info: LeaderInfo | None) -> LeaderView | None:
-        if info is None:
-            return None
-        return cls(
-            pid=info.pid, application_name=info.application_name, role=info.role,
-            identity=info.identity, name=info.name, priority=info.priority,
-            metadata=None if info.metadata is None else dict(info.metadata),
-            since=info.since, term=info.term,
-        )  # fmt: skip
+        """The view of ``info`` (its fields by name; ``keys`` left out)."""
+        return None if info is None else cls.model_validate(info, from_attributes=True)
 
 
 class LeaderStatus(BaseModel):
