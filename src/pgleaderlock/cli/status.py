@@ -257,6 +257,11 @@ def status(
     timeout = positive("--timeout", timeout)
     try:
         trusted_roles = check_roles(trusted_roles)
+        participants = ParticipantTable(schema=participants_schema, trusted_roles=trusted_roles)
+        ledger = (
+            RunTable(schema=schedule_schema, trusted_roles=trusted_roles),
+            ScheduleTable(schema=schedule_schema, trusted_roles=trusted_roles),
+        )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
 
@@ -269,21 +274,8 @@ def status(
                 report["checkpoint_table"] = {"table": table.shown, "not_read": skipped}
             elif target is not None:
                 report = _one_lock(conn, info, target)
-                try:
-                    participants = ParticipantTable(
-                        schema=participants_schema, trusted_roles=trusted_roles
-                    )
-                except ConfigurationError as exc:
-                    raise CliError(str(exc)) from None
                 _add_participants(conn, report, participants, target)
                 if target.name is not None:
-                    try:
-                        ledger = (
-                            RunTable(schema=schedule_schema, trusted_roles=trusted_roles),
-                            ScheduleTable(schema=schedule_schema, trusted_roles=trusted_roles),
-                        )
-                    except ConfigurationError as exc:
-                        raise CliError(str(exc)) from None
                     report["schedules"] = schedule_report(
                         conn, *ledger, [f"{target.name}:"], last_runs
                     )
