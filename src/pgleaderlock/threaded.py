@@ -10,6 +10,7 @@ connections ([`fence`][pgleaderlock.ThreadedLeaderLock.fence]).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -18,7 +19,6 @@ from typing import Self
 from .core.errors import ConfigurationError, ShutdownError
 from .core.lock import LeaderLock
 from .core.models import LockState
-from .tasks import follow_state
 
 __all__ = ["ThreadedLeaderLock"]
 
@@ -60,13 +60,14 @@ class ThreadedLeaderLock:
         self._lock = lock
         self._start_timeout_s = start_timeout_s
         self._mutex = threading.Lock()
-        self._changed = threading.Condition()
+        # Callers blocked in wait_for_leadership(): released when the thread ends, even
+        # if the loop closed before their coroutine could run.
+        self._waiting: set[concurrent.futures.Future[bool]] = set()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stop_timeout_s: float | None = None
         self._error: BaseException | None = None
-        follow_state(lock, self._notify, first=False)
 
     # ------------------------------------------------------------------ properties
 
@@ -246,16 +247,42 @@ class ThreadedLeaderLock:
         asyncio.run_coroutine_threadsafe(self._lock.step_down(timeout_s), loop).result()
 
     def wait_for_leadership(self, timeout_s: float | None = None) -> bool:
-        """Block until the lock is LEADER.
+        """Block until the lock is LEADER and its
+        [`on_acquired`][pgleaderlock.LeaderLock.on_acquired] callbacks have run, as
+        [`LeaderLock.wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership]
+        (which it runs on the lock's loop).
 
         Returns:
-            True once LEADER; False after ``timeout_s``, or when the lock is not running.
+            True once LEADER; False after ``timeout_s``, or when the lock is not running
+                (or stops while waiting).
+
+        Raises:
+            PgLeaderLockError: as ``LeaderLock.wait_for_leadership()``: the lock stopped
+                on an error that retrying cannot mend.
+            RuntimeError: when called from the lock's own thread (a callback).
         """
-        with self._changed:
-            self._changed.wait_for(
-                lambda: self._lock.is_leader or not self.running, timeout=timeout_s
-            )
-            return self._lock.is_leader
+        loop = self._loop
+        if loop is None or not self.running:
+            return False
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("wait_for_leadership() from the lock's own thread: await it there")
+        with self._mutex:
+            if self._loop is not loop:
+                return False  # the thread ended meanwhile
+            try:
+                waiting = asyncio.run_coroutine_threadsafe(
+                    self._lock.wait_for_leadership(timeout_s), loop
+                )
+            except RuntimeError:  # the loop is closing
+                return False
+            self._waiting.add(waiting)
+        try:
+            return waiting.result()
+        except concurrent.futures.CancelledError:  # the thread ended first (_main)
+            return False
+        finally:
+            with self._mutex:
+                self._waiting.discard(waiting)
 
     def __enter__(self) -> Self:
         self.start()
@@ -269,18 +296,12 @@ class ThreadedLeaderLock:
 
     # ------------------------------------------------------------------ the thread
 
-    def _notify(self, old: LockState, new: LockState) -> None:
-        with self._changed:
-            self._changed.notify_all()
-
     def _join(self) -> None:
         thread = self._thread
         if thread is not None:
             thread.join()
         with self._mutex:
             self._thread = None
-        with self._changed:
-            self._changed.notify_all()
 
     def _main(self, ready: threading.Event) -> None:
         try:
@@ -288,10 +309,12 @@ class ThreadedLeaderLock:
         except BaseException as exc:  # pragma: no cover - asyncio.run itself failed
             self._error = exc
         finally:
-            self._loop = self._stop = None
+            with self._mutex:
+                self._loop = self._stop = None
+                waiting = list(self._waiting)
+            for future in waiting:
+                future.cancel()
             ready.set()
-            with self._changed:
-                self._changed.notify_all()
 
     async def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()

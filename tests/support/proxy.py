@@ -88,12 +88,18 @@ class TcpProxy:
         self._writers.clear()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        """Stop listening, then close every proxied connection, then wait for the server.
+
+        The order matters: since Python 3.12.1, ``Server.wait_closed()`` waits until
+        every accepted connection is closed, so a stalled connection would block it.
+        """
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         self._flowing.set()
         await self.cut()
+        if server is not None:
+            await server.wait_closed()
 
     async def __aenter__(self) -> Self:
         await self.start()
