@@ -1,72 +1,77 @@
 #!/usr/bin/env bash
-# Install everything into .venv and run the whole suite: lint, types, docs, tests.
-# Works on a fresh machine with Python >= 3.11; the tests find or start PostgreSQL
-# themselves (see docs/testing.md). Extra arguments go to pytest.
+# Install everything into virtual environments and run the whole suite: lint, types,
+# docs, tests. Works on a fresh machine with Python >= 3.11; the tests find or start
+# PostgreSQL themselves (see docs/testing.md). Extra arguments go to pytest (one run, on
+# the main Python only).
+#
+# PYTHON=...                     the Python of the whole suite (default: the newest
+#                                supported one found; see scripts/_python.sh)
+# PGLEADERLOCK_TEST_PYTHONS=...  the other Pythons that run the fast tiers (default:
+#                                every other supported version found), e.g. "3.12 3.13";
+#                                "none" for none
+# PGLEADERLOCK_TEST_FLOORS=0     skip the run on the lowest dependency versions
+# PGLEADERLOCK_TEST_APT=0        install no Debian package (see scripts/_system.sh)
 set -euo pipefail
 export NO_MKDOCS_2_WARNING=1
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
+source scripts/_system.sh
 
-echo "== install"
+echo "== python $(python_version "$VENV/bin/python") ($PY): the whole suite"
+echo "== install into $VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,docs]'
+
+# The fast tiers on every other supported Python, and on the lowest dependency versions
+# pyproject.toml allows (uv's --resolution lowest-direct, on the oldest Python).
+FAST=(tests/unit tests/contract tests/server tests/test_typing.py tests/test_packaging.py)
+FLOORS=("${FAST[@]}" tests/frameworks tests/cli tests/djangoapp tests/celerybeat/test_celery_beat_config.py)
+others=()
+main_version="$(python_version "$VENV/bin/python")"
+main_version="${main_version%.*}"
+if [ "${PGLEADERLOCK_TEST_PYTHONS:-}" != none ]; then
+    for version in ${PGLEADERLOCK_TEST_PYTHONS:-${SUPPORTED_PYTHONS[*]}}; do
+        [ "$version" != "$main_version" ] || continue
+        if path="$(find_python "$version")"; then
+            others+=("$version:$path")
+            echo "== python $(python_version "$path") ($path): the fast tiers"
+        else
+            echo "== python $version: not found on this machine, not tested (PATH, pyenv, /usr/bin)"
+        fi
+    done
+fi
+floors=""
+if [ "${PGLEADERLOCK_TEST_FLOORS:-1}" != 0 ]; then
+    for version in "${SUPPORTED_PYTHONS[@]}"; do
+        if floors="$(find_python "$version")"; then
+            echo "== python $(python_version "$floors") ($floors): the lowest dependency versions"
+            break
+        fi
+    done
+fi
 
 # Debian packages the tests use, installed when missing. Never fatal: without one, its
 # tests skip, with the reason printed here and passed on to pytest.
-# apt_install PACKAGE: prints why not and fails when it cannot install.
-apt_install() {
-    if [ "$(id -u)" != 0 ]; then
-        echo "not root, so apt-get cannot install it"
-        return 1
-    fi
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "apt-get is not available (not a Debian-like system)"
-        return 1
-    fi
-    local policy=/usr/sbin/policy-rc.d ours="" status=0
-    if [ ! -e "$policy" ]; then  # "exit 101": maintainer scripts may not start services
-        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
-    fi
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") \
-        >&2 || status=$?
-    [ -z "$ours" ] || rm -f "$policy"
-    if [ "$status" != 0 ]; then
-        echo "apt-get install $1 failed (exit $status)"
-        return 1
-    fi
-}
-
-# PgBouncer for tests/deploy: the fixture (tests/support/pgbouncer.py) runs its own
-# instances, so the Debian package's own service must not start.
-install_pgbouncer() {
-    if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
-        return 0
-    fi
-    local status=0
-    apt_install pgbouncer || status=$?
-    # Belt and braces: stop the package's service if something started it anyway.
+echo "== debian packages"
+if why="$(system_packages "real PgBouncer for tests/deploy" pgbouncer:pgbouncer)"; then
+    bouncer="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
+    echo "   $bouncer: $("$bouncer" --version 2>&1 | sed -n 1p || true)"
+    # The fixture (tests/support/pgbouncer.py) runs its own instances: stop the package's
+    # service if something started it anyway.
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
         systemctl stop pgbouncer.service >/dev/null 2>&1 || true
     elif [ -s /run/postgresql/pgbouncer.pid ] && [ -x /etc/init.d/pgbouncer ]; then
         /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
     fi
-    return "$status"
-}
-echo "== pgbouncer"
-if why="$(install_pgbouncer)"; then
-    bouncer="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
-    echo "$bouncer: $("$bouncer" --version 2>&1 | sed -n 1p || true)"
 else
-    echo "PgBouncer unavailable, the pooler tests (tests/deploy) will skip: $why"
+    echo "   SKIPPING the pooler tests (tests/deploy): $why"
     export PGLEADERLOCK_TEST_PGBOUNCER_MISSING="$why"
 fi
-
-# Chromium for tests/docs: the docs site is opened in Debian's Chromium, driven by
-# Playwright through its executable path (Playwright's own browser download is not used).
-echo "== chromium"
-if command -v chromium >/dev/null 2>&1 || why="$(apt_install chromium)"; then
-    echo "$(command -v chromium): $(chromium --version 2>/dev/null | sed -n 1p || true)"
+# Debian's Chromium for tests/docs, driven by Playwright through its executable path
+# (Playwright's own browser download is never used).
+if why="$(system_packages "a headless browser for tests/docs" chromium:chromium)"; then
+    echo "   $(command -v chromium): $(chromium --version 2>/dev/null | sed -n 1p || true)"
 else
-    echo "Chromium unavailable, the browser tests (tests/docs) will skip: $why"
+    echo "   SKIPPING the browser tests (tests/docs): $why"
     export PGLEADERLOCK_TEST_CHROMIUM_MISSING="$why"
 fi
 
@@ -78,34 +83,94 @@ echo "== mypy --strict src tests"
 echo "== mkdocs build --strict"
 "$VENV/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)"
 
+PYTEST=(-m pytest -W error::ResourceWarning -p no:cacheprovider)
 # pytest exits 5 when no test ran: that is a failure here, as it should be.
 if [ "$#" -gt 0 ]; then
-    echo "== pytest $*"
-    exec "$VENV/bin/python" -m pytest -W error::ResourceWarning "$@"
+    echo "== pytest $* (python $main_version)"
+    exec "$VENV/bin/python" "${PYTEST[@]}" "$@"
 fi
-# Two pytest processes side by side: the soak tier (tests/soak: minutes-long fault runs
-# that mostly wait for clock ticks) with the suites of other services' processes
-# (tests/celerybeat: Celery beat and workers on Redis/RabbitMQ; tests/djangoapp:
-# manage.py) and of their own servers (tests/deploy: throwaway clusters, standbys,
-# PgBouncers), and the rest here. The side tier's report follows the rest's.
+
+# lane NAME LOG COMMAND...: runs COMMAND in the background, its output in LOG; prints a
+# progress line every minute, and the exit status when it ends.
+lanes=()
+lane() {
+    local name="$1" log="$2"
+    shift 2
+    (
+        "$@" >"$log" 2>&1 &
+        pid=$!
+        trap 'kill "$pid" 2>/dev/null || true' EXIT
+        while kill -0 "$pid" 2>/dev/null; do
+            sleep 60
+            progress="$(grep -aoE '\[ *[0-9]+%\]|^== .*' "$log" | tail -n 1 || true)"
+            echo "   ... $name: ${progress:-starting}"
+        done
+        status=0
+        wait "$pid" || status=$?
+        trap - EXIT
+        echo "   ... $name: done (exit $status)"
+        exit "$status"
+    ) &
+    lanes+=("$name:$!:$log")
+}
+
+# versions_lane: the fast tiers on each other Python, then the floors run.
+versions_lane() {
+    local spec version path venv status=0
+    for spec in "${others[@]}"; do
+        version="${spec%%:*}" path="${spec#*:}" venv=".venv-$version"
+        echo "== python $(python_version "$path") ($path): the fast tiers (${FAST[*]})"
+        VENV="$venv" PYTHON="$path" bash -c 'source scripts/_venv.sh' &&
+            "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' &&
+            "$venv/bin/python" "${PYTEST[@]}" -q "${FAST[@]}" || status=1
+    done
+    if [ -n "$floors" ]; then
+        echo "== python $(python_version "$floors"), the lowest dependency versions pyproject.toml allows (${FLOORS[*]})"
+        # uv resolves the lowest direct versions; it is installed into the main venv.
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv &&
+            rm -rf .venv-floors && "$VENV/bin/uv" venv -q -p "$floors" .venv-floors &&
+            VIRTUAL_ENV=.venv-floors "$VENV/bin/uv" pip install -q --resolution lowest-direct \
+                -e '.[test]' &&
+            echo "   installed: $(VIRTUAL_ENV=.venv-floors "$VENV/bin/uv" pip freeze 2>/dev/null |
+                grep -iE '^(psycopg|pluggy|asyncpg|sqlalchemy|fastapi|apscheduler|click|loguru|prometheus-client|opentelemetry-api|rich|cronsim|celery|django)==' |
+                tr '\n' ' ')" &&
+            .venv-floors/bin/python "${PYTEST[@]}" -q "${FLOORS[@]}" || status=1
+    fi
+    return "$status"
+}
+
+# Three lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
+# fault runs that mostly wait for clock ticks; tests/celerybeat: Celery beat and workers
+# on Redis/RabbitMQ; tests/djangoapp: manage.py; tests/deploy: throwaway clusters,
+# standbys, PgBouncers) and the other Pythons' fast tiers. Their reports follow the main
+# suite's.
 SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy)
-echo "== pytest (${SIDE[*]} run beside it; their report follows)"
-soak_log="$(mktemp)"
-"$VENV/bin/python" -m pytest -W error::ResourceWarning -p no:cacheprovider --durations=15 \
-    "${SIDE[@]}" >"$soak_log" 2>&1 &
-soak_pid=$!
-trap 'kill "$soak_pid" 2>/dev/null || true' EXIT
-status=0
+logs="$(mktemp -d)"
+echo "== pytest, three lanes: main (here), side (${SIDE[*]}), versions (${#others[@]} other Pythons, floors: ${floors:-no})"
+lane side "$logs/side.log" "$VENV/bin/python" "${PYTEST[@]}" --durations=15 "${SIDE[@]}"
+if [ "${#others[@]}" -gt 0 ] || [ -n "$floors" ]; then
+    lane versions "$logs/versions.log" versions_lane
+fi
+trap 'for l in "${lanes[@]}"; do kill "$(echo "$l" | cut -d: -f2)" 2>/dev/null || true; done' EXIT
 ignored=()
 for dir in "${SIDE[@]}"; do ignored+=("--ignore=$dir"); done
-"$VENV/bin/python" -m pytest -W error::ResourceWarning --durations=25 "${ignored[@]}" || status=$?
-soak_status=0
-wait "$soak_pid" || soak_status=$?
+status=0
+"$VENV/bin/python" "${PYTEST[@]}" --durations=25 "${ignored[@]}" || status=$?
+failed=()
+[ "$status" = 0 ] || failed+=("main (exit $status)")
+for l in "${lanes[@]}"; do
+    name="${l%%:*}" rest="${l#*:}"
+    pid="${rest%%:*}" log="${rest#*:}"
+    lane_status=0
+    wait "$pid" || lane_status=$?
+    echo "== pytest lane $name (exit $lane_status)"
+    cat "$log"
+    [ "$lane_status" = 0 ] || failed+=("$name (exit $lane_status)")
+done
 trap - EXIT
-echo "== pytest ${SIDE[*]} (exit $soak_status)"
-cat "$soak_log"
-rm -f "$soak_log"
-if [ "$status" != 0 ] || [ "$soak_status" != 0 ]; then
-    echo "pytest failed: the suite exited $status, ${SIDE[*]} exited $soak_status"
+rm -rf "$logs"
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "pytest failed: ${failed[*]}"
     exit 1
 fi
+echo "== all lanes passed: main and side on python $main_version, versions: ${others[*]:-none}, floors: ${floors:-skipped}"
