@@ -30,6 +30,7 @@ from .machine import (
     CloseSession,
     Connected,
     CutShort,
+    DropWork,
     Effect,
     Emit,
     EndDrain,
@@ -259,6 +260,13 @@ class Runner:
                     await self._end_drain()
                 case Log():
                     self._log(effect)
+                case DropWork():
+                    self._fail_queued(
+                        ConnectionError(
+                            f"not leading ({self._machine.state.value}): the call queued "
+                            "for the session did not run"
+                        )
+                    )
                 case CloseSession():
                     await self._drop_late()  # a late call on it is abandoned
                     self._fail_queued(ConnectionError("the session was closed"))

@@ -27,6 +27,7 @@ __all__ = [
     "FencedEnded",
     "IdleStep",
     "CutShort",
+    "DropWork",
     "Late",
     "Log",
     "LogLevel",
@@ -300,6 +301,15 @@ class CloseSession:
 
 
 @dataclass(frozen=True)
+class DropWork:
+    """The lock leaves LEADER: the calls queued for the leader's session
+    ([`Request.WORK`][pgleaderlock.core.machine.Request.WORK]) that have not run fail
+    now, before anything else is told (their callers may be leader work that the
+    state-change callbacks stop and await: waiting for a call that will never run
+    would make the lock wait for itself)."""
+
+
+@dataclass(frozen=True)
 class WatchSession:
     """Watch the idle session: its socket becoming readable sends
     [`Request.ALARM`][pgleaderlock.core.machine.Request.ALARM]."""
@@ -330,6 +340,7 @@ Effect = (
     | Emit
     | Log
     | CloseSession
+    | DropWork
     | WatchSession
     | ReleaseDone
     | StartDrain
