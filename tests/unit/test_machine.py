@@ -36,7 +36,6 @@ from pgleaderlock.core.machine import (
     Conditions,
     Connected,
     CutShort,
-    DropWork,
     Effect,
     Emit,
     Failed,
@@ -51,6 +50,7 @@ from pgleaderlock.core.machine import (
     Result,
     Sleep,
     Started,
+    StopLeaderWork,
     WatchSession,
     Woke,
     idle_step,
@@ -1098,7 +1098,7 @@ def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
 @pytest.mark.parametrize("how", ["probe fails", "probe late", "step_down", "shutdown"])
 def test_queued_work_fails_before_anything_is_told_when_leader_ends(how: str) -> None:
     """Leaving LEADER, for whatever reason, fails the calls queued for the session
-    first (DropWork), before the state-change and every other callback: leader work
+    first (StopLeaderWork), before the state-change and every other callback: leader work
     that waits for such a call is what those callbacks stop and await (issue 37)."""
     d = Driver(lease_s=3.0)
     d.lead()
@@ -1120,8 +1120,8 @@ def test_queued_work_fails_before_anything_is_told_when_leader_ends(how: str) ->
             d.feed(Woke())
     assert d.machine.state is not S.LEADER
     first = next(i for i, e in enumerate(d.effects) if not isinstance(e, Log))
-    assert d.effects[first] == DropWork(), d.effects
-    assert d.effects.count(DropWork()) == 1
+    assert d.effects[first] == StopLeaderWork(), d.effects
+    assert d.effects.count(StopLeaderWork()) == 1
     assert not d.machine.request(Request.WORK)
 
 
@@ -1132,5 +1132,5 @@ def test_a_leader_that_stays_leader_drops_no_work() -> None:
     d.machine.request(Request.WORK)
     d.feed(Woke(), after=10.0)
     d.feed(Answered(True))  # the probe answered: still LEADER, the work runs next
-    assert DropWork() not in d.effects
+    assert StopLeaderWork() not in d.effects
     assert d.call.op is Op.WORK

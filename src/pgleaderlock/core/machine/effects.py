@@ -27,7 +27,6 @@ __all__ = [
     "FencedEnded",
     "IdleStep",
     "CutShort",
-    "DropWork",
     "Late",
     "Log",
     "LogLevel",
@@ -38,6 +37,7 @@ __all__ = [
     "Sleep",
     "StartDrain",
     "Started",
+    "StopLeaderWork",
     "TermBlocked",
     "TermBumped",
     "WatchSession",
@@ -301,12 +301,13 @@ class CloseSession:
 
 
 @dataclass(frozen=True)
-class DropWork:
-    """The lock leaves LEADER: the calls queued for the leader's session
-    ([`Request.WORK`][pgleaderlock.core.machine.Request.WORK]) that have not run fail
-    now, before anything else is told (their callers may be leader work that the
-    state-change callbacks stop and await: waiting for a call that will never run
-    would make the lock wait for itself)."""
+class StopLeaderWork:
+    """The lock leaves LEADER: before anything else is told, fail the calls queued for
+    the leader's session ([`Request.WORK`][pgleaderlock.core.machine.Request.WORK]) that
+    have not run, and cancel the leader work that follows the lock (``follow_state``'s
+    ``leaving``), at once. Leader work may wait for such a call; the state-change
+    callbacks then stop that work and await it: were the calls failed only by the
+    session's close, after those callbacks, the lock would wait for itself."""
 
 
 @dataclass(frozen=True)
@@ -340,7 +341,7 @@ Effect = (
     | Emit
     | Log
     | CloseSession
-    | DropWork
+    | StopLeaderWork
     | WatchSession
     | ReleaseDone
     | StartDrain
