@@ -536,10 +536,11 @@ class Scheduler:
             except PgLeaderLockError as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if is_permanent(exc, lock_settings(self._lock)):
-                    self._stop_error = exc
-                    why = "an error that retrying cannot mend: every job stops"
-                    self._log("error", "scheduler_stopped", schedule=schedule, error=error,
-                              reason=why)  # fmt: skip
+                    if self._stop_error is None:  # the first job to meet it says so
+                        self._stop_error = exc
+                        why = "an error that retrying cannot mend: every job stops"
+                        self._log("error", "scheduler_stopped", schedule=schedule,
+                                  error=error, reason=why)  # fmt: skip
                     return
                 if not self._lock.is_leader:  # the leadership went: the next one starts it
                     self._log("warning", "schedule_interrupted", schedule=schedule, error=error,
