@@ -219,8 +219,8 @@ class Supervisor:
         """Cancel the tasks of ``names`` (all when ``None``) and await them, within
         ``cancel_timeout_s``, with those `cancel` cancelled already; return the names
         that were running."""
-        self.cancel(names)
-        wanted = None if names is None else set(names)
+        wanted = None if names is None else set(names)  # an iterator is read once
+        self.cancel(wanted)
         chosen = {
             name: self._cancelled.pop(name)
             for name in list(self._cancelled)
