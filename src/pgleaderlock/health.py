@@ -46,6 +46,7 @@ from typing import Any
 from .core.lock import LeaderLock
 from .core.machine import describe
 from .core.models import LockState
+from .schedule import Scheduler
 from .threaded import ThreadedLeaderLock
 
 __all__ = ["DEFAULT_FAILING_S", "DEFAULT_STALL_S", "HealthReport", "check", "live"]
@@ -68,7 +69,7 @@ class HealthReport:
         details: what the verdict was made from, ready for JSON: ``lock``,
             ``state``, ``is_leader``, ``stalled_s``, ``failing_for_s`` (``None``
             unless failing), ``last_error`` and ``stop_error`` (``"TypeName:
-            message"`` or ``None``).
+            message"`` or ``None``); for a scheduler also ``scheduler_stop_error``.
     """
 
     ok: bool
@@ -76,25 +77,28 @@ class HealthReport:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
-def live(
-    lock: LeaderLock | ThreadedLeaderLock, *, stall_s: float = DEFAULT_STALL_S
-) -> HealthReport:
+Checked = LeaderLock | ThreadedLeaderLock | Scheduler
+"""What the checks read: a lock, or a [`Scheduler`][pgleaderlock.schedule.Scheduler]
+(its lock, and whether the scheduler itself has stopped)."""
+
+
+def live(lock: Checked, *, stall_s: float = DEFAULT_STALL_S) -> HealthReport:
     """Liveness: fails only when the lock is wedged (its lifecycle task is more than
     ``stall_s`` behind its own schedule).
 
-    A follower, a leader, a lock that cannot reach its server and a stopped lock are
-    all alive: restarting the process would not help them.
+    A follower, a leader, a lock that cannot reach its server and a stopped lock (or
+    scheduler) are all alive: restarting the process would not help them.
 
     Args:
         lock: the lock (a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock]'s
-            lock is read from any thread).
+            lock is read from any thread), or a scheduler (its lock's).
         stall_s: the bound; larger than the event loop's worst lag under load.
     """
     return check(lock, stall_s=stall_s, failing_s=None, require_running=False)
 
 
 def check(
-    lock: LeaderLock | ThreadedLeaderLock,
+    lock: Checked,
     *,
     stall_s: float = DEFAULT_STALL_S,
     failing_s: float | None = DEFAULT_FAILING_S,
@@ -109,7 +113,10 @@ def check(
     - the lock is **wedged**: its lifecycle task is more than ``stall_s`` behind its
       own schedule ([`LockStatistics.stalled_s`][pgleaderlock.LockStatistics]);
     - it is **stopped** (with ``require_running``): not started, shut down, or stopped
-      on an error that retrying cannot mend (``stop_error`` says which);
+      on an error that retrying cannot mend (``stop_error`` says which); for a
+      scheduler, also when it stopped its jobs on such an error (a ledger table of an
+      untrusted role, a missing privilege: ``scheduler_stop_error`` says which), while
+      its lock runs on;
     - it is **failing**: errors have kept it from leading for longer than
       ``failing_s`` ([`LockStatistics.failing_since`][pgleaderlock.LockStatistics]);
       ``None`` leaves this out;
@@ -117,7 +124,8 @@ def check(
 
     Args:
         lock: the lock (a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock]'s
-            lock is read from any thread).
+            lock is read from any thread), or a
+            [`Scheduler`][pgleaderlock.schedule.Scheduler] (its lock, and itself).
         stall_s: how far behind its schedule the task may be.
         failing_s: how long errors may keep the lock from leading; ``None``: any time.
         require_leader: fail unless the lock is LEADER (for a route only the leader
@@ -127,7 +135,8 @@ def check(
     Returns:
         The [`HealthReport`][pgleaderlock.health.HealthReport].
     """
-    inner = lock.lock if isinstance(lock, ThreadedLeaderLock) else lock
+    scheduler = lock if isinstance(lock, Scheduler) else None
+    inner = lock.lock if isinstance(lock, ThreadedLeaderLock | Scheduler) else lock
     stats = inner.statistics()
     failing_for = None if stats.failing_since is None else time.time() - stats.failing_since
     stop_error = inner.stop_error
@@ -141,6 +150,9 @@ def check(
     if require_running and stats.state is LockState.STOPPED:
         why = f": {describe(stop_error)}" if stop_error is not None else ""
         reasons.append(f"stopped{why}")
+    scheduler_error = None if scheduler is None else scheduler.stop_error
+    if require_running and scheduler_error is not None:
+        reasons.append(f"scheduler stopped: {describe(scheduler_error)}")
     if failing_s is not None and failing_for is not None and failing_for > failing_s:
         reasons.append(
             f"failing for {failing_for:.0f} s (bound {failing_s:g} s): {describe(stats.last_error)}"
@@ -156,4 +168,8 @@ def check(
         "last_error": None if stats.last_error is None else describe(stats.last_error),
         "stop_error": None if stop_error is None else describe(stop_error),
     }
+    if scheduler is not None:
+        details["scheduler_stop_error"] = (
+            None if scheduler_error is None else describe(scheduler_error)
+        )
     return HealthReport(not reasons, tuple(reasons), details)

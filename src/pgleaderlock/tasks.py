@@ -48,10 +48,13 @@ class LeaderTasks:
     Every registered task is started (as an asyncio task of its own) when the lock
     becomes LEADER, and cancelled *and awaited* as soon as it leaves LEADER: on loss
     (including RECONNECTING, where ``is_leader`` is already False), on ``step_down()``
-    and on ``shutdown()``. The cancellation happens inside the lock's own
-    state-change hook, which runs before any other callback or plugin of the lock
-    (``tryfirst``): on a voluntary release the tasks have stopped *before*
-    ``pg_advisory_unlock`` runs, and no task ever runs while the lock is not LEADER.
+    and on ``shutdown()``. Every task is cancelled the moment the lock leaves LEADER,
+    before any callback or plugin of the lock runs (the tasks of every ``LeaderTasks``
+    of the lock at once), and awaited in the lock's own state-change hook, which runs
+    before the other callbacks and plugins (``tryfirst``): on a voluntary release the
+    tasks have stopped *before* ``pg_advisory_unlock`` runs, and no task ever runs
+    while the lock is not LEADER. (A task's calls on the lock's session that have not
+    run fail then too, so that no stop waits for the session it is stopping.)
     When the lock is LEADER again, the tasks start again from the beginning.
 
     A task that raises is logged and restarted after the delay its retry strategy gives
@@ -147,7 +150,9 @@ class LeaderTasks:
             cancel_timeout_s=positive("cancel_timeout_s", cancel_timeout_s),
         )
         self._leading = False
-        self._plugin: object | None = follow_state(lock, self._on_state_change)
+        self._plugin: object | None = follow_state(
+            lock, self._on_state_change, leaving=self._leaving
+        )
         self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drain)
         lock.plugins.register(self._drain_plugin)
 
@@ -271,6 +276,13 @@ class LeaderTasks:
             if stopped:
                 log.info("leader_tasks_stopped", lock=self._lock.label, state=new,
                          tasks=",".join(stopped))  # fmt: skip
+
+    def _leaving(self) -> None:
+        """The lock leaves LEADER: cancel every task now, before any listener of the
+        lock runs (``_on_state_change`` then awaits them), so that no task of this
+        object runs on while another listener awaits its own work."""
+        self._leading = False
+        self._tasks.cancel()
 
     async def _drain(self) -> None:
         """The lock drains (a graceful stop, ``drain_s``): wait for the running tasks to

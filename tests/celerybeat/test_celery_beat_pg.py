@@ -393,3 +393,39 @@ def test_tick_returns_soon_and_close_stops_everything(pg_dsn: str, tmp_path: Pat
         ).fetchone()
         conn.execute("DELETE FROM pgleaderlock_runs WHERE schedule LIKE %s", (f"{name}:%",))
     assert sessions == (0,)
+
+
+def test_a_ledger_table_beat_may_not_use_stops_beat_loudly(
+    pg_dsn: str, tmp_path: Path, schema: str
+) -> None:
+    """The ledger's runs table is a view (not a plain table: refused for good, as a
+    table of an untrusted role would be): the ledger's scheduler stops, and beat's next
+    tick raises with the refusal instead of ticking on while nothing is ever sent."""
+    from celery import Celery
+
+    from pgleaderlock.integrations.celery import LeaderScheduler
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE VIEW {schema}.pgleaderlock_runs AS SELECT 1 AS x".encode())
+    name = f"celery-refused-{uuid.uuid4().hex[:12]}"
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(
+        broker_url=REDIS,
+        pgleaderlock_dsn=pg_dsn,
+        pgleaderlock_lock_name=name,
+        pgleaderlock_tick_s=0.1,
+        pgleaderlock_lock_options={"fencing_schema": schema},
+        beat_schedule={"often": {"task": "proj.nothing", "schedule": 0.5}},
+    )
+    scheduler = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+    try:
+        deadline = time.monotonic() + BOUND_S
+        with pytest.raises(RuntimeError, match="UntrustedObjectError") as info:
+            while time.monotonic() < deadline:
+                time.sleep(scheduler.tick())
+        assert "not a plain table" in str(info.value) or "view" in str(info.value)
+        lock = scheduler.leader_lock
+        assert lock is not None
+        assert lock.is_leader  # the lock itself is fine: only the ledger is refused
+    finally:
+        scheduler.close()

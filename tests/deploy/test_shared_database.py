@@ -22,6 +22,7 @@ import asyncio
 import collections
 import datetime as dt
 import json
+import logging
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -38,6 +39,7 @@ from pgleaderlock import (
     MissingPrivilegeError,
     UntrustedObjectError,
     WorkerContext,
+    health,
 )
 from pgleaderlock.cli.sql import setup_sql
 from pgleaderlock.coordination.protocol import (
@@ -603,6 +605,93 @@ async def test_a_planted_runs_table_is_refused_by_a_scheduler(
     assert ran == []
     assert not db.attacker_is_superuser()
     assert db.value("SELECT count(*) FROM public.pgleaderlock_runs") == 0
+
+
+async def test_a_planted_runs_table_stops_a_scheduler_once_and_loudly(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attacker's ``public.pgleaderlock_runs`` is an error that retrying cannot mend
+    (its owner is not trusted): the Scheduler stops every job for good, with one ERROR
+    line (``scheduler_stopped``, no traceback) instead of a crash restarted with a
+    traceback again and again, not even after a new leadership; ``stop_error`` holds
+    the refusal and ``health.check(sched)`` fails with it, while the lock leads on and
+    its own check passes."""
+    plant_runs_table(db)
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+    lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
+    sched = Scheduler(lock)
+    ran: list[Run] = []
+
+    @sched.every(seconds=0.2)
+    async def tick(run: Run) -> None:
+        ran.append(run)
+
+    @sched.every(seconds=0.3)
+    async def tock(run: Run) -> None:
+        ran.append(run)
+
+    async with lock, sched:
+        assert await lock.wait_for_leadership(5)
+        await eventually(
+            lambda: asyncio.sleep(0, "owned by role 'attacker'" in caplog.text),
+            what="the refusal logged",
+        )
+        await asyncio.sleep(1.0)  # time for restarts, if there were any
+        await lock.step_down()  # a new leadership does not start the jobs again
+        assert await lock.wait_for_leadership(5)
+        await asyncio.sleep(0.5)
+        ours = [r for r in caplog.records if r.name.startswith("pgleaderlock")]
+        assert not [r.getMessage() for r in ours if "leader_task_crashed" in r.getMessage()]
+        assert not [r.getMessage() for r in ours if r.exc_info]
+        stopped = [r.getMessage() for r in ours if r.getMessage().startswith("scheduler_stopped")]
+        assert len(stopped) == 1, stopped
+        assert "UntrustedObjectError" in stopped[0]
+        assert isinstance(sched.stop_error, UntrustedObjectError)
+        report = health.check(sched)
+        assert not report.ok
+        assert any(r.startswith("scheduler stopped: UntrustedObjectError") for r in report.reasons)
+        assert report.details["scheduler_stop_error"] is not None
+        assert health.check(lock).ok
+        assert lock.is_leader
+    assert ran == []
+    assert not db.attacker_is_superuser()
+
+
+async def test_a_revoked_ledger_grant_is_retried_in_one_line_until_granted_again(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``app`` runs a schedule with only its grants; its ``INSERT`` on the runs table is
+    revoked meanwhile, then granted again: the refused statements cost neither the lock
+    (it leads throughout) nor a traceback, each is one ``schedule_retry`` line, and the
+    schedule goes on once the grant is back."""
+    migrate(db)
+    caplog.set_level(logging.INFO, logger="pgleaderlock")
+    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    sched = Scheduler(lock)
+    ran: list[Run] = []
+
+    @sched.every(seconds=0.2)
+    async def tick(run: Run) -> None:
+        ran.append(run)
+
+    async with lock, sched:
+        await eventually(lambda: asyncio.sleep(0, len(ran) >= 2), what="two runs")
+        term = lock.term
+        db.run("REVOKE INSERT ON pgl.pgleaderlock_runs FROM app", role="owner")
+        await eventually(
+            lambda: asyncio.sleep(0, "schedule_retry" in caplog.text), what="a refusal"
+        )
+        await asyncio.sleep(0.5)
+        before = len(ran)
+        db.run("GRANT INSERT ON pgl.pgleaderlock_runs TO app", role="owner")
+        await eventually(lambda: asyncio.sleep(0, len(ran) >= before + 2), what="runs again")
+        assert lock.is_leader
+        assert lock.term == term  # the refusals did not cost the leadership
+        assert sched.stop_error is None
+    ours = [r for r in caplog.records if r.name.startswith("pgleaderlock")]
+    assert not [r.getMessage() for r in ours if r.exc_info]
+    assert not [r.getMessage() for r in ours if "leader_task_crashed" in r.getMessage()]
 
 
 async def test_a_role_with_only_table_grants_runs_a_schedule(db: Database) -> None:

@@ -482,3 +482,45 @@ async def query_ledger(pg_dsn: str, schedule: str) -> list[tuple[Any, ...]]:
             (schedule,),
         )
         return await cur.fetchall()
+
+
+@pytest.mark.integration
+async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
+    pg_dsn: str, lock_name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coroutine job of a bound AsyncIOScheduler claims its slot on the lock's loop (a
+    ThreadedLeaderLock's); that loop is blocked past the claim's bound: the run is
+    skipped with one ``job_skipped`` line, as a sync job's is, not raised into
+    APScheduler as a job error with a traceback."""
+    import pgleaderlock.integrations.apscheduler as integration
+
+    monkeypatch.setattr(integration, "LEDGER_TIMEOUT_S", 0.3)
+    caplog.set_level(logging.INFO)
+    ran: list[dt.datetime] = []
+    errors: list[JobExecutionEvent] = []
+
+    async def job() -> None:
+        ran.append(current_run().slot)
+
+    threaded = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True,
+                                                       **FAST_PG))  # fmt: skip
+    sched = AsyncIOScheduler()
+    sched.add_job(job, IntervalTrigger(seconds=0.5, start_date=EPOCH), id="tick")
+    sched.add_listener(errors.append, EVENT_JOB_ERROR)
+    bind_scheduler(sched, threaded)
+    with threaded:
+        assert threaded.wait_for_leadership(20)
+        sched.start()
+        try:
+            await eventually(lambda: bool(ran), 20.0)
+            loop = threaded.loop
+            assert loop is not None
+            loop.call_soon_threadsafe(time.sleep, 1.2)  # the next claim waits past 0.3 s
+            await eventually(lambda: bool(messages(caplog, "job_skipped")), 10.0)
+            await asyncio.sleep(1.5)
+        finally:
+            sched.shutdown(wait=False)
+            await asyncio.sleep(0.01)
+    skipped = messages(caplog, "job_skipped")
+    assert any("a ledger call took over 0.3 s" in m for m in skipped), skipped
+    assert errors == []

@@ -106,6 +106,52 @@ async def test_tasks_stop_before_callbacks_registered_earlier_run(
     assert probe.starts == 1  # closed: never started again
 
 
+@pytest.mark.parametrize("how", ["step_down", "loss"])
+async def test_every_leader_task_of_a_lock_is_cancelled_at_once(
+    how: str, fake_lock: Callable[..., LeaderLock], server: FakeServer
+) -> None:
+    """Two ``LeaderTasks`` on one lock; the first one's task takes its time to clean up
+    once cancelled. When the lock leaves LEADER (a step-down, a terminated session) the
+    second one's task is cancelled at the same moment, not after the first one's
+    cleanup (the listeners await their tasks one after the other): it never runs while
+    the lock is not LEADER."""
+    lock = fake_lock()
+    first, second = LeaderTasks(lock), LeaderTasks(lock)
+    events: list[str] = []
+    violations: list[LockState] = []
+
+    @first.task
+    async def slow() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            events.append("slow cancelled")
+            await asyncio.sleep(0.5)  # a graceful cleanup
+            events.append("slow cleaned up")
+            raise
+
+    @second.task
+    async def quick() -> None:
+        try:
+            while True:
+                if lock.state is not S.LEADER:
+                    violations.append(lock.state)
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            events.append("quick cancelled")
+            raise
+
+    await lock.start()
+    await eventually(lambda: first.running == ["slow"] and second.running == ["quick"])
+    if how == "step_down":
+        await lock.step_down()
+    else:
+        server.terminate()  # the holder's session
+        await eventually(lambda: "slow cleaned up" in events)
+    assert events.index("quick cancelled") < events.index("slow cleaned up"), events
+    assert violations == []
+
+
 async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
     fake_lock: Callable[..., LeaderLock],
     server: FakeServer,

@@ -41,6 +41,7 @@ from pgleaderlock.core.machine import (
     Failed,
     IllegalTransitionError,
     Input,
+    Late,
     Log,
     Machine,
     Op,
@@ -49,6 +50,7 @@ from pgleaderlock.core.machine import (
     Result,
     Sleep,
     Started,
+    StopLeaderWork,
     WatchSession,
     Woke,
     idle_step,
@@ -1091,3 +1093,44 @@ def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
     d.feed(Woke())
     assert idle_step(d.effects) is None
     assert d.call.op is Op.UNLOCK
+
+
+@pytest.mark.parametrize("how", ["probe fails", "probe late", "step_down", "shutdown"])
+def test_queued_work_fails_before_anything_is_told_when_leader_ends(how: str) -> None:
+    """Leaving LEADER, for whatever reason, fails the calls queued for the session
+    first (StopLeaderWork), before the state-change and every other callback: leader work
+    that waits for such a call is what those callbacks stop and await (issue 37)."""
+    d = Driver(lease_s=3.0)
+    d.lead()
+    d.feed(Woke())
+    assert d.machine.request(Request.WORK)
+    match how:
+        case "probe fails":
+            d.feed(Woke(), after=10.0)  # the probe is due before the work
+            assert d.call.op is Op.PROBE
+            d.feed(Failed(ConnectionError("gone")))
+        case "probe late":
+            d.feed(Woke(), after=10.0)
+            d.feed(Late(acknowledged=True))
+        case "step_down":
+            d.machine.request(Request.RELEASE)
+            d.feed(Woke())
+        case "shutdown":
+            d.machine.request(Request.STOP)
+            d.feed(Woke())
+    assert d.machine.state is not S.LEADER
+    first = next(i for i, e in enumerate(d.effects) if not isinstance(e, Log))
+    assert d.effects[first] == StopLeaderWork(), d.effects
+    assert d.effects.count(StopLeaderWork()) == 1
+    assert not d.machine.request(Request.WORK)
+
+
+def test_a_leader_that_stays_leader_drops_no_work() -> None:
+    d = Driver()
+    d.lead()
+    d.feed(Woke())
+    d.machine.request(Request.WORK)
+    d.feed(Woke(), after=10.0)
+    d.feed(Answered(True))  # the probe answered: still LEADER, the work runs next
+    assert StopLeaderWork() not in d.effects
+    assert d.call.op is Op.WORK

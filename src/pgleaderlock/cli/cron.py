@@ -135,7 +135,8 @@ def cron(
         return code
     lock, tracker = build_lock(
         common,
-        ExponentialBackoff(base_s=1.0, max_s=30.0),
+        # A server that went away is tried again within 2 s, as a lock's default does.
+        ExponentialBackoff(base_s=1.0, max_s=30.0, error_max_s=2.0),
         fencing=True,
         health_interval_s=health_interval,
         drain_s=drain,
@@ -199,6 +200,10 @@ async def _serve(
     common: Common, lock: LeaderLock, tracker: Tracker, sched: Scheduler, timing: Timing
 ) -> int:
     await preflight(common, lock)
+    # The preflight reached the server: from here on a connection error is transient
+    # (a restart, a failover), retried for as long as cron runs, even before the lock's
+    # first attempt (FailFast gives up only on a server never reached).
+    tracker.reached_server = True
     log("INFO", "cron_started", lock=lock.label, schedule=timing.spec,
         application_name=lock.application_name)  # fmt: skip
     sig: signal.Signals | None = None

@@ -26,6 +26,7 @@ from ..core import (
     LeaderLock,
     LockConfig,
     LockState,
+    RetryContext,
     RetryStrategy,
     SessionFactory,
     SessionSlot,
@@ -33,6 +34,7 @@ from ..core import (
     WaitingSession,
     bounded,
     can,
+    delay_or_give_up,
     follow_state,
     get_logger,
     is_permanent,
@@ -263,25 +265,44 @@ class Engine(abc.ABC):
         return lock
 
     async def _join(self) -> None:
-        """Start the member lock and wait until it leads (``start()`` returns after the
-        connection budget, as a lock's does after its first attempt, while it goes on
-        trying); then check the session and the tables (a refusal stops the member)."""
+        """Start the member lock and wait until it leads, then check the session and the
+        tables on it (``start()`` returns after the connection budget, as a lock's does
+        after its first attempt, while this goes on).
+
+        A check that fails for a reason retrying may mend (another session's lock holds
+        it past its bound, a terminated backend, a slow server) has cost the member lock
+        its leadership: wait for it to lead again, after the retry strategy's delay, and
+        check again. An error that retrying cannot mend (an untrusted table, a missing
+        privilege, a session that cannot serve a group), a strategy that gives up, or
+        the member lock stopping for good, ends the member with that error."""
         lock = self._member = self._member or self._member_lock_for()
         await lock.start()
-        leading = asyncio.ensure_future(lock.wait_for_leadership())
-        self._connecting = True  # a shutdown meanwhile cuts the wait short
+        budget = self.settings.config.connect_budget_s or 30.0
+        started = asyncio.get_running_loop().call_later(budget, self._set_started)
+        self._connecting = True  # a shutdown meanwhile cuts the join short
+        attempt, since = 0, time.monotonic()
         try:
-            try:
-                async with asyncio.timeout(self.settings.config.connect_budget_s or 30.0):
-                    await asyncio.shield(leading)
-            except TimeoutError:
-                self._set_started()
-            if not await leading:
-                raise lock.stop_error or ConnectionError("the member lock stopped")
+            while True:
+                if not await lock.wait_for_leadership():
+                    raise lock.stop_error or ConnectionError("the member lock stopped")
+                try:
+                    await self._call_slot(self._prepare)
+                    return
+                except Exception as exc:
+                    if is_permanent(exc, self.settings.config):
+                        raise
+                    attempt += 1
+                    ctx = RetryContext(attempt, time.monotonic() - since, exc)
+                    delay = delay_or_give_up(self.settings.retry, ctx, self._fields["lock"])
+                    log.warning("join_failed", error=repr(exc), attempt=attempt,
+                                retry_in_s=None if delay is None else round(delay, 3),
+                                **self._fields)  # fmt: skip
+                    if delay is None:
+                        raise
+                    await asyncio.sleep(delay)
         finally:
             self._connecting = False
-            leading.cancel()
-        await self._call_slot(self._prepare)
+            started.cancel()
 
     async def _prepare(self, slot: SessionSlot) -> None:
         """The member's session can serve a group, and the tables are usable."""

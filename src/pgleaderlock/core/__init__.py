@@ -23,6 +23,7 @@ from .errors import (
     ConnectionError,
     FencedError,
     MissingPrivilegeError,
+    PgLeaderLockError,
     UntrustedObjectError,
 )
 from .fencing import fence_transaction
@@ -68,6 +69,7 @@ __all__ = [
     "LockConfig",
     "LockState",
     "MissingPrivilegeError",
+    "PgLeaderLockError",
     "QuerySession",
     "RetryContext",
     "RetryStrategy",

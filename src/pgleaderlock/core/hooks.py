@@ -61,6 +61,7 @@ __all__ = [
     "callback_plugin",
     "follow_state",
     "entry_point_plugins",
+    "leadership_ended",
     "hookimpl",
     "hookspec",
     "new_plugin_manager",
@@ -246,8 +247,9 @@ StateListener = Callable[[LockState, LockState], object]
 
 
 class _StatePlugin:
-    def __init__(self, fn: StateListener) -> None:
+    def __init__(self, fn: StateListener, leaving: Callable[[], None] | None = None) -> None:
         self._fn = fn
+        self.leaving = leaving
 
 
 class _FirstStatePlugin(_StatePlugin):
@@ -266,16 +268,40 @@ class _OrderedStatePlugin(_StatePlugin):
         return self._fn(old, new)
 
 
-def follow_state(lock: LeaderLock, fn: StateListener, *, first: bool = True) -> object:
+def follow_state(
+    lock: LeaderLock,
+    fn: StateListener,
+    *,
+    first: bool = True,
+    leaving: Callable[[], None] | None = None,
+) -> object:
     """Register ``fn(old, new)`` for every state change of ``lock``, as a plugin.
 
     With ``first`` it runs before the lock's ordinary callbacks and plugins, so that
     leader-only work has stopped before they (or an unlock) run. ``fn`` may be a
     coroutine function; it runs on the lock's lifecycle task.
 
+    ``leaving()``, if given, is called synchronously the moment the lock leaves LEADER,
+    before any state-change listener runs (``fn`` included): the place to *cancel*
+    leader work, so that the work of every listener stops at once; ``fn`` then awaits
+    it. It must not block; what it raises is logged.
+
     Returns:
-        The plugin; ``lock.plugins.unregister(plugin)`` detaches it.
+        The plugin; ``lock.plugins.unregister(plugin)`` detaches it (both functions).
     """
-    plugin = _FirstStatePlugin(fn) if first else _OrderedStatePlugin(fn)
+    plugin = _FirstStatePlugin(fn, leaving) if first else _OrderedStatePlugin(fn, leaving)
     lock.plugins.register(plugin)
     return plugin
+
+
+def leadership_ended(plugins: pluggy.PluginManager, fields: dict[str, Any]) -> None:
+    """Call the ``leaving`` function of every ``follow_state`` listener of a lock that
+    has just left LEADER (see `follow_state`); an exception is logged, the others run."""
+    for _, plugin in plugins.list_name_plugin():
+        leaving = plugin.leaving if isinstance(plugin, _StatePlugin) else None
+        if leaving is None:
+            continue
+        try:
+            leaving()
+        except Exception as exc:
+            log.error("leaving_failed", error=repr(exc), exc=exc, **fields)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import os
 import socket
@@ -40,7 +41,7 @@ from .errors import (
     sqlstate,
 )
 from .fencing import Fencing
-from .hooks import On, emit, new_plugin_manager
+from .hooks import On, emit, leadership_ended, new_plugin_manager
 from .keyring import Keyring
 from .keys import check_key, check_name, key_to_oid, lock_keys
 from .leader import (
@@ -344,6 +345,7 @@ class LeaderLock(Fencing):
             fields=fields,
         )
         self._runner = Runner(self._machine, self._slot, self._emit, self._keyring(), fields)
+        self._runner.leaving = functools.partial(leadership_ended, self.plugins, fields)
 
         # Who leads (see core.leader and core.watch).
         self._metadata_json = check_metadata(metadata)

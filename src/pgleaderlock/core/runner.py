@@ -45,6 +45,7 @@ from .machine import (
     Sleep,
     StartDrain,
     Started,
+    StopLeaderWork,
     TermBlocked,
     TermBumped,
     WatchSession,
@@ -121,6 +122,9 @@ class Runner:
         # it: False when the lock is reserved for another candidate (a targeted
         # hand-over); it has then released the lock again, and the attempt failed.
         self.admit: Callable[[SessionSlot], Awaitable[bool]] | None = None
+        # Called (synchronously) the moment the lock leaves LEADER, before any callback:
+        # cancels the leader work that follows the lock (follow_state's ``leaving``).
+        self.leaving: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ for the API
 
@@ -259,6 +263,15 @@ class Runner:
                     await self._end_drain()
                 case Log():
                     self._log(effect)
+                case StopLeaderWork():
+                    self._fail_queued(
+                        ConnectionError(
+                            f"not leading ({self._machine.state.value}): the call queued "
+                            "for the session did not run"
+                        )
+                    )
+                    if self.leaving is not None:
+                        self.leaving()
                 case CloseSession():
                     await self._drop_late()  # a late call on it is abandoned
                     self._fail_queued(ConnectionError("the session was closed"))
@@ -595,7 +608,9 @@ class Runner:
                 else:
                     error = ConnectionError("the lock stopped")
                 self._fail_queued(error, *(item[2] for item in batch[i:]))
-                raise
+                if error is exc or not isinstance(exc, Exception) or isinstance(exc, Interrupted):
+                    raise
+                raise error from exc  # the lock logs what its caller got (its own bound)
             if not future.done():
                 future.set_result(result)
         return True

@@ -145,6 +145,7 @@ class Supervisor:
         self.cancel_timeout_s = cancel_timeout_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()  # cancelled, not ended yet
+        self._cancelled: dict[str, asyncio.Task[None]] = {}  # by `cancel`, not awaited yet
         self._stragglers: dict[str, asyncio.Task[None]] = {}  # outlived cancel_timeout_s
 
     @property
@@ -203,15 +204,29 @@ class Supervisor:
                      timeout_s=timeout_s)  # fmt: skip
             await asyncio.wait(running.values(), timeout=timeout_s)
 
-    async def stop(self, names: Iterable[str] | None = None) -> list[str]:
-        """Cancel the tasks of ``names`` (all when ``None``) and await them, within
-        ``cancel_timeout_s``; return the names that were running."""
-        chosen = {name: self._tasks.pop(name) for name in self._chosen(names)}
-        running = {name: task for name, task in chosen.items() if not task.done()}
-        for task in chosen.values():
+    def cancel(self, names: Iterable[str] | None = None) -> None:
+        """Cancel the tasks of ``names`` (all when ``None``) now, without waiting: the
+        next `stop` of those names awaits them (a lock that leaves LEADER cancels every
+        leader task at once, before its listeners await theirs one by one)."""
+        for name in self._chosen(names):
+            task = self._tasks.pop(name)
             task.cancel()
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
+            self._cancelled[name] = task
+
+    async def stop(self, names: Iterable[str] | None = None) -> list[str]:
+        """Cancel the tasks of ``names`` (all when ``None``) and await them, within
+        ``cancel_timeout_s``, with those `cancel` cancelled already; return the names
+        that were running."""
+        wanted = None if names is None else set(names)  # an iterator is read once
+        self.cancel(wanted)
+        chosen = {
+            name: self._cancelled.pop(name)
+            for name in list(self._cancelled)
+            if wanted is None or name in wanted
+        }
+        running = {name: task for name, task in chosen.items() if not task.done()}
         if chosen:
             _, pending = await asyncio.wait(chosen.values(), timeout=self.cancel_timeout_s)
             for name, task in chosen.items():

@@ -697,10 +697,13 @@ class _SlotLedger:
         loop = self.lock_loop()
         if loop is None:
             raise ConnectionError("the lock is not running")
-        async with asyncio.timeout(LEDGER_TIMEOUT_S):
-            if asyncio.get_running_loop() is loop:
-                return await make()
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), loop))
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                if asyncio.get_running_loop() is loop:
+                    return await make()
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), loop))
+        except TimeoutError:  # as `call`: a run skipped in one line, not a job's crash
+            raise ConnectionError(f"a ledger call took over {LEDGER_TIMEOUT_S} s") from None
 
 
 _RANDOM_ID = re.compile(r"[0-9a-f]{32}")

@@ -412,7 +412,9 @@ class LeaderSchedulerMixin:
         Raises:
             ConfigurationError: at the first tick, an entry the ledger cannot schedule
                 (later, in a schedule that changed at runtime, it is logged and left out).
-            RuntimeError: the lock has stopped (a permanent error, logged by the lock).
+            RuntimeError: the lock has stopped (a permanent error, logged by the lock),
+                or the ledger's scheduler has (a ledger table it may not use:
+                ``Scheduler.stop_error``).
         """
         settings = self._pgl_config()
         if self._pgl_closed:
@@ -426,6 +428,13 @@ class LeaderSchedulerMixin:
                 f"the leader lock {settings.lock_name!r} has stopped (see the log for why); "
                 "beat cannot go on"
             )
+        stopped = self._pgl_scheduler.stop_error if self._pgl_scheduler is not None else None
+        if stopped is not None:
+            raise RuntimeError(
+                f"the ledger's scheduler of {settings.lock_name!r} has stopped on an error "
+                f"that retrying cannot mend ({type(stopped).__name__}: {stopped}); beat "
+                "cannot go on"
+            ) from stopped
         self._pgl_sync(settings)
         self._pgl_book()
         return min(settings.tick_s, float(getattr(self, "max_interval", settings.tick_s)))

@@ -16,17 +16,22 @@ from typing import Any, Literal, TypeVar
 
 from ..core import (
     ConfigurationError,
+    ConnectionError,
     Event,
     FencedError,
     LeaderLock,
+    PgLeaderLockError,
     QuerySession,
+    RetryContext,
     SessionSlot,
     callback_plugin,
     can,
     check_identifier,
+    delay_or_give_up,
     fence_transaction,
     fetch_row,
     get_logger,
+    is_permanent,
     lock_settings,
     positive,
     run_on_session,
@@ -184,6 +189,17 @@ class Scheduler:
     running jobs are cancelled; with the lock's ``drain_s`` a graceful stop lets the
     current run finish.
 
+    The ledger's statements run on the lock's session. One that fails for a reason that
+    retrying may mend (the session lost, a statement past its bound, the leadership
+    gone, a job whose fenced transaction found its term ended) is one log line, no
+    traceback: the leadership goes with a lost session (the jobs start again at the next
+    one), else the job's loop starts again after the lock's retry strategy's delay. A
+    slot it claimed stays ``running``, for the ``interrupted`` policy of the next
+    leadership. An error that retrying cannot mend (a ledger table of an untrusted role,
+    a missing privilege) stops every job of the scheduler for good: logged as an error,
+    and kept in [`stop_error`][pgleaderlock.schedule.Scheduler.stop_error] (which
+    [`health.check(scheduler)`][pgleaderlock.health.check] reports).
+
     Args:
         lock: a [`LeaderLock`][pgleaderlock.LeaderLock] with ``fencing=True``.
         runs_table: the ledger's table of runs (created if missing and allowed; see
@@ -238,6 +254,7 @@ class Scheduler:
         self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drained.set)
         lock.plugins.register(self._drain_plugin)
         self._started = False
+        self._stop_error: PgLeaderLockError | None = None
         self.clock = ServerClock()
         """The server's time as this process estimates it."""
 
@@ -247,6 +264,12 @@ class Scheduler:
     def lock(self) -> LeaderLock:
         """The lock whose leader runs the jobs."""
         return self._lock
+
+    @property
+    def stop_error(self) -> PgLeaderLockError | None:
+        """The error that stopped every job for good (one that retrying cannot mend: a
+        ledger table another role owns, a missing privilege), or ``None``."""
+        return self._stop_error
 
     @property
     def jobs(self) -> list[Job]:
@@ -502,6 +525,38 @@ class Scheduler:
     # ------------------------------------------------------------------ the leader's loop
 
     async def _drive(self, job: Job) -> None:
+        """`_lead` ``job`` while the lock leads, through the ledger's transient errors
+        (see the class docstring): each is one log line."""
+        schedule = self.schedule_name(job.name)
+        attempt, since = 0, time.monotonic()
+        while self._stop_error is None:
+            try:
+                await self._lead(job)
+                return
+            except PgLeaderLockError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if is_permanent(exc, lock_settings(self._lock)):
+                    if self._stop_error is None:  # the first job to meet it says so
+                        self._stop_error = exc
+                        why = "an error that retrying cannot mend: every job stops"
+                        self._log("error", "scheduler_stopped", schedule=schedule,
+                                  error=error, reason=why)  # fmt: skip
+                    return
+                if not self._lock.is_leader:  # the leadership went: the next one starts it
+                    self._log("warning", "schedule_interrupted", schedule=schedule, error=error,
+                              state=self._lock.state.value)  # fmt: skip
+                    return
+                attempt += 1
+                ctx = RetryContext(attempt, time.monotonic() - since, exc)
+                delay = delay_or_give_up(self._lock.retry_strategy, ctx, self._lock.label)
+                retry_in = None if delay is None else round(delay, 3)
+                self._log("warning", "schedule_retry", schedule=schedule, error=error,
+                          attempt=attempt, retry_in_s=retry_in)  # fmt: skip
+                if delay is None:
+                    return  # given up for this leadership
+                await asyncio.sleep(delay)
+
+    async def _lead(self, job: Job) -> None:
         """While the lock leads: settle the past (interrupted runs, missed slots), then
         claim and run every slot as it falls due."""
         lock = self._lock
@@ -586,6 +641,12 @@ class Scheduler:
         error: Exception | None = None
         try:
             await job.fn(run)
+        except FencedError as exc:
+            # Its leadership ended (a fenced transaction found a newer term): not the
+            # job's failure. The slot stays running, for the interrupted policy.
+            self._log("warning", "run_interrupted", schedule=name, slot=slot.isoformat(),
+                      term=term, error=str(exc))  # fmt: skip
+            return
         except Exception as exc:
             error = exc
             trace = None if isinstance(exc, RunFailed) else exc

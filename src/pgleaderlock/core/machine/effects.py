@@ -37,6 +37,7 @@ __all__ = [
     "Sleep",
     "StartDrain",
     "Started",
+    "StopLeaderWork",
     "TermBlocked",
     "TermBumped",
     "WatchSession",
@@ -300,6 +301,16 @@ class CloseSession:
 
 
 @dataclass(frozen=True)
+class StopLeaderWork:
+    """The lock leaves LEADER: before anything else is told, fail the calls queued for
+    the leader's session ([`Request.WORK`][pgleaderlock.core.machine.Request.WORK]) that
+    have not run, and cancel the leader work that follows the lock (``follow_state``'s
+    ``leaving``), at once. Leader work may wait for such a call; the state-change
+    callbacks then stop that work and await it: were the calls failed only by the
+    session's close, after those callbacks, the lock would wait for itself."""
+
+
+@dataclass(frozen=True)
 class WatchSession:
     """Watch the idle session: its socket becoming readable sends
     [`Request.ALARM`][pgleaderlock.core.machine.Request.ALARM]."""
@@ -330,6 +341,7 @@ Effect = (
     | Emit
     | Log
     | CloseSession
+    | StopLeaderWork
     | WatchSession
     | ReleaseDone
     | StartDrain

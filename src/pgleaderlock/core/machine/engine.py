@@ -566,6 +566,10 @@ class Machine:
         transition = step(source, input_, self._conditions(stop_reported))
         self._log("debug", "input", input=input_.value, state=source.value)
         if source is S.LEADER and transition.target is not S.LEADER:
+            # Leader work stops first: queued session work fails, leader tasks are
+            # cancelled, so that the state-change callbacks (which await that work) never
+            # wait for a call that only the session's close, after them, would fail.
+            self._out.append(fx.StopLeaderWork())
             self._end_drain()  # its callbacks end before anything else is told
             self._drain_until, self._drained, self._drain_over = None, False, False
         if transition.changes_state:
@@ -586,7 +590,7 @@ class Machine:
         if self._state is S.STOPPED:
             self._stop = False
         if self._state is not S.LEADER:
-            self._work = False  # the runner fails what was queued with the session
+            self._work = False  # what was queued failed on leaving LEADER (StopLeaderWork)
         if self._state not in _LEADING:
             self._release = self._force = self._alarm = False
             if self._release_waiting:
