@@ -25,7 +25,7 @@ from .errors import (
     MissingPrivilegeError,
     UntrustedObjectError,
 )
-from .fencing import fence_transaction
+from .fencing import Leadership, fence_transaction
 from .hooks import callback_plugin, follow_state
 from .keys import check_name, lock_keys, oid_to_key
 from .leader import Target, short_session
@@ -64,6 +64,7 @@ __all__ = [
     "FencedSessions",
     "Interrupted",
     "LeaderLock",
+    "Leadership",
     "LibraryTable",
     "LockConfig",
     "LockState",
