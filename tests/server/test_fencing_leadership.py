@@ -287,6 +287,32 @@ async def test_a_leadership_binds_its_term_to_a_block_and_its_tasks(
     assert await terms_in(admin, work) == [now, now]
 
 
+async def test_a_lock_restarted_from_bound_work_leads_under_its_new_term(
+    make_lock: Callable[..., LeaderLock],
+) -> None:
+    """Work bound to term T shuts the lock down and starts it again (as a give-away of
+    ``LeaderTasks`` does from a leader task): the lock's own callbacks do not inherit
+    the binding, so they see the new leadership, not T."""
+    lock = make_lock()
+    seen: list[int] = []
+
+    @lock.on_acquired
+    def acquired() -> None:
+        seen.append(lock.leadership().term)
+
+    await lock.start()
+    assert await lock.wait_for_leadership(10)
+    began = lock.term
+    assert began is not None
+    async with lock.leadership():
+        await lock.shutdown()
+        await lock.start()
+    assert await lock.wait_for_leadership(10)
+    await eventually(lambda: len(seen) == 2, 10.0, "the second on_acquired")
+    assert seen == [began, lock.term]
+    assert began != lock.term
+
+
 def test_a_thread_of_a_threaded_lock_keeps_the_term_it_began_under(
     pg_dsn: str, tables: tuple[str, str]
 ) -> None:
