@@ -19,11 +19,11 @@ the leadership they start under to a context variable, which the tasks and threa
 they start inherit; ``lock.leadership()`` binds one explicitly.
 
 The wait is bounded both ways. ``fence()`` never waits for a bump: it fails at once on a
-row that a bump has locked (``NOWAIT``: the term is moving on). A bump waits for the old term's
-transactions for ``fencing_grace_s``, then ends their sessions: a frozen old leader, or
-one cut off from the server, cannot keep the next leader out. To be found, a fenced
-transaction marks itself with a shared transaction-level advisory lock on the key's
-``int8`` form ([`fence_marker`][pgleaderlock.core.fencing.fence_marker]).
+row that a bump has locked (``NOWAIT``: the term is moving on). A bump waits for the old
+term's transactions for ``fencing_grace_s``, then ends their sessions: a frozen old
+leader, or one cut off from the server, cannot keep the next leader out. To be found, a
+fenced transaction marks itself with a shared transaction-level advisory lock on the
+key's ``int8`` form ([`fence_marker`][pgleaderlock.core.fencing.fence_marker]).
 """
 
 from __future__ import annotations
