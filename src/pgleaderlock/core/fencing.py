@@ -270,7 +270,9 @@ class Leadership:
     @property
     def current(self) -> bool:
         """Whether this process still leads under this term, as far as it knows (the
-        server has the last word: [`fence`][pgleaderlock.Leadership.fence])."""
+        server has the last word: [`fence`][pgleaderlock.Leadership.fence]). Always
+        True for a Coordinator worker's leadership of a name: there only the server
+        decides."""
         return self._live is None or self._live() == self.term
 
     def _check(self) -> None:
