@@ -408,3 +408,37 @@ async def test_a_refused_fence_aborts_the_transaction_on_the_server(
                 await conn.close()
         await bumper.rollback()
     assert await terms_in(admin, work) == []
+
+
+# ---------------------------------------------------------------- the first fence
+
+_FIRST_FENCE = """
+import asyncio, sys, psycopg
+from pgleaderlock.core.registry import fetch_row
+
+async def main() -> None:
+    async with await psycopg.AsyncConnection.connect(sys.argv[1], connect_timeout=5) as conn:
+        async with conn.transaction():
+            assert await fetch_row(conn, "SELECT 1", ()) == (1,)
+    print(sorted(m for m in ("sqlalchemy", "asyncpg") if m in sys.modules))
+
+asyncio.run(main())
+"""
+
+
+def test_the_first_fence_imports_only_its_connections_driver(pg_dsn: str) -> None:
+    """A fence on a psycopg connection, the first in a process, does not import the
+    other installed drivers (SQLAlchemy takes seconds on a busy machine, on the event
+    loop of a leader whose lease keeps running)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_FENCE, pg_dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
