@@ -37,6 +37,7 @@ from .core.errors import (
     StandbyError,
     UntrustedObjectError,
 )
+from .core.fencing import Leadership
 from .core.hooks import hookimpl
 from .core.keys import lock_keys, slot_keys
 from .core.leader import LeaderInfo, Participant, current_leader, current_leader_sync
@@ -77,6 +78,7 @@ __all__ = [
     "LeaderChangedCallback",
     "LeaderInfo",
     "LeaderLock",
+    "Leadership",
     "LeaderTasks",
     "LockError",
     "LockNotHeldError",

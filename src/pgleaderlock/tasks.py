@@ -12,6 +12,7 @@ share.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from .core import (
     ConfigurationError,
     Event,
     LeaderLock,
+    Leadership,
     LockState,
     RetryStrategy,
     Supervisor,
@@ -56,6 +58,12 @@ class LeaderTasks:
     while the lock is not LEADER. (A task's calls on the lock's session that have not
     run fail then too, so that no stop waits for the session it is stopping.)
     When the lock is LEADER again, the tasks start again from the beginning.
+
+    With ``fencing=True`` each task runs bound to the leadership it was started under
+    (a [`Leadership`][pgleaderlock.Leadership]): ``lock.fence(conn)`` in it, and in
+    the tasks and threads it starts, fences with that term, and is refused once that
+    leadership has ended, even if the lock leads again by then (a unit of work finished
+    inside ``asyncio.shield``, or after swallowing its cancellation).
 
     A task that raises is logged and restarted after the delay its retry strategy gives
     (the lock's own strategy by default); leadership is not affected, unless
@@ -291,7 +299,11 @@ class LeaderTasks:
         await self._tasks.drain()
 
     def _start(self, name: str) -> None:
-        self._tasks.start(name, self._functions[name], until=lambda: self._lock.draining)
+        fn = self._functions[name]
+        term = self._lock.term  # the leadership it starts under (None without fencing)
+        if term is not None:
+            fn = functools.partial(_under, self._lock.leadership(term=term), fn)
+        self._tasks.start(name, fn, until=lambda: self._lock.draining)
 
     def _gave_up(self, task: str) -> None:
         """A task crashed too often: with ``give_away_after_crashes``, give the
@@ -328,3 +340,10 @@ class LeaderTasks:
             self._paused_until = None
             if self._cooldown is asyncio.current_task():
                 self._cooldown = None
+
+
+async def _under(leadership: Leadership, fn: TaskFunction) -> object:
+    """Run ``fn()`` bound to the leadership it was started under: its fences (and those
+    of the tasks and threads it starts) are refused once that leadership has ended."""
+    with leadership:
+        return await fn()

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Self
 
 from .core.errors import ConfigurationError, ShutdownError
+from .core.fencing import Leadership
 from .core.lock import LeaderLock
 from .core.models import LockState
 
@@ -131,7 +132,31 @@ class ThreadedLeaderLock:
 
     # ------------------------------------------------------------------ fencing
 
-    def fence(self, conn: object) -> int:
+    def leadership(self, *, term: int | None = None) -> Leadership:
+        """The leadership the calling thread works under (thread-safe): as
+        [`LeaderLock.leadership`][pgleaderlock.LeaderLock.leadership]. Bind it to a
+        unit of work with ``with``, so that the unit's fences are refused once that
+        leadership has ended, even if the lock leads again by then:
+
+        ```python
+        with lock.leadership():              # this thread's work: the current term
+            rows = read_batch()
+            with conn.transaction():
+                lock.fence(conn)             # FencedError once that term has ended
+                write(conn, rows)
+        ```
+
+        A thread started inside the block does not inherit it, unless it runs in a
+        copy of the context (``contextvars.copy_context().run``); the APScheduler
+        helpers bind each run's leadership themselves.
+
+        Raises:
+            FencedError: no leadership is bound and the lock is not LEADER.
+            ConfigurationError: the lock has no fencing.
+        """
+        return self._lock.leadership(term=term)
+
+    def fence(self, conn: object, *, term: int | None = None) -> int:
         """Fence the caller's transaction on a synchronous psycopg ``Connection``: call
         it inside the transaction, first (before its writes, and before the reads they
         depend on); the transaction may commit only if this returns. Any thread may
@@ -139,7 +164,10 @@ class ThreadedLeaderLock:
         new leader's term bump holds the row). It calls
         [`LeaderLock.fence_sync`][pgleaderlock.LeaderLock.fence_sync].
 
-        It takes a shared lock on the lock's term row until the transaction ends, so
+        It fences with the term of the leadership the calling thread works under (a
+        ``with lock.leadership():`` block, an APScheduler helper's run; else the lock's
+        current term), or with ``term``. The server checks that the lock's term row still
+        holds it, and keeps a shared lock on the row until the transaction ends, so
         the next leader's term bump waits for this transaction: a transaction fenced
         here under term *t* that commits is ordered before every transaction fenced
         under a later term. See the Fencing page of the documentation.
@@ -157,23 +185,26 @@ class ThreadedLeaderLock:
         Args:
             conn: a psycopg ``Connection`` inside a transaction (``with
                 conn.transaction():``, or a connection not in autocommit mode).
+            term: fence with this term (one handed on from where the work began).
 
         Returns:
             The term the transaction runs under.
 
         Raises:
-            FencedError: this lock is not LEADER, or its term has moved on: roll back.
+            FencedError: the leadership the work runs under has ended (this lock is not
+                LEADER, or leads under another term, or the term has moved on): roll
+                back.
             ConfigurationError: the lock has no fencing, or ``conn`` is not in a
                 transaction, or not a synchronous psycopg connection.
         """
-        return self._lock.fence_sync(conn)
+        return self._lock.fence_sync(conn, term=term)
 
     @contextlib.contextmanager
-    def fenced(self, conn: object) -> Iterator[int]:
+    def fenced(self, conn: object, *, term: int | None = None) -> Iterator[int]:
         """``with lock.fenced(conn) as term:``:
         [`fence`][pgleaderlock.ThreadedLeaderLock.fence] on entry; the caller's
         transaction then commits or rolls back as usual."""
-        yield self.fence(conn)
+        yield self.fence(conn, term=term)
 
     # ------------------------------------------------------------------ lifecycle
 

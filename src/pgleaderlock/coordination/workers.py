@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from ..core import ConfigurationError, LibraryTable, Supervisor, fence_transaction, fetch_row
+from ..core import ConfigurationError, Leadership, LibraryTable, Supervisor, fetch_row
 from .protocol import checkpoint_name, name_keys
 
 if TYPE_CHECKING:
@@ -71,11 +71,15 @@ class WorkerContext:
         self.term = term
         self.member = member
         self.group = group
-        self._terms = terms
         self._checkpoints = checkpoints
         self._keys = name_keys(group, name)
         self._stored_as = checkpoint_name(group, name)
         self._draining = False
+        # The name's leadership this worker began under: its fences follow it, not the
+        # member's current term of the name (as a lock's leader tasks do).
+        self._leadership = None
+        if terms is not None and term is not None:
+            self._leadership = Leadership(self, name, term, terms, self._keys)
 
     @property
     def draining(self) -> bool:
@@ -86,20 +90,22 @@ class WorkerContext:
         return self._draining
 
     async def fence(self, conn: object) -> int:
-        """Fence the caller's transaction on ``conn`` with this name's term (like
-        [`LeaderLock.fence`][pgleaderlock.LeaderLock.fence]); call it before the
-        transaction's writes.
+        """Fence the caller's transaction on ``conn`` with the term of this worker's
+        leadership of the name (a [`Leadership`][pgleaderlock.Leadership], as
+        [`LeaderLock.fence`][pgleaderlock.LeaderLock.fence] in a leader task): refused
+        once that leadership has ended, even if this member leads the name again. Call
+        it before the transaction's writes.
 
         Raises:
             FencedError: a newer leadership of this name has begun: roll back.
             ConfigurationError: the coordinator has no fencing, or ``conn`` is not in a
                 transaction.
         """
-        if self._terms is None or self.term is None:
+        if self._leadership is None:
             raise ConfigurationError(
                 "fenced work and checkpoints need Coordinator(..., fencing=True)"
             )
-        return await fence_transaction(conn, self._terms, self._keys, self.term, self.name)
+        return await self._leadership.fence(conn)
 
     async def load_checkpoint(self, conn: object) -> int | None:
         """The name's last saved position (or ``None``), read in the caller's

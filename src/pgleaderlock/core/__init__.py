@@ -26,7 +26,7 @@ from .errors import (
     PgLeaderLockError,
     UntrustedObjectError,
 )
-from .fencing import fence_transaction
+from .fencing import Leadership, fence_transaction
 from .hooks import callback_plugin, follow_state
 from .keys import check_name, lock_keys, oid_to_key
 from .leader import Target, short_session
@@ -65,6 +65,7 @@ __all__ = [
     "FencedSessions",
     "Interrupted",
     "LeaderLock",
+    "Leadership",
     "LibraryTable",
     "LockConfig",
     "LockState",

@@ -40,7 +40,7 @@ from .errors import (
     ShutdownError,
     sqlstate,
 )
-from .fencing import Fencing
+from .fencing import Fencing, unbound
 from .hooks import On, emit, leadership_ended, new_plugin_manager
 from .keyring import Keyring
 from .keys import check_key, check_name, key_to_oid, lock_keys
@@ -833,7 +833,9 @@ class LeaderLock(Fencing):
         if not self._eligible:
             return  # an observer: no lifecycle task, no lock session
         name = f"pgleaderlock-{self._key1}-{self._key2}"
-        await asyncio.shield(self._runner.start(name, self._external_stop))
+        with unbound(self):  # started from leader work (a give-away): not under its term
+            started = self._runner.start(name, self._external_stop)
+        await asyncio.shield(started)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """Release the lock (if held), close the session and stop the task. Idempotent.

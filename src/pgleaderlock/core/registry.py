@@ -30,6 +30,7 @@ How ``LeaderLock(dsn, ..., backend=None)`` picks one (`resolve`):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -292,7 +293,7 @@ async def fetch_row(conn: object, template: str, values: tuple[object, ...]) -> 
         ConfigurationError: no installed backend knows ``conn``, or it is not in a
             transaction.
     """
-    for name in available():
+    for name in _knowing(conn):
         fetch = _load(name).fetch_row
         pending = None if fetch is None else fetch(conn, template, values)
         if pending is not None:
@@ -308,7 +309,7 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object]:
     Raises:
         ConfigurationError: no installed backend knows ``conn``.
     """
-    for name in available():
+    for name in _knowing(conn):
         begin = _load(name).transaction
         found = None if begin is None else begin(conn)
         if found is not None:
@@ -318,12 +319,30 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object]:
 
 def fetch_row_sync(conn: object, template: str, values: tuple[object, ...]) -> Row | None:
     """[`fetch_row`][pgleaderlock.core.registry.fetch_row] for a synchronous connection."""
-    for name in available():
+    for name in _knowing(conn):
         fetch = _load(name).fetch_row_sync
         found = None if fetch is None else fetch(conn, template, values)
         if found is not None:
             return found[0]
     raise _unknown_connection(conn)
+
+
+def _knowing(conn: object) -> Iterator[str]:
+    """The backends to ask about a caller's connection, lazily: first the one named like
+    the connection's package (``psycopg``, ``asyncpg``, ``sqlalchemy``), if registered
+    and importable, so that a fence does not import every installed driver (SQLAlchemy
+    takes a second or more) on the event loop; then the other available ones."""
+    package = type(conn).__module__.partition(".")[0]
+    first = None
+    if package in _entry_points():
+        try:
+            _load(package)
+        except BackendUnavailableError:
+            pass
+        else:
+            first = package
+            yield package
+    yield from (name for name in available() if name != first)
 
 
 def _unknown_connection(conn: object) -> ConfigurationError:

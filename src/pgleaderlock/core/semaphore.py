@@ -24,8 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Self, cast
 
-from .errors import ConfigurationError, FencedError
-from .fencing import fence_transaction, fence_transaction_sync
+from .errors import ConfigurationError
 from .keyring import Keyring
 from .keys import lock_keys, slot_keys
 from .lock import LeaderLock
@@ -127,7 +126,7 @@ class Semaphore(LeaderLock):
     [`slot_keys(name, slots)`][pgleaderlock.slot_keys] (never those of another name), so
     `pgleaderlock status --all` shows who holds which slot. With ``fencing=True`` each
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
-    [`fence`][pgleaderlock.Semaphore.fence] fences against the holder of that slot only.
+    [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 
     A holder whose hold ends (``step_down()``, a lost session) leaves its slot to the
     waiting followers for ``HANDOVER_RESCANS`` rescans before it asks for it again.
@@ -212,25 +211,10 @@ class Semaphore(LeaderLock):
         slot = "" if self.slot is None else f" slot={self.slot}"
         return f"<Semaphore name={self.name!r} slots={self.slots}{slot} state={self.state.value}>"
 
-    async def fence(self, conn: object) -> int:
-        """[`LeaderLock.fence`][pgleaderlock.LeaderLock.fence] against the held slot's
+    def _fence_keys(self) -> tuple[int, int] | None:
+        """Fencing is per slot: a [`Leadership`][pgleaderlock.Leadership] of a semaphore
+        (and so [`fence`][pgleaderlock.LeaderLock.fence]) fences against the held slot's
         term: the next holder of *this slot* waits for the transaction; holders of other
-        slots do not (they have terms of their own).
-
-        Raises:
-            FencedError: not holding a slot, or the slot's term has moved on.
-            ConfigurationError: as for `LeaderLock.fence`.
-        """
-        table, term = self._fencing()
-        return await fence_transaction(conn, table, self._fenced_keys(), term, self.label)
-
-    def fence_sync(self, conn: object) -> int:
-        """[`fence`][pgleaderlock.Semaphore.fence] for a synchronous connection."""
-        table, term = self._fencing()
-        return fence_transaction_sync(conn, table, self._fenced_keys(), term, self.label)
-
-    def _fenced_keys(self) -> tuple[int, int]:
-        keys = self.held_keys
-        if keys is None:
-            raise FencedError(f"{self.label} holds no slot (state {self.state.value})")
-        return keys
+        slots do not (they have terms of their own). Not holding a slot:
+        ``FencedError``."""
+        return self.held_keys

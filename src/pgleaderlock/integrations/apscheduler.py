@@ -69,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from ..coordination import Coordinator, WorkerContext
 from ..core._logging import get_logger
 from ..core.errors import ConfigurationError, FencedError
+from ..core.fencing import Leadership as FencingToken
 from ..core.lock import LeaderLock, lock_settings
 from ..core.models import LockState
 from ..schedule.scheduler import (
@@ -128,18 +129,17 @@ def current_term() -> int | None:
     creates or in ``asyncio.to_thread`` (each copies the run's context). The value is
     fixed for the run: it is the lock's [`term`][pgleaderlock.LeaderLock.term] when
     the run was let through, even if the lock has since lost and regained leadership
-    under a newer term. So a run can tell whether it still works under the leadership
-    it began in (``lock.fence(conn) != current_term()``: it does not), and can hand
-    that term to an external system as a fencing token.
+    under a newer term. The run is bound to that leadership: ``lock.fence(conn)`` in it
+    fences with this term, and is refused once that leadership has ended, even if the
+    lock leads again. The term is also the token to hand to an external system.
 
     ```python
     @leader_only(lock)
     async def relay() -> None:
         term = current_term()
         async with await psycopg.AsyncConnection.connect(DSN) as conn, conn.transaction():
-            if await lock.fence(conn) != term:
-                raise RuntimeError("leadership changed since this run began")
-            ...
+            await lock.fence(conn)  # with `term`: FencedError once it has ended
+            await publish(conn, fencing_term=term)
     ```
 
     Returns:
@@ -176,11 +176,17 @@ def _leadership(lock: LeaderLock) -> tuple[bool, int | None]:
     return True, term
 
 
-def _run_context(term: int | None, ctx: WorkerContext | None) -> contextvars.Context:
+def _run_context(
+    term: int | None, ctx: WorkerContext | None, lead: FencingToken | None = None
+) -> contextvars.Context:
+    """The context a run runs in: its term and worker context, and bound to the
+    leadership it started under (``lock.fence(conn)`` in it fences with that term)."""
     context = contextvars.copy_context()
     context.run(_RUN_TERM.set, (term,))
     if ctx is not None:
         context.run(_RUN_CONTEXT.set, ctx)
+    if lead is not None:
+        context.run(lead.__enter__)  # left bound: the context ends with the run
     return context
 
 
@@ -255,6 +261,10 @@ class _Gate(abc.ABC):
     def _skip(self, fn: Callable[..., Any]) -> None:
         """Log a skipped run."""
 
+    def _bind(self, term: int | None) -> FencingToken | None:
+        """The leadership of ``term`` that a run is bound to (``None``: none)."""
+        return None
+
     @overload
     def __call__(
         self, fn: Callable[P, Coroutine[Any, Any, R]]
@@ -278,7 +288,7 @@ class _Gate(abc.ABC):
             if not leads:
                 self._skip(fn)
                 return None
-            return _run_context(term, ctx).run(fn, *args, **kwargs)
+            return _run_context(term, ctx, self._bind(term)).run(fn, *args, **kwargs)
 
         return run_if_leader
 
@@ -293,7 +303,7 @@ class _Gate(abc.ABC):
                 if not leads:
                     run = None
                 else:
-                    context = _run_context(term, ctx)
+                    context = _run_context(term, ctx, self._bind(term))
                     run = _Run(loop, loop.create_task(fn(*args, **kwargs), context=context))
                     self._runs[run.task] = run
             if run is None:
@@ -359,6 +369,9 @@ class _LeaderOnly(_Gate):
         leads, term = _leadership(self._lock)
         return leads, term, None
 
+    def _bind(self, term: int | None) -> FencingToken | None:
+        return None if term is None else self._lock.leadership(term=term)
+
     def _skip(self, fn: Callable[..., Any]) -> None:
         log.info(
             "job_skipped",
@@ -387,7 +400,9 @@ def leader_only(lock: Leadership) -> _LeaderOnly:
 
     Inside a run, [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
     returns the fencing term of the leadership the run started under (with
-    ``fencing=True``).
+    ``fencing=True``), and ``lock.fence(conn)`` fences with it: a run that outlives its
+    leadership (a sync run, or one that finishes after a loss) is refused, even if the
+    lock leads again by then.
 
     Args:
         lock: a [`LeaderLock`][pgleaderlock.LeaderLock] (same event loop as the scheduler) or
@@ -792,7 +807,7 @@ class _SlotJob:
         self._claimed(run, due)
         if run is None:
             return None
-        context = _run_context(run.term, None)
+        context = _run_context(run.term, None, ledger.lock.leadership(term=run.term))
         context.run(_RUN.set, run)
         try:
             result = context.run(job.func, *job.args, **job.kwargs)
@@ -818,7 +833,7 @@ class _SlotJob:
         self._claimed(run, due)
         if run is None:
             return None
-        context = _run_context(run.term, None)
+        context = _run_context(run.term, None, ledger.lock.leadership(term=run.term))
         context.run(_RUN.set, run)
         task = asyncio.get_running_loop().create_task(
             job.func(*job.args, **job.kwargs), context=context

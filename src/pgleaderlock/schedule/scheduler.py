@@ -183,6 +183,10 @@ class Scheduler:
         await serve_forever()
     ```
 
+    A job runs bound to the leadership that claimed its slot (``run.term``):
+    ``lock.fence(conn)`` in it (and in the tasks and threads it starts) fences with that
+    term, and is refused once that leadership has ended, even if the lock leads again.
+
     Runs of one job never overlap: a slot that falls due while the previous run is still
     going waits for it (and is then late, see ``misfire_grace_s``). A job that raises is
     recorded as ``failed`` and the next slot runs as usual. When leadership is lost the
@@ -640,7 +644,8 @@ class Scheduler:
         run = Run(self, name, slot, term, attempt, started)
         error: Exception | None = None
         try:
-            await job.fn(run)
+            with self._lock.leadership(term=term):  # its fences: this term's, even if led again
+                await job.fn(run)
         except FencedError as exc:
             # Its leadership ended (a fenced transaction found a newer term): not the
             # job's failure. The slot stays running, for the interrupted policy.
