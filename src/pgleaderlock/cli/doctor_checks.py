@@ -14,7 +14,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS
@@ -22,6 +22,9 @@ from ..core.errors import ConfigurationError, MissingPrivilegeError, UntrustedOb
 from ..core.leader import ParticipantTable
 from ..core.tables import LibraryTable, TableCheck, TermTable
 from .exits import EXIT_OK
+
+if TYPE_CHECKING:
+    from .doctor_ledger import LedgerFacts
 
 __all__ = [
     "EXIT_DOCTOR_FAILED",
@@ -137,6 +140,7 @@ class Facts:
     path_hazards: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, str | None] = field(default_factory=dict)
     tables: list[TableFacts] = field(default_factory=list)
+    ledger: LedgerFacts | None = None
 
 
 # ---------------------------------------------------------------------- verdicts
@@ -145,15 +149,19 @@ class Facts:
 def evaluate(facts: Facts, plan: Plan) -> list[Check]:
     """Every check's verdict from ``facts`` (behind a pooler that shares its server
     connections, only the pooler's: the rest cannot be read reliably through it)."""
+    from .doctor_ledger import ledger_check  # it builds on this module's Check
+
     checks = [_pooler(facts)]
     if facts.pooler == "shared":
         return checks
+    ledger = None if facts.ledger is None else ledger_check(facts.ledger)
     checks += [
         _standby(facts),
         _version(facts),
         _keepalives(facts),
         _connections(facts, plan),
         *(_table(t) for t in facts.tables),
+        *([ledger] if ledger is not None else []),
         _search_path(facts),
         _logging(facts, plan),
     ]

@@ -137,7 +137,7 @@ class BeatSettings:
             ``fencing_schema``, ...).
         worker_dsn: ``pgleaderlock_worker_dsn`` (default: ``dsn``): the DSN a worker's
             [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] guard connects with
-            (a role with only ``SELECT, UPDATE`` on the runs table will do).
+            (a role with only what ``pgleaderlock sql --worker-role`` grants will do).
         guard_timeout_s: ``pgleaderlock_guard_timeout_s`` (default 10): bounds the
             guard's call before each task of a slot (connect, check, update).
     """
