@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from typing import Self
 
+from .core.config import not_negative, positive
 from .core.errors import ConfigurationError, ShutdownError
 from .core.lock import LeaderLock
 from .core.models import LockState
@@ -58,7 +59,7 @@ class ThreadedLeaderLock:
         if not isinstance(lock, LeaderLock):
             raise ConfigurationError(f"ThreadedLeaderLock needs a LeaderLock, got {lock!r}")
         self._lock = lock
-        self._start_timeout_s = start_timeout_s
+        self._start_timeout_s = positive("start_timeout_s", start_timeout_s)
         self._mutex = threading.Lock()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -251,6 +252,7 @@ class ThreadedLeaderLock:
         Returns:
             True once LEADER; False after ``timeout_s``, or when the lock is not running.
         """
+        timeout_s = None if timeout_s is None else not_negative("timeout_s", timeout_s)
         with self._changed:
             self._changed.wait_for(
                 lambda: self._lock.is_leader or not self.running, timeout=timeout_s

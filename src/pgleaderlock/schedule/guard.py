@@ -26,6 +26,7 @@ from ..core import (
     TableSession,
     Target,
     check_identifier,
+    check_name,
     check_roles,
     get_logger,
     positive,
@@ -86,7 +87,7 @@ class SlotGuard:
             check_roles(trusted_roles),
         )
         self._target = Target.of(dsn, backend, self._timeout_s)
-        self._worker = worker
+        self._worker = None if worker is None else check_name(worker, "worker")
 
     @property
     def table(self) -> RunTable:
