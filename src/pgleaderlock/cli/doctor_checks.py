@@ -21,6 +21,7 @@ from ..core.config import SAFE_SETTINGS
 from ..core.errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
 from ..core.leader import ParticipantTable
 from ..core.tables import LibraryTable, TableCheck, TermTable
+from ..core.text import printable
 from .exits import EXIT_OK
 
 if TYPE_CHECKING:
@@ -514,11 +515,13 @@ def render_checks(checks: Sequence[Check], header: str, width: int | None = None
             text, max(width, 60), subsequent_indent=" " * indent, break_on_hyphens=False
         )
 
-    lines = [header, ""]
+    # Role, schema and setting names and the server's messages are any role's text:
+    # shown escaped (pgleaderlock.core.text.printable), never applied to the terminal.
+    lines = [printable(header), ""]
     for c in checks:
-        lines += wrapped(f"{c.verdict.upper():4}  {c.check}: {c.summary}", 6)
+        lines += wrapped(printable(f"{c.verdict.upper():4}  {c.check}: {c.summary}"), 6)
         if c.fix and c.verdict != "pass":
-            lines += wrapped(f"      fix: {c.fix}", 11)
+            lines += wrapped(printable(f"      fix: {c.fix}"), 11)
     counts = {v: sum(c.verdict == v for c in checks) for v in ("pass", "warn", "fail")}
     lines += ["", f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed"]
     return "\n".join(lines)
