@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core.config import optional_positive, positive
 from .core.lock import LeaderLock
 from .core.machine import describe
 from .core.models import LockState
@@ -134,7 +135,12 @@ def check(
 
     Returns:
         The [`HealthReport`][pgleaderlock.health.HealthReport].
+
+    Raises:
+        ConfigurationError: a bound that is not a positive, finite number.
     """
+    stall_s = positive("stall_s", stall_s)
+    failing_s = optional_positive("failing_s", failing_s)
     scheduler = lock if isinstance(lock, Scheduler) else None
     inner = lock.lock if isinstance(lock, ThreadedLeaderLock | Scheduler) else lock
     stats = inner.statistics()

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from typing import Self
 
+from .core.config import not_negative, positive
 from .core.errors import ConfigurationError, ShutdownError
 from .core.fencing import Leadership
 from .core.lock import LeaderLock
@@ -59,7 +60,7 @@ class ThreadedLeaderLock:
         if not isinstance(lock, LeaderLock):
             raise ConfigurationError(f"ThreadedLeaderLock needs a LeaderLock, got {lock!r}")
         self._lock = lock
-        self._start_timeout_s = start_timeout_s
+        self._start_timeout_s = positive("start_timeout_s", start_timeout_s)
         self._mutex = threading.Lock()
         # Callers blocked in wait_for_leadership(): released when the thread ends, even
         # if the loop closed before their coroutine could run.
@@ -292,6 +293,7 @@ class ThreadedLeaderLock:
                 on an error that retrying cannot mend.
             RuntimeError: when called from the lock's own thread (a callback).
         """
+        timeout_s = None if timeout_s is None else not_negative("timeout_s", timeout_s)
         loop = self._loop
         if loop is None or not self.running:
             return False

@@ -43,13 +43,17 @@ def test_the_cli_page_shows_what_the_command_prints() -> None:
 
 
 def test_the_cli_page_shows_a_worker_roles_grants() -> None:
-    command = "pgleaderlock sql --schema pgleaderlock --role app --worker-role worker | tail -3"
+    command = "pgleaderlock sql --schema pgleaderlock --role app --worker-role worker | tail -8"
     page = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
     shown = page.split(f"$ {command}\n", 1)[1].split("```", 1)[0]
     result = sql("--schema", "pgleaderlock", "--role", "app", "--worker-role", "worker")
     assert result.returncode == 0, result.stderr
-    assert shown.splitlines() == result.stdout.splitlines()[-3:]
-    assert 'GRANT SELECT, UPDATE ON "pgleaderlock"."pgleaderlock_runs" TO "worker";' in shown
+    assert shown.splitlines() == result.stdout.splitlines()[-8:]
+    assert 'REVOKE ALL ON "pgleaderlock"."pgleaderlock_runs" FROM "worker";' in shown
+    assert (
+        "GRANT SELECT (schedule, slot, term, outcome, finished_at), UPDATE (outcome, "
+        'finished_at, detail) ON "pgleaderlock"."pgleaderlock_runs" TO "worker";'
+    ) in shown
 
 
 def test_a_role_and_a_schema_give_the_grants_to_run() -> None:

@@ -497,9 +497,14 @@ def lock_timeout_ms(timeout_s: float) -> int:
         timeout_s: how long the wait may last, in seconds.
 
     Returns:
-        Whole milliseconds, at least 1.
+        Whole milliseconds, at least 1 and at most ``INT_MAX`` (about 24.8 days, the
+        most the setting takes: a longer wait, say a retry strategy's delay, ends
+        there and is counted as one that was not granted).
     """
-    return max(1, round(timeout_s * 1000))
+    return min(_INT_MAX, max(1, round(timeout_s * 1000)))
+
+
+_INT_MAX = 2**31 - 1
 
 
 @functools.cache

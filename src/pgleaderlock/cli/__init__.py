@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 
 from .. import __version__
 from ..core._logging import mask_dsn
+from ..core.text import printable
 from . import exits
 from .acquire import acquire
 from .cron import cron
@@ -128,14 +129,14 @@ def run_cli(args: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "pgleaderlock"
-        message = " ".join(mask_dsn(exc.format_message()).split())
+        message = printable(" ".join(mask_dsn(exc.format_message()).split()))
         click.echo(f"{where}: error: {message} (see '{where} --help')", err=True)
         return exc.exit_code
     except CliError as exc:
         click.echo(f"{exc.where}: error: {exc.format_message()}", err=True)
         return exc.exit_code
     except click.ClickException as exc:
-        message = " ".join(mask_dsn(exc.format_message()).split())
+        message = printable(" ".join(mask_dsn(exc.format_message()).split()))
         click.echo(f"pgleaderlock: error: {message}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:

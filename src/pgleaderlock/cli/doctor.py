@@ -21,6 +21,9 @@ check (``pass``, ``warn``, ``fail``), each with what to do about it:
   library checks them before use (`pgleaderlock.core.tables.TableCheck`): another role's
   table or schema fails, a missing grant fails, a missing table the role may create
   passes;
+- **ledger**: the runs table's ``CHECK`` on ``outcome``, its row-level security, and
+  what workers' roles hold on it (`pgleaderlock.cli.doctor_ledger`): a warning when a
+  worker's role could rewrite the ledger's history;
 - **search_path**: schemas on the role's path that other roles can create objects in, or
   that come before ``pg_catalog`` (the library's own sessions are immune: they set a safe
   path; your application's queries are not);
@@ -58,7 +61,7 @@ from ..core.errors import ConfigurationError
 from ..core.leader import ParticipantTable
 from ..core.registry import without_driver
 from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck, TermTable
-from ..schedule.ledger import RunTable, ScheduleTable
+from ..schedule.ledger import OUTCOME_CHECK, RunTable, ScheduleTable
 from .doctor_checks import (
     Facts,
     Mode,
@@ -70,6 +73,7 @@ from .doctor_checks import (
     sessions_needed,
     terminal_width,
 )
+from .doctor_ledger import LEDGER_QUERY, LedgerFacts
 from .exits import CliError, first_line
 from .options import log_options, positive, resolve_dsn, seconds_option
 from .render import json_default
@@ -235,6 +239,8 @@ async def _read(conn: Conn, options: _Options, f: Facts) -> None:
         f.settings[name] = value
     for table in options.tables:
         f.tables.append(await _table_facts(conn, options, table))
+        if isinstance(table, RunTable):
+            f.ledger = await _ledger_facts(conn, options, table)
 
 
 async def _pooler_mode(conn: Conn, options: _Options, f: Facts) -> Literal["session", "shared"]:
@@ -316,6 +322,18 @@ async def _table_facts(conn: Conn, options: _Options, table: LibraryTable) -> Ta
     except psycopg.Error as exc:
         return TableFacts(table, error=first_line(exc))
     return TableFacts(table, TableCheck(table, *row[:9]))
+
+
+async def _ledger_facts(conn: Conn, options: _Options, table: RunTable) -> LedgerFacts:
+    values = {"schema": table.schema, "name": table.name, "check": OUTCOME_CHECK}
+    try:
+        (row,) = await _rows(conn, options, LEDGER_QUERY, values)
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        return LedgerFacts(table, error=first_line(exc))
+    rls, outcome_check, policies, grants = row
+    return LedgerFacts(table, rls, bool(outcome_check), list(policies), list(grants or []))
 
 
 # ---------------------------------------------------------------------- command

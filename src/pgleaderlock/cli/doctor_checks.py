@@ -14,14 +14,18 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS
 from ..core.errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
 from ..core.leader import ParticipantTable
 from ..core.tables import LibraryTable, TableCheck, TermTable
+from ..core.text import printable
 from .exits import EXIT_OK
+
+if TYPE_CHECKING:
+    from .doctor_ledger import LedgerFacts
 
 __all__ = [
     "EXIT_DOCTOR_FAILED",
@@ -137,6 +141,7 @@ class Facts:
     path_hazards: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, str | None] = field(default_factory=dict)
     tables: list[TableFacts] = field(default_factory=list)
+    ledger: LedgerFacts | None = None
 
 
 # ---------------------------------------------------------------------- verdicts
@@ -145,15 +150,19 @@ class Facts:
 def evaluate(facts: Facts, plan: Plan) -> list[Check]:
     """Every check's verdict from ``facts`` (behind a pooler that shares its server
     connections, only the pooler's: the rest cannot be read reliably through it)."""
+    from .doctor_ledger import ledger_check  # it builds on this module's Check
+
     checks = [_pooler(facts)]
     if facts.pooler == "shared":
         return checks
+    ledger = None if facts.ledger is None else ledger_check(facts.ledger)
     checks += [
         _standby(facts),
         _version(facts),
         _keepalives(facts),
         _connections(facts, plan),
         *(_table(t) for t in facts.tables),
+        *([ledger] if ledger is not None else []),
         _search_path(facts),
         _logging(facts, plan),
     ]
@@ -506,11 +515,13 @@ def render_checks(checks: Sequence[Check], header: str, width: int | None = None
             text, max(width, 60), subsequent_indent=" " * indent, break_on_hyphens=False
         )
 
-    lines = [header, ""]
+    # Role, schema and setting names and the server's messages are any role's text:
+    # shown escaped (pgleaderlock.core.text.printable), never applied to the terminal.
+    lines = [printable(header), ""]
     for c in checks:
-        lines += wrapped(f"{c.verdict.upper():4}  {c.check}: {c.summary}", 6)
+        lines += wrapped(printable(f"{c.verdict.upper():4}  {c.check}: {c.summary}"), 6)
         if c.fix and c.verdict != "pass":
-            lines += wrapped(f"      fix: {c.fix}", 11)
+            lines += wrapped(printable(f"      fix: {c.fix}"), 11)
     counts = {v: sum(c.verdict == v for c in checks) for v in ("pass", "warn", "fail")}
     lines += ["", f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed"]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import signal
 import click
 
 from ..core._logging import mask_dsn
+from ..core.text import printable
 
 __all__ = [
     "EXIT_CANNOT_EXECUTE",
@@ -38,21 +39,24 @@ class CliError(click.ClickException):
     """A one-line error for the user; the command exits with ``exit_code`` (2).
 
     Passwords are masked. Messages put a DSN last: a masked ``password=***`` swallows
-    what follows it up to the next space.
+    what follows it up to the next space. A message may quote the server, or a name
+    another role chose: control, bidi and separator characters are shown escaped
+    (`pgleaderlock.core.text.printable`).
     """
 
     exit_code = EXIT_USAGE
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(mask_dsn(message).split()))
+        super().__init__(printable(" ".join(mask_dsn(message).split())))
         ctx = click.get_current_context(silent=True)
         self.where = ctx.command_path if ctx is not None else "pgleaderlock"
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message, or its type name when it has none."""
+    """The first line of ``exc``'s message (printable: a server's message may quote
+    another role's names), or its type name when it has none."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return printable(text.splitlines()[0]) if text else type(exc).__name__
 
 
 def signal_exit(sig: signal.Signals) -> int:

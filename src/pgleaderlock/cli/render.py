@@ -4,6 +4,13 @@
 `render_all` lays out every advisory lock as an aligned table; `render_group` a
 coordinator group's members and who leads what, as two tables; `json_default` lets
 ``json.dumps`` write the reports' timestamps.
+
+Every string of a report may have been written by another role (an
+``application_name``, a participant's ``identity`` and metadata, a run's ``holder``,
+``outcome`` and ``detail``, a role's name): each text renderer first passes the whole
+report through `pgleaderlock.core.text.printable_tree`, so that no control, bidi or
+separator character reaches the terminal (each is shown escaped, ``\x1b``). The JSON
+output is the report itself (JSON escapes such characters by itself).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+from ..core.text import printable_tree
 
 __all__ = ["json_default", "render_all", "render_group", "render_one", "schedule_lines"]
 
@@ -68,6 +77,7 @@ def _impostor_note(report: dict[str, Any]) -> list[str]:
 
 def render_one(report: dict[str, Any]) -> str:
     """One lock: its keys, the database, the holder (or "free"), the waiting sessions."""
+    report = printable_tree(report)
     lock = report["lock"]
     keys = f"key1={lock['key1']}, key2={lock['key2']}"
     lines = [
@@ -115,8 +125,12 @@ def _published(session: dict[str, Any]) -> list[str]:
     parts = [f"identity {session['identity']}"]
     if session.get("priority") is not None:
         parts.append(f"priority {session['priority']}")
-    if session.get("metadata") is not None:
-        parts.append("metadata " + json.dumps(session["metadata"], sort_keys=True))
+    metadata = session.get("metadata")
+    if metadata is not None:  # JSON text already (printable_tree), or a document
+        parts.append(
+            "metadata "
+            + (metadata if isinstance(metadata, str) else json.dumps(metadata, sort_keys=True))
+        )
     return ["          " + "  ".join(parts)]
 
 
@@ -135,6 +149,7 @@ def _observer_lines(report: dict[str, Any]) -> list[str]:
 def schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
     """Schedules in the ledger (`schedule_report`): spec, next slot, outcomes, last
     runs."""
+    schedules = printable_tree(schedules)
     if schedules["not_read"] is not None:
         return [f"schedules not read: {schedules['not_read']}"]
     if not schedules["items"]:
@@ -170,6 +185,7 @@ def schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
 
 def render_all(report: dict[str, Any]) -> str:
     """Every advisory lock of the database, one row per session, columns aligned."""
+    report = printable_tree(report)
     if not report["locks"]:
         return f"no advisory locks in database {report['database']}"
     header = ("KEY1", "KEY2", "NAME", "PID", "STATUS", "APPLICATION_NAME", "USER", "CLIENT", "AGE")
@@ -237,6 +253,7 @@ def _waiting(entry: dict[str, Any]) -> str:
 def render_group(report: dict[str, Any]) -> str:
     """A coordinator group: its members (mode, how many names each leads, sessions),
     then each name's leader and waiting sessions."""
+    report = printable_tree(report)
     count = len(report["members"])
     lines = [
         f"group     {report['group']}",

@@ -34,7 +34,9 @@ def setup_sql(
     """The statements: the tables (``IF NOT EXISTS``), then the grants to ``role``
     (commented out, with a placeholder, when ``None``), and to ``worker_role`` what a
     worker's [`SlotGuard`][pgleaderlock.schedule.SlotGuard] needs (Celery's
-    ``SlotTask``): reading and updating the runs.
+    ``SlotTask``): reading five columns of the runs and updating three
+    ([`WORKER_COLUMNS`][pgleaderlock.schedule.ledger.WORKER_COLUMNS]), after revoking
+    whatever else it had on them.
 
     Raises:
         ConfigurationError: a name that is not a plain identifier.
@@ -64,7 +66,9 @@ def setup_sql(
         "",
         "-- The schedule ledger (pgleaderlock.schedule.Scheduler, the Celery beat and",
         "-- APScheduler integrations, pgleaderlock cron): one row per (schedule, slot),",
-        "-- and one per schedule.",
+        "-- and one per schedule. The runs' outcome is CHECKed; their row-level security",
+        "-- holds a worker's role (pgleaderlock sql --worker-role) to recording 'executed'.",
+        "-- Run again on an existing install, it adds what an older version lacked.",
         runs.create + ";",
         schedules.create + ";",
         "",
@@ -88,7 +92,12 @@ def setup_sql(
         lines += [
             "",
             f"-- What the role {worker_role} needs to run the tasks of a slot once (SlotTask):",
+            "-- five columns to read and three to write, nothing else (REVOKE first: it also",
+            "-- takes back what an older version granted, UPDATE on every column). The",
+            "-- table's row-level security lets a role that may not INSERT record only",
+            "-- 'executed', on a slot that is running, sent, failed or lost.",
             f"{worker.grant_usage(worker_role)};",
+            f"REVOKE ALL ON {worker.sql} FROM {quoted(worker_role)};",
             f"{worker.grant(worker_role)};",
         ]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,12 @@ The drawing is [rich](https://rich.readthedocs.io)'s ``Live`` display, from the 
 extra (``pip install 'pgleaderlock[tui]'``); without it ``--watch`` says which extra to
 install. Ctrl-C ends the watch with exit code 0, leaving the last frame on screen; an
 error (the server went away) is shown in the frame and the watch goes on reading.
+
+What the frame shows is any role's text (``application_name``, identities, a run's
+outcome and detail): the renderers make every string printable
+(`pgleaderlock.core.text.printable_tree`), each line is made so once more here, and the
+body is a rich ``Text``, never markup, so a ``[bold]`` in a row is shown as written
+(nothing to ``rich.markup.escape``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from .._extras import missing_extra
+from ..core.text import printable
 from .exits import EXIT_OK, CliError
 from .render import json_default
 
@@ -79,7 +86,8 @@ def watch_status(
     changes = 0
 
     def frame(body: str, error: bool, changed_at: datetime) -> Panel:
-        shown = Text(body, style="bold red" if error else "")
+        safe = "\n".join(printable(line) for line in body.split("\n"))
+        shown = Text(safe, style="bold red" if error else "")  # literal text, no markup
         subtitle = (
             f"read every {interval_s:g} s · {changes} change{'s' if changes != 1 else ''} seen"
             f" · last at {changed_at:%H:%M:%S} · Ctrl-C quits"

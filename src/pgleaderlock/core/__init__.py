@@ -15,6 +15,7 @@ from .config import (
     TermTable,
     check_roles,
     lock_config,
+    not_negative,
     positive,
     session_settings,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "lock_config",
     "lock_keys",
     "lock_settings",
+    "not_negative",
     "oid_to_key",
     "positive",
     "run_on_session",

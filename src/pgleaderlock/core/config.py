@@ -16,6 +16,8 @@ from .tables import DEFAULT_SCHEMA, LibraryTable, TermTable, check_identifier
 __all__ = [
     "DEFAULT_SCHEMA",
     "IMMUNE_SETTINGS",
+    "MAX_SECONDS",
+    "SERVER_MAX_SECONDS",
     "SAFE_SETTINGS",
     "WAIT_SETTINGS",
     "LibraryTable",
@@ -44,13 +46,47 @@ def optional_positive(name: str, value: object) -> float | None:
     return None if value is None else positive(name, value)
 
 
-def positive(name: str, value: object) -> float:
-    """``value`` as a float if it is a positive, finite number; else ConfigurationError."""
+MAX_SECONDS = 1e9
+"""The most any duration option (or other number checked by `positive` and
+`not_negative`) may be, about 31.7 years: a longer one is a mistake (milliseconds given
+as seconds), and would overflow where durations go: a ``datetime.timedelta`` (at about
+8.6e13 s), a thread's wait (``threading.TIMEOUT_MAX``, about 9.2e9 s on Linux)."""
+
+SERVER_MAX_SECONDS = 2_147_483.0
+"""The most a duration that becomes a PostgreSQL setting in milliseconds may be (the
+lease's ``idle_session_timeout``, ``tcp_user_timeout``, a term bump's
+``lock_timeout``): ``INT_MAX`` milliseconds, in whole seconds (about 24.8 days). The
+server refuses more, at every connection, long after the constructor accepted it."""
+
+
+def _number(name: str, value: object, maximum: float) -> float:
+    """``value`` as a finite float of at most ``maximum``, refusing bools, strings,
+    NaN, infinities and ints too large for a float, with one message each."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
+    if number > maximum:
+        raise ConfigurationError(
+            f"{name} must be at most {maximum:g}"
+            + (" (PostgreSQL takes at most INT_MAX ms)" if maximum == SERVER_MAX_SECONDS else "")
+            + f", got {value!r}"
+        )
+    return number
+
+
+def positive(name: str, value: object, *, maximum: float = MAX_SECONDS) -> float:
+    """``value`` as a float if it is a number above zero and at most ``maximum`` (a
+    finite number, not a bool); else ConfigurationError. The one check of every
+    duration option."""
+    number = _number(name, value, maximum)
+    if number <= 0:
         raise ConfigurationError(f"{name} must be a positive, finite number, got {value!r}")
-    return float(value)
+    return number
 
 
 def default_application_name(label: str) -> str:
@@ -208,7 +244,13 @@ def lock_config(
     bound = interval + probe_timeout
     if tcp_user_timeout_s is None:
         tcp_user_timeout_s = bound + max(1.0, bound / 4)
-    user_timeout = positive("tcp_user_timeout_s", tcp_user_timeout_s)
+        if tcp_user_timeout_s > SERVER_MAX_SECONDS:
+            raise ConfigurationError(
+                f"health_interval_s + health_timeout_s = {bound:g} is too long: the lock's "
+                f"session sets tcp_user_timeout above it, and PostgreSQL takes at most "
+                f"{SERVER_MAX_SECONDS:g} s (INT_MAX ms)"
+            )
+    user_timeout = positive("tcp_user_timeout_s", tcp_user_timeout_s, maximum=SERVER_MAX_SECONDS)
     if user_timeout <= bound:
         raise ConfigurationError(
             f"tcp_user_timeout_s={user_timeout:g} must exceed health_interval_s + "
@@ -243,7 +285,7 @@ def lock_config(
         trusted_roles=trusted,
         acquire_delay_s=delay,
         lease_s=lease,
-        fencing_grace_s=positive("fencing_grace_s", fencing_grace_s),
+        fencing_grace_s=positive("fencing_grace_s", fencing_grace_s, maximum=SERVER_MAX_SECONDS),
         drain_s=not_negative("drain_s", drain_s),
         escalate_after_s=positive("escalate_after_s", escalate_after_s),
     )
@@ -262,8 +304,15 @@ def _lease(value: object, interval: float, bound: float, acquire_delay_s: float)
     idle for less than ``bound``; the first probe of a leadership comes up to
     ``acquire_delay_s`` later still."""
     if value is None:
-        return default_lease_s(interval, bound - interval) + acquire_delay_s
-    lease = positive("lease_s", value)
+        lease = default_lease_s(interval, bound - interval) + acquire_delay_s
+        if lease > SERVER_MAX_SECONDS:
+            raise ConfigurationError(
+                f"the default lease_s ({lease:g}, from health_interval_s, health_timeout_s "
+                f"and acquire_delay_s) is more than PostgreSQL takes ({SERVER_MAX_SECONDS:g} "
+                "s, INT_MAX ms): shorten those, or give lease_s"
+            )
+        return lease
+    lease = positive("lease_s", value, maximum=SERVER_MAX_SECONDS)
     floor = bound + acquire_delay_s
     if lease <= floor:
         extra = " + acquire_delay_s" if acquire_delay_s else ""
@@ -284,10 +333,10 @@ def _term_table(name: object, schema: object, trusted: tuple[str, ...]) -> TermT
     return TermTable(name, schema, trusted)  # type: ignore[arg-type]  # validated there
 
 
-def not_negative(name: str, value: object) -> float:
-    """``value`` as a float if it is a finite number >= 0; else ConfigurationError."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a number, got {value!r}")
-    if value < 0:
+def not_negative(name: str, value: object, *, maximum: float = MAX_SECONDS) -> float:
+    """``value`` as a float if it is a number >= 0 and at most ``maximum`` (as
+    `positive`); else ConfigurationError."""
+    number = _number(name, value, maximum)
+    if number < 0:
         raise ConfigurationError(f"{name} must not be negative, got {value!r}")
-    return float(value)
+    return number

@@ -4,12 +4,15 @@ conversion between a key and the oid that `pg_locks` shows for it."""
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 
 from .errors import ConfigurationError
+from .text import unsafe_characters
 
 __all__ = [
     "INT32_MAX",
     "INT32_MIN",
+    "MAX_SLOTS",
     "check_key",
     "check_name",
     "find_slot",
@@ -64,18 +67,33 @@ def oid_to_key(oid: int) -> int:
     return oid - 2**32 if oid > INT32_MAX else oid
 
 
-def check_name(name: object, what: str = "lock name") -> str:
-    """A name the library may put in ``application_name`` and in logs: a non-empty
-    string without control characters (a NUL would make every connection fail; a
-    newline would forge a log line).
+def check_name(name: object, what: str = "lock name", *, max_chars: int | None = None) -> str:
+    """A name the library may put in ``application_name``, in logs and on an operator's
+    terminal: a non-empty string (of at most ``max_chars`` characters, when given)
+    without a character of the Unicode categories in
+    [`UNSAFE_CATEGORIES`][pgleaderlock.core.text.UNSAFE_CATEGORIES]: no control (a NUL
+    would make every connection fail, a newline forge a log line, ESC or CSI U+009B
+    drive a terminal), no format character (a bidi override such as U+202E shows one
+    name as another), no surrogate, line or paragraph separator. The one rule for
+    every name the library is given.
 
     Raises:
         ConfigurationError: anything else.
     """
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"{what} must be a non-empty string, got {name!r}")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise ConfigurationError(f"{what} must not contain control characters, got {name!r}")
+    if max_chars is not None and len(name) > max_chars:
+        raise ConfigurationError(
+            f"{what} must be at most {max_chars} characters, got {len(name)}: {name[:40]!r}..."
+        )
+    bad = unsafe_characters(name)
+    if bad:
+        codes = ", ".join(f"U+{ord(ch):04X} ({unicodedata.category(ch)})" for ch in bad)
+        raise ConfigurationError(
+            f"{what} must not contain control characters, nor format (bidi), surrogate, "
+            f"line or paragraph separator ones (Unicode Cc, Cf, Cs, Zl, Zp), got {name!r}: "
+            f"{codes}"
+        )
     return name
 
 
@@ -104,6 +122,13 @@ def lock_keys(name: str) -> tuple[int, int]:
     return oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))
 
 
+MAX_SLOTS = 1024
+"""The most slots a [`Semaphore`][pgleaderlock.Semaphore] may have. Each holder is a
+database session of its own (a server's ``max_connections`` is 100 by default, a few
+thousand at most in practice), and a waiting follower tries every slot each
+``rescan_s`` (1,024 ``pg_try_advisory_lock`` round trips per rescan is already about
+1,000 times a lock's cost). Past it, use a lock per worker, or a Coordinator's names."""
+
 SLOT_SEPARATOR = "\x1f"
 """Between a semaphore's name and a slot's index in the string its slot keys are derived
 from: a control character (ASCII unit separator), which no lock name may hold, so no
@@ -127,14 +152,17 @@ def slot_keys(name: str, slots: int) -> list[tuple[int, int]]:
 
     Args:
         name: the semaphore's name (as for `lock_keys`).
-        slots: how many slots, at least 1.
+        slots: how many slots, 1 to `MAX_SLOTS` (1,024).
 
     Raises:
-        ConfigurationError: a bad name, or ``slots`` not a positive int.
+        ConfigurationError: a bad name, or ``slots`` not an int from 1 to 1,024.
     """
     check_name(name)
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise ConfigurationError(f"slots must be an int of at least 1, got {slots!r}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+        raise ConfigurationError(
+            f"slots must be an int from 1 to {MAX_SLOTS} (each holder is a session of its "
+            f"own, and a waiting follower tries every slot at each rescan), got {slots!r}"
+        )
     return [_slot_key(name, index) for index in range(slots)]
 
 
@@ -144,7 +172,7 @@ def _slot_key(name: str, index: int) -> tuple[int, int]:
     return oid_to_key(int(hexdigest[0:8], 16)), oid_to_key(int(hexdigest[8:16], 16))
 
 
-def find_slot(name: str, keys: tuple[int, int], limit: int = 1024) -> int | None:
+def find_slot(name: str, keys: tuple[int, int], limit: int = MAX_SLOTS) -> int | None:
     """Which slot of the semaphore ``name`` has ``keys`` (among the first ``limit``), or
     ``None``: for ``pgleaderlock status``, which sees a slot's keys and its holder's
     ``application_name`` (the semaphore's name) but not how many slots it has."""

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any, ClassVar, cast
 
 from ._logging import get_logger
-from .config import SAFE_SETTINGS, check_roles
+from .config import SAFE_SETTINGS, check_roles, positive
 from .errors import ConfigurationError
 from .keys import check_key, key_to_oid, lock_keys
 from .registry import resolve, wrap_connection
@@ -583,6 +583,7 @@ async def current_leader(
         ConfigurationError: a bad DSN, name or keys.
     """
     keys = _keys(name_or_keys)
+    timeout_s = positive("timeout_s", timeout_s)
     table = ParticipantTable(participants_table, participants_schema, check_roles(trusted_roles))
     target = Target.of(dsn, backend, timeout_s)
     label = name_or_keys if isinstance(name_or_keys, str) else f"{keys[0]},{keys[1]}"

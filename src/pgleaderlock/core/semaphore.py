@@ -18,12 +18,12 @@ on the server, as a lock does. See the [Semaphores guide](../guides/semaphores.m
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Sequence
 from typing import Any, Self, cast
 
+from .config import positive
 from .errors import ConfigurationError
 from .keyring import Keyring
 from .keys import lock_keys, slot_keys
@@ -137,7 +137,9 @@ class Semaphore(LeaderLock):
     Args:
         dsn: as for `LeaderLock`.
         name: the semaphore's name; the same name (and ``slots``) in every process.
-        slots: how many holders at most (N), at least 1.
+        slots: how many holders at most (N), from 1 to 1,024
+            (``pgleaderlock.core.keys.MAX_SLOTS``: each holder is a session
+            of its own, and a waiting follower tries every slot at each rescan).
         rescan_s: in ``follower_mode="wait"`` (the default), a follower spends each
             retry delay trying every slot again every ``rescan_s`` seconds (``slots``
             ``pg_try_advisory_lock`` calls each time), so a freed slot is taken within
@@ -161,14 +163,11 @@ class Semaphore(LeaderLock):
         rescan_s: float = DEFAULT_RESCAN_S,
         **kwargs: Any,
     ) -> None:
-        if isinstance(rescan_s, bool) or not isinstance(rescan_s, int | float):
-            raise ConfigurationError(f"rescan_s must be a number, got {rescan_s!r}")
-        if not (math.isfinite(rescan_s) and rescan_s > 0):
-            raise ConfigurationError(f"rescan_s must be positive, got {rescan_s!r}")
+        rescan_s = positive("rescan_s", rescan_s)
         for taken in ("key1", "key2", "name"):
             if taken in kwargs:
                 raise ConfigurationError(f"a Semaphore's {taken} comes from its name")
-        self._ring = SlotKeyring(slot_keys(name, slots), float(rescan_s))
+        self._ring = SlotKeyring(slot_keys(name, slots), rescan_s)
         super().__init__(dsn, *lock_keys(name), name=name, **kwargs)
         self._log_fields["slots"] = slots
 

@@ -10,7 +10,7 @@ found through ``search_path``), and used only once a session has checked who own
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -77,6 +77,9 @@ class LibraryTable:
     privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE")
     """What the session's role needs on the table (both of the library's tables are
     read, inserted into and updated)."""
+    column_privileges: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    """What it needs on some columns only (``SELECT`` or ``UPDATE`` -> the columns), for
+    a role granted no more than that (a worker's, on the runs table)."""
     columns: ClassVar[str] = ""
     """Its columns and constraints, as in ``CREATE TABLE``."""
 
@@ -101,10 +104,28 @@ class LibraryTable:
         return f"CREATE TABLE IF NOT EXISTS {self.sql} ({self.columns})"
 
     def grant(self, role: str, privileges: Sequence[str] | None = None) -> str:
-        """The ``GRANT`` of ``privileges`` (default: all the session's role needs) on
-        the table to ``role``."""
-        wanted = ", ".join(privileges if privileges is not None else self.privileges)
+        """The ``GRANT`` of ``privileges`` (default: all the session's role needs, on
+        the table and on columns) on the table to ``role``."""
+        if privileges is None:
+            privileges = [
+                *self.privileges,
+                *(f"{p} ({', '.join(cols)})" for p, cols in self.column_privileges.items()),
+            ]
+        wanted = ", ".join(privileges)
         return f"GRANT {wanted or 'SELECT'} ON {self.sql} TO {quoted(role)}"
+
+    def lacking(self, missing: Sequence[str]) -> list[str]:
+        """What the role lacks of what it needs, from the privileges ``CHECK_TABLE``
+        found missing: those on the table, then, per kind, those on columns, as
+        ``"UPDATE (outcome, detail)"``."""
+        lacked = [p for p in self.privileges if p in missing]
+        for kind, columns in self.column_privileges.items():
+            # A role with none of ``kind`` on any column lacks it on the table only.
+            none = kind in missing and not any(m.startswith(f"{kind} (") for m in missing)
+            cols = [c for c in columns if none or f"{kind} ({c})" in missing]
+            if cols:
+                lacked.append(f"{kind} ({', '.join(cols)})")
+        return lacked
 
     def grant_usage(self, role: str, *, create: bool = False) -> str:
         """The ``GRANT`` of ``USAGE`` (and ``CREATE``) on the table's schema to ``role``."""
@@ -151,7 +172,12 @@ CHECK_TABLE = (
     " (SELECT pg_catalog.has_schema_privilege(oid, 'CREATE') FROM ns),"
     " (SELECT relkind::text FROM rel), (SELECT owner::text FROM rel), (SELECT ok FROM rel),"
     " (SELECT pg_catalog.array_agg(p.name) FROM rel, (VALUES ('SELECT'), ('INSERT'),"
-    " ('UPDATE')) AS p(name) WHERE NOT pg_catalog.has_table_privilege(rel.oid, p.name)),"
+    " ('UPDATE')) AS p(name) WHERE NOT pg_catalog.has_table_privilege(rel.oid, p.name))"
+    " OPERATOR(pg_catalog.||) (SELECT pg_catalog.array_agg(p.name || ' (' || a.attname || ')')"
+    " FROM rel, pg_catalog.pg_attribute a, (VALUES ('SELECT'), ('UPDATE')) AS p(name)"
+    " WHERE a.attrelid = rel.oid AND a.attnum > 0 AND NOT a.attisdropped"
+    " AND pg_catalog.has_any_column_privilege(rel.oid, p.name)"
+    " AND NOT pg_catalog.has_column_privilege(rel.oid, a.attnum, p.name)),"
     " current_user::text"
 )
 """Can the session trust a library table, and use it? Values: the schema, the table's
@@ -160,7 +186,10 @@ fields of [`TableCheck`][pgleaderlock.core.tables.TableCheck] after its ``table`
 schema's owner (NULL: no such schema), whether it is trusted (a schema owned by
 ``pg_database_owner`` is when the database's owner is), USAGE and CREATE on it; the
 table's ``relkind`` (NULL: no such table), its owner, whether it is trusted, the
-privileges among SELECT, INSERT, UPDATE the session lacks on it; the session's role."""
+privileges among SELECT, INSERT, UPDATE the session lacks on it (then, for a role that
+holds SELECT or UPDATE on some columns only, each column it lacks it on, as
+``"UPDATE (slot)"``: see [`LibraryTable.lacking`][pgleaderlock.core.tables.LibraryTable.lacking]);
+the session's role."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +246,7 @@ class TableCheck:
                 f"role {role!r} may not use the schema {table.schema!r} of {name}: "
                 f"{table.grant_usage(role)}"
             )
-        wanted = [p for p in table.privileges if p in (self.missing or [])]
+        wanted = table.lacking(self.missing or [])
         if wanted:
             raise MissingPrivilegeError(
                 f"role {role!r} lacks {', '.join(wanted)} on {name}: {table.grant(role, wanted)}"

@@ -68,6 +68,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from ..coordination import Coordinator, WorkerContext
 from ..core._logging import get_logger
+from ..core.config import not_negative
 from ..core.errors import ConfigurationError, FencedError
 from ..core.fencing import Leadership as FencingToken
 from ..core.lock import LeaderLock, lock_settings
@@ -894,10 +895,7 @@ class SchedulerBinding:
         interrupted: Interrupted = "lost",
         catch_up_s: float = 0.0,
     ) -> None:
-        if isinstance(catch_up_s, bool) or not (
-            isinstance(catch_up_s, int | float) and catch_up_s >= 0
-        ):
-            raise ConfigurationError(f"catch_up_s must be a number >= 0, got {catch_up_s!r}")
+        catch_up_s = not_negative("catch_up_s", catch_up_s)
         if not callable(getattr(scheduler, "pause", None)) or not hasattr(scheduler, "state"):
             raise ConfigurationError(f"expected an APScheduler 3.x scheduler, got {scheduler!r}")
         self._scheduler = scheduler

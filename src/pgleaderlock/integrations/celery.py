@@ -70,7 +70,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides celery
     raise missing_extra(__name__, "Celery", "celery", exc) from exc
 
-from ..core import DEFAULT_SCHEMA, ConfigurationError, get_logger
+from ..core import DEFAULT_SCHEMA, ConfigurationError, get_logger, not_negative, positive
 from ..core.lock import LeaderLock
 from ..core.models import LockState
 from ..schedule import CatchUp, Cron, Every, Interrupted, Run, Scheduler, SlotGuard, Timing
@@ -137,7 +137,7 @@ class BeatSettings:
             ``fencing_schema``, ...).
         worker_dsn: ``pgleaderlock_worker_dsn`` (default: ``dsn``): the DSN a worker's
             [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] guard connects with
-            (a role with only ``SELECT, UPDATE`` on the runs table will do).
+            (a role with only what ``pgleaderlock sql --worker-role`` grants will do).
         guard_timeout_s: ``pgleaderlock_guard_timeout_s`` (default 10): bounds the
             guard's call before each task of a slot (connect, check, update).
     """
@@ -262,15 +262,12 @@ class BeatSettings:
 
 
 def _seconds(name: str, value: Any, *, optional: bool = False, zero: bool = False) -> Any:
+    """A setting's seconds, checked as every duration option is (finite, not a bool,
+    at most ``MAX_SECONDS``)."""
     if value is None and optional:
         return None
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or value < 0 or (value == 0 and not zero):
-        need = ">= 0" if zero else "> 0"
-        raise ConfigurationError(
-            f"pgleaderlock_{name} must be a number of seconds {need}, got {value!r}"
-        )
-    return float(value)
+    check = not_negative if zero else positive
+    return check(f"pgleaderlock_{name}", value)
 
 
 # --------------------------------------------------------------------------- timings
@@ -288,7 +285,7 @@ def timing_of(name: str, schedule: Any) -> Timing:
             way; the message names the entry.
     """
     if isinstance(schedule, int | float) and not isinstance(schedule, bool):
-        return Every(dt.timedelta(seconds=schedule))
+        return Every(dt.timedelta(seconds=positive(f"beat entry {name!r}: its seconds", schedule)))
     if isinstance(schedule, dt.timedelta):
         return Every(schedule)
     if isinstance(schedule, celery_schedules.crontab):

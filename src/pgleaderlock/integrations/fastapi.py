@@ -57,6 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from ..coordination import Coordinator, WorkerContext, WorkerFunction
 from ..core._logging import get_logger
+from ..core.config import optional_positive, positive
 from ..core.errors import ConfigurationError, ShutdownError
 from ..core.leader import LeaderInfo
 from ..core.lock import LeaderLock
@@ -551,6 +552,9 @@ class LeaderLifespan(_AppLifespan):
         failure too; the 503 with ``wedged`` comes from a lock on another loop, or from
         a slow callback while the loop still serves requests.
         """
+
+        stall_s = positive("stall_s", stall_s)  # refused here, not at the first probe
+        failing_s = optional_positive("failing_s", failing_s)
 
         def status_code(status: LeaderStatus) -> int | None:
             if not status.ready:

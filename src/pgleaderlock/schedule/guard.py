@@ -26,6 +26,7 @@ from ..core import (
     TableSession,
     Target,
     check_identifier,
+    check_name,
     check_roles,
     get_logger,
     positive,
@@ -45,14 +46,16 @@ class SlotGuard:
     returns True the first time, False for every later copy.
 
     Each call opens one short session (a safe ``search_path``), checks the runs table
-    (a plain table of a trusted role, with ``SELECT`` and ``UPDATE`` granted), runs one
+    (a plain table of a trusted role, with ``SELECT`` and ``UPDATE`` granted on the
+    columns it reads and writes), runs one
     ``UPDATE`` in autocommit and closes the session, all within ``timeout_s``. Nothing is
     kept between calls, so a guard is safe to share across threads and forked processes.
 
     Args:
         dsn: the ledger's PostgreSQL, as for [`LeaderLock`][pgleaderlock.LeaderLock]
-            (the worker's own role may be one with only ``SELECT, UPDATE`` on the runs
-            table: ``pgleaderlock sql --worker-role``).
+            (the worker's own role may be one with only what
+            ``pgleaderlock sql --worker-role`` grants: five columns of the runs to read,
+            three to update).
         backend: the driver backend; default from the DSN.
         runs_table: the ledger's table of runs.
         schema: its schema (the scheduler's: by default the lock's ``fencing_schema``).
@@ -84,7 +87,7 @@ class SlotGuard:
             check_roles(trusted_roles),
         )
         self._target = Target.of(dsn, backend, self._timeout_s)
-        self._worker = worker
+        self._worker = None if worker is None else check_name(worker, "worker")
 
     @property
     def table(self) -> RunTable:

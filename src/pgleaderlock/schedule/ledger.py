@@ -30,10 +30,47 @@ from typing import ClassVar
 
 from ..core import LibraryTable, TermTable
 
-__all__ = ["OUTCOMES", "Ledger", "RunTable", "ScheduleTable", "WorkerRunTable"]
+__all__ = [
+    "ADMITTED",
+    "OUTCOMES",
+    "OUTCOME_CHECK",
+    "WORKER_COLUMNS",
+    "WORKER_POLICY",
+    "Ledger",
+    "RunTable",
+    "ScheduleTable",
+    "WorkerRunTable",
+]
 
 OUTCOMES = ("running", "done", "failed", "sent", "executed", "lost", "missed")
-"""What a run's row can record (see the module's table)."""
+"""What a run's row can record (see the module's table): the runs table's ``CHECK``
+(`OUTCOME_CHECK`) refuses any other text."""
+
+ADMITTED = ("running", "sent", "failed", "lost")
+"""The outcomes a worker's [`SlotGuard`][pgleaderlock.schedule.SlotGuard] may turn into
+``executed``: a slot handed over (``sent``), or whose hand-over was not recorded as such
+(still ``running``, or ``failed``/``lost`` after the send may have left). A ``done``
+slot ran on its leader, an ``executed`` one on a worker already, a ``missed`` one never."""
+
+OUTCOME_CHECK = "pgleaderlock_outcome"
+"""The name of the runs table's ``CHECK`` constraint on ``outcome`` (one of
+`OUTCOMES`); ``pgleaderlock doctor`` looks for it."""
+
+WORKER_POLICY = "pgleaderlock_worker"
+"""The name of the runs table's restrictive row-level security policy: a role that may
+update the runs but not insert into them (a worker's) may only record ``executed``, on
+a slot whose outcome is one of `ADMITTED`; ``pgleaderlock doctor`` looks for it."""
+
+WORKER_COLUMNS: dict[str, tuple[str, ...]] = {
+    "SELECT": ("schedule", "slot", "term", "outcome", "finished_at"),
+    "UPDATE": ("outcome", "finished_at", "detail"),
+}
+"""What a worker's ``admit`` statement reads and writes: all a worker's role is granted
+(``pgleaderlock sql --worker-role``)."""
+
+
+def _array(values: tuple[str, ...]) -> str:
+    return "ARRAY[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
 @dataclass(frozen=True)
@@ -48,32 +85,69 @@ class RunTable(LibraryTable):
         "schedule text NOT NULL, slot timestamptz NOT NULL, term int8 NOT NULL,"
         " holder text, outcome text NOT NULL, attempt int4 NOT NULL DEFAULT 1,"
         " claimed_at timestamptz NOT NULL, started_at timestamptz,"
-        " finished_at timestamptz, detail text, PRIMARY KEY (schedule, slot)"
+        " finished_at timestamptz, detail text, PRIMARY KEY (schedule, slot),"
+        f" CONSTRAINT {OUTCOME_CHECK} CHECK (outcome = ANY ({_array(OUTCOMES)}))"
     )
+
+    @property
+    def create(self) -> str:
+        """The table, then (in one ``DO`` block, each step only if missing, so that it
+        also upgrades a table made by an older version): the ``CHECK`` on ``outcome``,
+        row-level security, a policy that lets every role with privileges on the table
+        use them as granted (``pgleaderlock_all``), and the restrictive
+        `WORKER_POLICY`: a role that may not ``INSERT`` into the runs (a worker's,
+        see `WorkerRunTable`) may only update a row whose outcome is one of `ADMITTED`,
+        and only to ``executed``. The table's owner, superusers and roles that may
+        insert (the leaders') are not limited by it."""
+        t = self.sql
+        oid = "'" + t.replace("'", "''") + "'::regclass"
+        leader = f"pg_catalog.has_table_privilege({oid}, 'INSERT')"
+        policy = f"SELECT 1 FROM pg_catalog.pg_policy WHERE polrelid = {oid} AND polname = "
+        return (
+            "DO $pgleaderlock$ BEGIN"
+            f" CREATE TABLE IF NOT EXISTS {t} ({self.columns});"
+            " IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint"
+            f" WHERE conrelid = {oid} AND conname = '{OUTCOME_CHECK}') THEN"
+            f" ALTER TABLE {t} ADD CONSTRAINT {OUTCOME_CHECK}"
+            f" CHECK (outcome = ANY ({_array(OUTCOMES)})); END IF;"
+            f" IF NOT (SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = {oid}) THEN"
+            f" ALTER TABLE {t} ENABLE ROW LEVEL SECURITY; END IF;"
+            f" IF NOT EXISTS ({policy}'pgleaderlock_all') THEN"
+            f" CREATE POLICY pgleaderlock_all ON {t} USING (true) WITH CHECK (true); END IF;"
+            f" IF NOT EXISTS ({policy}'{WORKER_POLICY}') THEN"
+            f" CREATE POLICY {WORKER_POLICY} ON {t} AS RESTRICTIVE FOR UPDATE"
+            f" USING ({leader} OR outcome = ANY ({_array(ADMITTED)}))"
+            f" WITH CHECK ({leader} OR outcome = 'executed'); END IF;"
+            " END $pgleaderlock$"
+        )
 
     @property
     def admit(self) -> str:
         """``{0}`` schedule, ``{1}`` slot, ``{2}`` the worker: a worker is about to begin
         the slot's work that the leader handed over (a task Celery beat sent): record the
-        slot ``executed``, unless a worker did so already. A row back (the term that
+        slot ``executed``, if its outcome is one of `ADMITTED`. A row back (the term that
         claimed the slot): begin; none: another copy of the work began (or the slot has
-        no row, or nobody ran it: ``missed``). Any other outcome admits: a send the
-        ledger recorded ``lost`` or ``failed`` may still have reached the worker, and it
-        is the slot's one copy."""
+        no row, ran on its leader, or nobody ran it: ``missed``). A send the ledger
+        recorded ``lost`` or ``failed`` may still have reached the worker: it admits, as
+        the slot's one copy. It reads and writes only the columns of `WORKER_COLUMNS`."""
         return (
             f"UPDATE {self.sql} SET outcome = 'executed', detail = 'by ' || ({{2}})::text,"
             " finished_at = coalesce(finished_at, pg_catalog.clock_timestamp())"
             " WHERE schedule = ({0})::text AND slot = ({1})::timestamptz"
-            " AND outcome <> ALL (ARRAY['executed', 'missed']) RETURNING term"
+            f" AND outcome = ANY ({_array(ADMITTED)}) RETURNING term"
         )
 
 
 @dataclass(frozen=True)
 class WorkerRunTable(RunTable):
     """The runs, as a worker behind a [`SlotGuard`][pgleaderlock.schedule.SlotGuard]
-    uses them: it only reads and updates rows."""
+    uses them: it reads five columns and updates three (`WORKER_COLUMNS`), nothing else.
+    The runs table's row-level security (see
+    [`RunTable.create`][pgleaderlock.schedule.ledger.RunTable.create]) lets such a role record
+    only ``executed``."""
 
-    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "UPDATE")
+    privileges: ClassVar[tuple[str, ...]] = ()
+    column_privileges: ClassVar[dict[str, tuple[str, ...]]] = WORKER_COLUMNS
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,14 @@ from ..core import (
     callback_plugin,
     can,
     check_identifier,
+    check_name,
     delay_or_give_up,
     fence_transaction,
     fetch_row,
     get_logger,
     is_permanent,
     lock_settings,
+    not_negative,
     positive,
     run_on_session,
     transaction,
@@ -362,9 +364,22 @@ class Scheduler:
     ) -> Callable[[F], F]:
         """Decorator: run the job every ``hours + minutes + seconds``, counted from the
         UNIX epoch plus ``offset_s`` (so every 5 minutes falls at :00, :05, ...). The
-        other arguments are [`add`][pgleaderlock.schedule.Scheduler.add]'s."""
-        interval = dt.timedelta(hours=hours, minutes=minutes, seconds=seconds)
-        timing = Every(interval, dt.timedelta(seconds=offset_s))
+        other arguments are [`add`][pgleaderlock.schedule.Scheduler.add]'s.
+
+        Raises:
+            ConfigurationError: a part that is not a finite number >= 0, an interval
+                under 1 ms or over `MAX_SECONDS` (about 31.7 years).
+        """
+        parts = [
+            not_negative(what, value) * scale
+            for what, value, scale in (("seconds", seconds, 1), ("minutes", minutes, 60),
+                                       ("hours", hours, 3600))
+        ]  # fmt: skip
+        interval = positive("every(...)'s interval (hours + minutes + seconds)", sum(parts))
+        timing = Every(
+            dt.timedelta(seconds=interval),
+            dt.timedelta(seconds=not_negative("offset_s", offset_s)),
+        )
         return self._decorator(
             timing,
             name=name,
@@ -756,10 +771,6 @@ def check_policy(catch_up: object, interrupted: object, max_catch_up: object) ->
 
 
 def check_job_name(name: object) -> str:
-    """A job's name: a non-empty string without control characters, at most 200
-    characters."""
-    if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
-        raise ConfigurationError(
-            f"a job's name must be a printable string of 1 to 200 characters, got {name!r}"
-        )
-    return name
+    """A job's name: a name as [`check_name`][pgleaderlock.core.keys.check_name] takes
+    it, of at most 200 characters."""
+    return check_name(name, "a job's name", max_chars=200)

@@ -63,10 +63,16 @@ class Every:
     _shift: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        for what, value in (("interval", self.interval), ("offset", self.offset)):
+            if not isinstance(value, dt.timedelta):
+                raise ConfigurationError(
+                    f"a schedule's {what} must be a datetime.timedelta, got {value!r}"
+                )
         step = _microseconds(self.interval)
         if step < 1000:
             raise ConfigurationError(
-                f"a schedule's interval must be at least 1 ms, got {self.interval}"
+                "a schedule's interval must be at least 1 ms, got "
+                f"{self.interval.total_seconds():g} s"
             )
         object.__setattr__(self, "_step", step)
         object.__setattr__(self, "_shift", _microseconds(self.offset) % step)

@@ -20,6 +20,7 @@ from ...cli.render import render_one, schedule_lines
 from ...cli.status import _connect, _one_lock, _server_info, schedule_report
 from ...core.config import check_roles
 from ...core.keys import lock_keys
+from ...core.text import printable_tree
 from .conf import Settings, build_dsn
 
 __all__ = ["build_report", "render_report"]
@@ -63,7 +64,9 @@ def build_report(
 
 def render_report(report: dict[str, Any]) -> str:
     """The report as text: each lock as ``pgleaderlock status --name`` shows it, then
-    the schedules and their recent runs."""
+    the schedules and their recent runs. Every string another role may have written
+    is shown escaped (`pgleaderlock.core.text.printable_tree`)."""
+    report = printable_tree(report)
     blocks = [render_one(lock) for lock in report["locks"]]
     if not report["locks"]:
         blocks.append(

@@ -57,8 +57,10 @@ from ...cli.options import Common, Target
 from ...cli.retry import Deadline
 from ...cli.runtime import not_acquired_error, permanent_error, preflight
 from ...core._logging import mask_dsn
-from ...core.errors import ShutdownError
+from ...core.config import not_negative, positive
+from ...core.errors import ConfigurationError, ShutdownError
 from ...core.hooks import follow_state
+from ...core.keys import check_name
 from ...core.lock import LeaderLock
 from ...core.machine import is_permanent
 from ...core.models import LockState
@@ -125,6 +127,23 @@ class Singleton:
     stderr: TextIO | None = None
     verbosity: int = 1
     _shared: _Shared = field(default_factory=_Shared, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Check what it was given, before any I/O.
+
+        Raises:
+            ConfigurationError: a bad name or number.
+        """
+        check_name(self.name, "name")
+        if not (isinstance(self.wait_s, int | float) and math.isinf(self.wait_s)):
+            not_negative("wait_s", self.wait_s)  # inf: forever
+        elif self.wait_s < 0:
+            raise ConfigurationError(f"wait_s must not be negative, got {self.wait_s!r}")
+        positive("kill_after_s", self.kill_after_s)
+        positive("health_interval_s", self.health_interval_s)
+        code = self.held_exit_code
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+            raise ConfigurationError(f"held_exit_code must be an int 0..255, got {code!r}")
 
     def run(self) -> int:
         """Wait for the lock, run the command while it leads, release it.

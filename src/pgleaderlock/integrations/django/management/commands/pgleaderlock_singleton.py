@@ -9,6 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgleaderlock.cli.exits import EXIT_HELD, EXIT_USAGE
+from pgleaderlock.core.config import positive
+from pgleaderlock.core.errors import ConfigurationError
 from pgleaderlock.integrations.django.singleton import Singleton
 
 
@@ -75,20 +77,24 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
         if math.isnan(wait_s) or wait_s < 0:
             raise CommandError(f"--wait must be >= 0, got {wait_s:g}", returncode=EXIT_USAGE)
         for option in ("kill_after", "health_interval"):
-            value = float(options[option])
-            if not (value > 0 and math.isfinite(value)):
-                flag = "--" + option.replace("_", "-")
-                raise CommandError(f"{flag} must be > 0, got {value:g}", returncode=EXIT_USAGE)
+            try:
+                positive("--" + option.replace("_", "-"), float(options[option]))
+            except ConfigurationError as exc:
+                raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         if not 0 <= options["held_exit_code"] <= 255:
             raise CommandError("--held-exit-code must be 0..255", returncode=EXIT_USAGE)
-        Singleton(
-            name=options["name"],
-            argv=argv,
-            wait_s=wait_s,
-            held_exit_code=options["held_exit_code"],
-            kill_after_s=float(options["kill_after"]),
-            health_interval_s=float(options["health_interval"]),
-            stdout=getattr(self.stdout, "_out", None),
-            stderr=getattr(self.stderr, "_out", None),
-            verbosity=int(options["verbosity"]),
-        ).run()
+        try:
+            singleton = Singleton(
+                name=options["name"],
+                argv=argv,
+                wait_s=wait_s,
+                held_exit_code=options["held_exit_code"],
+                kill_after_s=float(options["kill_after"]),
+                health_interval_s=float(options["health_interval"]),
+                stdout=getattr(self.stdout, "_out", None),
+                stderr=getattr(self.stderr, "_out", None),
+                verbosity=int(options["verbosity"]),
+            )
+        except ConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        singleton.run()
