@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,16 +29,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.timeout(900
 SOAK_S = float(os.environ.get("PGLEADERLOCK_CHAOS_S", "120"))
 
 
-def test_every_feature_together_under_random_faults(tmp_path: Path) -> None:
+def test_every_feature_together_under_random_faults() -> None:
     seed = int(os.environ.get("PGLEADERLOCK_CHAOS_SEED", random.randrange(1 << 32)))
+    out = Path(tempfile.mkdtemp(prefix="chaos-soak-"))  # kept when the test fails
     print(f"\nchaos soak: seed {seed} (PGLEADERLOCK_CHAOS_SEED={seed} runs it again)")
-    Soak(SoakConfig(seconds=SOAK_S, seed=seed), tmp_path).run()
-    report = check(SoakData.load(tmp_path))
+    Soak(SoakConfig(seconds=SOAK_S, seed=seed), out).run()
+    report = check(SoakData.load(out))
     print(report.format())
+    told = f"seed {seed}, the record in {out} (benchmarks/chaos.py --check {out})"
     if SOAK_S >= 120:
-        assert set(report.faults) == set(FAULT_DECK), "a kind of fault was never injected"
-    assert set(report.rows) == {"lock", "sem", "name", "sched"}, "a feature never wrote"
-    assert report.slots["due"] > 0
+        assert set(report.faults) == set(FAULT_DECK), f"{told}: a kind of fault never came"
+    assert set(report.rows) == {"lock", "sem", "name", "sched"}, f"{told}: a feature never wrote"
+    assert report.slots["due"] > 0, told
     safety = report.of(*SAFETY)
-    assert not safety, f"seed {seed}: safety violations\n{report.format()}"
-    assert not report.findings, f"seed {seed}: availability findings\n{report.format()}"
+    assert not safety, f"{told}: safety violations\n{report.format()}"
+    assert not report.findings, f"{told}: availability findings\n{report.format()}"
+    shutil.rmtree(out)

@@ -262,13 +262,15 @@ class Timeline:
 
     def held(self, what: str, cand: str) -> tuple[list[Span], list[Span]]:
         """When ``cand`` held ``what`` (``lock``, ``sem``) by the server's ``pg_locks``,
-        and when the harness knew who held it (its samples answered)."""
+        and when the harness knew who held it (its samples answered), until the graceful
+        stop began."""
         series = self.holders.get(what, [])
         held, known = [], []
         for (m, holders), nxt in zip(series, [*series[1:], (self.shutdown, None)], strict=True):
+            span = (m, min(nxt[0], self.shutdown))  # the graceful stop is not looked at
             if holders is None:
                 continue
-            known.append((m, nxt[0]))
+            known.append(span)
             if cand in holders:
-                held.append((m, nxt[0]))
+                held.append(span)
         return norm(held), norm(known)

@@ -376,15 +376,15 @@ class Soak:
         members = {p.member: p.cand for p in self.procs.values() if p.state == "live"}
         found: list[tuple[str, str, int, str | None]] = []  # role, cand, pid, name
         for app, classid, objid, pid in rows:
-            oids = (classid, objid)
+            held = (classid, objid)
             cand = self.cand_of(str(app or ""), members)
             if cand is None or self.procs[cand].state != "live":
                 continue
             for role, keys in roles.items():
-                if oids in keys:
+                if held in keys:
                     found.append((role, cand, pid, None))
-            if oids in names:
-                found.append(("name", cand, pid, names[oids]))
+            if held in names:
+                found.append(("name", cand, pid, names[held]))
         if not found:
             return False
         weights = {"lock": 4.0, "sem": 3.0, "name": 3.0 / len(names)}
