@@ -186,9 +186,13 @@ class Context:
     def _faults(self, logs: dict[str, BeliefLog], role: str) -> None:
         """Deaths, freezes, thaws and terminations, into each of ``logs`` (of ``role``:
         ``lock``, ``sem`` or ``name``). A stalled event loop counts as a freeze (it is
-        a ``blocked_loop`` finding of its own)."""
-        for cand, spans in self.tl.stalled.items():
-            for a, b in spans:
+        a ``blocked_loop`` finding of its own). A leadership that begins within
+        ``late_loss_s`` after a freeze ends is explained by the freeze too: the frozen
+        replica's session ended meanwhile, and it learns so at its next step (whether it
+        learned in time is what ``late_loss`` checks)."""
+        resume = self.bounds.late_loss_s  # a replica that runs again learns in this time
+        for cand in self.tl.cands:
+            for a, b in norm((a, b + resume) for a, b in self.tl.frozen_spans(cand)):
                 for log in logs.values():
                     log.fault("freeze", cand, a)
                     log.fault("thaw", cand, b)
@@ -202,10 +206,6 @@ class Context:
                         log.end(cand, "killed", m)
                 elif kind == "exited":
                     log.end(e["cand"], "exited", m)
-                elif kind == "fault" and e["kind"] == "stop":
-                    log.fault("freeze", e["targets"][0], m)
-                elif kind == "cont":
-                    log.fault("thaw", e["cand"], m)
                 elif kind == "fault" and e["kind"].startswith("pg_"):
                     for cand in e["targets"]:
                         log.fault("terminate", cand, m)
@@ -393,7 +393,9 @@ def check_heartbeats(ctx: Context) -> None:
         stalls = [e for e in ctx.tl.by_cand[cand] if e["e"] == "stall"]
         for a, b in spans:
             where = [w for e in stalls if a <= e["m"] <= b for w in e["where"]]
-            ctx.find("blocked_loop", a, f"{cand}: no heartbeat for {b - a:.2f} s"
+            age = a - ctx.tl.spawned[cand]
+            ctx.find("blocked_loop", a, f"{cand}: no sign of life for {b - a:.2f} s, "
+                     f"{age:.1f} s after it started"
                      + (f", blocked in {' < '.join(where[:4])}" if where else ""))  # fmt: skip
 
 

@@ -9,6 +9,7 @@ host) and ``t`` (``time.time()``); the database's commit times are the server's
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import itertools
 import json
@@ -188,8 +189,8 @@ def measure(spans: Iterable[Span]) -> float:
 class Timeline:
     """What happened when, from the events: the phases, the faults, each replica's
     life, its freezes (SIGSTOP), its stalls (heartbeats more than ``stall_s`` apart
-    while not frozen: an event loop that did not run), the server's restarts, who held
-    the lock and the slots."""
+    while not frozen: an event loop that did not run; the stall is the longest silence
+    between them), the server's restarts, who held the lock and the slots."""
 
     def __init__(self, events: Iterable[Event], stall_s: float = 3.0) -> None:
         self.events = sorted(events, key=lambda e: float(e["m"]))
@@ -241,10 +242,18 @@ class Timeline:
             self.server_down.append((down_at, self.end))
         self.stalled: dict[str, list[Span]] = {}
         for cand, evs_of in self.by_cand.items():
+            times = [float(e["m"]) for e in evs_of]
             beats = [float(e["m"]) for e in evs_of if e["e"] == "hb"]
             frozen = norm(self.frozen.get(cand, []))
             self.stalled[cand] = [
-                (a, b)
+                # The longest silence between two heartbeats too far apart: the loop ran
+                # nothing then (what it logged in the gap came before or after).
+                max(
+                    itertools.pairwise(
+                        times[bisect.bisect_left(times, a) : bisect.bisect_right(times, b)]
+                    ),
+                    key=lambda pair: pair[1] - pair[0],
+                )
                 for a, b in itertools.pairwise(beats)
                 if measure(subtract([(a, b)], frozen)) > stall_s
             ]
