@@ -1,5 +1,5 @@
-"""The chaos soak, two minutes of it (``PGLEADERLOCK_CHAOS_S``; seed
-``PGLEADERLOCK_CHAOS_SEED``, else a random one, printed): four replica processes, each
+"""The chaos soak, two minutes of it (``PGLEADERLOCK_SOAK_S``; seed
+``PGLEADERLOCK_SOAK_SEED``, else a random one, printed): four replica processes, each
 running every feature of the library at once, under random faults (SIGKILL, two
 SIGKILLs, SIGTERM, SIGSTOP, a terminated lock session, fast and immediate server
 restarts), then every invariant of ``support.chaos_check`` over the record: no safety
@@ -26,13 +26,13 @@ from support.chaos_soak import FAULT_DECK, Soak, SoakConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.timeout(900)]
 
-SOAK_S = float(os.environ.get("PGLEADERLOCK_CHAOS_S", "120"))
+SOAK_S = float(os.environ.get("PGLEADERLOCK_SOAK_S", "120"))
 
 
 def test_every_feature_together_under_random_faults() -> None:
-    seed = int(os.environ.get("PGLEADERLOCK_CHAOS_SEED", random.randrange(1 << 32)))
+    seed = int(os.environ.get("PGLEADERLOCK_SOAK_SEED", random.randrange(1 << 32)))
     out = Path(tempfile.mkdtemp(prefix="chaos-soak-"))  # kept when the test fails
-    print(f"\nchaos soak: seed {seed} (PGLEADERLOCK_CHAOS_SEED={seed} runs it again)")
+    print(f"\nchaos soak: seed {seed} (PGLEADERLOCK_SOAK_SEED={seed} runs it again)")
     Soak(SoakConfig(seconds=SOAK_S, seed=seed), out).run()
     report = check(SoakData.load(out))
     print(report.format())

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from pgleaderlock.testing.beliefs import BeliefInterval, BeliefLog
+from pgleaderlock.testing.beliefs import BeliefInterval, BeliefLog, Overlap
 from support.chaos_data import (
     SoakData,
     Span,
@@ -186,13 +186,9 @@ class Context:
     def _faults(self, logs: dict[str, BeliefLog], role: str) -> None:
         """Deaths, freezes, thaws and terminations, into each of ``logs`` (of ``role``:
         ``lock``, ``sem`` or ``name``). A stalled event loop counts as a freeze (it is
-        a ``blocked_loop`` finding of its own). A leadership that begins within
-        ``late_loss_s`` after a freeze ends is explained by the freeze too: the frozen
-        replica's session ended meanwhile, and it learns so at its next step (whether it
-        learned in time is what ``late_loss`` checks)."""
-        resume = self.bounds.late_loss_s  # a replica that runs again learns in this time
+        a ``blocked_loop`` finding of its own)."""
         for cand in self.tl.cands:
-            for a, b in norm((a, b + resume) for a, b in self.tl.frozen_spans(cand)):
+            for a, b in self.tl.frozen_spans(cand):
                 for log in logs.values():
                     log.fault("freeze", cand, a)
                     log.fault("thaw", cand, b)
@@ -207,8 +203,9 @@ class Context:
                 elif kind == "exited":
                     log.end(e["cand"], "exited", m)
                 elif kind == "fault" and e["kind"].startswith("pg_"):
-                    for cand in e["targets"]:
-                        log.fault("terminate", cand, m)
+                    for cand in self.tl.cands:  # a restart reaches every replica alive
+                        if self.tl.spawned[cand] <= m < self.tl.died.get(cand, math.inf):
+                            log.fault("terminate", cand, m)
                 elif (
                     kind == "fault"
                     and e["kind"] == "terminate"
@@ -252,6 +249,56 @@ class Context:
         self._faults(logs, "name")
         return dict(logs)
 
+    @cached_property
+    def terms(self) -> dict[tuple[str, str, float], int | None]:
+        """The term each worker began with, by (name, replica, when)."""
+        return {(e["name"], e["c"], float(e["m"])): e["term"] for e in self.tl.events
+                if e["e"] == "begin" and e.get("what") == "name"}  # fmt: skip
+
+    def lock_overlaps(self, log: BeliefLog, name: str | None = None) -> list[Overlap]:
+        """The overlaps of ``log`` nothing explains. A belief that outlived its lock
+        because its replica did not run (a freeze, a stall) while the other began, or
+        within ``late_loss_s`` after it ran again (its session ended meanwhile, and it
+        learns so at its next step), or one that began as its replica ran again (a grant
+        from before: the replica acts on what it knew), is explained; for a name's worker (``name``), it is a ``late_loss`` if it went on
+        for ``late_loss_s`` while its replica ran (for the lock and the semaphore,
+        ``check_holders`` tells from ``pg_locks``)."""
+        tl, late = self.tl, self.bounds.late_loss_s
+        report = log.report(until=tl.end)
+        found = list(report.other_overlaps)
+        stale: list[tuple[Overlap, BeliefInterval]] = []
+        for overlap in report.terminate_overlaps + report.frozen_overlaps:
+            stale.append((overlap, overlap.earlier))
+
+        def rerun(interval: BeliefInterval) -> bool:
+            """It began as its replica ran again."""
+            spans = tl.frozen_spans(interval.candidate)
+            return any(a <= interval.start <= b + late for a, b in spans)
+
+        for overlap in list(found):
+            earlier, later = overlap.earlier, overlap.later
+            if rerun(later) or rerun(earlier):
+                found.remove(overlap)
+                stale.append((overlap, later if rerun(later) else earlier))
+            elif any(
+                a <= later.start <= b + late and b >= earlier.start
+                for a, b in tl.frozen_spans(earlier.candidate)
+            ):
+                found.remove(overlap)  # the other began while it did not run, or just after
+                stale.append((overlap, earlier))
+        for overlap, outlived in stale if name is not None else []:
+            other = overlap.later if outlived is overlap.earlier else overlap.earlier
+            both = (
+                max(other.start, outlived.start),
+                min(other.end_or(tl.end), outlived.end_or(tl.end)),
+            )
+            ran = measure(subtract([both], tl.frozen_spans(outlived.candidate)))
+            if ran > late:
+                what = f"{name}: " if name else ""
+                self.find("late_loss", both[0], f"{what}{overlap.describe(tl.start)}, "
+                          f"{outlived.candidate} ran {ran:.2f} s of it")  # fmt: skip
+        return found
+
     def spans(self, log: BeliefLog, cand: str) -> list[Span]:
         return norm((i.start, i.end_or(self.tl.end)) for i in log.intervals_of(cand))
 
@@ -280,26 +327,16 @@ def check_term_crossed(ctx: Context) -> None:
 
 
 def check_beliefs(ctx: Context) -> None:
-    for overlap in ctx.lock.report(until=ctx.tl.end).other_overlaps:
-        ctx.find("two_leaders", overlap.later.start, overlap.describe(ctx.tl.start))
-    for overlap in ctx.sem.report(until=ctx.tl.end).other_overlaps:
-        ctx.find("sem_excess", overlap.later.start, overlap.describe(ctx.tl.start))
-    late = ctx.bounds.late_loss_s
+    for kind, log in (("two_leaders", ctx.lock), ("sem_excess", ctx.sem)):
+        for overlap in ctx.lock_overlaps(log):
+            ctx.find(kind, overlap.later.start, overlap.describe(ctx.tl.start))
     for name, log in sorted(ctx.names.items()):
-        report = log.report(until=ctx.tl.end)
-        for overlap in report.other_overlaps:
+        for overlap in ctx.lock_overlaps(log, name):
+            terms = ctx.terms.get((name, overlap.earlier.candidate, overlap.earlier.start)), \
+                ctx.terms.get((name, overlap.later.candidate, overlap.later.start))  # fmt: skip
+            stale = " (a stale start: its term is older)" if terms[1] < terms[0] else ""  # type: ignore[operator]
             ctx.find("name_two_leaders", overlap.later.start,
-                     f"{name}: {overlap.describe(ctx.tl.start)}")  # fmt: skip
-        for overlap in (*report.terminate_overlaps, *report.frozen_overlaps):
-            # How long the old worker ran on while its replica ran (a freeze, a stall
-            # of its event loop: not its fault; a stall is a finding of its own).
-            old = overlap.earlier
-            ran = subtract(
-                [(overlap.later.start, old.end_or(ctx.tl.end))], ctx.tl.frozen_spans(old.candidate)
-            )
-            if measure(ran) > late:
-                ctx.find("late_loss", overlap.later.start, f"{name}: {overlap.describe(ctx.tl.start)}"
-                         f", {measure(ran):.2f} s of it running")  # fmt: skip
+                     f"{name}: {overlap.describe(ctx.tl.start)}, terms {terms}{stale}")  # fmt: skip
 
 
 def check_slots(ctx: Context) -> None:

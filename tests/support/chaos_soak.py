@@ -404,14 +404,18 @@ class Soak:
             return members.get(parts[2])
         return None
 
+    def connected(self) -> list[str]:
+        """The replicas a restart of the server reaches: every one not dead."""
+        return [p.cand for p in self.procs.values() if p.state != "dead"]
+
     def fault_pg_fast(self) -> bool:
-        self.emit("fault", kind="pg_fast", targets=[p.cand for p in self.live(frozen=True)])
+        self.emit("fault", kind="pg_fast", targets=self.connected())
         self.pg.restart("fast")
         self.emit("server_up")
         return True
 
     def fault_pg_immediate(self) -> bool:
-        self.emit("fault", kind="pg_immediate", targets=[p.cand for p in self.live(frozen=True)])
+        self.emit("fault", kind="pg_immediate", targets=self.connected())
         self.pg.stop("immediate")
         self.pg.start_again()
         self.emit("server_up")

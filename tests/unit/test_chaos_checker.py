@@ -61,6 +61,8 @@ class World:
             beats = [b for b in beats if not 30 < b < 35]
         if (self.plant or "").startswith("frozen_leader") and c == B:
             beats = [b for b in beats if not 20 < b < 33]  # SIGSTOPped
+        if (self.plant or "").startswith("stale_start") and c == B:
+            beats = [b for b in beats if not 20 < b < 30]
         for at in beats:
             self.ev(c, at, "hb", counts={"lockwork.commits": 1})
 
@@ -143,6 +145,11 @@ class World:
             h(30.0, "fault", kind="terminate", targets=[B], role="name", name="n00", pid=7)
             self.ev(C, 30.1, "begin", what="name", name="n00", term=3)
             self.ev(C, 34.0, "end", what="name", name="n00", term=3)
+        if p is not None and p.startswith("stale_start"):
+            h(20.0, "fault", kind="stop", targets=[B], for_s=10.0)
+            h(30.0, "cont", cand=B)
+            self.ev(B, 30.05, "begin", what="name", name="n01", term=0)  # granted before
+            self.ev(B, 36.0 if p.endswith("late") else 30.3, "end", what="name", name="n01", term=0)
         if p == "stopped_loop":
             self.ev(A2, 30.0, "stopped", what="coord", error="None")
         # The end.
@@ -260,3 +267,13 @@ def test_a_frozen_leader_is_explained_and_its_leaderless_time_measured() -> None
     assert report.leaderless["kill"] == [pytest.approx(0.05)]
     report = check(World("frozen_leader_late").data())
     assert [f.kind for f in report.findings] == ["late_loss"], report.format()
+
+
+def test_a_worker_started_as_its_replica_runs_again_is_explained() -> None:
+    """B, SIGSTOPped from 20 s to 30 s, starts n01's worker at 30.05 s for a grant from
+    before its freeze (C runs n01 meanwhile, under a newer term), and stops it 0.25 s
+    later: explained. Had it run for 6 s: a late loss."""
+    assert check(World("stale_start").data()).findings == []
+    report = check(World("stale_start_late").data())
+    assert [f.kind for f in report.findings] == ["late_loss"], report.format()
+    assert check(World("stale_start_late").data(), skip=frozenset({"beliefs"})).findings == []
