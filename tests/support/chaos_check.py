@@ -448,12 +448,17 @@ def check_names_led(ctx: Context) -> None:
 
 
 def check_stopped_loops(ctx: Context) -> None:
+    told: set[tuple[str, str]] = set()  # (replica, loop): once each (a log, then its state)
     for e in ctx.tl.events:
         kind = e["e"]
-        if kind == "stopped":
+        if kind == "stopped" and (e["c"], e["what"]) not in told:
+            told.add((e["c"], e["what"]))
             ctx.find("stopped_loop", e["m"], f"{e['c']}'s {e['what']} stopped: {e['error']}")
         elif kind == "log" and e["event"] in STOPPING_LOGS:
-            ctx.find("stopped_loop", e["m"], f"{e['c']}: {e['event']} {e['f']}")
+            loop = "coord" if e["event"] == "coordinator_failed" else f"task {e['f'].get('task')}"
+            if (e["c"], loop) not in told:
+                told.add((e["c"], loop))
+                ctx.find("stopped_loop", e["m"], f"{e['c']}: {e['event']} {e['f']}")
         elif kind == "exited" and (e["how"] == "died" or (e["how"] == "term" and e["rc"] != 0)):
             ctx.find("unexpected_exit", e["m"], f"{e['cand']} exited by itself, rc {e['rc']}")
 
