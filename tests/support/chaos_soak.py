@@ -2,8 +2,9 @@
 (``chaos_replica.py``: every feature at once), random faults for a while, a quiet tail,
 a graceful stop, and the record of it all. ``chaos_check.check`` judges the record.
 
-Faults, drawn from a shuffled deck (so that their counts stay in proportion) at random
-intervals, from a seeded ``random.Random``:
+Faults, drawn from rounds of ``FAULT_DECK`` (every kind once first, then the rest, each
+part shuffled: their counts stay in proportion, and a short run sees every kind) at
+random intervals, from a seeded ``random.Random``:
 
 - ``kill``: SIGKILL of a replica (the lock's leader half of the time), restarted at once;
 - ``kill2``: two replicas SIGKILLed at once, both restarted;
@@ -55,7 +56,7 @@ FAULT_DECK = (
     *("kill",) * 3, *("term",) * 2, *("stop",) * 2, *("terminate",) * 3,
     "kill2", "pg_fast", "pg_immediate",
 )  # fmt: skip
-"""One round of faults; each round is shuffled."""
+"""One round of faults: each kind once, in a random order, then the others shuffled."""
 HARNESS = "harness"
 TICK_S = 0.1
 
@@ -310,9 +311,14 @@ class Soak:
 
     def fault(self) -> None:
         for _ in range(len(FAULT_DECK)):
-            if not self.deck:
-                self.deck = list(FAULT_DECK)
-                self.rng.shuffle(self.deck)
+            if not self.deck:  # each kind once first, then the rest of the round
+                kinds = sorted(set(FAULT_DECK))
+                rest = list(FAULT_DECK)
+                for kind in kinds:
+                    rest.remove(kind)
+                self.rng.shuffle(kinds)
+                self.rng.shuffle(rest)
+                self.deck = rest + kinds  # popped from the end
             kind = self.deck.pop()
             if getattr(self, f"fault_{kind}")():
                 return
