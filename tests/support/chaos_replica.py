@@ -275,9 +275,9 @@ class Replica:
         """From a thread (``--watchdog``): when the event loop has not ticked for
         ``STALL_DUMP_S``, tell where its thread is (a ``stall`` event: the innermost
         frames, the library's first) and dump every thread's stack to stderr, once per
-        stall. Off by default: reading the frames of a running thread crashed CPython
-        3.11.7 (SIGSEGV in the replica's main thread) in 2 of 2 soak runs with it, and
-        in 0 of 2 without."""
+        stall. Off by default: it reads the frames of a running thread, and both soak
+        runs made with it had a replica die of SIGSEGV (so did later runs without it:
+        the crash is psycopg's, under the library's psycopg backend)."""
         main = threading.main_thread().ident
         dumped = 0.0
         while True:

@@ -104,7 +104,7 @@ class SoakConfig:
     max_connections: int = 400
     watchdog: bool = False
     """Replicas dump their stacks when their event loop stalls (``chaos_replica.py``'s
-    ``--watchdog``: a diagnostic that has crashed CPython)."""
+    ``--watchdog``: a diagnostic that reads a running thread's frames)."""
 
 
 class EventFile:
