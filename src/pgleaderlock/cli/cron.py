@@ -21,8 +21,9 @@ import click
 from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
 from ..core.retry import ExponentialBackoff
+from ..proctree.tree import become_subreaper
 from ..schedule import Cron, Every, JobFunction, Run, RunFailed, Scheduler, Timing
-from .exec import exit_status, spawn, stop_command
+from .exec import exit_status, start_tree
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_OK, CliError
 from .logs import log
 from .options import Common, lock_options, log_options, positive, seconds_option
@@ -152,6 +153,7 @@ def cron(
         )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
+    become_subreaper()  # if a keeper dies, what is left of COMMAND's tree comes here
     return asyncio.run(_serve(common, lock, tracker, sched, timing))
 
 
@@ -177,17 +179,19 @@ def _job(command: list[str], lock: LeaderLock, kill_after_s: float) -> JobFuncti
             "PGLEADERLOCK_TERM": str(run.term),
             "PGLEADERLOCK_SCHEDULE": run.schedule,
         }
-        proc = await spawn(command, env)
-        log("INFO", "command_started", lock=lock.label, pid=proc.pid, slot=run.slot.isoformat(),
+        tree = await start_tree(lock, command, kill_after_s, env)
+        log("INFO", "command_started", lock=lock.label, pid=tree.pid, slot=run.slot.isoformat(),
             term=run.term, command=shlex.join(command))  # fmt: skip
         try:
-            code = exit_status(await proc.wait())
+            code = exit_status(await tree.wait())
         except asyncio.CancelledError:
             log("WARNING", "leadership_lost", lock=lock.label, action="terminating COMMAND",
-                pid=proc.pid, kill_after_s=kill_after_s)  # fmt: skip
-            await asyncio.shield(stop_command(proc, kill_after_s, lock.label))
+                pid=tree.pid, kill_after_s=kill_after_s)  # fmt: skip
+            await asyncio.shield(tree.stop())
             raise
-        log("INFO", "command_exited", lock=lock.label, pid=proc.pid, exit_code=code,
+        finally:
+            await asyncio.shield(tree.aclose())
+        log("INFO", "command_exited", lock=lock.label, pid=tree.pid, exit_code=code,
             slot=run.slot.isoformat())  # fmt: skip
         if code != 0:
             raise RunFailed(f"exit {code}")

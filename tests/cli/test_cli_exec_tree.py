@@ -1,0 +1,134 @@
+"""``exec``, ``exec -n`` and ``cron``: no process of COMMAND's tree outlives the
+leadership, SIGKILL of ``pgleaderlock`` included (DESIGN decision 20).
+
+A chain of leaders on one lock: each runs ``tree_probe.py``, which leaves a child, a
+``setsid`` child and a double-forked ``setsid`` orphan sleeping; the next one waits for
+the lock; the leader is SIGKILLed. The next leader's probe then checks, first thing,
+that none of those processes still runs. ``RUNS`` times per command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from support.killchain import (
+    RUNS,
+    check_of,
+    exited_within,
+    kill_recorded,
+    probe,
+    ready_tags,
+    summary,
+    tree_of,
+)
+from support.poll import eventually
+
+if TYPE_CHECKING:
+    from cli.clitools import CliProcess
+    from cli.conftest import Start
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: a subreaper"),
+]
+
+
+async def new_tag(directory: Path, seen: set[str], timeout_s: float = 20.0) -> str:
+    """Wait for a probe that was not seen yet to record its tree; its tag."""
+
+    async def recorded() -> bool:
+        return bool(await asyncio.to_thread(ready_tags, directory) - seen)
+
+    await eventually(recorded, timeout_s=timeout_s, what="the next leader's command")
+    (tag,) = ready_tags(directory) - seen
+    return tag
+
+
+async def kill_chain(
+    directory: Path,
+    start: Callable[[int], Awaitable[CliProcess]],
+    waiting: str,
+    what: str,
+) -> list[float]:
+    """``RUNS`` times: start the next candidate (``start(i)``), wait until its stderr
+    says it is ``waiting`` for the lock, SIGKILL the leader, and check that the next
+    leader's command found nothing of the leader's tree running. Returns the seconds
+    from each SIGKILL until every process of that tree had exited."""
+    times = []
+    try:
+        leader = await start(0)
+        tag = await new_tag(directory, set())
+        for i in range(1, RUNS + 1):
+            candidate = await start(i)
+            await candidate.expect(waiting)
+            tree = tree_of(directory, tag)
+            assert len(tree) == 4, f"run {i}: the leader's tree is not all running: {tree}"
+            seen = ready_tags(directory)
+            killed = time.monotonic()
+            leader.send(signal.SIGKILL)
+            gone = asyncio.ensure_future(asyncio.to_thread(exited_within, tree, killed, 10.0))
+            tag = await new_tag(directory, seen)
+            found = check_of(directory, tag)
+            assert found == [], f"run {i}: the next leader's command started beside {found}"
+            times.append(await gone)
+            assert await leader.wait() == -signal.SIGKILL
+            leader = candidate
+    finally:
+        kill_recorded(directory)
+    print(summary(what, times))
+    return times
+
+
+async def test_exec_sigkilled_leaves_no_process_of_the_command(
+    cli: Start, lock_name: str, tmp_path: Path
+) -> None:
+    async def start(i: int) -> CliProcess:
+        return await cli(
+            "exec", "--name", lock_name, "-v", "--wait", "60", "--", *probe(tmp_path, str(i))
+        )
+
+    times = await kill_chain(tmp_path, start, "lock_busy", "exec")
+    assert len(times) == RUNS
+
+
+async def test_exec_n_sigkilled_leaves_no_process_of_the_command(
+    cli: Start, lock_name: str, tmp_path: Path
+) -> None:
+    """``exec -n 2``: another host holds the other slot for the whole test."""
+    other = await cli("exec", "--name", lock_name, "-n", "2", "-v", "--", "sleep", "120")
+    await other.expect("command_started")
+
+    async def start(i: int) -> CliProcess:
+        return await cli(
+            "exec", "--name", lock_name, "-n", "2", "-v", "--wait", "60",
+            "--", *probe(tmp_path, str(i)),
+        )  # fmt: skip
+
+    times = await kill_chain(tmp_path, start, "lock_busy", "exec -n 2")
+    assert len(times) == RUNS
+    assert other.proc.returncode is None
+
+
+async def test_cron_sigkilled_leaves_no_process_of_the_command(
+    cli: Start, lock_name: str, tmp_path: Path
+) -> None:
+    """Each leader's first slot runs the probe (its tag: the fencing term), which runs
+    on past the next slots (runs of a job never overlap)."""
+
+    async def start(i: int) -> CliProcess:
+        return await cli(
+            "cron", "--name", lock_name, "--every", "0.5", "--health-interval", "0.5",
+            "--", *probe(tmp_path, "term"),
+        )  # fmt: skip
+
+    times = await kill_chain(tmp_path, start, "lock_busy", "cron")
+    assert len(times) == RUNS
