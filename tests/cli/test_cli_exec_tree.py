@@ -10,6 +10,7 @@ that none of those processes still runs. ``RUNS`` times per command.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from support.killchain import (
+    POOL,
     RUNS,
     check_of,
     exited_within,
@@ -56,20 +58,30 @@ async def new_tag(directory: Path, seen: set[str], timeout_s: float = 20.0) -> s
 async def kill_chain(
     directory: Path,
     start: Callable[[int], Awaitable[CliProcess]],
-    waiting: str,
+    leads: Callable[[CliProcess, str], bool],
     what: str,
+    waiting: str = "lock_busy",
 ) -> list[float]:
-    """``RUNS`` times: start the next candidate (``start(i)``), wait until its stderr
-    says it is ``waiting`` for the lock, SIGKILL the leader, and check that the next
-    leader's command found nothing of the leader's tree running. Returns the seconds
-    from each SIGKILL until every process of that tree had exited."""
-    times = []
+    """``RUNS`` times: once the oldest candidate says that it is ``waiting`` for the
+    lock, SIGKILL the leader, and check that the next leader's command found nothing of
+    the leader's tree running. ``POOL`` candidates (``start(i)``) wait at any time, so
+    that their starts overlap the runs; ``leads(candidate, tag)``: whether the probe
+    ``tag`` is that candidate's. Returns the seconds from each SIGKILL until every
+    process of the killed tree had exited."""
+    times: list[float] = []
+    started = 0
+
+    async def launch() -> CliProcess:
+        nonlocal started
+        started += 1
+        return await start(started - 1)
+
     try:
-        leader = await start(0)
+        leader = await launch()
         tag = await new_tag(directory, set())
+        pool = [await launch() for _ in range(POOL)]
         for i in range(1, RUNS + 1):
-            candidate = await start(i)
-            await candidate.expect(waiting)
+            await pool[0].expect(waiting)
             tree = tree_of(directory, tag)
             assert len(tree) == 4, f"run {i}: the leader's tree is not all running: {tree}"
             seen = ready_tags(directory)
@@ -81,11 +93,19 @@ async def kill_chain(
             assert found == [], f"run {i}: the next leader's command started beside {found}"
             times.append(await gone)
             assert await leader.wait() == -signal.SIGKILL
-            leader = candidate
+            (leader,) = [candidate for candidate in pool if leads(candidate, tag)]
+            pool.remove(leader)
+            if started <= RUNS:
+                pool.append(await launch())
     finally:
         kill_recorded(directory)
     print(summary(what, times))
     return times
+
+
+def by_tag(candidate: CliProcess, tag: str) -> bool:
+    """Whether the probe ``tag`` is the one on ``candidate``'s command line."""
+    return candidate.args[-2] == tag
 
 
 async def test_exec_sigkilled_leaves_no_process_of_the_command(
@@ -96,7 +116,7 @@ async def test_exec_sigkilled_leaves_no_process_of_the_command(
             "exec", "--name", lock_name, "-v", "--wait", "60", "--", *probe(tmp_path, str(i))
         )
 
-    times = await kill_chain(tmp_path, start, "lock_busy", "exec")
+    times = await kill_chain(tmp_path, start, by_tag, "exec")
     assert len(times) == RUNS
 
 
@@ -113,7 +133,7 @@ async def test_exec_n_sigkilled_leaves_no_process_of_the_command(
             "--", *probe(tmp_path, str(i)),
         )  # fmt: skip
 
-    times = await kill_chain(tmp_path, start, "lock_busy", "exec -n 2")
+    times = await kill_chain(tmp_path, start, by_tag, "exec -n 2")
     assert len(times) == RUNS
     assert other.proc.returncode is None
 
@@ -130,5 +150,8 @@ async def test_cron_sigkilled_leaves_no_process_of_the_command(
             "--", *probe(tmp_path, "term"),
         )  # fmt: skip
 
-    times = await kill_chain(tmp_path, start, "lock_busy", "cron")
+    def runs_term(candidate: CliProcess, term: str) -> bool:
+        return re.search(rf"command_started .*term={term}\b", candidate.stderr) is not None
+
+    times = await kill_chain(tmp_path, start, runs_term, "cron")
     assert len(times) == RUNS

@@ -4,7 +4,8 @@ leader's command starts only once every process of that tree is gone.
 The command is ``tree_probe.py`` (see there): each leader's probe records its tree and,
 first thing, checks the trees that earlier leaders' probes recorded. A chain of leaders
 on one lock, each SIGKILLed once the next one waits for the lock, runs this check
-``RUNS`` times for the price of one process start each.
+``RUNS`` times for the price of one process start each, and ``POOL`` candidates wait at
+any time so that their starts overlap the runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from support.tree_probe import recorded, start_time
 
 __all__ = [
+    "POOL",
     "PROBE",
     "RUNS",
     "check_of",
@@ -34,6 +36,8 @@ __all__ = [
 
 PROBE = Path(__file__).with_name("tree_probe.py")
 RUNS = 20
+POOL = 2
+"""How many candidates wait at any time (their starts overlap the runs)."""
 
 
 def probe(directory: Path, tag: str, seconds: float = 30.0) -> list[str]:

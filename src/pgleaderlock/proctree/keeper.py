@@ -95,7 +95,48 @@ def processes() -> dict[int, tuple[int, str]]:
 
 
 def descendants(root: int) -> list[int]:
-    """The pids of the processes below ``root`` that run (zombies left out)."""
+    """The pids of the processes below ``root`` that run (zombies left out).
+
+    Walks the ``children`` files of ``/proc`` (reads a few files per process of the
+    tree) where the kernel has them, else reads every process of ``/proc``. Either may
+    miss a process that forks or ends during the walk: callers look again until what
+    they wait for (no child left) is true."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return _descendants_by_scan(root)
+    found, todo = [], _children(root)
+    while todo:
+        pid = todo.pop()
+        todo.extend(_children(pid))
+        if _state(pid) not in ("Z", "X", None):
+            found.append(pid)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children, from the ``children`` file of each of its threads."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # ended
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                found.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants_by_scan(root: int) -> list[int]:
     table = processes()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():

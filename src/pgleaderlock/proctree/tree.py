@@ -31,6 +31,7 @@ __all__ = [
     "Report",
     "become_subreaper",
     "end_orphans",
+    "keeper_argv",
     "session_socket",
     "start_keeper",
 ]
@@ -99,6 +100,20 @@ async def session_socket(lock: LeaderLock) -> int | None:
     return await run_on_session(lock, dup, lock_settings(lock).command_timeout_s)
 
 
+def keeper_argv(
+    kind: str,
+    ctl: int,
+    report: int,
+    session_fd: int | None,
+    kill_after_s: float,
+    arguments: Sequence[str],
+) -> list[str]:
+    """The keeper's command line (see [`keeper`][pgleaderlock.proctree.keeper])."""
+    sock = "-" if session_fd is None else str(session_fd)
+    return [sys.executable, "-I", "-S", str(KEEPER), kind, str(ctl), str(report), sock,
+            repr(kill_after_s), *arguments]  # fmt: skip
+
+
 async def start_keeper(
     kind: str,
     session_fd: int | None,
@@ -115,9 +130,7 @@ async def start_keeper(
     ctl_r, ctl_w = os.pipe()
     report_r, report_w = os.pipe()
     fds = [ctl_r, report_w, *([session_fd] if session_fd is not None else [])]
-    sock = "-" if session_fd is None else str(session_fd)
-    argv = [sys.executable, "-I", "-S", str(KEEPER), kind, str(ctl_r), str(report_w), sock,
-            repr(kill_after_s), *arguments]  # fmt: skip
+    argv = keeper_argv(kind, ctl_r, report_w, session_fd, kill_after_s, arguments)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, env=env, pass_fds=fds, start_new_session=True
