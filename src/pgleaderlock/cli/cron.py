@@ -26,7 +26,15 @@ from ..schedule import Cron, Every, JobFunction, Run, RunFailed, Scheduler, Timi
 from .exec import exit_status, start_tree
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_OK, CliError
 from .logs import log
-from .options import Common, lock_options, log_options, positive, seconds_option
+from .options import (
+    Common,
+    Tables,
+    lock_options,
+    log_options,
+    positive,
+    seconds_option,
+    table_options,
+)
 from .runtime import Signals, build_lock, first, permanent_error, preflight
 from .tracker import Tracker
 
@@ -40,6 +48,8 @@ Examples:
   pgleaderlock cron --name sync --every 30 --catch-up all -- python -m app.sync
   # 03:00 Berlin time, daylight saving included
   pgleaderlock cron --name report --schedule "0 3 * * *" --timezone Europe/Berlin -- ./report
+  # the tables in their own schema, made by a migration role (pgleaderlock sql)
+  pgleaderlock cron --name backup --every 3600 --schema locks --trusted-role migrator -- ./b.sh
 
 \b
 COMMAND gets PGLEADERLOCK_SLOT (the slot, ISO 8601 UTC), PGLEADERLOCK_TERM (the fencing
@@ -61,6 +71,7 @@ be executed / is not found (checked before the first slot).
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @lock_options
+@table_options
 @click.option(
     "--schedule",
     "expression",
@@ -111,6 +122,7 @@ be executed / is not found (checked before the first slot).
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def cron(
     common: Common,
+    tables: Tables,
     expression: str | None,
     every: float | None,
     timezone: str,
@@ -138,6 +150,8 @@ def cron(
         common,
         ExponentialBackoff(base_s=1.0, max_s=30.0),
         fencing=True,
+        fencing_schema=tables.schema,
+        trusted_roles=tables.trusted_roles,
         health_interval_s=health_interval,
         drain_s=drain,
     )
