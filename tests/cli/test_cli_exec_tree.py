@@ -10,6 +10,8 @@ that none of those processes still runs. ``RUNS`` times per command.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import signal
 import sys
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from cli.clitools import process_gone
+from pgleaderlock.proctree.keeper import descendants
 from support.killchain import (
     POOL,
     RUNS,
@@ -155,3 +159,48 @@ async def test_cron_sigkilled_leaves_no_process_of_the_command(
 
     times = await kill_chain(tmp_path, start, runs_term, "cron")
     assert len(times) == RUNS
+
+
+async def test_what_command_leaves_running_ends_before_the_lock_is_released(
+    cli: Start, lock_name: str, tmp_path: Path
+) -> None:
+    """COMMAND exits 3 and leaves a ``setsid`` process: it gets SIGTERM, and exec
+    reports COMMAND's exit (and releases the lock) once it is gone."""
+    pid_file = tmp_path / "pid"
+    script = f"setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}; exit 3"
+    proc = await cli("exec", "--name", lock_name, "-v", "--", "sh", "-c", script)
+    try:
+        assert await proc.wait() == 3, proc.describe()
+        assert process_gone(int(pid_file.read_text()))
+        events = [line.split(" | ")[-1] for line in proc.err if " | " in line]
+        order = [event.split()[0] for event in events]
+        left = order.index("command_left_processes")
+        assert left < order.index("command_exited") < order.index("lock_released")
+        assert "count=1" in events[left]
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+async def test_a_killed_keeper_leaves_nothing_running_beside_the_next_leader(
+    cli: Start, lock_name: str, tmp_path: Path
+) -> None:
+    """The keeper itself is SIGKILLed: COMMAND dies with it (PR_SET_PDEATHSIG), what is
+    left of the tree comes to exec (a subreaper), which kills it before it releases
+    the lock; exec exits 137."""
+    leader = await cli("exec", "--name", lock_name, "-v", "--", *probe(tmp_path, "0"))
+    await new_tag(tmp_path, set())
+    tree = tree_of(tmp_path, "0")
+    (keeper,) = [pid for pid in descendants(leader.pid) if pid not in tree]
+    candidate = await cli(
+        "exec", "--name", lock_name, "-v", "--wait", "60", "--", *probe(tmp_path, "1")
+    )
+    try:
+        await candidate.expect("lock_busy")
+        os.kill(keeper, signal.SIGKILL)
+        assert await leader.wait() == 128 + signal.SIGKILL, leader.describe()
+        assert "keeper_died" in leader.stderr
+        assert await new_tag(tmp_path, {"0"}) == "1"
+        assert check_of(tmp_path, "1") == []
+    finally:
+        kill_recorded(tmp_path)

@@ -283,3 +283,19 @@ def test_a_sigkilled_singleton_leaves_no_process_its_command_started(
     finally:
         kill_recorded(tmp_path)
     print(summary("Django singleton", times))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc")
+def test_what_the_command_leaves_running_ends_before_the_lock_is_released(
+    manage: Manage, lock_name: str, tmp_path: Path
+) -> None:
+    result = manage("pgleaderlock_singleton", "--name", lock_name, "--", "pgltest_tree",
+                    "--probe", str(PROBE), "--dir", str(tmp_path), "--tag", "0", "--leave")  # fmt: skip
+    try:
+        assert result.returncode == 0, result.stderr
+        assert "pgltest_tree left 3 processes running: terminated before the lock" in (
+            result.stderr
+        )
+        assert tree_of(tmp_path, "0") == []
+    finally:
+        kill_recorded(tmp_path)

@@ -13,7 +13,7 @@
    in the background with ``setsid`` and left (a double fork: its parent is gone);
 3. it writes ``DIR/pids-TAG`` (each process of its tree, itself included: ``PID
    STARTTIME`` per line, so a reused pid is not mistaken for it), then ``DIR/ready-TAG``,
-   and sleeps SECONDS.
+   and sleeps SECONDS (``main(..., stay=False)``: returns, leaving the three behind).
 
 Each file is written whole (a rename), so a reader never sees half of one.
 """
@@ -56,7 +56,7 @@ def recorded(directory: Path, skip: str) -> list[tuple[int, str]]:
     return found
 
 
-def main(directory: Path, tag: str, seconds: float) -> None:
+def main(directory: Path, tag: str, seconds: float, stay: bool = True) -> None:
     alive = [pid for pid, started in recorded(directory, tag) if start_time(pid) == started]
     write(directory / f"check-{tag}", "".join(f"alive {pid}\n" for pid in alive))
     sleep = ["sleep", f"{seconds:g}"]
@@ -72,7 +72,8 @@ def main(directory: Path, tag: str, seconds: float) -> None:
     pids = [os.getpid(), child.pid, escaped.pid, orphan]
     write(directory / f"pids-{tag}", "".join(f"{pid} {start_time(pid)}\n" for pid in pids))
     write(directory / f"ready-{tag}", "")
-    time.sleep(seconds)
+    if stay:
+        time.sleep(seconds)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,7 @@ class _Keeper:
         self.stopping = False
         self.killing = False
         self.killed_reported = False
+        self.found = 0  # how many processes ran when it was told to stop (or kill)
 
     def report(self, line: str) -> None:
         try:  # noqa: SIM105 - no contextlib (see the imports)
@@ -206,10 +207,12 @@ class _Keeper:
     def stop(self) -> None:
         if not self.stopping:
             self.stopping = True
-            self.send(signal.SIGTERM)
+            self.found = self.send(signal.SIGTERM)
             self.deadline = time.monotonic() + self.kill_after_s
 
     def kill(self) -> None:
+        if not self.stopping:
+            self.found = self.send(signal.SIGKILL)
         self.stopping = self.killing = True
         self.deadline = None
         self.send(signal.SIGKILL)
@@ -359,16 +362,10 @@ class _MarkedKeeper(_Keeper):
         return marked(self.token, exclude=(self.parent,))
 
     def run(self) -> int:
-        found = 0
-        while True:
-            if self.stopping:
-                left = self.running()
-                if not left:
-                    break
-                found = max(found, len(left))
+        while not (self.stopping and not self.running()):
             self.wait([], _POLL_S if self.stopping else None)
             self.tick()
-        self.report(f"done {found}")
+        self.report(f"done {self.found}")
         return 0
 
 
