@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cli.clitools import process_gone
-from pgleaderlock.proctree.keeper import descendants
 from support.killchain import (
     POOL,
     RUNS,
     check_of,
+    descendants_of,
     exited_within,
     kill_recorded,
     probe,
@@ -191,7 +191,7 @@ async def test_a_killed_keeper_leaves_nothing_running_beside_the_next_leader(
     leader = await cli("exec", "--name", lock_name, "-v", "--", *probe(tmp_path, "0"))
     await new_tag(tmp_path, set())
     tree = tree_of(tmp_path, "0")
-    (keeper,) = [pid for pid in descendants(leader.pid) if pid not in tree]
+    (keeper,) = [pid for pid in descendants_of(leader.pid) if pid not in tree]
     candidate = await cli(
         "exec", "--name", lock_name, "-v", "--wait", "60", "--", *probe(tmp_path, "1")
     )

@@ -26,6 +26,7 @@ __all__ = [
     "PROBE",
     "RUNS",
     "check_of",
+    "descendants_of",
     "exited_within",
     "kill_recorded",
     "probe",
@@ -90,6 +91,24 @@ def exited_within(pids: list[int], since: float, timeout_s: float) -> float:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def descendants_of(root: int) -> list[int]:
+    """The running processes below ``root`` (the tests' own walk of ``/proc``)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] not in ("Z", "X"):
+                    parents[int(entry)] = int(fields[1])
+    found, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        below = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += below
+        todo += below
+    return found
 
 
 def kill_recorded(directory: Path) -> None:
