@@ -316,7 +316,7 @@ class BaseSession(abc.ABC):
 
     def fileno(self) -> int:
         """The connection's socket descriptor, or -1 (see
-        [`SocketSession`][pgleaderlock.core.session.SocketSession])."""
+        [`SocketSession`][pgleaderlock.backends.SocketSession])."""
         return self._socket()
 
     def acknowledged(self) -> bool | None:

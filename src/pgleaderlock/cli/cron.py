@@ -54,8 +54,11 @@ Examples:
 \b
 COMMAND gets PGLEADERLOCK_SLOT (the slot, ISO 8601 UTC), PGLEADERLOCK_TERM (the fencing
 term it runs under) and PGLEADERLOCK_SCHEDULE in its environment, and runs in a process
-group of its own. If leadership is lost while it runs, it gets SIGTERM, then SIGKILL
-after --kill-after; its slot stays "running" and the next leader applies --interrupted.
+group of its own. If leadership is lost while it runs, every process of its tree gets
+SIGTERM, then SIGKILL after --kill-after; its slot stays "running" and the next leader
+applies --interrupted. As for exec, no process of COMMAND's tree outlives the lock, a
+SIGKILLed cron included. The tables go in --schema; with tables made by a migration
+role (pgleaderlock sql), name it with --trusted-role.
 
 \b
 Exit codes: 0 after SIGTERM/SIGINT (a running COMMAND is stopped the same way first,
@@ -110,7 +113,8 @@ be executed / is not found (checked before the first slot).
 @seconds_option(
     "--kill-after",
     default=10.0,
-    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+    text="When leadership is lost, or COMMAND exited and left processes running: seconds "
+    "between SIGTERM and SIGKILL to what runs of COMMAND's tree.",
 )
 @seconds_option(
     "--drain", default=0.0, text="On SIGTERM/SIGINT: how long a running COMMAND may finish first."

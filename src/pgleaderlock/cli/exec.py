@@ -2,9 +2,11 @@
 
 Like flock(1) for a fleet: the host holding the lock runs COMMAND, the others exit 75
 (or wait with ``--wait``). COMMAND runs in its own process group; SIGTERM and SIGINT are
-forwarded to it; if leadership is lost its group gets SIGTERM, then SIGKILL after
-``--kill-after`` if any of it still runs (exit 76). On Linux it also dies with
-pgleaderlock (PR_SET_PDEATHSIG).
+forwarded to it; if leadership is lost every process of its tree gets SIGTERM, then
+SIGKILL after ``--kill-after`` if any still runs (exit 76). No process of the tree
+outlives the lock, not even when pgleaderlock is SIGKILLed: COMMAND runs under a keeper
+process that holds the lock's session open until the tree is gone
+(`pgleaderlock.proctree`).
 """
 
 from __future__ import annotations
@@ -57,9 +59,12 @@ slots are held elsewhere; 2 for bad input, an
 unreachable server or a server that refuses this client for good (COMMAND did not run);
 126/127 if COMMAND cannot be executed / is not found.
 
-COMMAND runs in its own session (process group); SIGTERM and SIGINT sent to
-pgleaderlock are forwarded to that group. On Linux COMMAND is also killed if
-pgleaderlock itself dies.
+COMMAND runs in its own process group; SIGTERM and SIGINT sent to pgleaderlock are
+forwarded to that group. No process of COMMAND's tree outlives the lock: what COMMAND
+leaves running is stopped (SIGTERM, SIGKILL after --kill-after) before the lock is
+released, and if pgleaderlock is killed, the tree is killed before the server can free
+the lock (on Linux the whole tree, setsid and double forks included; elsewhere
+COMMAND's process group).
 """
 
 
@@ -74,7 +79,8 @@ pgleaderlock itself dies.
 @seconds_option(
     "--kill-after",
     default=10.0,
-    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+    text="When leadership is lost, or COMMAND exited and left processes running: seconds "
+    "between SIGTERM and SIGKILL to what runs of COMMAND's tree.",
 )
 @click.option(
     "--held-exit-code",

@@ -23,6 +23,12 @@ process exits 76 at once (``os._exit``), as ``exec`` sends SIGKILL. Both need th
 thread: from another thread (``call_command`` in a thread) the command is never
 interrupted, and the result is 76 when it ends. Fence its database writes
 (``fencing=True``) for a guarantee that does not depend on timing.
+
+Processes the command starts never outlive the lock (on Linux, from the main thread):
+they carry a mark in their environment, and a keeper process that holds the lock's
+session stops them (SIGTERM, SIGKILL after ``--kill-after``) when the command ends,
+before the lock is released, and kills them before the session can close if this
+process dies (`pgleaderlock.proctree.marked`).
 """
 
 from __future__ import annotations
