@@ -40,6 +40,7 @@ from support.poll import eventually
 if TYPE_CHECKING:
     from cli.clitools import CliProcess
     from cli.conftest import Start
+    from conftest import Admin
 
 pytestmark = [
     pytest.mark.integration,
@@ -202,5 +203,33 @@ async def test_a_killed_keeper_leaves_nothing_running_beside_the_next_leader(
         assert "keeper_died" in leader.stderr
         assert await new_tag(tmp_path, {"0"}) == "1"
         assert check_of(tmp_path, "1") == []
+    finally:
+        kill_recorded(tmp_path)
+
+
+async def test_after_the_server_ends_the_session_the_next_leader_here_waits_for_the_tree(
+    cli: Start, admin: Admin, lock_name: str, tmp_path: Path
+) -> None:
+    """The server ends the leader's session (``pg_terminate_backend``): the lock is free
+    at once and a waiting exec on this host takes it, but its command starts only once
+    the last one's tree (which ignores SIGTERM: killed after ``--kill-after``) is gone:
+    the host's lock, held by that tree's keeper."""
+    leader = await cli(
+        "exec", "--name", lock_name, "-v", "--kill-after", "2",
+        "--", *probe(tmp_path, "0", stubborn=True),
+    )  # fmt: skip
+    backend_pid = int((await leader.expect(r"command_started .*backend_pid=(\d+)")).group(1))
+    await new_tag(tmp_path, set())
+    candidate = await cli(
+        "exec", "--name", lock_name, "-v", "--wait", "60", "--", *probe(tmp_path, "1")
+    )
+    try:
+        await candidate.expect("lock_busy")
+        await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
+        assert await new_tag(tmp_path, {"0"}) == "1"
+        assert check_of(tmp_path, "1") == []
+        assert "waiting_for_last_command" in candidate.stderr
+        assert await leader.wait() == 76, leader.describe()
+        assert "command_killed" in leader.stderr
     finally:
         kill_recorded(tmp_path)

@@ -41,9 +41,10 @@ POOL = 2
 """How many candidates wait at any time (their starts overlap the runs)."""
 
 
-def probe(directory: Path, tag: str, seconds: float = 30.0) -> list[str]:
-    """The probe's command line (``tag``: see ``tree_probe``)."""
-    return [sys.executable, str(PROBE), str(directory), tag, f"{seconds:g}"]
+def probe(directory: Path, tag: str, seconds: float = 30.0, *, stubborn: bool = False) -> list[str]:
+    """The probe's command line (``tag``, ``stubborn``: see ``tree_probe``)."""
+    return [sys.executable, str(PROBE), str(directory), tag, f"{seconds:g}",
+            *(["stubborn"] if stubborn else [])]  # fmt: skip
 
 
 def ready_tags(directory: Path) -> set[str]:

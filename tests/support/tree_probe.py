@@ -1,6 +1,6 @@
 """A command that leaves a process tree behind, and checks that an earlier one is gone.
 
-``python tree_probe.py DIR TAG [SECONDS]``, run under a lock (``pgleaderlock exec``,
+``python tree_probe.py DIR TAG [SECONDS [stubborn]]``, run under a lock (``pgleaderlock exec``,
 ``cron``, the Django singleton command), one TAG per leadership (``term``: the value of
 ``$PGLEADERLOCK_TERM``, which ``cron`` sets):
 
@@ -15,12 +15,15 @@
    STARTTIME`` per line, so a reused pid is not mistaken for it), then ``DIR/ready-TAG``,
    and sleeps SECONDS (``main(..., stay=False)``: returns, leaving the three behind).
 
+``stubborn``: the probe and its three processes ignore SIGTERM (only SIGKILL ends them).
+
 Each file is written whole (a rename), so a reader never sees half of one.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,4 +81,6 @@ def main(directory: Path, tag: str, seconds: float, stay: bool = True) -> None:
 
 if __name__ == "__main__":
     tag = sys.argv[2] if sys.argv[2] != "term" else os.environ["PGLEADERLOCK_TERM"]
+    if sys.argv[4:5] == ["stubborn"]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited through exec
     main(Path(sys.argv[1]), tag, float(sys.argv[3]) if len(sys.argv) > 3 else 30.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pgleaderlock.proctree.hostlock import guard_dir
 from pgleaderlock.proctree.keeper import MARK, descendants
 from pgleaderlock.proctree.tree import KEEPER, keeper_argv
 from support.killchain import kill_recorded, probe, tree_of
@@ -47,7 +48,7 @@ class Kept:
         ctl_r, self.ctl = os.pipe()
         self.reports, reports_w = os.pipe()
         self.session, held = socket.socketpair()
-        argv = keeper_argv(kind, ctl_r, reports_w, held.fileno(), kill_after_s, arguments)
+        argv = keeper_argv(kind, ctl_r, reports_w, (held.fileno(), None), kill_after_s, arguments)
         if not subreaper:
             argv = [sys.executable, "-I", "-S", "-c", WITHOUT_SUBREAPER, *argv[4:]]
         fds = (ctl_r, reports_w, held.fileno())
@@ -225,3 +226,17 @@ def test_descendants_walks_the_children_files() -> None:
             os.kill(pid, signal.SIGKILL)
         parent.kill()
         parent.wait()
+
+
+def test_the_host_locks_directory_is_this_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    made = guard_dir()
+    assert made == tmp_path / f"pgleaderlock-{os.getuid()}"
+    assert made.stat().st_mode & 0o777 == 0o700
+    made.chmod(0o755)  # open to others: not trusted
+    assert guard_dir() is None
+    made.rmdir()
+    made.symlink_to(tmp_path)  # a link planted in its place: not trusted
+    assert guard_dir() is None

@@ -21,7 +21,7 @@ import click
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
 from ..core.semaphore import Semaphore
-from ..proctree.tree import CommandTree, become_subreaper, session_socket
+from ..proctree.tree import CommandTree, become_subreaper, held_by_keeper
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
 from .logs import log
 from .options import (
@@ -192,14 +192,20 @@ async def start_tree(
         else:
             log("ERROR", "keeper_died", lock=lock.label, killed=count)
 
-    sock = await session_socket(lock)
+    def waiting() -> None:
+        log("WARNING", "waiting_for_last_command", lock=lock.label,
+            reason="the last leader's command on this host is still being stopped")  # fmt: skip
+
+    sock, hostlock = await held_by_keeper(lock, waiting)
     try:
         return await CommandTree.start(
-            command, session_fd=sock, kill_after_s=kill_after_s, env=env, report=report
-        )
+            command, session_fd=sock, hostlock_fd=hostlock, kill_after_s=kill_after_s,
+            env=env, report=report,
+        )  # fmt: skip
     finally:
-        if sock is not None:
-            os.close(sock)
+        for fd in (sock, hostlock):
+            if fd is not None:
+                os.close(fd)
 
 
 async def _supervise(

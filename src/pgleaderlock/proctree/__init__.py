@@ -13,6 +13,11 @@ last one is closed), answers for the command's processes, and exits only once th
 all gone. If the holder dies, the end of the pipe it gave orders on tells the keeper,
 which SIGKILLs everything and waits until it is gone before it exits.
 
+The server may also end the session first (a terminated backend, a restart): the lock
+is free at once. A leader on the same host still waits, for the host's own lock
+([`hostlock`][pgleaderlock.proctree.hostlock]), which the keeper and the command's
+processes hold until they end.
+
 - [`tree`][pgleaderlock.proctree.tree]: ``exec`` and ``cron`` (COMMAND is the keeper's
   child; on Linux the keeper is its subreaper, so no descendant escapes it);
 - [`marked`][pgleaderlock.proctree.marked]: the Django singleton command (the command

@@ -32,10 +32,12 @@ Standard library only, and little of it: it runs as ``python -I -S keeper.py`` (
 [`start_keeper`][pgleaderlock.proctree.tree.start_keeper]) so that it starts in tens of
 milliseconds and imports nothing of the environment::
 
-    keeper.py tree CTL REPORT SOCKET KILL_AFTER -- COMMAND...
-    keeper.py marked CTL REPORT SOCKET KILL_AFTER TOKEN
+    keeper.py tree CTL REPORT SOCKET HOSTLOCK KILL_AFTER -- COMMAND...
+    keeper.py marked CTL REPORT SOCKET HOSTLOCK KILL_AFTER TOKEN
 
-SOCKET is ``-`` when there is no session socket to hold.
+SOCKET (the session's socket) and HOSTLOCK (the host's lock, see
+[`hostlock`][pgleaderlock.proctree.hostlock]) are descriptors held until the keeper
+exits, or ``-``; COMMAND inherits HOSTLOCK (as flock(1)'s command does), never SOCKET.
 """
 
 from __future__ import annotations
@@ -409,7 +411,7 @@ def _ignore(signum: int, frame: object) -> None:
 
 def keeper_main(argv: list[str]) -> int:
     """The keeper's entry point (see the module)."""
-    kind, ctl, report, sock, kill_after = argv[:5]
+    kind, ctl, report, sock, hostlock, kill_after = argv[:6]
     # Outlive whoever signals the group or the session it came from: only its orders
     # (or the end of their pipe) stop it.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -420,8 +422,10 @@ def keeper_main(argv: list[str]) -> int:
         if fd != "-":
             os.set_inheritable(int(fd), False)
     if kind == "tree":
-        return _TreeKeeper(int(ctl), int(report), float(kill_after)).run(argv[6:])
-    return _MarkedKeeper(int(ctl), int(report), float(kill_after), argv[5]).run()
+        if hostlock != "-":  # COMMAND's descendants hold the host's lock too
+            os.set_inheritable(int(hostlock), True)
+        return _TreeKeeper(int(ctl), int(report), float(kill_after)).run(argv[7:])
+    return _MarkedKeeper(int(ctl), int(report), float(kill_after), argv[6]).run()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ whatever ends it. The processes it starts do not, so while it runs,
 [`MarkedRun`][pgleaderlock.proctree.marked.MarkedRun] sets a mark in this process's
 environment (``PGLEADERLOCK_KEEPER=<token>``), which every process started meanwhile
 inherits, and starts a keeper ([`keeper`][pgleaderlock.proctree.keeper], ``marked``)
-that holds a duplicate of the lock session's socket. At the end of the run the keeper
+that holds a duplicate of the lock session's socket and the host's lock
+([`hostlock`][pgleaderlock.proctree.hostlock]). At the end of the run the keeper
 stops the marked processes (SIGTERM, then SIGKILL) before the lock is released; if this
 process dies, the keeper SIGKILLs them and waits until they are gone before the session
 can close. Linux only (``/proc``).
@@ -22,15 +23,29 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 
 from ..threaded import ThreadedLeaderLock
 from .keeper import MARK
-from .tree import keeper_argv, session_socket
+from .tree import held_by_keeper, keeper_argv
 
 __all__ = ["MarkedRun"]
 
 _SETTLE_S = 10.0
 """How long, beyond ``kill_after_s``, the end of a run waits for the keeper."""
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _let_go(future: Future[tuple[int | None, int | None]]) -> None:
+    """The descriptors a given-up `held_by_keeper` took after all."""
+    if not future.cancelled() and future.exception() is None:
+        for fd in future.result():
+            _close(fd)
 
 
 class MarkedRun:
@@ -44,9 +59,17 @@ class MarkedRun:
         self._kill_after_s = 0.0
 
     @classmethod
-    def start(cls, lock: ThreadedLeaderLock, kill_after_s: float) -> MarkedRun | None:
+    def start(
+        cls,
+        lock: ThreadedLeaderLock,
+        kill_after_s: float,
+        waiting: Callable[[], None] | None = None,
+    ) -> MarkedRun | None:
         """Mark the processes started from now on, under a keeper that holds ``lock``'s
-        session; None where this cannot be done (not Linux, no session to hold).
+        session and the host's lock (which this waits for, calling ``waiting``, while
+        the last leader's run on this host is being stopped: see
+        [`held_by_keeper`][pgleaderlock.proctree.tree.held_by_keeper]); None where this
+        cannot be done (not Linux, no session to hold).
 
         Raises:
             ConnectionError: the lock does not lead (any more).
@@ -54,22 +77,24 @@ class MarkedRun:
         loop = lock.loop
         if not sys.platform.startswith("linux") or loop is None:
             return None
-        timeout_s = lock.lock.connect_options.connect_timeout_s
-        future = asyncio.run_coroutine_threadsafe(session_socket(lock.lock), loop)
+        future = asyncio.run_coroutine_threadsafe(held_by_keeper(lock.lock, waiting), loop)
         try:
-            sock = future.result(timeout_s)
-        except TimeoutError:
+            sock, hostlock = future.result()
+        except BaseException:  # interrupted here: what it takes later is let go
             future.cancel()
-            raise ConnectionError("the lock's session did not answer in time") from None
+            future.add_done_callback(_let_go)
+            raise
         if sock is None:
+            _close(hostlock)
             return None
         token = secrets.token_hex(16)
         ctl_r, ctl_w = os.pipe()
         reports_r, reports_w = os.pipe()
+        held = [fd for fd in (sock, hostlock) if fd is not None]
         try:
             keeper = subprocess.Popen(
-                keeper_argv("marked", ctl_r, reports_w, sock, kill_after_s, [token]),
-                pass_fds=(ctl_r, reports_w, sock),
+                keeper_argv("marked", ctl_r, reports_w, (sock, hostlock), kill_after_s, [token]),
+                pass_fds=(ctl_r, reports_w, *held),
                 start_new_session=True,
                 stdin=subprocess.DEVNULL,
             )
@@ -78,7 +103,7 @@ class MarkedRun:
             os.close(reports_r)
             raise
         finally:
-            for fd in (ctl_r, reports_w, sock):
+            for fd in (ctl_r, reports_w, *held):
                 os.close(fd)
         run = cls(keeper, ctl_w, reports_r, token)
         run._kill_after_s = kill_after_s

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..core.lock import LeaderLock, lock_settings, run_on_session
 from ..core.session import SocketSession
 from ..core.slot import SessionSlot
+from .hostlock import host_lock
 from .keeper import _PR_SET_CHILD_SUBREAPER, descendants, prctl, processes
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Report",
     "become_subreaper",
     "end_orphans",
+    "held_by_keeper",
     "keeper_argv",
     "session_socket",
     "start_keeper",
@@ -81,6 +83,27 @@ def _reap_children(me: int) -> None:
                 os.waitpid(pid, os.WNOHANG)
 
 
+async def held_by_keeper(
+    lock: LeaderLock, waiting: Callable[[], None] | None = None
+) -> tuple[int | None, int | None]:
+    """What a keeper of ``lock``'s command holds: a duplicate of the session's socket
+    (`session_socket`) and the host's lock
+    ([`host_lock`][pgleaderlock.proctree.hostlock.host_lock], which waits, calling
+    ``waiting``, while the last leader's command on this host is being stopped). The
+    caller closes both (after the keeper started).
+
+    Raises:
+        ConnectionError: the lock does not lead (any more).
+    """
+    hostlock = await host_lock(lock, waiting)
+    try:
+        return await session_socket(lock), hostlock
+    except BaseException:
+        if hostlock is not None:
+            os.close(hostlock)
+        raise
+
+
 async def session_socket(lock: LeaderLock) -> int | None:
     """A duplicate of the descriptor of ``lock``'s session socket (the caller closes
     it), taken while it leads; None when its session cannot give one.
@@ -104,24 +127,26 @@ def keeper_argv(
     kind: str,
     ctl: int,
     report: int,
-    session_fd: int | None,
+    held: tuple[int | None, int | None],
     kill_after_s: float,
     arguments: Sequence[str],
 ) -> list[str]:
-    """The keeper's command line (see [`keeper`][pgleaderlock.proctree.keeper])."""
-    sock = "-" if session_fd is None else str(session_fd)
+    """The keeper's command line (see [`keeper`][pgleaderlock.proctree.keeper]);
+    ``held``: the session's socket and the host's lock, or None."""
+    sock, hostlock = ("-" if fd is None else str(fd) for fd in held)
     return [sys.executable, "-I", "-S", str(KEEPER), kind, str(ctl), str(report), sock,
-            repr(kill_after_s), *arguments]  # fmt: skip
+            hostlock, repr(kill_after_s), *arguments]  # fmt: skip
 
 
 async def start_keeper(
     kind: str,
-    session_fd: int | None,
+    held: tuple[int | None, int | None],
     kill_after_s: float,
     arguments: Sequence[str],
     env: dict[str, str] | None = None,
 ) -> tuple[asyncio.subprocess.Process, int, int]:
-    """Start the keeper (``python -I -S keeper.py KIND ...``) in a session of its own.
+    """Start the keeper (``python -I -S keeper.py KIND ...``) in a session of its own,
+    holding ``held`` (the session's socket and the host's lock, or None).
 
     Returns:
         The keeper's process, the descriptor this process writes orders to, and the one
@@ -129,8 +154,8 @@ async def start_keeper(
     """
     ctl_r, ctl_w = os.pipe()
     report_r, report_w = os.pipe()
-    fds = [ctl_r, report_w, *([session_fd] if session_fd is not None else [])]
-    argv = keeper_argv(kind, ctl_r, report_w, session_fd, kill_after_s, arguments)
+    fds = [ctl_r, report_w, *(fd for fd in held if fd is not None)]
+    argv = keeper_argv(kind, ctl_r, report_w, held, kill_after_s, arguments)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, env=env, pass_fds=fds, start_new_session=True
@@ -178,18 +203,21 @@ class CommandTree:
         *,
         session_fd: int | None,
         kill_after_s: float,
+        hostlock_fd: int | None = None,
         env: dict[str, str] | None = None,
         report: Report | None = None,
     ) -> CommandTree:
-        """Start COMMAND under a keeper that holds ``session_fd`` (a socket descriptor,
-        left open here: the caller closes its own) until the tree is gone.
+        """Start COMMAND under a keeper that holds ``session_fd`` (a socket descriptor)
+        and ``hostlock_fd`` (the host's lock, see
+        [`host_lock`][pgleaderlock.proctree.hostlock.host_lock]) until the tree is gone;
+        both are left open here: the caller closes its own.
 
         Raises:
             FileNotFoundError: COMMAND is not found.
             OSError: it cannot be executed, or the keeper could not start.
         """
         proc, ctl, report_r = await start_keeper(
-            "tree", session_fd, kill_after_s, ["--", *command], env
+            "tree", (session_fd, hostlock_fd), kill_after_s, ["--", *command], env
         )
         reader = asyncio.StreamReader()
         transport: asyncio.BaseTransport | None = None

@@ -278,8 +278,16 @@ class Singleton:
         of other threads too: none then."""
         if threading.current_thread() is not threading.main_thread():
             return None
+
+        def waiting() -> None:  # in the lock's thread
+            if self.verbosity >= 1:
+                (self.stderr or sys.stderr).write(
+                    f"the last run of {self.argv[0]} on this host is still being stopped: "
+                    "waiting for it\n"
+                )
+
         try:
-            return MarkedRun.start(threaded, self.kill_after_s)
+            return MarkedRun.start(threaded, self.kill_after_s, waiting)
         except ConnectionError:  # lost since it was granted
             raise Interrupted(None) from None
 
