@@ -271,7 +271,7 @@ class _TreeKeeper(_Keeper):
 
     def __init__(self, ctl: int, report: int, kill_after_s: float) -> None:
         super().__init__(ctl, report, kill_after_s)
-        self.subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1) and bool(processes())
+        self.subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1) and os.path.isdir("/proc/self/task")
         self.pid = 0
         self.status: int | None = None
         self.no_children = False
