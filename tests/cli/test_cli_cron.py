@@ -7,9 +7,16 @@ import json
 import re
 import signal
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgleaderlock.cli.sql import setup_sql
+from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.server import prepared_cluster
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -114,3 +121,57 @@ async def test_leadership_lost_mid_run_terminates_the_command(
     rows = await (await admin.execute(RUNS, (f"{lock_name}:cron",))).fetchall()
     outcomes = {row[0].isoformat(): row[1] for row in rows}
     assert outcomes[match.group(1)] == "lost"
+
+
+@pytest.fixture(scope="module")
+def migrated() -> Iterator[ThrowawayPostgres]:
+    """A cluster whose library tables live in schema ``locks``, made and owned by the
+    migration role ``migrator`` (``pgleaderlock sql --schema locks --role app``); the
+    role ``app`` that runs the locks has only what that migration granted it."""
+    with prepared_cluster(
+        "CREATE ROLE migrator LOGIN",
+        "CREATE ROLE app LOGIN",
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+        "GRANT CREATE ON DATABASE postgres TO migrator",
+    ) as pg:
+        with psycopg.connect(make_conninfo(pg.dsn, user="migrator"), autocommit=True) as conn:
+            conn.execute(setup_sql(schema="locks", role="app").encode())
+        yield pg
+
+
+@pytest.mark.throwaway
+async def test_cron_with_the_tables_of_a_migration_role(
+    cli: Start, migrated: ThrowawayPostgres, lock_name: str, tmp_path: Path
+) -> None:
+    """``--schema`` and ``--trusted-role`` (as ``status`` and ``doctor`` take them): the
+    run is claimed and recorded in ``locks``' ledger; ``status`` shows it from there.
+    Without ``--trusted-role`` the migrator's tables are refused."""
+    dsn = make_conninfo(migrated.dsn, user="app")
+    out = tmp_path / "slots"
+    args = ("cron", "--name", lock_name, "--every", "1", "--schema", "locks")
+    command = ("--", "sh", "-c", f'echo "$PGLEADERLOCK_SLOT" >> {out}')
+
+    untrusted = await cli(*args, *command, dsn=dsn)
+    assert await untrusted.wait() == 2, untrusted.describe()
+    assert "UntrustedObjectError" in untrusted.stderr
+    assert not out.exists()
+
+    proc = await cli(*args, "--trusted-role", "migrator", *command, dsn=dsn)
+    await proc.expect(r"command_exited .*exit_code=0")
+    proc.send(signal.SIGTERM)
+    assert await proc.wait() == 0, proc.describe()
+    with psycopg.connect(migrated.dsn) as admin:
+        rows = admin.execute(
+            "SELECT slot, outcome FROM locks.pgleaderlock_runs WHERE schedule = %s",
+            (f"{lock_name}:cron",),
+        ).fetchall()
+    assert {row[0].isoformat() for row in rows if row[1] == "done"} >= set(out.read_text().split())
+    assert out.read_text().split()
+
+    status = await cli(
+        "status", "--name", lock_name, "--schema", "locks", "--trusted-role", "migrator",
+        "--json", dsn=dsn,
+    )  # fmt: skip
+    assert await status.wait() == 0, status.describe()
+    (schedule,) = json.loads(status.stdout)["schedules"]["items"]
+    assert schedule["outcomes"]["done"] >= 1

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -14,6 +17,17 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgleaderlock.cli.exits import EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND
+from support.killchain import (
+    POOL,
+    PROBE,
+    RUNS,
+    check_of,
+    exited_within,
+    kill_recorded,
+    ready_tags,
+    summary,
+    tree_of,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,3 +229,73 @@ def test_call_command_in_process(
         "code": EXIT_HELD,
         "error": f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run",
     }
+
+
+def waiting_sessions(dsn: str, name: str) -> int:
+    """How many sessions of the lock ``name`` wait for it on the server."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name LIKE %s",
+            (f"pgleaderlock:{name}@%",),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc")
+def test_a_sigkilled_singleton_leaves_no_process_its_command_started(
+    spawn: Spawn, pg_dsn: str, lock_name: str, tmp_path: Path
+) -> None:
+    """A chain of replicas on one lock, each running ``pgltest_tree`` (in its own
+    process: it starts a child, a ``setsid`` child and a double-forked orphan); each is
+    SIGKILLed once the next one waits: the next one's command finds none of those
+    processes running, every time of ``RUNS``."""
+
+    def start(tag: str) -> subprocess.Popen[str]:
+        return spawn("pgleaderlock_singleton", "--name", lock_name, "--", "pgltest_tree",
+                     "--probe", str(PROBE), "--dir", str(tmp_path), "--tag", tag)  # fmt: skip
+
+    times: list[float] = []
+    candidates: dict[str, subprocess.Popen[str]] = {}
+    try:
+        leader, tag = start("0"), "0"
+        wait_for(lambda: "0" in ready_tags(tmp_path))
+        for n in range(1, POOL + 1):
+            candidates[str(n)] = start(str(n))
+        with ThreadPoolExecutor(1) as pool:
+            for i in range(1, RUNS + 1):
+                wait_for(lambda: waiting_sessions(pg_dsn, lock_name) >= 1)
+                tree = tree_of(tmp_path, tag)
+                assert len(tree) == 4, f"run {i}: the leader's tree is not all running: {tree}"
+                seen = ready_tags(tmp_path)
+                killed = time.monotonic()
+                leader.kill()
+                gone = pool.submit(exited_within, tree, killed, 10.0)
+                wait_for(lambda: bool(ready_tags(tmp_path) - seen))  # noqa: B023 - called here
+                (tag,) = ready_tags(tmp_path) - seen
+                found = check_of(tmp_path, tag)
+                assert found == [], f"run {i}: the next leader's command started beside {found}"
+                times.append(gone.result())
+                assert leader.wait(10) == -signal.SIGKILL
+                leader = candidates.pop(tag)
+                if i + POOL <= RUNS:
+                    candidates[str(i + POOL)] = start(str(i + POOL))
+    finally:
+        kill_recorded(tmp_path)
+    print(summary("Django singleton", times))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc")
+def test_what_the_command_leaves_running_ends_before_the_lock_is_released(
+    manage: Manage, lock_name: str, tmp_path: Path
+) -> None:
+    result = manage("pgleaderlock_singleton", "--name", lock_name, "--", "pgltest_tree",
+                    "--probe", str(PROBE), "--dir", str(tmp_path), "--tag", "0", "--leave")  # fmt: skip
+    try:
+        assert result.returncode == 0, result.stderr
+        assert "pgltest_tree left 3 processes running: terminated before the lock" in (
+            result.stderr
+        )
+        assert tree_of(tmp_path, "0") == []
+    finally:
+        kill_recorded(tmp_path)

@@ -52,6 +52,7 @@ from ..core.session import (
     LockSession,
     ProbingSession,
     QuerySession,
+    SocketSession,
     TableSession,
     WaitingSession,
     WatchableSession,
@@ -88,6 +89,7 @@ __all__ = [
     "FencingSession",
     "FencedSessions",
     "QuerySession",
+    "SocketSession",
     "TableSession",
     # the shared base
     "BaseSession",

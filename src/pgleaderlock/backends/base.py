@@ -314,6 +314,11 @@ class BaseSession(abc.ABC):
         ``acknowledged()`` cannot tell)."""
         return -1
 
+    def fileno(self) -> int:
+        """The connection's socket descriptor, or -1 (see
+        [`SocketSession`][pgleaderlock.backends.SocketSession])."""
+        return self._socket()
+
     def acknowledged(self) -> bool | None:
         """Has the server acknowledged everything this session sent (TCP)? A probe that
         is late on a session whose bytes the server has acknowledged is slow, not lost:

@@ -21,11 +21,20 @@ import click
 from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
 from ..core.retry import ExponentialBackoff
+from ..proctree.tree import become_subreaper
 from ..schedule import Cron, Every, JobFunction, Run, RunFailed, Scheduler, Timing
-from .exec import exit_status, spawn, stop_command
+from .exec import exit_status, start_tree
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_OK, CliError
 from .logs import log
-from .options import Common, lock_options, log_options, positive, seconds_option
+from .options import (
+    Common,
+    Tables,
+    lock_options,
+    log_options,
+    positive,
+    seconds_option,
+    table_options,
+)
 from .runtime import Signals, build_lock, first, permanent_error, preflight
 from .tracker import Tracker
 
@@ -39,12 +48,17 @@ Examples:
   pgleaderlock cron --name sync --every 30 --catch-up all -- python -m app.sync
   # 03:00 Berlin time, daylight saving included
   pgleaderlock cron --name report --schedule "0 3 * * *" --timezone Europe/Berlin -- ./report
+  # the tables in their own schema, made by a migration role (pgleaderlock sql)
+  pgleaderlock cron --name backup --every 3600 --schema locks --trusted-role migrator -- ./b.sh
 
 \b
 COMMAND gets PGLEADERLOCK_SLOT (the slot, ISO 8601 UTC), PGLEADERLOCK_TERM (the fencing
 term it runs under) and PGLEADERLOCK_SCHEDULE in its environment, and runs in a process
-group of its own. If leadership is lost while it runs, it gets SIGTERM, then SIGKILL
-after --kill-after; its slot stays "running" and the next leader applies --interrupted.
+group of its own. If leadership is lost while it runs, every process of its tree gets
+SIGTERM, then SIGKILL after --kill-after; its slot stays "running" and the next leader
+applies --interrupted. As for exec, no process of COMMAND's tree outlives the lock, a
+SIGKILLed cron included. The tables go in --schema; with tables made by a migration
+role (pgleaderlock sql), name it with --trusted-role.
 
 \b
 Exit codes: 0 after SIGTERM/SIGINT (a running COMMAND is stopped the same way first,
@@ -60,6 +74,7 @@ be executed / is not found (checked before the first slot).
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @lock_options
+@table_options
 @click.option(
     "--schedule",
     "expression",
@@ -98,7 +113,8 @@ be executed / is not found (checked before the first slot).
 @seconds_option(
     "--kill-after",
     default=10.0,
-    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+    text="When leadership is lost, or COMMAND exited and left processes running: seconds "
+    "between SIGTERM and SIGKILL to what runs of COMMAND's tree.",
 )
 @seconds_option(
     "--drain", default=0.0, text="On SIGTERM/SIGINT: how long a running COMMAND may finish first."
@@ -110,6 +126,7 @@ be executed / is not found (checked before the first slot).
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def cron(
     common: Common,
+    tables: Tables,
     expression: str | None,
     every: float | None,
     timezone: str,
@@ -138,6 +155,8 @@ def cron(
         # A server that went away is tried again within 2 s, as a lock's default does.
         ExponentialBackoff(base_s=1.0, max_s=30.0, error_max_s=2.0),
         fencing=True,
+        fencing_schema=tables.schema,
+        trusted_roles=tables.trusted_roles,
         health_interval_s=health_interval,
         drain_s=drain,
     )
@@ -153,6 +172,7 @@ def cron(
         )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
+    become_subreaper()  # if a keeper dies, what is left of COMMAND's tree comes here
     return asyncio.run(_serve(common, lock, tracker, sched, timing))
 
 
@@ -178,17 +198,19 @@ def _job(command: list[str], lock: LeaderLock, kill_after_s: float) -> JobFuncti
             "PGLEADERLOCK_TERM": str(run.term),
             "PGLEADERLOCK_SCHEDULE": run.schedule,
         }
-        proc = await spawn(command, env)
-        log("INFO", "command_started", lock=lock.label, pid=proc.pid, slot=run.slot.isoformat(),
+        tree = await start_tree(lock, command, kill_after_s, env)
+        log("INFO", "command_started", lock=lock.label, pid=tree.pid, slot=run.slot.isoformat(),
             term=run.term, command=shlex.join(command))  # fmt: skip
         try:
-            code = exit_status(await proc.wait())
+            code = exit_status(await tree.wait())
         except asyncio.CancelledError:
             log("WARNING", "leadership_lost", lock=lock.label, action="terminating COMMAND",
-                pid=proc.pid, kill_after_s=kill_after_s)  # fmt: skip
-            await asyncio.shield(stop_command(proc, kill_after_s, lock.label))
+                pid=tree.pid, kill_after_s=kill_after_s)  # fmt: skip
+            await asyncio.shield(tree.stop())
             raise
-        log("INFO", "command_exited", lock=lock.label, pid=proc.pid, exit_code=code,
+        finally:
+            await asyncio.shield(tree.aclose())
+        log("INFO", "command_exited", lock=lock.label, pid=tree.pid, exit_code=code,
             slot=run.slot.isoformat())  # fmt: skip
         if code != 0:
             raise RunFailed(f"exit {code}")

@@ -56,11 +56,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.workers import CheckpointTable
-from ..core.config import SAFE_SETTINGS, check_roles
+from ..core.config import SAFE_SETTINGS
 from ..core.errors import ConfigurationError
 from ..core.leader import ParticipantTable
 from ..core.registry import without_driver
-from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck, TermTable
+from ..core.tables import LibraryTable, TableCheck, TermTable
 from ..schedule.ledger import OUTCOME_CHECK, RunTable, ScheduleTable
 from .doctor_checks import (
     Facts,
@@ -75,7 +75,7 @@ from .doctor_checks import (
 )
 from .doctor_ledger import LEDGER_QUERY, LedgerFacts
 from .exits import CliError, first_line
-from .options import log_options, positive, resolve_dsn, seconds_option
+from .options import Tables, log_options, positive, resolve_dsn, seconds_option, table_options
 from .render import json_default
 
 __all__ = ["collect", "doctor"]
@@ -382,20 +382,7 @@ Exit codes:
     show_default=True,
     help="none: plain LeaderLocks; dedicated/shared: a Coordinator's sessions= mode.",
 )
-@click.option(
-    "--schema",
-    metavar="SCHEMA",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
-    help="The schema of the library's tables (fencing_schema).",
-)
-@click.option(
-    "--trusted-role",
-    "trusted_roles",
-    metavar="ROLE",
-    multiple=True,
-    help="A role trusted besides yours and superusers (repeatable), as trusted_roles.",
-)
+@table_options
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @seconds_option("--timeout", default=5.0, text="Connect timeout and per-statement timeout.")
@@ -405,8 +392,7 @@ def doctor(
     locks: int,
     replicas: int,
     coordinator: Mode,
-    schema: str,
-    trusted_roles: tuple[str, ...],
+    tables: Tables,
     strict: bool,
     as_json: bool,
     timeout: float,
@@ -419,10 +405,10 @@ def doctor(
     """
     dsn = resolve_dsn(dsn)
     timeout = positive("--timeout", timeout)
+    roles = tables.trusted_roles
     try:
-        roles = check_roles(trusted_roles)
-        tables: tuple[LibraryTable, ...] = tuple(
-            cls(schema=schema, trusted_roles=roles)
+        library: tuple[LibraryTable, ...] = tuple(
+            cls(schema=tables.schema, trusted_roles=roles)
             for cls in (TermTable, CheckpointTable, RunTable, ScheduleTable, ParticipantTable)
         )
     except ConfigurationError as exc:
@@ -433,7 +419,7 @@ def doctor(
     except psycopg.Error as exc:
         raise CliError(f"malformed DSN: {first_line(exc)}") from None
     plan = Plan(locks, replicas, coordinator)
-    facts = asyncio.run(collect(_Options(driver_dsn, timeout, roles, tables)))
+    facts = asyncio.run(collect(_Options(driver_dsn, timeout, roles, library)))
     checks = evaluate(facts, plan)
     code = exit_code(checks, strict=strict)
     if as_json:

@@ -2,21 +2,18 @@
 
 Like flock(1) for a fleet: the host holding the lock runs COMMAND, the others exit 75
 (or wait with ``--wait``). COMMAND runs in its own process group; SIGTERM and SIGINT are
-forwarded to it; if leadership is lost its group gets SIGTERM, then SIGKILL after
-``--kill-after`` if any of it still runs (exit 76). On Linux it also dies with
-pgleaderlock (PR_SET_PDEATHSIG).
+forwarded to it; if leadership is lost every process of its tree gets SIGTERM, then
+SIGKILL after ``--kill-after`` if any still runs (exit 76). No process of the tree
+outlives the lock, not even when pgleaderlock is SIGKILLed: COMMAND runs under a keeper
+process that holds the lock's session open until the tree is gone
+(`pgleaderlock.proctree`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import os
 import shlex
-import signal
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -24,6 +21,7 @@ import click
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
 from ..core.semaphore import Semaphore
+from ..proctree.tree import CommandTree, become_subreaper, held_by_keeper
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
 from .logs import log
 from .options import (
@@ -40,9 +38,7 @@ from .retry import Deadline, FailFast
 from .runtime import Signals, build_lock, contend, first
 from .tracker import Tracker
 
-__all__ = ["exec_", "exit_status", "kill_group", "spawn", "stop_command"]
-
-_PR_SET_PDEATHSIG = 1
+__all__ = ["exec_", "exit_status", "start_tree"]
 
 _EXEC_EPILOG = """\b
 Examples:
@@ -63,9 +59,12 @@ slots are held elsewhere; 2 for bad input, an
 unreachable server or a server that refuses this client for good (COMMAND did not run);
 126/127 if COMMAND cannot be executed / is not found.
 
-COMMAND runs in its own session (process group); SIGTERM and SIGINT sent to
-pgleaderlock are forwarded to that group. On Linux COMMAND is also killed if
-pgleaderlock itself dies.
+COMMAND runs in its own process group; SIGTERM and SIGINT sent to pgleaderlock are
+forwarded to that group. No process of COMMAND's tree outlives the lock: what COMMAND
+leaves running is stopped (SIGTERM, SIGKILL after --kill-after) before the lock is
+released, and if pgleaderlock is killed, the tree is killed before the server can free
+the lock (on Linux the whole tree, setsid and double forks included; elsewhere
+COMMAND's process group).
 """
 
 
@@ -80,7 +79,8 @@ pgleaderlock itself dies.
 @seconds_option(
     "--kill-after",
     default=10.0,
-    text="When leadership is lost: seconds between SIGTERM and SIGKILL to COMMAND.",
+    text="When leadership is lost, or COMMAND exited and left processes running: seconds "
+    "between SIGTERM and SIGKILL to what runs of COMMAND's tree.",
 )
 @click.option(
     "--held-exit-code",
@@ -123,6 +123,7 @@ def exec_(
         lock, tracker = _build_semaphore(common, slots, deadline, **options)
     else:
         lock, tracker = build_lock(common, deadline, **options)
+    become_subreaper()  # if its keeper dies, what is left of COMMAND's tree comes here
     return asyncio.run(
         contend(
             common,
@@ -161,100 +162,50 @@ def _build_semaphore(
     return sem, tracker
 
 
-def _pdeathsig() -> Callable[[], None] | None:
-    """On Linux, a ``preexec_fn`` that makes the child die with pgleaderlock.
-
-    If pgleaderlock is killed (SIGKILL, OOM), its session ends and the lock is free:
-    COMMAND must not keep running while another host starts it.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:  # runs in the child, between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-async def spawn(
-    command: list[str], env: dict[str, str] | None = None
-) -> asyncio.subprocess.Process:
-    """Start ``command`` (with ``env``, default this process's environment) in a
-    session (process group) of its own, to die with this process on Linux (see
-    `_pdeathsig`).
-
-    Raises:
-        FileNotFoundError: the command is not found (exit 127).
-        OSError: it cannot be executed (exit 126).
-    """
-    return await asyncio.create_subprocess_exec(
-        *command, env=env, start_new_session=True, preexec_fn=_pdeathsig()
-    )
-
-
-def kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    """Send ``sig`` to ``proc``'s process group, unless it has ended."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-
-
-async def stop_command(proc: asyncio.subprocess.Process, kill_after_s: float, label: str) -> None:
-    """SIGTERM to ``proc``'s group, SIGKILL to what is left of the group after
-    ``kill_after_s``; return once ``proc`` has ended and nothing of its group runs.
-
-    The whole group, not only ``proc``: a shell that exits on SIGTERM may leave a
-    background child behind (one forked just after the signal never got it), and that
-    child must not go on working for a leader that is no longer one.
-    """
-    kill_group(proc, signal.SIGTERM)
-    try:
-        async with asyncio.timeout(kill_after_s):
-            await proc.wait()
-            # nothing signals the end of a group's last process: poll for it
-            while await asyncio.to_thread(_group_runs, proc.pid):  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        log("WARNING", "command_killed", pid=proc.pid, signal="SIGKILL", lock=label)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    await proc.wait()
-
-
-def _group_runs(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs. Zombies do not count: an orphan
-    that ended stays one where nothing reaps it (a container's first process may not)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a member that changed its user: it runs
-        return True
-    try:
-        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
-    except OSError:  # pragma: no cover - no /proc (not Linux): the group exists
-        return True
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):  # ended meanwhile
-            continue
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            return True
-    return False
-
-
 def exit_status(returncode: int) -> int:
     """A shell's exit status for ``returncode`` (a negative one is "killed by -N")."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+async def start_tree(
+    lock: LeaderLock,
+    command: list[str],
+    kill_after_s: float,
+    env: dict[str, str] | None = None,
+) -> CommandTree:
+    """Start ``command`` under a keeper that holds ``lock``'s session open until every
+    process of its tree is gone (see `pgleaderlock.proctree`), with ``env`` (default:
+    this process's environment). The keeper's reports are logged.
+
+    Raises:
+        ConnectionError: ``lock`` does not lead (any more).
+        FileNotFoundError: the command is not found (exit 127).
+        OSError: it cannot be executed (exit 126).
+    """
+
+    def report(what: str, count: int) -> None:
+        if what == "left":
+            log("WARNING", "command_left_processes", lock=lock.label, count=count,
+                action="terminating them", kill_after_s=kill_after_s)  # fmt: skip
+        elif what == "killed":
+            log("WARNING", "command_killed", lock=lock.label, signal="SIGKILL", count=count)
+        else:
+            log("ERROR", "keeper_died", lock=lock.label, killed=count)
+
+    def waiting() -> None:
+        log("WARNING", "waiting_for_last_command", lock=lock.label,
+            reason="the last leader's command on this host is still being stopped")  # fmt: skip
+
+    sock, hostlock = await held_by_keeper(lock, waiting)
+    try:
+        return await CommandTree.start(
+            command, session_fd=sock, hostlock_fd=hostlock, kill_after_s=kill_after_s,
+            env=env, report=report,
+        )  # fmt: skip
+    finally:
+        for fd in (sock, hostlock):
+            if fd is not None:
+                os.close(fd)
 
 
 async def _supervise(
@@ -265,11 +216,13 @@ async def _supervise(
     kill_after_s: float,
 ) -> int:
     """Run ``command`` while leader; forward signals; terminate it if leadership is lost."""
-    if not lock.is_leader or tracker.lost.is_set():  # lost in the instant since acquiring
+    try:
+        if not lock.is_leader or tracker.lost.is_set():  # lost in the instant since acquiring
+            raise ConnectionError("not leading")
+        tree = await start_tree(lock, command, kill_after_s)
+    except ConnectionError:  # from start_tree: no session to hold any more
         log("WARNING", "leadership_lost", lock=lock.label, action="not running COMMAND")
         return EXIT_LOST
-    try:
-        proc = await spawn(command)
     except FileNotFoundError:
         log(
             "ERROR",
@@ -286,39 +239,34 @@ async def _supervise(
         "INFO",
         "command_started",
         lock=lock.label,
-        pid=proc.pid,
+        pid=tree.pid,
         backend_pid=lock.backend_pid,
         command=shlex.join(command),
     )
-
-    child = asyncio.ensure_future(proc.wait())
     try:
         while True:
             which, _ = await first(
-                child=asyncio.shield(child), lost=tracker.lost.wait(), signal=signals.wait()
+                child=tree.wait(), lost=tracker.lost.wait(), signal=signals.wait()
             )
             if which == "child":
-                code = exit_status(await child)
-                log("INFO", "command_exited", pid=proc.pid, exit_code=code, lock=lock.label)
+                code = exit_status(await tree.wait())
+                log("INFO", "command_exited", pid=tree.pid, exit_code=code, lock=lock.label)
                 return code
             if which == "signal":
                 for sig in signals.take():
-                    log("INFO", "signal_forwarded", signal=sig.name, pid=proc.pid, lock=lock.label)
-                    kill_group(proc, sig)
+                    log("INFO", "signal_forwarded", signal=sig.name, pid=tree.pid, lock=lock.label)
+                    tree.send_signal(sig)
                 continue
             log(
                 "WARNING",
                 "leadership_lost",
                 lock=lock.label,
                 action="terminating COMMAND",
-                pid=proc.pid,
+                pid=tree.pid,
                 kill_after_s=kill_after_s,
             )
-            await stop_command(proc, kill_after_s, lock.label)
-            await child
-            log("WARNING", "command_terminated", pid=proc.pid, exit_code=EXIT_LOST, lock=lock.label)
+            await tree.stop()
+            log("WARNING", "command_terminated", pid=tree.pid, exit_code=EXIT_LOST, lock=lock.label)
             return EXIT_LOST
-    finally:
-        if not child.done():  # cancelled or a bug: never leave COMMAND running unsupervised
-            kill_group(proc, signal.SIGKILL)
-            await asyncio.gather(child, return_exceptions=True)
+    finally:  # cancelled or a bug: never leave the tree running unsupervised
+        await tree.aclose()

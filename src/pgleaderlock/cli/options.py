@@ -4,7 +4,11 @@
 - which database: ``--dsn`` or ``$PG_DSN``;
 - how to reach it: ``--backend``, ``--connect-timeout`` (`lock_options`, `Common` for the
   commands that hold the lock);
-- ``--wait`` (``acquire``, ``exec``) and the log verbosity (`log_options`).
+- ``--wait`` (``acquire``, ``exec``) and the log verbosity (`log_options`);
+- where the library's tables are and whom to trust for them: ``--schema`` and
+  ``--trusted-role`` (`table_options`, `Tables`; each also alone, `schema_option` and
+  `trusted_role_option`), for every command that reads, checks, writes or prints them
+  (``cron``, ``status``, ``doctor``, ``sql``).
 
 Bad values raise `CliError`: one line, exit code 2.
 """
@@ -19,25 +23,32 @@ from typing import Any, TypeVar, cast
 
 import click
 
+from ..core.config import check_roles
 from ..core.config import positive as core_positive
 from ..core.errors import ConfigurationError
 from ..core.keys import check_key, lock_keys
+from ..core.tables import DEFAULT_SCHEMA, check_identifier
 from .exits import CliError
 from .logs import setup_logging
 
 __all__ = [
     "Common",
+    "Tables",
     "Target",
     "check_wait",
     "lock_options",
     "log_options",
     "positive",
     "resolve_dsn",
+    "resolve_tables",
     "resolve_target",
+    "schema_option",
     "seconds_option",
     "names_target_options",
     "target_options",
     "slots_option",
+    "table_options",
+    "trusted_role_option",
     "wait_option",
 ]
 
@@ -61,6 +72,16 @@ class Common:
     target: Target
     backend: str | None
     connect_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Where the library's tables are, and whom to trust for them (``--schema``,
+    ``--trusted-role``): the locks' ``fencing_schema``/``participants_schema``, the
+    Scheduler's ``schema``, and ``trusted_roles``."""
+
+    schema: str
+    trusted_roles: tuple[str, ...]
 
 
 # ---------------------------------------------------------------------- checks
@@ -97,6 +118,14 @@ def positive(option: str, value: float) -> float:
     """``value`` if it is a finite number of seconds above zero (the library's rule)."""
     try:
         return core_positive(option, value)
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+
+
+def resolve_tables(schema: str, trusted_roles: tuple[str, ...]) -> Tables:
+    """``--schema`` and ``--trusted-role``, checked as the library checks them."""
+    try:
+        return Tables(check_identifier("--schema", schema), check_roles(trusted_roles))
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
 
@@ -211,6 +240,46 @@ def lock_options(f: F) -> F:
         ],
     )
     return target_options(decorated)
+
+
+def schema_option(f: F) -> F:
+    """``--schema SCHEMA`` (default ``public``): the schema of the library's tables; the
+    command gets it as ``schema``."""
+    return click.option(
+        "--schema",
+        metavar="SCHEMA",
+        default=DEFAULT_SCHEMA,
+        show_default=True,
+        help="The schema of the library's tables (fencing terms, schedule ledger, "
+        "participants, checkpoints): the locks' fencing_schema and participants_schema. "
+        "Give the same one to every command and process that uses them.",
+    )(f)
+
+
+def trusted_role_option(f: F) -> F:
+    """``--trusted-role ROLE`` (repeatable): the command gets a tuple ``trusted_roles``."""
+    return click.option(
+        "--trusted-role",
+        "trusted_roles",
+        metavar="ROLE",
+        multiple=True,
+        help="A role trusted besides yours and superusers (repeatable), as trusted_roles: "
+        "the library's tables are used only if a trusted role owns them and their "
+        "schema (e.g. the migration role that ran pgleaderlock sql), and only sessions "
+        "of trusted roles count as the lock's or a group's.",
+    )(f)
+
+
+def table_options(f: F) -> F:
+    """[`schema_option`][pgleaderlock.cli.options.schema_option] and
+    [`trusted_role_option`][pgleaderlock.cli.options.trusted_role_option]; the command
+    gets them checked, as one argument ``tables: Tables``."""
+
+    @functools.wraps(f)
+    def command(*, schema: str, trusted_roles: tuple[str, ...], **options: Any) -> Any:
+        return f(tables=resolve_tables(schema, trusted_roles), **options)
+
+    return _apply(cast(F, command), [schema_option, trusted_role_option])
 
 
 def slots_option(f: F) -> F:

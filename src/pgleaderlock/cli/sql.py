@@ -15,6 +15,7 @@ from ..core.leader import ParticipantTable
 from ..core.tables import DEFAULT_SCHEMA, TermTable, quoted
 from ..schedule.ledger import RunTable, ScheduleTable, WorkerRunTable
 from .exits import EXIT_OK, CliError
+from .options import schema_option
 
 __all__ = ["setup_sql", "sql"]
 
@@ -104,12 +105,7 @@ def setup_sql(
 
 
 @click.command("sql")
-@click.option(
-    "--schema",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
-    help="The schema of the tables (LeaderLock and Coordinator: fencing_schema).",
-)
+@schema_option
 @click.option("--role", help="The role that runs the locks: print its GRANTs.")
 @click.option(
     "--worker-role",

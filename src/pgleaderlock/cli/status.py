@@ -43,7 +43,7 @@ from ..core.errors import ConfigurationError
 from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
 from ..core.leader import ParticipantTable, participants_of
 from ..core.registry import without_driver
-from ..core.tables import DEFAULT_SCHEMA, LibraryTable, TableCheck
+from ..core.tables import LibraryTable, TableCheck
 from ..schedule.ledger import RunTable, ScheduleTable
 from .exits import EXIT_OK, CliError, first_line
 from .options import (
@@ -53,7 +53,9 @@ from .options import (
     positive,
     resolve_dsn,
     resolve_target,
+    schema_option,
     seconds_option,
+    trusted_role_option,
 )
 from .render import json_default, render_all, render_group, render_one
 
@@ -157,26 +159,15 @@ _SESSION_FIELDS = (
 @click.option(
     "--checkpoint-schema",
     metavar="SCHEMA",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
-    help="With --group: the checkpoint table's schema.",
+    help="With --group: the checkpoint table's schema (default: --schema).",
 )
-@click.option(
-    "--trusted-role",
-    "trusted_roles",
-    metavar="ROLE",
-    multiple=True,
-    help="A role trusted besides yours and superusers (repeatable): the lock's or the "
-    "group's role (sessions of other roles that claim to be pgleaderlock's are marked "
-    "as impostors, and are never members), and the owner of the checkpoint table.",
-)
+@schema_option
+@trusted_role_option
 @click.option(
     "--schedule-schema",
     metavar="SCHEMA",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
     help="With --name: the schema of the schedule ledger, whose schedules of the lock "
-    "are shown (next slot, outcomes, last runs).",
+    "are shown (next slot, outcomes, last runs); default: --schema.",
 )
 @click.option(
     "--runs",
@@ -189,10 +180,9 @@ _SESSION_FIELDS = (
 @click.option(
     "--participants-schema",
     metavar="SCHEMA",
-    default=DEFAULT_SCHEMA,
-    show_default=True,
     help="With --name or --key1/--key2: the schema of the participants table, whose live "
-    "rows give each session's identity, priority and metadata, and the observers.",
+    "rows give each session's identity, priority and metadata, and the observers; "
+    "default: --schema.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @click.option(
@@ -213,11 +203,12 @@ def status(
     all_locks: bool,
     group: str | None,
     checkpoint_table: str,
-    checkpoint_schema: str,
+    checkpoint_schema: str | None,
+    schema: str,
     trusted_roles: tuple[str, ...],
-    schedule_schema: str,
+    schedule_schema: str | None,
     last_runs: int,
-    participants_schema: str,
+    participants_schema: str | None,
     as_json: bool,
     watch: bool,
     interval: float,
@@ -235,6 +226,9 @@ def status(
     signed key1/key2. --group shows who leads what in a Coordinator's group.
     """
     dsn = resolve_dsn(dsn)
+    checkpoint_schema = checkpoint_schema or schema
+    schedule_schema = schedule_schema or schema
+    participants_schema = participants_schema or schema
     target: Target | None = None
     if group is not None:
         if all_locks or key1 is not None or key2 is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "TableSession",
     "KeepAliveSession",
     "SetupSession",
+    "SocketSession",
     "TransportSession",
     "WaitingSession",
     "WatchableSession",
@@ -261,6 +262,22 @@ class TransportSession(Protocol):
     def acknowledged(self) -> bool | None:
         """True if the server acknowledged all sent data (or the session is a unix
         socket); False if not; None if unknown."""
+        ...
+
+
+@runtime_checkable
+class SocketSession(Protocol):
+    """Optional capability: the descriptor of the session's socket.
+
+    Not used by the lock itself. A process that runs work for the lock's holder and
+    must not outlive it (``pgleaderlock exec``'s keeper) holds a duplicate of it: the
+    server sees the connection close, and frees the lock, only once every descriptor of
+    the socket is closed, so no longer before that process has ended.
+    """
+
+    def fileno(self) -> int:
+        """The socket's file descriptor (owned by the driver: never close it), or -1
+        when it is not known or the session is closed."""
         ...
 
 

@@ -23,6 +23,12 @@ process exits 76 at once (``os._exit``), as ``exec`` sends SIGKILL. Both need th
 thread: from another thread (``call_command`` in a thread) the command is never
 interrupted, and the result is 76 when it ends. Fence its database writes
 (``fencing=True``) for a guarantee that does not depend on timing.
+
+Processes the command starts never outlive the lock (on Linux, from the main thread):
+they carry a mark in their environment, and a keeper process that holds the lock's
+session stops them (SIGTERM, SIGKILL after ``--kill-after``) when the command ends,
+before the lock is released, and kills them before the session can close if this
+process dies (`pgleaderlock.proctree.marked`).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from ...core.keys import check_name
 from ...core.lock import LeaderLock
 from ...core.machine import is_permanent
 from ...core.models import LockState
+from ...proctree.marked import MarkedRun
 from ...threaded import ThreadedLeaderLock
 from .conf import build_dsn, load, make_lock
 
@@ -190,7 +197,7 @@ class Singleton:
                     pass
                 if not lock.is_leader:
                     return self._not_leading(lock, common)
-                return self._call(lock)
+                return self._call(lock, threaded)
             except Interrupted as exc:
                 if exc.signum is None:
                     raise CommandError(
@@ -260,12 +267,13 @@ class Singleton:
             error = not_acquired_error(common, lock)
         raise CommandError(mask_dsn(error.message), returncode=EXIT_USAGE)
 
-    def _call(self, lock: LeaderLock) -> int:
+    def _call(self, lock: LeaderLock, threaded: ThreadedLeaderLock) -> int:
         shared = self._shared
         with shared.mutex:
             if shared.lost or not lock.is_leader:
                 raise Interrupted(None)
             shared.running = shared.started = True
+        marked = self._mark(threaded)
         streams = {k: v for k, v in (("stdout", self.stdout), ("stderr", self.stderr)) if v}
         try:
             call_command(*self.argv, **streams)
@@ -273,11 +281,43 @@ class Singleton:
             if shared.lost:
                 raise Interrupted(None) from None
             raise
+        finally:
+            if marked is not None:
+                self._unmark(marked)
         with shared.mutex:
             shared.running = False
             if shared.lost:
                 raise Interrupted(None)
         return 0
+
+    def _mark(self, threaded: ThreadedLeaderLock) -> MarkedRun | None:
+        """In the main thread (on Linux): mark the processes the command starts, under a
+        keeper that ends them before the lock can be freed (see `pgleaderlock.proctree`).
+        From another thread the mark, which is process-wide, would catch the processes
+        of other threads too: none then."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def waiting() -> None:  # in the lock's thread
+            if self.verbosity >= 1:
+                (self.stderr or sys.stderr).write(
+                    f"the last run of {self.argv[0]} on this host is still being stopped: "
+                    "waiting for it\n"
+                )
+
+        try:
+            return MarkedRun.start(threaded, self.kill_after_s, waiting)
+        except ConnectionError:  # lost since it was granted
+            raise Interrupted(None) from None
+
+    def _unmark(self, marked: MarkedRun) -> None:
+        """Stop what the command left running (SIGTERM, SIGKILL after ``kill_after_s``)."""
+        left = marked.stop()
+        if left and self.verbosity >= 1:
+            (self.stderr or sys.stderr).write(
+                f"{self.argv[0]} left {left} process{'es' if left > 1 else ''} running: "
+                "terminated before the lock is released\n"
+            )
 
     def _state_changed(self, old: LockState, new: LockState) -> None:
         """In the lock's thread: settle the wait; on a loss, interrupt the command."""

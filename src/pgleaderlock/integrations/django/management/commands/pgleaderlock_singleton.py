@@ -20,7 +20,9 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
         "wait (or exit 75 at once with --no-wait). Exit codes as `pgleaderlock exec`: the "
         "command's own; 75 held elsewhere; 76 leadership lost while it ran (it was "
         "interrupted); 2 bad input or settings, unreachable server; 127 unknown command; "
-        "128+N stopped by signal N. Put -- before the command."
+        "128+N stopped by signal N. On Linux, processes the command starts are ended "
+        "before the lock is released (SIGKILL of this process included). Put -- before "
+        "the command."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -53,7 +55,8 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
             default=10.0,
             metavar="SECONDS",
             help="When leadership is lost, the command is interrupted; if it still runs "
-            "after SECONDS, the process exits 76 (default 10).",
+            "after SECONDS, the process exits 76 (default 10). Also how long processes "
+            "the command left running have between SIGTERM and SIGKILL.",
         )
         parser.add_argument(
             "--health-interval",
