@@ -477,7 +477,7 @@ class BaseSession(abc.ABC):
     async def _check_table(self, table: LibraryTable) -> TableCheck:
         values = (table.schema, table.name, list(table.trusted_roles))
         row = await self._row(TABLE_CHECK, values)
-        return TableCheck(table, *row[:9])  # type: ignore[arg-type]
+        return TableCheck.of(table, row)
 
     async def run_ddl(self, sql: str) -> None:
         """Run a ``CREATE ... IF NOT EXISTS``; losing a race with another creator (which
