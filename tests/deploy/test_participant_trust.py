@@ -320,6 +320,29 @@ async def _published(lock: LeaderLock) -> bool:
     return any(p.info.identity == lock.identity for p in await lock.participants())
 
 
+async def test_a_lock_makes_its_own_roles_table_safe_again(
+    db: Database, closing: list[Any]
+) -> None:
+    """The table belongs to the locks' own role (it made it), which then turned its
+    row-level security off and dropped a policy: the next lock session makes the
+    library's policies again (as it would make a missing table), and publishes in it."""
+    db.run(f"ALTER TABLE {TABLE} OWNER TO app")
+    db.run(BROKEN["disabled"] + "; " + BROKEN["a policy dropped"], role="app")
+    leader = db.lock("real-leader", metadata={"address": "http://real:8000"})
+    closing.append(leader)
+    await leader.start()
+    assert await leader.wait_for_leadership(10)
+    secured = db.value(
+        "SELECT relrowsecurity AND relforcerowsecurity FROM pg_class WHERE oid = %s::regclass",
+        TABLE,
+    )
+    assert secured is True
+    assert db.value("SELECT count(*) FROM pg_policy WHERE polrelid = %s::regclass", TABLE) == 4
+    seen = await leader.leader()
+    assert seen is not None
+    assert seen.metadata == {"address": "http://real:8000"}
+
+
 def test_the_untrusted_object_error_is_what_the_check_raises(db: Database) -> None:
     """The table check itself (a lock's session, ``TableCheck.verify``) raises
     ``UntrustedObjectError`` naming the fix."""

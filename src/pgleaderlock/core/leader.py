@@ -245,20 +245,26 @@ class LeaderReader:
             t = self._table
             rows = await self._session.query(CHECK_TABLE, (t.schema, t.name, self._roles))
             self._checked_at = now
-            self.reason = TableCheck.of(t, rows[0]).unreadable()
+            check = TableCheck.of(t, rows[0])
+            self.reason = check.unreadable()
             self.readable = self.reason is None
             if self.reason is not None:
+                # A table not made (yet) is no news; one refused (another role's, its
+                # row-level security weakened) is logged once per reader and reason.
+                absent = check.schema_owner is None or check.relkind is None
                 self._log_once(("unreadable", self.reason), "participants_unreadable",
-                               reason=self.reason)  # fmt: skip
+                               warn=not absent, reason=self.reason)  # fmt: skip
         return self.readable
 
-    def _log_once(self, key: tuple[object, ...], event: str, **fields: Any) -> None:
+    def _log_once(
+        self, key: tuple[object, ...], event: str, *, warn: bool = True, **fields: Any
+    ) -> None:
         if key in self._logged:
             return
         if len(self._logged) >= 1000:
             self._logged.clear()
         self._logged.add(key)
-        log.warning(event, lock=self._label, **fields)
+        (log.warning if warn else log.debug)(event, lock=self._label, **fields)
 
     def _info(self, keys: tuple[int, int], row: Sequence[Any]) -> LeaderInfo:
         pid, app, role, trusted, *rest = row

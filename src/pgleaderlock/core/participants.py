@@ -27,7 +27,7 @@ Readers bound what they read, on the server: at most ``ROWS_READ_PER_SESSION`` r
 session and key, ``PARTICIPANTS_MAX`` rows a call, text and metadata larger than
 ``TEXT_MAX_BYTES`` / ``METADATA_MAX_BYTES`` are not sent, and timestamps a client cannot
 represent (``infinity``, beyond year 9999) are not sent either
-([`published`][pgleaderlock.core.leader.published] logs and skips them).
+(``pgleaderlock.core.leader.published`` logs and skips them).
 """
 
 from __future__ import annotations
@@ -160,11 +160,22 @@ class ParticipantTable(LibraryTable):
         so that running it again repairs them), in one ``DO`` block. Only the table's
         owner (or a superuser) can run it on an existing table."""
         t = self.sql
+        literal = t.replace("'", "''")
+        index = f"{self.name[:50]}_reserved"
+        index_literal = f'"{self.schema}"."{index}"'
         statements = [
-            f"CREATE TABLE IF NOT EXISTS {t} ({self.columns});",
+            # Not CREATE TABLE IF NOT EXISTS: that needs CREATE on the schema even when
+            # the table exists, which its owner repairing it may not have.
+            f"IF pg_catalog.to_regclass('{literal}') IS NULL THEN"
+            f" CREATE TABLE {t} ({self.columns}); END IF;",
             f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS reserved_at timestamptz;",
-            f'CREATE INDEX IF NOT EXISTS "{self.name[:50]}_reserved" ON {t} (key1, key2)'
-            " WHERE reserved_for IS NOT NULL;",
+            # The reservations' index (a reader finds them through it: many rows for a
+            # lock cannot make its check slow). Making it needs CREATE on the schema,
+            # which an owner repairing the table may lack: it is then left out.
+            f"IF pg_catalog.to_regclass('{index_literal}') IS NULL THEN BEGIN"
+            f' CREATE INDEX "{index}" ON {t} (key1, key2) WHERE reserved_for IS NOT NULL;'
+            " EXCEPTION WHEN insufficient_privilege THEN RAISE NOTICE"
+            f" 'pgleaderlock: % (the index {index} is left out)', SQLERRM; END; END IF;",
             f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;",
             f"ALTER TABLE {t} FORCE ROW LEVEL SECURITY;",
         ]
@@ -399,7 +410,7 @@ PUBLISHED = (
 long), name (NULL: none or too long) and whether there is one, priority, metadata as
 JSON text (NULL: none or too large) and whether there is one, ``since`` (NULL: none or
 not representable) and whether there is one, term: the fields
-[`published`][pgleaderlock.core.leader.published] reads."""
+``pgleaderlock.core.leader.published`` reads."""
 
 _COLUMNS = "p.identity, p.name, p.priority, p.metadata, p.since, p.term, p.eligible"
 

@@ -8,12 +8,14 @@ of the process that wants to be told (``@lock.on_leader_changed`` or
   announces it with ``NOTIFY`` on its own session, before its ``on_acquired``
   callbacks. A follower's own session cannot listen: in ``follower_mode="wait"`` it is
   blocked inside ``pg_advisory_lock``;
-- a *query* session: every notification about a watched lock, and every
-  ``interval_s`` without one (no change is missed: a leader that died with nobody to
-  follow it announces nothing), is checked by reading ``pg_locks``
-  ([`LeaderReader`][pgleaderlock.core.leader.LeaderReader]). A notification is only a
-  reason to look: a forged one (any role may ``NOTIFY``) changes nothing. The same
-  session serves ``lock.leader()`` and holds the observers' participant rows.
+- a *query* session: a notification about a watched lock, and every ``interval_s``
+  without one (no change is missed: a leader that died with nobody to follow it
+  announces nothing), makes the watch read ``pg_locks``
+  ([`LeaderReader`][pgleaderlock.core.leader.LeaderReader]), at most once per
+  ``CHECK_GAP_S`` (the notifications received meanwhile make one read). A notification
+  is only a reason to look: a forged one (any role may ``NOTIFY``) changes nothing, and
+  a flood of them costs at most 20 reads a second per watched lock. The same session
+  serves ``lock.leader()`` and holds the observers' participant rows.
 
 A change is delivered to each subscriber as one ``LeaderInfo | None``; a subscriber is
 first told the leader as first seen.
