@@ -191,8 +191,8 @@ CHECK_FIELDS = 12
 
 @dataclass(frozen=True)
 class TableCheck:
-    """What [`TABLE_CHECK`][pgleaderlock.backends.sql.TABLE_CHECK] found about a
-    library table, and the verdict."""
+    """What ``CHECK_TABLE`` (``backends.sql.TABLE_CHECK`` on a lock's session) found
+    about a library table, and the verdict."""
 
     table: LibraryTable
     schema_owner: str | None
