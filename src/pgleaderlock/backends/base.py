@@ -459,10 +459,12 @@ class BaseSession(abc.ABC):
 
     async def prepare_table(self, table: LibraryTable) -> None:
         """Make sure this session may use ``table`` (``TableSession``): create it if it
-        is missing and the role may (``table.create``), then check that it is a plain
-        table that a trusted role owns, in a schema a trusted role owns, and that the
-        role has the privileges it needs. It checks at every call (the core calls it
-        once per session).
+        is missing and the role may (``table.create``), or make it again when the
+        session's own role owns it and it is not as it must be (``table.unsafe``: the
+        participants table's row-level security); then check that it is a plain table
+        that a trusted role owns, in a schema a trusted role owns, that it is safe, and
+        that the role has the privileges it needs. It checks at every call (the core
+        calls it once per session).
 
         Raises:
             UntrustedObjectError: the table (or its schema) is another role's, or not a
@@ -477,12 +479,18 @@ class BaseSession(abc.ABC):
                 raise MissingPrivilegeError(check.cannot_create())
             await self.run_ddl(table.create)
             check = await self._check_table(table)
+        elif check.owner == check.role and check.schema_trusted and table.unsafe(check):
+            # The session's own table, made by an earlier version or changed since (its
+            # row-level security): made as it must be again (``table.create`` is
+            # idempotent), then checked again; what it cannot mend is refused below.
+            await self.run_ddl(table.create)
+            check = await self._check_table(table)
         check.verify()
 
     async def _check_table(self, table: LibraryTable) -> TableCheck:
         values = (table.schema, table.name, list(table.trusted_roles))
         row = await self._row(TABLE_CHECK, values)
-        return TableCheck(table, *row[:9])  # type: ignore[arg-type]
+        return TableCheck.of(table, row)
 
     async def run_ddl(self, sql: str) -> None:
         """Run a ``CREATE ... IF NOT EXISTS``; losing a race with another creator (which

@@ -321,7 +321,7 @@ async def _table_facts(conn: Conn, options: _Options, table: LibraryTable) -> Ta
         raise
     except psycopg.Error as exc:
         return TableFacts(table, error=first_line(exc))
-    return TableFacts(table, TableCheck(table, *row[:9]))
+    return TableFacts(table, TableCheck.of(table, row))
 
 
 async def _ledger_facts(conn: Conn, options: _Options, table: RunTable) -> LedgerFacts:

@@ -408,6 +408,12 @@ def _used_by(table: LibraryTable) -> str:
 
 
 def _untrusted_fix(table: LibraryTable, c: TableCheck) -> str:
+    if c.owner_trusted and c.schema_trusted and table.unsafe(c) is not None:
+        return (
+            f"as the table's owner: `pgleaderlock sql --schema {table.schema}` prints the "
+            "statements that enable and force row-level security and make the library's "
+            "policies again"
+        )
     return (
         f"create the tables in a schema owned by {c.role!r} or a superuser "
         f"(`pgleaderlock sql --schema SCHEMA`), or pass --trusted-role for a role you "

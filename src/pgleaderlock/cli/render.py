@@ -111,6 +111,7 @@ def render_one(report: dict[str, Any]) -> str:
         )
         lines += _published(s)
     lines += _observer_lines(report)
+    lines += _untrusted_lines(report)
     if any(s["impostor"] for s in report["holders"] + report["waiting"]):
         lines += _impostor_note(report)
     if "schedules" in report:
@@ -143,6 +144,24 @@ def _observer_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"observers {len(observers)}"]
     for o in observers:
         lines.append(f"          {o['identity']}  pid {o['pid']}  {o['application_name'] or ''}")
+    return lines
+
+
+def _untrusted_lines(report: dict[str, Any]) -> list[str]:
+    """Rows of the participants table written by roles that are not trusted: shown, and
+    never followed (no priority, hand-over or metadata of theirs counts)."""
+    rows = [p for p in report.get("participants") or [] if not p.get("trusted", True)]
+    if not rows:
+        return []
+    lines = [
+        f"untrusted {len(rows)} row{'' if len(rows) == 1 else 's'} of other roles (not followed)"
+    ]
+    for p in rows:
+        priority = "" if p["priority"] is None else f"  priority {p['priority']}"
+        lines.append(
+            f"          {p['identity']}  pid {p['pid']}  user {p['usename'] or 'unknown'}"
+            f"{priority}  untrusted"
+        )
     return lines
 
 

@@ -41,7 +41,8 @@ from ..coordination.workers import CheckpointTable
 from ..core.config import SAFE_SETTINGS, check_roles
 from ..core.errors import ConfigurationError
 from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
-from ..core.leader import ParticipantTable, participants_of
+from ..core.leader import PUBLISHED_FIELDS, ParticipantTable, published
+from ..core.participants import participants_of
 from ..core.registry import without_driver
 from ..core.tables import LibraryTable, TableCheck
 from ..schedule.ledger import RunTable, ScheduleTable
@@ -457,20 +458,16 @@ def _one_lock(conn: psycopg.Connection[Any], info: _ServerInfo, target: Target) 
     }
 
 
-_PARTICIPANT_FIELDS = (
-    "pid", "application_name", "usename", "identity", "name", "priority", "metadata",
-    "since", "term", "eligible", "leading", "waiting",
-)  # fmt: skip
-
-
 def _add_participants(
     conn: psycopg.Connection[Any], report: dict[str, Any], table: ParticipantTable, target: Target
 ) -> None:
     """The live rows of the participants table for the lock (see
-    `pgleaderlock.core.leader`): each session's identity, priority and metadata, and
-    the observers (``eligible`` false). A row counts only while its session (pid and
+    `pgleaderlock.core.participants`): each session's identity, priority and metadata,
+    and the observers (``eligible`` false). A row counts only while its session (pid and
     ``backend_start``, of the writer's role) is alive; the table is read only if a
-    trusted role owns it and its schema."""
+    trusted role owns it and its schema (and its row-level security is the library's).
+    Rows of roles that are not trusted are listed, marked ``"trusted": false``, and
+    never describe a holder or a waiting session."""
     report["participants_table"] = {"table": table.shown, "not_read": None}
     report["participants"], report["observers"] = [], []
     for s in report["holders"] + report["waiting"]:
@@ -489,7 +486,7 @@ def _read_participants(
 ) -> None:
     # The library's templates number their values {0}, {1}...: named here, as a value
     # may come before another in the text.
-    placeholders = [f"%(p{i})s" for i in range(4)]
+    placeholders = [f"%(p{i})s" for i in range(6)]
 
     def named(*given: object) -> dict[str, object]:
         return {f"p{i}": value for i, value in enumerate(given)}
@@ -501,23 +498,36 @@ def _read_participants(
     keys = (target.key1, target.key2)
     rows = conn.execute(
         participants_of(table).format(*placeholders).encode(),
-        named(key_to_oid(keys[0]), key_to_oid(keys[1]), *keys),
+        named(key_to_oid(keys[0]), key_to_oid(keys[1]), *keys, list(table.trusted_roles), True),
     ).fetchall()
     by_pid: dict[int, dict[str, Any]] = {}
     for values in rows:
-        entry = dict(zip(_PARTICIPANT_FIELDS, values, strict=True))
-        if isinstance(entry["metadata"], str):
-            entry["metadata"] = json.loads(entry["metadata"])
+        pid, application_name, usename, trusted = values[:4]
+        found = published(values[4 : 4 + PUBLISHED_FIELDS])
+        if found.identity is None:
+            continue  # not to be read (see ``problems``)
+        eligible, leading, waiting = values[4 + PUBLISHED_FIELDS :]
+        entry = {
+            "pid": pid, "application_name": application_name, "usename": usename,
+            "identity": found.identity, "name": found.name, "priority": found.priority,
+            "metadata": found.metadata, "since": found.since, "term": found.term,
+            "eligible": eligible, "leading": leading, "waiting": waiting,
+            "trusted": bool(trusted), "skipped": list(found.problems),
+        }  # fmt: skip
         report["participants"].append(entry)
+        if not trusted:
+            continue
         if not entry["eligible"]:
             report["observers"].append(entry)
         elif entry["leading"] or entry["pid"] not in by_pid:
             by_pid[entry["pid"]] = entry
     for s in report["holders"] + report["waiting"]:
-        found = by_pid.get(s["pid"])
-        if found is not None:
+        found_entry = by_pid.get(s["pid"])
+        if found_entry is not None:
             s.update(
-                identity=found["identity"], priority=found["priority"], metadata=found["metadata"]
+                identity=found_entry["identity"],
+                priority=found_entry["priority"],
+                metadata=found_entry["metadata"],
             )
 
 
@@ -599,7 +609,7 @@ def _unreadable(conn: psycopg.Connection[Any], table: LibraryTable) -> tuple[str
     values = {"v0": table.schema, "v1": table.name, "v2": list(table.trusted_roles)}
     row = conn.execute(TABLE_CHECK.sql("%(v0)s", "%(v1)s", "%(v2)s"), values).fetchone()
     assert row is not None
-    check = TableCheck(table, *row[:9])
+    check = TableCheck.of(table, row)
     return check.unreadable(), check.schema_owner is None or check.relkind is None
 
 

@@ -2,37 +2,37 @@
 
 The authority is ``pg_locks``: the session granted the lock's advisory lock leads. Its
 pid, ``application_name`` and role come from ``pg_stat_activity`` (visible to every
-role). What a lock publishes about itself (its identity, priority and ``metadata``)
-lives in a table of the library's own,
-[`ParticipantTable`][pgleaderlock.core.leader.ParticipantTable]
-(``pgleaderlock_participants``): one row per lock session, keyed by the lock's keys, the
-session's pid and its identity, written by each lock on its own session when it
+role), and so does whether that role is *trusted* (the reader's own role, a superuser,
+or one of ``trusted_roles``). What a lock publishes about itself (its identity,
+priority and ``metadata``) lives in the library's
+[`ParticipantTable`][pgleaderlock.core.participants.ParticipantTable]
+(``pgleaderlock_participants``), written by each lock on its own session when it
 connects, and updated with ``since`` (and the fencing term) when it starts to lead.
 
-A row counts only while it is *that* session's: its pid is the one ``pg_locks`` shows
-holding the lock now, its ``backend_start`` is that backend's (a pid the server reused
-for another backend does not inherit the row), and its writer is that backend's role.
-A stale row (its session ended) is ignored, and pruned by the next lock that connects.
-Row-level security on the table lets a role write only its own backend's rows
-(``WITH CHECK (pid = pg_backend_pid())``), so a role allowed to write the table still
-cannot forge another session's row; the table is used only when a trusted role owns it
-(see [`LibraryTable`][pgleaderlock.core.tables.LibraryTable]).
+A row counts only while it is *that* session's (its pid holds the lock now, its
+``backend_start`` is that backend's, its writer is that backend's role), only when that
+role is trusted, and only as far as its values can be represented: see
+[`pgleaderlock.core.participants`][] for who may write what, and
+[`published`][pgleaderlock.core.leader.published] for what a reader skips (and logs).
+A leader of an untrusted role is named (pid, ``application_name``, role, marked
+``trusted=False``) with nothing of what it published.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, cast
+from typing import Any
 
 from ._logging import get_logger
 from .config import SAFE_SETTINGS, check_roles, positive
 from .errors import ConfigurationError
 from .keys import check_key, key_to_oid, lock_keys
+from .metadata import check_metadata, read_metadata
+from .participants import LEADER, ParticipantTable, leader_with, participants_of
 from .registry import resolve, wrap_connection
 from .session import (
     Backend,
@@ -42,7 +42,7 @@ from .session import (
     SessionFactory,
     SetupSession,
 )
-from .tables import CHECK_TABLE, DEFAULT_SCHEMA, LibraryTable, TableCheck, trusted_roles_sql
+from .tables import CHECK_TABLE, DEFAULT_SCHEMA, TableCheck
 
 __all__ = [
     "CHANNEL",
@@ -50,10 +50,13 @@ __all__ = [
     "LeaderReader",
     "Participant",
     "ParticipantTable",
+    "Published",
     "Target",
+    "check_metadata",
     "current_leader",
     "current_leader_sync",
     "open_session",
+    "published",
 ]
 
 log = get_logger()
@@ -62,243 +65,6 @@ CHANNEL = "pgleaderlock_leader"
 """The ``NOTIFY`` channel a lock announces its leadership on (payload ``"key1,key2"``).
 Any role may notify on it: a message only makes listeners look at ``pg_locks`` again."""
 
-METADATA_MAX_BYTES = 8000
-"""The largest ``metadata`` document a lock publishes (as JSON)."""
-
-
-@dataclass(frozen=True)
-class ParticipantTable(LibraryTable):
-    """The locks' published details: one row per (lock keys, session pid, identity).
-
-    Created with row-level security: a session may insert and update only rows of its
-    own backend (pid and ``backend_start``), and delete only those or rows whose session
-    has ended. Everyone who may read the table reads every row.
-    """
-
-    name: str = "pgleaderlock_participants"
-
-    knobs: ClassVar[tuple[str, str]] = ("participants_table", "participants_schema")
-    privileges: ClassVar[tuple[str, ...]] = ("SELECT", "INSERT", "UPDATE", "DELETE")
-    columns: ClassVar[str] = (
-        "key1 int4 NOT NULL, key2 int4 NOT NULL, pid int4 NOT NULL,"
-        " backend_start timestamptz NOT NULL, identity text NOT NULL, name text,"
-        " priority int4, eligible bool NOT NULL, metadata jsonb, since timestamptz,"
-        " term int8, writer name NOT NULL, updated_at timestamptz NOT NULL,"
-        " reserved_for text, reserved_until timestamptz,"
-        " PRIMARY KEY (key1, key2, pid, identity)"
-    )
-
-    @property
-    def create(self) -> str:
-        """The table, with row-level security (forced, so that its owner's sessions are
-        held to it too) and its policies, in one ``DO`` block."""
-        t = self.sql
-        me = "pg_catalog.pg_backend_pid()"
-        own_start = (
-            f"(SELECT a.backend_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = {me})"
-        )
-        own = f"pid = {me} AND backend_start = {own_start} AND writer = current_user"
-        ended = (
-            "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a"
-            f' WHERE a.pid = "{self.name}".pid AND (a.backend_start IS NULL'
-            f' OR a.backend_start = "{self.name}".backend_start))'
-        )
-        literal = t.replace("'", "''")
-        return (
-            "DO $pgleaderlock$ BEGIN"
-            f" CREATE TABLE IF NOT EXISTS {t} ({self.columns});"
-            f" ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;"
-            f" ALTER TABLE {t} FORCE ROW LEVEL SECURITY;"
-            " IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_policy"
-            f" WHERE polrelid = '{literal}'::regclass AND polname = 'pgleaderlock_read') THEN"
-            f" CREATE POLICY pgleaderlock_read ON {t} FOR SELECT USING (true);"
-            f" CREATE POLICY pgleaderlock_insert ON {t} FOR INSERT WITH CHECK ({own});"
-            f" CREATE POLICY pgleaderlock_update ON {t} FOR UPDATE USING (pid = {me})"
-            f" WITH CHECK ({own});"
-            f" CREATE POLICY pgleaderlock_delete ON {t} FOR DELETE"
-            f" USING (pid = {me} OR {ended});"
-            " END IF; END $pgleaderlock$"
-        )
-
-    def upsert(self) -> str:
-        """``{0}`` ``{1}`` keys, ``{2}`` identity, ``{3}`` name, ``{4}`` priority,
-        ``{5}`` eligible, ``{6}`` metadata (JSON text), ``{7}`` whether to notify,
-        ``{8}`` channel, ``{9}`` payload: this session's row, after pruning the rows of
-        ended sessions of the same lock; with ``{7}``, ``NOTIFY`` (a candidate with a
-        priority joins: the leader looks whether to hand over)."""
-        return (
-            f"WITH {self._upsert()}"
-            " SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM (SELECT"
-            " pg_catalog.pg_notify(({8})::text, ({9})::text) WHERE ({7})::bool) n)"
-        )
-
-    def _upsert(self) -> str:
-        """The ``pruned`` and ``up`` CTEs of `upsert`."""
-        t = self.sql
-        return (
-            f"pruned AS (DELETE FROM {t} p WHERE p.key1 = ({{0}})::int4"
-            " AND p.key2 = ({1})::int4 AND NOT EXISTS (SELECT 1 FROM"
-            " pg_catalog.pg_stat_activity a WHERE a.pid = p.pid AND (a.backend_start IS NULL"
-            " OR a.backend_start = p.backend_start)) RETURNING 1),"
-            f" up AS (INSERT INTO {t} AS p (key1, key2, pid, backend_start, identity, name,"
-            " priority, eligible, metadata, writer, updated_at)"
-            " SELECT ({0})::int4, ({1})::int4, a.pid, a.backend_start, ({2})::text,"
-            " ({3})::text, ({4})::int4, ({5})::bool, ({6})::text::jsonb, current_user,"
-            " pg_catalog.clock_timestamp() FROM pg_catalog.pg_stat_activity a"
-            " WHERE a.pid = pg_catalog.pg_backend_pid()"
-            " ON CONFLICT (key1, key2, pid, identity) DO UPDATE SET"
-            " backend_start = EXCLUDED.backend_start, name = EXCLUDED.name,"
-            " priority = EXCLUDED.priority, eligible = EXCLUDED.eligible,"
-            " metadata = EXCLUDED.metadata, writer = EXCLUDED.writer, since = NULL,"
-            " term = NULL, reserved_for = NULL, reserved_until = NULL,"
-            " updated_at = EXCLUDED.updated_at RETURNING 1)"
-        )
-
-    def reserve(self) -> str:
-        """``{0}`` ``{1}`` keys, ``{2}`` identity, ``{3}`` the target's identity, ``{4}``
-        seconds, ``{5}`` ``{6}`` the keys as oids: the leader's reservation of the lock
-        for the target, on its own row, if the target (a live, eligible participant)
-        waits for the lock now: candidates granted the lock meanwhile, but for the
-        target, let it go again (see ``reserved_elsewhere``). No row: not reserved."""
-        t = self.sql
-        return (
-            f"UPDATE {t} SET reserved_for = ({{3}})::text,"
-            " reserved_until = pg_catalog.clock_timestamp()"
-            " + ({4})::float8 * interval '1 second'"
-            " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
-            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({2})::text"
-            f" AND EXISTS (SELECT 1 FROM {t} w JOIN pg_catalog.pg_stat_activity a"
-            " ON a.pid = w.pid AND a.backend_start = w.backend_start AND a.usename = w.writer"
-            " JOIN pg_catalog.pg_locks l ON l.pid = w.pid AND NOT l.granted"
-            f" AND {_on_lock(5, 6)}"
-            " WHERE w.key1 = ({0})::int4 AND w.key2 = ({1})::int4"
-            " AND w.identity = ({3})::text AND w.eligible)"
-            " RETURNING 1"
-        )
-
-    def reserved_elsewhere(self) -> str:
-        """``{0}`` ``{1}`` keys, ``{2}`` ``{3}`` the keys as oids, ``{4}`` this lock's
-        identity, ``{5}`` trusted roles: is the lock reserved for another candidate, one
-        that is waiting for it now? Only a reservation written by a trusted role, not
-        expired, counts: one of another role, or for a target that is gone or no longer
-        waits, is ignored. If it is, the lock (just granted to this session) is let go
-        in the same statement. Returns (reserved, unlocked)."""
-        return (
-            f"WITH trusted AS ({trusted_roles_sql('{5}')}),"
-            f" r AS (SELECT {self._reserved()} AS reserved)"
-            f" SELECT (SELECT reserved FROM r), {_LET_GO}"
-        )
-
-    def _reserved(self) -> str:
-        t = self.sql
-        return (
-            f"EXISTS (SELECT 1 FROM {t} r JOIN {t} w ON w.key1 = r.key1"
-            " AND w.key2 = r.key2 AND w.identity = r.reserved_for AND w.eligible"
-            " JOIN pg_catalog.pg_stat_activity a ON a.pid = w.pid"
-            " AND a.backend_start = w.backend_start AND a.usename = w.writer"
-            " JOIN pg_catalog.pg_roles o ON o.rolname = r.writer"
-            " WHERE r.key1 = ({0})::int4 AND r.key2 = ({1})::int4"
-            " AND r.reserved_for IS NOT NULL AND r.reserved_for <> ({4})::text"
-            " AND r.reserved_until > pg_catalog.clock_timestamp()"
-            " AND o.oid IN (SELECT oid FROM trusted)"
-            " AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.pid = w.pid"
-            f" AND NOT l.granted AND {_on_lock(2, 3)}))"
-        )
-
-    def admit(self) -> str:
-        """The values of ``reserved_elsewhere``, then ``{6}`` channel, ``{7}``
-        payload: unless the lock is reserved for another, also what ``announce`` does
-        for a lock without fencing, in the same round trip from the grant to the
-        announcement. Returns (reserved, unlocked, rows marked, notified)."""
-        now = "pg_catalog.clock_timestamp()"
-        return (
-            f"WITH trusted AS ({trusted_roles_sql('{5}')}),"
-            f" r AS (SELECT {self._reserved()} AS reserved),"
-            f" up AS (UPDATE {self.sql} SET since = {now}, term = NULL, updated_at = {now}"
-            " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
-            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({4})::text"
-            " AND NOT (SELECT reserved FROM r) RETURNING 1)"
-            f" SELECT (SELECT reserved FROM r), {_LET_GO}, (SELECT count(*) FROM up),"
-            " (SELECT count(*) FROM (SELECT pg_catalog.pg_notify(({6})::text, ({7})::text)"
-            " WHERE NOT (SELECT reserved FROM r)) n)"
-        )
-
-    def remove(self) -> str:
-        """``{0}`` ``{1}`` keys, ``{2}`` identity: this session's row goes."""
-        return (
-            f"DELETE FROM {self.sql} WHERE key1 = ({{0}})::int4 AND key2 = ({{1}})::int4"
-            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({2})::text RETURNING 1"
-        )
-
-    def announce(self) -> str:
-        """``{0}`` ``{1}`` keys, ``{2}`` identity, ``{3}`` term, ``{4}`` channel,
-        ``{5}`` payload: mark this session's row as leading since now, and notify."""
-        return (
-            f"WITH up AS (UPDATE {self.sql} SET since = pg_catalog.clock_timestamp(),"
-            " term = ({3})::int8, updated_at = pg_catalog.clock_timestamp()"
-            " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4"
-            " AND pid = pg_catalog.pg_backend_pid() AND identity = ({2})::text RETURNING 1)"
-            " SELECT pg_catalog.pg_notify(({4})::text, ({5})::text), (SELECT count(*) FROM up)"
-        )
-
-
-_LET_GO = (
-    "(SELECT count(*) FROM (SELECT pg_catalog.pg_advisory_unlock(({0})::int4, ({1})::int4)"
-    " WHERE (SELECT reserved FROM r)) u)"
-)
-"""With a ``reserved`` CTE ``r``: let the lock go when it is reserved for another."""
-
-NOTIFY_ONLY = "SELECT pg_catalog.pg_notify(({0})::text, ({1})::text)"
-"""``{0}`` channel, ``{1}`` payload: the announcement when the table cannot be used."""
-
-_DATABASE = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
-
-
-def _on_lock(classid: int, objid: int) -> str:
-    """The condition on ``pg_locks l`` for a two-key advisory lock of this database, the
-    keys (as oids) in placeholders ``{classid}`` and ``{objid}``."""
-    return (
-        f"l.locktype = 'advisory' AND l.objsubid = 2 AND l.database = {_DATABASE}"
-        f" AND l.classid = ({{{classid}}})::int8::oid AND l.objid = ({{{objid}}})::int8::oid"
-    )
-
-
-_HOLDER = (
-    "FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
-    f" WHERE l.granted AND {_on_lock(0, 1)}"
-)
-LEADER = f"SELECT l.pid, a.application_name, a.usename::text {_HOLDER}"
-"""``{0}`` ``{1}`` the keys as oids: the session granted the lock, if any."""
-
-
-def leader_with(table: ParticipantTable) -> str:
-    """``{0}`` ``{1}`` the keys as oids, ``{2}`` ``{3}`` the keys: the session granted the
-    lock and its published row, if that row is still the session's."""
-    return (
-        "SELECT l.pid, a.application_name, a.usename::text, p.identity, p.name, p.priority,"
-        " p.metadata::text, p.since, p.term"
-        " FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
-        f" LEFT JOIN LATERAL (SELECT * FROM {table.sql} p WHERE p.key1 = ({{2}})::int4"
-        " AND p.key2 = ({3})::int4 AND p.pid = l.pid AND p.backend_start = a.backend_start"
-        " AND p.writer = a.usename AND p.eligible"
-        " ORDER BY p.since DESC NULLS LAST LIMIT 1) p ON true"
-        f" WHERE l.granted AND {_on_lock(0, 1)}"
-    )
-
-
-def participants_of(table: ParticipantTable) -> str:
-    """``{0}`` ``{1}`` the keys as oids, ``{2}`` ``{3}`` the keys: every live
-    participant's row, whether its session holds the lock, and whether it waits."""
-    lock = f"SELECT 1 FROM pg_catalog.pg_locks l WHERE l.pid = p.pid AND {_on_lock(0, 1)}"
-    return (
-        "SELECT p.pid, a.application_name, a.usename::text, p.identity, p.name, p.priority,"
-        " p.metadata::text, p.since, p.term, p.eligible,"
-        f" EXISTS ({lock} AND l.granted), EXISTS ({lock} AND NOT l.granted)"
-        f" FROM {table.sql} p JOIN pg_catalog.pg_stat_activity a ON a.pid = p.pid"
-        " AND a.backend_start = p.backend_start AND a.usename = p.writer"
-        " WHERE p.key1 = ({2})::int4 AND p.key2 = ({3})::int4 ORDER BY p.pid, p.identity"
-    )
-
 
 @dataclass(frozen=True)
 class LeaderInfo:
@@ -306,9 +72,10 @@ class LeaderInfo:
 
     The session granted the lock's advisory lock (``pg_locks``) leads; what it published
     (``identity``, ``priority``, ``metadata``, ``since``, ``term``) is included only
-    while its row in the participants table is that very session's, and ``None``
-    otherwise (no such table, no privilege to read it, a leader that is not a
-    `LeaderLock`, or one that has not announced itself yet).
+    while its row in the participants table is that very session's and its role is
+    trusted, and ``None`` otherwise (no such table, no privilege to read it, a leader
+    that is not a `LeaderLock`, one that has not announced itself yet, or a leader of a
+    role that is not trusted: ``trusted`` is then ``False``).
 
     Attributes:
         keys: the lock's ``(key1, key2)``.
@@ -321,6 +88,10 @@ class LeaderInfo:
         metadata: the JSON document the leader publishes (``metadata=``).
         since: when the leader announced its current leadership (server clock).
         term: its fencing term (``fencing=True``), else ``None``.
+        trusted: whether the leader's role is trusted by the reader (its own role, a
+            superuser, or one of ``trusted_roles``). An untrusted leader holds the
+            lock all the same (advisory locks have no owner), but nothing it published
+            is read: never forward traffic to it.
     """
 
     keys: tuple[int, int]
@@ -333,6 +104,7 @@ class LeaderInfo:
     metadata: Mapping[str, Any] | None = None
     since: datetime | None = None
     term: int | None = None
+    trusted: bool = False
 
     @property
     def published(self) -> bool:
@@ -352,12 +124,14 @@ class LeaderInfo:
             "metadata": dict(self.metadata) if self.metadata is not None else None,
             "since": self.since.isoformat() if self.since is not None else None,
             "term": self.term,
+            "trusted": self.trusted,
         }
 
 
 @dataclass(frozen=True)
 class Participant:
-    """One live lock session's published row (for status and priorities).
+    """One live lock session's published row (for status and priorities), of a trusted
+    role.
 
     Attributes:
         info: what it published, as a [`LeaderInfo`][pgleaderlock.LeaderInfo].
@@ -372,55 +146,79 @@ class Participant:
     waiting: bool
 
 
-def _metadata(text: object) -> Mapping[str, Any] | None:
-    if text is None:
-        return None
-    value = json.loads(cast(str, text))
-    return value if isinstance(value, dict) else {"value": value}
+@dataclass(frozen=True)
+class Published:
+    """What a reader takes from one row of the participants table, after
+    [`published`][pgleaderlock.core.leader.published] checked it.
+
+    Attributes:
+        identity: ``None``: the row is skipped (no row, or one not to be read).
+        name, priority, metadata, since, term: the row's values; ``None`` for a value
+            that was skipped (see ``problems``).
+        problems: what was skipped and why, for the log.
+    """
+
+    identity: str | None = None
+    name: str | None = None
+    priority: int | None = None
+    metadata: Mapping[str, Any] | None = None
+    since: datetime | None = None
+    term: int | None = None
+    problems: tuple[str, ...] = ()
 
 
-def _info(keys: tuple[int, int], row: Sequence[Any]) -> LeaderInfo:
-    pid, app, role, *rest = row
-    if not rest:
-        return LeaderInfo(keys, int(pid), app, role)
-    identity, name, priority, metadata, since, term = rest[:6]
-    return LeaderInfo(
-        keys, int(pid), app, role, identity, name,
-        None if priority is None else int(priority), _metadata(metadata), since,
-        None if term is None else int(term),
+PUBLISHED_FIELDS = 9
+"""How many fields of a row [`published`][pgleaderlock.core.leader.published] reads
+(``participants.PUBLISHED``)."""
+
+
+def published(fields: Sequence[Any]) -> Published:
+    """The fields of ``participants.PUBLISHED`` as a reader may use them. The server sent
+    nothing it could not bound (too long, too large, a timestamp no client can
+    represent): such a value is skipped, and so is a document this library would not
+    accept as ``metadata`` (too deep, a non-finite number...). Never raises."""
+    identity, name, has_name, priority, metadata, has_metadata, since, has_since, term = fields[
+        :PUBLISHED_FIELDS
+    ]
+    problems: list[str] = []
+    if identity is None:
+        if has_name or has_metadata or has_since or priority is not None or term is not None:
+            problems.append("identity is too long: the row is skipped")
+        return Published(problems=tuple(problems))
+    if name is None and has_name:
+        problems.append("name is too long")
+    document = None
+    if metadata is not None:
+        document, why = read_metadata(str(metadata))
+        if why is not None:
+            problems.append(f"metadata skipped: {why}")
+    elif has_metadata:
+        problems.append("metadata skipped: it is too large")
+    if since is None and has_since:
+        problems.append("since skipped: a time no client can represent")
+    return Published(
+        str(identity), None if name is None else str(name),
+        None if priority is None else int(priority), document,
+        since if isinstance(since, datetime) else None,
+        None if term is None else int(term), tuple(problems),
     )  # fmt: skip
 
 
-def check_metadata(metadata: Mapping[str, Any] | None) -> str | None:
-    """``metadata`` as JSON text (``None`` stays ``None``).
-
-    Raises:
-        ConfigurationError: not a JSON object, or larger than ``METADATA_MAX_BYTES``.
-    """
-    if metadata is None:
-        return None
-    if not isinstance(metadata, Mapping):
-        raise ConfigurationError(f"metadata must be a mapping (a JSON object), got {metadata!r}")
-    try:
-        text = json.dumps(dict(metadata), separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"metadata must be JSON-serialisable: {exc}") from None
-    if len(text.encode()) > METADATA_MAX_BYTES:
-        raise ConfigurationError(
-            f"metadata is {len(text.encode())} bytes as JSON; at most {METADATA_MAX_BYTES}"
-        )
-    return text
+_RECHECK_S = 60.0
+"""How often a reader checks the participants table again while it finds it usable: a
+table whose row-level security its owner turned off meanwhile is not read for longer."""
 
 
 class LeaderReader:
     """Reads who leads on one session of the caller's (a
-    [`QuerySession`][pgleaderlock.backends.QuerySession]); checks once per reader
-    whether the participants table may be trusted and read.
+    [`QuerySession`][pgleaderlock.backends.QuerySession]); checks whether the
+    participants table may be trusted and read (again every minute), and logs each row
+    it skips (once per session, row and reason).
 
     Args:
         session: the session to read on (not the lock's own: that one may be blocked
             in a wait for the lock).
-        table: the participants table.
+        table: the participants table (its ``trusted_roles`` are the reader's).
         label: the lock's label, for logs.
     """
 
@@ -432,42 +230,77 @@ class LeaderReader:
         self._session: QuerySession = session
         self._table = table
         self._label = label
+        self._roles = list(table.trusted_roles)
         self.readable: bool | None = None  # the table: unknown until checked
         self.reason: str | None = None  # why it is not readable
+        self._checked_at = 0.0
+        self._logged: set[tuple[object, ...]] = set()
 
     async def _check(self) -> bool:
-        # A table found readable stays so for the session; one that was not (not made
-        # yet, say: the first lock creates it) is looked at again at the next read.
-        if not self.readable:
+        # A table found readable is looked at again after a minute; one that was not
+        # (not made yet, say: the first lock creates it) at the next read.
+        now = asyncio.get_running_loop().time()
+        if not self.readable or now - self._checked_at >= _RECHECK_S:
             self.reason = None
             t = self._table
-            rows = await self._session.query(CHECK_TABLE, (t.schema, t.name, list(t.trusted_roles)))
-            self.reason = TableCheck(t, *rows[0][:9]).unreadable()
+            rows = await self._session.query(CHECK_TABLE, (t.schema, t.name, self._roles))
+            self._checked_at = now
+            check = TableCheck.of(t, rows[0])
+            self.reason = check.unreadable()
             self.readable = self.reason is None
             if self.reason is not None:
-                log.debug("participants_unreadable", reason=self.reason, lock=self._label)
+                # A table not made (yet) is no news; one refused (another role's, its
+                # row-level security weakened) is logged once per reader and reason.
+                absent = check.schema_owner is None or check.relkind is None
+                self._log_once(("unreadable", self.reason), "participants_unreadable",
+                               warn=not absent, reason=self.reason)  # fmt: skip
         return self.readable
+
+    def _log_once(
+        self, key: tuple[object, ...], event: str, *, warn: bool = True, **fields: Any
+    ) -> None:
+        if key in self._logged:
+            return
+        if len(self._logged) >= 1000:
+            self._logged.clear()
+        self._logged.add(key)
+        (log.warning if warn else log.debug)(event, lock=self._label, **fields)
+
+    def _info(self, keys: tuple[int, int], row: Sequence[Any]) -> LeaderInfo:
+        pid, app, role, trusted, *rest = row
+        found = published(rest) if rest else Published()
+        if found.problems:
+            self._log_once((pid, found.identity, found.problems), "participant_row_skipped",
+                           pid=pid, role=role, identity=found.identity,
+                           problems=list(found.problems))  # fmt: skip
+        return LeaderInfo(
+            keys, int(pid), app, role, found.identity, found.name, found.priority,
+            found.metadata, found.since, found.term, bool(trusted),
+        )  # fmt: skip
 
     async def leader(self, keys: tuple[int, int]) -> LeaderInfo | None:
         """Who leads the lock of ``keys`` now, or ``None``."""
         oids = (key_to_oid(keys[0]), key_to_oid(keys[1]))
         if await self._check():
-            rows = await self._session.query(leader_with(self._table), (*oids, *keys))
+            rows = await self._session.query(leader_with(self._table), (*oids, *keys, self._roles))
         else:
-            rows = await self._session.query(LEADER, oids)
-        return _info(keys, rows[0]) if rows else None
+            rows = await self._session.query(LEADER, (*oids, self._roles))
+        return self._info(keys, rows[0]) if rows else None
 
     async def participants(self, keys: tuple[int, int]) -> list[Participant]:
-        """Every live participant of the lock of ``keys`` (none when the table cannot
-        be read)."""
+        """Every live participant of the lock of ``keys`` whose role is trusted (none
+        when the table cannot be read); rows that cannot be read are skipped."""
         if not await self._check():
             return []
         oids = (key_to_oid(keys[0]), key_to_oid(keys[1]))
-        rows = await self._session.query(participants_of(self._table), (*oids, *keys))
-        return [
-            Participant(_info(keys, row[:9]), bool(row[9]), bool(row[10]), bool(row[11]))
-            for row in rows
-        ]
+        values = (*oids, *keys, self._roles, False)
+        rows = await self._session.query(participants_of(self._table), values)
+        found = []
+        for row in rows:
+            info = self._info(keys, row[: 4 + PUBLISHED_FIELDS])
+            if info.identity is not None and info.trusted:
+                found.append(Participant(info, *(bool(v) for v in row[4 + PUBLISHED_FIELDS :])))
+        return found
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,6 @@ from .keyring import Keyring
 from .keys import check_key, check_name, key_to_oid, lock_keys
 from .leader import (
     CHANNEL,
-    NOTIFY_ONLY,
     LeaderInfo,
     LeaderReader,
     Participant,
@@ -65,6 +64,7 @@ from .models import (
     LockStatistics,
     StateChangeCallback,
 )
+from .participants import NOTIFY_ONLY
 from .retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from .runner import Runner
 from .session import Backend, ConnectOptions, QuerySession, SessionFactory
@@ -385,6 +385,12 @@ class LeaderLock(Fencing):
         self._runner.announce = self._announce
         self._runner.admit = self._admit
 
+    @property
+    def _reservation_s(self) -> float:
+        """How long a reservation counts at most, after it was written (the leader's
+        choice when it writes one, and a reader's cap on any it finds)."""
+        return max(2.0, self._config.command_timeout_s)
+
     def _keyring(self) -> tuple[int, int] | Keyring:
         """Which lock the session takes (a [`Semaphore`][pgleaderlock.Semaphore]
         chooses among its slots)."""
@@ -594,9 +600,12 @@ class LeaderLock(Fencing):
         return await self._read(lambda reader: reader.leader(self.keys))
 
     async def participants(self) -> list[Participant]:
-        """Every live lock session that published a row for this lock (candidates and
+        """Every live lock session of a trusted role (this lock's own, a superuser, or
+        one of ``trusted_roles``) that published a row for this lock (candidates and
         observers), and which of them leads or waits; empty when the participants
-        table cannot be read."""
+        table cannot be read. Rows of other roles are never listed (``pgleaderlock
+        status`` shows them, marked untrusted); at most
+        [`PARTICIPANTS_MAX`][pgleaderlock.core.participants.PARTICIPANTS_MAX]."""
         watch = self._watch
         if watch is not None:
             return await watch.participants(self.keys)
@@ -670,6 +679,11 @@ class LeaderLock(Fencing):
         anything, and lets the lock go again; so the lock passes down the queue to
         ``to``. Every lock that publishes a row (``identity``, ``metadata`` or
         ``priority``) honours reservations; one that does not would take the lock.
+        Only a candidate of a trusted role (this lock's own, a superuser, or one of
+        ``trusted_roles``) can be the target, and a reservation counts only when the
+        session that held the lock wrote it (the table's policies see to that); a
+        reader honours it for at most ``max(2, command_timeout_s)`` seconds of its own
+        after it was written.
 
         Args:
             to: the target's ``identity``.
@@ -677,7 +691,7 @@ class LeaderLock(Fencing):
 
         Raises:
             HandOverError: this lock does not lead, published no row, or ``to`` is
-                not waiting for the lock now.
+                not waiting for the lock now as a candidate of a trusted role.
         """
         if not self.is_leader:
             raise HandOverError(f"{self.label}: not leading, nothing to hand over")
@@ -690,8 +704,8 @@ class LeaderLock(Fencing):
             )
         config = self._config
         oids = (key_to_oid(self._key1), key_to_oid(self._key2))
-        values = (self._key1, self._key2, self._identity, to,
-                  max(2.0, config.command_timeout_s), *oids)  # fmt: skip
+        values = (self._key1, self._key2, self._identity, to, self._reservation_s,
+                  *oids, list(config.trusted_roles))  # fmt: skip
         statement = self._participants.reserve()
 
         async def reserve(slot: SessionSlot) -> list[tuple[Any, ...]]:
@@ -706,7 +720,10 @@ class LeaderLock(Fencing):
         except ConnectionError as exc:
             raise HandOverError(f"{self.label}: lost the lock before handing it over") from exc
         if not reserved:
-            raise HandOverError(f"{self.label}: {to!r} is not waiting for the lock")
+            raise HandOverError(
+                f"{self.label}: {to!r} is not waiting for the lock (as a candidate of a "
+                "trusted role)"
+            )
         log.info("handing_over", to=to, **self._log_fields)
         await self.step_down(timeout_s)
 
@@ -730,7 +747,7 @@ class LeaderLock(Fencing):
             return True
         values: tuple[object, ...] = (
             *keys, key_to_oid(keys[0]), key_to_oid(keys[1]), self._identity,
-            list(self._config.trusted_roles),
+            list(self._config.trusted_roles), self._reservation_s,
         )  # fmt: skip
         statement = self._participants.reserved_elsewhere()
         if not fenced:
@@ -772,8 +789,8 @@ class LeaderLock(Fencing):
             try:
                 higher = [
                     p for p in await self.participants()
-                    if p.eligible and not p.leading and p.info.priority is not None
-                    and p.info.priority > self._priority
+                    if p.info.trusted and p.eligible and not p.leading
+                    and p.info.priority is not None and p.info.priority > self._priority
                 ]  # fmt: skip
                 ready = [p for p in higher if p.waiting]
                 if ready:

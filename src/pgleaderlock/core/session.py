@@ -289,10 +289,12 @@ class TableSession(Protocol):
 
     async def prepare_table(self, table: LibraryTable) -> None:
         """Make sure the session may use one of the library's tables: create it if
-        missing (and allowed; ``table.create``), refuse one another role owns
-        ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError]) or that the role
-        lacks privileges on ([`MissingPrivilegeError`][pgleaderlock.MissingPrivilegeError]).
-        It checks every time it is called: remembering what was checked is the core's."""
+        missing (and allowed; ``table.create``), make it again if the session's role
+        owns it and it is not safe (``table.unsafe``), refuse one another role owns or
+        that is not safe ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError])
+        or that the role lacks privileges on
+        ([`MissingPrivilegeError`][pgleaderlock.MissingPrivilegeError]). It checks every
+        time it is called: remembering what was checked is the core's."""
         ...
 
 

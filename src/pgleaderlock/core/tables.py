@@ -17,6 +17,7 @@ from typing import ClassVar
 from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError, sqlstate
 
 __all__ = [
+    "CHECK_FIELDS",
     "CHECK_TABLE",
     "UNDEFINED_TABLE",
     "missing_table",
@@ -103,6 +104,12 @@ class LibraryTable:
         and for a migration (``pgleaderlock sql``)."""
         return f"CREATE TABLE IF NOT EXISTS {self.sql} ({self.columns})"
 
+    def unsafe(self, check: TableCheck) -> str | None:
+        """Why the table, owned by a trusted role, still may not be trusted (``None``:
+        it may): for a table whose safety rests on more than its owner (row-level
+        security), what ``check`` found missing, with the fix."""
+        return None
+
     def grant(self, role: str, privileges: Sequence[str] | None = None) -> str:
         """The ``GRANT`` of ``privileges`` (default: all the session's role needs, on
         the table and on columns) on the table to ``role``."""
@@ -164,9 +171,9 @@ CHECK_TABLE = (
     " FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner"
     " WHERE n.nspname = ({0})::text),"
     " rel AS (SELECT c.oid, c.relkind, o.rolname AS owner,"
-    " c.relowner IN (SELECT oid FROM trusted) AS ok FROM pg_catalog.pg_class c"
-    " JOIN ns ON c.relnamespace = ns.oid JOIN pg_catalog.pg_roles o ON o.oid = c.relowner"
-    " WHERE c.relname = ({1})::text)"
+    " c.relowner IN (SELECT oid FROM trusted) AS ok, c.relrowsecurity, c.relforcerowsecurity"
+    " FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid"
+    " JOIN pg_catalog.pg_roles o ON o.oid = c.relowner WHERE c.relname = ({1})::text)"
     " SELECT (SELECT owner::text FROM ns), (SELECT ok FROM ns),"
     " (SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') FROM ns),"
     " (SELECT pg_catalog.has_schema_privilege(oid, 'CREATE') FROM ns),"
@@ -178,7 +185,17 @@ CHECK_TABLE = (
     " WHERE a.attrelid = rel.oid AND a.attnum > 0 AND NOT a.attisdropped"
     " AND pg_catalog.has_any_column_privilege(rel.oid, p.name)"
     " AND NOT pg_catalog.has_column_privilege(rel.oid, a.attnum, p.name)),"
-    " current_user::text"
+    " current_user::text,"
+    " (SELECT relrowsecurity AND relforcerowsecurity FROM rel),"
+    " (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(p.polname::text,"
+    " p.polcmd::text, p.polpermissive, p.polroles = '{{0}}'::pg_catalog.oid[],"
+    " pg_catalog.pg_get_expr(p.polqual, p.polrelid),"
+    " pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)) ORDER BY p.polname)::text"
+    " FROM rel JOIN pg_catalog.pg_policy p ON p.polrelid = rel.oid),"
+    " (SELECT pg_catalog.array_agg(r.rolname::text ORDER BY r.rolname) FROM rel,"
+    " pg_catalog.pg_roles r WHERE r.rolbypassrls AND r.oid NOT IN (SELECT oid FROM trusted)"
+    " AND (pg_catalog.has_any_column_privilege(r.oid, rel.oid, 'INSERT')"
+    " OR pg_catalog.has_any_column_privilege(r.oid, rel.oid, 'UPDATE')))"
 )
 """Can the session trust a library table, and use it? Values: the schema, the table's
 name, the trusted roles (besides the session's own role and superusers). One row, the
@@ -189,13 +206,21 @@ table's ``relkind`` (NULL: no such table), its owner, whether it is trusted, the
 privileges among SELECT, INSERT, UPDATE the session lacks on it (then, for a role that
 holds SELECT or UPDATE on some columns only, each column it lacks it on, as
 ``"UPDATE (slot)"``: see [`LibraryTable.lacking`][pgleaderlock.core.tables.LibraryTable.lacking]);
-the session's role."""
+the session's role; whether row-level security is enabled and forced on the table, its
+policies (JSON: name, command, permissive, for PUBLIC, ``USING`` and ``WITH CHECK`` as
+the server prints them) and the untrusted roles that bypass row-level security
+(``BYPASSRLS``) and may write it: what a table whose safety rests on its policies (the
+participants table) is checked against."""
+
+CHECK_FIELDS = 12
+"""How many fields of a row of ``CHECK_TABLE`` (and of the statements that end with it)
+[`TableCheck.of`][pgleaderlock.core.tables.TableCheck.of] reads."""
 
 
 @dataclass(frozen=True)
 class TableCheck:
-    """What [`TABLE_CHECK`][pgleaderlock.backends.sql.TABLE_CHECK] found about a
-    library table, and the verdict."""
+    """What ``CHECK_TABLE`` (``backends.sql.TABLE_CHECK`` on a lock's session) found
+    about a library table, and the verdict."""
 
     table: LibraryTable
     schema_owner: str | None
@@ -207,6 +232,14 @@ class TableCheck:
     owner_trusted: bool | None
     missing: list[str] | None
     role: str
+    row_security: bool | None = None
+    policies: str | None = None
+    bypass_roles: list[str] | None = None
+
+    @classmethod
+    def of(cls, table: LibraryTable, row: Sequence[object]) -> TableCheck:
+        """The check of ``table`` from a row of ``CHECK_TABLE`` (its first fields)."""
+        return cls(table, *row[:CHECK_FIELDS])  # type: ignore[arg-type]
 
     def verify(self) -> None:
         """Raise unless the session may trust and use the table."""
@@ -241,6 +274,9 @@ class TableCheck:
                 "as this one (a trigger, a rule). It is not used. Drop it if it is not "
                 f"yours, or trust {self.owner!r} with trusted_roles"
             )
+        unsafe = table.unsafe(self)
+        if unsafe is not None:
+            raise UntrustedObjectError(unsafe)
         if not self.schema_usage:
             raise MissingPrivilegeError(
                 f"role {role!r} may not use the schema {table.schema!r} of {name}: "

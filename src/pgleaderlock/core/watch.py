@@ -8,12 +8,14 @@ of the process that wants to be told (``@lock.on_leader_changed`` or
   announces it with ``NOTIFY`` on its own session, before its ``on_acquired``
   callbacks. A follower's own session cannot listen: in ``follower_mode="wait"`` it is
   blocked inside ``pg_advisory_lock``;
-- a *query* session: every notification about a watched lock, and every
-  ``interval_s`` without one (no change is missed: a leader that died with nobody to
-  follow it announces nothing), is checked by reading ``pg_locks``
-  ([`LeaderReader`][pgleaderlock.core.leader.LeaderReader]). A notification is only a
-  reason to look: a forged one (any role may ``NOTIFY``) changes nothing. The same
-  session serves ``lock.leader()`` and holds the observers' participant rows.
+- a *query* session: a notification about a watched lock, and every ``interval_s``
+  without one (no change is missed: a leader that died with nobody to follow it
+  announces nothing), makes the watch read ``pg_locks``
+  ([`LeaderReader`][pgleaderlock.core.leader.LeaderReader]), at most once per
+  ``CHECK_GAP_S`` (the notifications received meanwhile make one read). A notification
+  is only a reason to look: a forged one (any role may ``NOTIFY``) changes nothing, and
+  a flood of them costs at most 20 reads a second per watched lock. The same session
+  serves ``lock.leader()`` and holds the observers' participant rows.
 
 A change is delivered to each subscriber as one ``LeaderInfo | None``; a subscriber is
 first told the leader as first seen.
@@ -50,6 +52,12 @@ log = get_logger()
 Deliver = Callable[[LeaderInfo | None], Awaitable[None]]
 
 _UNSEEN: Any = object()
+
+CHECK_GAP_S = 0.05
+"""The least time between two looks at ``pg_locks`` prompted by notifications: a flood
+of ``NOTIFY``s (which any role may send) costs a watching process at most 20 looks a
+second per watched lock, however many arrive; a real change is seen at most this much
+later than it would be otherwise (only when a look happened just before)."""
 
 
 @dataclass(eq=False)
@@ -106,6 +114,7 @@ class LeaderWatch:
         self._reader: LeaderReader | None = None
         self._query_lock = asyncio.Lock()
         self._rows_written = False
+        self._checked_at = 0.0  # monotonic time of the last look (see CHECK_GAP_S)
         self._listen_pid: int | None = None
         self.listening = asyncio.Event()
         """Set while the listening session listens (tests wait for it)."""
@@ -233,12 +242,15 @@ class LeaderWatch:
                 checked = time.monotonic()
                 while True:
                     self._wake.clear()  # what it was set for is in _dirty
-                    if self._dirty:
+                    # Coalesced: at most one look per CHECK_GAP_S, whatever the number of
+                    # notifications (any role may send them); they keep being received
+                    # meanwhile, and those about one lock make one look.
+                    due = self._checked_at + CHECK_GAP_S - time.monotonic()
+                    if self._dirty and due <= 0:
                         await self._check()
                     if time.monotonic() - checked >= self.interval_s:
                         checked = time.monotonic()
                         self._dirty.update(sub.keys for sub in self._subs)
-                        self._poke(None)
                         continue
                     if recv is None:
                         recv = asyncio.ensure_future(
@@ -248,14 +260,16 @@ class LeaderWatch:
                     try:
                         await asyncio.wait(
                             {recv, woke},
-                            timeout=self.interval_s + self.timeout_s,
+                            timeout=max(due, 0.0)
+                            if self._dirty
+                            else self.interval_s + self.timeout_s,
                             return_when=asyncio.FIRST_COMPLETED,
                         )
                     finally:
                         woke.cancel()
                     if not recv.done():
-                        if self._wake.is_set():
-                            continue  # a new subscriber: check it, keep receiving
+                        if self._wake.is_set() or self._dirty:
+                            continue  # a new subscriber, or a look that is due now
                         raise TimeoutError("the listening session did not answer")
                     received, recv = recv.result(), None
                     watched = {sub.keys for sub in self._subs}
@@ -263,7 +277,6 @@ class LeaderWatch:
                         keys = _parse(payload)
                         if keys in watched:
                             self._dirty.add(keys)
-                            self._poke(keys)
                     if not received:
                         async with asyncio.timeout(self.timeout_s):
                             await listen.ping()  # type: ignore[attr-defined]
@@ -294,8 +307,11 @@ class LeaderWatch:
                     log.error("poke_failed", error=repr(exc), lock=sub.label)
 
     async def _check(self) -> None:
-        """Read who leads each dirty lock; tell each subscriber that was told otherwise."""
+        """Read who leads each dirty lock; tell each subscriber that was told otherwise,
+        and poke the subscribers of each lock looked at (a leader with a priority then
+        looks whether to hand over)."""
         dirty, self._dirty = self._dirty, set()
+        self._checked_at = time.monotonic()
         found: dict[tuple[int, int], LeaderInfo | None] = {}
         try:
             async with self._query_lock:
@@ -311,6 +327,7 @@ class LeaderWatch:
                 if sub.seen is _UNSEEN or sub.seen != mark:
                     sub.seen = mark
                     await sub.deliver(info)
+            self._poke(keys)
 
 
 def _parse(payload: str) -> tuple[int, int] | None:

@@ -113,6 +113,9 @@ class LeaderView(BaseModel):
         metadata: the document it publishes (``metadata=``).
         since: when it announced its leadership (server clock).
         term: its fencing term, with fencing.
+        trusted: whether its role is trusted (this replica's own, a superuser, or one
+            of ``trusted_roles``); an untrusted leader is shown with nothing it
+            published.
     """
 
     pid: int
@@ -124,6 +127,7 @@ class LeaderView(BaseModel):
     metadata: dict[str, Any] | None = None
     since: dt.datetime | None = None
     term: int | None = None
+    trusted: bool = False
 
     @classmethod
     def of(cls, info: LeaderInfo | None) -> LeaderView | None:
@@ -462,13 +466,19 @@ class LeaderLifespan(_AppLifespan):
         ``async def write(meta: dict = Depends(leader.leader_metadata))``.
 
         Raises:
-            HTTPException: 503 when nobody leads, the leader published no metadata, or
-                the server cannot be asked.
+            HTTPException: 503 when nobody leads, the leader's role is not trusted (see
+                [`LeaderInfo.trusted`][pgleaderlock.LeaderInfo]: what such a leader
+                publishes is never read), the leader published no metadata, or the
+                server cannot be asked.
         """
         info = await self.current_leader()
-        if info is None or info.metadata is None:
-            detail = "nobody leads" if info is None else "the leader published no metadata"
+        if info is None:
+            raise HTTPException(status_code=503, detail="nobody leads")
+        if not info.trusted:
+            detail = f"the leader's role {info.role!r} is not trusted: its metadata is not read"
             raise HTTPException(status_code=503, detail=detail)
+        if info.metadata is None:
+            raise HTTPException(status_code=503, detail="the leader published no metadata")
         return dict(info.metadata)
 
     def status(self) -> LeaderStatus:
