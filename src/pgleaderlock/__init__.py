@@ -35,6 +35,7 @@ from .core.errors import (
     SessionNotDedicatedError,
     ShutdownError,
     StandbyError,
+    UnclaimedGrantError,
     UntrustedObjectError,
 )
 from .core.hooks import hookimpl
@@ -91,6 +92,7 @@ __all__ = [
     "SessionNotDedicatedError",
     "ShutdownError",
     "StandbyError",
+    "UnclaimedGrantError",
     "UntrustedObjectError",
     "MissingPrivilegeError",
     "StateChangeCallback",

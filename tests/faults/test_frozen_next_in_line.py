@@ -98,6 +98,7 @@ async def test_a_frozen_next_in_line_costs_no_lease(
         report = beliefs.report()
         report.assert_safe()
         assert "acquired" not in after, f"the frozen follower led after it ran again: {after}"
+    print("failovers:", ", ".join(f"{f:.3f} s" for f in failovers))
     figures("failover, next in line frozen (max of 3)", max(failovers), "s")
     assert max(failovers) <= BOUND_S, (
         f"another candidate led {', '.join(f'{f:.3f}' for f in failovers)} s after the "

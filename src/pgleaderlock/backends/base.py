@@ -37,6 +37,7 @@ from ..core.errors import (
     PgLeaderLockError,
     SessionNotDedicatedError,
     StandbyError,
+    UnclaimedGrantError,
 )
 from ..core.keys import key_to_oid
 from ..core.session import ConnectOptions, FencedSessions, SessionInfo
@@ -452,7 +453,7 @@ class BaseSession(abc.ABC):
         try:
             row = await self._abort_if_cut(CLAIM, (info.backend_pid, self._token, self._lease_ms))
         except ConnectionError as exc:
-            raise ConnectionError(
+            raise UnclaimedGrantError(
                 f"wait_lock: the lock was granted, but the server ended the session before "
                 f"this client claimed it (within {self._claim_ms / 1000:g} s): {exc}"
             ) from exc.__cause__

@@ -266,7 +266,8 @@ def default_lease_s(health_interval_s: float, health_timeout_s: float) -> float:
 
 def claim_bound(health_timeout_s: float, lease_s: float) -> float:
     """The claim: ``min(lease_s, max(1, health_timeout_s / 2))`` seconds (1 s with the
-    default timings).
+    default timings), before what a busy process adds
+    (``SessionSlot.session_options``).
 
     A follower queued on the server can be granted the lock at any moment; the grant's
     statement sets the session's ``idle_session_timeout`` to this, and the follower's

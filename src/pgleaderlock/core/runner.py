@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 
 from ._logging import get_logger
 from .calls import CallGuard, Interrupted, call_failure
-from .errors import ConfigurationError, ConnectionError
+from .errors import ConfigurationError, ConnectionError, UnclaimedGrantError
 from .keyring import FixedKeys, Keyring
 from .machine import (
     Aborted,
@@ -575,6 +575,8 @@ class Runner:
         except Interrupted:
             return CutShort()
         except Exception as exc:
+            if isinstance(exc, UnclaimedGrantError):
+                self._slot.claim_failed()  # this process was slow: longer claims from now
             return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
 
     async def _run_queued(self, call: Call) -> bool:
