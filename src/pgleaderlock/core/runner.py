@@ -548,6 +548,8 @@ class Runner:
                     value = await guard(self._keys.try_lock(session), *bound)
                 case Op.WAIT_LOCK:
                     waiting = cast(WaitingSession, session)
+                    if not self._keys.waits_on_server:  # tries: drop the session, then cut
+                        bound = (call.timeout_s, call.interruptible, True)
                     value = await guard(self._keys.wait_lock(waiting, call.wait_s), *bound)
                 case Op.PROBE:
                     value = await guard(self._slot.holds(k1, k2), *bound)
@@ -568,7 +570,8 @@ class Runner:
                     term = await guard(self._slot.with_table(table, bump), *bound)
                     return TermBlocked() if term is None else TermBumped(term)
             if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
-                if self.admit is not None and not await guard(self.admit(self._slot), *bound):
+                admit = self.admit  # a statement: the session is dropped before it is cut
+                if admit is not None and not await guard(admit(self._slot), *bound[:2]):
                     return Answered(False)  # reserved for another: let go, unannounced
                 self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
