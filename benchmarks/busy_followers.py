@@ -20,7 +20,8 @@ Printed: grants (``on_acquired``), claims the server refused (the session ended 
 sessions the server ended for being idle (its log: ``57P05``), leaderships lost
 (``on_lost``), other errors, and each process's event-loop lateness (a 20 ms timer).
 
-``--claim S`` replaces the claim bound in the candidate processes (not a user setting):
+``--claim S`` replaces the claim bound in the candidate processes, without the allowance
+for their other locks (not a user setting):
 with a bound far below the machine's latency the same run must count ended sessions,
 which shows that the count can see them.
 
@@ -63,6 +64,7 @@ from _common import (
 
 from pgleaderlock import LeaderLock
 from pgleaderlock.core import config as lock_config
+from pgleaderlock.core import slot as lock_slot
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
 ENDED_BY_SERVER = "idle-session timeout"
@@ -153,6 +155,7 @@ def candidate_main(args: argparse.Namespace) -> None:
     if args.claim is not None:  # the planted check: a bound below the machine's latency
         claim = float(args.claim)
         lock_config.claim_bound = lambda health_timeout_s, lease_s: claim
+        lock_slot.CLAIM_PER_SLOT_S = 0.0  # no allowance for the process's other locks
     result = asyncio.run(candidate(args.dsn, args.names, args.seconds, args.hold))
     print(json.dumps(result), flush=True)
 
