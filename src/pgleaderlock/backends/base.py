@@ -443,15 +443,18 @@ class BaseSession(abc.ABC):
         self._claim_ms = claim_ms
 
     async def _claim(self) -> None:
-        """A wait was granted the lock, and its caller has seen it: replace the claim's
-        short idle bound by the lease ([`CLAIM`][pgleaderlock.backends.CLAIM]). Fails
-        when the server ended the session meanwhile (the caller did not come within the
-        claim's bound): the lock went to the next waiter."""
+        """A wait was granted the lock, and the session has read the grant: replace the
+        claim's short idle bound by the lease ([`CLAIM`][pgleaderlock.backends.CLAIM]).
+        Fails with [`UnclaimedGrantError`][pgleaderlock.UnclaimedGrantError] when the
+        server ended the session meanwhile (the grant was not read within the claim's
+        bound): the lock went to the next waiter."""
         if not self._claim_ms:
             return
         info = self._info or await self.identify()
         try:
             row = await self._abort_if_cut(CLAIM, (info.backend_pid, self._token, self._lease_ms))
+        except SessionNotDedicatedError:
+            raise
         except ConnectionError as exc:
             raise UnclaimedGrantError(
                 f"wait_lock: the lock was granted, but the server ended the session before "
@@ -740,7 +743,8 @@ class BaseSession(abc.ABC):
         the answer (this process stopped, its event loop blocked). The session claims
         the lock as soon as it reads the grant (the lease replaces the claim's bound),
         before this returns True; a session that reads it too late finds itself ended
-        (``ConnectionError``), and the lock with the next waiter.
+        ([`UnclaimedGrantError`][pgleaderlock.UnclaimedGrantError]), and the lock with
+        the next waiter.
         """
         if not self._waits_on():
             try:

@@ -30,6 +30,7 @@ How ``LeaderLock(dsn, ..., backend=None)`` picks one (`resolve`):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -75,6 +76,7 @@ def refresh() -> None:
     """Forget what was discovered and loaded, so that the next call reads the entry
     points again (after installing a backend into a running interpreter, or in tests)."""
     _load.cache_clear()
+    _LOADED.clear()
     _entry_points.cache_clear()
 
 
@@ -92,6 +94,10 @@ def _install_hint(name: str, ep: EntryPoint) -> str:
     if hint is None and ep.dist is not None:
         hint = ep.dist.name
     return hint or f"the package providing {name!r}"
+
+
+_LOADED: set[str] = set()
+"""The backends imported so far."""
 
 
 @cache
@@ -123,6 +129,7 @@ def _load(name: str) -> Backend:
             f"entry point {name!r} of group {GROUP!r} gave a Backend named "
             f"{backend.name!r}; the names must match"
         )
+    _LOADED.add(name)
     return backend
 
 
@@ -266,8 +273,8 @@ def wrap_connection(obj: object) -> LockSession:
     """
     if isinstance(obj, LockSession):
         return obj
-    for name in available():
-        session = _load(name).wrap(obj)
+    for backend in _owners_first(obj):
+        session = backend.wrap(obj)
         if session is not None:
             return session
     raise ConfigurationError(
@@ -292,8 +299,8 @@ async def fetch_row(conn: object, template: str, values: tuple[object, ...]) -> 
         ConfigurationError: no installed backend knows ``conn``, or it is not in a
             transaction.
     """
-    for name in available():
-        fetch = _load(name).fetch_row
+    for backend in _owners_first(conn):
+        fetch = backend.fetch_row
         pending = None if fetch is None else fetch(conn, template, values)
         if pending is not None:
             return await pending
@@ -308,8 +315,8 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object]:
     Raises:
         ConfigurationError: no installed backend knows ``conn``.
     """
-    for name in available():
-        begin = _load(name).transaction
+    for backend in _owners_first(conn):
+        begin = backend.transaction
         found = None if begin is None else begin(conn)
         if found is not None:
             return found
@@ -318,12 +325,29 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object]:
 
 def fetch_row_sync(conn: object, template: str, values: tuple[object, ...]) -> Row | None:
     """[`fetch_row`][pgleaderlock.core.registry.fetch_row] for a synchronous connection."""
-    for name in available():
-        fetch = _load(name).fetch_row_sync
+    for backend in _owners_first(conn):
+        fetch = backend.fetch_row_sync
         found = None if fetch is None else fetch(conn, template, values)
         if found is not None:
             return found[0]
     raise _unknown_connection(conn)
+
+
+def _owners_first(obj: object) -> Iterator[Backend]:
+    """The available backends, the likely owner of ``obj`` (a connection, a driver
+    error) first: the backend named like the top-level package of ``obj``'s type, then
+    the backends loaded already, then the others (each imported only when it comes to
+    its turn). ``fence()`` asks this in the event loop, often the first time a process
+    leads: importing every driver there (SQLAlchemy alone takes 0.4 s) blocked the loop
+    for seconds on a busy machine, and every other lock of the process with it."""
+    owner = type(obj).__module__.partition(".")[0]
+    names = registered()
+    ordered = sorted(names, key=lambda name: (name != owner, name not in _LOADED))
+    for name in ordered:
+        try:
+            yield _load(name)
+        except BackendUnavailableError:
+            continue
 
 
 def _unknown_connection(conn: object) -> ConfigurationError:
@@ -337,8 +361,8 @@ def _unknown_connection(conn: object) -> ConfigurationError:
 def connect_error(exc: BaseException) -> Exception | None:
     """The library error for a driver error raised inside a ``connect_fn`` (the first
     available backend that knows it), or ``None``."""
-    for name in available():
-        classify = _load(name).connect_error
+    for backend in _owners_first(exc):
+        classify = backend.connect_error
         found = None if classify is None else classify(exc)
         if found is not None:
             return found
