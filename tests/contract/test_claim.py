@@ -151,7 +151,7 @@ async def test_a_grant_that_lands_while_the_loop_is_blocked_goes_to_the_next_wai
         await eventually(lambda: _eq(_sorted(waiters(*keys)), both), 5, "c to queue")
         holder.release_in(0.2)
         blocked = time.monotonic()
-        time.sleep(CLAIM_S + 2.0)  # the blocked event loop under test
+        time.sleep(CLAIM_S + 1.3)  # the blocked event loop under test
         with pytest.raises(ConnectionError, match="claimed it"):
             async with asyncio.timeout(10):
                 await wait

@@ -34,7 +34,8 @@ BOUND_S = 2.0
 """The issue's bound: another candidate leads within 2 s of the leader's death (the
 claim bound is 1 s with the default timings)."""
 
-TRIALS = 3
+TRIALS = {"psycopg": 3, "asyncpg": 1}
+"""Three trials on the default driver (the issue's "3 of 3"), one on the other."""
 
 
 async def _trial(
@@ -92,14 +93,14 @@ async def test_a_frozen_next_in_line_costs_no_lease(
     figures: Callable[[str, float, str], None],
 ) -> None:
     failovers = []
-    for _ in range(TRIALS):
+    for _ in range(TRIALS[backend]):
         failover, beliefs, after = await _trial(backend, pg_dsn, admin, children_log)
         failovers.append(failover)
         report = beliefs.report()
         report.assert_safe()
         assert "acquired" not in after, f"the frozen follower led after it ran again: {after}"
     print("failovers:", ", ".join(f"{f:.3f} s" for f in failovers))
-    figures("failover, next in line frozen (max of 3)", max(failovers), "s")
+    figures(f"failover, next in line frozen (max of {len(failovers)})", max(failovers), "s")
     assert max(failovers) <= BOUND_S, (
         f"another candidate led {', '.join(f'{f:.3f}' for f in failovers)} s after the "
         f"leader's SIGKILL, with the next in line frozen (bound {BOUND_S:g} s)"
