@@ -241,9 +241,11 @@ class SessionSlot:
             try:
                 async with asyncio.timeout(OPEN_GRACE_S):
                     session = await asyncio.shield(made)
-            except BaseException:  # not made in time, or cut short again: cut it off
+            except BaseException as exc:  # not made in time, or cut short again: cut it off
                 made.cancel()
                 await asyncio.gather(made, return_exceptions=True)
+                if not isinstance(exc, Exception | asyncio.CancelledError):
+                    raise  # KeyboardInterrupt, SystemExit: not lost
             else:
                 await self._close(session)
             raise
