@@ -76,7 +76,6 @@ def refresh() -> None:
     """Forget what was discovered and loaded, so that the next call reads the entry
     points again (after installing a backend into a running interpreter, or in tests)."""
     _load.cache_clear()
-    _LOADED.clear()
     _entry_points.cache_clear()
 
 
@@ -94,10 +93,6 @@ def _install_hint(name: str, ep: EntryPoint) -> str:
     if hint is None and ep.dist is not None:
         hint = ep.dist.name
     return hint or f"the package providing {name!r}"
-
-
-_LOADED: set[str] = set()
-"""The backends imported so far."""
 
 
 @cache
@@ -129,7 +124,6 @@ def _load(name: str) -> Backend:
             f"entry point {name!r} of group {GROUP!r} gave a Backend named "
             f"{backend.name!r}; the names must match"
         )
-    _LOADED.add(name)
     return backend
 
 
@@ -273,8 +267,8 @@ def wrap_connection(obj: object) -> LockSession:
     """
     if isinstance(obj, LockSession):
         return obj
-    for backend in _owners_first(obj):
-        session = backend.wrap(obj)
+    for name in available():
+        session = _load(name).wrap(obj)
         if session is not None:
             return session
     raise ConfigurationError(
@@ -299,8 +293,8 @@ async def fetch_row(conn: object, template: str, values: tuple[object, ...]) -> 
         ConfigurationError: no installed backend knows ``conn``, or it is not in a
             transaction.
     """
-    for backend in _owners_first(conn):
-        fetch = backend.fetch_row
+    for name in _knowing(conn):
+        fetch = _load(name).fetch_row
         pending = None if fetch is None else fetch(conn, template, values)
         if pending is not None:
             return await pending
@@ -315,8 +309,8 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object]:
     Raises:
         ConfigurationError: no installed backend knows ``conn``.
     """
-    for backend in _owners_first(conn):
-        begin = backend.transaction
+    for name in _knowing(conn):
+        begin = _load(name).transaction
         found = None if begin is None else begin(conn)
         if found is not None:
             return found
@@ -325,29 +319,30 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object]:
 
 def fetch_row_sync(conn: object, template: str, values: tuple[object, ...]) -> Row | None:
     """[`fetch_row`][pgleaderlock.core.registry.fetch_row] for a synchronous connection."""
-    for backend in _owners_first(conn):
-        fetch = backend.fetch_row_sync
+    for name in _knowing(conn):
+        fetch = _load(name).fetch_row_sync
         found = None if fetch is None else fetch(conn, template, values)
         if found is not None:
             return found[0]
     raise _unknown_connection(conn)
 
 
-def _owners_first(obj: object) -> Iterator[Backend]:
-    """The available backends, the likely owner of ``obj`` (a connection, a driver
-    error) first: the backend named like the top-level package of ``obj``'s type, then
-    the backends loaded already, then the others (each imported only when it comes to
-    its turn). ``fence()`` asks this in the event loop, often the first time a process
-    leads: importing every driver there (SQLAlchemy alone takes 0.4 s) blocked the loop
-    for seconds on a busy machine, and every other lock of the process with it."""
-    owner = type(obj).__module__.partition(".")[0]
-    names = registered()
-    ordered = sorted(names, key=lambda name: (name != owner, name not in _LOADED))
-    for name in ordered:
+def _knowing(conn: object) -> Iterator[str]:
+    """The backends to ask about a caller's connection, lazily: first the one named like
+    the connection's package (``psycopg``, ``asyncpg``, ``sqlalchemy``), if registered
+    and importable, so that a fence does not import every installed driver (SQLAlchemy
+    takes a second or more) on the event loop; then the other available ones."""
+    package = type(conn).__module__.partition(".")[0]
+    first = None
+    if package in _entry_points():
         try:
-            yield _load(name)
+            _load(package)
         except BackendUnavailableError:
-            continue
+            pass
+        else:
+            first = package
+            yield package
+    yield from (name for name in available() if name != first)
 
 
 def _unknown_connection(conn: object) -> ConfigurationError:
@@ -361,8 +356,8 @@ def _unknown_connection(conn: object) -> ConfigurationError:
 def connect_error(exc: BaseException) -> Exception | None:
     """The library error for a driver error raised inside a ``connect_fn`` (the first
     available backend that knows it), or ``None``."""
-    for backend in _owners_first(exc):
-        classify = backend.connect_error
+    for name in available():
+        classify = _load(name).connect_error
         found = None if classify is None else classify(exc)
         if found is not None:
             return found
