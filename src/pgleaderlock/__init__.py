@@ -35,6 +35,7 @@ from .core.errors import (
     SessionNotDedicatedError,
     ShutdownError,
     StandbyError,
+    UnclaimedGrantError,
     UntrustedObjectError,
 )
 from .core.fencing import Leadership
@@ -93,6 +94,7 @@ __all__ = [
     "SessionNotDedicatedError",
     "ShutdownError",
     "StandbyError",
+    "UnclaimedGrantError",
     "UntrustedObjectError",
     "MissingPrivilegeError",
     "StateChangeCallback",

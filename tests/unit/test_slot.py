@@ -159,3 +159,37 @@ async def test_a_table_is_checked_once_per_session_and_again_when_it_went_missin
     second = await slot.open()
     await slot.with_table(table, second.bump)  # type: ignore[attr-defined]
     assert sessions[1].asked == ["table"]
+
+
+class _Interrupt(BaseException):
+    """Stands for KeyboardInterrupt or SystemExit, which asyncio would carry out of the
+    event loop (and out of the test) instead of into the task."""
+
+
+async def test_an_interrupt_while_an_abandoned_open_finishes_is_not_lost() -> None:
+    """The caller gave up on an open (a timeout, a shutdown); the connection being made
+    gets ``OPEN_GRACE_S`` to finish and be closed. An interrupt meanwhile
+    (``KeyboardInterrupt``, ``SystemExit``) propagates: it used to be swallowed and the
+    caller's cancellation raised instead, so a Ctrl-C or a ``sys.exit()`` from a signal
+    handler arriving then was lost."""
+    gate = asyncio.Event()
+
+    async def connect() -> object:
+        await gate.wait()
+        raise _Interrupt
+
+    slot = SessionSlot(
+        backend=None,
+        dsn=None,
+        options=ConnectOptions("interrupt", 1.0),
+        connect_fn=connect,
+        log=get_logger(),
+        fields={},
+    )
+    opening = asyncio.ensure_future(slot.open())
+    await asyncio.sleep(0.01)
+    opening.cancel()  # the caller gives up
+    await asyncio.sleep(0.01)
+    gate.set()  # the connect ends, with an interrupt
+    with pytest.raises(_Interrupt):
+        await opening

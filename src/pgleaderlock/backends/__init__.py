@@ -19,7 +19,8 @@ are implementation details:
   [`BaseSession`][pgleaderlock.backends.BaseSession], which writes the lock calls, the row
   and pid checks and the error translation once over a few driver calls, the statements
   ([`TRY_LOCK`][pgleaderlock.backends.TRY_LOCK], [`UNLOCK`][pgleaderlock.backends.UNLOCK],
-  [`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK], [`HOLDS`][pgleaderlock.backends.HOLDS])
+  [`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK], [`CLAIM`][pgleaderlock.backends.CLAIM],
+  [`HOLDS`][pgleaderlock.backends.HOLDS])
   and the helpers they need;
 - the errors a backend raises;
 - the registry's public functions: [`available`][pgleaderlock.backends.available],
@@ -60,6 +61,7 @@ from ..core.session import (
 from .base import (
     ALIVE,
     CANCEL_TIMEOUT_S,
+    CLAIM,
     CONNECTION_SQLSTATE_CLASSES,
     HOLDS,
     LOCK_NOT_AVAILABLE,
@@ -97,6 +99,7 @@ __all__ = [
     "TRY_LOCK",
     "UNLOCK",
     "WAIT_LOCK",
+    "CLAIM",
     "HOLDS",
     "ALIVE",
     "LOCK_NOT_AVAILABLE",

@@ -154,15 +154,19 @@ class AsyncpgSession(BaseSession):
                 prepared = await self._prepare(statement)
             row = await prepared.fetchrow(*values)
         except asyncio.CancelledError:
-            if statement is WAIT_LOCK:
-                # The backend is queued for the lock: unless the statement is cancelled
-                # on the server it stays queued (and may even be granted the lock) until
-                # it notices that its client is gone. Cancelling the query made asyncpg
-                # send a cancel request; close() waits for it to be acknowledged and ends
-                # the session, all bounded by CANCEL_TIMEOUT_S.
-                with contextlib.suppress(BaseException):  # the CancelledError is re-raised
-                    await conn.close(timeout=CANCEL_TIMEOUT_S)
-            conn.terminate()
+            try:
+                if statement is WAIT_LOCK:
+                    # The backend is queued for the lock: unless the statement is
+                    # cancelled on the server it stays queued (and may even be granted
+                    # the lock) until it notices that its client is gone. Cancelling the
+                    # query made asyncpg send a cancel request; close() waits for it to
+                    # be acknowledged and ends the session, all bounded by
+                    # CANCEL_TIMEOUT_S. The CancelledError is re-raised below (a
+                    # KeyboardInterrupt or SystemExit meanwhile is not lost).
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await conn.close(timeout=CANCEL_TIMEOUT_S)
+            finally:
+                conn.terminate()
             raise
         return None if row is None else tuple(row)
 

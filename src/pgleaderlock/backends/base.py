@@ -37,6 +37,7 @@ from ..core.errors import (
     PgLeaderLockError,
     SessionNotDedicatedError,
     StandbyError,
+    UnclaimedGrantError,
 )
 from ..core.keys import key_to_oid
 from ..core.session import ConnectOptions, FencedSessions, SessionInfo
@@ -56,6 +57,7 @@ from .errors import (
 from .sql import (
     ALIVE,
     CANCEL_TIMEOUT_S,
+    CLAIM,
     DUPLICATE_TABLE,
     FLUSH_STATS,
     FORGET,
@@ -87,6 +89,7 @@ T = TypeVar("T")
 
 __all__ = [
     "CANCEL_TIMEOUT_S",
+    "CLAIM",
     "CONNECTION_SQLSTATE_CLASSES",
     "ALIVE",
     "HOLDS",
@@ -251,6 +254,7 @@ class BaseSession(abc.ABC):
         self._waiting_for: tuple[int, int] | None = None
         self._can_wait_on: bool | None = None  # may waits outlive the calls? (known once)
         self._lease_ms = 0  # set by the lock calls once they grant a lock (configure())
+        self._claim_ms = 0  # set by a wait as it is granted, until claimed (configure())
 
     @property
     def backend_pid(self) -> int | None:
@@ -340,7 +344,7 @@ class BaseSession(abc.ABC):
         session's token and its backend's pid."""
         if self._watch is not None:
             self.watch(None)  # never compete with the driver for the connection
-        if self._waiting is not None and statement is not WAIT_LOCK:
+        if self._waiting is not None and statement is not WAIT_LOCK and statement is not CLAIM:
             await self._drop_wait(statement.what)
         try:
             row = await self._fetch(statement, values[: statement.arity])
@@ -389,7 +393,8 @@ class BaseSession(abc.ABC):
 
     async def _lock_call_wait(self, key1: int, key2: int, timeout_ms: int) -> object:
         info = self._info or await self.identify()
-        values = (key1, key2, info.backend_pid, self._token, self._mode, self._lease_ms, timeout_ms)
+        granted_ms = self._claim_ms or self._lease_ms  # the idle bound of a grant
+        values = (key1, key2, info.backend_pid, self._token, self._mode, granted_ms, timeout_ms)
         row = await self._row(WAIT_LOCK, values)
         self._unsure = False
         if row[1] is None:
@@ -432,10 +437,57 @@ class BaseSession(abc.ABC):
         return self._info
 
     def _set_lease(self, options: ConnectOptions) -> None:
-        """The lease the lock calls set once they grant a lock (none where the server
-        cannot hold one)."""
+        """The lease the lock calls set once they grant a lock, and the claim a wait
+        sets as it is granted (neither where the server cannot hold one; no claim when
+        it would not be shorter than the lease)."""
         supported = self._info is not None and self._info.lease_supported
         self._lease_ms = math.ceil(options.lease_s * 1000) if supported else 0
+        claim_ms = math.ceil(options.claim_s * 1000) if supported and options.claim_s > 0 else 0
+        if self._lease_ms and claim_ms >= self._lease_ms:
+            claim_ms = 0
+        self._claim_ms = claim_ms
+
+    async def _claim(self) -> None:
+        """A wait was granted the lock, and the session has read the grant: replace the
+        claim's short idle bound by the lease ([`CLAIM`][pgleaderlock.backends.CLAIM]).
+        Fails with [`UnclaimedGrantError`][pgleaderlock.UnclaimedGrantError] when the
+        server ended the session meanwhile (the grant was not read within the claim's
+        bound): the lock went to the next waiter."""
+        if not self._claim_ms:
+            return
+        info = self._info or await self.identify()
+        try:
+            row = await self._abort_if_cut(CLAIM, (info.backend_pid, self._token, self._lease_ms))
+        except SessionNotDedicatedError:
+            raise
+        except ConnectionError as exc:
+            raise UnclaimedGrantError(
+                f"wait_lock: the lock was granted, but the server ended the session before "
+                f"this client claimed it (within {self._claim_ms / 1000:g} s): {exc}"
+            ) from exc.__cause__
+        if row[0] is None:
+            raise SessionNotDedicatedError(
+                f"claim: this session's server backend is not {info.backend_pid}: "
+                "another client shares the backend (a pooler in transaction or "
+                "statement mode)"
+            )
+
+    async def _abort_if_cut(
+        self, statement: Statement, values: tuple[Any, ...]
+    ) -> tuple[object, ...]:
+        """`_row` for a statement that runs inside ``wait_lock`` (whose caller cuts it
+        short without aborting the session first, so that the wait itself can be
+        cancelled on the server): if cut short, the session is dropped at once, before
+        the driver sees the cancellation (psycopg would ask the server to cancel a
+        statement that has long finished, and wait for that, for seconds)."""
+        task = asyncio.ensure_future(self._row(statement, values))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self.abort()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
 
     async def backend_now(self) -> int:
         """Ask for the backend again, checked like every statement (``SetupSession``)."""
@@ -698,6 +750,14 @@ class BaseSession(abc.ABC):
         (``ConnectionError``): the wait cannot be told apart from a grant in flight.
         Elsewhere (an older server, a pooler, a socket without keepalives) every call is
         one wait under a ``lock_timeout`` of ``timeout_s``.
+
+        A grant sets the claim's short ``idle_session_timeout``
+        (``ConnectOptions.claim_s``): the server may grant the lock while nobody reads
+        the answer (this process stopped, its event loop blocked). The session claims
+        the lock as soon as it reads the grant (the lease replaces the claim's bound),
+        before this returns True; a session that reads it too late finds itself ended
+        ([`UnclaimedGrantError`][pgleaderlock.UnclaimedGrantError]), and the lock with
+        the next waiter.
         """
         if not self._waits_on():
             try:
@@ -707,15 +767,17 @@ class BaseSession(abc.ABC):
                     self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
                     return False  # lock_timeout: the wait ended without the lock
                 raise
+            await self._claim()
             return True
         wait = self._waiting
         if wait is not None and self._waiting_for != (key1, key2):
             await self._drop_wait("wait_lock")
         if wait is None:
             if self._info is not None and self._info.shared_stats:
-                await self._row(FLUSH_STATS, ())  # no statistics timer to wake the wait
+                # no statistics timer to wake the wait
+                await self._abort_if_cut(FLUSH_STATS, ())
             wait = self._waiting = asyncio.get_running_loop().create_task(
-                self._lock_call_wait(key1, key2, 0)  # no lock_timeout: until granted
+                self._wait_then_claim(key1, key2)
             )
             self._waiting_for = (key1, key2)
         try:
@@ -727,8 +789,15 @@ class BaseSession(abc.ABC):
         if not done:
             return False  # still waiting on the server
         self._waiting = self._waiting_for = None
-        wait.result()  # the wait's error, if it failed
+        wait.result()  # the wait's error, if it failed (or its claim's)
         return True
+
+    async def _wait_then_claim(self, key1: int, key2: int) -> None:
+        """The wait that outlives the calls (no ``lock_timeout``: until granted), then the
+        claim, at once: the claim bounds a grant that this process cannot read (stopped,
+        its event loop blocked), not one its caller reads late (its lease does)."""
+        await self._lock_call_wait(key1, key2, 0)
+        await self._claim()
 
     def _waits_on(self) -> bool:
         """May a wait outlive the calls (see `wait_lock`)? Decided once per session."""

@@ -162,8 +162,8 @@ class PsycopgSession(BaseSession):
                     # backend still waiting when its client vanishes logs a FATAL
                     # "connection to client lost" (client_connection_check_interval).
                     await asyncio.wait((task,))
-            except BaseException:  # best effort; CancelledError is re-raised below
-                pass
+            except (Exception, asyncio.CancelledError):  # best effort; re-raised below
+                pass  # (KeyboardInterrupt, SystemExit: not swallowed)
             finally:
                 self.abort()
                 task.cancel()

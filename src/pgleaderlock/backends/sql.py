@@ -19,6 +19,7 @@ from ..core.tables import CHECK_TABLE, trusted_roles_sql
 __all__ = [
     "ALIVE",
     "CANCEL_TIMEOUT_S",
+    "CLAIM",
     "DUPLICATE_TABLE",
     "FLUSH_STATS",
     "FORGET",
@@ -151,7 +152,9 @@ UNLOCK = Statement(
 # is set before pg_advisory_lock starts waiting (the target list runs left to right).
 # The timeout is a value like the keys, so that a driver that prepares statements needs
 # one for waits of any length. A timeout raises lock_not_available (SQLSTATE 55P03).
-# The lease is set in a column after the lock's: it runs once the lock is granted.
+# The idle bound is set in a column after the lock's: it runs once the lock is granted,
+# which may be long after the client asked, when nobody reads the answer (the waiter's
+# process stopped): a short one, the claim, ends such a session soon (see CLAIM).
 WAIT_LOCK = Statement(
     "wait_lock",
     f"SELECT CASE {_OWN} ELSE set_config('lock_timeout', ({{6}})::int4::text, true) END,"
@@ -159,10 +162,22 @@ WAIT_LOCK = Statement(
     " ELSE pg_advisory_lock(({0})::int4, ({1})::int4)::text END,"
     f" CASE {_OWN} ELSE {_LEASE} END" + _TAIL,
 )
-"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``, and the lease once granted;
-values: the two keys, the session's pid and token, 1 behind a pooler or 2 after a wait
-that timed out (else 0), the lease in ms (0: none) and the timeout in ms
-([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms])."""
+"""``pg_advisory_lock(key1, key2)`` under a ``lock_timeout``, and an idle bound once
+granted; values: the two keys, the session's pid and token, 1 behind a pooler or 2 after
+a wait that timed out (else 0), the idle bound in ms (the claim, else the lease; 0: none)
+and the timeout in ms ([`lock_timeout_ms`][pgleaderlock.backends.lock_timeout_ms])."""
+CLAIM = Statement(
+    "claim",
+    "SELECT CASE WHEN pg_backend_pid() <> ({0})::int4"
+    " OR current_setting('pgleaderlock.session', true) IS DISTINCT FROM ({1})::int8::text"
+    " THEN NULL ELSE set_config('idle_session_timeout', ({2})::int4::text, false) END" + _TAIL,
+)
+"""The lock a wait was granted is claimed: the session's ``idle_session_timeout`` goes
+from the claim's short bound (set by [`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK] as
+it was granted) to the lease. Values: the session's pid and token, the lease in ms (0:
+none, the timeout is turned off). NULL: not the session's own backend. A session whose
+client did not claim the grant within the claim's bound has been ended by the server by
+then: this statement fails, and the next waiter holds the lock."""
 # Two-int4 advisory locks show up in pg_locks as classid=key1, objid=key2, objsubid=2,
 # both as oid (unsigned): negative keys are passed already converted by key_to_oid().
 HOLDS = Statement(
@@ -201,7 +216,7 @@ FORGET = Statement(
 """Run as a session behind a pooler closes: its token off the server backend, if the
 backend that runs it is the one that holds it (a transaction pooler picks any: a
 refused session's backend is most likely the one it used last). Values: the token."""
-STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, HOLDS, ALIVE, IDENTIFY)
+STATEMENTS = (TRY_LOCK, UNLOCK, WAIT_LOCK, CLAIM, HOLDS, ALIVE, IDENTIFY)
 
 
 # ---------------------------------------------------------------- coordinated groups

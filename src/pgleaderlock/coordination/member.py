@@ -619,6 +619,7 @@ class Engine(abc.ABC):
             connect_timeout_s=self.settings.config.connect_timeout_s,
             server_settings=session_settings(self.settings.config),
             lease_s=self.settings.config.lease_s,
+            claim_s=self.settings.config.claim_s,
         )
 
     def slot(self, role: Role) -> SessionSlot:

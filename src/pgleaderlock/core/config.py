@@ -11,6 +11,7 @@ from typing import Literal
 
 from .errors import ConfigurationError
 from .keys import check_name
+from .session import DEFAULT_CLAIM_S
 from .tables import DEFAULT_SCHEMA, LibraryTable, TermTable, check_identifier
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "TermTable",
     "check_identifier",
     "check_roles",
+    "claim_bound",
     "FollowerMode",
     "LockConfig",
     "default_application_name",
@@ -208,6 +210,12 @@ class LockConfig:
         """A silent session is noticed (and leadership given up) within this time."""
         return self.health_interval_s + self.health_timeout_s
 
+    @property
+    def claim_s(self) -> float:
+        """How long a session that a wait on the server was granted the lock may stay
+        silent before the server ends it ([`claim_bound`][pgleaderlock.core.config.claim_bound])."""
+        return claim_bound(self.health_timeout_s, self.lease_s)
+
 
 def lock_config(
     *,
@@ -296,6 +304,25 @@ def default_lease_s(health_interval_s: float, health_timeout_s: float) -> float:
     plus ``max(1, bound / 4)`` (the partition bound's margin). 10 s with the defaults."""
     bound = health_interval_s + health_timeout_s
     return max(2 * health_interval_s, bound + max(1.0, bound / 4))
+
+
+def claim_bound(health_timeout_s: float, lease_s: float) -> float:
+    """The claim: ``min(lease_s, max(1, health_timeout_s / 2))`` seconds (1 s with the
+    default timings), before what a busy process adds
+    (``SessionSlot.session_options``).
+
+    A follower queued on the server can be granted the lock at any moment; the grant's
+    statement sets the session's ``idle_session_timeout`` to this, and the follower's
+    session, as soon as it reads the grant, replaces it by the lease (one more round
+    trip). A follower that cannot read the grant (its process stopped, its event loop
+    blocked) is ended by the server this long after the grant, and the next waiter is
+    granted the lock. A live follower only needs to read the answer and send one
+    statement: an event loop's latency and one round trip, which ``health_timeout_s``
+    bounds for a probe; half of it, and never less than a second, leaves a busy machine
+    ample room. No longer than the lease, which ends a silent session anyway.
+    """
+    floor = max(DEFAULT_CLAIM_S, health_timeout_s / 2)
+    return min(lease_s, floor) if lease_s > 0 else floor
 
 
 def _lease(value: object, interval: float, bound: float, acquire_delay_s: float) -> float:

@@ -26,6 +26,7 @@ __all__ = [
     "SessionNotDedicatedError",
     "ShutdownError",
     "StandbyError",
+    "UnclaimedGrantError",
     "UntrustedObjectError",
     "sqlstate",
 ]
@@ -72,6 +73,16 @@ class SessionNotDedicatedError(ConnectionError):
     A session-level advisory lock taken through PgBouncer in transaction mode is held by
     whichever server connection ran that statement, not by this client. The library
     refuses such sessions instead of silently "holding" nothing.
+    """
+
+
+class UnclaimedGrantError(ConnectionError):
+    """A wait on the server was granted the lock, but the server ended the session
+    before this client claimed the grant: the process did not read the server's answer
+    within the claim's bound (it was stopped, its event loop blocked, or it was slower
+    than the bound allows). The lock went to the next waiter, if any; this one never
+    led, reconnects and waits again, with a longer claim for its next grants. See
+    [A frozen next in line](../guarantees.md#a-frozen-next-in-line).
     """
 
 

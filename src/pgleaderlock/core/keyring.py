@@ -36,11 +36,22 @@ class Keyring(Protocol):
         lock, False when ``wait_s`` has passed without."""
         ...
 
+    @property
+    def waits_on_server(self) -> bool:
+        """Does `wait_lock` wait on the server (``WaitingSession.wait_lock``, which asks
+        the server to cancel a wait that is cut short)? Otherwise it runs plain
+        statements (tries), which the runner drops the session under before it cuts
+        them short: a driver that cancels a statement on the server waits for that,
+        for seconds on a bad network."""
+        ...
+
 
 class FixedKeys:
     """One pair of keys, as a [`LeaderLock`][pgleaderlock.LeaderLock] has."""
 
     __slots__ = ("held",)
+
+    waits_on_server = True
 
     def __init__(self, key1: int, key2: int) -> None:
         self.held = (key1, key2)

@@ -324,6 +324,7 @@ class LeaderLock(Fencing):
             connect_timeout_s=self._config.connect_timeout_s,
             server_settings=session_settings(self._config),
             lease_s=self._config.lease_s,
+            claim_s=self._config.claim_s,
         )
         self._backend: Backend | None
         self._backend, driver_dsn, self._config = connection_target(

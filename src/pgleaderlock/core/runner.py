@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 
 from ._logging import get_logger
 from .calls import CallGuard, Interrupted, call_failure
-from .errors import ConfigurationError, ConnectionError
+from .errors import ConfigurationError, ConnectionError, UnclaimedGrantError
 from .keyring import FixedKeys, Keyring
 from .machine import (
     Aborted,
@@ -561,6 +561,8 @@ class Runner:
                     value = await guard(self._keys.try_lock(session), *bound)
                 case Op.WAIT_LOCK:
                     waiting = cast(WaitingSession, session)
+                    if not self._keys.waits_on_server:  # tries: drop the session, then cut
+                        bound = (call.timeout_s, call.interruptible, True)
                     value = await guard(self._keys.wait_lock(waiting, call.wait_s), *bound)
                 case Op.PROBE:
                     value = await guard(self._slot.holds(k1, k2), *bound)
@@ -581,13 +583,16 @@ class Runner:
                     term = await guard(self._slot.with_table(table, bump), *bound)
                     return TermBlocked() if term is None else TermBumped(term)
             if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
-                if self.admit is not None and not await guard(self.admit(self._slot), *bound):
+                admit = self.admit  # a statement: the session is dropped before it is cut
+                if admit is not None and not await guard(admit(self._slot), *bound[:2]):
                     return Answered(False)  # reserved for another: let go, unannounced
                 self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
         except Interrupted:
             return CutShort()
         except Exception as exc:
+            if isinstance(exc, UnclaimedGrantError):
+                self._slot.claim_failed()  # this process was slow: longer claims from now
             return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
 
     async def _run_queued(self, call: Call) -> bool:

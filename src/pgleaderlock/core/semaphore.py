@@ -61,6 +61,11 @@ class SlotKeyring:
     def held(self) -> tuple[int, int]:
         return self.keys[self.index or 0]
 
+    @property
+    def waits_on_server(self) -> bool:
+        """One slot waits on the server; several are tried in turn (statements)."""
+        return len(self.keys) == 1
+
     def _handed_over(self) -> int | None:
         """The slot this session held until recently, left to the waiting followers for
         ``HANDOVER_RESCANS`` rescans from the first attempt after the hold ended

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .config import LibraryTable, TermTable
 
 __all__ = [
+    "DEFAULT_CLAIM_S",
     "Backend",
     "ConnectOptions",
     "LockSession",
@@ -42,6 +43,11 @@ __all__ = [
     "WaitingSession",
     "WatchableSession",
 ]
+
+
+DEFAULT_CLAIM_S = 1.0
+"""[`ConnectOptions.claim_s`][pgleaderlock.backends.ConnectOptions] with the default
+timings (see [`claim_bound`][pgleaderlock.core.config.claim_bound])."""
 
 
 @runtime_checkable
@@ -99,6 +105,11 @@ class WaitingSession(Protocol):
         pg_advisory_lock(key1, key2), pg_backend_pid()``; a ``lock_not_available``
         error (SQLSTATE 55P03) means the wait timed out and returns False. ``timeout_s``
         is always > 0 (a zero lock_timeout would mean "wait forever").
+
+        The server may grant the lock while nobody reads the answer (the caller's
+        process stopped, its event loop blocked): a session that can, bounds that with
+        ``ConnectOptions.claim_s`` (the grant sets a short ``idle_session_timeout``,
+        and returning True first replaces it by the lease).
         """
         ...
 
@@ -370,12 +381,23 @@ class ConnectOptions:
             ends it (and frees its locks) when the client stops probing it (a blocked
             event loop, a frozen process). 0: no lease. The built-in adapters set it in
             the lock statement itself (see [`TRY_LOCK`][pgleaderlock.backends.TRY_LOCK]).
+        claim_s: the claim: a lock granted by a wait on the server (``wait_lock``: the
+            session was queued, and the grant came when the holder left, not when the
+            client asked) carries ``idle_session_timeout`` of only this many seconds
+            (at most ``lease_s``), until the session has read the grant and claimed it
+            (then the lease). A waiter whose process is stopped, or whose event loop is
+            blocked, when it is granted the lock is ended within ``claim_s``, and the
+            next waiter leads, instead of a lease later. 0: no
+            claim (the grant carries the lease at once). The built-in adapters set it in
+            [`WAIT_LOCK`][pgleaderlock.backends.WAIT_LOCK] and claim with
+            [`CLAIM`][pgleaderlock.backends.CLAIM].
     """
 
     application_name: str
     connect_timeout_s: float
     server_settings: Mapping[str, str] = field(default_factory=dict)
     lease_s: float = 0.0
+    claim_s: float = DEFAULT_CLAIM_S
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar, cast
@@ -61,6 +62,17 @@ OPEN_GRACE_S = 0.5
 (see ``SessionSlot._connect_or_close``)."""
 POOLER_CHECK_ROUNDS = 4
 """How many more times the pooler check compares backends after the first look."""
+CLAIM_PER_SLOT_S = 0.01
+"""What a new session's claim grows by for every other lock (session slot) of this
+process: a process that runs many locks may have to claim many grants at once (all its
+followers, when the process that led them dies), each read and claimed in turn by one
+event loop."""
+CLAIM_BACKOFF_MAX = 64.0
+"""The claim of a lock whose grants went unclaimed doubles, up to this factor (and never
+beyond the lease)."""
+
+_SLOTS: weakref.WeakSet[SessionSlot] = weakref.WeakSet()
+"""The session slots of this process (one per lock, and a Coordinator's own)."""
 
 _CAPABILITIES: dict[tuple[type, type], bool] = {}
 
@@ -156,6 +168,8 @@ class SessionSlot:
         # confirmed its lock since the last grant, and which tables it checked.
         self._verified = False
         self._prepared: set[LibraryTable] = set()
+        self._claim_factor = 1.0  # doubled for each grant that went unclaimed
+        _SLOTS.add(self)
         self.after_open: Callable[[], Awaitable[None]] | None = None
         """Run on each new session once it passed its checks, within the open's bound
         (a lock publishes its participant row there); it must not raise."""
@@ -175,11 +189,12 @@ class SessionSlot:
             ConfigurationError: ``connect_fn`` returned something that is not awaitable
                 or not a connection.
         """
-        session = await self._connect_or_close()
+        options = self.session_options()
+        session = await self._connect_or_close(options)
         self._verified, self._prepared = False, set()
         try:
             if can(session, SetupSession):
-                await self._check(cast(SetupSession, session))
+                await self._check(cast(SetupSession, session), options)
         except BaseException:
             await self._close(session)
             raise
@@ -194,29 +209,51 @@ class SessionSlot:
         )
         return session
 
-    async def _connect_or_close(self) -> LockSession:
+    def session_options(self) -> ConnectOptions:
+        """The options of the next session: the slot's, with the claim
+        ([`ConnectOptions.claim_s`][pgleaderlock.backends.ConnectOptions]) grown by
+        ``CLAIM_PER_SLOT_S`` for every other lock (slot) of this process and
+        doubled for each grant of this slot's sessions that went unclaimed (halved back
+        with each grant), never beyond the lease."""
+        options = self._options
+        if options.claim_s <= 0:
+            return options
+        others = len(_SLOTS) - 1
+        claim = options.claim_s * self._claim_factor + CLAIM_PER_SLOT_S * others
+        if options.lease_s > 0:
+            claim = min(claim, options.lease_s)
+        return replace(options, claim_s=claim)
+
+    def claim_failed(self) -> None:
+        """A grant to this slot's session went unclaimed (the server ended the session):
+        the next sessions' claims are twice as long, up to the lease."""
+        self._claim_factor = min(CLAIM_BACKOFF_MAX, self._claim_factor * 2)
+
+    async def _connect_or_close(self, options: ConnectOptions) -> LockSession:
         """`_connect`; if the caller gives up meanwhile (a timeout, a shutdown), a
         connection about to be made (within ``OPEN_GRACE_S``) is made and closed, rather
         than cut off half-made, which some drivers leave open on the server until the
         garbage collector finds it."""
-        made = asyncio.ensure_future(self._connect())
+        made = asyncio.ensure_future(self._connect(options))
         try:
             return await asyncio.shield(made)
         except asyncio.CancelledError:
             try:
                 async with asyncio.timeout(OPEN_GRACE_S):
                     session = await asyncio.shield(made)
-            except BaseException:  # not made in time, or cut short again: cut it off
+            except BaseException as exc:  # not made in time, or cut short again: cut it off
                 made.cancel()
                 await asyncio.gather(made, return_exceptions=True)
+                if not isinstance(exc, Exception | asyncio.CancelledError):
+                    raise  # KeyboardInterrupt, SystemExit: not lost
             else:
                 await self._close(session)
             raise
 
-    async def _connect(self) -> LockSession:
+    async def _connect(self, options: ConnectOptions) -> LockSession:
         if self._connect_fn is None:
             assert self._backend is not None
-            return await self._backend.connect(self._dsn, self._options)
+            return await self._backend.connect(self._dsn, options)
         made = self._connect_fn()
         if not inspect.isawaitable(made):
             raise ConfigurationError(
@@ -239,16 +276,16 @@ class SessionSlot:
                     self._log.warning("give_back_failed", error=repr(failed), **self._fields)
             raise
 
-    async def _check(self, session: SetupSession) -> None:
-        info = await session.identify(self._options)
+    async def _check(self, session: SetupSession, options: ConnectOptions) -> None:
+        info = await session.identify(options)
         if info.in_recovery:
             raise StandbyError(
                 f"the server (backend {info.backend_pid}) is a standby: an advisory lock "
                 "taken there does not exclude one taken on the primary"
             )
         if info.behind_pooler:
-            await self._check_pooler(session, info.backend_pid)
-        if self._options.lease_s and not info.lease_supported and not self._warned_lease:
+            await self._check_pooler(session, info.backend_pid, options)
+        if options.lease_s and not info.lease_supported and not self._warned_lease:
             self._warned_lease = True
             self._log.warning(
                 "lease_not_enforced",
@@ -256,9 +293,9 @@ class SessionSlot:
                 "frozen leader keeps its lock until its session ends",
                 **self._fields,
             )
-        await session.configure(self._options)
+        await session.configure(options)
 
-    async def _check_pooler(self, session: SetupSession, own: int) -> None:
+    async def _check_pooler(self, session: SetupSession, own: int, options: ConnectOptions) -> None:
         """Tell a session-mode pooler (accepted) from one that shares server connections.
 
         A second client asks for its backend right after this session asked for its
@@ -269,7 +306,7 @@ class SessionSlot:
         reuses the most recently released one); with other clients' traffic in between,
         this session itself lands on another backend. Either gives it away.
         """
-        probe = cast(SetupSession, await self._connect())
+        probe = cast(SetupSession, await self._connect(options))
         try:
             theirs = (await probe.identify()).backend_pid
             for _ in range(POOLER_CHECK_ROUNDS):
@@ -293,8 +330,11 @@ class SessionSlot:
     # ------------------------------------------------------------------ probes
 
     def granted(self) -> None:
-        """A lock call granted a lock: the next probe asks ``pg_locks`` (`holds`)."""
+        """A lock call granted a lock (and, for a wait, the grant was claimed): the next
+        probe asks ``pg_locks`` (`holds`), and a claim doubled for unclaimed grants is
+        halved back."""
         self._verified = False
+        self._claim_factor = max(1.0, self._claim_factor / 2)
 
     async def holds(self, key1: int, key2: int) -> bool:
         """The session's ``holds()``. Once it says the lock stays with the session (a
