@@ -1,4 +1,4 @@
-.PHONY: demo test lint docs clean
+.PHONY: demo test lint docs docs-check clean
 
 demo:  ## live leader election demo (throwaway PostgreSQL unless PG_DSN is set); options: make demo ARGS="..."
 	./scripts/demo.sh $(ARGS)
@@ -13,6 +13,9 @@ lint:
 
 docs:
 	.venv/bin/mkdocs serve
+
+docs-check:  ## build the docs strictly: any warning (a broken cross-reference, a missing page) fails
+	./scripts/docs_check.sh
 
 clean:
 	rm -rf .venv site .pytest_cache .mypy_cache .ruff_cache

@@ -80,8 +80,8 @@ echo "== ruff"
 "$VENV/bin/ruff" format --check src tests benchmarks examples
 echo "== mypy --strict src tests"
 "$VENV/bin/mypy"
-echo "== mkdocs build --strict"
-"$VENV/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)"
+echo "== mkdocs build --strict (scripts/docs_check.sh)"
+MKDOCS="$VENV/bin/mkdocs" scripts/docs_check.sh
 
 PYTEST=(-m pytest -W error::ResourceWarning -p no:cacheprovider)
 # pytest exits 5 when no test ran: that is a failure here, as it should be.

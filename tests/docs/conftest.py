@@ -1,5 +1,7 @@
-"""Fixtures of the docs tests: the built site (``site_dir``) and a headless Chromium
-(``chromium``) for the tests that look at it in a browser.
+"""Fixtures of the docs tests: the strict docs check on the repository's tree
+(``docs_build``, ``scripts/docs_check.sh`` as ``scripts/test.sh`` runs it), the site it
+built (``site_dir``) and a headless Chromium (``chromium``) for the tests that look at it
+in a browser.
 
 The browser is Debian's ``chromium`` driven by Playwright (the Python package, from the
 ``test`` extra) through ``executable_path``: Playwright's own browser download is never
@@ -13,8 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -22,9 +22,10 @@ from typing import Final
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
+from support.docs_check import DocsBuild, run_docs_check
+
 REPO: Final = Path(__file__).resolve().parents[2]
 _MISSING_ENV: Final = "PGLEADERLOCK_TEST_CHROMIUM_MISSING"
-_BUILD_TIMEOUT_S: Final = 300.0
 
 
 def find_chromium() -> Path | None:
@@ -53,21 +54,16 @@ def chromium_unavailable_reason() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The docs site, built once per run with ``mkdocs build --strict`` into a temp dir."""
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=_BUILD_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, f"mkdocs build failed:\n{done.stdout}\n{done.stderr}"
-    return out
+def docs_build(tmp_path_factory: pytest.TempPathFactory) -> DocsBuild:
+    """The docs check on the repository's own tree, run once per test session."""
+    return run_docs_check(REPO / "mkdocs.yml", tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(scope="session")
+def site_dir(docs_build: DocsBuild) -> Path:
+    """The docs site, built once per run by the strict docs check into a temp dir."""
+    assert docs_build.returncode == 0, f"the docs check failed:\n{docs_build.output}"
+    return docs_build.site
 
 
 @pytest.fixture(scope="module")

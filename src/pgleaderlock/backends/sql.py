@@ -324,7 +324,7 @@ def end_fenced_statement(table: TermTable) -> Statement:
     """End the sessions whose transactions passed ``fence()`` for any of the keys, on
     ``table``, and still hold the terms' rows (values: the keys' two arrays): they are
     fenced transactions of an older term, which fencing rolls back anyway (see
-    [`fence_template`][pgleaderlock.core.fencing.fence_template]: a fence marks its
+    [`LeaderLock.fence`][pgleaderlock.LeaderLock.fence]: a fence marks its
     transaction with a shared transaction-level advisory lock on the key's ``int8``
     form, and holds ``ROW SHARE`` on the table). ``pg_terminate_backend`` is called only
     on the sessions this role may end (its own role's, or any but a superuser's with

@@ -44,8 +44,7 @@ class Coordinator:
     at a time, spread evenly over the replicas, taken over when its replica dies.
 
     A group is a namespace: a name's lock is
-    [`lock_keys("<group>:<name>")`][pgleaderlock.lock_keys]
-    ([`name_keys`][pgleaderlock.coordination.protocol.name_keys]), the same lock as
+    [`lock_keys("<group>:<name>")`][pgleaderlock.lock_keys], the same lock as
     ``LeaderLock.from_name("<group>:<name>")``, and its checkpoint row is
     ``<group>:<name>``: two groups that register the same name never share its lock,
     term or checkpoint.
