@@ -114,42 +114,44 @@ lane() {
     lanes+=("$name:$!:$log")
 }
 
-# versions_lane: the fast tiers on each other Python, then the floors run.
-versions_lane() {
-    local spec version path venv status=0
-    for spec in "${others[@]}"; do
-        version="${spec%%:*}" path="${spec#*:}" venv=".venv-$version"
-        echo "== python $(python_version "$path") ($path): the fast tiers (${FAST[*]})"
-        VENV="$venv" PYTHON="$path" bash -c 'source scripts/_venv.sh' &&
-            "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' &&
-            "$venv/bin/python" "${PYTEST[@]}" -q "${FAST[@]}" || status=1
-    done
-    if [ -n "$floors" ]; then
-        echo "== python $(python_version "$floors"), the lowest dependency versions pyproject.toml allows (${FLOORS[*]})"
-        # uv resolves the lowest direct versions; it is installed into the main venv.
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv &&
-            rm -rf .venv-floors && "$VENV/bin/uv" venv -q -p "$floors" .venv-floors &&
-            VIRTUAL_ENV=.venv-floors "$VENV/bin/uv" pip install -q --resolution lowest-direct \
-                -e '.[test]' &&
-            echo "   installed: $(VIRTUAL_ENV=.venv-floors "$VENV/bin/uv" pip freeze 2>/dev/null |
-                grep -iE '^(psycopg|pluggy|asyncpg|sqlalchemy|fastapi|apscheduler|click|loguru|prometheus-client|opentelemetry-api|rich|cronsim|celery|django)==' |
-                tr '\n' ' ')" &&
-            .venv-floors/bin/python "${PYTEST[@]}" -q "${FLOORS[@]}" || status=1
-    fi
-    return "$status"
+# fast_lane VERSION PATH: the fast tiers on another Python, in its own .venv-VERSION.
+fast_lane() {
+    local version="$1" path="$2" venv=".venv-$1"
+    echo "== python $(python_version "$path") ($path): the fast tiers (${FAST[*]})"
+    VENV="$venv" PYTHON="$path" bash -c 'source scripts/_venv.sh' &&
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' &&
+        "$venv/bin/python" "${PYTEST[@]}" -q "${FAST[@]}"
 }
 
-# Three lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
+# floors_lane: the lowest direct dependency versions pyproject.toml allows (uv's
+# --resolution lowest-direct; uv is installed into the main venv), on the oldest Python.
+floors_lane() {
+    echo "== python $(python_version "$floors"), the lowest dependency versions pyproject.toml allows (${FLOORS[*]})"
+    rm -rf .venv-floors && "$VENV/bin/uv" venv -q -p "$floors" .venv-floors &&
+        VIRTUAL_ENV=.venv-floors "$VENV/bin/uv" pip install -q --resolution lowest-direct \
+            -e '.[test]' &&
+        echo "   installed: $(VIRTUAL_ENV=.venv-floors "$VENV/bin/uv" pip freeze 2>/dev/null |
+            grep -iE '^(psycopg|pluggy|asyncpg|sqlalchemy|fastapi|apscheduler|click|loguru|prometheus-client|opentelemetry-api|rich|cronsim|celery|django)==' |
+            tr '\n' ' ')" &&
+        .venv-floors/bin/python "${PYTEST[@]}" -q "${FLOORS[@]}"
+}
+
+# Lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
 # fault runs that mostly wait for clock ticks; tests/celerybeat: Celery beat and workers
 # on Redis/RabbitMQ; tests/djangoapp: manage.py; tests/deploy: throwaway clusters,
-# standbys, PgBouncers) and the other Pythons' fast tiers. Their reports follow the main
+# standbys, PgBouncers), one lane per other Python and the floors. Most tests wait on the
+# server or on clocks, so the lanes share two cores well. Their reports follow the main
 # suite's.
 SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy)
 logs="$(mktemp -d)"
-echo "== pytest, three lanes: main (here), side (${SIDE[*]}), versions (${#others[@]} other Pythons, floors: ${floors:-no})"
+echo "== pytest, lanes: main (here), side (${SIDE[*]}), fast tiers on: ${others[*]:-none}, floors: ${floors:-no}"
 lane side "$logs/side.log" "$VENV/bin/python" "${PYTEST[@]}" --durations=15 "${SIDE[@]}"
-if [ "${#others[@]}" -gt 0 ] || [ -n "$floors" ]; then
-    lane versions "$logs/versions.log" versions_lane
+for spec in "${others[@]}"; do
+    lane "python${spec%%:*}" "$logs/python${spec%%:*}.log" fast_lane "${spec%%:*}" "${spec#*:}"
+done
+if [ -n "$floors" ]; then
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
+    lane floors "$logs/floors.log" floors_lane
 fi
 trap 'for l in "${lanes[@]}"; do kill "$(echo "$l" | cut -d: -f2)" 2>/dev/null || true; done' EXIT
 ignored=()
@@ -173,4 +175,4 @@ if [ "${#failed[@]}" -gt 0 ]; then
     echo "pytest failed: ${failed[*]}"
     exit 1
 fi
-echo "== all lanes passed: main and side on python $main_version, versions: ${others[*]:-none}, floors: ${floors:-skipped}"
+echo "== all lanes passed: main and side on python $main_version, fast tiers on: ${others[*]:-none}, floors: ${floors:-skipped}"

@@ -59,7 +59,7 @@ from .core.session import Backend, ConnectOptions, LockSession
 from .tasks import LeaderTasks
 from .threaded import ThreadedLeaderLock
 
-__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (hatch)
+__version__ = "0.2.0.dev0"  # the one place it is written: pyproject.toml reads it (hatch)
 
 __all__ = [
     "Backend",
