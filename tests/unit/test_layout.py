@@ -158,7 +158,7 @@ def test_layers_import_only_the_cores_public_surface(layer: str, also: tuple[str
                 offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert offenders == []
     assert all(hasattr(core, name) for name in core.__all__)
-    assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "member.py")
+    assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "membership.py")
     assert "pgleaderlock.core.run_on_session" in imported(PACKAGE / "schedule" / "scheduler.py")
 
 
@@ -204,3 +204,24 @@ def test_calls_are_bounded_by_the_core_only() -> None:
                  for f in timer_and_abort(path)]  # fmt: skip
     assert offenders == []
     assert timer_and_abort(CORE / "calls.py")  # the scan sees the one it allows
+
+
+MEMBER_PARTS = ("settings", "session", "membership", "mailbox", "balancer", "watch")
+ABOVE_THE_PARTS = ("member", "dedicated", "shared", "coordinator")
+
+
+def test_the_members_parts_never_reach_back_into_the_engine() -> None:
+    """A member's ``Engine`` (``coordination/member.py``) is composed of parts, each a
+    class of its own module; a part knows the parts below it, never the engine, a
+    session mode or the Coordinator (no part grows into a second engine)."""
+    offenders = []
+    for part in MEMBER_PARTS:
+        for name in imported(COORDINATION / f"{part}.py"):
+            parts = name.split(".")
+            if parts[:2] == ["pgleaderlock", "coordination"] and parts[2:3] in [
+                [above] for above in ABOVE_THE_PARTS
+            ]:
+                offenders.append(f"coordination/{part}.py imports {name}")
+    assert offenders == []
+    engine = imported(COORDINATION / "member.py")
+    assert {f"pgleaderlock.coordination.{part}" for part in MEMBER_PARTS} <= engine

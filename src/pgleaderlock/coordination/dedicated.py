@@ -79,9 +79,9 @@ class DedicatedEngine(Engine):
         # The member lock first: its session checks the tables that workers use.
         await self._join()
         await self.start_listening()
-        self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
+        self.start_watching()
         try:
-            view: balance.View | None = await self._snapshot()
+            view: balance.View | None = await self.membership.snapshot()
         except Exception as exc:  # every name, then: the first tick trims the standbys
             log.warning("group_snapshot_failed", error=repr(exc), **self._fields)
             view = None
@@ -185,11 +185,11 @@ class DedicatedEngine(Engine):
 
         async def tell() -> None:
             await asyncio.sleep(MOVED_DELAY_S)
-            await self.announce(Message("moved", self.member))
+            await self.mailbox.announce(Message("moved", self.member))
 
         self._moved = asyncio.get_running_loop().create_task(tell())
 
-    def _held(self) -> set[Key]:
+    def held(self) -> set[Key]:
         return set(self._leading)
 
     def _chosen(self, key: Key, view: balance.View) -> list[str]:
@@ -203,10 +203,10 @@ class DedicatedEngine(Engine):
         chosen = self._chosen(key, view)
         if self.member in chosen:
             return True
-        waiting = self.waiting.get(key, frozenset())
+        waiting = self.membership.waiting.get(key, frozenset())
         return not any(member in waiting for member in chosen)
 
-    async def _standby(self, view: balance.View) -> bool:
+    async def standby(self, view: balance.View) -> bool:
         """Start the locks of the names this member stands by for, and stop the others
         that only wait (never one that leads, is being changed, or is paused for a
         hand-off). True while some name has a standby too many or too few."""
@@ -236,20 +236,20 @@ class DedicatedEngine(Engine):
         self._standing_in = standing_in
         return unsettled
 
-    def _to_take(self, view: balance.View) -> list[Key]:
+    def to_take(self, view: balance.View) -> list[Key]:
         now = time.monotonic()
         due = [k for k, at in self._paused.items() if at <= now]
         return [k for k in due if k in self.names]
 
-    async def _take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
+    async def take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
         for key in keys:  # their locks compete: who leads is known at the next look
             self._paused.pop(key, None)
             if key in self.names:
                 await self._compete(key)
         return []
 
-    async def _give(self, keys: list[Key], to: str) -> int:
-        await self.notify(Message("handoff", self.member, to, tuple(keys)))
+    async def give(self, keys: list[Key], to: str) -> int:
+        await self.mailbox.notify(Message("handoff", self.member, to, tuple(keys)))
         given = 0
         pending = {k for k in keys if (lock := self._locks.get(k)) is not None and lock.is_leader}
         deadline = time.monotonic() + HANDOFF_WAIT_S
@@ -266,13 +266,13 @@ class DedicatedEngine(Engine):
             await asyncio.sleep(0.02)
         if pending:
             log.info("handoff_skipped", count=len(pending), to=to, **self._fields)
-        await self.notify(Message("done", self.member, to, tuple(keys)))
+        await self.mailbox.notify(Message("done", self.member, to, tuple(keys)))
         return given
 
     async def _only_waiter(self, keys: set[Key], to: str) -> set[Key]:
         """Those of ``keys`` for which the receiver's session is the one waiter."""
         waiters: dict[Key, set[str]] = {key: set() for key in keys}
-        for application, _pid, c, o, granted, trusted in await self._group_rows():
+        for application, _pid, c, o, granted, trusted in await self.membership.group_rows():
             if c is None or granted:
                 continue
             key = (oid_to_key(int(c)), oid_to_key(int(o)))
@@ -290,7 +290,7 @@ class DedicatedEngine(Engine):
             return
         if message.kind == "handoff" and message.to == self.member:
             for key in message.keys:  # wait for it now, standby or not, paused or not
-                self.excluded.pop(key, None)
+                self.balancer.excluded.pop(key, None)
                 self._paused.pop(key, None)
                 if key in self.names:
                     self._change(key, functools.partial(self._start_lock, key))
@@ -306,7 +306,7 @@ class DedicatedEngine(Engine):
                 if self._paused.pop(key, None) is not None:
                     self._change(key, functools.partial(self._start_lock, key))
 
-    def _pending(self) -> bool:
+    def pending(self) -> bool:
         return bool(self._paused)
 
     async def _remove(self, name: str) -> None:
@@ -316,7 +316,7 @@ class DedicatedEngine(Engine):
             self._locks.pop(key, None)
             self._leading.discard(key)
             self._paused.pop(key, None)
-            await self.notify(Message("released", self.member, keys=(key,)))
+            await self.mailbox.notify(Message("released", self.member, keys=(key,)))
 
     async def _give_away(self, name: str) -> None:
         key = self.keys.get(name)
@@ -326,7 +326,7 @@ class DedicatedEngine(Engine):
         self._paused[key] = time.monotonic() + self.settings.give_away_cooldown_s
         await self._stop(key)
         log.warning("name_given_away", name=name, **self._fields)
-        await self.notify(Message("released", self.member, keys=(key,)))
+        await self.mailbox.notify(Message("released", self.member, keys=(key,)))
 
     async def _on_event(self, event: GroupEvent) -> None:
         if isinstance(event, NameEvent) and event.what == "added":

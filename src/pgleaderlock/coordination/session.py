@@ -1,5 +1,6 @@
 """What a [`Coordinator`][pgleaderlock.Coordinator] needs of a session, beyond a lock's:
-many locks at once, a view of a group's sessions and locks, and notifications.
+many locks at once, a view of a group's sessions and locks, and notifications; and how
+a member opens the sessions it keeps besides its member lock's (listen, watch).
 
 The built-in backends implement it (``pgleaderlock.backends.BaseSession``); a third-party
 backend that does not can still serve locks, not a Coordinator.
@@ -7,12 +8,29 @@ backend that does not can still serve locks, not a Coordinator.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Sequence
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
-from ..core import FencedSessions, TableSession, TermTable
+from ..core import (
+    ConfigurationError,
+    ConnectOptions,
+    FencedSessions,
+    SessionSlot,
+    TableSession,
+    TermTable,
+    bounded,
+    can,
+    get_logger,
+    session_settings,
+)
+from .protocol import Role, app_name
+from .settings import Settings
 
-__all__ = ["GroupSession"]
+__all__ = ["GroupSession", "Sessions", "group_session"]
+
+log = get_logger("pgleaderlock.coordination")
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -70,3 +88,69 @@ class GroupSession(TableSession, Protocol):
     async def ping(self) -> None:
         """Check that the session answers (raises if not)."""
         ...
+
+
+def group_session(session: object) -> GroupSession:
+    """``session``, which must be able to serve a group.
+
+    Raises:
+        ConfigurationError: its backend has no ``GroupSession`` capability.
+    """
+    if not can(session, GroupSession):
+        raise ConfigurationError(
+            f"{type(session).__name__} sessions cannot serve a Coordinator "
+            "(no GroupSession capability)"
+        )
+    return cast(GroupSession, session)
+
+
+class Sessions:
+    """Opens a member's sessions of a ``role`` (connected, checked, bounded as a
+    lock's), and bounds the calls on them."""
+
+    def __init__(self, settings: Settings, fields: dict[str, Any]) -> None:
+        self.settings = settings
+        self._fields = fields
+
+    def options(self, role: Role) -> ConnectOptions:
+        settings = self.settings
+        return ConnectOptions(
+            application_name=app_name(settings.group, settings.member, role),
+            connect_timeout_s=settings.config.connect_timeout_s,
+            server_settings=session_settings(settings.config),
+            lease_s=settings.config.lease_s,
+            claim_s=settings.config.claim_s,
+        )
+
+    def slot(self, role: Role) -> SessionSlot:
+        return SessionSlot(
+            backend=self.settings.backend,
+            dsn=self.settings.dsn,
+            options=self.options(role),
+            connect_fn=self.settings.connect_fn,
+            log=log,
+            fields=self._fields,
+        )
+
+    async def open(self, slot: SessionSlot) -> GroupSession:
+        """Open a checked session (bounded); it must be able to serve a group."""
+        budget = self.settings.config.connect_budget_s or 30.0
+        session = await self.bounded(slot, slot.open(), budget)
+        try:
+            return group_session(session)
+        except ConfigurationError:
+            await slot.close()
+            raise
+
+    def bounded(
+        self, slot: SessionSlot, call: Awaitable[T], timeout_s: float | None = None
+    ) -> Awaitable[T]:
+        """``call`` on ``slot``'s session within ``timeout_s`` (default
+        ``command_timeout_s``), as a lock's calls are: the core's
+        [`bounded`][pgleaderlock.core.calls.bounded] (the session is dropped before the
+        call is cancelled).
+
+        Raises:
+            TimeoutError: the call took longer.
+        """
+        return bounded(call, timeout_s or self.settings.config.command_timeout_s, slot.abort)

@@ -2,7 +2,7 @@
 number. Three sessions per member in all:
 
 - **hold** holds the member's own lock (its place in the group) and the lock of every
-  name it leads. It is the member lock's session (`member.py`'s: a
+  name it leads. It is the member lock's session (`membership.py`'s: a
   [`LeaderLock`][pgleaderlock.LeaderLock] whose machine connects, retries, probes it
   every ``health_interval_s`` and at once when the server ends it while idle, handles
   late probes and grace as for any lock, and reconnects it); the member's statements
@@ -16,7 +16,7 @@ number. Three sessions per member in all:
   (``tcp_user_timeout_s`` exceeds that bound);
 - **listen** receives the group's notifications;
 - **watch** waits on the server for the lock of the next member in the ring of members
-  (`member.py`'s, as in dedicated mode): when that member dies, this member tells the
+  (`watch.py`'s, as in dedicated mode): when that member dies, this member tells the
   group, so that the dead member's names are led again within milliseconds.
 
 Losing the hold session loses every name at once (its workers are cancelled), which is
@@ -73,7 +73,7 @@ class SharedEngine(Engine):
     async def _open(self) -> None:
         await self._join()
         await self.start_listening()
-        self.spawn(self.watch_forever(), f"pgleaderlock-watch:{self.group}")
+        self.start_watching()
 
     async def _member_lost(self, state: LockState) -> None:
         """Every worker stops at once: the server may free the names any moment."""
@@ -83,7 +83,8 @@ class SharedEngine(Engine):
         self._stale |= set(self._owned)
         names = {self.names[k] for k in self._owned if k in self.names}
         self._owned.clear()
-        error = self._member.statistics().last_error if self._member is not None else None
+        lock = self.membership.lock
+        error = lock.statistics().last_error if lock is not None else None
         log.warning("names_lost", error=repr(error), state=state.value, count=len(names),
                     **self._fields)  # fmt: skip
         await self.workers.stop(names)
@@ -94,7 +95,7 @@ class SharedEngine(Engine):
         stale, self._stale = list(self._stale), set()
         if stale:
             with contextlib.suppress(Exception):  # a failure ends the leadership
-                await self._call(lambda s: s.unlock_many(stale))
+                await self.membership.call(lambda s: s.unlock_many(stale))
 
     async def _close(self) -> None:
         await self.workers.stop()
@@ -108,10 +109,10 @@ class SharedEngine(Engine):
 
     # ------------------------------------------------------------------ names
 
-    def _held(self) -> set[Key]:
+    def held(self) -> set[Key]:
         return set(self._owned)
 
-    def _to_take(self, view: balance.View) -> list[Key]:
+    def to_take(self, view: balance.View) -> list[Key]:
         now = time.monotonic()
         free = view.free()
         self._free_since = {k: self._free_since.get(k, now) for k in free}
@@ -122,23 +123,23 @@ class SharedEngine(Engine):
             take = [k for k in free if now - self._free_since[k] >= FREE_GRACE_S]
         return take
 
-    async def _take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
+    async def take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
         keys = [k for k in keys if k in self.names and k not in self._owned]
         if not keys:
             return []
         try:
             losses = self._losses
-            granted = await self._call_slot(functools.partial(_try_lock_many, keys))
+            granted = await self.membership.call_slot(functools.partial(_try_lock_many, keys))
             terms: dict[Key, int] | None = {}
             if granted and self.settings.terms is not None:
                 terms = await self._bump_terms(self.settings.terms, granted)
-        except Exception as exc:  # the hold lock left LEADER (_call): it reconnects
+        except Exception as exc:  # the hold lock left LEADER (Membership.call): it reconnects
             if is_permanent(exc, self.settings.config):  # ... unless that cannot help
                 raise
             return []
         if terms is None:  # fenced transactions of older terms hold on: try again later
-            with contextlib.suppress(Exception):  # else the session is given up (_call)
-                await self._call(lambda s: s.unlock_many(granted))
+            with contextlib.suppress(Exception):  # else the session is given up (Membership.call)
+                await self.membership.call(lambda s: s.unlock_many(granted))
             return []
         if self._losses != losses:
             self._stale.update(granted)  # the hold lock left LEADER meanwhile
@@ -159,11 +160,11 @@ class SharedEngine(Engine):
         grace = config.fencing_grace_s
         timeout = grace + config.health_timeout_s
         bump = functools.partial(_bump_terms, table, keys, grace)
-        terms = await self._call_slot(bump, timeout)
+        terms = await self.membership.call_slot(bump, timeout)
         if terms is not None:
             return terms
         log.warning("term_bump_blocked", grace_s=grace, count=len(keys), **self._fields)
-        ended = await self._call(lambda s: s.end_fenced(table, keys))
+        ended = await self.membership.call(lambda s: s.end_fenced(table, keys))
         if ended.ended:
             log.warning("fenced_sessions_ended", pids=list(ended.ended), **self._fields)
         if ended.refused:
@@ -174,7 +175,7 @@ class SharedEngine(Engine):
                 "pg_signal_backend; the names are given back and taken again later",
                 **self._fields,
             )
-        return await self._call_slot(bump, timeout)
+        return await self.membership.call_slot(bump, timeout)
 
     async def _release(self, keys: list[Key]) -> list[Key]:
         """Stop the workers of ``keys``, then unlock them."""
@@ -182,15 +183,15 @@ class SharedEngine(Engine):
         await self.workers.stop({self.names[k] for k in keys if k in self.names})
         for key in keys:
             self._owned.pop(key, None)
-        with contextlib.suppress(Exception):  # else the session is given up (_call)
-            await self._call(lambda s: s.unlock_many(keys))
+        with contextlib.suppress(Exception):  # else the session is given up (Membership.call)
+            await self.membership.call(lambda s: s.unlock_many(keys))
         return keys
 
-    async def _give(self, keys: list[Key], to: str) -> int:
+    async def give(self, keys: list[Key], to: str) -> int:
         # Announced before the release, so that no third member takes them meanwhile.
-        await self.notify(Message("handoff", self.member, to, tuple(keys)))
+        await self.mailbox.notify(Message("handoff", self.member, to, tuple(keys)))
         given = await self._release(keys)
-        await self.notify(Message("grant", self.member, to, tuple(given)))
+        await self.mailbox.notify(Message("grant", self.member, to, tuple(given)))
         return len(given)
 
     async def _drain(self) -> None:
@@ -201,22 +202,22 @@ class SharedEngine(Engine):
         if key is not None and key in self._owned:
             await self.workers.drain({name}, self.settings.config.drain_s)
             await self._release([key])
-            await self.notify(Message("released", self.member, keys=(key,)))
+            await self.mailbox.notify(Message("released", self.member, keys=(key,)))
 
     async def _give_away(self, name: str) -> None:
         key = self.keys.get(name)
         if key is None or key not in self._owned:
             return
-        self.excluded[key] = (time.monotonic() + self.settings.give_away_cooldown_s, "")
+        self.balancer.excluded[key] = (time.monotonic() + self.settings.give_away_cooldown_s, "")
         await self._release([key])
         log.warning("name_given_away", name=name, **self._fields)
-        await self.notify(Message("released", self.member, keys=(key,)))
+        await self.mailbox.notify(Message("released", self.member, keys=(key,)))
 
     async def _take_from(self, dead: str) -> None:
         """Take, at once, the names of a dead member that the rendezvous gives this one
         among the survivors, from the last view (a fresh one costs a read of the whole
         lock table); the tick that follows reads the group again and takes the rest."""
-        view = self.last_view
+        view = self.membership.last_view
         if view is None:
             return
         survivors = view.members - {dead}
@@ -224,10 +225,10 @@ class SharedEngine(Engine):
             key
             for key, holder in view.holders.items()
             if holder == dead
-            and key not in self.excluded
+            and key not in self.balancer.excluded
             and balance.hrw_owner(key, survivors) == self.member
         ]
-        await self._take(mine, handoff=False)
+        await self.take(mine, handoff=False)
 
 
 async def _try_lock_many(keys: list[Key], slot: SessionSlot) -> list[Key]:
