@@ -225,3 +225,80 @@ def test_the_members_parts_never_reach_back_into_the_engine() -> None:
     assert offenders == []
     engine = imported(COORDINATION / "member.py")
     assert {f"pgleaderlock.coordination.{part}" for part in MEMBER_PARTS} <= engine
+
+
+# What ``pgleaderlock.backends.base`` offered before it was split in layers (its
+# ``__all__`` and the names it imported): third-party backends import them from there.
+BASE_NAMES = (
+    "ALIVE",
+    "BaseSession",
+    "CANCEL_TIMEOUT_S",
+    "CLAIM",
+    "CONNECTION_SQLSTATE_CLASSES",
+    "ConnectOptions",
+    "ConnectionError",
+    "DUPLICATE_TABLE",
+    "ErrorClass",
+    "FLUSH_STATS",
+    "FORGET",
+    "FencedSessions",
+    "GROUP_SNAPSHOT",
+    "HOLDS",
+    "IDENTIFY",
+    "LOCK_NOT_AVAILABLE",
+    "LibraryTable",
+    "MissingPrivilegeError",
+    "NOTIFY",
+    "PgLeaderLockError",
+    "REFUSED_SQLSTATES",
+    "STATEMENTS",
+    "SessionInfo",
+    "SessionNotDedicatedError",
+    "StandbyError",
+    "Statement",
+    "TABLE_CHECK",
+    "TRY_LOCK",
+    "TRY_LOCK_MANY",
+    "TableCheck",
+    "TermTable",
+    "UNLOCK",
+    "UNLOCK_MANY",
+    "UnclaimedGrantError",
+    "WAIT_LOCK",
+    "bump_term_statement",
+    "bump_terms_statement",
+    "by_sqlstate",
+    "check_pid",
+    "check_target_session_attrs",
+    "configure_statement",
+    "create_terms_statement",
+    "key_to_oid",
+    "lock_timeout_ms",
+    "misconfigured_by_message",
+    "refused_by_message",
+    "set_keepalive",
+    "setup_statement",
+    "sqlstate",
+    "tcp_acknowledged",
+    "translate",
+)
+BASE_LAYERS = ("base", "checked", "locking", "sockets", "sql", "errors")
+
+
+def test_the_backend_base_keeps_its_names_and_imports_no_driver() -> None:
+    """``BaseSession`` is built in layers (``checked``, ``locking``, ``base``), one idea
+    to a module; every name ``backends.base`` offered stays importable from there, and
+    none of the layers a third-party backend builds on imports a driver."""
+    import pgleaderlock.backends.base as base
+
+    assert [name for name in BASE_NAMES if not hasattr(base, name)] == []
+    assert set(base.__all__) >= {"BaseSession", "tcp_acknowledged", "translate", "Statement"}
+    assert base.BaseSession.__module__ == "pgleaderlock.backends.base"
+    drivers = {
+        f"{layer}.py imports {name}"
+        for layer in BASE_LAYERS
+        for name in imported(BACKENDS / f"{layer}.py")
+        if name.split(".")[0] in DRIVERS
+    }
+    assert drivers == set()
+    assert "pgleaderlock.backends.locking.LockingSession" in imported(BACKENDS / "base.py")
