@@ -77,6 +77,8 @@ def test_only_the_machine_assigns_a_lock_state() -> None:
 def test_the_checks_see_what_they_look_for() -> None:
     """The scans above must not pass because they read nothing."""
     assert "asyncio" in imported(CORE / "runner.py")
+    assert "pgleaderlock.core.performer.CallPerformer" in imported(CORE / "runner.py")
+    assert "pgleaderlock.core.calls.CallGuard" in imported(CORE / "performer.py")
     assert "pgleaderlock.core.machine.table.step" in imported(MACHINE / "engine.py")
     assert any("_state" in line for line in (MACHINE / "engine.py").read_text().splitlines())
 

@@ -7,20 +7,20 @@ effect back as the next result, until the machine returns no blocking effect (ST
 It never assigns a state.
 
 It also holds what the public coroutines wait on: the start of the task, the end of a
-`step_down()`, leadership (`wait_for_leadership()`).
+`step_down()`, leadership (`wait_for_leadership()`). The database calls themselves,
+late ones included, are performed by [`CallPerformer`][pgleaderlock.core.performer.CallPerformer]
+(`core/performer.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from ._logging import get_logger
-from .calls import CallGuard, Interrupted, call_failure
-from .errors import ConfigurationError, ConnectionError, UnclaimedGrantError
+from .errors import ConnectionError
 from .keyring import FixedKeys, Keyring
 from .machine import (
     Aborted,
@@ -28,17 +28,12 @@ from .machine import (
     Await,
     Call,
     CloseSession,
-    Connected,
     CutShort,
     Effect,
     Emit,
     EndDrain,
-    Failed,
-    FencedEnded,
-    Late,
     Log,
     Machine,
-    Op,
     ReleaseDone,
     Request,
     Result,
@@ -46,26 +41,21 @@ from .machine import (
     StartDrain,
     Started,
     StopLeaderWork,
-    TermBlocked,
-    TermBumped,
     WatchSession,
     Woke,
     idle_step,
 )
 from .models import Event, LockState
+from .performer import CallPerformer, first, probe_outcome, resolve
 from .session import (
-    FencingSession,
     KeepAliveSession,
     ProbingSession,
-    TransportSession,
-    WaitingSession,
 )
 from .slot import SessionSlot, can
 
 __all__ = ["Runner"]
 
 T = TypeVar("T")
-_Queued = tuple[Callable[[SessionSlot], Awaitable[Any]], float, "asyncio.Future[Any]"]
 
 log = get_logger()
 
@@ -97,9 +87,11 @@ class Runner:
         log_fields: dict[str, Any],
     ) -> None:
         self._machine, self._slot, self._emit_hook = machine, slot, emit
-        self._keys: Keyring = FixedKeys(*keys) if isinstance(keys, tuple) else keys
         self._fields = log_fields
-        self._call = CallGuard(slot.abort)  # bounds every database call
+        self._calls = CallPerformer(
+            machine, slot, FixedKeys(*keys) if isinstance(keys, tuple) else keys
+        )
+        self._call = self._calls.guard  # bounds every database call
         self._woken = False  # a request arrived since the machine last looked
         self._sleeper: asyncio.Future[None] | None = None  # a sleep a request ends early
         self.task: asyncio.Task[None] | None = None
@@ -107,26 +99,31 @@ class Runner:
         self._leader_waiters: set[asyncio.Future[None]] = set()
         self._release_done: asyncio.Future[None] | None = None
         self._leader_ready = False  # LEADER, and the transition's callbacks have run
-        self._late: asyncio.Task[Result] | None = None  # a call reported Late, still running
         # Between probes a leader runs without its task (see `_idle`): what it waits for.
         self._handoff: asyncio.Future[Result | list[Effect]] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None  # the next probe, or its lateness
         self._idle_probe: tuple[asyncio.Future[None], Call, float] | None = None
         self._stop_reported = False  # on_stopped has run for this run of the task
         self._drain: asyncio.Task[None] | None = None  # the on_draining callbacks
-        self._queued: list[_Queued] = []  # calls for the leader's session (on_session)
         # Run on the session before the ACQUIRED callbacks (the lock publishes that it
         # leads and notifies listeners); it must not raise but a timeout.
         self.announce: Callable[[SessionSlot], Awaitable[None]] | None = None
-        # Asked right after a lock call granted the lock, before the machine hears of
-        # it: False when the lock is reserved for another candidate (a targeted
-        # hand-over); it has then released the lock again, and the attempt failed.
-        self.admit: Callable[[SessionSlot], Awaitable[bool]] | None = None
         # Called (synchronously) the moment the lock leaves LEADER, before any callback:
         # cancels the leader work that follows the lock (follow_state's ``leaving``).
         self.leaving: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ for the API
+
+    @property
+    def admit(self) -> Callable[[SessionSlot], Awaitable[bool]] | None:
+        """Asked right after a lock call granted the lock, before the machine hears of
+        it: False when the lock is reserved for another candidate (a targeted
+        hand-over); it has then released the lock again, and the attempt failed."""
+        return self._calls.admit
+
+    @admit.setter
+    def admit(self, admit: Callable[[SessionSlot], Awaitable[bool]] | None) -> None:
+        self._calls.admit = admit
 
     @property
     def running(self) -> bool:
@@ -148,7 +145,7 @@ class Runner:
         flight if that call allows this request. Returns the machine's answer."""
         accepted = self._machine.request(request)
         self._woken = True
-        _resolve(self._sleeper)
+        resolve(self._sleeper)
         if self._handoff is not None and self._idle_probe is None:
             self._hand_off(Woke())  # idle between probes: the task decides
         self._call.interrupt(request)
@@ -159,9 +156,9 @@ class Runner:
         [`run_on_session`][pgleaderlock.core.lock.run_on_session])."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         queued = (fn, timeout_s, future)
-        self._queued.append(queued)
+        self._calls.queued.append(queued)
         if not self.running or not self.request(Request.WORK):
-            self._queued.remove(queued)
+            self._calls.queued.remove(queued)
             raise ConnectionError(f"not leading ({self._machine.state.value}): no session to use")
         try:
             return cast(T, await future)
@@ -212,13 +209,13 @@ class Runner:
         except Exception as exc:  # a bug: the machine reports it while stopping
             crash = exc
         finally:
-            for pending in (watcher, self._late, self._drain):
+            for pending in (watcher, self._calls.late, self._drain):
                 if pending is not None:
                     pending.cancel()
                     await asyncio.gather(pending, return_exceptions=True)
-            self._late = self._drain = None
+            self._calls.late = self._drain = None
             self._call.close()
-            self._fail_queued(ConnectionError("the lock stopped"))
+            self._calls.fail_queued(ConnectionError("the lock stopped"))
             await self._slot.close()
             await self._stop_abnormally(crash)
             self._settle()
@@ -264,7 +261,7 @@ class Runner:
                 case Log():
                     self._log(effect)
                 case StopLeaderWork():
-                    self._fail_queued(
+                    self._calls.fail_queued(
                         ConnectionError(
                             f"not leading ({self._machine.state.value}): the call queued "
                             "for the session did not run"
@@ -273,8 +270,8 @@ class Runner:
                     if self.leaving is not None:
                         self.leaving()
                 case CloseSession():
-                    await self._drop_late()  # a late call on it is abandoned
-                    self._fail_queued(ConnectionError("the session was closed"))
+                    await self._calls.drop_late()  # a late call on it is abandoned
+                    self._calls.fail_queued(ConnectionError("the session was closed"))
                     await self._slot.close()
                 case WatchSession():
                     self._slot.watch(self._alarm)
@@ -285,11 +282,11 @@ class Runner:
                     if self._machine.preempted(effect):
                         return CutShort()
                     if effect.soft_timeout_s is None:
-                        return await self._perform_call(effect)
-                    return await self._perform_soft(effect, effect.soft_timeout_s)
+                        return await self._calls.perform(effect)
+                    return await self._calls.perform_soft(effect, effect.soft_timeout_s)
                 case Await(interruptible=reasons):
                     self._settle()
-                    return await self._await_late(reasons)
+                    return await self._calls.await_late(reasons)
                 case Sleep(until=until):
                     self._settle()
                     if self._machine.state is LockState.LEADER and self._can_probe():
@@ -342,7 +339,7 @@ class Runner:
             timer.cancel()
             if alive is not None and not alive.done():
                 bound = self._machine.config.health_timeout_s
-                if not await _first(alive, bound, self._slot.abort):
+                if not await first(alive, bound, self._slot.abort):
                     self._slot.abort()
                     alive.cancel()
                     await asyncio.gather(alive, return_exceptions=True)
@@ -450,7 +447,7 @@ class Runner:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        outcome = _probe_outcome(probe, pending[1])
+        outcome = probe_outcome(probe, pending[1])
         if isinstance(outcome, Answered):
             self._idle_step(outcome)
         else:
@@ -458,12 +455,12 @@ class Runner:
 
     def _idle_late(self) -> None:
         """The probe is late: from here on it is awaited in a task of its own, as in
-        `_perform_soft`, and the task reports it."""
+        `CallPerformer.perform_soft`, and the task reports it."""
         self._idle_timer = None
         pending, self._idle_probe = self._idle_probe, None
         if pending is None:
             return
-        self._hand_off(self._go_late(*pending))  # before the task wakes: its guard first
+        self._hand_off(self._calls.go_late(*pending))  # before the task wakes: its guard first
 
     def _hand_off(self, outcome: Result | list[Effect] | Exception) -> None:
         handoff = self._handoff
@@ -477,154 +474,8 @@ class Runner:
         else:
             handoff.set_result(outcome)
 
-    async def _perform_soft(self, call: Call, soft_timeout_s: float) -> Result:
-        """Run ``call``; after ``soft_timeout_s`` report ``Late`` and keep it running in
-        a task of its own, which an ``Await`` effect waits for.
-
-        A probe that the session starts as a future
-        ([`ProbingSession`][pgleaderlock.backends.ProbingSession]) is awaited directly,
-        and gets its task only when it is late: this runs for every health probe of
-        every leader. Otherwise the call runs in a task from the start.
-        """
-        loop = asyncio.get_running_loop()
-        probe = self._start_probe() if call.op is Op.PROBE else None
-        if probe is not None:
-            started = loop.time()
-            if not await _first(probe, soft_timeout_s, self._slot.abort):
-                late = self._go_late(probe, call, started)
-                await asyncio.sleep(0)  # it starts now, bounded before anyone may cut it short
-                return late
-            return _probe_outcome(probe, call)
-        task = loop.create_task(self._perform_call(call))
-        if not await _first(task, soft_timeout_s, None):
-            self._late = task
-            return self._report_late()
-        return task.result()
-
     def _start_probe(self) -> asyncio.Future[None] | None:
         return self._slot.start_probe()
-
-    def _go_late(self, probe: asyncio.Future[None], call: Call, started: float) -> Result:
-        """A probe started at ``started`` (loop time) is late: await it in a task of its
-        own for what is left of its bound, and report it."""
-        loop = asyncio.get_running_loop()
-        remaining = max(0.0, call.timeout_s - (loop.time() - started))
-        self._late = loop.create_task(self._perform_call(call, probe, remaining))
-        return self._report_late()
-
-    def _report_late(self) -> Result:
-        session = self._slot.session
-        acked = None
-        if session is not None and can(session, TransportSession):
-            acked = cast(TransportSession, session).acknowledged()
-        return Late(acknowledged=acked)
-
-    async def _drop_late(self) -> None:
-        task, self._late = self._late, None
-        if task is not None:
-            self._slot.abort()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _await_late(self, reasons: frozenset[Request]) -> Result:
-        task, self._late = self._late, None
-        assert task is not None, "Await without a late call"
-        self._call.allow(frozenset(reasons))
-        for reason in reasons:  # requests that came while the late call was reported
-            if self._machine.requested(reason):
-                self._call.interrupt(reason)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise
-
-    async def _perform_call(
-        self, call: Call, probe: asyncio.Future[None] | None = None, timeout_s: float = 0.0
-    ) -> Result:
-        """Perform ``call`` bounded by the `CallGuard` (``probe``: a late probe already
-        started, to await for at most ``timeout_s`` more)."""
-        guard, session = self._call, self._slot.session
-        bound = (call.timeout_s, call.interruptible, call.abort_on_interrupt)
-        keys = k1, k2 = self._keys.held
-        try:
-            if probe is not None:
-                await guard(probe, timeout_s, call.interruptible, call.abort_on_interrupt)
-                return Answered(True)
-            if call.op is Op.CONNECT:
-                session = await guard(self._slot.open(), *bound)
-                return Connected(can_wait=can(session, WaitingSession))
-            assert session is not None, call
-            match call.op:
-                case Op.TRY_LOCK:
-                    value = await guard(self._keys.try_lock(session), *bound)
-                case Op.WAIT_LOCK:
-                    waiting = cast(WaitingSession, session)
-                    if not self._keys.waits_on_server:  # tries: drop the session, then cut
-                        bound = (call.timeout_s, call.interruptible, True)
-                    value = await guard(self._keys.wait_lock(waiting, call.wait_s), *bound)
-                case Op.PROBE:
-                    value = await guard(self._slot.holds(k1, k2), *bound)
-                case Op.UNLOCK:
-                    value = await guard(session.unlock(k1, k2), *bound)
-                case Op.WORK:
-                    value = await self._run_queued(call)
-                case Op.BUMP_TERM | Op.END_FENCED:
-                    table = self._machine.config.term_table
-                    if table is None or not can(session, FencingSession):
-                        raise ConfigurationError(
-                            f"fencing needs sessions that can bump a term; {session!r} cannot"
-                        )
-                    fencing = cast(FencingSession, session)
-                    if call.op is Op.END_FENCED:
-                        return FencedEnded(await guard(fencing.end_fenced(table, [keys]), *bound))
-                    bump = functools.partial(fencing.bump_term, table, k1, k2, call.wait_s)
-                    term = await guard(self._slot.with_table(table, bump), *bound)
-                    return TermBlocked() if term is None else TermBumped(term)
-            if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
-                admit = self.admit  # a statement: the session is dropped before it is cut
-                if admit is not None and not await guard(admit(self._slot), *bound[:2]):
-                    return Answered(False)  # reserved for another: let go, unannounced
-                self._slot.granted()  # the next probe asks pg_locks
-            return Answered(bool(value))
-        except Interrupted:
-            return CutShort()
-        except Exception as exc:
-            if isinstance(exc, UnclaimedGrantError):
-                self._slot.claim_failed()  # this process was slow: longer claims from now
-            return Failed(call_failure(exc, call.what or call.op.value, call.timeout_s))
-
-    async def _run_queued(self, call: Call) -> bool:
-        """Run the calls queued so far, in order, each bounded by its own timeout (those
-        queued meanwhile wait for the next ``WORK`` call, after a probe if one is due);
-        the first that fails fails the rest (the session is lost)."""
-        batch, self._queued = self._queued, []
-        for i, (fn, timeout_s, future) in enumerate(batch):
-            if future.done():
-                continue  # its caller gave up
-            try:
-                result = await self._call(fn(self._slot), timeout_s, call.interruptible)
-            except BaseException as exc:
-                if isinstance(exc, Interrupted):
-                    error: Exception = ConnectionError("the lock is stopping")
-                elif isinstance(exc, Exception):
-                    error = call_failure(exc, call.what or "session work", timeout_s)
-                else:
-                    error = ConnectionError("the lock stopped")
-                self._fail_queued(error, *(item[2] for item in batch[i:]))
-                if error is exc or not isinstance(exc, Exception) or isinstance(exc, Interrupted):
-                    raise
-                raise error from exc  # the lock logs what its caller got (its own bound)
-            if not future.done():
-                future.set_result(result)
-        return True
-
-    def _fail_queued(self, error: Exception, *also: asyncio.Future[Any]) -> None:
-        queued, self._queued = self._queued, []
-        for future in (*also, *(item[2] for item in queued)):
-            if not future.done():
-                future.set_exception(error)
 
     def _settle(self) -> None:
         """The effects before a wait have run: wake `wait_for_leadership()` callers
@@ -642,7 +493,7 @@ class Runner:
             return
         loop = asyncio.get_running_loop()
         sleeper = self._sleeper = loop.create_future()
-        timer = loop.call_at(loop.time() + (deadline - time.monotonic()), _resolve, sleeper)
+        timer = loop.call_at(loop.time() + (deadline - time.monotonic()), resolve, sleeper)
         try:
             await sleeper
         finally:
@@ -676,46 +527,3 @@ def _retrieve(future: asyncio.Future[None]) -> None:
     that asyncio does not report it as lost."""
     if not future.cancelled():
         future.exception()
-
-
-def _resolve(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
-
-
-def _probe_outcome(probe: asyncio.Future[None], call: Call) -> Result:
-    """What a probe that has ended tells the machine."""
-    exc = RuntimeError("the probe was cancelled") if probe.cancelled() else probe.exception()
-    if exc is None:
-        return Answered(True)
-    return Failed(call_failure(cast(Exception, exc), call.what or "health check", call.timeout_s))
-
-
-def _ended(waiter: asyncio.Future[None], _: object) -> None:
-    _resolve(waiter)
-
-
-async def _first(
-    work: asyncio.Future[Any], timeout_s: float, abort: Callable[[], None] | None
-) -> bool:
-    """Wait until ``work`` is done (True) or ``timeout_s`` has passed (False), with one
-    future and one timer (``asyncio.wait`` costs several times more, and this runs for
-    every health probe). If the wait is cancelled, so is ``work`` (``abort`` called
-    first)."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-    timer = loop.call_later(timeout_s, _resolve, waiter)
-    ended = functools.partial(_ended, waiter)
-    work.add_done_callback(ended)
-    try:
-        await waiter
-    except asyncio.CancelledError:
-        if abort is not None:
-            abort()
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
-        raise
-    finally:
-        timer.cancel()
-        work.remove_done_callback(ended)
-    return work.done()
