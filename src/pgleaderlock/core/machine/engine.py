@@ -1,5 +1,11 @@
 """The decision engine: turns results and requests into table inputs, and the rows'
 actions into effects. Every policy of the lock lives here (see the package docstring).
+
+It is longer than the other modules on purpose: `Machine` is the one place that holds
+one lock's state (its requests, its session as far as decisions go, its retry and
+health schedules), and every decision reads and writes that state. The rules that need
+none of it live beside it: the table (`table.py`), the effects (`effects.py`), the run
+of errors (`failing.py`).
 """
 
 from __future__ import annotations
