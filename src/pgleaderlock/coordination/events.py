@@ -45,7 +45,7 @@ class MemberGone:
 
 @dataclass(frozen=True)
 class Received:
-    """A message from a member of the group (checked: see ``Engine._sent_by_member``)."""
+    """A message from a member of the group (checked: see ``Mailbox._sent_by_member``)."""
 
     message: Message
 
