@@ -304,3 +304,31 @@ def test_the_backend_base_keeps_its_names_and_imports_no_driver() -> None:
     }
     assert drivers == set()
     assert "pgleaderlock.backends.locking.LockingSession" in imported(BACKENDS / "base.py")
+
+
+TESTING_NAMES = {
+    "postgres": ("ThrowawayPostgres", "find_pg_bin"),
+    "candidate": ("DSN_ENV", "MODULE", "CandidateEvent", "CandidateOptions",
+                  "CandidateProcess", "candidate_command", "main", "parse_event",
+                  "write_event"),
+    "fake": ("FakeServer", "FakeSession", "FencedTransaction", "PROBES", "TERMS"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", sorted(TESTING_NAMES))
+def test_the_public_testing_helpers_keep_their_import_paths(module: str) -> None:
+    """The testing helpers are split one idea to a module (``pg_bin``, ``pg_process``,
+    ``candidate_child``, ``candidate_protocol``, ``fake_session``), and users' tests
+    import them from where they always did; none of those modules imports a driver."""
+    import importlib
+
+    found = importlib.import_module(f"pgleaderlock.testing.{module}")
+    assert [name for name in TESTING_NAMES[module] if not hasattr(found, name)] == []
+    testing = PACKAGE / "testing"
+    drivers = [
+        f"{path.name} imports {name}"
+        for path in modules(testing)
+        for name in imported(path)
+        if name.split(".")[0] in DRIVERS
+    ]
+    assert drivers == []
