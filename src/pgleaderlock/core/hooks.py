@@ -37,7 +37,6 @@ import os
 import types
 from collections.abc import Callable
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import pluggy
@@ -137,6 +136,8 @@ def entry_point_plugins() -> tuple[tuple[str, object], ...]:
     A plugin that fails to load is logged and skipped: a broken plugin must not stop
     leader election.
     """
+    from importlib.metadata import entry_points  # on first use: ~20 ms at import time
+
     plugins = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
