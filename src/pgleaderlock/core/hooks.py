@@ -51,19 +51,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTOLOAD_ENV",
-    "On",
-    "emit",
-    "register_callback",
     "ENTRY_POINT_GROUP",
     "PROJECT",
     "LockHookSpec",
+    "On",
     "callback_plugin",
-    "follow_state",
+    "emit",
     "entry_point_plugins",
-    "leadership_ended",
+    "follow_state",
     "hookimpl",
     "hookspec",
+    "leadership_ended",
     "new_plugin_manager",
+    "register_callback",
 ]
 
 PROJECT = "pgleaderlock"

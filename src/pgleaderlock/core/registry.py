@@ -42,13 +42,13 @@ if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
 __all__ = [
-    "connect_error",
-    "fetch_row",
-    "fetch_row_sync",
     "DEFAULT",
     "GROUP",
     "available",
+    "connect_error",
     "driver_dsn",
+    "fetch_row",
+    "fetch_row_sync",
     "get",
     "refresh",
     "registered",
