@@ -152,7 +152,8 @@ def entry_point_plugins() -> tuple[tuple[str, object], ...]:
 def callback_plugin(event: Event, fn: Callable[..., Any]) -> object:
     """Wrap a decorator callback as a plugin implementing ``event``'s hook.
 
-    Callbacks keep the spec's signatures (``event.callback_args``):
+    Callbacks keep their documented signatures (``event.callback_args``; docs/concepts.md,
+    "Callbacks"):
     ``on_state_change(old, new)``, ``on_error(exc)``, no arguments for the others.
     """
     impl: Callable[..., Any]
