@@ -72,7 +72,7 @@ _SCHEME = re.compile(r"^(?P<base>postgres(?:ql)?)\+(?P<driver>[A-Za-z0-9_]+)://"
 
 @cache
 def _entry_points() -> dict[str, EntryPoint]:
-    from importlib.metadata import entry_points  # on first use: ~20 ms at import time
+    from importlib.metadata import entry_points  # slow to import: on first use
 
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
