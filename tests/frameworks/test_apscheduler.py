@@ -324,7 +324,9 @@ def test_missing_apscheduler_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     for name in [m for m in sys.modules if m == "apscheduler" or m.startswith("apscheduler.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "apscheduler", None)
-    monkeypatch.delitem(sys.modules, "pgleaderlock.integrations.apscheduler")
+    package = "pgleaderlock.integrations.apscheduler"
+    for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r"pip install 'pgleaderlock\[apscheduler\]'"):
         importlib.import_module("pgleaderlock.integrations.apscheduler")
 
@@ -492,7 +494,7 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     ThreadedLeaderLock's); that loop is blocked past the claim's bound: the run is
     skipped with one ``job_skipped`` line, as a sync job's is, not raised into
     APScheduler as a job error with a traceback."""
-    import pgleaderlock.integrations.apscheduler as integration
+    import pgleaderlock.integrations.apscheduler.ledger as integration
 
     monkeypatch.setattr(integration, "LEDGER_TIMEOUT_S", 0.3)
     caplog.set_level(logging.INFO)
