@@ -41,6 +41,7 @@ from pgleaderlock.integrations.apscheduler import (
     current_run,
     leader_only,
 )
+from pgleaderlock.schedule import Policy
 from pgleaderlock.testing import FakeServer
 from support.poll import eventually, eventually_sync
 from support.timings import timings
@@ -307,11 +308,11 @@ async def test_ledger_mode_validates_its_arguments(
     with pytest.raises(ConfigurationError, match="catch_up_s belongs to"):
         bind_scheduler(scheduler, lock, catch_up_s=5)
     with pytest.raises(ConfigurationError, match="catch_up must be"):
-        bind_scheduler(scheduler, lock, catch_up="some")  # type: ignore[arg-type]
+        bind_scheduler(scheduler, lock, policy=Policy(catch_up="some"))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="interrupted must be"):
-        bind_scheduler(scheduler, lock, interrupted="again")  # type: ignore[arg-type]
+        bind_scheduler(scheduler, lock, policy=Policy(interrupted="again"))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="max_catch_up"):
-        bind_scheduler(scheduler, lock, max_catch_up=0)
+        bind_scheduler(scheduler, lock, policy=Policy(max_catch_up=0))
     binding = bind_scheduler(scheduler, lock)
     assert binding.ledger
     assert binding.schedule is not None
@@ -449,7 +450,7 @@ async def test_catch_up_of_the_slots_nobody_ran(
         sched = AsyncIOScheduler()
         trigger = IntervalTrigger(seconds=0.25, start_date=EPOCH)
         sched.add_job(job, trigger, id="tick", misfire_grace_time=1)
-        binding = bind_scheduler(sched, lock, catch_up=catch_up)  # type: ignore[arg-type]
+        binding = bind_scheduler(sched, lock, policy=Policy(catch_up=catch_up))  # type: ignore[arg-type]
         sched.start()
         async with lock:
             await eventually(condition, 20.0)

@@ -8,18 +8,19 @@ import asyncio
 import concurrent.futures
 import datetime as dt
 import threading
-from typing import Any
+from typing import Any, Unpack
 
 from ...core._logging import get_logger
 from ...core.config import not_negative
 from ...core.errors import ConfigurationError
 from ...core.lock import lock_settings
 from ...core.models import LockState
-from ...schedule.scheduler import CatchUp, Interrupted, Job, Scheduler, check_policy
+from ...schedule.policy import Policy, PolicyKeywords, policy_from
+from ...schedule.scheduler import Job, Scheduler
 from ...tasks import follow_state
 from ...threaded import ThreadedLeaderLock
 from . import adapter
-from .ledger import _NOT_CLAIMED, _Due, _Policy, _SlotJob, _SlotLedger
+from .ledger import _NOT_CLAIMED, _Due, _SlotJob, _SlotLedger
 from .runs import Leadership, _leadership, _lock_of
 
 __all__ = ["SchedulerBinding", "bind_scheduler"]
@@ -28,12 +29,70 @@ log = get_logger("pgleaderlock.integrations.apscheduler")
 
 
 class SchedulerBinding:
-    """Keeps a scheduler paused while the lock is not LEADER, running while it is, and
-    (ledger mode) claims each run's slot in the ledger before it runs.
+    """Run ``scheduler``'s jobs only on the leader, each run time at most once across
+    the replicas: paused on followers, resumed on the leader, and every run's slot
+    claimed in the ledger before it runs.
 
-    Made by [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler]; see
-    there. [`sync`][pgleaderlock.integrations.apscheduler.SchedulerBinding.sync] is safe
-    from any thread.
+    ``bind_scheduler(scheduler, lock, ...)`` is this class: keep what it returns to
+    [`close`][pgleaderlock.integrations.apscheduler.SchedulerBinding.close] the binding.
+    [`sync`][pgleaderlock.integrations.apscheduler.SchedulerBinding.sync] is safe from
+    any thread.
+
+    Call it before or after ``scheduler.start()``: a scheduler that starts while the lock
+    is not LEADER is paused before it processes any job (and a lock that is never
+    started keeps it paused). The binding owns ``pause()``/``resume()`` from then on.
+
+    **Ledger mode** (the default; needs ``LeaderLock(..., fencing=True)``): each run
+    time APScheduler submits is a slot of the job (keyed ``<lock>:<job id>``, the run
+    time rounded to the millisecond) in the ledger of
+    [`pgleaderlock.schedule`][pgleaderlock.schedule], claimed under the lock's fencing
+    term on the session that holds the lock before the job runs, so no slot runs twice
+    across the fleet, whatever the timing of a fail-over. When the lock becomes LEADER,
+    the slots that fell due while nobody ran them are settled: those within the job's
+    ``misfire_grace_time`` run now (late); older ones follow the policy's ``catch_up``; a
+    slot whose leader died mid-run follows its ``interrupted``. Give every job an
+    explicit ``id`` and fixed run times (cron, date, or interval with a fixed
+    ``start_date``): every replica must name the same slots. Triggers with ``jitter``
+    are refused (``job_refused``). Jobs must run in this process (the asyncio and thread
+    pool executors).
+
+    When the lock leaves LEADER the scheduler is paused at once: no new run starts. A run
+    already in progress is not interrupted (APScheduler cannot cancel one); decorate
+    coroutine jobs with [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]
+    too if they must stop at once. In ledger mode its slot stays ``running``, for the
+    next leader's ``interrupted`` policy.
+
+    **``ledger=False``** keeps the earlier behaviour: when the lock becomes LEADER, every
+    job whose next run time has already passed (minus ``catch_up_s``) is moved to its
+    first fire time at or after now, so a run time that falls due during the hand-over
+    is missed (or, with ``catch_up_s``, may run on both the old and the new leader).
+
+    Args:
+        scheduler: an APScheduler 3.x scheduler (``AsyncIOScheduler`` with a lock on the
+            same loop, ``BackgroundScheduler`` with a
+            [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock], ...).
+        lock: the lock, or a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock].
+        ledger: claim every run in the ledger (default). ``False``: the earlier
+            behaviour, without the ledger (and without the need for fencing).
+        policy: ledger mode, what a leader does with the slots nobody ran (see
+            [`Policy`][pgleaderlock.schedule.Policy]): ``catch_up`` for the slots that
+            fell due while nobody led, later than the job's ``misfire_grace_time`` when a
+            leader looks (default ``"latest"``: the newest of them runs), with at most
+            ``max_catch_up`` of them for ``"all"``; ``interrupted`` for a slot whose
+            leader ended mid-run (default ``"lost"``). Its ``misfire_grace_s`` is not
+            used: each job's ``misfire_grace_time`` is its grace (a policy that sets it
+            is refused).
+        catch_up_s: with ``ledger=False`` only: run times up to this many seconds before
+            the hand-over are left to APScheduler's misfire handling instead of being
+            skipped, at the price that such a run may execute on both the old and the new
+            leader.
+        **deprecated: ``catch_up``, ``max_catch_up`` and ``interrupted``, the fields of
+            ``policy``: still taken for this release, with a ``DeprecationWarning``.
+
+    Raises:
+        ConfigurationError: ledger mode on a lock without fencing, bad arguments, a
+            ``policy`` with ``ledger=False``, or both ``policy`` and a deprecated keyword.
+
     """
 
     def __init__(
@@ -42,11 +101,11 @@ class SchedulerBinding:
         lock: Leadership,
         *,
         ledger: bool = True,
-        catch_up: CatchUp = "latest",
-        max_catch_up: int = 100,
-        interrupted: Interrupted = "lost",
+        policy: Policy | None = None,
         catch_up_s: float = 0.0,
+        **deprecated: Unpack[PolicyKeywords],
     ) -> None:
+        chosen = policy_from(policy, deprecated, where="bind_scheduler")
         catch_up_s = not_negative("catch_up_s", catch_up_s)
         if not callable(getattr(scheduler, "pause", None)) or not hasattr(scheduler, "state"):
             raise ConfigurationError(f"expected an APScheduler 3.x scheduler, got {scheduler!r}")
@@ -57,9 +116,13 @@ class SchedulerBinding:
             if catch_up_s:
                 raise ConfigurationError(
                     "catch_up_s belongs to bind_scheduler(..., ledger=False); the ledger "
-                    "mode catches up by catch_up= and each job's misfire_grace_time"
+                    "mode catches up by its policy= and each job's misfire_grace_time"
                 )
-            check_policy(catch_up, interrupted, max_catch_up)
+            if chosen.misfire_grace_s != Policy().misfire_grace_s:
+                raise ConfigurationError(
+                    "bind_scheduler: each APScheduler job's misfire_grace_time is its grace; "
+                    "leave Policy.misfire_grace_s unset (give the job misfire_grace_time=)"
+                )
             if lock_settings(self._lock).term_table is None:
                 raise ConfigurationError(
                     "bind_scheduler claims every run in the ledger under the lock's fencing "
@@ -68,8 +131,12 @@ class SchedulerBinding:
                     "pass ledger=False"
                 )
             threaded = lock if isinstance(lock, ThreadedLeaderLock) else None
-            policy = _Policy(catch_up, max_catch_up, interrupted)
-            self._ledger = _SlotLedger(self._lock, threaded, policy)
+            self._ledger = _SlotLedger(self._lock, threaded, chosen)
+        elif chosen != Policy():
+            raise ConfigurationError(
+                "bind_scheduler: policy= belongs to the ledger mode; with ledger=False the "
+                "hand-over is tuned by catch_up_s"
+            )
         self._catch_up = dt.timedelta(seconds=catch_up_s)
         self._mutex = threading.RLock()  # scheduler listeners may call sync() again
         self._closed = False
@@ -243,7 +310,7 @@ class SchedulerBinding:
                 continue
             if not todo:
                 continue
-            grace = dt.timedelta(seconds=spec.misfire_grace_s)
+            grace = dt.timedelta(seconds=spec.policy.misfire_grace_s)
             now = dt.datetime.now(dt.UTC)
             due = [
                 _Due(slot, forced=rerun or now - slot > grace, rerun=rerun) for slot, rerun in todo
@@ -271,82 +338,7 @@ class SchedulerBinding:
 _BINDING_EVENTS = adapter.EVENT_SCHEDULER_STARTED | adapter.EVENT_EXECUTOR_ADDED
 
 
-def bind_scheduler(
-    scheduler: Any,
-    lock: Leadership,
-    *,
-    ledger: bool = True,
-    catch_up: CatchUp = "latest",
-    max_catch_up: int = 100,
-    interrupted: Interrupted = "lost",
-    catch_up_s: float = 0.0,
-) -> SchedulerBinding:
-    """Run ``scheduler``'s jobs only on the leader, each run time at most once across
-    the replicas: paused on followers, resumed on the leader, and every run's slot
-    claimed in the ledger before it runs.
-
-    Call it before or after ``scheduler.start()``: a scheduler that starts while the lock
-    is not LEADER is paused before it processes any job (and a lock that is never
-    started keeps it paused). The binding owns ``pause()``/``resume()`` from then on.
-
-    **Ledger mode** (the default; needs ``LeaderLock(..., fencing=True)``): each run
-    time APScheduler submits is a slot of the job (keyed ``<lock>:<job id>``, the run
-    time rounded to the millisecond) in the ledger of
-    [`pgleaderlock.schedule`][pgleaderlock.schedule], claimed under the lock's fencing
-    term on the session that holds the lock before the job runs, so no slot runs twice
-    across the fleet, whatever the timing of a fail-over. When the lock becomes LEADER,
-    the slots that fell due while nobody ran them are settled: those within the job's
-    ``misfire_grace_time`` run now (late); older ones follow ``catch_up``; a slot whose
-    leader died mid-run follows ``interrupted``. Give every job an explicit ``id`` and
-    fixed run times (cron, date, or interval with a fixed ``start_date``): every replica
-    must name the same slots. Triggers with ``jitter`` are refused (``job_refused``).
-    Jobs must run in this process (the asyncio and thread pool executors).
-
-    When the lock leaves LEADER the scheduler is paused at once: no new run starts. A run
-    already in progress is not interrupted (APScheduler cannot cancel one); decorate
-    coroutine jobs with [`leader_only`][pgleaderlock.integrations.apscheduler.leader_only]
-    too if they must stop at once. In ledger mode its slot stays ``running``, for the
-    next leader's ``interrupted`` policy.
-
-    **``ledger=False``** keeps the earlier behaviour: when the lock becomes LEADER, every
-    job whose next run time has already passed (minus ``catch_up_s``) is moved to its
-    first fire time at or after now, so a run time that falls due during the hand-over
-    is missed (or, with ``catch_up_s``, may run on both the old and the new leader).
-
-    Args:
-        scheduler: an APScheduler 3.x scheduler (``AsyncIOScheduler`` with a lock on the
-            same loop, ``BackgroundScheduler`` with a
-            [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock], ...).
-        lock: the lock, or a [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock].
-        ledger: claim every run in the ledger (default). ``False``: the earlier
-            behaviour, without the ledger (and without the need for fencing).
-        catch_up: ledger mode, the slots that fell due while nobody led, later than the
-            job's ``misfire_grace_time`` when a leader looks (see
-            [`CatchUp`][pgleaderlock.schedule.CatchUp]): ``"latest"`` (default) runs the
-            newest of them, ``"all"`` runs them all (at most ``max_catch_up``),
-            ``"none"`` records them as missed.
-        max_catch_up: with ``catch_up="all"``, at most this many run.
-        interrupted: ledger mode, a slot whose leader ended mid-run (see
-            [`Interrupted`][pgleaderlock.schedule.Interrupted]): ``"lost"`` (default)
-            records it, ``"rerun"`` runs it again.
-        catch_up_s: with ``ledger=False`` only: run times up to this many seconds before
-            the hand-over are left to APScheduler's misfire handling instead of being
-            skipped, at the price that such a run may execute on both the old and the new
-            leader.
-
-    Returns:
-        The binding (keep it to
-        [`close`][pgleaderlock.integrations.apscheduler.SchedulerBinding.close] it).
-
-    Raises:
-        ConfigurationError: ledger mode on a lock without fencing, or bad arguments.
-    """
-    return SchedulerBinding(
-        scheduler,
-        lock,
-        ledger=ledger,
-        catch_up=catch_up,
-        max_catch_up=max_catch_up,
-        interrupted=interrupted,
-        catch_up_s=catch_up_s,
-    )
+bind_scheduler = SchedulerBinding
+"""Bind ``scheduler`` to ``lock``: ``bind_scheduler(scheduler, lock, ...)`` makes a
+[`SchedulerBinding`][pgleaderlock.integrations.apscheduler.SchedulerBinding] (see there
+for what it does and its arguments)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import re
@@ -15,13 +16,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...core._logging import get_logger
+from ...core.config import MAX_SECONDS
 from ...core.errors import ConfigurationError, FencedError
 from ...core.lock import LeaderLock
-from ...schedule.scheduler import CatchUp, Interrupted, Job, Run, Scheduler, check_job_name
+from ...schedule.policy import Policy
+from ...schedule.scheduler import Job, Run, Scheduler, check_job_name
 from ...threaded import ThreadedLeaderLock
 from . import adapter
 from .runs import _RUN, _run_context
-from .timing import _FOREVER_S, _slot, _TriggerTiming
+from .timing import _slot, _TriggerTiming
 
 __all__ = ["LEDGER_TIMEOUT_S"]
 
@@ -38,7 +41,7 @@ class _SlotLedger:
     """The ledger calls of a bound scheduler, made on the lock's event loop from the
     scheduler's threads or loops (each bounded by ``LEDGER_TIMEOUT_S``)."""
 
-    def __init__(self, lock: LeaderLock, threaded: ThreadedLeaderLock | None, policy: _Policy):
+    def __init__(self, lock: LeaderLock, threaded: ThreadedLeaderLock | None, policy: Policy):
         self.lock = lock
         self.schedule = Scheduler(lock)
         self.policy = policy
@@ -72,15 +75,13 @@ class _SlotLedger:
         key = (job.id, repr(trigger))
         known = self._jobs.get(key)
         if known is None:
-            grace = job.misfire_grace_time
+            grace = job.misfire_grace_time  # None: however late
+            grace_s = MAX_SECONDS if grace is None else min(float(grace), MAX_SECONDS)
             known = Job(
                 name=check_job_name(job.id),
                 fn=_timed_by_apscheduler,
                 timing=_TriggerTiming(trigger),
-                catch_up=self.policy.catch_up,
-                max_catch_up=self.policy.max_catch_up,
-                misfire_grace_s=_FOREVER_S if grace is None else float(grace),
-                interrupted=self.policy.interrupted,
+                policy=dataclasses.replace(self.policy, misfire_grace_s=grace_s),
             )
             self._jobs[key] = known
         return known
@@ -128,13 +129,6 @@ long, the server's clock included)."""
 
 _NOT_CLAIMED = (ConnectionError, FencedError)
 """What a claim raises when the lock does not (or no longer) lead: the run is skipped."""
-
-
-@dataclass(frozen=True)
-class _Policy:
-    catch_up: CatchUp
-    max_catch_up: int
-    interrupted: Interrupted
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ __all__: list[str] = []
 
 _NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
 """The "next slot" of a trigger that fires no more (a date job after its date)."""
-_FOREVER_S = 100 * 365 * 86_400.0
-"""``misfire_grace_time=None`` (run however late) as a number of seconds."""
 _MS = dt.timedelta(milliseconds=1)
 
 

@@ -140,8 +140,8 @@ class LeaderSchedulerMixin:
         self._pgl_warm()
         threaded.start()
         self._pgl_call(scheduler.start())
-        log.info("celery_beat_started", lock=lock.label, catch_up=settings.catch_up,
-                 misfire_grace_s=settings.misfire_grace_s)  # fmt: skip
+        log.info("celery_beat_started", lock=lock.label, catch_up=settings.policy.catch_up,
+                 misfire_grace_s=settings.policy.misfire_grace_s)  # fmt: skip
 
     def _pgl_warm(self) -> None:
         """Connect to the broker now, into the producer pool the sends use: a leader's
@@ -238,10 +238,7 @@ class LeaderSchedulerMixin:
                     self._pgl_job(name),
                     timing,
                     name=name,
-                    catch_up=settings.catch_up,
-                    max_catch_up=settings.max_catch_up,
-                    misfire_grace_s=settings.misfire_grace_s,
-                    interrupted=settings.interrupted,
+                    policy=settings.policy,
                     outcome="sent",
                 )
 

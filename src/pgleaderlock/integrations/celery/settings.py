@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -9,11 +10,17 @@ from typing import Any
 
 from ...core import DEFAULT_SCHEMA, ConfigurationError, not_negative, positive
 from ...core.lock import LeaderLock
-from ...schedule import CatchUp, Interrupted, SlotGuard
+from ...schedule import Policy, SlotGuard
+from ...schedule.policy import takes_old_keywords
 
 __all__ = ["BeatSettings"]
 
 
+BEAT_POLICY = Policy(misfire_grace_s=30.0)
+"""The policy of beat's entries when the configuration sets none of its settings."""
+
+
+@takes_old_keywords(BEAT_POLICY)
 @dataclass(frozen=True)
 class BeatSettings:
     """The integration's settings, read from the Celery configuration (lowercase names;
@@ -25,13 +32,14 @@ class BeatSettings:
         lock_name: ``pgleaderlock_lock_name``; default ``celery-beat:<app main name>``.
             Every replica of one beat must use the same name; two beats with different
             schedules must not.
-        catch_up: ``pgleaderlock_catch_up`` (``"none"``, ``"latest"`` or ``"all"``,
-            default ``"latest"``): the slots that fell due while nobody led.
-        max_catch_up: ``pgleaderlock_max_catch_up`` (default 100), for ``"all"``.
-        misfire_grace_s: ``pgleaderlock_misfire_grace_s`` (default 30): a slot sent later
-            than this after its time counts as missed and ``catch_up`` decides it. Keep
-            it above the fail-over bound (the lock's ``lease_s`` plus its retry delay).
-        interrupted: ``pgleaderlock_interrupted`` (``"lost"`` or ``"rerun"``, default
+        policy: the [`Policy`][pgleaderlock.schedule.Policy] of every entry, from four
+            settings: ``pgleaderlock_catch_up`` (``"none"``, ``"latest"`` or ``"all"``,
+            default ``"latest"``): the slots that fell due while nobody led;
+            ``pgleaderlock_max_catch_up`` (default 100), for ``"all"``;
+            ``pgleaderlock_misfire_grace_s`` (default 30, not the policy's 1): a slot sent
+            later than this after its time counts as missed and ``catch_up`` decides it
+            (keep it above the fail-over bound: the lock's ``lease_s`` plus its retry
+            delay); ``pgleaderlock_interrupted`` (``"lost"`` or ``"rerun"``, default
             ``"lost"``): a slot whose leader died between claiming it and recording the
             send (see the guide: ``"lost"`` never sends twice; ``"rerun"`` with the
             workers' [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] runs each
@@ -56,10 +64,7 @@ class BeatSettings:
 
     dsn: str = field(repr=False)  # it may carry a password
     lock_name: str
-    catch_up: CatchUp = "latest"
-    max_catch_up: int = 100
-    misfire_grace_s: float = 30.0
-    interrupted: Interrupted = "lost"
+    policy: Policy = field(default_factory=lambda: BEAT_POLICY)
     tick_s: float = 1.0
     lease_s: float | None = None
     health_interval_s: float | None = None
@@ -102,21 +107,15 @@ class BeatSettings:
             raise ConfigurationError(
                 f"pgleaderlock_lock_name must be a non-empty string, got {lock_name!r}"
             )
-        catch_up = get("catch_up", "latest")
-        if catch_up not in ("none", "latest", "all"):
-            raise ConfigurationError(
-                f"pgleaderlock_catch_up must be 'none', 'latest' or 'all', got {catch_up!r}"
-            )
-        interrupted = get("interrupted", "lost")
-        if interrupted not in ("lost", "rerun"):
-            raise ConfigurationError(
-                f"pgleaderlock_interrupted must be 'lost' or 'rerun', got {interrupted!r}"
-            )
-        max_catch_up = get("max_catch_up", 100)
-        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
-            raise ConfigurationError(
-                f"pgleaderlock_max_catch_up must be an int >= 1, got {max_catch_up!r}"
-            )
+        policy: dict[str, Any] = {}
+        for name in ("catch_up", "max_catch_up", "interrupted", "misfire_grace_s"):
+            value = get(name, None)
+            if value is not None:
+                policy[name] = value
+        try:
+            chosen = dataclasses.replace(BEAT_POLICY, **policy)
+        except ConfigurationError as exc:  # its message begins with the field's name
+            raise ConfigurationError(f"pgleaderlock_{exc}") from None
         lock_options = get("lock_options", {})
         if not isinstance(lock_options, Mapping):
             raise ConfigurationError(
@@ -132,10 +131,7 @@ class BeatSettings:
         return cls(
             dsn=dsn,
             lock_name=lock_name,
-            catch_up=catch_up,
-            max_catch_up=max_catch_up,
-            misfire_grace_s=_seconds("misfire_grace_s", get("misfire_grace_s", 30.0)),
-            interrupted=interrupted,
+            policy=chosen,
             tick_s=_seconds("tick_s", get("tick_s", 1.0)),
             lease_s=_seconds("lease_s", get("lease_s", None), optional=True),
             health_interval_s=_seconds(
