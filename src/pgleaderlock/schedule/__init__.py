@@ -14,9 +14,10 @@ See the scheduling guide for what "exactly once" covers.
 """
 
 from .guard import SlotGuard
+from .job import Job, JobFunction, Run
 from .ledger import OUTCOMES, Ledger, RunTable, ScheduleTable
 from .policy import CatchUp, Interrupted, Policy
-from .scheduler import Job, JobFunction, Run, RunFailed, Scheduler
+from .scheduler import RunFailed, Scheduler
 from .timing import Cron, Every, ServerClock, Timing
 
 __all__ = [

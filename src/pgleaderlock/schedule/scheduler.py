@@ -10,8 +10,7 @@ import datetime as dt
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Unpack
 
 from ..core import (
@@ -27,21 +26,19 @@ from ..core import (
     callback_plugin,
     can,
     check_identifier,
-    check_name,
     delay_or_give_up,
     fence_transaction,
-    fetch_row,
     get_logger,
     is_permanent,
     lock_settings,
     not_negative,
     positive,
     run_on_session,
-    transaction,
 )
 from ..tasks import LeaderTasks
+from .job import Job, JobFunction, Run, check_job_name
 from .ledger import Ledger, RunTable, ScheduleTable
-from .policy import CatchUp, Interrupted, Policy, PolicyKeywords, policy_from, takes_old_keywords
+from .policy import CatchUp, Interrupted, Policy, PolicyKeywords, policy_from
 from .timing import Cron, Every, ServerClock, Timing, utc
 
 __all__ = [
@@ -57,9 +54,6 @@ __all__ = [
 
 log = get_logger("pgleaderlock.schedule")
 
-JobFunction = Callable[["Run"], Awaitable[object]]
-"""A scheduled job: ``async def job(run: Run) -> ...``."""
-
 F = TypeVar("F", bound=JobFunction)
 
 MAX_RECORDED_MISSES = 1000
@@ -71,82 +65,6 @@ _EARLY_RETRIES = 50
 class RunFailed(Exception):
     """Raise it from a job to record the run as ``failed`` with this message as its
     detail, and no traceback in the log (a command's exit status, say)."""
-
-
-@takes_old_keywords()
-@dataclass(frozen=True)
-class Job:
-    """A registered schedule: what runs, when, and the [`Policy`][pgleaderlock.schedule.Policy]
-    for slots that were missed or interrupted (see
-    [`Scheduler.add`][pgleaderlock.schedule.Scheduler.add])."""
-
-    name: str
-    fn: JobFunction
-    timing: Timing
-    policy: Policy = field(default_factory=Policy)
-    outcome: Literal["done", "sent"] = "done"
-
-
-class Run:
-    """One run of a scheduled job: its slot, the term it runs under, and the fenced
-    transaction that marks it done.
-
-    Attributes:
-        schedule: the schedule's name as the ledger keeps it (``<lock>:<job>``).
-        slot: the slot's time, an aware UTC datetime (from the server's clock).
-        term: the fencing term of the leadership that claimed the slot.
-        attempt: 1, or more when the slot was run again after its leader ended
-            mid-run (``interrupted="rerun"``).
-        late_s: how late the run started after its slot, by the server's clock.
-    """
-
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        schedule: str,
-        slot: dt.datetime,
-        term: int,
-        attempt: int,
-        started: dt.datetime,
-    ) -> None:
-        self._scheduler = scheduler
-        self.schedule = schedule
-        self.slot = slot
-        self.term = term
-        self.attempt = attempt
-        self.late_s = (started - slot).total_seconds()
-        self.done = False
-
-    @contextlib.asynccontextmanager
-    async def transaction(self, conn: object) -> AsyncIterator[int]:
-        """``async with run.transaction(conn):`` a transaction on the caller's
-        connection (psycopg, asyncpg or SQLAlchemy; a savepoint inside an open
-        transaction) that is fenced with this run's term and marks the slot ``done``
-        when it commits: the job's writes in it happen exactly once per slot, even when
-        its leader dies mid-run and the next one runs the slot again
-        (``interrupted="rerun"``). Yields the term.
-
-        Raises:
-            FencedError: a newer leadership has begun, or took the slot over: the
-                transaction rolls back.
-        """
-        scheduler = self._scheduler
-        async with transaction(conn):
-            await scheduler._fence(conn, self.term)
-            yield self.term
-            row = await fetch_row(
-                conn, scheduler._ledger.done, (self.schedule, self.slot, self.term)
-            )
-            if row is None:
-                raise FencedError(
-                    f"{self.schedule}: the slot {self.slot.isoformat()} is no longer this "
-                    f"run's (term {self.term}): another leadership took it over, so this "
-                    "transaction must not commit (it is rolled back)"
-                )
-        self.done = True
-
-    def __repr__(self) -> str:
-        return f"<Run {self.schedule} slot={self.slot.isoformat()} term={self.term}>"
 
 
 class Scheduler:
@@ -712,9 +630,3 @@ class Scheduler:
         config = lock_settings(self._lock)
         assert config.term_table is not None
         await fence_transaction(conn, config.term_table, self._lock.keys, term, self._lock.label)
-
-
-def check_job_name(name: object) -> str:
-    """A job's name: a name as [`check_name`][pgleaderlock.core.keys.check_name] takes
-    it, of at most 200 characters."""
-    return check_name(name, "a job's name", max_chars=200)
