@@ -12,7 +12,7 @@ scheduler configuration; each job runs on the leader only. Three shapes:
   and ``max_instances`` behave as APScheduler documents. With ``fencing=True`` (required
   unless ``ledger=False``) every run time is claimed in the schedule ledger before it
   runs, so it runs once across the fleet, and a new leader settles the run times that
-  nobody ran (see ``catch_up`` and ``interrupted``).
+  nobody ran (see its [`Policy`][pgleaderlock.schedule.Policy]).
 - [`owned_only`][pgleaderlock.integrations.apscheduler.owned_only] spreads the jobs over
   the replicas: each job has a name, the replicas' [`Coordinator`][pgleaderlock.Coordinator]s
   share the names out, and a job runs on the replica that leads its name.
