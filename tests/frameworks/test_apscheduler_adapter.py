@@ -5,11 +5,13 @@ and the newest 3.x) when the floor or APScheduler changes."""
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import functools
 import importlib.metadata
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,3 +167,28 @@ def test_the_states_and_events_the_binding_reads() -> None:
     with pytest.raises(adapter.SchedulerNotRunningError):
         sched.pause()
     assert adapter.EVENT_SCHEDULER_STARTED & adapter.EVENT_EXECUTOR_ADDED == 0
+
+
+def test_no_other_module_of_the_integration_touches_apscheduler() -> None:
+    """The adapter is the one place: the integration's other modules neither import
+    APScheduler nor read the internals the adapter wraps."""
+    package = Path(adapter.__file__).parent
+    internals = {"_executors", "_executors_lock", "_lookup_executor", "_jobstore_alias"}
+    others = [path for path in sorted(package.glob("*.py")) if path.name != "adapter.py"]
+    assert len(others) >= 5
+    for path in others:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level == 0 else []
+            else:
+                names = []
+            assert not [n for n in names if n.split(".")[0] == "apscheduler"], path.name
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in internals, f"{path.name}:{node.lineno}"
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in internals, f"{path.name}:{node.lineno}"
+    touched = ast.dump(ast.parse((package / "adapter.py").read_text()))
+    assert all(name in touched for name in internals)  # the scan looks for real names
