@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
@@ -173,31 +174,40 @@ class _SlotJob:
             return None
         return due
 
-    def _claimed(self, run: Run | None, due: _Due) -> None:
-        if run is None:
-            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
-                     reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
-
     def _not_claimed(self, due: _Due, exc: Exception) -> None:
         log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
                  reason="not leader", detail=str(exc), lock=self._ledger.lock.label)  # fmt: skip
+
+    def _claim(self, due: _Due) -> Callable[[], Coroutine[Any, Any, Run | None]]:
+        """The claim of ``due``'s slot, to make on the lock's loop."""
+        spec, schedule = self._spec, self._ledger.schedule
+        assert spec is not None  # a refused job has no run times
+        return lambda: schedule.claim(spec, _slot(due.at), rerun=due.rerun)
+
+    def _context(self, run: Run | None, due: _Due) -> contextvars.Context | None:
+        """The context the claimed ``run`` runs in, bound to its leadership; ``None``
+        (logged) when the slot was claimed already."""
+        if run is None:
+            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                     reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
+            return None
+        context = _run_context(run.term, None, self._ledger.lock.leadership(term=run.term))
+        context.run(_RUN.set, run)
+        return context
 
     def _run_sync(self) -> Any:
         due = self._next()
         if due is None:
             return None
-        ledger, spec, job = self._ledger, self._spec, self._job
-        assert spec is not None  # a refused job has no run times
         try:
-            run = ledger.call(lambda: ledger.schedule.claim(spec, _slot(due.at), rerun=due.rerun))
+            run = self._ledger.call(self._claim(due))
         except _NOT_CLAIMED as exc:
             self._not_claimed(due, exc)
             return None
-        self._claimed(run, due)
-        if run is None:
+        context = self._context(run, due)
+        if run is None or context is None:
             return None
-        context = _run_context(run.term, None, ledger.lock.leadership(term=run.term))
-        context.run(_RUN.set, run)
+        job = self._job
         try:
             result = context.run(job.func, *job.args, **job.kwargs)
         except Exception as exc:
@@ -210,20 +220,15 @@ class _SlotJob:
         due = self._next()
         if due is None:
             return None
-        ledger, spec, job = self._ledger, self._spec, self._job
-        assert spec is not None  # a refused job has no run times
         try:
-            run = await ledger.acall(
-                lambda: ledger.schedule.claim(spec, _slot(due.at), rerun=due.rerun)
-            )
+            run = await self._ledger.acall(self._claim(due))
         except _NOT_CLAIMED as exc:
             self._not_claimed(due, exc)
             return None
-        self._claimed(run, due)
-        if run is None:
+        context = self._context(run, due)
+        if run is None or context is None:
             return None
-        context = _run_context(run.term, None, ledger.lock.leadership(term=run.term))
-        context.run(_RUN.set, run)
+        job = self._job
         task = asyncio.get_running_loop().create_task(
             job.func(*job.args, **job.kwargs), context=context
         )
