@@ -62,9 +62,12 @@ log line only."""
 _EARLY_RETRIES = 50
 
 
-class RunFailed(Exception):
+class RunFailed(PgLeaderLockError):
     """Raise it from a job to record the run as ``failed`` with this message as its
-    detail, and no traceback in the log (a command's exit status, say)."""
+    detail, and no traceback in the log (a command's exit status, say).
+
+    A [`PgLeaderLockError`][pgleaderlock.PgLeaderLockError] like every error of the
+    library; the scheduler catches it (and any other error of the job) around the job."""
 
 
 class Scheduler:
