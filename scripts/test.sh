@@ -24,7 +24,11 @@ echo "== install into $VENV"
 # The fast tiers on every other supported Python, and on the lowest dependency versions
 # pyproject.toml allows (uv's --resolution lowest-direct, on the oldest Python).
 FAST=(tests/unit tests/contract tests/server tests/test_typing.py tests/test_packaging.py)
-FLOORS=("${FAST[@]}" tests/frameworks tests/cli tests/djangoapp tests/celerybeat/test_celery_beat_config.py)
+# The floors run: what each dependency's floor can break (the drivers in tests/contract,
+# FastAPI and APScheduler in tests/frameworks, Django, Celery's configuration, click and
+# rich in the command line's parsing and its --watch screen).
+FLOORS=(tests/unit tests/contract tests/frameworks tests/djangoapp tests/celerybeat/test_celery_beat_config.py
+    tests/cli/test_cli_usage.py tests/cli/test_cli_status_watch.py tests/test_typing.py tests/test_packaging.py)
 others=()
 main_version="$(python_version "$VENV/bin/python")"
 main_version="${main_version%.*}"

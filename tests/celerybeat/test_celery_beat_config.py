@@ -119,8 +119,8 @@ def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = BeatSettings.from_app(app(pgleaderlock_dsn="postgresql://db/x"))
     assert settings.dsn == "postgresql://db/x"
     assert settings.lock_name == "celery-beat:proj"
-    assert (settings.catch_up, settings.interrupted) == ("latest", "lost")
-    assert settings.misfire_grace_s == 30.0
+    assert (settings.policy.catch_up, settings.policy.interrupted) == ("latest", "lost")
+    assert settings.policy.misfire_grace_s == 30.0
     lock = settings.make_lock()
     assert lock.name == "celery-beat:proj"
 
@@ -142,8 +142,12 @@ def test_settings_read_from_the_configuration(monkeypatch: pytest.MonkeyPatch) -
     )
     assert settings.dsn == "postgresql://env/x"  # the environment's, as a fallback
     assert settings.lock_name == "beat-prod"
-    assert (settings.catch_up, settings.max_catch_up, settings.interrupted) == ("all", 5, "rerun")
-    assert settings.misfire_grace_s == 12.0
+    assert (
+        settings.policy.catch_up,
+        settings.policy.max_catch_up,
+        settings.policy.interrupted,
+    ) == ("all", 5, "rerun")
+    assert settings.policy.misfire_grace_s == 12.0
     lock = settings.make_lock()
     assert lock.lease_s == 4.0
     assert lock.retry_strategy is strategy
@@ -181,7 +185,7 @@ def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch
     celery = Celery("proj", set_as_current=False)
     celery.config_from_object(DjangoSettings, namespace="CELERY")
     settings = BeatSettings.from_app(celery)
-    assert (settings.dsn, settings.catch_up) == ("postgresql://beat:s3cret@db/app", "all")
+    assert (settings.dsn, settings.policy.catch_up) == ("postgresql://beat:s3cret@db/app", "all")
     assert "s3cret" not in repr(settings)
 
 

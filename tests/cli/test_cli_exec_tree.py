@@ -1,5 +1,6 @@
 """``exec``, ``exec -n`` and ``cron``: no process of COMMAND's tree outlives the
-leadership, SIGKILL of ``pgleaderlock`` included (DESIGN decision 20).
+leadership, SIGKILL of ``pgleaderlock`` included (docs/guarantees.md, "Commands run under
+a lock").
 
 A chain of leaders on one lock: each runs ``tree_probe.py``, which leaves a child, a
 ``setsid`` child and a double-forked ``setsid`` orphan sleeping; the next one waits for

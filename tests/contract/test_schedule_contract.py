@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from pgleaderlock import FencedError
-from pgleaderlock.schedule import Run, Scheduler, SlotGuard
+from pgleaderlock.schedule import Policy, Run, Scheduler, SlotGuard
 from support.poll import eventually
 from support.schedule import ledger, sched_every
 
@@ -168,7 +168,9 @@ async def test_an_old_terms_transaction_cannot_mark_a_slot_done(
     async def once(run: Run) -> None:
         kept.append(run)
 
-    sched.add(once, sched_every(3600, first_in_s=1), name="once", misfire_grace_s=3600)
+    sched.add(
+        once, sched_every(3600, first_in_s=1), name="once", policy=Policy(misfire_grace_s=3600)
+    )
     async with lock, sched:
         await eventually(lambda: len(kept) >= 1)
         await lock.step_down()

@@ -1,4 +1,5 @@
-"""Errors that retrying will never mend fail fast (DESIGN decision 14).
+"""Errors that retrying will never mend fail fast (``retry_permanent_errors`` in
+docs/configuration.md).
 
 Against a cluster of this module's own with password authentication for the members of
 a group role (a ``scram-sha-256`` line put *before* ``initdb``'s trust lines in

@@ -1,4 +1,5 @@
-"""Settings a role carries do not reach the lock's own session (DESIGN decision 13).
+"""Settings a role carries do not reach the lock's own session (docs/guides/ha-and-poolers.md,
+"Settings a role or database imposes").
 
 A cluster of this module's own (never the shared server) has a role ``hostile`` with
 ``statement_timeout = 200ms``, ``idle_session_timeout = 1s`` and

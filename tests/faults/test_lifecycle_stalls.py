@@ -41,7 +41,7 @@ from pgleaderlock import (
     WorkerContext,
     lock_keys,
 )
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Policy, Run, Scheduler
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -102,7 +102,7 @@ def replica(dsn: str, schema: str, **more: Any) -> Replica:
     tasks = LeaderTasks(lock)
     made = Replica(lock, sched, tasks)
 
-    @sched.every(0.2, catch_up="all", interrupted="rerun")
+    @sched.every(0.2, policy=Policy(catch_up="all", interrupted="rerun"))
     async def job(run: Run) -> None:
         fault, made.fault = made.fault, None
         if fault is not None:

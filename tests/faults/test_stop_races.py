@@ -1,6 +1,6 @@
 """Stops that race the lifecycle: an external shutdown_event set mid-acquire, and
-step_down() racing shutdown() (DESIGN decision 5: shutdown wins, step_down() returns once
-the task has ended)."""
+step_down() racing shutdown() (docs/concepts.md, decision 5: shutdown wins, step_down()
+returns once the task has ended)."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ async def test_step_down_racing_shutdown(
 async def test_step_down_during_shutdown_release_returns_after_the_task_ended(
     candidates: Candidates,
 ) -> None:
-    """DESIGN decision 5: shutdown() racing step_down(): shutdown wins and step_down()
+    """docs/concepts.md, decision 5: shutdown() racing step_down(): shutdown wins and step_down()
     returns when the task has ended. Here step_down() is called while shutdown()'s
     release is in progress (held in RELEASING by a callback, deterministically)."""
     a = candidates.lock("a")

@@ -28,7 +28,7 @@ from pgleaderlock import (
     lock_keys,
 )
 from pgleaderlock.core.tables import TermTable
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Policy, Run, Scheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -124,7 +124,7 @@ async def test_a_scheduler_statement_past_its_bound_is_one_line_and_the_slot_rer
     held: list[dt.datetime] = []
     holder = await psycopg.AsyncConnection.connect(pg_dsn)
 
-    @sched.every(0.5, catch_up="all", interrupted="rerun")
+    @sched.every(0.5, policy=Policy(catch_up="all", interrupted="rerun"))
     async def job(run: Run) -> None:
         runs.append((run.slot, run.attempt))
         if not held and len(runs) >= 2:

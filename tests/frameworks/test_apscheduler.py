@@ -41,6 +41,7 @@ from pgleaderlock.integrations.apscheduler import (
     current_run,
     leader_only,
 )
+from pgleaderlock.schedule import Policy
 from pgleaderlock.testing import FakeServer
 from support.poll import eventually, eventually_sync
 from support.timings import timings
@@ -307,11 +308,11 @@ async def test_ledger_mode_validates_its_arguments(
     with pytest.raises(ConfigurationError, match="catch_up_s belongs to"):
         bind_scheduler(scheduler, lock, catch_up_s=5)
     with pytest.raises(ConfigurationError, match="catch_up must be"):
-        bind_scheduler(scheduler, lock, catch_up="some")  # type: ignore[arg-type]
+        bind_scheduler(scheduler, lock, policy=Policy(catch_up="some"))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="interrupted must be"):
-        bind_scheduler(scheduler, lock, interrupted="again")  # type: ignore[arg-type]
+        bind_scheduler(scheduler, lock, policy=Policy(interrupted="again"))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="max_catch_up"):
-        bind_scheduler(scheduler, lock, max_catch_up=0)
+        bind_scheduler(scheduler, lock, policy=Policy(max_catch_up=0))
     binding = bind_scheduler(scheduler, lock)
     assert binding.ledger
     assert binding.schedule is not None
@@ -324,7 +325,9 @@ def test_missing_apscheduler_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     for name in [m for m in sys.modules if m == "apscheduler" or m.startswith("apscheduler.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "apscheduler", None)
-    monkeypatch.delitem(sys.modules, "pgleaderlock.integrations.apscheduler")
+    package = "pgleaderlock.integrations.apscheduler"
+    for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r"pip install 'pgleaderlock\[apscheduler\]'"):
         importlib.import_module("pgleaderlock.integrations.apscheduler")
 
@@ -447,7 +450,7 @@ async def test_catch_up_of_the_slots_nobody_ran(
         sched = AsyncIOScheduler()
         trigger = IntervalTrigger(seconds=0.25, start_date=EPOCH)
         sched.add_job(job, trigger, id="tick", misfire_grace_time=1)
-        binding = bind_scheduler(sched, lock, catch_up=catch_up)  # type: ignore[arg-type]
+        binding = bind_scheduler(sched, lock, policy=Policy(catch_up=catch_up))  # type: ignore[arg-type]
         sched.start()
         async with lock:
             await eventually(condition, 20.0)
@@ -492,7 +495,7 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     ThreadedLeaderLock's); that loop is blocked past the claim's bound: the run is
     skipped with one ``job_skipped`` line, as a sync job's is, not raised into
     APScheduler as a job error with a traceback."""
-    import pgleaderlock.integrations.apscheduler as integration
+    import pgleaderlock.integrations.apscheduler.ledger as integration
 
     monkeypatch.setattr(integration, "LEDGER_TIMEOUT_S", 0.3)
     caplog.set_level(logging.INFO)

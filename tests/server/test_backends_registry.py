@@ -86,7 +86,8 @@ def test_registry_is_in_the_core_and_imports_no_driver_until_asked() -> None:
 
 
 def test_backends_package_offers_the_registry_functions() -> None:
-    """``pgleaderlock.backends`` keeps the registry's public functions (DESIGN decision 10)."""
+    """``pgleaderlock.backends`` keeps the registry's public functions (docs/concepts.md,
+    decision 10)."""
     assert backends.available is registry.available
     assert backends.registered is registry.registered
     assert backends.get is registry.get

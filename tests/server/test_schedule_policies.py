@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pgleaderlock import LeaderLock, LockState
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Policy, Run, Scheduler
 from support.poll import eventually
 from support.schedule import ledger, sched_every
 from support.timings import timings
@@ -98,8 +98,8 @@ async def test_slots_missed_while_nobody_led_follow_the_catch_up_policy(
         async def job(run: Run) -> None:
             ran.append(run.slot)
 
-        sched.add(job, sched_every(1.0), name=name, catch_up=policy,  # type: ignore[arg-type]
-                  misfire_grace_s=0.4)  # fmt: skip
+        sched.add(job, sched_every(1.0), name=name,
+                  policy=Policy(catch_up=policy, misfire_grace_s=0.4))  # type: ignore[arg-type]  # fmt: skip
         return lock, sched
 
     lock, sched = replica()
@@ -154,8 +154,8 @@ async def test_a_slot_whose_leader_ended_mid_run_is_lost_or_run_again(
             if len(started) == 1:
                 await hang.wait()  # the first run never ends by itself
 
-        sched.add(job, hourly, name="slow", interrupted=interrupted,  # type: ignore[arg-type]
-                  catch_up="latest", misfire_grace_s=3600)  # fmt: skip
+        sched.add(job, hourly, name="slow", policy=Policy(interrupted=interrupted,  # type: ignore[arg-type]
+                  catch_up="latest", misfire_grace_s=3600))  # fmt: skip
         return lock, sched
 
     first, first_sched = replica()

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 from pgleaderlock import FixedInterval, LeaderLock
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Policy, Run, Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands
@@ -56,7 +56,7 @@ async def main(name: str, prefix: str, replica: str) -> None:
     def connect() -> Any:  # a connection per run: an old one may have been ended by fencing
         return psycopg.AsyncConnection.connect(dsn, autocommit=True)
 
-    @sched.every(seconds=1, catch_up="all", interrupted="rerun")
+    @sched.every(seconds=1, policy=Policy(catch_up="all", interrupted="rerun"))
     async def tx(run: Run) -> None:
         async with await connect() as conn, run.transaction(conn) as term:
             await conn.execute(
@@ -65,7 +65,9 @@ async def main(name: str, prefix: str, replica: str) -> None:
             )
             await asyncio.sleep(random.uniform(0.0, 0.3))
 
-    @sched.every(seconds=1, catch_up="latest", interrupted="lost", misfire_grace_s=0.3)
+    @sched.every(
+        seconds=1, policy=Policy(catch_up="latest", interrupted="lost", misfire_grace_s=0.3)
+    )
     async def plain(run: Run) -> None:
         async with await connect() as conn:
             await conn.execute(

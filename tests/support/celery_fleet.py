@@ -27,8 +27,8 @@ from psycopg import sql
 
 __all__ = [
     "APP_DIR",
-    "LEADER_SCHEDULER",
     "LEADER_DATABASE_SCHEDULER",
+    "LEADER_SCHEDULER",
     "Fleet",
     "Ledger",
     "django_database",

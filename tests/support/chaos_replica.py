@@ -70,7 +70,7 @@ from pgleaderlock import (
     WorkerContext,
     lock_keys,
 )
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Policy, Run, Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands
@@ -151,9 +151,9 @@ class Replica:
         self.coord = Coordinator(dsn, group=GROUP, fencing=True, load_plugins=False)
         self.lock_tasks.add(self.lock_rows, name="rows")
         self.sem_tasks.add(self.sem_rows, name="rows")
-        self.sched.every(seconds=opts.period, catch_up="all", interrupted="rerun", name=JOB)(
-            self.tick
-        )
+        self.sched.every(
+            seconds=opts.period, policy=Policy(catch_up="all", interrupted="rerun"), name=JOB
+        )(self.tick)
         for i in range(opts.names):
             self.coord.add(name_of(i), self.worker)
         for what, lock in (("lock", self.lock), ("sem", self.sem)):

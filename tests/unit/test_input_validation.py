@@ -37,7 +37,7 @@ from pgleaderlock import (
 from pgleaderlock.backends.sql import lock_timeout_ms
 from pgleaderlock.core.config import MAX_SECONDS, SERVER_MAX_SECONDS
 from pgleaderlock.core.keys import MAX_SLOTS
-from pgleaderlock.schedule import Every, Run, Scheduler, SlotGuard
+from pgleaderlock.schedule import Every, Policy, Run, Scheduler, SlotGuard
 
 DSN = "postgresql://u@h.invalid/db"
 
@@ -152,7 +152,7 @@ def _public_seconds() -> dict[str, Callable[[Any], object]]:
             if name.endswith("_s"):
                 made[f"{owner}({name}=)"] = passing(make, name)
     made["Scheduler.add(misfire_grace_s=)"] = lambda v: Scheduler(_fenced()).add(
-        _job, Every(dt.timedelta(seconds=1)), misfire_grace_s=v
+        _job, Every(dt.timedelta(seconds=1)), policy=Policy(misfire_grace_s=v)
     )
     for part in ("seconds", "minutes", "hours"):
         made[f"every({part}=)"] = passing(_every, part)

@@ -73,7 +73,8 @@ async def test_two_locks_one_leader(
 async def test_health_probes_never_reacquire(
     make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
-    """Spec §2.3: the lock is held once, however long the leadership lasts."""
+    """The lock is held once, however long the leadership lasts (docs/guarantees.md:
+    never re-acquire while leader)."""
     lock = make_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)

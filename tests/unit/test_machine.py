@@ -1,9 +1,9 @@
 """The machine with an injected clock and no event loop: the table row by row against the
-spec (§3.3 with footnotes 1-3), then every policy the machine owns, then random runs that
+original table with its three footnotes (docs/state-machine.md), then every policy the machine owns, then random runs that
 check its invariants.
 
-EXPECTED is written from the specification (and the decisions docs/state-machine.md
-lists), independently of machine.TABLE: changing any row of the table makes its case here fail.
+EXPECTED is written from docs/state-machine.md (the table, its footnotes and its
+deviations; the decisions are docs/concepts.md's), independently of machine.TABLE: changing any row of the table makes its case here fail.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ EXPECTED: list[tuple[When, Then]] = [
      (S.LEADER, (A.EMIT_ACQUIRED, A.RESET_RETRY, A.START_HEALTH_LOOP))),
     ((S.ACQUIRING, I.ACQUIRE_FAILED, None, None, None),
      (S.FOLLOWER, (A.EMIT_ACQUIRE_FAILED, A.BACKOFF))),
-    # DbError while acquiring: on_error (DESIGN decision 2), footnote 1
+    # DbError while acquiring: on_error (docs/concepts.md decision 2), footnote 1
     ((S.ACQUIRING, I.DB_ERROR, True, None, None),
      (S.FOLLOWER, (A.EMIT_ERROR, A.CLOSE_SESSION, A.BACKOFF))),
     ((S.ACQUIRING, I.DB_ERROR, False, None, None), (S.STOPPED, (A.EMIT_ERROR, *CLOSE_STOP))),
@@ -137,7 +137,7 @@ EXPECTED: list[tuple[When, Then]] = [
     ((S.RECONNECTING, I.RELEASE_REQUESTED, False, None, None),
      (S.STOPPED, (A.EMIT_LOST, *CLOSE_STOP))),
     ((S.RECONNECTING, I.STOP_REQUESTED, None, None, None), (S.STOPPED, CLOSE_STOP)),
-    # RELEASING: footnote 2 (step_down + auto_reacquire -> FOLLOWER); DESIGN decision 7
+    # RELEASING: footnote 2 (step_down + auto_reacquire -> FOLLOWER); docs/concepts.md decision 7
     *[
         row
         for inp, emit in (
@@ -222,7 +222,8 @@ def test_illegal_pairs_raise(state: LockState, input_: Input) -> None:
 
 
 def test_never_try_lock_from_leader() -> None:
-    """Spec §2.3: re-acquiring while leader stacks the re-entrant lock."""
+    """Never re-acquire while leader (docs/guarantees.md, "Mutual exclusion"): it would
+    stack the re-entrant lock."""
     for row in TABLE:
         if row.source in (S.LEADER, S.RELEASING):
             assert A.TRY_LOCK not in row.actions
@@ -230,7 +231,7 @@ def test_never_try_lock_from_leader() -> None:
 
 
 def test_on_lost_only_leaving_leadership() -> None:
-    """DESIGN decision 2: on_lost only after leadership was held."""
+    """``on_lost`` fires only after leadership was held (docs/concepts.md, decision 2)."""
     for row in TABLE:
         if A.EMIT_LOST in row.actions:
             assert row.source in (S.LEADER, S.RECONNECTING)

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from pgleaderlock import ConfigurationError
-from pgleaderlock.schedule import Cron, Every, Scheduler, ServerClock
+from pgleaderlock.schedule import Cron, Every, Policy, Scheduler, ServerClock
 from pgleaderlock.schedule.timing import utc
 
 UTC = dt.UTC
@@ -103,10 +103,10 @@ def test_a_scheduler_needs_fencing_and_checks_its_arguments() -> None:
     with pytest.raises(ConfigurationError, match="async function"):
         sched.add(sync_job, Every(dt.timedelta(seconds=1)))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="catch_up"):
-        sched.every(seconds=1, name="x", catch_up="some")(job)  # type: ignore[arg-type]
+        sched.every(seconds=1, name="x", policy=Policy(catch_up="some"))(job)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="interrupted"):
-        sched.every(seconds=1, name="y", interrupted="again")(job)  # type: ignore[arg-type]
+        sched.every(seconds=1, name="y", policy=Policy(interrupted="again"))(job)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="max_catch_up"):
-        sched.every(seconds=1, name="z", max_catch_up=0)(job)
+        sched.every(seconds=1, name="z", policy=Policy(max_catch_up=0))(job)
     assert [j.name for j in sched.jobs] == ["job"]
     assert sched.schedule_name("job") == "1,2:job"

@@ -11,7 +11,7 @@ loguru (`InterceptHandler`) and writes every line to stderr, so that stdout
 belongs to ``status`` output and to the command that ``exec`` runs.
 
 This package holds the click group and the entry point; one module per command (`run`,
-`acquire`, `exec`, `cron`, `status` with `render`, `sql`, `doctor`), and what they share:
+`acquire`, `exec`, `cron`, `status`, `sql`, `doctor`), and what they share:
 `options`, `logs`, `exits`, `runtime`, `retry`, `tracker`.
 
 Exit codes (also in ``pgleaderlock --help``):

@@ -22,7 +22,7 @@ from ..core.errors import ConfigurationError
 from ..core.lock import LeaderLock
 from ..core.retry import ExponentialBackoff
 from ..proctree.tree import become_subreaper
-from ..schedule import Cron, Every, JobFunction, Run, RunFailed, Scheduler, Timing
+from ..schedule import Cron, Every, JobFunction, Policy, Run, RunFailed, Scheduler, Timing
 from .exec import exit_status, start_tree
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_OK, CliError
 from .logs import log
@@ -166,9 +166,11 @@ def cron(
             _job(list(command), lock, kill_after),
             timing,
             name="cron",
-            catch_up=catch_up,  # type: ignore[arg-type]  # click checked it
-            misfire_grace_s=positive("--misfire-grace", misfire_grace),
-            interrupted=interrupted,  # type: ignore[arg-type]
+            policy=Policy(
+                catch_up=catch_up,  # type: ignore[arg-type]  # click checked it
+                misfire_grace_s=positive("--misfire-grace", misfire_grace),
+                interrupted=interrupted,  # type: ignore[arg-type]
+            ),
         )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None

@@ -62,6 +62,7 @@ from ..core.leader import ParticipantTable
 from ..core.registry import without_driver
 from ..core.tables import LibraryTable, TableCheck, TermTable
 from ..schedule.ledger import OUTCOME_CHECK, RunTable, ScheduleTable
+from ..status.render import json_default
 from .doctor_checks import (
     Facts,
     Mode,
@@ -76,7 +77,6 @@ from .doctor_checks import (
 from .doctor_ledger import LEDGER_QUERY, LedgerFacts
 from .exits import CliError, first_line
 from .options import Tables, log_options, positive, resolve_dsn, seconds_option, table_options
-from .render import json_default
 
 __all__ = ["collect", "doctor"]
 

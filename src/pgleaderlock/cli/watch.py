@@ -6,7 +6,7 @@ It reads the report every ``--interval`` seconds on one connection (``status``'s
 when what it says changes: who holds the lock, who waits, members, schedules... The
 report's clock fields (``checked_at``, the ``*_age_s`` ages, a session's momentary
 ``state``) do not count as changes. The text is ``status``'s own layout
-(`pgleaderlock.cli.render`), so whatever a report carries is shown.
+(`pgleaderlock.status.render`), so whatever a report carries is shown.
 
 The drawing is [rich](https://rich.readthedocs.io)'s ``Live`` display, from the ``tui``
 extra (``pip install 'pgleaderlock[tui]'``); without it ``--watch`` says which extra to
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from .._extras import missing_extra
 from ..core.text import printable
+from ..status.render import json_default
 from .exits import EXIT_OK, CliError
-from .render import json_default
 
 __all__ = ["fingerprint", "watch_status"]
 
@@ -57,8 +57,8 @@ def fingerprint(report: Any) -> str:
 
 
 def watch_status(
-    read: Callable[[], dict[str, Any]],
-    text: Callable[[dict[str, Any]], str],
+    read: Callable[[], Mapping[str, Any]],
+    text: Callable[[Mapping[str, Any]], str],
     interval_s: float,
 ) -> int:
     """Show ``text(read())`` until Ctrl-C, redrawn when the report changes.

@@ -7,7 +7,7 @@ behind this surface (a layout test checks it for the Coordinator).
 """
 
 from ._logging import get_logger
-from .calls import CallGuard, Interrupted, bounded
+from .calls import CallGuard, CallInterrupted, Interrupted, bounded
 from .config import (
     DEFAULT_SCHEMA,
     LibraryTable,
@@ -58,6 +58,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "Backend",
     "CallGuard",
+    "CallInterrupted",
     "ConfigurationError",
     "ConnectOptions",
     "ConnectionError",
@@ -89,8 +90,8 @@ __all__ = [
     "check_give_away",
     "check_identifier",
     "check_name",
-    "check_roles",
     "check_retry_strategy",
+    "check_roles",
     "connection_target",
     "default_retry_strategy",
     "delay_or_give_up",

@@ -9,7 +9,7 @@ Every call the lifecycle task makes on its session goes through one `CallGuard`:
 - a stop request (or ``step_down()``'s timeout) may cut short the calls that allow it.
 
 The caller learns why a call ended from the exception: `TimeoutError` for the timeout,
-`Interrupted` for a request, anything else from the call itself. After a cut-short call the
+`CallInterrupted` for a request, anything else from the call itself. After a cut-short call the
 session must be closed: a lock call cut short may still have been granted on the server.
 """
 
@@ -22,13 +22,21 @@ from typing import TypeVar
 from ._logging import mask_dsn
 from .errors import ConnectionError, PgLeaderLockError
 
-__all__ = ["CallGuard", "Interrupted", "bounded", "call_failure"]
+__all__ = ["CallGuard", "CallInterrupted", "Interrupted", "bounded", "call_failure"]
 
 T = TypeVar("T")
 
 
-class Interrupted(Exception):
-    """A call was cut short by a request (stop, or step_down's timeout)."""
+class CallInterrupted(PgLeaderLockError):
+    """A lock's database call was cut short by a request (stop, or ``step_down()``'s
+    timeout). The lifecycle task catches it; it never reaches the lock's callers, whose
+    queued calls fail with a `ConnectionError` instead."""
+
+
+Interrupted = CallInterrupted
+"""Deprecated alias of `CallInterrupted`, its former name, kept for one release: it
+clashed with ``pgleaderlock.schedule.Interrupted``, the policy for a run that its leader
+did not finish."""
 
 
 class CallGuard:
@@ -67,7 +75,7 @@ class CallGuard:
 
         Raises:
             TimeoutError: the call took longer than ``timeout_s``.
-            Interrupted: a request cut it short.
+            CallInterrupted: a request cut it short.
         """
         task = asyncio.current_task()
         assert task is not None, "calls run in a task"
@@ -92,7 +100,7 @@ class CallGuard:
             task.uncancel()
             if reason == "timeout":
                 raise TimeoutError from None
-            raise Interrupted(reason) from None
+            raise CallInterrupted(reason) from None
         finally:
             self._deadline = None
             self._task = None

@@ -1,9 +1,12 @@
 """The exception hierarchy. Every error the library raises derives from
-[`PgLeaderLockError`][pgleaderlock.PgLeaderLockError].
+[`PgLeaderLockError`][pgleaderlock.PgLeaderLockError]. Two of them live beside the code
+that raises them: ``pgleaderlock.schedule.RunFailed`` (a job raises it to record its run
+as failed) and ``pgleaderlock.core.calls.CallInterrupted`` (a lock's call cut short; it
+never leaves the lifecycle task).
 
-``ConnectionError`` keeps the spec's name and also derives from the builtin
-`ConnectionError`, so ``except ConnectionError`` catches it whichever of the two names is in
-scope.
+``ConnectionError`` keeps the name the library has always given it and also derives from
+the builtin `ConnectionError`, so ``except ConnectionError`` catches it whichever of the two
+names is in scope.
 """
 
 from __future__ import annotations

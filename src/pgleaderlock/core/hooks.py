@@ -37,7 +37,6 @@ import os
 import types
 from collections.abc import Callable
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import pluggy
@@ -52,19 +51,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTOLOAD_ENV",
-    "On",
-    "emit",
-    "register_callback",
     "ENTRY_POINT_GROUP",
     "PROJECT",
     "LockHookSpec",
+    "On",
     "callback_plugin",
-    "follow_state",
+    "emit",
     "entry_point_plugins",
-    "leadership_ended",
+    "follow_state",
     "hookimpl",
     "hookspec",
+    "leadership_ended",
     "new_plugin_manager",
+    "register_callback",
 ]
 
 PROJECT = "pgleaderlock"
@@ -137,6 +136,8 @@ def entry_point_plugins() -> tuple[tuple[str, object], ...]:
     A plugin that fails to load is logged and skipped: a broken plugin must not stop
     leader election.
     """
+    from importlib.metadata import entry_points  # slow to import: on first use
+
     plugins = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -151,7 +152,8 @@ def entry_point_plugins() -> tuple[tuple[str, object], ...]:
 def callback_plugin(event: Event, fn: Callable[..., Any]) -> object:
     """Wrap a decorator callback as a plugin implementing ``event``'s hook.
 
-    Callbacks keep the spec's signatures (``event.callback_args``):
+    Callbacks keep their documented signatures (``event.callback_args``; docs/concepts.md,
+    "Callbacks"):
     ``on_state_change(old, new)``, ``on_error(exc)``, no arguments for the others.
     """
     impl: Callable[..., Any]

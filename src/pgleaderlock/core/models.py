@@ -77,7 +77,7 @@ class Event(enum.Enum):
 
     @property
     def callback_args(self) -> tuple[str, ...]:
-        """What a decorator callback is called with (the spec's callback types)."""
+        """What a decorator callback is called with (the documented callback types)."""
         return _CALLBACK_ARGS.get(self, ())
 
 

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from .calls import CallGuard, Interrupted, call_failure
+from .calls import CallGuard, CallInterrupted, call_failure
 from .errors import ConfigurationError, ConnectionError, UnclaimedGrantError
 from .keyring import Keyring
 from .machine import (
@@ -168,7 +168,7 @@ class CallPerformer:
                     return Answered(False)  # reserved for another: let go, unannounced
                 self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
-        except Interrupted:
+        except CallInterrupted:
             return CutShort()
         except Exception as exc:
             if isinstance(exc, UnclaimedGrantError):
@@ -186,14 +186,15 @@ class CallPerformer:
             try:
                 result = await self.guard(fn(self._slot), timeout_s, call.interruptible)
             except BaseException as exc:
-                if isinstance(exc, Interrupted):
+                cut = isinstance(exc, CallInterrupted)
+                if cut:
                     error: Exception = ConnectionError("the lock is stopping")
                 elif isinstance(exc, Exception):
                     error = call_failure(exc, call.what or "session work", timeout_s)
                 else:
                     error = ConnectionError("the lock stopped")
                 self.fail_queued(error, *(item[2] for item in batch[i:]))
-                if error is exc or not isinstance(exc, Exception) or isinstance(exc, Interrupted):
+                if cut or error is exc or not isinstance(exc, Exception):
                     raise
                 raise error from exc  # the lock logs what its caller got (its own bound)
             if not future.done():

@@ -33,19 +33,22 @@ import re
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING
 
 from .errors import BackendUnavailableError, ConfigurationError
 from .session import Backend, LockSession, Row
 
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
 __all__ = [
-    "connect_error",
-    "fetch_row",
-    "fetch_row_sync",
     "DEFAULT",
     "GROUP",
     "available",
+    "connect_error",
     "driver_dsn",
+    "fetch_row",
+    "fetch_row_sync",
     "get",
     "refresh",
     "registered",
@@ -69,6 +72,8 @@ _SCHEME = re.compile(r"^(?P<base>postgres(?:ql)?)\+(?P<driver>[A-Za-z0-9_]+)://"
 
 @cache
 def _entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # slow to import: on first use
+
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 

@@ -17,15 +17,15 @@ from .errors import ConfigurationError
 from .models import RetryContext
 
 __all__ = [
-    "ask",
-    "check_retry_strategy",
-    "delay_or_give_up",
-    "default_retry_strategy",
     "DecorrelatedJitter",
     "ExponentialBackoff",
     "FixedInterval",
     "RetryContext",
     "RetryStrategy",
+    "ask",
+    "check_retry_strategy",
+    "default_retry_strategy",
+    "delay_or_give_up",
 ]
 
 

@@ -3,7 +3,7 @@ checked, closed within a bound, aborted synchronously, watched while idle.
 
 A slot holds at most one [`LockSession`][pgleaderlock.LockSession]. The machine says when
 to open, close or watch, and the runner asks the slot. Opening includes the checks every
-session must pass before its first lock call (DESIGN decisions 11 and 12):
+session must pass before its first lock call (docs/guides/ha-and-poolers.md):
 
 - a standby (``pg_is_in_recovery()``) is refused with
   [`StandbyError`][pgleaderlock.StandbyError] (retried: it may be promoted);

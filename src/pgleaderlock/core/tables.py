@@ -19,13 +19,13 @@ from .errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectEr
 __all__ = [
     "CHECK_FIELDS",
     "CHECK_TABLE",
-    "UNDEFINED_TABLE",
-    "missing_table",
     "DEFAULT_SCHEMA",
+    "UNDEFINED_TABLE",
     "LibraryTable",
     "TableCheck",
     "TermTable",
     "check_identifier",
+    "missing_table",
     "quoted",
     "trusted_roles_sql",
 ]

@@ -26,7 +26,7 @@ import unicodedata
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["UNSAFE_CATEGORIES", "printable", "printable_tree", "unsafe_characters"]
+__all__ = ["UNSAFE_CATEGORIES", "first_line", "printable", "printable_tree", "unsafe_characters"]
 
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 """The Unicode general categories no name may hold: controls, format characters (bidi
@@ -48,6 +48,13 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (`printable`: a server's message may quote
+    another role's names), or its type name when it has none."""
+    text = str(exc).strip()
+    return printable(text.splitlines()[0]) if text else type(exc).__name__
 
 
 def printable_tree(value: Any, documents: Collection[str] = ("metadata",)) -> Any:

@@ -1,4 +1,5 @@
-"""No process of a command run under a lock outlives the lock (DESIGN decision 20).
+"""No process of a command run under a lock outlives the lock (docs/guarantees.md,
+"Commands run under a lock").
 
 ``pgleaderlock exec``, ``exec -n``, ``cron`` and the Django singleton command run work
 for the lock's holder. When the holder ends (a release, a lost session, SIGKILL, the

@@ -2,11 +2,11 @@
 PostgreSQL, claimed under a lock's fencing term.
 
 ```python
-from pgleaderlock.schedule import Run, Scheduler
+from pgleaderlock.schedule import Policy, Run, Scheduler
 
 sched = Scheduler(lock)  # a LeaderLock with fencing=True
 
-@sched.every(seconds=30)
+@sched.every(seconds=30, policy=Policy(catch_up="all"))
 async def sync(run: Run) -> None: ...
 ```
 
@@ -14,8 +14,10 @@ See the scheduling guide for what "exactly once" covers.
 """
 
 from .guard import SlotGuard
+from .job import Job, JobFunction, Run
 from .ledger import OUTCOMES, Ledger, RunTable, ScheduleTable
-from .scheduler import CatchUp, Interrupted, Job, JobFunction, Run, RunFailed, Scheduler
+from .policy import CatchUp, Interrupted, Policy
+from .scheduler import RunFailed, Scheduler
 from .timing import Cron, Every, ServerClock, Timing
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "Job",
     "JobFunction",
     "Ledger",
+    "Policy",
     "Run",
     "RunFailed",
     "RunTable",

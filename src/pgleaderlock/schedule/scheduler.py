@@ -10,9 +10,8 @@ import datetime as dt
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, Unpack
 
 from ..core import (
     ConfigurationError,
@@ -27,20 +26,19 @@ from ..core import (
     callback_plugin,
     can,
     check_identifier,
-    check_name,
     delay_or_give_up,
     fence_transaction,
-    fetch_row,
     get_logger,
     is_permanent,
     lock_settings,
     not_negative,
     positive,
     run_on_session,
-    transaction,
 )
 from ..tasks import LeaderTasks
+from .job import Job, JobFunction, Run, check_job_name
 from .ledger import Ledger, RunTable, ScheduleTable
+from .policy import CatchUp, Interrupted, Policy, PolicyKeywords, policy_from
 from .timing import Cron, Every, ServerClock, Timing, utc
 
 __all__ = [
@@ -52,26 +50,9 @@ __all__ = [
     "RunFailed",
     "Scheduler",
     "check_job_name",
-    "check_policy",
 ]
 
 log = get_logger("pgleaderlock.schedule")
-
-CatchUp = Literal["none", "latest", "all"]
-"""What a leader does with the slots that fell due while nobody led (older than the
-misfire grace when it looks): ``"none"`` records them all as missed, ``"latest"`` runs
-the newest of them and records the rest as missed, ``"all"`` runs them all, oldest
-first (at most ``max_catch_up`` of them: the newest ones)."""
-
-Interrupted = Literal["lost", "rerun"]
-"""What the next leader does with a slot whose leader ended mid-run (killed, frozen,
-cut off): ``"lost"`` records it as lost (at most once: the job may have done part of its
-work), ``"rerun"`` runs it again under the new term (at least once; exactly once for the
-effects of a job that writes through [`Run.transaction`][pgleaderlock.schedule.Run.transaction],
-whose transaction commits only if the slot is still its own)."""
-
-JobFunction = Callable[["Run"], Awaitable[object]]
-"""A scheduled job: ``async def job(run: Run) -> ...``."""
 
 F = TypeVar("F", bound=JobFunction)
 
@@ -81,86 +62,12 @@ log line only."""
 _EARLY_RETRIES = 50
 
 
-class RunFailed(Exception):
+class RunFailed(PgLeaderLockError):
     """Raise it from a job to record the run as ``failed`` with this message as its
-    detail, and no traceback in the log (a command's exit status, say)."""
+    detail, and no traceback in the log (a command's exit status, say).
 
-
-@dataclass(frozen=True)
-class Job:
-    """A registered schedule: what runs, when, and the policies for slots that were
-    missed or interrupted (see [`Scheduler.add`][pgleaderlock.schedule.Scheduler.add])."""
-
-    name: str
-    fn: JobFunction
-    timing: Timing
-    catch_up: CatchUp = "latest"
-    max_catch_up: int = 100
-    misfire_grace_s: float = 1.0
-    interrupted: Interrupted = "lost"
-    outcome: Literal["done", "sent"] = "done"
-
-
-class Run:
-    """One run of a scheduled job: its slot, the term it runs under, and the fenced
-    transaction that marks it done.
-
-    Attributes:
-        schedule: the schedule's name as the ledger keeps it (``<lock>:<job>``).
-        slot: the slot's time, an aware UTC datetime (from the server's clock).
-        term: the fencing term of the leadership that claimed the slot.
-        attempt: 1, or more when the slot was run again after its leader ended
-            mid-run (``interrupted="rerun"``).
-        late_s: how late the run started after its slot, by the server's clock.
-    """
-
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        schedule: str,
-        slot: dt.datetime,
-        term: int,
-        attempt: int,
-        started: dt.datetime,
-    ) -> None:
-        self._scheduler = scheduler
-        self.schedule = schedule
-        self.slot = slot
-        self.term = term
-        self.attempt = attempt
-        self.late_s = (started - slot).total_seconds()
-        self.done = False
-
-    @contextlib.asynccontextmanager
-    async def transaction(self, conn: object) -> AsyncIterator[int]:
-        """``async with run.transaction(conn):`` a transaction on the caller's
-        connection (psycopg, asyncpg or SQLAlchemy; a savepoint inside an open
-        transaction) that is fenced with this run's term and marks the slot ``done``
-        when it commits: the job's writes in it happen exactly once per slot, even when
-        its leader dies mid-run and the next one runs the slot again
-        (``interrupted="rerun"``). Yields the term.
-
-        Raises:
-            FencedError: a newer leadership has begun, or took the slot over: the
-                transaction rolls back.
-        """
-        scheduler = self._scheduler
-        async with transaction(conn):
-            await scheduler._fence(conn, self.term)
-            yield self.term
-            row = await fetch_row(
-                conn, scheduler._ledger.done, (self.schedule, self.slot, self.term)
-            )
-            if row is None:
-                raise FencedError(
-                    f"{self.schedule}: the slot {self.slot.isoformat()} is no longer this "
-                    f"run's (term {self.term}): another leadership took it over, so this "
-                    "transaction must not commit (it is rolled back)"
-                )
-        self.done = True
-
-    def __repr__(self) -> str:
-        return f"<Run {self.schedule} slot={self.slot.isoformat()} term={self.term}>"
+    A [`PgLeaderLockError`][pgleaderlock.PgLeaderLockError] like every error of the
+    library; the scheduler catches it (and any other error of the job) around the job."""
 
 
 class Scheduler:
@@ -297,11 +204,9 @@ class Scheduler:
         timing: Timing,
         *,
         name: str | None = None,
-        catch_up: CatchUp = "latest",
-        max_catch_up: int = 100,
-        misfire_grace_s: float = 1.0,
-        interrupted: Interrupted = "lost",
+        policy: Policy | None = None,
         outcome: Literal["done", "sent"] = "done",
+        **deprecated: Unpack[PolicyKeywords],
     ) -> Job:
         """Register ``fn`` to run once per slot of ``timing``.
 
@@ -312,36 +217,26 @@ class Scheduler:
             name: the job's name (default: the function's ``__name__``), unique in this
                 scheduler; with the lock's name it keys the ledger's rows, so keep it
                 stable across deployments.
-            catch_up: the slots that fell due while nobody led (see
-                [`CatchUp`][pgleaderlock.schedule.CatchUp]).
-            max_catch_up: with ``catch_up="all"``, at most this many of them run.
-            misfire_grace_s: a slot claimed later than this after its time counts as
-                missed, and the catch-up policy decides it.
-            interrupted: a slot whose leader ended mid-run (see
-                [`Interrupted`][pgleaderlock.schedule.Interrupted]).
+            policy: what a leader does with the slots nobody ran (see
+                [`Policy`][pgleaderlock.schedule.Policy]; default ``Policy()``).
             outcome: what the ledger records when the job returns: ``"done"``, or
                 ``"sent"`` for a job that hands the work to another system (Celery
                 beat's integration sends a task).
+            **deprecated: ``catch_up``, ``max_catch_up``, ``misfire_grace_s`` and
+                ``interrupted``, the fields of ``policy``: still taken for this release,
+                with a ``DeprecationWarning``.
 
         Raises:
-            ConfigurationError: bad arguments, or the name is taken.
+            ConfigurationError: bad arguments (both ``policy`` and a deprecated
+                keyword, say), or the name is taken.
         """
+        policy = policy_from(policy, deprecated, where="Scheduler.add")
         if not asyncio.iscoroutinefunction(fn):
             raise ConfigurationError(f"a scheduled job must be an async function, got {fn!r}")
         job_name = check_job_name(name if name is not None else getattr(fn, "__name__", ""))
         if job_name in self._jobs:
             raise ConfigurationError(f"a job named {job_name!r} is already scheduled")
-        check_policy(catch_up, interrupted, max_catch_up)
-        job = Job(
-            name=job_name,
-            fn=fn,
-            timing=timing,
-            catch_up=catch_up,
-            max_catch_up=max_catch_up,
-            misfire_grace_s=positive("misfire_grace_s", misfire_grace_s),
-            interrupted=interrupted,
-            outcome=outcome,
-        )
+        job = Job(name=job_name, fn=fn, timing=timing, policy=policy, outcome=outcome)
         if outcome not in ("done", "sent"):
             raise ConfigurationError(f"outcome must be 'done' or 'sent', got {outcome!r}")
         self._jobs[job_name] = job
@@ -357,10 +252,8 @@ class Scheduler:
         hours: float = 0,
         offset_s: float = 0,
         name: str | None = None,
-        catch_up: CatchUp = "latest",
-        max_catch_up: int = 100,
-        misfire_grace_s: float = 1.0,
-        interrupted: Interrupted = "lost",
+        policy: Policy | None = None,
+        **deprecated: Unpack[PolicyKeywords],
     ) -> Callable[[F], F]:
         """Decorator: run the job every ``hours + minutes + seconds``, counted from the
         UNIX epoch plus ``offset_s`` (so every 5 minutes falls at :00, :05, ...). The
@@ -375,19 +268,13 @@ class Scheduler:
             for what, value, scale in (("seconds", seconds, 1), ("minutes", minutes, 60),
                                        ("hours", hours, 3600))
         ]  # fmt: skip
+        where = "Scheduler.every"
         interval = positive("every(...)'s interval (hours + minutes + seconds)", sum(parts))
         timing = Every(
             dt.timedelta(seconds=interval),
             dt.timedelta(seconds=not_negative("offset_s", offset_s)),
         )
-        return self._decorator(
-            timing,
-            name=name,
-            catch_up=catch_up,
-            max_catch_up=max_catch_up,
-            misfire_grace_s=misfire_grace_s,
-            interrupted=interrupted,
-        )
+        return self._decorator(timing, name, policy_from(policy, deprecated, where=where))
 
     def cron(
         self,
@@ -395,27 +282,19 @@ class Scheduler:
         *,
         timezone: str = "UTC",
         name: str | None = None,
-        catch_up: CatchUp = "latest",
-        max_catch_up: int = 100,
-        misfire_grace_s: float = 1.0,
-        interrupted: Interrupted = "lost",
+        policy: Policy | None = None,
+        **deprecated: Unpack[PolicyKeywords],
     ) -> Callable[[F], F]:
         """Decorator: run the job at the times of a five-field cron expression in
         ``timezone`` (needs ``pip install 'pgleaderlock[cron]'``). The other arguments
         are [`add`][pgleaderlock.schedule.Scheduler.add]'s."""
+        where = "Scheduler.cron"
         timing = Cron(expression, timezone)
-        return self._decorator(
-            timing,
-            name=name,
-            catch_up=catch_up,
-            max_catch_up=max_catch_up,
-            misfire_grace_s=misfire_grace_s,
-            interrupted=interrupted,
-        )
+        return self._decorator(timing, name, policy_from(policy, deprecated, where=where))
 
-    def _decorator(self, timing: Timing, **options: Any) -> Callable[[F], F]:
+    def _decorator(self, timing: Timing, name: str | None, policy: Policy) -> Callable[[F], F]:
         def register(fn: F) -> F:
-            self.add(fn, timing, **options)
+            self.add(fn, timing, name=name, policy=policy)
             return fn
 
         return register
@@ -468,9 +347,9 @@ class Scheduler:
         leader does for ``job`` when its leadership begins, without running anything.
 
         Registers the schedule (``job`` need not be added to this scheduler; its ``fn``
-        is not called), applies ``job.interrupted`` to slots left ``running`` by an older
-        term, and ``job.catch_up`` to the slots after the schedule's newest row that are
-        older than ``job.misfire_grace_s``. Slots the policies skip are recorded (``lost``,
+        is not called), applies its policy's ``interrupted`` to slots left ``running`` by
+        an older term, and its ``catch_up`` to the slots after the schedule's newest row
+        that are older than its ``misfire_grace_s``. Slots the policies skip are recorded (``lost``,
         ``missed``). Returns the slots to run now, oldest first, up to ``through`` (those
         within the grace included), each with whether it is a rerun: the caller claims
         each with [`claim`][pgleaderlock.schedule.Scheduler.claim] before running it.
@@ -486,7 +365,8 @@ class Scheduler:
         name = self.schedule_name(job.name)
         cursor, reruns = await self._begin(job, name, term)
         todo = [(slot, True) for slot in reruns]
-        stale = min(utc(through), self.clock.now() - dt.timedelta(seconds=job.misfire_grace_s))
+        grace = dt.timedelta(seconds=job.policy.misfire_grace_s)
+        stale = min(utc(through), self.clock.now() - grace)
         if stale > cursor:
             ran, cursor = await self._choose(job, name, cursor, stale, term)
             todo.extend((slot, False) for slot in ran)
@@ -591,8 +471,8 @@ class Scheduler:
             due = job.timing.after(cursor)
             now = self.clock.now()
             late_by = (now - due).total_seconds()
-            if late_by > job.misfire_grace_s:
-                through = now - dt.timedelta(seconds=job.misfire_grace_s)
+            if late_by > job.policy.misfire_grace_s:
+                through = now - dt.timedelta(seconds=job.policy.misfire_grace_s)
                 ran, cursor = await self._choose(job, name, cursor, through, term)
                 for slot in ran:
                     await self._run(job, name, slot, term)
@@ -617,7 +497,7 @@ class Scheduler:
         slots = [utc(row[0]) for row in rows]
         if not slots:
             return cursor, []
-        if job.interrupted == "rerun":
+        if job.policy.interrupted == "rerun":
             self._log("warning", "runs_rerun", schedule=name, slots=len(slots),
                       first=slots[0].isoformat())  # fmt: skip
             return cursor, slots
@@ -632,7 +512,7 @@ class Scheduler:
         """The slots in ``(cursor, through]`` fell due while nobody ran them: record
         those the catch-up policy skips as missed. Returns the slots to run (oldest
         first) and the new cursor."""
-        keep = {"none": 0, "latest": 1, "all": job.max_catch_up}[job.catch_up]
+        keep = {"none": 0, "latest": 1, "all": job.policy.max_catch_up}[job.policy.catch_up]
         slots, older = job.timing.newest(cursor, through, max(MAX_RECORDED_MISSES, keep))
         if not slots:
             return [], through
@@ -645,7 +525,7 @@ class Scheduler:
                 raise FencedError(f"{name}: the fencing term moved on from {term}")
             self._log("warning", "slots_missed", schedule=name, missed=len(missed) + older,
                       recorded=recorded, first=missed[0].isoformat(),
-                      last=missed[-1].isoformat(), catch_up=job.catch_up)  # fmt: skip
+                      last=missed[-1].isoformat(), catch_up=job.policy.catch_up)  # fmt: skip
         return ran, slots[-1]
 
     async def _run(
@@ -753,24 +633,3 @@ class Scheduler:
         config = lock_settings(self._lock)
         assert config.term_table is not None
         await fence_transaction(conn, config.term_table, self._lock.keys, term, self._lock.label)
-
-
-def check_policy(catch_up: object, interrupted: object, max_catch_up: object) -> None:
-    """Refuse a catch-up policy, interrupted policy or ``max_catch_up`` that is not one
-    of the documented values.
-
-    Raises:
-        ConfigurationError: naming the bad value.
-    """
-    if catch_up not in ("none", "latest", "all"):
-        raise ConfigurationError(f"catch_up must be 'none', 'latest' or 'all', got {catch_up!r}")
-    if interrupted not in ("lost", "rerun"):
-        raise ConfigurationError(f"interrupted must be 'lost' or 'rerun', got {interrupted!r}")
-    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
-        raise ConfigurationError(f"max_catch_up must be an int >= 1, got {max_catch_up!r}")
-
-
-def check_job_name(name: object) -> str:
-    """A job's name: a name as [`check_name`][pgleaderlock.core.keys.check_name] takes
-    it, of at most 200 characters."""
-    return check_name(name, "a job's name", max_chars=200)

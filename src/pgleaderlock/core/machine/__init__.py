@@ -14,7 +14,8 @@ the machine acts on them at its next decision.
 Two layers:
 
 - [`TABLE`][pgleaderlock.core.machine.TABLE]: every transition, one row each, with the
-  footnotes of the spec expanded into rows guarded by configuration. The docs' table and
+  footnotes of the original table (docs/state-machine.md, "Footnotes") expanded into
+  rows guarded by configuration. The docs' table and
   state diagram are rendered from it. A (state, input) pair with no row is illegal.
 - [`Machine`][pgleaderlock.core.machine.Machine]: turns results and requests into table
   inputs, and performs the rows' actions as effects. It owns every policy: attempt

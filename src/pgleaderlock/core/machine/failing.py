@@ -1,10 +1,10 @@
 """Escalation of errors that keep a lock from leading (part of the machine's policy).
 
-A lock that cannot reach its server retries for ever (DESIGN decision 14 stops only on
-errors that retrying cannot mend). Logging every retry's error at ERROR buries the one
-line that matters under an identical line every two seconds, and says nothing about how
-long it has been going on. So, for a run of errors with no attempt in between that
-reached the server (a *failing streak*):
+A lock that cannot reach its server retries for ever (it stops only on errors that
+retrying cannot mend: ``retry_permanent_errors`` in docs/configuration.md). Logging
+every retry's error at ERROR buries the one line that matters under an identical line
+every two seconds, and says nothing about how long it has been going on. So, for a run
+of errors with no attempt in between that reached the server (a *failing streak*):
 
 - the first error, and each error that differs from the last one logged, is logged at
   ERROR (``db_error``), as before;

@@ -1,7 +1,8 @@
 """The transition table as data: every transition the lock can make, one row each.
 
-The spec's table (§3.3) with its footnotes expanded into rows guarded by configuration,
-plus the inputs the spec lacks. [`step`][pgleaderlock.core.machine.step] looks a row up;
+The original table with its footnotes expanded into rows guarded by configuration,
+plus the inputs it lacks (docs/state-machine.md: "Footnotes", "Deviations from the
+specification"). [`step`][pgleaderlock.core.machine.step] looks a row up;
 a (state, input) pair without a row is illegal. The docs' table and state diagram are
 rendered from [`TABLE`][pgleaderlock.core.machine.TABLE].
 """
@@ -180,8 +181,9 @@ def _session_failed(input_: Input, source: LockState = S.LEADER) -> tuple[Row, .
 
 
 def _release_ended(input_: Input, emit: Action) -> tuple[Row, ...]:
-    """RELEASING + the unlock's outcome; footnote 2 and DESIGN decision 7 for step_down."""
-    note = "footnote 2" if emit is A.EMIT_RELEASED else "footnote 2, DESIGN decision 7"
+    """RELEASING + the unlock's outcome; footnote 2 and decision 7 (docs/concepts.md,
+    "Decisions beyond the specification") for step_down."""
+    note = "footnote 2" if emit is A.EMIT_RELEASED else "footnote 2, decision 7"
     return (
         Row(S.RELEASING, input_, S.STOPPED, (emit, *_STOP), step_down=False),
         Row(S.RELEASING, input_, S.STOPPED, (emit, *_STOP),
@@ -213,7 +215,7 @@ TABLE: tuple[Row, ...] = (
         (A.EMIT_ACQUIRED, A.RESET_RETRY, A.START_HEALTH_LOOP)),
     Row(S.ACQUIRING, I.ACQUIRE_FAILED, S.FOLLOWER, (A.EMIT_ACQUIRE_FAILED, A.BACKOFF)),
     Row(S.ACQUIRING, I.DB_ERROR, S.FOLLOWER, (A.EMIT_ERROR, A.CLOSE_SESSION, A.BACKOFF),
-        auto_reacquire=True, note="on_error, not on_lost (DESIGN decision 2)"),
+        auto_reacquire=True, note="on_error, not on_lost (decision 2)"),
     Row(S.ACQUIRING, I.DB_ERROR, S.STOPPED, (A.EMIT_ERROR, *_STOP),
         auto_reacquire=False, note="footnote 1"),
     Row(S.ACQUIRING, I.STOP_REQUESTED, S.STOPPED, _STOP,

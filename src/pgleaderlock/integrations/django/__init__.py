@@ -31,13 +31,9 @@ from typing import Any
 from ..._extras import missing_extra
 
 try:
-    import click  # noqa: F401 - the commands reuse the command line's parts
     import django  # noqa: F401
-    import loguru  # noqa: F401
 except ImportError as exc:
-    raise missing_extra(
-        "pgleaderlock.integrations.django", "Django (and click, loguru)", "django", exc
-    ) from exc
+    raise missing_extra("pgleaderlock.integrations.django", "Django", "django", exc) from exc
 
 from ...core.lock import LeaderLock
 from ...threaded import ThreadedLeaderLock

@@ -1,9 +1,10 @@
 """``manage.py pgleaderlock_status``: the leaders of the configured locks, and the
 schedules in the ledger (their spec, next slot, recent runs and outcomes).
 
-The locks' part is ``pgleaderlock status --name``'s (its queries and text layout, in
-`pgleaderlock.cli.status` and `pgleaderlock.cli.render`): holder, waiting sessions, and
-whether their roles are trusted. The ledger's part reads the tables a
+The locks' part is ``pgleaderlock status --name``'s (the read model
+`pgleaderlock.status` and its text layout, `pgleaderlock.status.render`; neither needs
+the command line's libraries): holder, waiting sessions, and whether their roles are
+trusted. The ledger's part reads the tables a
 `pgleaderlock.schedule.Scheduler` writes, only if they exist and can be
 trusted (a plain table, owned by a trusted role, in a schema a trusted role owns:
 another role's table or view could run that role's code as yours); otherwise it says
@@ -12,18 +13,29 @@ why they were not read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypedDict
 
-from ...cli.options import Target
-from ...cli.render import render_one, schedule_lines
-from ...cli.status import _connect, _one_lock, _server_info, schedule_report
 from ...core.config import check_roles
 from ...core.keys import lock_keys
 from ...core.text import printable_tree
+from ...status import LockReport, ScheduleReport, connect, lock_report, schedule_report, server_info
+from ...status.render import render_one, schedule_lines
 from .conf import Settings, build_dsn
 
-__all__ = ["build_report", "render_report"]
+__all__ = ["Report", "build_report", "render_report"]
+
+
+class Report(TypedDict):
+    """``manage.py pgleaderlock_status``'s report (also its ``--json``): the configured
+    locks ([`LockReport`][pgleaderlock.status.LockReport]) and the schedule ledger
+    ([`ScheduleReport`][pgleaderlock.status.ScheduleReport])."""
+
+    database: str
+    checked_at: datetime
+    locks: list[LockReport]
+    ledger: ScheduleReport
 
 
 def build_report(
@@ -33,7 +45,7 @@ def build_report(
     runs: int = 5,
     timeout_s: float = 5.0,
     schedules: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> Report:
     """The report: ``{"database", "checked_at", "locks": [...], "ledger": {...}}``.
 
     Args:
@@ -45,24 +57,25 @@ def build_report(
             (a schedule is named ``<lock>:<job>``); all when empty.
 
     Raises:
-        click.ClickException: the database cannot be reached.
+        ConnectionError: the database cannot be reached (the message is one line, its
+            password masked).
         psycopg.Error: a query failed (``QueryCanceled``: it took longer than
             ``timeout_s``).
         ConfigurationError: a bad lock name or trusted role.
     """
-    trusted = check_roles(tuple(settings.options.get("trusted_roles", ())))
-    targets = [Target(name, *lock_keys(name)) for name in names]
-    with _connect(build_dsn(settings.database), timeout_s) as conn:
-        info = _server_info(conn, trusted)
+    trusted = check_roles(tuple(settings.options.get("trusted_roles", ())))  # before I/O
+    keys = [(name, lock_keys(name)) for name in names]
+    with connect(build_dsn(settings.database), timeout_s) as conn:
+        info = server_info(conn, trusted)
         return {
             "database": info.database,
             "checked_at": info.now,
-            "locks": [_one_lock(conn, info, target) for target in targets],
+            "locks": [lock_report(conn, info, name, key) for name, key in keys],
             "ledger": schedule_report(conn, *settings.ledger_tables(), schedules, runs),
         }
 
 
-def render_report(report: dict[str, Any]) -> str:
+def render_report(report: Mapping[str, Any]) -> str:
     """The report as text: each lock as ``pgleaderlock status --name`` shows it, then
     the schedules and their recent runs. Every string another role may have written
     is shown escaped (`pgleaderlock.core.text.printable_tree`)."""

@@ -7,16 +7,16 @@ import json
 import math
 from typing import Any
 
-import click
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from pgleaderlock.cli.exits import EXIT_USAGE, first_line
-from pgleaderlock.cli.render import json_default
-from pgleaderlock.core.errors import ConfigurationError
+from pgleaderlock._exitcodes import EXIT_USAGE
+from pgleaderlock.core.errors import ConfigurationError, ConnectionError
+from pgleaderlock.core.text import first_line
 from pgleaderlock.integrations.django.conf import load
 from pgleaderlock.integrations.django.report import build_report, render_report
+from pgleaderlock.status.render import json_default
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
@@ -75,9 +75,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
                 timeout_s=timeout,
                 schedules=options["schedule"],
             )
-        except click.ClickException as exc:  # the status command's one-line errors
-            raise CommandError(exc.message, returncode=EXIT_USAGE) from None
-        except ConfigurationError as exc:
+        except (ConfigurationError, ConnectionError) as exc:  # one line, password masked
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         except psycopg.errors.QueryCanceled:
             raise CommandError(

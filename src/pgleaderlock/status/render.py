@@ -1,4 +1,5 @@
-"""Text and JSON output of ``pgleaderlock status``, from the reports it builds.
+"""Text and JSON output of the status reports (`pgleaderlock.status`), as
+``pgleaderlock status`` and ``manage.py pgleaderlock_status`` print them.
 
 `render_one` lays out one lock (holder, then waiting sessions) as labelled lines;
 `render_all` lays out every advisory lock as an aligned table; `render_group` a
@@ -16,7 +17,7 @@ output is the report itself (JSON escapes such characters by itself).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -64,7 +65,7 @@ def _user(session: dict[str, Any]) -> str:
     return f"{user} (IMPOSTOR: role not trusted)" if session.get("impostor") else user
 
 
-def _impostor_note(report: dict[str, Any]) -> list[str]:
+def _impostor_note(report: Mapping[str, Any]) -> list[str]:
     """Why a session is an impostor, when one is shown."""
     trust = report["trust"]
     roles = ", ".join([trust["user"], *trust["trusted_roles"], "superusers"])
@@ -75,7 +76,7 @@ def _impostor_note(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_one(report: dict[str, Any]) -> str:
+def render_one(report: Mapping[str, Any]) -> str:
     """One lock: its keys, the database, the holder (or "free"), the waiting sessions."""
     report = printable_tree(report)
     lock = report["lock"]
@@ -135,7 +136,7 @@ def _published(session: dict[str, Any]) -> list[str]:
     return ["          " + "  ".join(parts)]
 
 
-def _observer_lines(report: dict[str, Any]) -> list[str]:
+def _observer_lines(report: Mapping[str, Any]) -> list[str]:
     """The observers (``eligible=False``), if there are any (``--json`` also says why
     the participants table was not read, if it was not)."""
     observers = report.get("observers") or []
@@ -147,7 +148,7 @@ def _observer_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _untrusted_lines(report: dict[str, Any]) -> list[str]:
+def _untrusted_lines(report: Mapping[str, Any]) -> list[str]:
     """Rows of the participants table written by roles that are not trusted: shown, and
     never followed (no priority, hand-over or metadata of theirs counts)."""
     rows = [p for p in report.get("participants") or [] if not p.get("trusted", True)]
@@ -165,7 +166,7 @@ def _untrusted_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
+def schedule_lines(schedules: Mapping[str, Any], now: datetime) -> list[str]:
     """Schedules in the ledger (`schedule_report`): spec, next slot, outcomes, last
     runs."""
     schedules = printable_tree(schedules)
@@ -202,7 +203,7 @@ def schedule_lines(schedules: dict[str, Any], now: datetime) -> list[str]:
     return lines
 
 
-def render_all(report: dict[str, Any]) -> str:
+def render_all(report: Mapping[str, Any]) -> str:
     """Every advisory lock of the database, one row per session, columns aligned."""
     report = printable_tree(report)
     if not report["locks"]:
@@ -269,7 +270,7 @@ def _waiting(entry: dict[str, Any]) -> str:
     return f"{len(waiting)}: {', '.join(who)}"
 
 
-def render_group(report: dict[str, Any]) -> str:
+def render_group(report: Mapping[str, Any]) -> str:
     """A coordinator group: its members (mode, how many names each leads, sessions),
     then each name's leader and waiting sessions."""
     report = printable_tree(report)

@@ -1,0 +1,268 @@
+"""Ledger mode's runs: the ledger calls of a bound scheduler (made on the lock's event
+loop from the scheduler's threads or loops), and the stand-in job an executor runs,
+which claims each run time's slot before the job runs and records how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import datetime as dt
+import functools
+import re
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ...core._logging import get_logger
+from ...core.config import MAX_SECONDS
+from ...core.errors import ConfigurationError, FencedError
+from ...core.lock import LeaderLock
+from ...schedule.policy import Policy
+from ...schedule.scheduler import Job, Run, Scheduler, check_job_name
+from ...threaded import ThreadedLeaderLock
+from . import adapter
+from .runs import _RUN, _run_context
+from .timing import _slot, _TriggerTiming
+
+__all__ = ["LEDGER_TIMEOUT_S"]
+
+log = get_logger("pgleaderlock.integrations.apscheduler")
+
+R = TypeVar("R")
+
+
+async def _timed_by_apscheduler(run: Run) -> None:  # pragma: no cover - never called
+    raise RuntimeError("an APScheduler job's ledger entry is run by APScheduler")
+
+
+class _SlotLedger:
+    """The ledger calls of a bound scheduler, made on the lock's event loop from the
+    scheduler's threads or loops (each bounded by ``LEDGER_TIMEOUT_S``)."""
+
+    def __init__(self, lock: LeaderLock, threaded: ThreadedLeaderLock | None, policy: Policy):
+        self.lock = lock
+        self.schedule = Scheduler(lock)
+        self.policy = policy
+        self._threaded = threaded
+        self.loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):
+            self.loop = asyncio.get_running_loop()  # a LeaderLock is bound on its own loop
+        self._jobs: dict[tuple[str, str], Job] = {}
+        self._warned: set[str] = set()
+
+    def lock_loop(self) -> asyncio.AbstractEventLoop | None:
+        if self._threaded is not None:
+            return self._threaded.loop
+        return self.loop
+
+    def job(self, job: Any) -> Job | None:
+        """The ledger's view of an APScheduler job (``None``: it cannot be claimed)."""
+        trigger = job.trigger
+        if getattr(trigger, "jitter", None):
+            if job.id not in self._warned:
+                self._warned.add(job.id)
+                log.error("job_refused", job=job.id, lock=self.lock.label,
+                          reason="a trigger with jitter has different run times on each "
+                          "replica: the ledger cannot tell its runs apart")  # fmt: skip
+            return None
+        if _RANDOM_ID.fullmatch(job.id) and job.id not in self._warned:
+            self._warned.add(job.id)
+            log.warning("job_id_random", job=job.id, lock=self.lock.label,
+                        reason="give the job an explicit id= (the default is random, so "
+                        "every replica names its slots differently)")  # fmt: skip
+        key = (job.id, repr(trigger))
+        known = self._jobs.get(key)
+        if known is None:
+            grace = job.misfire_grace_time  # None: however late
+            grace_s = MAX_SECONDS if grace is None else min(float(grace), MAX_SECONDS)
+            known = Job(
+                name=check_job_name(job.id),
+                fn=_timed_by_apscheduler,
+                timing=_TriggerTiming(trigger),
+                policy=dataclasses.replace(self.policy, misfire_grace_s=grace_s),
+            )
+            self._jobs[key] = known
+        return known
+
+    # Calls on the lock's loop, from anywhere.
+
+    def call(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """From a thread that is not the lock loop's: run ``make()`` there and wait."""
+        loop = self.lock_loop()
+        if loop is None:
+            raise ConnectionError("the lock is not running")
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:
+                raise ConfigurationError(
+                    "a sync job of a bound scheduler runs on the lock's event loop thread "
+                    "(DebugExecutor?): the ledger cannot be called from there"
+                )
+        future = asyncio.run_coroutine_threadsafe(make(), loop)
+        try:
+            return future.result(LEDGER_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            raise ConnectionError(f"a ledger call took over {LEDGER_TIMEOUT_S} s") from None
+
+    async def acall(self, make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """From a coroutine on any loop: run ``make()`` on the lock's loop."""
+        loop = self.lock_loop()
+        if loop is None:
+            raise ConnectionError("the lock is not running")
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                if asyncio.get_running_loop() is loop:
+                    return await make()
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), loop))
+        except TimeoutError:  # as `call`: a run skipped in one line, not a job's crash
+            raise ConnectionError(f"a ledger call took over {LEDGER_TIMEOUT_S} s") from None
+
+
+_RANDOM_ID = re.compile(r"[0-9a-f]{32}")
+"""What APScheduler's default job id (``uuid4().hex``) looks like."""
+
+LEDGER_TIMEOUT_S = 30.0
+"""The bound of one ledger call from a job's thread or loop (a claim waits at most this
+long, the server's clock included)."""
+
+_NOT_CLAIMED = (ConnectionError, FencedError)
+"""What a claim raises when the lock does not (or no longer) lead: the run is skipped."""
+
+
+@dataclass(frozen=True)
+class _Due:
+    """A run time to claim, and how."""
+
+    at: dt.datetime  # the run time as APScheduler gave it
+    forced: bool = False  # chosen by the catch-up policy: run however late
+    rerun: bool = False  # may take over a slot an older term left running
+
+
+class _SlotJob:
+    """What a bound scheduler's executor runs in place of ``job``: the same job, each of
+    whose run times is first claimed in the ledger. APScheduler's ``run_job`` calls
+    ``func`` once per run time, in order; the misfire check is made here (against the
+    job's ``misfire_grace_time``) so that each call knows its run time."""
+
+    def __init__(self, job: Any, spec: Job | None, due: list[_Due], ledger: _SlotLedger) -> None:
+        self._job = job
+        self._spec = spec
+        self._due = collections.deque(due)
+        self._ledger = ledger
+        self.id: str = job.id
+        adapter.stand_in_for(self, job)  # misfire_grace_time None: checked in _next
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.func: Callable[[], Any] = (
+            self._run_async if adapter.is_async(job.func) else self._run_sync
+        )
+
+    def __str__(self) -> str:
+        return str(self._job)
+
+    def _next(self) -> _Due | None:
+        due = self._due.popleft()
+        grace = self._job.misfire_grace_time
+        late = dt.datetime.now(dt.UTC) - due.at
+        if grace is not None and not due.forced and late > dt.timedelta(seconds=grace):
+            log.warning("run_missed", job=self.id, lock=self._ledger.lock.label,
+                        run_time=due.at.isoformat(),
+                        late_s=round(late.total_seconds(), 3))  # fmt: skip
+            return None
+        return due
+
+    def _not_claimed(self, due: _Due, exc: Exception) -> None:
+        log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                 reason="not leader", detail=str(exc), lock=self._ledger.lock.label)  # fmt: skip
+
+    def _claim(self, due: _Due) -> Callable[[], Coroutine[Any, Any, Run | None]]:
+        """The claim of ``due``'s slot, to make on the lock's loop."""
+        spec, schedule = self._spec, self._ledger.schedule
+        assert spec is not None  # a refused job has no run times
+        return lambda: schedule.claim(spec, _slot(due.at), rerun=due.rerun)
+
+    def _context(self, run: Run | None, due: _Due) -> contextvars.Context | None:
+        """The context the claimed ``run`` runs in, bound to its leadership; ``None``
+        (logged) when the slot was claimed already."""
+        if run is None:
+            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                     reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
+            return None
+        context = _run_context(run.term, None, self._ledger.lock.leadership(term=run.term))
+        context.run(_RUN.set, run)
+        return context
+
+    def _run_sync(self) -> Any:
+        due = self._next()
+        if due is None:
+            return None
+        try:
+            run = self._ledger.call(self._claim(due))
+        except _NOT_CLAIMED as exc:
+            self._not_claimed(due, exc)
+            return None
+        context = self._context(run, due)
+        if run is None or context is None:
+            return None
+        job = self._job
+        try:
+            result = context.run(job.func, *job.args, **job.kwargs)
+        except Exception as exc:
+            self._record(run, exc)
+            raise
+        self._record(run, None)
+        return result
+
+    async def _run_async(self) -> Any:
+        due = self._next()
+        if due is None:
+            return None
+        try:
+            run = await self._ledger.acall(self._claim(due))
+        except _NOT_CLAIMED as exc:
+            self._not_claimed(due, exc)
+            return None
+        context = self._context(run, due)
+        if run is None or context is None:
+            return None
+        job = self._job
+        task = asyncio.get_running_loop().create_task(
+            job.func(*job.args, **job.kwargs), context=context
+        )
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            task.cancel()
+            raise  # the slot stays running: the next leader's ``interrupted`` policy
+        except Exception as exc:
+            await self._arecord(run, exc)
+            raise
+        await self._arecord(run, None)
+        return result
+
+    def _record(self, run: Run, error: Exception | None) -> None:
+        """Record how the run ended (from a job's thread)."""
+        finish = functools.partial(self._ledger.schedule.finish, run, error=error)
+        try:
+            self._ledger.call(finish)
+        except _NOT_CLAIMED as exc:
+            self._unrecorded(exc)
+
+    async def _arecord(self, run: Run, error: Exception | None) -> None:
+        """Record how the run ended (from a job's coroutine)."""
+        finish = functools.partial(self._ledger.schedule.finish, run, error=error)
+        try:
+            await self._ledger.acall(finish)
+        except _NOT_CLAIMED as exc:
+            self._unrecorded(exc)
+
+    def _unrecorded(self, exc: Exception) -> None:
+        log.warning("run_unrecorded", job=self.id, lock=self._ledger.lock.label,
+                    reason="leadership lost before the run ended: its slot stays running, "
+                    "for the next leader's interrupted policy", detail=str(exc))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- bind_scheduler
