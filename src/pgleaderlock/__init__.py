@@ -53,6 +53,7 @@ from .core.models import (
     RetryContext,
     StateChangeCallback,
 )
+from .core.options import Fencing, LockOptions, Participation, Session, Timing
 from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
 from .core.semaphore import Semaphore
 from .core.session import Backend, ConnectOptions, LockSession
@@ -73,6 +74,7 @@ __all__ = [
     "ErrorCallback",
     "Event",
     "FencedError",
+    "Fencing",
     "HandOverError",
     "ExponentialBackoff",
     "FixedInterval",
@@ -83,13 +85,16 @@ __all__ = [
     "LeaderTasks",
     "LockError",
     "LockNotHeldError",
+    "LockOptions",
     "LockSession",
     "LockState",
     "LockStatistics",
     "PgLeaderLockError",
+    "Participation",
     "RetryContext",
     "RetryStrategy",
     "ServerRefusedError",
+    "Session",
     "PooledConnectionError",
     "SessionNotDedicatedError",
     "ShutdownError",
@@ -99,6 +104,7 @@ __all__ = [
     "MissingPrivilegeError",
     "StateChangeCallback",
     "ThreadedLeaderLock",
+    "Timing",
     "WorkerContext",
     "__version__",
     "hookimpl",
