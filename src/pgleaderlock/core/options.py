@@ -16,7 +16,7 @@ Each group checks its own fields once, when it is made (a bad value is a
 [`ConfigurationError`][pgleaderlock.ConfigurationError] at that line, before any lock
 exists), and its field defaults are the library's defaults: written here, once. What
 spans groups (the partition bound, the lease against the probe timings) is checked by
-the lock, see [`lock_config`][pgleaderlock.core.config.lock_config].
+the lock (``core.config.lock_config``).
 
 The flat keywords these groups replace (``lease_s=``, ``fencing=True``, ...) still work
 for one release, with a ``DeprecationWarning`` that names the new spelling

@@ -131,7 +131,7 @@ class Semaphore(LeaderLock):
 
     Each slot is its own advisory lock, with keys from
     [`slot_keys(name, slots)`][pgleaderlock.slot_keys] (never those of another name), so
-    `pgleaderlock status --all` shows who holds which slot. With ``fencing=True`` each
+    `pgleaderlock status --all` shows who holds which slot. With ``Fencing(enabled=True)`` each
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
     [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 

@@ -30,7 +30,7 @@ group = GroupLifespan(DSN, group="billing")
 async def relay_outbox() -> None: ...
 
 @group.task(name="projection:invoices")
-async def project(ctx: WorkerContext) -> None: ...  # fenced checkpoints with fencing=True
+async def project(ctx: WorkerContext) -> None: ...  # fenced checkpoints with Fencing(enabled=True)
 
 app = FastAPI(lifespan=group)
 app.include_router(group.router())       # GET /group, GET /group/ready
@@ -152,7 +152,7 @@ class LeaderStatus(BaseModel):
             retrying cannot mend (authentication failed, unknown database or role, a
             transaction-mode pooler): such a replica will never lead.
         leader_since: when the current leadership began (UTC), or ``None``.
-        term: with ``LeaderLock(..., fencing=True)``, the fencing term of the current
+        term: with ``Fencing(enabled=True)``, the fencing term of the current
             leadership ([`LeaderLock.term`][pgleaderlock.LeaderLock.term]); ``None``
             while not leader, and always without fencing. Terms exceed 2^32 (the
             server's timeline is in the high 32 bits) and stay below 2^53 for
@@ -674,7 +674,7 @@ class GroupLifespan(_AppLifespan):
 
         The task is a coroutine function without arguments, or with one argument, its
         [`WorkerContext`][pgleaderlock.WorkerContext] (the name, the fencing term with
-        ``fencing=True``, fenced checkpoints).
+        ``Fencing(enabled=True)``, fenced checkpoints).
 
         The name is the task's lock, shared by every replica and by every app on the
         database: give each task a name that says whose it is. Without ``name``, it
