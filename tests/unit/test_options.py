@@ -240,7 +240,10 @@ def test_every_entry_point_warns_takes_options_and_refuses_both(make: Any) -> No
     assert new.options == old.options == options
     with pytest.raises(ConfigurationError, match="lease_s= and options set the same setting"):
         make(lease_s=15.0, options=options)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'lease'"):
+    # An unknown keyword: Python's TypeError (a Coordinator's ConfigurationError, as in 0.1).
+    with pytest.raises(
+        (TypeError, ConfigurationError), match=r"unexpected keyword.*'lease'|unknown"
+    ):
         make(lease=1.0)
 
 
@@ -261,9 +264,11 @@ def test_old_keywords_are_the_inverse_of_options_from_keywords() -> None:
     assert old_keywords(LockOptions()) == {}
 
 
-def test_a_coordinator_takes_no_participation() -> None:
+def test_a_coordinator_takes_no_participation_nor_application_name() -> None:
     with pytest.raises(ConfigurationError, match="no Participation"):
         Coordinator(DSN, group="g", options=LockOptions(participation=Participation(priority=1)))
+    with pytest.raises(ConfigurationError, match="names its sessions itself"):
+        Coordinator(DSN, group="g", options=LockOptions(session=Session(application_name="x")))
 
 
 def test_a_semaphore_takes_no_leader_participation() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Self, Unpack
 
 from ..core import (
+    DEPRECATED_KEYWORDS,
     ConfigurationError,
     DeprecatedOptions,
     LockOptions,
@@ -106,6 +107,9 @@ class Coordinator:
         options: LockOptions | None = None,
         **deprecated: Unpack[DeprecatedOptions],
     ) -> None:
+        unknown = set(deprecated) - set(DEPRECATED_KEYWORDS)
+        if unknown:  # a ConfigurationError, as in 0.1 (not Python's TypeError)
+            raise ConfigurationError(f"unknown Coordinator arguments: {', '.join(sorted(unknown))}")
         if deprecated:
             options = merge_deprecated(options, deprecated, owner="Coordinator")
         opts = check_options(options)
@@ -113,6 +117,11 @@ class Coordinator:
             raise ConfigurationError(
                 "a Coordinator's options take no Participation: its names publish nothing "
                 "of their own"
+            )
+        if opts.session.application_name is not None:
+            raise ConfigurationError(
+                "a Coordinator names its sessions itself (Session.application_name): "
+                "pgl:<group>:<member>:<role> shows them in pg_stat_activity"
             )
         if sessions not in ("dedicated", "shared"):
             raise ConfigurationError(f"sessions must be 'dedicated' or 'shared', got {sessions!r}")

@@ -35,6 +35,7 @@ from .lock import LeaderLock, lock_settings, run_on_session
 from .machine import is_permanent
 from .models import Event, LockState, RetryContext
 from .options import (
+    DEPRECATED_KEYWORDS,
     DeprecatedOptions,
     Fencing,
     LockOptions,
@@ -69,6 +70,7 @@ from .tables import check_identifier
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "DEPRECATED_KEYWORDS",
     "Backend",
     "CallGuard",
     "ConfigurationError",
