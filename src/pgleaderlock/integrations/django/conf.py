@@ -73,8 +73,8 @@ class Settings:
 
     Attributes:
         database: the alias in ``DATABASES`` whose database holds the locks.
-        options: [`LeaderLock`][pgleaderlock.LeaderLock] keyword arguments for every lock
-            the app makes (``lock(name, **overrides)`` overrides them).
+        options: settings of every lock the app makes, by their flat names (see
+            ``LOCK_OPTIONS``; ``lock(name, **overrides)`` overrides them).
         locks: the lock names ``pgleaderlock_status`` shows by default.
         ledger_schema: the schema of the schedule ledger's tables (default: the
             ``fencing_schema`` of ``options``, as for a
