@@ -92,7 +92,8 @@ class Timing:
     ``health_interval_s + health_timeout_s``."""
     connect_timeout_s: float = 5.0
     """Timeout for connecting to one host; a multi-host DSN gives each host an attempt
-    of its own (a DSN's own ``connect_timeout`` wins)."""
+    of its own (a DSN's own ``connect_timeout`` wins). Opening a session, with its
+    checks, is bounded by twice the time for all hosts plus ``command_timeout_s``."""
     command_timeout_s: float = 5.0
     """Timeout for ``pg_try_advisory_lock`` and ``pg_advisory_unlock``."""
     tcp_user_timeout_s: float | None = None
@@ -100,16 +101,28 @@ class Timing:
     lock); must exceed ``health_interval_s + health_timeout_s``. ``None``: that bound
     plus ``max(1, bound / 4)``."""
     lease_s: float | None = None
-    """How long the server keeps the lock of a leader whose session shows no life
-    (``idle_session_timeout``); must exceed ``health_interval_s + health_timeout_s``
-    (+ ``Fencing.acquire_delay_s``). ``None``: ``2 * health_interval_s``, at least that
-    bound plus ``max(1, bound / 4)`` (10 s with the defaults)."""
+    """The lease the server enforces: a leader whose session shows no life for this long
+    (its probes stopped: a blocked event loop, a frozen process) loses the lock to the
+    server, with no help from the client (``idle_session_timeout`` on the lock's
+    session, PostgreSQL 14 and later; every probe renews it). Must exceed
+    ``health_interval_s + health_timeout_s`` (+ ``Fencing.acquire_delay_s``), so that a
+    healthy leader on a busy machine never loses its lock to it. ``None``:
+    ``2 * health_interval_s``, at least that bound plus ``max(1, bound / 4)`` (10 s
+    with the defaults). See [The lease](../guarantees.md#the-lease)."""
     drain_s: float = 0.0
-    """On a graceful stop, how long leader work may finish its unit before the release
-    (0: release at once)."""
+    """On a graceful stop (``step_down()``, ``shutdown()``, SIGTERM in the CLI), how long
+    leader work may finish its current unit before the lock is released: the lock stays
+    LEADER and keeps probing, [`draining`][pgleaderlock.LeaderLock.draining] turns True
+    and the [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks run; the
+    release follows when they have returned, or after ``drain_s``. 0: release at
+    once."""
     escalate_after_s: float = 30.0
-    """Errors that keep the lock from leading for this long are escalated (an ERROR
-    line ``lock_failing``, again at doubling intervals)."""
+    """Errors that keep the lock from leading (it cannot connect, or its attempts fail,
+    with no attempt reaching the server in between) for this long are escalated: an
+    ERROR line ``lock_failing`` says for how long, how many errors and what to check,
+    again at doubling intervals (at most every 10 min); until then only the first
+    error, and each different one, is logged at ERROR, repeats at DEBUG.
+    [`statistics().failing_since`][pgleaderlock.LockStatistics] says since when."""
 
     def __post_init__(self) -> None:
         _set(self, "health_timeout_s", positive("health_timeout_s", self.health_timeout_s))
@@ -150,7 +163,9 @@ class Fencing:
     for side effects outside the database."""
     grace_s: float = 2.0
     """How long a new term's bump waits for the fenced transactions of an older term
-    before it ends their sessions (``pg_terminate_backend``)."""
+    before it ends their sessions (``pg_terminate_backend``, which needs the same role
+    or ``pg_signal_backend``), so that a frozen old leader cannot keep every leader out.
+    See [Fencing](../fencing.md#a-frozen-old-leader)."""
 
     def __post_init__(self) -> None:
         _flag("Fencing.enabled", self.enabled)
@@ -186,13 +201,15 @@ class Participation:
     """Higher wins: a leader hands over to a waiting candidate of a strictly higher
     priority. ``None``: off (ranks lowest)."""
     eligible: bool = True
-    """``False`` makes an observer: it never takes the lock, and its
-    ``on_leader_changed`` callbacks still run."""
+    """``False`` makes an observer: it never takes the lock (it opens no lock session),
+    and its [`on_leader_changed`][pgleaderlock.LeaderLock.on_leader_changed] callbacks
+    still run."""
     handover_delay_s: float = 0.5
     """How long a leader waits after seeing a higher-priority candidate before it hands
     over."""
     watch_interval_s: float | None = None
-    """How often the leader watch looks again without a notification; ``None``:
+    """How often the process's leader watch looks again without a notification (the
+    bound on noticing a leader that ended with nobody to follow it); ``None``:
     ``health_interval_s``."""
     table: str = "pgleaderlock_participants"
     """The table locks publish their details in (created if missing, with row-level
@@ -244,9 +261,13 @@ class Session:
     """Shown in ``pg_stat_activity``; ``None``:
     ``pgleaderlock:<name or keys>@<host>:<pid>``."""
     follower_mode: FollowerMode = "wait"
-    """``"wait"``: a follower waits *on the server* and is granted the lock the instant
-    the holder's session ends. ``"poll"``: it sleeps for the retry delay and tries
-    again."""
+    """``"wait"``: after an attempt finds the lock taken, the follower waits *on the
+    server* (``pg_advisory_lock`` under ``lock_timeout``) for as long as the retry
+    strategy's delay, and is granted the lock the instant the holder's session ends.
+    ``"poll"``: the specification's behaviour, sleep for the delay and try again with
+    ``pg_try_advisory_lock``. Each wait that ends without the lock counts as one failed
+    attempt (``on_acquire_failed``, then the strategy is asked). A waiting follower
+    keeps one server backend busy; backends that cannot wait fall back to polling."""
     retry_permanent_errors: bool = False
     """Keep retrying when the server refuses the client (authentication, unknown role
     or database), e.g. while a password is rotated. Default: report and stop."""
