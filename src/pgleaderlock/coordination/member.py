@@ -38,6 +38,7 @@ from ..core import (
     follow_state,
     get_logger,
     is_permanent,
+    lock_arguments,
     oid_to_key,
     run_on_session,
     session_settings,
@@ -253,13 +254,15 @@ class Engine(abc.ABC):
             self.settings.user_dsn,
             *member_key(self.group, self.member),
             name=f"{self.group}:{self.member}",
-            application_name=app_name(self.group, self.member, self.MEMBER_ROLE),
-            **{
-                **self.settings.lock_kwargs,
-                "fencing": False,  # the names have terms; the member lock needs none
-                "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
-                "acquire_delay_s": 0.0,
-            },
+            **lock_arguments(
+                {
+                    **self.settings.lock_kwargs,
+                    "application_name": app_name(self.group, self.member, self.MEMBER_ROLE),
+                    "fencing": False,  # the names have terms; the member lock needs none
+                    "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
+                    "acquire_delay_s": 0.0,
+                }
+            ),
         )
         follow_state(lock, self._on_member_state)
         return lock
