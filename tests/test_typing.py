@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from typing import assert_type
 
+import pytest
+
 from pgleaderlock import (
     Callback,
+    ConfigurationError,
     ErrorCallback,
+    Fencing,
     LeaderLock,
+    LockOptions,
     LockState,
     LockStatistics,
     StateChangeCallback,
+    Timing,
     lock_keys,
 )
 from pgleaderlock.testing import FakeServer
@@ -72,3 +78,16 @@ async def test_wait_for_leadership_is_a_bool() -> None:
     async with lock:
         assert assert_type(await lock.wait_for_leadership(1), bool)
     assert_type(await lock.wait_for_leadership(0), bool)
+
+
+def test_options_are_typed_and_so_are_the_deprecated_keywords() -> None:
+    options = LockOptions(timing=Timing(lease_s=20), fencing=Fencing(enabled=True))
+    lock = LeaderLock.from_name("typing", dsn="postgresql://u@h/db", options=options)
+    assert_type(lock.options, LockOptions)
+    assert_type(lock.options.timing.lease_s, float | None)
+    # The old keywords are typed (a TypedDict), not ``**kwargs: Any``: a wrong type or
+    # an unknown keyword fails the type check (an unused ignore would fail it too).
+    with pytest.raises(ConfigurationError):
+        LeaderLock("postgresql://u@h/db", 1, 2, lease_s="3")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        LeaderLock("postgresql://u@h/db", 1, 2, lease=3.0)  # type: ignore[call-arg]

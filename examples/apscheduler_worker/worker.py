@@ -16,7 +16,7 @@ import signal
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from pgleaderlock import LeaderLock
+from pgleaderlock import Fencing, LeaderLock, LockOptions
 from pgleaderlock.integrations.apscheduler import bind_scheduler
 
 REPLICA = os.environ.get("REPLICA", f"pid-{os.getpid()}")
@@ -42,8 +42,10 @@ def cleanup() -> None:
 
 
 async def main() -> None:
-    # fencing=True: bind_scheduler claims every run in the ledger under the fencing term.
-    lock = LeaderLock.from_name(LOCK_NAME, dsn=os.environ["PG_DSN"], fencing=True)
+    # Fencing(enabled=True): bind_scheduler claims every run in the ledger under the fencing term.
+    lock = LeaderLock.from_name(
+        LOCK_NAME, dsn=os.environ["PG_DSN"], options=LockOptions(fencing=Fencing(enabled=True))
+    )
     scheduler = AsyncIOScheduler()
     # Explicit ids: every replica names the job's runs the same in the ledger.
     scheduler.add_job(send_report, "interval", seconds=2, start_date=EPOCH, id="send_report")

@@ -28,7 +28,16 @@ from typing import Any
 
 import psycopg
 
-from pgleaderlock import FencedError, FixedInterval, LeaderLock, LeaderTasks
+from pgleaderlock import (
+    FencedError,
+    Fencing,
+    FixedInterval,
+    LeaderLock,
+    LeaderTasks,
+    LockOptions,
+    Session,
+    Timing,
+)
 
 LOCK_NAME = "example-fencing-outbox"
 TERMS_TABLE = "outbox_relay_terms"
@@ -43,12 +52,14 @@ def make_lock(dsn: str, fencing: bool = True) -> LeaderLock:
     return LeaderLock.from_name(
         LOCK_NAME,
         dsn,
-        fencing=fencing,
-        fencing_table=TERMS_TABLE,
-        application_name=f"outbox-relay pid={os.getpid()}",  # the terms table's holder
         retry_strategy=FixedInterval(0.2),
         health_interval_s=1.0,
-        health_timeout_s=1.0,
+        options=LockOptions(
+            timing=Timing(health_timeout_s=1.0),
+            fencing=Fencing(enabled=fencing, table=TERMS_TABLE),
+            # the terms table's holder
+            session=Session(application_name=f"outbox-relay pid={os.getpid()}"),
+        ),
     )
 
 

@@ -1,7 +1,7 @@
 """One replica of a projector service: the ``events`` table projected into read models.
 
 Every replica runs this same program. Two named workers, ``projection:balances`` and
-``projection:counts``, are registered on a ``Coordinator(..., fencing=True)``: each name
+``projection:counts``, are registered on a ``Coordinator`` with ``Fencing(enabled=True)``: each name
 is led by exactly one replica of the group at a time, and its worker runs only there,
 only while it leads. A worker reads the events after its checkpoint, applies a batch to
 its read model, records each event in ``applied_events`` and saves the new checkpoint,
@@ -37,7 +37,7 @@ from typing import Any
 
 import psycopg
 
-from pgleaderlock import Coordinator, FencedError, WorkerContext
+from pgleaderlock import Coordinator, FencedError, Fencing, LockOptions, Timing, WorkerContext
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 Event = tuple[int, str, str, int]  # id, account, kind, amount
@@ -211,9 +211,11 @@ async def main() -> None:
         args.dsn,
         group=args.group,
         sessions=args.sessions,
-        fencing=True,  # terms per name: fenced checkpoints
         health_interval_s=1.0,
-        health_timeout_s=1.0,
+        options=LockOptions(
+            timing=Timing(health_timeout_s=1.0),
+            fencing=Fencing(enabled=True),  # terms per name: fenced checkpoints
+        ),
     )
     for projection in PROJECTIONS:
         coord.add(

@@ -3,7 +3,7 @@
 [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock] runs a lock on an event loop in a
 dedicated thread, for code without an event loop: Flask or Django apps, scripts,
 ``BackgroundScheduler`` jobs, any threaded code that asks "am I the leader?". With
-``fencing=True`` it also fences the caller's transactions on synchronous psycopg
+``Fencing(enabled=True)`` it also fences the caller's transactions on synchronous psycopg
 connections ([`fence`][pgleaderlock.ThreadedLeaderLock.fence]).
 """
 
@@ -41,14 +41,17 @@ class ThreadedLeaderLock:
     calling thread.
 
     Args:
-        lock: a lock that is not started yet; this object starts and shuts it down.
+        lock: a lock that is not started yet, made with its options (a
+            [`LockOptions`][pgleaderlock.LockOptions], as any lock); this object starts
+            and shuts it down.
         start_timeout_s: how long [`start`][pgleaderlock.ThreadedLeaderLock.start] waits for
             the thread's loop to start the lock.
 
     Example:
 
     ```python
-    lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN, fencing=True))
+    fenced = LockOptions(fencing=Fencing(enabled=True))
+    lock = ThreadedLeaderLock(LeaderLock.from_name("reports", dsn=DSN, options=fenced))
     with lock:                      # start(), and shutdown() on exit
         scheduler = BackgroundScheduler()
         bind_scheduler(scheduler, lock)
@@ -120,7 +123,7 @@ class ThreadedLeaderLock:
 
     @property
     def term(self) -> int | None:
-        """With ``fencing=True``: the fencing term of the current leadership, as
+        """With ``Fencing(enabled=True)``: the fencing term of the current leadership, as
         [`LeaderLock.term`][pgleaderlock.LeaderLock.term]; ``None`` when not LEADER or
         without fencing (thread-safe).
 

@@ -42,7 +42,7 @@ async def schema(pg_dsn: str) -> AsyncIterator[str]:
 async def test_status_shows_a_held_lock_and_a_schedules_runs(
     manage: Manage, pg_dsn: str, lock_name: str, schema: str
 ) -> None:
-    options = {"fencing": True, "fencing_schema": schema}
+    options: dict[str, Any] = {"fencing": True, "fencing_schema": schema}
     sched_lock = LeaderLock.from_name(f"{lock_name}-sched", dsn=pg_dsn, **options)
     sched = Scheduler(sched_lock)
     ran: list[Run] = []

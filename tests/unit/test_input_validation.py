@@ -24,11 +24,14 @@ from pgleaderlock import (
     Coordinator,
     DecorrelatedJitter,
     ExponentialBackoff,
+    Fencing,
     FixedInterval,
     LeaderLock,
     LeaderTasks,
+    Participation,
     Semaphore,
     ThreadedLeaderLock,
+    Timing,
     WorkerContext,
     current_leader_sync,
     health,
@@ -142,6 +145,9 @@ def _public_seconds() -> dict[str, Callable[[Any], object]]:
         ("DecorrelatedJitter", DecorrelatedJitter.__init__, DecorrelatedJitter),
         ("Scheduler", Scheduler.__init__, lambda **kw: Scheduler(_fenced(), **kw)),
         ("SlotGuard", SlotGuard.__init__, lambda **kw: SlotGuard(DSN, **kw)),
+        ("Timing", Timing.__init__, Timing),
+        ("Fencing", Fencing.__init__, Fencing),
+        ("Participation", Participation.__init__, Participation),
     ]  # fmt: skip
 
     def passing(make: Callable[..., object], name: str) -> Callable[[Any], object]:

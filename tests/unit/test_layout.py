@@ -5,6 +5,7 @@ written once (retry delays, permanent errors, defaults) stay written once."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,20 +118,31 @@ def test_one_retry_delay_rule_and_one_permanence_rule() -> None:
 
 
 def test_the_lock_and_the_coordinator_default_as_lock_config_does() -> None:
-    """Defaults are written once, in ``lock_config``; ``LeaderLock``'s signature repeats
-    them for its readers, equal; the Coordinator passes on only what it is given."""
-    from pgleaderlock import Coordinator, LeaderLock
+    """Defaults are written once: the option groups' fields hold the rest, and the
+    specification's flat arguments default alike in every entry point and in
+    ``lock_config``; the Coordinator's locks default as a lock's."""
+    from pgleaderlock import Coordinator, LeaderLock, LockOptions, Semaphore
     from pgleaderlock.core.config import lock_config
 
     config = inspect.signature(lock_config).parameters
-    signature = inspect.signature(LeaderLock.__init__).parameters
-    shared = set(config) & set(signature)
-    assert len(shared) >= 15
-    assert {n: signature[n].default for n in shared} == {n: config[n].default for n in shared}
-    assert "health_timeout_s" not in inspect.signature(Coordinator.__init__).parameters
+    flat = ("health_interval_s", "reconnect_grace_s", "auto_reacquire")
+    entries = (
+        LeaderLock.__init__,
+        LeaderLock.from_name,
+        Semaphore.__init__,
+        Semaphore.from_name,
+        Coordinator.__init__,
+    )
+    for entry in entries:
+        parameters = inspect.signature(entry).parameters
+        shown = {n: parameters[n].default for n in flat if n in parameters}
+        assert shown == {n: config[n].default for n in shown}, entry
+        assert "health_timeout_s" not in parameters
     coordinator = Coordinator("postgresql://h/db", group="g")
-    lock = LeaderLock("postgresql://h/db", 1, 2, load_plugins=False)
+    lock = LeaderLock("postgresql://h/db", 1, 2, options=LockOptions(load_plugins=False))
     assert coordinator._settings.config == lock._config
+    assert lock._config.connect_budget_s is not None  # the DSN's, set by connection_target
+    assert dataclasses.replace(lock._config, connect_budget_s=None) == lock_config()
 
 
 COORDINATION = PACKAGE / "coordination"

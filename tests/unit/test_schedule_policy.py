@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pgleaderlock import ConfigurationError, LeaderLock
+from pgleaderlock import ConfigurationError, Fencing, LeaderLock, LockOptions
 from pgleaderlock.schedule import Every, Job, Policy, Run, Scheduler
 
 DSN = "postgresql://u@h/d"
@@ -24,7 +24,9 @@ async def job(run: Run) -> None:
 
 
 def fenced() -> LeaderLock:
-    return LeaderLock.from_name("x", DSN, load_plugins=False, fencing=True)
+    return LeaderLock.from_name(
+        "x", DSN, options=LockOptions(fencing=Fencing(enabled=True), load_plugins=False)
+    )
 
 
 # ------------------------------------------------------------------ the value

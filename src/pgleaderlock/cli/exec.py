@@ -20,6 +20,7 @@ import click
 
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
+from ..core.options import lock_arguments
 from ..core.semaphore import Semaphore
 from ..proctree.tree import CommandTree, become_subreaper, held_by_keeper
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
@@ -152,9 +153,13 @@ def _build_semaphore(
             name,
             slots=slots,
             retry_strategy=FailFast(deadline, tracker),
-            backend=common.backend,
-            connect_timeout_s=common.connect_timeout_s,
-            **options,
+            **lock_arguments(
+                {
+                    "backend": common.backend,
+                    "connect_timeout_s": common.connect_timeout_s,
+                    **options,
+                }
+            ),
         )
     except PgLeaderLockError as exc:
         raise CliError(str(exc)) from None

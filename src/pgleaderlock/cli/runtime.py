@@ -21,6 +21,7 @@ from typing import Any
 from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
 from ..core.machine import is_permanent
+from ..core.options import lock_arguments
 from ..core.registry import driver_dsn
 from ..core.retry import RetryStrategy
 from .exits import CliError, first_line, signal_exit
@@ -49,7 +50,9 @@ def build_lock(
     Args:
         common: the lock, database and connection options.
         retry_strategy: the command's retry policy (see `pgleaderlock.cli.retry`).
-        **options: other [`LeaderLock`][pgleaderlock.LeaderLock] arguments.
+        **options: other [`LeaderLock`][pgleaderlock.LeaderLock] settings, flat (the
+            specification's arguments, and the fields of the option groups by their
+            0.1 keywords: ``fencing``, ``drain_s``, ...; see ``core.lock_arguments``).
 
     Returns:
         The lock, and the tracker registered on it.
@@ -66,9 +69,13 @@ def build_lock(
             target.key2,
             name=target.name,
             retry_strategy=FailFast(retry_strategy, tracker),
-            backend=common.backend,
-            connect_timeout_s=common.connect_timeout_s,
-            **options,
+            **lock_arguments(
+                {
+                    "backend": common.backend,
+                    "connect_timeout_s": common.connect_timeout_s,
+                    **options,
+                }
+            ),
         )
     except PgLeaderLockError as exc:
         raise CliError(str(exc)) from None

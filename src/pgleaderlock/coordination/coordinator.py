@@ -4,19 +4,25 @@ replica at a time, balanced, with fenced checkpoints."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Self
+from collections.abc import Callable
+from typing import Any, Literal, Self, Unpack
 
 from ..core import (
-    DEFAULT_SCHEMA,
+    DEPRECATED_KEYWORDS,
     ConfigurationError,
+    DeprecatedOptions,
+    LockOptions,
+    Participation,
     RetryStrategy,
     SessionFactory,
     check_give_away,
+    check_options,
     check_retry_strategy,
     connection_target,
     default_retry_strategy,
     lock_config,
+    merge_deprecated,
+    old_keywords,
     positive,
 )
 from .dedicated import DedicatedEngine
@@ -28,15 +34,6 @@ from .workers import CheckpointTable, WorkerFunction
 __all__ = ["Coordinator"]
 
 Sessions = Literal["dedicated", "shared"]
-
-# LeaderLock arguments a Coordinator passes on (dedicated sessions) or applies itself.
-_LOCK_KNOBS = frozenset({
-    "health_interval_s", "health_timeout_s", "reconnect_grace_s", "connect_timeout_s",
-    "command_timeout_s", "tcp_user_timeout_s", "follower_mode", "load_plugins",
-    "retry_permanent_errors", "acquire_delay_s", "backend", "lease_s", "fencing_grace_s",
-    "drain_s", "escalate_after_s",
-})  # fmt: skip
-_CONFIG_KNOBS = _LOCK_KNOBS - {"load_plugins", "backend"}  # lock_config()'s, with its defaults
 
 
 class Coordinator:
@@ -61,10 +58,8 @@ class Coordinator:
             this replica leads is held by one session (three sessions per replica in
             all, whatever the number of names); losing that session loses all its names
             at once.
-        fencing: keep a fencing term per name (see
-            [`LeaderLock`][pgleaderlock.LeaderLock]'s ``fencing``); needed for
-            [`WorkerContext.fence`][pgleaderlock.WorkerContext.fence] and checkpoints.
-        checkpoint_table: the table of checkpoints (created if missing with fencing).
+        checkpoint_table: the table of checkpoints (created if missing with fencing),
+            in the schema of ``options.fencing``.
         give_away_after_crashes: after this many crashes in a row, a worker's name is
             released for another replica (``None``: never; the worker is restarted).
         give_away_cooldown_s: how long a replica leaves a name it gave away to others.
@@ -74,23 +69,21 @@ class Coordinator:
         retry_strategy: delays between worker restarts and reconnections; default as
             for ``LeaderLock``.
         connect_fn: as for ``LeaderLock``; called for each session.
-        fencing_table: the table of fencing terms.
-        fencing_schema: the schema of the library's tables (terms and checkpoints;
-            default ``public``): always named in statements, never found through
-            ``search_path``.
-        trusted_roles: roles trusted besides the sessions' own role and superusers: the
-            owners of the library's tables and their schema, and the group's members
-            (sessions and messages of other roles are not a member's).
-        **lock_knobs: other ``LeaderLock`` arguments: ``health_interval_s``,
-            ``health_timeout_s``, ``connect_timeout_s``, ``command_timeout_s``,
-            ``tcp_user_timeout_s``, ``lease_s``, ``fencing_grace_s``, ``drain_s``,
-            ``escalate_after_s``, ``backend``, ``reconnect_grace_s``, ``follower_mode``,
-            ``load_plugins``, ``retry_permanent_errors``, and ``acquire_delay_s``
-            (dedicated sessions' names). They hold for every lock of the member: a name's (dedicated
-            sessions) and the member's own lock, a ``LeaderLock`` too, whose session is
-            the util session with dedicated sessions and the hold session with shared
-            ones (which holds the names). The lease holds for every session that holds a
-            lock.
+        health_interval_s: as for ``LeaderLock``, for every lock of the member.
+        reconnect_grace_s: as for ``LeaderLock``, for every lock of the member.
+        options: [`LockOptions`][pgleaderlock.LockOptions] for every lock of the member:
+            a name's (dedicated sessions) and the member's own lock, a ``LeaderLock``
+            too, whose session is the util session with dedicated sessions and the hold
+            session with shared ones (which holds the names). Its
+            [`Fencing`][pgleaderlock.Fencing] keeps a term per name (needed for
+            [`WorkerContext.fence`][pgleaderlock.WorkerContext.fence] and checkpoints;
+            ``acquire_delay_s`` is for dedicated sessions' names), its ``schema`` holds
+            the checkpoints too; ``trusted_roles`` also says whose sessions and
+            messages are the group's members. The lease holds for every session that
+            holds a lock. Its [`Participation`][pgleaderlock.Participation] must stay
+            the default (a group's names publish nothing of their own).
+        **deprecated: the flat keywords of 0.1 (``fencing=``, ``lease_s=``, ...), as for
+            ``LeaderLock``, with a ``DeprecationWarning``.
 
     Raises:
         ConfigurationError: bad input, before any I/O.
@@ -102,7 +95,6 @@ class Coordinator:
         *,
         group: str,
         sessions: Sessions = "dedicated",
-        fencing: bool = False,
         checkpoint_table: str = "pgleaderlock_subscriptions",
         give_away_after_crashes: int | None = None,
         give_away_cooldown_s: float = 60.0,
@@ -110,37 +102,52 @@ class Coordinator:
         idle_tick_s: float = 10.0,
         retry_strategy: RetryStrategy | None = None,
         connect_fn: SessionFactory | None = None,
-        fencing_table: str = "pgleaderlock_terms",
-        fencing_schema: str = DEFAULT_SCHEMA,
-        trusted_roles: Sequence[str] = (),
-        **lock_knobs: Any,
+        health_interval_s: float = 5.0,
+        reconnect_grace_s: float | None = None,
+        options: LockOptions | None = None,
+        **deprecated: Unpack[DeprecatedOptions],
     ) -> None:
-        unknown = set(lock_knobs) - _LOCK_KNOBS
-        if unknown:
+        unknown = set(deprecated) - set(DEPRECATED_KEYWORDS)
+        if unknown:  # a ConfigurationError, as in 0.1 (not Python's TypeError)
             raise ConfigurationError(f"unknown Coordinator arguments: {', '.join(sorted(unknown))}")
+        if deprecated:
+            options = merge_deprecated(options, deprecated, owner="Coordinator")
+        opts = check_options(options)
+        if opts.participation != Participation():
+            raise ConfigurationError(
+                "a Coordinator's options take no Participation: its names publish nothing "
+                "of their own"
+            )
+        if opts.session.application_name is not None:
+            raise ConfigurationError(
+                "a Coordinator names its sessions itself (Session.application_name): "
+                "pgl:<group>:<member>:<role> shows them in pg_stat_activity"
+            )
         if sessions not in ("dedicated", "shared"):
             raise ConfigurationError(f"sessions must be 'dedicated' or 'shared', got {sessions!r}")
         check_give_away(give_away_after_crashes)
-        backend_name = lock_knobs.get("backend")
-        # The fencing knobs: for the member's settings and every lock of the member.
-        fencing_knobs = {
-            "fencing": fencing,
-            "fencing_table": fencing_table,
-            "fencing_schema": fencing_schema,
-        }
         config = lock_config(
-            **{knob: lock_knobs[knob] for knob in _CONFIG_KNOBS & set(lock_knobs)},
-            **fencing_knobs,
+            opts,
+            health_interval_s=health_interval_s,
+            reconnect_grace_s=reconnect_grace_s,
             auto_reacquire=True,
-            trusted_roles=trusted_roles,
         )
-        backend, driver_dsn, config = connection_target(backend_name, dsn, connect_fn, config)
+        backend, driver_dsn, config = connection_target(
+            opts.session.backend, dsn, connect_fn, config
+        )
         check_retry_strategy(retry_strategy)
-        passed = {
-            **lock_knobs,
-            **fencing_knobs,
+        # What every lock of the member is made with. The engines pass these on as the
+        # flat keywords (the member lock overrides some of them), which
+        # ``options_from_keywords`` reads back; always with the fencing settings.
+        passed: dict[str, Any] = {
+            **old_keywords(opts),
+            "fencing": opts.fencing.enabled,
+            "fencing_table": opts.fencing.table,
+            "fencing_schema": opts.fencing.schema,
             "trusted_roles": config.trusted_roles,
             "retry_strategy": retry_strategy,
+            "health_interval_s": health_interval_s,
+            "reconnect_grace_s": reconnect_grace_s,
         }
         self._settings = Settings(
             group=check_group(group),
@@ -151,13 +158,16 @@ class Coordinator:
             dsn=driver_dsn,
             user_dsn=dsn,
             connect_fn=connect_fn,
-            checkpoints=CheckpointTable(checkpoint_table, fencing_schema, config.trusted_roles),
+            checkpoints=CheckpointTable(
+                checkpoint_table, opts.fencing.schema, config.trusted_roles
+            ),
             give_away_after_crashes=give_away_after_crashes,
             give_away_cooldown_s=positive("give_away_cooldown_s", give_away_cooldown_s),
             balance_interval_s=positive("balance_interval_s", balance_interval_s),
             idle_tick_s=positive("idle_tick_s", idle_tick_s),
             lock_kwargs=passed if connect_fn is None else {**passed, "connect_fn": connect_fn},
         )
+        self._options = opts
         engine: type[Engine] = DedicatedEngine if sessions == "dedicated" else SharedEngine
         self._engine = engine(self._settings)
         self._sessions: Sessions = sessions
@@ -224,6 +234,11 @@ class Coordinator:
         """The error that stopped the coordinator (authentication, configuration: what
         stops a ``LeaderLock`` for good), or ``None``; ``start()`` raises it too."""
         return self._engine.error
+
+    @property
+    def options(self) -> LockOptions:
+        """The [`LockOptions`][pgleaderlock.LockOptions] of the member's locks."""
+        return self._options
 
     @property
     def group(self) -> str:

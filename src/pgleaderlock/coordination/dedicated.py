@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..core import LeaderLock, LockState, follow_state, get_logger, oid_to_key
+from ..core import LeaderLock, LockState, follow_state, get_logger, lock_arguments, oid_to_key
 from . import balance
 from .events import Broken, GroupEvent, Look, NameEvent
 from .member import Engine
@@ -110,8 +110,12 @@ class DedicatedEngine(Engine):
             self.settings.user_dsn,
             *key,  # the name's keys in this group (name_keys)
             name=name,
-            application_name=app_name(self.group, self.member, "lock"),
-            **self.settings.lock_kwargs,
+            **lock_arguments(
+                {
+                    **self.settings.lock_kwargs,
+                    "application_name": app_name(self.group, self.member, "lock"),
+                }
+            ),
         )
         follow_state(lock, lambda old, new: self._on_state(key, lock, old, new))
         lock.on_draining(lambda: self.workers.drain({name}))  # the lock bounds it (drain_s)

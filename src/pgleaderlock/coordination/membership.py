@@ -28,6 +28,7 @@ from ..core import (
     follow_state,
     get_logger,
     is_permanent,
+    lock_arguments,
     oid_to_key,
     run_on_session,
 )
@@ -106,13 +107,15 @@ class Membership:
             self.settings.user_dsn,
             *member_key(self.group, self.member),
             name=f"{self.group}:{self.member}",
-            application_name=app_name(self.group, self.member, self._role),
-            **{
-                **self.settings.lock_kwargs,
-                "fencing": False,  # the names have terms; the member lock needs none
-                "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
-                "acquire_delay_s": 0.0,
-            },
+            **lock_arguments(
+                {
+                    **self.settings.lock_kwargs,
+                    "application_name": app_name(self.group, self.member, self._role),
+                    "fencing": False,  # the names have terms; the member lock needs none
+                    "drain_s": 0.0,  # the workers drain before the member leaves (_drain)
+                    "acquire_delay_s": 0.0,
+                }
+            ),
         )
         follow_state(lock, self._on_state)
         return lock

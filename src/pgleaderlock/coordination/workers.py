@@ -103,7 +103,8 @@ class WorkerContext:
         """
         if self._leadership is None:
             raise ConfigurationError(
-                "fenced work and checkpoints need Coordinator(..., fencing=True)"
+                "fenced work and checkpoints need a Coordinator with fencing: "
+                "options=LockOptions(fencing=Fencing(enabled=True)) (fencing=True in 0.1)"
             )
         return await self._leadership.fence(conn)
 

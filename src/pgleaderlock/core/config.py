@@ -7,12 +7,15 @@ import math
 import os
 import socket
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigurationError
 from .keys import check_name
 from .session import DEFAULT_CLAIM_S
 from .tables import DEFAULT_SCHEMA, LibraryTable, TermTable, check_identifier
+
+if TYPE_CHECKING:
+    from .options import LockOptions
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -218,38 +221,31 @@ class LockConfig:
 
 
 def lock_config(
+    options: LockOptions | None = None,
     *,
     health_interval_s: object = 5.0,
-    health_timeout_s: object = 2.0,
     reconnect_grace_s: object = None,
-    connect_timeout_s: object = 5.0,
-    command_timeout_s: object = 5.0,
-    tcp_user_timeout_s: object = None,
     auto_reacquire: object = True,
-    follower_mode: object = "wait",
-    retry_permanent_errors: object = False,
-    fencing: object = False,
-    fencing_table: object = "pgleaderlock_terms",
-    fencing_schema: object = DEFAULT_SCHEMA,
-    trusted_roles: object = (),
-    acquire_delay_s: object = 0.0,
-    lease_s: object = None,
-    fencing_grace_s: object = 2.0,
-    drain_s: object = 0.0,
-    escalate_after_s: object = 30.0,
 ) -> LockConfig:
-    """Check a lock's settings before any I/O. Its defaults are every lock's (a
-    ``LeaderLock``'s signature repeats them for its readers; a unit test keeps the two
-    equal).
+    """A lock's settings, checked before any I/O: the specification's flat arguments
+    (with ``LeaderLock``'s defaults; a unit test keeps the two equal) and the option
+    groups, whose defaults and own checks are written once, in
+    [`LockOptions`][pgleaderlock.LockOptions]. What spans groups is checked here.
 
     Raises:
         ConfigurationError: a non-positive or non-finite number, a ``tcp_user_timeout_s``
             that breaks the partition bound, a ``lease_s`` that a healthy leader could
-            outlive, a wrong type or an unknown follower mode.
+            outlive, a wrong type.
     """
+    if options is None:
+        from .options import LockOptions
+
+        options = LockOptions()
+    timing, fencing = options.timing, options.fencing
     interval = positive("health_interval_s", health_interval_s)
-    probe_timeout = positive("health_timeout_s", health_timeout_s)
+    probe_timeout = timing.health_timeout_s
     bound = interval + probe_timeout
+    tcp_user_timeout_s = timing.tcp_user_timeout_s
     if tcp_user_timeout_s is None:
         tcp_user_timeout_s = bound + max(1.0, bound / 4)
         if tcp_user_timeout_s > SERVER_MAX_SECONDS:
@@ -265,37 +261,28 @@ def lock_config(
             f"health_timeout_s = {bound:g}: otherwise a partitioned leader's lock could be "
             "granted to another session before the old leader has noticed and demoted itself"
         )
-    for name, flag in (
-        ("auto_reacquire", auto_reacquire),
-        ("retry_permanent_errors", retry_permanent_errors),
-        ("fencing", fencing),
-    ):
-        if not isinstance(flag, bool):
-            raise ConfigurationError(f"{name} must be a bool, got {flag!r}")
-    if follower_mode not in ("wait", "poll"):
-        raise ConfigurationError(f"follower_mode must be 'wait' or 'poll', got {follower_mode!r}")
-    delay = not_negative("acquire_delay_s", acquire_delay_s)
-    if delay and not fencing:
-        raise ConfigurationError("acquire_delay_s needs fencing=True (it follows the term bump)")
-    lease = _lease(lease_s, interval, bound, delay)
-    trusted = check_roles(trusted_roles)
+    if not isinstance(auto_reacquire, bool):
+        raise ConfigurationError(f"auto_reacquire must be a bool, got {auto_reacquire!r}")
+    delay = fencing.acquire_delay_s
+    lease = _lease(timing.lease_s, interval, bound, delay)
+    trusted = tuple(options.trusted_roles)
     return LockConfig(
         health_interval_s=interval,
         health_timeout_s=probe_timeout,
         reconnect_grace_s=optional_positive("reconnect_grace_s", reconnect_grace_s),
-        connect_timeout_s=positive("connect_timeout_s", connect_timeout_s),
-        command_timeout_s=positive("command_timeout_s", command_timeout_s),
+        connect_timeout_s=timing.connect_timeout_s,
+        command_timeout_s=timing.command_timeout_s,
         tcp_user_timeout_s=user_timeout,
-        auto_reacquire=bool(auto_reacquire),
-        follower_mode="wait" if follower_mode == "wait" else "poll",
-        retry_permanent_errors=bool(retry_permanent_errors),
-        term_table=_term_table(fencing_table, fencing_schema, trusted) if fencing else None,
+        auto_reacquire=auto_reacquire,
+        follower_mode=options.session.follower_mode,
+        retry_permanent_errors=options.session.retry_permanent_errors,
+        term_table=TermTable(fencing.table, fencing.schema, trusted) if fencing.enabled else None,
         trusted_roles=trusted,
         acquire_delay_s=delay,
         lease_s=lease,
-        fencing_grace_s=positive("fencing_grace_s", fencing_grace_s, maximum=SERVER_MAX_SECONDS),
-        drain_s=not_negative("drain_s", drain_s),
-        escalate_after_s=positive("escalate_after_s", escalate_after_s),
+        fencing_grace_s=fencing.grace_s,
+        drain_s=timing.drain_s,
+        escalate_after_s=timing.escalate_after_s,
     )
 
 
@@ -349,15 +336,6 @@ def _lease(value: object, interval: float, bound: float, acquire_delay_s: float)
             "its own lease between two probes"
         )
     return lease
-
-
-def _term_table(name: object, schema: object, trusted: tuple[str, ...]) -> TermTable:
-    if schema is None:
-        raise ConfigurationError(
-            "fencing_schema must name a schema (the library's tables are always named "
-            f"with their schema; the default is {DEFAULT_SCHEMA!r})"
-        )
-    return TermTable(name, schema, trusted)  # type: ignore[arg-type]  # validated there
 
 
 def not_negative(name: str, value: object, *, maximum: float = MAX_SECONDS) -> float:

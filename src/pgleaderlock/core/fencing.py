@@ -1,7 +1,7 @@
 """Fencing tokens for a lock's leadership: the term, the leadership that work runs under,
 and ``fence()`` for transactions.
 
-With ``LeaderLock(..., fencing=True)`` every acquisition increments the lock's term in a
+With ``Fencing(enabled=True)`` every acquisition increments the lock's term in a
 table, on the lock's own session, before the lock is announced as LEADER. A transaction
 on any connection calls [`fence`][pgleaderlock.LeaderLock.fence] first: it takes a
 shared lock on the term row until the transaction ends, and the server checks that the
@@ -395,7 +395,7 @@ class Fencing:
 
     @property
     def term(self: _Lock) -> int | None:
-        """With ``fencing=True``: the fencing token of the current leadership, strictly
+        """With ``Fencing(enabled=True)``: the fencing token of the current leadership, strictly
         increasing per lock across all processes (also after a server restart or a
         failover); ``None`` when not LEADER or without fencing.
 
@@ -435,7 +435,10 @@ class Fencing:
         """
         table = self._config.term_table
         if table is None:
-            raise ConfigurationError("fence() needs LeaderLock(..., fencing=True)")
+            raise ConfigurationError(
+                "fence() needs fencing: options=LockOptions(fencing=Fencing(enabled=True)) "
+                "(fencing=True in 0.1)"
+            )
         if term is None:
             bound = bound_leadership(self)
             if bound is not None:

@@ -87,7 +87,7 @@ class LeaderInfo:
         priority: the leader's ``priority``.
         metadata: the JSON document the leader publishes (``metadata=``).
         since: when the leader announced its current leadership (server clock).
-        term: its fencing term (``fencing=True``), else ``None``.
+        term: its fencing term (``Fencing(enabled=True)``), else ``None``.
         trusted: whether the leader's role is trusted by the reader (its own role, a
             superuser, or one of ``trusted_roles``). An untrusted leader holds the
             lock all the same (advisory locks have no owner), but nothing it published

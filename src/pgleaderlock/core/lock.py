@@ -17,20 +17,17 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self, TypeVar, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Self, TypeVar, Unpack, cast
 
 import pluggy
 
 from ._logging import get_logger
 from .config import (
-    DEFAULT_SCHEMA,
     FollowerMode,
     LockConfig,
     default_application_name,
     lock_config,
-    not_negative,
-    positive,
     session_settings,
 )
 from .errors import (
@@ -51,7 +48,6 @@ from .leader import (
     Participant,
     ParticipantTable,
     Target,
-    check_metadata,
     short_session,
 )
 from .machine import Machine, Request
@@ -64,6 +60,7 @@ from .models import (
     LockStatistics,
     StateChangeCallback,
 )
+from .options import DeprecatedOptions, LockOptions, check_options, merge_deprecated
 from .participants import NOTIFY_ONLY
 from .retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from .runner import Runner
@@ -94,12 +91,6 @@ privilege missing): the lock goes on without what the statement would have done.
 def _statement_error(exc: BaseException) -> bool:
     code = sqlstate(exc.__cause__ if exc.__cause__ is not None else exc)
     return code is not None and code[:2] in _STATEMENT_ERRORS
-
-
-def _check_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
-        raise ConfigurationError(f"priority must be a 32-bit integer, got {value!r}")
-    return value
 
 
 def default_identity() -> str:
@@ -138,111 +129,21 @@ class LeaderLock(Fencing):
             [`shutdown()`][pgleaderlock.LeaderLock.shutdown].
         connect_fn: a custom factory returning a [`LockSession`][pgleaderlock.LockSession]
             or a raw driver connection (psycopg ``AsyncConnection``); overrides ``dsn``.
-        health_timeout_s: timeout of one health probe. A silent failure is detected
-            within ``health_interval_s + health_timeout_s``.
-        connect_timeout_s: timeout for connecting to one host; a multi-host DSN gives each
-            host an attempt of its own (a DSN's own ``connect_timeout`` wins). Opening
-            a session, with its checks, is bounded by twice the time for all hosts plus
-            ``command_timeout_s``.
-        command_timeout_s: timeout for ``pg_try_advisory_lock`` and ``pg_advisory_unlock``.
-        tcp_user_timeout_s: after how long of network silence the *server* drops this
-            session (and so frees the lock). Must exceed ``health_interval_s +
-            health_timeout_s`` so that a partitioned leader has always demoted itself
-            before anyone else can be granted the lock. Default: that bound plus
-            ``max(1, bound / 4)`` seconds.
-        application_name: shown in ``pg_stat_activity``; default
-            ``pgleaderlock:<name or keys>@<host>:<pid>``.
-        backend: driver backend name (``"psycopg"``, ...); default from the DSN scheme,
-            else psycopg.
         name: a label for logs and ``application_name`` (set by
             [`from_name`][pgleaderlock.LeaderLock.from_name]).
-        follower_mode: ``"wait"`` (default): after an attempt finds the lock taken, the
-            follower waits *on the server* (``pg_advisory_lock`` under ``lock_timeout``)
-            for as long as the retry strategy's delay, and is granted the lock the
-            instant the holder's session ends. ``"poll"``: the spec's behaviour, sleep
-            for the delay and try again with ``pg_try_advisory_lock``. Each wait that
-            ends without the lock counts as one failed attempt
-            ([`on_acquire_failed`][pgleaderlock.LeaderLock.on_acquire_failed], then the
-            strategy is asked). A waiting follower keeps one server backend
-            busy, and the server may log the wait when ``log_lock_waits`` is on.
-            Backends that cannot wait fall back to polling.
-        load_plugins: register the plugins of the ``pgleaderlock.plugins`` entry-point
-            group (unless ``PGLEADERLOCK_DISABLE_PLUGIN_AUTOLOAD`` is set).
-        retry_permanent_errors: keep retrying when the server refuses the client
-            ([`ServerRefusedError`][pgleaderlock.ServerRefusedError]: authentication
-            failed, unknown role or database), e.g. while a password is rotated. By
-            default the lock reports such an error and stops, and
-            [`wait_for_leadership`][pgleaderlock.LeaderLock.wait_for_leadership] raises it.
-        fencing: keep a fencing term per lock in a table (created if missing): each
-            acquisition increments it on the lock's own session before the lock is
-            announced as LEADER, [`term`][pgleaderlock.LeaderLock.term] holds it while
-            LEADER, and [`fence`][pgleaderlock.LeaderLock.fence] lets a transaction on
-            any connection commit only under the current term. See
-            [Fencing](../fencing.md).
-        fencing_table: the table of terms (default ``pgleaderlock_terms``).
-        fencing_schema: its schema (default ``public``). The table is always named with
-            its schema (the lock's session never looks a name up through a
-            ``search_path`` another role could put a table in), and used only if it is
-            a plain table that a trusted role owns, in a schema a trusted role owns
-            ([`UntrustedObjectError`][pgleaderlock.UntrustedObjectError]).
-        trusted_roles: roles whose tables (and schemas) are trusted besides the
-            session's own role and superusers.
-        acquire_delay_s: with fencing, how long ``on_acquired`` (and ``is_leader``)
-            waits after the term bump: a margin for side effects outside the database
-            after the old leader's session was terminated (default 0).
-        lease_s: the lease the server enforces: a leader whose session shows no life
-            for this long (its probes stopped: a blocked event loop, a frozen process)
-            loses the lock to the server, with no help from the client
-            (``idle_session_timeout`` on the lock's session, PostgreSQL 14 and later;
-            every probe renews it). Must exceed ``health_interval_s +
-            health_timeout_s`` (+ ``acquire_delay_s``), so that a healthy leader on a
-            busy machine never loses its lock to it. Default: ``2 * health_interval_s``,
-            at least that bound plus ``max(1, bound / 4)`` (10 s with the defaults). See
-            [The lease](../guarantees.md#the-lease).
-        fencing_grace_s: with fencing, how long a new leadership's term bump waits for
-            the fenced transactions of an older term before it ends their sessions
-            (``pg_terminate_backend``, which needs the same role or
-            ``pg_signal_backend``), so that a frozen old leader cannot keep every leader
-            out (default 2 s). See [Fencing](../fencing.md#a-frozen-old-leader).
-        drain_s: on a graceful stop (``step_down()``, ``shutdown()``, SIGTERM in the
-            CLI), how long leader work may finish its current unit before the lock is
-            released: the lock stays LEADER and keeps probing,
-            [`draining`][pgleaderlock.LeaderLock.draining] turns True and the
-            [`on_draining`][pgleaderlock.LeaderLock.on_draining] callbacks run; the
-            release follows when they have returned, or after ``drain_s``. Default 0:
-            release at once.
-        metadata: a small JSON object this lock publishes (its address, version...):
-            [`leader()`][pgleaderlock.LeaderLock.leader] on any replica returns it while
-            this lock leads. See [Who leads](../guides/who-leads.md).
-        identity: this lock's name among the replicas (default
-            ``<host>:<pid>:<n>``), published with its metadata. A lock given
-            ``metadata`` or ``identity`` (or ``priority``) publishes a row in the
-            participants table on each new session; without them it publishes nothing,
-            and ``leader()`` knows only its pid, ``application_name`` and role.
-        eligible: ``False`` makes an observer: it never takes the lock (it opens no
-            lock session), and its [`on_leader_changed`][pgleaderlock.LeaderLock.on_leader_changed]
-            callbacks still run.
-        participants_table: the table locks publish their details in (default
-            ``pgleaderlock_participants``, created if missing, with row-level security).
-        participants_schema: its schema (default ``public``).
-        watch_interval_s: how often the process's leader watch looks again without a
-            notification (default ``health_interval_s``): the bound on noticing a
-            leader that ended with nobody to follow it.
-        priority: higher wins. ``None`` (default): off. While this lock leads with a
-            priority, a candidate of a strictly higher priority that waits for the
-            lock is handed the leadership ([`hand_over`][pgleaderlock.LeaderLock.hand_over])
-            ``handover_delay_s`` after it is seen (never between equal priorities; a
-            candidate without priority ranks lowest). See
-            [Who leads](../guides/who-leads.md#choosing-who-leads).
-        handover_delay_s: how long a leader waits after seeing a waiting candidate of a
-            higher priority before it hands over (it looks again then).
-        escalate_after_s: errors that keep the lock from leading (it cannot connect,
-            or its attempts fail, with no attempt reaching the server in between) for
-            this long are escalated: an ERROR line ``lock_failing`` says for how long,
-            how many errors and what to check, again at doubling intervals (at most
-            every 10 min); until then only the first error, and each different one, is
-            logged at ERROR, repeats at DEBUG.
-            [`statistics().failing_since`][pgleaderlock.LockStatistics] says since when.
+        options: everything beyond the specification's arguments, in groups:
+            [`LockOptions`][pgleaderlock.LockOptions] of
+            [`Timing`][pgleaderlock.Timing] (probe, connect and command timeouts,
+            ``tcp_user_timeout_s``, the lease, ``drain_s``, ``escalate_after_s``),
+            [`Fencing`][pgleaderlock.Fencing] (terms, their table, ``acquire_delay_s``,
+            the grace), [`Participation`][pgleaderlock.Participation] (identity,
+            metadata, priority, eligibility, hand-over, the leader watch),
+            [`Session`][pgleaderlock.Session] (backend, ``application_name``, follower
+            mode, retrying refusals), ``trusted_roles`` and ``load_plugins``. Default:
+            ``LockOptions()``. See [Configuration](../configuration.md).
+        **deprecated: the flat keywords of 0.1 (``lease_s=``, ``fencing=``, ...), each
+            with a ``DeprecationWarning`` that names its new spelling; removed in 0.3.
+            Giving a setting both ways is a ``ConfigurationError``.
 
     Raises:
         ConfigurationError: for keys outside the signed 32-bit range, non-positive
@@ -263,64 +164,27 @@ class LeaderLock(Fencing):
         auto_reacquire: bool = True,
         shutdown_event: asyncio.Event | None = None,
         connect_fn: SessionFactory | None = None,
-        health_timeout_s: float = 2.0,
-        connect_timeout_s: float = 5.0,
-        command_timeout_s: float = 5.0,
-        tcp_user_timeout_s: float | None = None,
-        application_name: str | None = None,
-        backend: str | None = None,
         name: str | None = None,
-        follower_mode: FollowerMode = "wait",
-        load_plugins: bool = True,
-        retry_permanent_errors: bool = False,
-        fencing: bool = False,
-        fencing_table: str = "pgleaderlock_terms",
-        fencing_schema: str = DEFAULT_SCHEMA,
-        trusted_roles: Sequence[str] = (),
-        acquire_delay_s: float = 0.0,
-        lease_s: float | None = None,
-        fencing_grace_s: float = 2.0,
-        drain_s: float = 0.0,
-        metadata: Mapping[str, Any] | None = None,
-        identity: str | None = None,
-        eligible: bool = True,
-        participants_table: str = ParticipantTable.name,
-        participants_schema: str = DEFAULT_SCHEMA,
-        watch_interval_s: float | None = None,
-        priority: int | None = None,
-        handover_delay_s: float = 0.5,
-        escalate_after_s: float = 30.0,
+        options: LockOptions | None = None,
+        **deprecated: Unpack[DeprecatedOptions],
     ) -> None:
         self._key1 = check_key("key1", key1)
         self._key2 = check_key("key2", key2)
         self._name = None if name is None else check_name(name, "name")
+        if deprecated:
+            options = merge_deprecated(options, deprecated, owner=type(self).__name__)
+        self._options = opts = check_options(options)
         self._config = lock_config(
+            opts,
             health_interval_s=health_interval_s,
-            health_timeout_s=health_timeout_s,
             reconnect_grace_s=reconnect_grace_s,
-            connect_timeout_s=connect_timeout_s,
-            command_timeout_s=command_timeout_s,
-            tcp_user_timeout_s=tcp_user_timeout_s,
             auto_reacquire=auto_reacquire,
-            follower_mode=follower_mode,
-            retry_permanent_errors=retry_permanent_errors,
-            fencing=fencing,
-            fencing_table=fencing_table,
-            fencing_schema=fencing_schema,
-            trusted_roles=trusted_roles,
-            acquire_delay_s=acquire_delay_s,
-            lease_s=lease_s,
-            fencing_grace_s=fencing_grace_s,
-            drain_s=drain_s,
-            escalate_after_s=escalate_after_s,
         )
         check_retry_strategy(retry_strategy)
         self._retry: RetryStrategy = retry_strategy or default_retry_strategy()
         self._external_stop = shutdown_event
-        if application_name is not None:
-            check_name(application_name, "application_name")
         self._connect_options = ConnectOptions(
-            application_name=application_name or default_application_name(self.label),
+            application_name=opts.session.application_name or default_application_name(self.label),
             connect_timeout_s=self._config.connect_timeout_s,
             server_settings=session_settings(self._config),
             lease_s=self._config.lease_s,
@@ -328,10 +192,10 @@ class LeaderLock(Fencing):
         )
         self._backend: Backend | None
         self._backend, driver_dsn, self._config = connection_target(
-            backend, dsn, connect_fn, self._config
+            opts.session.backend, dsn, connect_fn, self._config
         )
 
-        self.plugins: pluggy.PluginManager = new_plugin_manager(load_entry_points=load_plugins)
+        self.plugins: pluggy.PluginManager = new_plugin_manager(load_entry_points=opts.load_plugins)
         """This lock's plugin manager: ``lock.plugins.register(plugin)``."""
 
         self._machine = Machine(self._config, self._retry)
@@ -349,25 +213,24 @@ class LeaderLock(Fencing):
         self._runner.leaving = functools.partial(leadership_ended, self.plugins, fields)
 
         # Who leads (see core.leader and core.watch).
-        self._metadata_json = check_metadata(metadata)
-        self._metadata = None if metadata is None else dict(metadata)
-        self._identity = check_name(identity, "identity") if identity else default_identity()
+        part = opts.participation
+        self._metadata_json = part.metadata_json
+        self._metadata = part.metadata
+        self._identity = part.identity or default_identity()
         # Only a lock with something to publish writes a participant row (one statement
         # per new session); every leader announces itself with NOTIFY.
-        self._priority = None if priority is None else _check_priority(priority)
-        self._handover_delay_s = not_negative("handover_delay_s", handover_delay_s)
-        self._publishes = metadata is not None or identity is not None or priority is not None
+        self._priority = part.priority
+        self._handover_delay_s = part.handover_delay_s
+        self._publishes = part.publishes
         self._considering: asyncio.Task[None] | None = None
         self._announced = False  # the grant's statement announced this leadership
-        self._eligible = bool(eligible)
-        self._participants = ParticipantTable(
-            participants_table, participants_schema, self._config.trusted_roles
-        )
-        self._target = Target(self._backend, driver_dsn, connect_fn, connect_timeout_s)
+        self._eligible = part.eligible
+        self._participants = ParticipantTable(part.table, part.schema, self._config.trusted_roles)
+        self._target = Target(self._backend, driver_dsn, connect_fn, opts.timing.connect_timeout_s)
         self._watch_interval_s = (
             self._config.health_interval_s
-            if watch_interval_s is None
-            else positive("watch_interval_s", watch_interval_s)
+            if part.watch_interval_s is None
+            else part.watch_interval_s
         )
         self._published = False  # this session's participant row was written
         self._publish_warned = False
@@ -376,7 +239,7 @@ class LeaderLock(Fencing):
         if not isinstance(self._keyring(), tuple):
             # A Semaphore: its holders take slot keys, several at once; who leads, as
             # published and announced here, is about one lock's keys.
-            if metadata is not None or priority is not None or not eligible:
+            if part.metadata is not None or part.priority is not None or not part.eligible:
                 raise ConfigurationError(
                     "metadata, priority and eligible are for a LeaderLock, not a Semaphore"
                 )
@@ -398,7 +261,20 @@ class LeaderLock(Fencing):
         return self.keys
 
     @classmethod
-    def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
+    def from_name(
+        cls,
+        name: str,
+        dsn: str | Any | None = None,
+        *,
+        retry_strategy: RetryStrategy | None = None,
+        health_interval_s: float = 5.0,
+        reconnect_grace_s: float | None = None,
+        auto_reacquire: bool = True,
+        shutdown_event: asyncio.Event | None = None,
+        connect_fn: SessionFactory | None = None,
+        options: LockOptions | None = None,
+        **deprecated: Unpack[DeprecatedOptions],
+    ) -> Self:
         """A lock whose keys are derived from ``name`` by
         [`lock_keys`][pgleaderlock.lock_keys].
 
@@ -406,10 +282,38 @@ class LeaderLock(Fencing):
             name: the lock's name; the same name gives the same keys in every process
                 (and in SQL).
             dsn: as for the constructor.
-            **kwargs: any other constructor argument.
+            retry_strategy: as for the constructor.
+            health_interval_s: as for the constructor.
+            reconnect_grace_s: as for the constructor.
+            auto_reacquire: as for the constructor.
+            shutdown_event: as for the constructor.
+            connect_fn: as for the constructor.
+            options: as for the constructor ([`LockOptions`][pgleaderlock.LockOptions]).
+            **deprecated: as for the constructor: the flat keywords of 0.1, with a
+                ``DeprecationWarning``.
         """
+        if deprecated:
+            options = merge_deprecated(options, deprecated, owner=f"{cls.__name__}.from_name")
         key1, key2 = lock_keys(name)
-        return cls(dsn, key1, key2, name=name, **kwargs)
+        return cls(
+            dsn,
+            key1,
+            key2,
+            retry_strategy=retry_strategy,
+            health_interval_s=health_interval_s,
+            reconnect_grace_s=reconnect_grace_s,
+            auto_reacquire=auto_reacquire,
+            shutdown_event=shutdown_event,
+            connect_fn=connect_fn,
+            name=name,
+            options=options,
+        )
+
+    @property
+    def options(self) -> LockOptions:
+        """The [`LockOptions`][pgleaderlock.LockOptions] this lock was made with (old
+        keywords applied)."""
+        return self._options
 
     # ------------------------------------------------------------------ properties
 

@@ -155,7 +155,7 @@ class LockStatistics:
         leader_since: ``time.time()`` when the current leadership began, or ``None``
             when not LEADER.
         backend_pid: the server pid of the current session, if any.
-        term: with ``fencing=True``, the fencing term of the current leadership;
+        term: with ``Fencing(enabled=True)``, the fencing term of the current leadership;
             ``None`` when not LEADER or without fencing.
         probes: health probes the session answered (whatever the answer), over the
             lock's whole life.

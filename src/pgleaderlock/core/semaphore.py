@@ -21,14 +21,16 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
-from typing import Any, Self, cast
+from typing import Any, Self, Unpack, cast
 
 from .config import positive
 from .errors import ConfigurationError
 from .keyring import Keyring
 from .keys import lock_keys, slot_keys
 from .lock import LeaderLock
-from .session import LockSession, WaitingSession
+from .options import DeprecatedOptions, LockOptions, merge_deprecated
+from .retry import RetryStrategy
+from .session import LockSession, SessionFactory, WaitingSession
 
 __all__ = ["DEFAULT_RESCAN_S", "HANDOVER_RESCANS", "Semaphore", "SlotKeyring"]
 
@@ -129,7 +131,7 @@ class Semaphore(LeaderLock):
 
     Each slot is its own advisory lock, with keys from
     [`slot_keys(name, slots)`][pgleaderlock.slot_keys] (never those of another name), so
-    `pgleaderlock status --all` shows who holds which slot. With ``fencing=True`` each
+    `pgleaderlock status --all` shows who holds which slot. With ``Fencing(enabled=True)`` each
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
     [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 
@@ -152,8 +154,18 @@ class Semaphore(LeaderLock):
             [guide](../guides/semaphores.md). Unused with ``slots=1``, which waits on the
             server, and with ``follower_mode="poll"``, which tries every slot once per
             retry delay.
-        **kwargs: any other `LeaderLock` argument (``retry_strategy``,
-            ``health_interval_s``, ``fencing``, ``drain_s``, ...), except the keys.
+        retry_strategy: as for `LeaderLock`.
+        health_interval_s: as for `LeaderLock`.
+        reconnect_grace_s: as for `LeaderLock`.
+        auto_reacquire: as for `LeaderLock`.
+        shutdown_event: as for `LeaderLock`.
+        connect_fn: as for `LeaderLock`.
+        options: as for `LeaderLock` ([`LockOptions`][pgleaderlock.LockOptions]: timing,
+            fencing, session...); its [`Participation`][pgleaderlock.Participation] may
+            not set ``metadata``, ``priority`` or ``eligible`` (they are about one
+            lock's leader).
+        **deprecated: the flat keywords of 0.1, as for `LeaderLock`, with a
+            ``DeprecationWarning``.
 
     Raises:
         ConfigurationError: a bad name, ``slots`` or ``rescan_s``, or as `LeaderLock`.
@@ -166,23 +178,72 @@ class Semaphore(LeaderLock):
         *,
         slots: int,
         rescan_s: float = DEFAULT_RESCAN_S,
-        **kwargs: Any,
+        retry_strategy: RetryStrategy | None = None,
+        health_interval_s: float = 5.0,
+        reconnect_grace_s: float | None = None,
+        auto_reacquire: bool = True,
+        shutdown_event: asyncio.Event | None = None,
+        connect_fn: SessionFactory | None = None,
+        options: LockOptions | None = None,
+        **deprecated: Unpack[DeprecatedOptions],
     ) -> None:
         rescan_s = positive("rescan_s", rescan_s)
         for taken in ("key1", "key2", "name"):
-            if taken in kwargs:
+            if taken in deprecated:
                 raise ConfigurationError(f"a Semaphore's {taken} comes from its name")
+        if deprecated:
+            options = merge_deprecated(options, deprecated, owner="Semaphore")
         self._ring = SlotKeyring(slot_keys(name, slots), rescan_s)
-        super().__init__(dsn, *lock_keys(name), name=name, **kwargs)
+        super().__init__(
+            dsn,
+            *lock_keys(name),
+            retry_strategy=retry_strategy,
+            health_interval_s=health_interval_s,
+            reconnect_grace_s=reconnect_grace_s,
+            auto_reacquire=auto_reacquire,
+            shutdown_event=shutdown_event,
+            connect_fn=connect_fn,
+            name=name,
+            options=options,
+        )
         self._log_fields["slots"] = slots
 
     def _keyring(self) -> Keyring:
         return self._ring
 
     @classmethod
-    def from_name(cls, name: str, dsn: str | Any | None = None, **kwargs: Any) -> Self:
-        """``Semaphore(dsn, name, **kwargs)`` (``slots=`` is required)."""
-        return cls(dsn, name, **kwargs)
+    def from_name(  # type: ignore[override]  # a semaphore needs its slots
+        cls,
+        name: str,
+        dsn: str | Any | None = None,
+        *,
+        slots: int,
+        rescan_s: float = DEFAULT_RESCAN_S,
+        retry_strategy: RetryStrategy | None = None,
+        health_interval_s: float = 5.0,
+        reconnect_grace_s: float | None = None,
+        auto_reacquire: bool = True,
+        shutdown_event: asyncio.Event | None = None,
+        connect_fn: SessionFactory | None = None,
+        options: LockOptions | None = None,
+        **deprecated: Unpack[DeprecatedOptions],
+    ) -> Self:
+        """``Semaphore(dsn, name, slots=..., ...)``: the same arguments."""
+        if deprecated:
+            options = merge_deprecated(options, deprecated, owner="Semaphore.from_name")
+        return cls(
+            dsn,
+            name,
+            slots=slots,
+            rescan_s=rescan_s,
+            retry_strategy=retry_strategy,
+            health_interval_s=health_interval_s,
+            reconnect_grace_s=reconnect_grace_s,
+            auto_reacquire=auto_reacquire,
+            shutdown_event=shutdown_event,
+            connect_fn=connect_fn,
+            options=options,
+        )
 
     @property
     def slots(self) -> int:

@@ -294,7 +294,7 @@ class SocketSession(Protocol):
 
 @runtime_checkable
 class TableSession(Protocol):
-    """Optional capability, needed for ``fencing=True`` and by a
+    """Optional capability, needed for ``Fencing(enabled=True)`` and by a
     [`Coordinator`][pgleaderlock.Coordinator]: check one of the library's tables before
     using it. The core calls it once per session and table."""
 
@@ -324,7 +324,7 @@ class QuerySession(Protocol):
 
 @runtime_checkable
 class FencingSession(Protocol):
-    """Optional capability, needed for ``fencing=True``: bump the lock's fencing term."""
+    """Optional capability, needed for ``Fencing(enabled=True)``: bump the lock's fencing term."""
 
     async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int | None:
         """Increment the lock's term in ``table`` (created if missing) on this session,

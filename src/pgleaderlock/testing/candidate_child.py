@@ -17,6 +17,7 @@ from typing import Any
 from ..core.errors import ShutdownError
 from ..core.lock import LeaderLock
 from ..core.models import LockState
+from ..core.options import lock_arguments
 from ..core.retry import FixedInterval
 from ..core.semaphore import Semaphore
 from .candidate_protocol import DSN_ENV, MODULE, write_event
@@ -87,13 +88,13 @@ def _make_lock(opts: argparse.Namespace, dsn: str) -> LeaderLock:
     kwargs.update({k: v for k, v in timings.items() if v is not None})
     if opts.retry is not None:
         kwargs["retry_strategy"] = FixedInterval(opts.retry)
+    arguments = lock_arguments(kwargs)
     if opts.slots is not None:
-        if opts.rescan is not None:
-            kwargs["rescan_s"] = opts.rescan
-        return Semaphore(dsn, opts.lock_name, slots=opts.slots, **kwargs)
+        rescan = {} if opts.rescan is None else {"rescan_s": opts.rescan}
+        return Semaphore(dsn, opts.lock_name, slots=opts.slots, **rescan, **arguments)
     if opts.lock_name is not None:
-        return LeaderLock.from_name(opts.lock_name, dsn, **kwargs)
-    return LeaderLock(dsn, opts.key1, opts.key2, **kwargs)
+        return LeaderLock.from_name(opts.lock_name, dsn, **arguments)
+    return LeaderLock(dsn, opts.key1, opts.key2, **arguments)
 
 
 async def _run(opts: argparse.Namespace, dsn: str) -> int:

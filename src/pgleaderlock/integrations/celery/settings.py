@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import DEFAULT_SCHEMA, ConfigurationError, not_negative, positive
+from ...core import DEFAULT_SCHEMA, ConfigurationError, lock_arguments, not_negative, positive
 from ...core.lock import LeaderLock
 from ...schedule import Policy, SlotGuard
 from ...schedule.policy import takes_old_keywords
@@ -153,7 +153,7 @@ class BeatSettings:
         if self.health_interval_s is not None:
             options["health_interval_s"] = self.health_interval_s
         options["fencing"] = True
-        return LeaderLock.from_name(self.lock_name, dsn=self.dsn, **options)
+        return LeaderLock.from_name(self.lock_name, dsn=self.dsn, **lock_arguments(options))
 
     def slot_guard(self) -> SlotGuard:
         """The [`SlotGuard`][pgleaderlock.schedule.SlotGuard] of a worker's tasks: the

@@ -65,9 +65,11 @@ def dsn(alias: str | None = None) -> str:
 
 def lock(name: str, **overrides: Any) -> LeaderLock:
     """A [`LeaderLock`][pgleaderlock.LeaderLock] named ``name`` on the app's database,
-    with ``PGLEADERLOCK["OPTIONS"]`` and then ``overrides`` (any other
-    [`LeaderLock`][pgleaderlock.LeaderLock] keyword argument, ``connect_fn`` included).
-    Not started.
+    with ``PGLEADERLOCK["OPTIONS"]`` and then ``overrides``: flat names, as in the
+    settings (the specification's [`LeaderLock`][pgleaderlock.LeaderLock] arguments,
+    ``connect_fn`` included, and the option groups' fields: ``lease_s``, ``fencing``...;
+    see [`lock_arguments`][pgleaderlock.core.options.lock_arguments]), or
+    ``options=LockOptions(...)``. Not started.
 
     Raises:
         ImproperlyConfigured: bad settings, or the lock refused the options.

@@ -30,6 +30,7 @@ from psycopg.conninfo import make_conninfo
 
 from ...core.errors import PgLeaderLockError
 from ...core.lock import LeaderLock
+from ...core.options import DEPRECATED_KEYWORDS, lock_arguments
 from ...schedule.ledger import RunTable, ScheduleTable
 
 __all__ = ["LOCK_OPTIONS", "Settings", "build_dsn", "check_lock_options", "load", "make_lock"]
@@ -41,14 +42,22 @@ _KEYS = ("DATABASE", "OPTIONS", "LOCKS", "LEDGER")
 _LEDGER_KEYS = ("schema", "runs_table", "schedules_table")
 
 _NOT_OPTIONS = frozenset({"dsn", "key1", "key2", "name", "connect_fn", "shutdown_event"})
-LOCK_OPTIONS: tuple[str, ...] = tuple(
-    p.name
-    for p in inspect.signature(LeaderLock.__init__).parameters.values()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_OPTIONS
+LOCK_OPTIONS: tuple[str, ...] = (
+    *(
+        p.name
+        for p in inspect.signature(LeaderLock.__init__).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+        and p.name not in _NOT_OPTIONS
+        and p.name != "options"
+    ),
+    *DEPRECATED_KEYWORDS,
 )
-"""The [`LeaderLock`][pgleaderlock.LeaderLock] arguments ``OPTIONS`` may set (all but the
-DSN, keys, name, ``connect_fn`` and ``shutdown_event``, which the app or the caller
-gives)."""
+"""The settings ``OPTIONS`` may give: the [`LeaderLock`][pgleaderlock.LeaderLock]
+arguments of the specification (all but the DSN, keys, name, ``connect_fn`` and
+``shutdown_event``, which the app or the caller gives), and every field of the option
+groups by its flat name (``fencing``, ``lease_s``, ``trusted_roles``...: a settings
+file stays flat; see [`DEPRECATED_KEYWORDS`][pgleaderlock.core.options.DEPRECATED_KEYWORDS]
+for where each goes). They become the lock's ``options=`` without a warning."""
 
 _DJANGO_ONLY_OPTIONS = frozenset(
     {"assume_role", "isolation_level", "pool", "server_side_binding", "cursor_factory",
@@ -64,8 +73,8 @@ class Settings:
 
     Attributes:
         database: the alias in ``DATABASES`` whose database holds the locks.
-        options: [`LeaderLock`][pgleaderlock.LeaderLock] keyword arguments for every lock
-            the app makes (``lock(name, **overrides)`` overrides them).
+        options: settings of every lock the app makes, by their flat names (see
+            ``LOCK_OPTIONS``; ``lock(name, **overrides)`` overrides them).
         locks: the lock names ``pgleaderlock_status`` shows by default.
         ledger_schema: the schema of the schedule ledger's tables (default: the
             ``fencing_schema`` of ``options``, as for a
@@ -175,7 +184,7 @@ def make_lock(name: str, dsn: str, options: Mapping[str, Any]) -> LeaderLock:
     """``LeaderLock.from_name(name, dsn, **options)`` (no I/O); an argument the lock
     refuses is an ``ImproperlyConfigured``."""
     try:
-        return LeaderLock.from_name(name, dsn, **options)
+        return LeaderLock.from_name(name, dsn, **lock_arguments(options))
     except (TypeError, PgLeaderLockError) as exc:
         raise ImproperlyConfigured(f"lock {name!r}: {exc}") from None
 
@@ -185,7 +194,9 @@ def check_lock_options(dsn: str, options: Mapping[str, Any]) -> None:
     refuses is an ``ImproperlyConfigured`` at once, not when a lock is first made."""
     try:
         LeaderLock.from_name(
-            "pgleaderlock-settings-check", dsn, **{**options, "load_plugins": False}
+            "pgleaderlock-settings-check",
+            dsn,
+            **lock_arguments({**options, "load_plugins": False}),
         )
     except (TypeError, PgLeaderLockError) as exc:
         raise ImproperlyConfigured(f"{SETTING}['OPTIONS']: {exc}") from None

@@ -30,7 +30,7 @@ group = GroupLifespan(DSN, group="billing")
 async def relay_outbox() -> None: ...
 
 @group.task(name="projection:invoices")
-async def project(ctx: WorkerContext) -> None: ...  # fenced checkpoints with fencing=True
+async def project(ctx: WorkerContext) -> None: ...  # fenced checkpoints with Fencing(enabled=True)
 
 app = FastAPI(lifespan=group)
 app.include_router(group.router())       # GET /group, GET /group/ready

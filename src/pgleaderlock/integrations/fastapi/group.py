@@ -93,7 +93,7 @@ class GroupLifespan(AppLifespan):
 
         The task is a coroutine function without arguments, or with one argument, its
         [`WorkerContext`][pgleaderlock.WorkerContext] (the name, the fencing term with
-        ``fencing=True``, fenced checkpoints).
+        ``Fencing(enabled=True)``, fenced checkpoints).
 
         The name is the task's lock, shared by every replica and by every app on the
         database: give each task a name that says whose it is. Without ``name``, it

@@ -82,7 +82,7 @@ class LeaderStatus(BaseModel):
             retrying cannot mend (authentication failed, unknown database or role, a
             transaction-mode pooler): such a replica will never lead.
         leader_since: when the current leadership began (UTC), or ``None``.
-        term: with ``LeaderLock(..., fencing=True)``, the fencing term of the current
+        term: with ``Fencing(enabled=True)``, the fencing term of the current
             leadership ([`LeaderLock.term`][pgleaderlock.LeaderLock.term]); ``None``
             while not leader, and always without fencing. Terms exceed 2^32 (the
             server's timeline is in the high 32 bits) and stay below 2^53 for
