@@ -20,6 +20,7 @@ from support.server import backend_gone
 if TYPE_CHECKING:
     from conftest import Admin, Recorder
     from faults.conftest import Candidates
+    from fix_locks import PgLock
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -62,7 +63,7 @@ async def test_shutdown_event_while_waiting_on_the_server(
 
 async def test_shutdown_event_while_connecting(
     keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    pg_lock: PgLock,
     beliefs: BeliefLog,
     recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
@@ -73,10 +74,10 @@ async def test_shutdown_event_while_connecting(
     port = server.sockets[0].getsockname()[1]
     event = asyncio.Event()
     try:
-        lock = make_lock(
-            f"postgresql://postgres@127.0.0.1:{port}/postgres",
-            keys,
-            "a",
+        lock = pg_lock(
+            dsn=f"postgresql://postgres@127.0.0.1:{port}/postgres",
+            keys=keys,
+            name="a",
             shutdown_event=event,
             connect_timeout_s=30.0,
         )

@@ -55,9 +55,9 @@ def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 @pytest.fixture
 async def leader_and_follower(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> tuple[LeaderLock, LeaderLock]:
-    a, b = fake_lock(), fake_lock()
+    a, b = make_lock(), make_lock()
     await a.start()
     assert await a.wait_for_leadership(5)
     await b.start()
@@ -106,10 +106,10 @@ async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(
 
 
 async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer, caplog: pytest.LogCaptureFixture
+    make_lock: Callable[..., LeaderLock], server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    lock = fake_lock()
+    lock = make_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)
     started = asyncio.Event()
@@ -135,9 +135,9 @@ async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
 
 
 async def test_leader_only_lets_the_schedulers_own_cancellation_through(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)
     started = asyncio.Event()
@@ -161,9 +161,9 @@ async def test_leader_only_lets_the_schedulers_own_cancellation_through(
 
 
 async def test_leader_only_job_cancelled_under_asyncio_scheduler_is_not_an_error(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer, scheduler: AsyncIOScheduler
+    make_lock: Callable[..., LeaderLock], server: FakeServer, scheduler: AsyncIOScheduler
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     errors: list[JobExecutionEvent] = []
     executed: list[JobExecutionEvent] = []
     scheduler.add_listener(errors.append, EVENT_JOB_ERROR)
@@ -301,9 +301,9 @@ async def test_binding_close_and_validation(
 
 
 async def test_ledger_mode_validates_its_arguments(
-    fake_lock: Callable[..., LeaderLock], scheduler: AsyncIOScheduler
+    make_lock: Callable[..., LeaderLock], scheduler: AsyncIOScheduler
 ) -> None:
-    lock = fake_lock(fencing=True)
+    lock = make_lock(fencing=True)
     with pytest.raises(ConfigurationError, match="catch_up_s belongs to"):
         bind_scheduler(scheduler, lock, catch_up_s=5)
     with pytest.raises(ConfigurationError, match="catch_up must be"):
