@@ -7,7 +7,6 @@ test left it running, so no test leaks a process, a lock or a pipe.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
@@ -61,12 +60,6 @@ def run_cli(cli: Start) -> Run:
         return Result(code, process.stdout, process.stderr, process)
 
     return run
-
-
-@pytest.fixture
-def lock_name() -> str:
-    """A lock name no other test (or concurrent test run) uses."""
-    return f"clitest-{uuid.uuid4().hex[:16]}"
 
 
 Admin = psycopg.AsyncConnection[tuple[object, ...]]

@@ -99,12 +99,6 @@ async def hostile_admin(hostile: HostileCluster) -> AsyncIterator[Admin]:
         yield conn
 
 
-@pytest.fixture(params=["psycopg", "asyncpg"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 def test_the_role_really_is_hostile(hostile: HostileCluster) -> None:
     """A plain session of the role gets the settings (so the tests below mean something)."""
     dsn = hostile.dsn("psycopg").replace("+psycopg", "")

@@ -35,12 +35,6 @@ Holders = Callable[[str], Awaitable[list[int]]]
 CONNECT_TIMEOUT_S = 2.0
 
 
-@pytest.fixture(params=["psycopg", "asyncpg"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 @pytest.fixture
 def holders(keys: tuple[int, int]) -> Holders:
     """``await holders(dsn)``: the backends holding the test's lock on that server."""
