@@ -12,10 +12,10 @@ import psycopg
 import pytest
 
 from pgleaderlock import lock_keys
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -65,7 +65,7 @@ async def test_wait_gets_the_lock_once_it_is_freed(
     holder = await hold(lock_name)
 
     async def release_later() -> None:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # kept: the lock is held for a while, the acquire waits
         await holder.execute("SELECT pg_advisory_unlock(%s::int4, %s::int4)", lock_keys(lock_name))
 
     release = asyncio.ensure_future(release_later())

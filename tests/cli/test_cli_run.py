@@ -14,10 +14,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from cli.clitools import CliProcess
 from pgleaderlock.core.keys import key_to_oid
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -155,7 +155,7 @@ async def test_verbose_shows_debug_and_quiet_hides_info(cli: Start, lock_name: s
     assert await loud.wait() == 0
 
     quiet = await cli("run", "--name", lock_name, "-q", *FAST)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # kept: a run long enough to say something, wrongly
     quiet.send(signal.SIGTERM)
     assert await quiet.wait() == 0
     assert quiet.stderr == ""

@@ -203,7 +203,7 @@ async def test_bound_scheduler_is_paused_on_a_follower_and_resumed_on_the_leader
     scheduler.start()
     assert scheduler.state == STATE_PAUSED
     assert not binding.active
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # kept: six intervals, for a wrong run to show
     assert runs == []
 
     await a.shutdown()  # b takes over
@@ -227,7 +227,7 @@ async def test_bind_after_start_pauses_at_once(
     scheduler.start()
     bind_scheduler(scheduler, b, ledger=False)
     assert scheduler.state == STATE_PAUSED
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # kept: four intervals, for a wrong run to show
     assert runs == []
 
 
