@@ -14,10 +14,10 @@ import pytest
 
 from cli.clitools import process_gone
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import psycopg
@@ -33,11 +33,8 @@ from pgleaderlock import (
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import dsn_to_url, lock_holders
+from support.server import Admin, dsn_to_url, lock_holders
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -13,7 +13,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pytest
@@ -29,10 +29,8 @@ from pgleaderlock import (
 from pgleaderlock.schedule import Run, Scheduler
 from support.leadership import fenced_insert, lead_again, terms_in
 from support.poll import eventually, eventually_sync
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
