@@ -69,10 +69,10 @@ Holders = Callable[[str], Awaitable[list[int]]]
 
 
 @pytest.fixture
-def holders(admin: Admin) -> Holders:
-    """``await holders(name)``: backend pids holding the lock ``name`` (from pg_locks)."""
+def name_holders(admin: Admin) -> Holders:
+    """``await name_holders(name)``: backend pids holding the lock ``name`` (from pg_locks)."""
 
-    async def holders(name: str) -> list[int]:
+    async def name_holders(name: str) -> list[int]:
         key1, key2 = lock_keys(name)
         cur = await admin.execute(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
@@ -81,4 +81,4 @@ def holders(admin: Admin) -> Holders:
         )
         return [row[0] for row in await cur.fetchall()]  # type: ignore[misc]
 
-    return holders
+    return name_holders
