@@ -6,24 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import threading
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
 import pgleaderlock
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
-from support.server import lock_holders, resolve_test_dsn
+from support.server import Admin, resolve_test_dsn
 
-# Fixture modules shared by several folders (each documents its fixtures).
-pytest_plugins = ["support.pgbouncer"]
+# Fixture modules shared by several folders (each documents its fixtures), after
+# psycopg's tests/fix_*.py: every fixture name is defined once.
+pytest_plugins = ["fix_db", "fix_locks", "fix_roles", "support.pgbouncer"]
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
 _JSON_LOG_RECORDS = pytest.StashKey[list[int]]()  # records checked, records that failed
@@ -278,60 +275,6 @@ def recorder() -> Callable[[LeaderLock], Recorder]:
 
 
 # ---------------------------------------------------------------- the shared server
+# admin, sync_admin, schema, keys, lock_name, holders, waiters, terminate: tests/fix_db.py
 
-Admin = psycopg.AsyncConnection[tuple[Any, ...]]
-
-
-@pytest.fixture
-async def admin(pg_dsn: str) -> AsyncIterator[Admin]:
-    """A separate session for looking at (and interfering with) the server."""
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-async def schema(admin: Admin) -> AsyncIterator[str]:
-    """A schema of its own for the test's tables (dropped with them afterwards)."""
-    name = f"test_{uuid.uuid4().hex[:10]}"
-    await admin.execute(f"CREATE SCHEMA {name}")
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP SCHEMA {name} CASCADE")
-
-
-@pytest.fixture
-def keys() -> tuple[int, int]:
-    """Keys no other test uses, so tests can share one server."""
-    return random.randint(1, 2**31 - 1), random.randint(-(2**31), 2**31 - 1)
-
-
-@pytest.fixture
-def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
-    """``await holders(key1, key2)``: backend pids holding the lock, from pg_locks."""
-
-    async def holders(key1: int, key2: int) -> list[int]:
-        return await lock_holders(admin, key1, key2)
-
-    return holders
-
-
-@pytest.fixture
-def waiters(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
-    """``await waiters(key1, key2)``: backend pids queued for the lock, from pg_locks."""
-
-    async def waiters(key1: int, key2: int) -> list[int]:
-        return await lock_holders(admin, key1, key2, granted=False)
-
-    return waiters
-
-
-@pytest.fixture
-def terminate(admin: Admin) -> Callable[[int | None], Awaitable[None]]:
-    """``await terminate(pid)``: ``pg_terminate_backend(pid)``."""
-
-    async def terminate(pid: int | None) -> None:
-        assert pid is not None
-        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-
-    return terminate
+__all__ = ["Admin", "JsonLogCheck", "Recorder"]

@@ -7,7 +7,6 @@ test left it running, so no test leaks a process, a lock or a pipe.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
@@ -63,12 +62,6 @@ def run_cli(cli: Start) -> Run:
     return run
 
 
-@pytest.fixture
-def lock_name() -> str:
-    """A lock name no other test (or concurrent test run) uses."""
-    return f"clitest-{uuid.uuid4().hex[:16]}"
-
-
 Admin = psycopg.AsyncConnection[tuple[object, ...]]
 
 
@@ -76,10 +69,10 @@ Holders = Callable[[str], Awaitable[list[int]]]
 
 
 @pytest.fixture
-def holders(admin: Admin) -> Holders:
-    """``await holders(name)``: backend pids holding the lock ``name`` (from pg_locks)."""
+def name_holders(admin: Admin) -> Holders:
+    """``await name_holders(name)``: backend pids holding the lock ``name`` (from pg_locks)."""
 
-    async def holders(name: str) -> list[int]:
+    async def name_holders(name: str) -> list[int]:
         key1, key2 = lock_keys(name)
         cur = await admin.execute(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
@@ -88,4 +81,4 @@ def holders(admin: Admin) -> Holders:
         )
         return [row[0] for row in await cur.fetchall()]  # type: ignore[misc]
 
-    return holders
+    return name_holders

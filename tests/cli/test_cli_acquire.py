@@ -12,10 +12,10 @@ import psycopg
 import pytest
 
 from pgleaderlock import lock_keys
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -40,13 +40,13 @@ async def hold(pg_dsn: str) -> AsyncIterator[Hold]:
 
 
 async def test_free_lock_is_acquired_and_released(
-    run_cli: Run, holders: Holders, lock_name: str
+    run_cli: Run, name_holders: Holders, lock_name: str
 ) -> None:
     result = await run_cli("acquire", "--name", lock_name)
     assert result.code == 0, result.describe()
     assert f"acquired lock={lock_name} backend_pid=" in result.stderr
     assert result.stdout == ""
-    assert await holders(lock_name) == []  # released before exit
+    assert await name_holders(lock_name) == []  # released before exit
 
 
 async def test_held_lock_exits_1_at_once(run_cli: Run, hold: Hold, lock_name: str) -> None:
@@ -60,12 +60,12 @@ async def test_held_lock_exits_1_at_once(run_cli: Run, hold: Hold, lock_name: st
 
 
 async def test_wait_gets_the_lock_once_it_is_freed(
-    run_cli: Run, hold: Hold, holders: Holders, lock_name: str
+    run_cli: Run, hold: Hold, name_holders: Holders, lock_name: str
 ) -> None:
     holder = await hold(lock_name)
 
     async def release_later() -> None:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # kept: the lock is held for a while, the acquire waits
         await holder.execute("SELECT pg_advisory_unlock(%s::int4, %s::int4)", lock_keys(lock_name))
 
     release = asyncio.ensure_future(release_later())
@@ -74,7 +74,7 @@ async def test_wait_gets_the_lock_once_it_is_freed(
     await release
     assert result.code == 0, result.describe()
     assert 0.9 < time.monotonic() - started < 15
-    assert await holders(lock_name) == []
+    assert await name_holders(lock_name) == []
 
 
 async def test_wait_gives_up_after_its_time(run_cli: Run, hold: Hold, lock_name: str) -> None:
@@ -86,14 +86,14 @@ async def test_wait_gives_up_after_its_time(run_cli: Run, hold: Hold, lock_name:
 
 
 async def test_hold_keeps_the_lock_until_a_signal(
-    cli: Start, holders: Holders, lock_name: str
+    cli: Start, name_holders: Holders, lock_name: str
 ) -> None:
     acquire = await cli("acquire", "--name", lock_name, "--hold", "60")
     pid = int((await acquire.expect(r"acquired lock=\S+ backend_pid=(\d+)")).group(1))
-    assert await holders(lock_name) == [pid]
+    assert await name_holders(lock_name) == [pid]
     acquire.send(signal.SIGTERM)
     assert await acquire.wait() == 0, acquire.describe()
-    assert await holders(lock_name) == []
+    assert await name_holders(lock_name) == []
 
 
 async def test_hold_ends_with_76_when_leadership_is_lost(

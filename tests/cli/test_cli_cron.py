@@ -16,13 +16,12 @@ from psycopg.conninfo import make_conninfo
 
 from pgleaderlock.cli.sql import setup_sql
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from support.server import prepared_cluster
+from support.server import Admin, prepared_cluster
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from cli.conftest import Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

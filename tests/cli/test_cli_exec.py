@@ -14,10 +14,10 @@ import pytest
 
 from cli.clitools import process_gone
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -39,13 +39,13 @@ def sh(script: str) -> tuple[str, ...]:
 
 
 async def test_exit_code_and_output_of_the_command(
-    run_cli: Run, holders: Holders, lock_name: str
+    run_cli: Run, name_holders: Holders, lock_name: str
 ) -> None:
     result = await run_cli("exec", "--name", lock_name, *sh("echo out; echo err >&2; exit 3"))
     assert result.code == 3, result.describe()
     assert result.stdout == "out"
     assert result.stderr == "err"  # quiet by default: nothing but COMMAND's own output
-    assert await holders(lock_name) == []
+    assert await name_holders(lock_name) == []
 
 
 async def test_command_killed_by_a_signal_gives_128_plus_n(run_cli: Run, lock_name: str) -> None:
@@ -131,7 +131,7 @@ async def test_wait_gives_up_with_75(cli: Start, run_cli: Run, lock_name: str) -
 
 
 async def test_lost_leadership_terminates_the_command(
-    cli: Start, admin: Admin, holders: Holders, tmp_path: Path, lock_name: str
+    cli: Start, admin: Admin, name_holders: Holders, tmp_path: Path, lock_name: str
 ) -> None:
     marker = tmp_path / "term"
     ready = tmp_path / "ready"
@@ -139,7 +139,7 @@ async def test_lost_leadership_terminates_the_command(
     proc = await cli("exec", "--name", lock_name, "-v", *sh(script))
     match = await proc.expect(STARTED)
     child_pid, backend_pid = int(match.group(1)), int(match.group(2))
-    assert await holders(lock_name) == [backend_pid]
+    assert await name_holders(lock_name) == [backend_pid]
     await traps_set(ready)
 
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
@@ -195,7 +195,7 @@ async def test_lost_leadership_ends_what_the_command_left_in_its_group(
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_signals_are_forwarded_to_the_command(
-    cli: Start, holders: Holders, tmp_path: Path, lock_name: str, sig: signal.Signals
+    cli: Start, name_holders: Holders, tmp_path: Path, lock_name: str, sig: signal.Signals
 ) -> None:
     marker, ready = tmp_path / "got", tmp_path / "ready"
     script = (
@@ -210,7 +210,7 @@ async def test_signals_are_forwarded_to_the_command(
     assert await proc.wait() == expected, proc.describe()
     assert marker.read_text().strip() == sig.name.removeprefix("SIG")
     assert f"signal_forwarded signal={sig.name}" in proc.stderr
-    assert await holders(lock_name) == []  # released after COMMAND ended
+    assert await name_holders(lock_name) == []  # released after COMMAND ended
 
 
 async def test_signal_while_waiting_for_the_lock(
@@ -230,7 +230,7 @@ async def test_signal_while_waiting_for_the_lock(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 async def test_command_dies_with_a_killed_pgleaderlock(
-    cli: Start, holders: Holders, lock_name: str
+    cli: Start, name_holders: Holders, lock_name: str
 ) -> None:
     proc = await cli("exec", "--name", lock_name, "-v", "--", "sleep", "60")
     child_pid = int((await proc.expect(STARTED)).group(1))
@@ -241,11 +241,11 @@ async def test_command_dies_with_a_killed_pgleaderlock(
         return process_gone(child_pid)
 
     await eventually(child_gone, timeout_s=5, what=f"COMMAND (pid {child_pid}) killed")
-    await eventually(lambda: _no_holder(holders, lock_name), what="lock freed")
+    await eventually(lambda: _no_holder(name_holders, lock_name), what="lock freed")
 
 
-async def _no_holder(holders: Holders, name: str) -> bool:
-    return await holders(name) == []
+async def _no_holder(name_holders: Holders, name: str) -> bool:
+    return await name_holders(name) == []
 
 
 async def test_command_not_found_and_not_executable(

@@ -12,10 +12,10 @@ import pytest
 from pgleaderlock import slot_keys
 from pgleaderlock.core.keys import key_to_oid
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

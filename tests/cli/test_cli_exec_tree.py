@@ -37,11 +37,11 @@ from support.killchain import (
     tree_of,
 )
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.clitools import CliProcess
     from cli.conftest import Start
-    from conftest import Admin
 
 pytestmark = [
     pytest.mark.integration,

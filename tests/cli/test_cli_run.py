@@ -14,10 +14,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from cli.clitools import CliProcess
 from pgleaderlock.core.keys import key_to_oid
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Holders, Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -27,15 +27,15 @@ FAST = ("--health-interval", "0.5", "--retry-base", "0.05", "--retry-max", "0.2"
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_signal_releases_the_lock_and_exits_0(
-    cli: Start, holders: Holders, lock_name: str, sig: signal.Signals
+    cli: Start, name_holders: Holders, lock_name: str, sig: signal.Signals
 ) -> None:
     run = await cli("run", "--name", lock_name, *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
-    assert await holders(lock_name) == [backend_pid]
+    assert await name_holders(lock_name) == [backend_pid]
 
     run.send(sig)
     assert await run.wait() == 0, run.describe()
-    assert await holders(lock_name) == []
+    assert await name_holders(lock_name) == []
     # Every transition went through loguru (the stdlib logger is intercepted).
     for line in [
         "state_change from=stopped to=follower",
@@ -70,7 +70,7 @@ async def test_keys_instead_of_a_name(cli: Start, admin: Admin, run_cli: Run) ->
 
 @pytest.mark.parametrize("follower_mode", ["wait", "poll"])
 async def test_two_runs_one_leader_and_failover(
-    cli: Start, holders: Holders, lock_name: str, follower_mode: str
+    cli: Start, name_holders: Holders, lock_name: str, follower_mode: str
 ) -> None:
     args = ("run", "--name", lock_name, "--follower-mode", follower_mode, *FAST)
     first = await cli(*args)
@@ -78,20 +78,20 @@ async def test_two_runs_one_leader_and_failover(
     second = await cli(*args)
     await second.expect(r"lock_busy lock=" + re.escape(lock_name))
     await asyncio.sleep(0.5)  # several more attempts: still exactly one leader
-    assert await holders(lock_name) == [first_pid]
+    assert await name_holders(lock_name) == [first_pid]
     assert second.count("lock_acquired") == 0
 
     first.send(signal.SIGKILL)  # no release: the server frees the lock with the session
     assert await first.wait() == -signal.SIGKILL
     second_pid = int((await second.expect(ACQUIRED, timeout=10)).group(1))
-    assert await holders(lock_name) == [second_pid]
+    assert await name_holders(lock_name) == [second_pid]
 
     second.send(signal.SIGTERM)
     assert await second.wait() == 0
-    assert await holders(lock_name) == []
+    assert await name_holders(lock_name) == []
 
 
-async def test_graceful_handover(cli: Start, holders: Holders, lock_name: str) -> None:
+async def test_graceful_handover(cli: Start, name_holders: Holders, lock_name: str) -> None:
     first = await cli("run", "--name", lock_name, *FAST)
     await first.expect(ACQUIRED)
     second = await cli("run", "--name", lock_name, *FAST)
@@ -99,13 +99,13 @@ async def test_graceful_handover(cli: Start, holders: Holders, lock_name: str) -
     first.send(signal.SIGTERM)
     assert await first.wait() == 0
     second_pid = int((await second.expect(ACQUIRED, timeout=10)).group(1))
-    assert await holders(lock_name) == [second_pid]
+    assert await name_holders(lock_name) == [second_pid]
     second.send(signal.SIGINT)
     assert await second.wait() == 0
 
 
 async def test_loss_is_logged_and_the_lock_is_taken_back(
-    cli: Start, admin: Admin, holders: Holders, lock_name: str
+    cli: Start, admin: Admin, name_holders: Holders, lock_name: str
 ) -> None:
     run = await cli("run", "--name", lock_name, *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
@@ -114,7 +114,7 @@ async def test_loss_is_logged_and_the_lock_is_taken_back(
     await eventually(lambda: _acquired_twice(run), what="re-acquired after the loss")
     new_pid = int(re.findall(ACQUIRED, run.stderr)[-1])
     assert new_pid != backend_pid
-    assert await holders(lock_name) == [new_pid]
+    assert await name_holders(lock_name) == [new_pid]
     run.send(signal.SIGTERM)
     assert await run.wait() == 0
 
@@ -124,7 +124,7 @@ async def _acquired_twice(run: CliProcess) -> bool:
 
 
 async def test_no_auto_reacquire_exits_1_after_a_loss(
-    cli: Start, admin: Admin, holders: Holders, lock_name: str
+    cli: Start, admin: Admin, name_holders: Holders, lock_name: str
 ) -> None:
     run = await cli("run", "--name", lock_name, "--no-auto-reacquire", *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
@@ -132,18 +132,18 @@ async def test_no_auto_reacquire_exits_1_after_a_loss(
     assert await run.wait() == 1, run.describe()
     assert "lock_lost" in run.stderr
     assert "run_stopped" in run.stderr
-    assert await holders(lock_name) == []
+    assert await name_holders(lock_name) == []
 
 
 async def test_reconnect_grace_rides_out_a_terminated_session(
-    cli: Start, admin: Admin, holders: Holders, lock_name: str
+    cli: Start, admin: Admin, name_holders: Holders, lock_name: str
 ) -> None:
     run = await cli("run", "--name", lock_name, "--reconnect-grace", "10", *FAST)
     backend_pid = int((await run.expect(ACQUIRED)).group(1))
     await admin.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
     await run.expect("leadership_recovered")
     assert "lock_lost" not in run.stderr
-    assert len(await holders(lock_name)) == 1
+    assert len(await name_holders(lock_name)) == 1
     run.send(signal.SIGTERM)
     assert await run.wait() == 0
 
@@ -155,7 +155,7 @@ async def test_verbose_shows_debug_and_quiet_hides_info(cli: Start, lock_name: s
     assert await loud.wait() == 0
 
     quiet = await cli("run", "--name", lock_name, "-q", *FAST)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # kept: a run long enough to say something, wrongly
     quiet.send(signal.SIGTERM)
     assert await quiet.wait() == 0
     assert quiet.stderr == ""

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from pgleaderlock import lock_keys
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Run, Start
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

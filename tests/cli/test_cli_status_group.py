@@ -16,10 +16,10 @@ import pytest
 from pgleaderlock import Coordinator, FixedInterval, LeaderLock, WorkerContext
 from pgleaderlock.coordination.balance import hrw_ranked
 from pgleaderlock.coordination.protocol import name_keys
+from support.server import Admin
 
 if TYPE_CHECKING:
     from cli.conftest import Run
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

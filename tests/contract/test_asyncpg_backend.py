@@ -20,12 +20,13 @@ from support.server import driver_connection
 from support.timings import timings
 
 if TYPE_CHECKING:
-    from conftest import Admin, Recorder
+    from conftest import Recorder
 
 asyncpg = pytest.importorskip("asyncpg")
 
 from pgleaderlock.backends import asyncpg as asyncpg_backend  # noqa: E402
 from pgleaderlock.backends.base import translate  # noqa: E402
+from support.server import Admin  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

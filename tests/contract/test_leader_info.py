@@ -18,9 +18,9 @@ import pytest
 import pgleaderlock
 from pgleaderlock import LeaderInfo, LeaderLock
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
-    from conftest import Admin
     from contract.conftest import Target
 
 pytestmark = [

@@ -22,6 +22,7 @@ import pytest
 
 from pgleaderlock import FixedInterval, LeaderLock, LeaderTasks, LockState
 from pgleaderlock.core.keys import key_to_oid
+from support.poll import eventually
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -188,7 +189,7 @@ async def test_a_drain_ends_after_drain_s(
 
     await lock.start()
     assert await lock.wait_for_leadership(10)
-    await asyncio.sleep(0.2)
+    await eventually(lambda: draining_seen, 5, "the task running")
     await lock.shutdown(timeout_s=10)
     assert cancelled.is_set()
     assert True in draining_seen
@@ -213,7 +214,7 @@ async def test_no_drain_by_default(
 
     await lock.start()
     assert await lock.wait_for_leadership(10)
-    await asyncio.sleep(0.2)
+    await eventually(lambda: seen, 5, "the task running")
     await lock.step_down()
     assert seen
     assert not any(seen)

@@ -25,9 +25,9 @@ from pgleaderlock import FencedError
 from pgleaderlock.schedule import Policy, Run, Scheduler, SlotGuard
 from support.poll import eventually
 from support.schedule import ledger, sched_every
+from support.server import Admin
 
 if TYPE_CHECKING:
-    from conftest import Admin
     from contract.conftest import Target
 
 pytestmark = [

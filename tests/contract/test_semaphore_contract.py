@@ -24,9 +24,10 @@ from pgleaderlock import (
 )
 from pgleaderlock.core.lock import run_on_session
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
-    from conftest import Admin, Recorder
+    from conftest import Recorder
     from contract.conftest import Target
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -27,9 +27,9 @@ from pgleaderlock.backends import (
 )
 from support.poll import eventually
 from support.proxy import TcpProxy
+from support.server import Admin
 
 if TYPE_CHECKING:
-    from conftest import Admin
     from contract.conftest import Target
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -361,11 +361,17 @@ async def test_waits_after_a_timed_out_wait_count_each_grant_once(
     assert await a.try_lock(*keys)
 
 
+async def gone(backend_alive: Callable[[int], Awaitable[bool]], pid: int) -> bool:
+    """Whether the server process ``pid`` has ended (after a ``terminate``)."""
+    return not await backend_alive(pid)
+
+
 @pytest.mark.parametrize("method", ["try_lock", "unlock", "holds", "wait_lock"])
 async def test_terminated_session_raises_connection_error(
     target: Target,
     keys: tuple[int, int],
     terminate: Callable[[int | None], Awaitable[None]],
+    backend_alive: Callable[[int], Awaitable[bool]],
     method: str,
 ) -> None:
     """After pg_terminate_backend every method raises ConnectionError (whatever the
@@ -374,8 +380,10 @@ async def test_terminated_session_raises_connection_error(
         await target.require(WaitingSession)
     session = await target.session()
     assert await session.try_lock(*keys)
-    await terminate(session.backend_pid)
-    await asyncio.sleep(0.05)
+    pid = session.backend_pid
+    assert pid is not None
+    await terminate(pid)
+    await eventually(lambda: gone(backend_alive, pid), 5, "the backend gone")
     by_method: dict[str, Callable[[], Awaitable[bool]]] = {
         "try_lock": lambda: session.try_lock(*keys),
         "unlock": lambda: session.unlock(*keys),
@@ -434,14 +442,14 @@ async def test_watch_reports_termination_at_once(
         fired.set()
 
     session.watch(alarm)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # kept: a window for a wrong alarm to show
     assert calls == []  # an idle, healthy session stays quiet
     started = time.monotonic()
     await terminate(session.backend_pid)
     async with asyncio.timeout(2):
         await fired.wait()
     assert calls[0] - started < 1.0
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # kept: a window for a second alarm to show
     assert len(calls) == 1  # once
     with pytest.raises(ConnectionError):
         await session.holds(*keys)
@@ -490,7 +498,10 @@ async def test_started_probes_answer_keep_the_watch_and_report_the_end(
 
 
 async def test_watch_armed_after_termination_fires(
-    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+    target: Target,
+    keys: tuple[int, int],
+    terminate: Callable[[int | None], Awaitable[None]],
+    backend_alive: Callable[[int], Awaitable[bool]],
 ) -> None:
     """A watch armed on an idle session that the server already ended still reports it
     (the socket holds the FATAL message and EOF), from the event loop, once."""
@@ -498,8 +509,10 @@ async def test_watch_armed_after_termination_fires(
     session = await target.session()
     assert isinstance(session, WatchableSession)
     assert await session.try_lock(*keys)
-    await terminate(session.backend_pid)
-    await asyncio.sleep(0.05)
+    pid = session.backend_pid
+    assert pid is not None
+    await terminate(pid)
+    await eventually(lambda: gone(backend_alive, pid), 5, "the backend gone")
     fired = asyncio.Event()
     calls: list[str] = []
 
@@ -511,7 +524,7 @@ async def test_watch_armed_after_termination_fires(
     assert calls == []  # never from inside watch() itself
     async with asyncio.timeout(2):
         await fired.wait()
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # kept: a window for a second alarm to show
     assert calls == ["fired"]
 
 
@@ -570,7 +583,7 @@ async def test_watch_is_disarmed_by_none_by_calls_and_by_close(
     session.watch(lambda: calls.append("armed"))
     assert await session.holds(*keys)  # any call disarms the watch
     await terminate(session.backend_pid)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # kept: a window for a disarmed watch to fire wrongly
     assert calls == []
 
     other = await target.session()
@@ -578,7 +591,7 @@ async def test_watch_is_disarmed_by_none_by_calls_and_by_close(
     await other.holds(*keys)
     other.watch(lambda: calls.append("closed"))
     await other.close()
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # kept: a window for a wrong alarm to show
     assert calls == []
 
 
@@ -663,7 +676,9 @@ async def test_timed_out_call_on_a_stuck_network_returns_at_once(
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_cancelled_wait_on_a_stuck_network_is_bounded(
-    target: Target, keys: tuple[int, int]
+    target: Target,
+    keys: tuple[int, int],
+    waiters: Callable[[int, int], Awaitable[list[int]]],
 ) -> None:
     """The cancel request for a wait cannot get through: give up within ~1 s."""
     await target.require(WaitingSession)
@@ -673,7 +688,11 @@ async def test_cancelled_wait_on_a_stuck_network_is_bounded(
         assert isinstance(session, WaitingSession)
         assert await holder.try_lock(*keys)
         wait = asyncio.ensure_future(session.wait_lock(*keys, 30))
-        await asyncio.sleep(0.2)
+
+        async def queued() -> bool:
+            return session.backend_pid in await waiters(*keys)
+
+        await eventually(queued, 5, "the wait queued on the server")
         proxy.stall()
         started = time.monotonic()
         wait.cancel()

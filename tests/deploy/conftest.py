@@ -9,6 +9,8 @@ Replication (``support.replication``, ``support.blackhole``):
   ``await asyncio.to_thread(make_replication_pair)``); the test may promote, crash or stop
   it. Every pair made is closed at teardown.
 - ``blackhole``: a ``BlackHole`` listener that never answers.
+
+``backend`` runs a test once per driver (psycopg, asyncpg).
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ import pytest
 
 from support.blackhole import BlackHole
 from support.replication import PrimaryStandby
+
+
+@pytest.fixture(params=["psycopg", "asyncpg"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The driver under test: each test that asks for it runs once per backend."""
+    name: str = request.param
+    return name
+
 
 # ---------------------------------------------------------------- replication
 

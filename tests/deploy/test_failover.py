@@ -43,12 +43,6 @@ LEADER_AFTER_PROMOTION_BOUND_S = 5.0
 """Generous: the design says ~2 s (the default strategy's ``error_max_s``)."""
 
 
-@pytest.fixture(params=["psycopg", "asyncpg"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 async def _holders(dsn: str, keys: tuple[int, int]) -> list[int]:
     async with await psycopg.AsyncConnection[Any].connect(
         dsn, autocommit=True, connect_timeout=5

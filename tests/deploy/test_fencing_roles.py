@@ -25,7 +25,7 @@ import pytest
 from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import prepared_cluster
+from support.server import admin_session, prepared_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
@@ -61,15 +61,17 @@ def role_dsn(pg: ThrowawayPostgres, role: str) -> str:
 
 
 @pytest.fixture
-async def admin(cluster: ThrowawayPostgres) -> AsyncIterator[Admin]:
-    async with await psycopg.AsyncConnection.connect(cluster.dsn, autocommit=True) as conn:
+async def cluster_admin(cluster: ThrowawayPostgres) -> AsyncIterator[Admin]:
+    """An admin session on ``cluster``, its work table emptied and ``locker`` unable to
+    signal other backends."""
+    async with admin_session(cluster.dsn) as conn:
         await conn.execute("TRUNCATE work")
         await conn.execute("REVOKE pg_signal_backend FROM locker")
         yield conn
 
 
 async def hand_over_with_a_fenced_transaction_open(
-    pg: ThrowawayPostgres, admin: Admin, name: str, caplog: pytest.LogCaptureFixture
+    pg: ThrowawayPostgres, cluster_admin: Admin, name: str, caplog: pytest.LogCaptureFixture
 ) -> tuple[LeaderLock, int, psycopg.AsyncConnection[Any]]:
     """The first lock leads and fences a transaction on ``app``'s connection, which stays
     open; then it shuts down, and the second lock is granted the advisory lock; its term
@@ -81,7 +83,7 @@ async def hand_over_with_a_fenced_transaction_open(
     assert await first.wait_for_leadership(10)
     term = first.term
     assert term is not None
-    await admin.execute(
+    await cluster_admin.execute(
         "GRANT SELECT, UPDATE (acquired_at) ON fencing.pgleaderlock_terms TO app"
     )  # the row privileges fence() needs
     conn = await psycopg.AsyncConnection.connect(role_dsn(pg, "app"))
@@ -94,10 +96,10 @@ async def hand_over_with_a_fenced_transaction_open(
 
 
 async def test_without_the_privilege_the_new_term_waits_for_the_old_transaction(
-    cluster: ThrowawayPostgres, admin: Admin, caplog: pytest.LogCaptureFixture
+    cluster: ThrowawayPostgres, cluster_admin: Admin, caplog: pytest.LogCaptureFixture
 ) -> None:
     second, term, conn = await hand_over_with_a_fenced_transaction_open(
-        cluster, admin, "roles-refused", caplog
+        cluster, cluster_admin, "roles-refused", caplog
     )
     try:
         await eventually(
@@ -112,7 +114,7 @@ async def test_without_the_privilege_the_new_term_waits_for_the_old_transaction(
         await conn.commit()  # the old transaction ends: the new term follows it
         assert await second.wait_for_leadership(10)
         assert second.term == term + 1
-        cur = await admin.execute("SELECT term FROM work")
+        cur = await cluster_admin.execute("SELECT term FROM work")
         assert await cur.fetchall() == [(term,)]  # ordered before the new term
     finally:
         await conn.close()
@@ -120,11 +122,11 @@ async def test_without_the_privilege_the_new_term_waits_for_the_old_transaction(
 
 
 async def test_with_pg_signal_backend_the_old_transaction_is_ended(
-    cluster: ThrowawayPostgres, admin: Admin, caplog: pytest.LogCaptureFixture
+    cluster: ThrowawayPostgres, cluster_admin: Admin, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await admin.execute("GRANT pg_signal_backend TO locker")
+    await cluster_admin.execute("GRANT pg_signal_backend TO locker")
     second, term, conn = await hand_over_with_a_fenced_transaction_open(
-        cluster, admin, "roles-granted", caplog
+        cluster, cluster_admin, "roles-granted", caplog
     )
     try:
         assert await second.wait_for_leadership(10)
@@ -133,7 +135,7 @@ async def test_with_pg_signal_backend_the_old_transaction_is_ended(
         assert "fenced_sessions_not_ended" not in caplog.text
         with pytest.raises(psycopg.OperationalError):
             await conn.commit()  # its session was ended: nothing of it commits
-        cur = await admin.execute("SELECT term FROM work")
+        cur = await cluster_admin.execute("SELECT term FROM work")
         assert await cur.fetchall() == []
     finally:
         await conn.close()

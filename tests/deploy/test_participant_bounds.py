@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -27,10 +26,8 @@ from pgleaderlock import FixedInterval, LeaderInfo, LeaderLock
 from pgleaderlock.core import leader as leader_module
 from pgleaderlock.core.leader import CHANNEL
 from pgleaderlock.integrations.fastapi import LeaderLifespan
-from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import prepared_cluster
-from support.shared_roles import ROLES, SCHEMA, TABLE, Database, publish
+from support.shared_roles import SCHEMA, TABLE, Database, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
@@ -39,42 +36,19 @@ QUEUED: dict[str, Any] = {"retry_strategy": FixedInterval(30.0)}
 queue's order is the order the candidates started in."""
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ThrowawayPostgres]:
-    with prepared_cluster(*ROLES) as pg:
-        yield pg
-
-
-@pytest.fixture
-def db(cluster: ThrowawayPostgres) -> Iterator[Database]:
-    with Database.made(cluster) as database:
-        yield database
-
-
-@pytest.fixture
-async def closing() -> AsyncIterator[list[Any]]:
-    things: list[Any] = []
-    yield things
-    for thing in reversed(things):
-        if isinstance(thing, LeaderLock):
-            await thing.shutdown()
-        else:
-            await thing.close()
-
-
-async def queued(db: Database, *locks: LeaderLock) -> None:
+async def queued(roles_db: Database, *locks: LeaderLock) -> None:
     """Start ``locks`` one after the other, each queued on the server before the next
     starts."""
     for lock in locks:
         await lock.start()
         await eventually(
-            functools.partial(_waiting, db, lock), 10, f"{lock.identity} queued", poll_s=0.05
+            functools.partial(_waiting, roles_db, lock), 10, f"{lock.identity} queued", poll_s=0.05
         )
 
 
-async def _waiting(db: Database, lock: LeaderLock) -> bool:
+async def _waiting(roles_db: Database, lock: LeaderLock) -> bool:
     pid = lock.backend_pid
-    async with await db.connect("postgres") as conn:
+    async with await roles_db.connect("postgres") as conn:
         cur = await conn.execute(
             "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (pid,)
         )
@@ -86,23 +60,23 @@ async def _waiting(db: Database, lock: LeaderLock) -> bool:
 
 
 async def test_a_reservation_by_a_session_that_never_led_has_no_effect(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """A plain session of the lock's own role (trusted), that never held the lock,
     reserves it on its own row for ``target-x`` until ``infinity``. The server refuses
     the write; the leader steps down and the first in the queue (``b``) leads, not the
     target (before: ``b`` let the lock go and ``target-x`` led)."""
     acquired: list[str] = []
-    a, b, x = (db.lock(i, **QUEUED) for i in ("a", "b", "target-x"))
+    a, b, x = (roles_db.lock(i, **QUEUED) for i in ("a", "b", "target-x"))
     for lock in (a, b, x):
         lock.on_acquired(lambda lock=lock: acquired.append(lock.identity))
         closing.append(lock)
     await a.start()
     assert await a.wait_for_leadership(10)
-    await queued(db, b, x)
-    plain = await db.connect("app")
+    await queued(roles_db, b, x)
+    plain = await roles_db.connect("app")
     closing.append(plain)
-    await publish(plain, db.keys, "plain")
+    await publish(plain, roles_db.keys, "plain")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         await plain.execute(
             f"UPDATE {TABLE} SET reserved_for = 'target-x', reserved_until = 'infinity',"
@@ -115,7 +89,9 @@ async def test_a_reservation_by_a_session_that_never_led_has_no_effect(
     assert b.is_leader
 
 
-async def test_a_reservation_counts_for_at_most_its_bound(db: Database, closing: list[Any]) -> None:
+async def test_a_reservation_counts_for_at_most_its_bound(
+    roles_db: Database, closing: list[Any]
+) -> None:
     """A session of the lock's role that holds the lock reserves it for ``target-x``
     until ``infinity`` (a holder may write a reservation), keeps the lock for 2.5 s, then
     lets it go: the candidates honour a reservation for at most ``max(2 s,
@@ -123,26 +99,26 @@ async def test_a_reservation_counts_for_at_most_its_bound(db: Database, closing:
     leads (before: ``infinity`` held, and ``target-x`` led). A reservation dated in the
     future is refused."""
     acquired: list[str] = []
-    holder = await db.connect("app")
+    holder = await roles_db.connect("app")
     closing.append(holder)
-    await publish(holder, db.keys, "holder")
-    await holder.execute("SELECT pg_advisory_lock(%s, %s)", db.keys)
+    await publish(holder, roles_db.keys, "holder")
+    await holder.execute("SELECT pg_advisory_lock(%s, %s)", roles_db.keys)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         await holder.execute(
             f"UPDATE {TABLE} SET reserved_for = 'target-x', reserved_until = 'infinity',"
             " reserved_at = now() + interval '1 hour' WHERE pid = pg_backend_pid()"
         )
-    b, x = db.lock("b", **QUEUED), db.lock("target-x", **QUEUED)
+    b, x = roles_db.lock("b", **QUEUED), roles_db.lock("target-x", **QUEUED)
     for lock in (b, x):
         lock.on_acquired(lambda lock=lock: acquired.append(lock.identity))
         closing.append(lock)
-    await queued(db, b, x)
+    await queued(roles_db, b, x)
     await holder.execute(
         f"UPDATE {TABLE} SET reserved_for = 'target-x', reserved_until = 'infinity',"
         " reserved_at = now() WHERE pid = pg_backend_pid()"
     )
     await asyncio.sleep(2.5)
-    await holder.execute("SELECT pg_advisory_unlock(%s, %s)", db.keys)
+    await holder.execute("SELECT pg_advisory_unlock(%s, %s)", roles_db.keys)
     await eventually(lambda: len(acquired) == 1, what="a new leader")
     await asyncio.sleep(0.5)
     assert acquired == ["b"]
@@ -163,7 +139,7 @@ BAD = {
 
 @pytest.mark.parametrize("bad", list(BAD))
 async def test_a_value_no_reader_can_represent_is_skipped(
-    db: Database, closing: list[Any], bad: str, caplog: pytest.LogCaptureFixture
+    roles_db: Database, closing: list[Any], bad: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A session of the lock's role holds the lock with a row it wrote by hand (its own:
     row-level security allows it) holding a value no reader can represent. Every
@@ -172,17 +148,17 @@ async def test_a_value_no_reader_can_represent_is_skipped(
     ``RecursionError``, an infinite float, or the whole megabyte)."""
     caplog.set_level(logging.WARNING, "pgleaderlock")
     row, field = BAD[bad]
-    holder = await db.connect("app")
+    holder = await roles_db.connect("app")
     closing.append(holder)
-    await publish(holder, db.keys, "holder", priority=7, **row)
-    await holder.execute("SELECT pg_advisory_lock(%s, %s)", db.keys)
+    await publish(holder, roles_db.keys, "holder", priority=7, **row)
+    await holder.execute("SELECT pg_advisory_lock(%s, %s)", roles_db.keys)
     told: list[LeaderInfo | None] = []
-    observer = db.lock("dashboard", eligible=False)
+    observer = roles_db.lock("dashboard", eligible=False)
     observer.on_leader_changed(told.append)
     closing.append(observer)
     await observer.start()
     await eventually(lambda: told and told[-1] is not None, what="told who leads")
-    candidate = db.lock("candidate")
+    candidate = roles_db.lock("candidate")
     closing.append(candidate)
     seen = [
         told[-1],
@@ -190,7 +166,7 @@ async def test_a_value_no_reader_can_represent_is_skipped(
         await candidate.leader(),
         await LeaderLifespan(candidate, watch_leader=False).current_leader(),
         await pgleaderlock.current_leader(
-            db.dsn("app"), db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
+            roles_db.dsn("app"), roles_db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
         ),
     ]
     for info in seen:
@@ -209,17 +185,17 @@ async def test_a_value_no_reader_can_represent_is_skipped(
 
 
 async def test_a_row_no_reader_can_represent_does_not_stop_the_priority_hand_over(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """A trusted session's row with ``since = 'infinity'`` among the participants: the
     leader (priority 1) still hands over to a candidate of priority 5 (before: each look
     raised ``DataError``, and the leader never handed over)."""
     acquired: list[str] = []
-    bystander = await db.connect("app")
+    bystander = await roles_db.connect("app")
     closing.append(bystander)
-    await publish(bystander, db.keys, "bystander", since="infinity")
-    low = db.lock("low", priority=1, handover_delay_s=0.05)
-    high = db.lock("high", priority=5, handover_delay_s=0.05)
+    await publish(bystander, roles_db.keys, "bystander", since="infinity")
+    low = roles_db.lock("low", priority=1, handover_delay_s=0.05)
+    high = roles_db.lock("high", priority=5, handover_delay_s=0.05)
     for lock in (low, high):
         lock.on_acquired(lambda lock=lock: acquired.append(lock.identity))
         closing.append(lock)
@@ -230,44 +206,46 @@ async def test_a_row_no_reader_can_represent_does_not_stop_the_priority_hand_ove
     assert acquired == ["low", "high"]
 
 
-async def test_many_rows_of_one_session_are_not_all_read(db: Database, closing: list[Any]) -> None:
+async def test_many_rows_of_one_session_are_not_all_read(
+    roles_db: Database, closing: list[Any]
+) -> None:
     """100,000 rows for the lock, of the leader's own session (a session of the lock's
     role, which row-level security lets write any number of rows for itself): a reader
     looks at a bounded number of them (measured in the table's statistics: tuples read
     by a ``current_leader()`` call and by a ``participants()`` call, under 1,000 each;
     before: all 100,000, for each call)."""
-    db.run(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)", role="owner")
-    holder = await db.connect("app")
+    roles_db.run(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)", role="owner")
+    holder = await roles_db.connect("app")
     closing.append(holder)
-    await holder.execute("SELECT pg_advisory_lock(%s, %s)", db.keys)
+    await holder.execute("SELECT pg_advisory_lock(%s, %s)", roles_db.keys)
     pid = holder.info.backend_pid
     # Written as the superuser for speed; the same rows the session could write itself.
-    db.run(
+    roles_db.run(
         f"INSERT INTO {TABLE} (key1, key2, pid, backend_start, identity, eligible, metadata,"
         " writer, updated_at) SELECT {}, {}, a.pid, a.backend_start, 'r' || g, true,"
         " '{{}}', a.usename, now() FROM pg_stat_activity a, generate_series(1, 100000) g"
-        " WHERE a.pid = {}".format(*db.keys, pid)
+        " WHERE a.pid = {}".format(*roles_db.keys, pid)
     )
-    reads_before = _tuples_read(db)
+    reads_before = _tuples_read(roles_db)
     found = await pgleaderlock.current_leader(
-        db.dsn("app"), db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
+        roles_db.dsn("app"), roles_db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
     )
     assert found is not None
     assert found.pid == pid
     assert found.identity is not None
     assert found.identity.startswith("r")
-    reads = await _settled_reads(db, reads_before)
+    reads = await _settled_reads(roles_db, reads_before)
     assert 0 < reads < 1000, reads
-    lock = db.lock("reader")
+    lock = roles_db.lock("reader")
     listed = await lock.participants()
     assert 0 < len(listed) <= 64
     assert {p.info.pid for p in listed} == {pid}
-    reads = await _settled_reads(db, reads_before + reads)
+    reads = await _settled_reads(roles_db, reads_before + reads)
     assert 0 < reads < 1000, reads
 
 
-def _tuples_read(db: Database) -> int:
-    with psycopg.connect(db.dsn(), autocommit=True) as conn:
+def _tuples_read(roles_db: Database) -> int:
+    with psycopg.connect(roles_db.dsn(), autocommit=True) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         row = conn.execute(
             "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
@@ -278,13 +256,13 @@ def _tuples_read(db: Database) -> int:
     return int(row[0])
 
 
-async def _settled_reads(db: Database, before: int) -> int:
+async def _settled_reads(roles_db: Database, before: int) -> int:
     """The tuples read since ``before``, once the reader's backend (ended) has flushed
     its statistics: the count changed, then stayed for 0.3 s."""
-    last = await asyncio.to_thread(_tuples_read, db)
+    last = await asyncio.to_thread(_tuples_read, roles_db)
     while True:
         await asyncio.sleep(0.3)
-        now = await asyncio.to_thread(_tuples_read, db)
+        now = await asyncio.to_thread(_tuples_read, roles_db)
         if now == last and now != before:
             return now - before
         last = now
@@ -294,7 +272,7 @@ async def _settled_reads(db: Database, before: int) -> int:
 
 
 async def test_a_notify_flood_costs_a_watch_a_bounded_number_of_reads(
-    db: Database, closing: list[Any], monkeypatch: pytest.MonkeyPatch
+    roles_db: Database, closing: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A role that may only connect sends ``NOTIFY``s about a watched lock as fast as it
     can for 2 s: the watch reads who leads at most 20 times a second (plus its periodic
@@ -310,16 +288,16 @@ async def test_a_notify_flood_costs_a_watch_a_bounded_number_of_reads(
 
     monkeypatch.setattr(leader_module.LeaderReader, "leader", counted)
     told: list[LeaderInfo | None] = []
-    observer = db.lock("dashboard", eligible=False, watch_interval_s=5.0)
+    observer = roles_db.lock("dashboard", eligible=False, watch_interval_s=5.0)
     observer.on_leader_changed(told.append)
     closing.append(observer)
     await observer.start()
     await eventually(lambda: told == [None], what="first look")
-    flooder = await db.connect("flooder")
+    flooder = await roles_db.connect("flooder")
     closing.append(flooder)
     sent = 0
-    payload = f"{db.keys[0]},{db.keys[1]}"
-    leader = db.lock("leader")
+    payload = f"{roles_db.keys[0]},{roles_db.keys[1]}"
+    leader = roles_db.lock("leader")
     closing.append(leader)
     started, before = asyncio.get_running_loop().time(), reads
     while asyncio.get_running_loop().time() - started < 2.0:

@@ -22,7 +22,6 @@ import asyncio
 import json
 import logging
 import subprocess
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -36,44 +35,18 @@ from pgleaderlock.cli.sql import setup_sql
 from pgleaderlock.core.participants import ParticipantTable
 from pgleaderlock.core.tables import CHECK_TABLE, TableCheck
 from pgleaderlock.integrations.fastapi import LeaderLifespan
-from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import prepared_cluster
-from support.shared_roles import EVIL, ROLES, SCHEMA, TABLE, Database, LockLoop, publish
+from support.shared_roles import EVIL, SCHEMA, TABLE, Database, LockLoop, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ThrowawayPostgres]:
-    with prepared_cluster(*ROLES) as pg:
-        yield pg
-
-
-@pytest.fixture
-def db(cluster: ThrowawayPostgres) -> Iterator[Database]:
-    with Database.made(cluster) as database:
-        yield database
-
-
-@pytest.fixture
-async def closing() -> AsyncIterator[list[Any]]:
-    """Locks and connections to shut down or close at teardown, in reverse order."""
-    things: list[Any] = []
-    yield things
-    for thing in reversed(things):
-        if isinstance(thing, LeaderLock):
-            await thing.shutdown()
-        else:
-            await thing.close()
-
-
-def status(db: Database, *args: str, role: str = "app") -> subprocess.CompletedProcess[str]:
+def status(roles_db: Database, *args: str, role: str = "app") -> subprocess.CompletedProcess[str]:
     """``pgleaderlock status --key1 --key2 ... ARGS`` as ``role``, trusting ``owner``."""
     result = subprocess.run(
-        [*CLI, "status", "--key1", str(db.keys[0]), "--key2", str(db.keys[1]),
+        [*CLI, "status", "--key1", str(roles_db.keys[0]), "--key2", str(roles_db.keys[1]),
          "--participants-schema", SCHEMA, "--trusted-role", "owner", *args,
-         "--dsn", db.dsn(role)],
+         "--dsn", roles_db.dsn(role)],
         capture_output=True, text=True, timeout=30, env=clean_env(), check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -84,7 +57,7 @@ def status(db: Database, *args: str, role: str = "app") -> subprocess.CompletedP
 
 
 async def test_another_roles_row_moves_no_leadership_and_no_traffic(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """The app leads with priority 10 (a candidate of priority 5 waits). The attacker
     publishes priority 2**31-1 with its own address and loops lock/unlock on the keys
@@ -93,10 +66,10 @@ async def test_another_roles_row_moves_no_leadership_and_no_traffic(
     the real leader's metadata."""
     acquired: list[str] = []
     told: list[LeaderInfo | None] = []
-    leader = db.lock("real-leader", priority=10, metadata={"address": "http://real:8000"},
+    leader = roles_db.lock("real-leader", priority=10, metadata={"address": "http://real:8000"},
                      handover_delay_s=0.05)  # fmt: skip
-    candidate = db.lock("real-candidate", priority=5, handover_delay_s=0.05)
-    observer = db.lock("dashboard", eligible=False)
+    candidate = roles_db.lock("real-candidate", priority=5, handover_delay_s=0.05)
+    observer = roles_db.lock("dashboard", eligible=False)
     observer.on_leader_changed(told.append)
     for lock in (leader, candidate, observer):
         lock.on_acquired(lambda lock=lock: acquired.append(lock.identity))
@@ -105,15 +78,15 @@ async def test_another_roles_row_moves_no_leadership_and_no_traffic(
     assert await leader.wait_for_leadership(10)
     await candidate.start()
     await observer.start()
-    conn = await db.connect("attacker")
+    conn = await roles_db.connect("attacker")
     closing.append(conn)
-    await publish(conn, db.keys, "evil", priority=2**31 - 1, metadata=EVIL)
-    loop = LockLoop(conn, db.keys)
+    await publish(conn, roles_db.keys, "evil", priority=2**31 - 1, metadata=EVIL)
+    loop = LockLoop(conn, roles_db.keys)
     try:
         await asyncio.sleep(3.0)
         assert loop.grants == 0
         assert acquired == ["real-leader"]
-        assert await db.holders() == [leader.backend_pid]
+        assert await roles_db.holders() == [leader.backend_pid]
         # Asked to hand over to the attacker's row by name: it is no candidate.
         with pytest.raises(HandOverError, match="not waiting"):
             await leader.hand_over(to="evil")
@@ -128,7 +101,7 @@ async def test_another_roles_row_moves_no_leadership_and_no_traffic(
         assert seen.trusted
         assert "evil" not in {p.info.identity for p in await reader.participants()}
     found = await pgleaderlock.current_leader(
-        db.dsn("app"), db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
+        roles_db.dsn("app"), roles_db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
     )
     assert found is not None
     assert found.metadata == {"address": "http://real:8000"}
@@ -136,20 +109,20 @@ async def test_another_roles_row_moves_no_leadership_and_no_traffic(
 
 
 async def test_an_untrusted_leader_is_named_without_what_it_published(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """The attacker really takes the lock (advisory locks have no owner): every reader
     names its session as leader, marked untrusted, with none of what it published; the
     FastAPI ``leader_metadata`` dependency answers 503 instead of its address."""
     told: list[LeaderInfo | None] = []
-    observer = db.lock("dashboard", eligible=False)
+    observer = roles_db.lock("dashboard", eligible=False)
     observer.on_leader_changed(told.append)
     closing.append(observer)
-    conn = await db.connect("attacker")
+    conn = await roles_db.connect("attacker")
     closing.append(conn)
-    await publish(conn, db.keys, "evil", priority=2**31 - 1, metadata=EVIL,
+    await publish(conn, roles_db.keys, "evil", priority=2**31 - 1, metadata=EVIL,
                   since="now")  # fmt: skip
-    await conn.execute("SELECT pg_advisory_lock(%s, %s)", db.keys)
+    await conn.execute("SELECT pg_advisory_lock(%s, %s)", roles_db.keys)
     pid = conn.info.backend_pid
     await observer.start()
     await eventually(lambda: told and told[-1] is not None, what="told who leads")
@@ -158,7 +131,7 @@ async def test_an_untrusted_leader_is_named_without_what_it_published(
     seen = [told[-1], await observer.leader(), via_dependency]
     seen.append(
         await pgleaderlock.current_leader(
-            db.dsn("app"), db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
+            roles_db.dsn("app"), roles_db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
         )
     )
     for info in seen:
@@ -176,24 +149,24 @@ async def test_an_untrusted_leader_is_named_without_what_it_published(
 
 
 async def test_status_shows_another_roles_row_as_untrusted(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """``pgleaderlock status`` (as ``app``) lists the attacker's row marked untrusted;
     the waiting attacker's session is not described by it, the leader by its own."""
-    leader = db.lock("real-leader", metadata={"address": "http://real:8000"})
+    leader = roles_db.lock("real-leader", metadata={"address": "http://real:8000"})
     closing.append(leader)
     await leader.start()
     assert await leader.wait_for_leadership(10)
-    conn = await db.connect("attacker")
+    conn = await roles_db.connect("attacker")
     closing.append(conn)
-    await publish(conn, db.keys, "evil", priority=2**31 - 1, metadata=EVIL)
-    waiting = asyncio.ensure_future(conn.execute("SELECT pg_advisory_lock(%s, %s)", db.keys))
+    await publish(conn, roles_db.keys, "evil", priority=2**31 - 1, metadata=EVIL)
+    waiting = asyncio.ensure_future(conn.execute("SELECT pg_advisory_lock(%s, %s)", roles_db.keys))
     try:
         await eventually(
-            lambda: _waits(db, conn.info.backend_pid), what="the attacker queues", poll_s=0.1
+            lambda: _waits(roles_db, conn.info.backend_pid), what="the attacker queues", poll_s=0.1
         )
-        report = json.loads((await asyncio.to_thread(status, db, "--json")).stdout)
-        text = (await asyncio.to_thread(status, db)).stdout
+        report = json.loads((await asyncio.to_thread(status, roles_db, "--json")).stdout)
+        text = (await asyncio.to_thread(status, roles_db)).stdout
     finally:
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
@@ -209,8 +182,8 @@ async def test_status_shows_another_roles_row_as_untrusted(
     assert "evil  pid" in text
 
 
-async def _waits(db: Database, pid: int) -> bool:
-    async with await db.connect("postgres") as conn:
+async def _waits(roles_db: Database, pid: int) -> bool:
+    async with await roles_db.connect("postgres") as conn:
         cur = await conn.execute(
             "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (pid,)
         )
@@ -235,25 +208,25 @@ whose rows another role could write for the leader's session."""
 
 @pytest.mark.parametrize("broken", list(BROKEN))
 async def test_a_table_without_the_librarys_row_security_is_not_used(
-    db: Database, closing: list[Any], broken: str, caplog: pytest.LogCaptureFixture
+    roles_db: Database, closing: list[Any], broken: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The owner weakened the table's row-level security: the lock does not publish in
     it (``UntrustedObjectError`` logged, with the fix), no reader reads it (the leader
     is named without metadata), and the attacker's rewrite of the leader's row, where it
     now succeeds, reaches nobody; ``status`` says why it did not read the table."""
     role = "postgres" if broken == "bypassrls" else "owner"
-    db.run(BROKEN[broken], role=role)
+    roles_db.run(BROKEN[broken], role=role)
     try:
-        await _weakened_table_is_refused(db, closing, broken, caplog)
+        await _weakened_table_is_refused(roles_db, closing, broken, caplog)
     finally:
-        db.run("ALTER ROLE attacker NOBYPASSRLS")
+        roles_db.run("ALTER ROLE attacker NOBYPASSRLS")
 
 
 async def _weakened_table_is_refused(
-    db: Database, closing: list[Any], broken: str, caplog: pytest.LogCaptureFixture
+    roles_db: Database, closing: list[Any], broken: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "pgleaderlock")
-    leader = db.lock("real-leader", metadata={"address": "http://real:8000"})
+    leader = roles_db.lock("real-leader", metadata={"address": "http://real:8000"})
     closing.append(leader)
     await leader.start()
     assert await leader.wait_for_leadership(10)
@@ -265,14 +238,14 @@ async def _weakened_table_is_refused(
     # A row as the library would have written it before the table was weakened (a
     # superuser writes it), which the attacker then rewrites with its address where
     # the weakened table lets it.
-    with psycopg.connect(db.dsn(), autocommit=True) as conn:
+    with psycopg.connect(roles_db.dsn(), autocommit=True) as conn:
         conn.execute(
             f"INSERT INTO {TABLE} (key1, key2, pid, backend_start, identity, eligible,"
             " metadata, writer, updated_at) SELECT %s, %s, pid, backend_start, 'real-leader',"
             " true, '{}', usename, now() FROM pg_stat_activity WHERE pid = %s",
-            (*db.keys, leader.backend_pid),
+            (*roles_db.keys, leader.backend_pid),
         )
-    async with await db.connect("attacker") as conn:
+    async with await roles_db.connect("attacker") as conn:
         await conn.execute(
             f"UPDATE {TABLE} SET metadata = %s::jsonb WHERE pid = %s",
             (json.dumps(EVIL), leader.backend_pid),
@@ -280,14 +253,14 @@ async def _weakened_table_is_refused(
     for seen in (
         await leader.leader(),
         await pgleaderlock.current_leader(
-            db.dsn("app"), db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
+            roles_db.dsn("app"), roles_db.keys, participants_schema=SCHEMA, trusted_roles=["owner"]
         ),
     ):
         assert seen is not None
         assert seen.pid == leader.backend_pid
         assert seen.metadata is None
         assert seen.identity is None
-    report = json.loads((await asyncio.to_thread(status, db, "--json")).stdout)
+    report = json.loads((await asyncio.to_thread(status, roles_db, "--json")).stdout)
     reason = report["participants_table"]["not_read"]
     assert reason is not None
     assert "row-level security" in reason or "BYPASSRLS" in reason
@@ -295,23 +268,23 @@ async def _weakened_table_is_refused(
 
 
 async def test_running_the_migration_again_repairs_the_table(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """The fix the error names: the owner runs ``pgleaderlock sql`` again; the table is
     used again (the leader's metadata is read)."""
     for statement in BROKEN.values():
         if "attacker" not in statement:
-            db.run(statement, role="owner")
-    leader = db.lock("real-leader", metadata={"address": "http://real:8000"})
+            roles_db.run(statement, role="owner")
+    leader = roles_db.lock("real-leader", metadata={"address": "http://real:8000"})
     closing.append(leader)
     await leader.start()
     assert await leader.wait_for_leadership(10)
     seen = await leader.leader()
     assert seen is not None
     assert seen.metadata is None
-    db.run("DROP POLICY anyone ON pgl.pgleaderlock_participants", role="owner")
-    db.run(setup_sql(SCHEMA, "app"), role="owner")
-    async with db.lock("again", metadata={"address": "http://again:8000"}) as again:
+    roles_db.run("DROP POLICY anyone ON pgl.pgleaderlock_participants", role="owner")
+    roles_db.run(setup_sql(SCHEMA, "app"), role="owner")
+    async with roles_db.lock("again", metadata={"address": "http://again:8000"}) as again:
         await eventually(lambda: _published(again), what="the lock publishes again")
     await leader.step_down()
 
@@ -321,34 +294,36 @@ async def _published(lock: LeaderLock) -> bool:
 
 
 async def test_a_lock_makes_its_own_roles_table_safe_again(
-    db: Database, closing: list[Any]
+    roles_db: Database, closing: list[Any]
 ) -> None:
     """The table belongs to the locks' own role (it made it), which then turned its
     row-level security off and dropped a policy: the next lock session makes the
     library's policies again (as it would make a missing table), and publishes in it."""
-    db.run(f"ALTER TABLE {TABLE} OWNER TO app")
-    db.run(BROKEN["disabled"] + "; " + BROKEN["a policy dropped"], role="app")
-    leader = db.lock("real-leader", metadata={"address": "http://real:8000"})
+    roles_db.run(f"ALTER TABLE {TABLE} OWNER TO app")
+    roles_db.run(BROKEN["disabled"] + "; " + BROKEN["a policy dropped"], role="app")
+    leader = roles_db.lock("real-leader", metadata={"address": "http://real:8000"})
     closing.append(leader)
     await leader.start()
     assert await leader.wait_for_leadership(10)
-    secured = db.value(
+    secured = roles_db.value(
         "SELECT relrowsecurity AND relforcerowsecurity FROM pg_class WHERE oid = %s::regclass",
         TABLE,
     )
     assert secured is True
-    assert db.value("SELECT count(*) FROM pg_policy WHERE polrelid = %s::regclass", TABLE) == 4
+    assert (
+        roles_db.value("SELECT count(*) FROM pg_policy WHERE polrelid = %s::regclass", TABLE) == 4
+    )
     seen = await leader.leader()
     assert seen is not None
     assert seen.metadata == {"address": "http://real:8000"}
 
 
-def test_the_untrusted_object_error_is_what_the_check_raises(db: Database) -> None:
+def test_the_untrusted_object_error_is_what_the_check_raises(roles_db: Database) -> None:
     """The table check itself (a lock's session, ``TableCheck.verify``) raises
     ``UntrustedObjectError`` naming the fix."""
-    db.run(BROKEN["disabled"], role="owner")
+    roles_db.run(BROKEN["disabled"], role="owner")
     table = ParticipantTable(schema=SCHEMA, trusted_roles=("owner",))
-    with psycopg.connect(db.dsn("app"), autocommit=True) as conn:
+    with psycopg.connect(roles_db.dsn("app"), autocommit=True) as conn:
         conn.execute("SET search_path = pg_catalog, pg_temp")
         row = conn.execute(
             CHECK_TABLE.format("%(v0)s", "%(v1)s", "%(v2)s").encode(),

@@ -110,12 +110,6 @@ def cluster() -> Iterator[PasswordCluster]:
         yield PasswordCluster(pg)
 
 
-@pytest.fixture(params=["psycopg", "asyncpg"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 # ---------------------------------------------------------------- refused by the server
 
 

@@ -84,7 +84,7 @@ def lock_dsn(bouncer: PgBouncer, backend: Backend) -> str:
     return bouncer.dsn().replace("postgresql://", f"postgresql+{backend}://", 1)
 
 
-def make_lock(
+def bouncer_lock(
     bouncer: PgBouncer, keys: tuple[int, int], backend: Backend, name: str, **kwargs: Any
 ) -> LeaderLock:
     return LeaderLock(bouncer.dsn(), *keys, backend=backend, name=name, **{**FAST, **kwargs})
@@ -224,7 +224,7 @@ async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
     """The hard case: nobody else uses the pooler, so the server backend never changes
     under the lock's session; only the check with a second session can see the pooler."""
     bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = make_lock(bouncer, keys, backend, "lone")
+    lock = bouncer_lock(bouncer, keys, backend, "lone")
     rec = recorder(lock)
     began = time.monotonic()
     await lock.start()
@@ -257,7 +257,7 @@ async def test_candidates_started_together_are_all_refused(
     for round_ in range(TOGETHER_ROUNDS):
         round_keys = (keys[0], (keys[1] + round_) % 2**31)
         beliefs = BeliefLog()
-        locks = [make_lock(bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)]
+        locks = [bouncer_lock(bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)]
         recs = [recorder(lock) for lock in locks]
         for lock in locks:
             beliefs.attach(lock, lock.label)
@@ -298,7 +298,7 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
     (taken off as the refused sessions close), no prepared statement (asyncpg prepares
     its statements unnamed behind a pooler), and can take the lock's key."""
     bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = make_lock(bouncer, keys, backend, "refused")
+    lock = bouncer_lock(bouncer, keys, backend, "refused")
     names = watched_settings(lock)
     defaults = await direct_defaults(pg_dsn, names)
     async with lock:
@@ -338,7 +338,7 @@ async def test_settings_go_only_to_the_sessions_own_backend(
     own settings: ``configure`` changes nothing but the session's own backend, like every
     lock statement."""
     bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = make_lock(bouncer, keys, backend, "configure")
+    lock = bouncer_lock(bouncer, keys, backend, "configure")
     names = watched_settings(lock)
     assert lock.backend is not None
     session = await lock.backend.connect(bouncer.dsn(), lock.connect_options)
@@ -416,8 +416,8 @@ async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_
 ) -> None:
     bouncer = await asyncio.to_thread(make_pgbouncer, "session")
     beliefs = BeliefLog()
-    first = make_lock(bouncer, keys, backend, "first")
-    second = make_lock(bouncer, keys, backend, "second")
+    first = bouncer_lock(bouncer, keys, backend, "first")
+    second = bouncer_lock(bouncer, keys, backend, "second")
     beliefs.attach(first, "first")
     beliefs.attach(second, "second")
     rec1, rec2 = recorder(first), recorder(second)
@@ -477,7 +477,7 @@ async def test_session_mode_a_killed_leader_process_hands_over(
     on the server, is granted the lock."""
     bouncer = await asyncio.to_thread(make_pgbouncer, "session")
     beliefs = BeliefLog()
-    follower = make_lock(bouncer, keys, backend, "follower")
+    follower = bouncer_lock(bouncer, keys, backend, "follower")
     beliefs.attach(follower, "follower")
     rec = recorder(follower)
     takeovers = []
@@ -528,8 +528,8 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
     queued on its own server backend, is granted the lock."""
     bouncer = await asyncio.to_thread(make_pgbouncer, "session")
     beliefs = BeliefLog()
-    leader = make_lock(bouncer, keys, backend, "leader")
-    follower = make_lock(bouncer, keys, backend, "follower")
+    leader = bouncer_lock(bouncer, keys, backend, "leader")
+    follower = bouncer_lock(bouncer, keys, backend, "follower")
     beliefs.attach(leader, "leader")
     beliefs.attach(follower, "follower")
     rec_leader, rec_follower = recorder(leader), recorder(follower)
@@ -639,8 +639,8 @@ async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
     Once the pooler is back, a candidate leads again."""
     bouncer = await asyncio.to_thread(make_pgbouncer, "session")
     beliefs = BeliefLog()
-    leader = make_lock(bouncer, keys, backend, "leader")
-    follower = make_lock(bouncer, keys, backend, "follower")
+    leader = bouncer_lock(bouncer, keys, backend, "leader")
+    follower = bouncer_lock(bouncer, keys, backend, "follower")
     beliefs.attach(leader, "leader")
     beliefs.attach(follower, "follower")
     rec_leader, rec_follower = recorder(leader), recorder(follower)

@@ -35,7 +35,7 @@ from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
-from support.server import lock_holders, prepared_cluster
+from support.server import admin_session, lock_holders, prepared_cluster
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -94,17 +94,10 @@ def hostile() -> Iterator[HostileCluster]:
 
 
 @pytest.fixture
-async def admin(hostile: HostileCluster) -> AsyncIterator[Admin]:
-    async with await psycopg.AsyncConnection[Any].connect(
-        hostile.pg.dsn, autocommit=True, connect_timeout=5
-    ) as conn:
+async def hostile_admin(hostile: HostileCluster) -> AsyncIterator[Admin]:
+    """An admin session on the hostile cluster."""
+    async with admin_session(hostile.pg.dsn, connect_timeout=5) as conn:
         yield conn
-
-
-@pytest.fixture(params=["psycopg", "asyncpg"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
 
 
 def test_the_role_really_is_hostile(hostile: HostileCluster) -> None:
@@ -130,7 +123,7 @@ def test_the_role_really_is_hostile(hostile: HostileCluster) -> None:
 
 async def test_failover_after_sigkill_stays_in_milliseconds(
     hostile: HostileCluster,
-    admin: Admin,
+    hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
     recorder: Callable[[LeaderLock], Recorder],
@@ -153,7 +146,7 @@ async def test_failover_after_sigkill_stays_in_milliseconds(
         await asyncio.gather(*(r.wait_event("acquire_failed", 2, timeout=15) for r in recs))
         pids = {lock.backend_pid for lock in followers}
         async with asyncio.timeout(5):  # the next waits start right after the callbacks
-            while set(await lock_holders(admin, *keys, granted=False)) != pids:
+            while set(await lock_holders(hostile_admin, *keys, granted=False)) != pids:
                 await asyncio.sleep(0.01)
         killed_at = await child.kill()
         await eventually(lambda: any(lock.is_leader for lock in followers), 10, "a new leader")
@@ -162,7 +155,7 @@ async def test_failover_after_sigkill_stays_in_milliseconds(
         figures(f"{backend}: failover after SIGKILL, role statement_timeout=200ms",
                 acquired_at - killed_at, "ms")  # fmt: skip
         assert acquired_at - killed_at < FAILOVER_BOUND_S
-        assert await lock_holders(admin, *keys) == [leader.backend_pid]
+        assert await lock_holders(hostile_admin, *keys) == [leader.backend_pid]
     finally:
         await child.kill()
         await asyncio.gather(*(lock.shutdown(timeout_s=15) for lock in followers))
@@ -174,7 +167,7 @@ async def test_failover_after_sigkill_stays_in_milliseconds(
 
 async def test_an_idle_leader_does_not_flap(
     hostile: HostileCluster,
-    admin: Admin,
+    hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
     recorder: Callable[[LeaderLock], Recorder],
@@ -188,14 +181,14 @@ async def test_an_idle_leader_does_not_flap(
         assert await lock.wait_for_leadership(timeout_s=10)
         pid = lock.backend_pid
         events = len(rec.events)
-        since = await _server_now(admin)
+        since = await _server_now(hostile_admin)
         await asyncio.sleep(6.0)
         assert rec.events[events:] == []  # no state change, no on_lost, no error
         assert lock.state is LockState.LEADER
         assert lock.backend_pid == pid
-        assert await lock_holders(admin, *keys) == [pid]
+        assert await lock_holders(hostile_admin, *keys) == [pid]
         # The session idled ~5 s (five times idle_session_timeout), then was probed.
-        cur = await admin.execute(
+        cur = await hostile_admin.execute(
             "SELECT state, query_start > %s FROM pg_stat_activity WHERE pid = %s", (since, pid)
         )
         assert await cur.fetchone() == ("idle", True)
@@ -204,15 +197,15 @@ async def test_an_idle_leader_does_not_flap(
     assert not [m for m in messages if "timeout" in m], messages
 
 
-async def _server_now(admin: Admin) -> object:
-    row = await (await admin.execute("SELECT clock_timestamp()")).fetchone()
+async def _server_now(hostile_admin: Admin) -> object:
+    row = await (await hostile_admin.execute("SELECT clock_timestamp()")).fetchone()
     assert row is not None
     return row[0]
 
 
 async def _log_of_one_follower(
     hostile: HostileCluster,
-    admin: Admin,
+    hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
     recorder: Callable[[LeaderLock], Recorder],
@@ -224,16 +217,16 @@ async def _log_of_one_follower(
     lock = LeaderLock(hostile.dsn(backend), *keys, retry_strategy=FixedInterval(3.0),
                       load_plugins=False)  # fmt: skip
     rec = recorder(lock)
-    await admin.execute("SELECT pg_advisory_lock(%s, %s)", keys)
+    await hostile_admin.execute("SELECT pg_advisory_lock(%s, %s)", keys)
     try:
         async with lock:
             await rec.wait_event("acquire_failed", 3, timeout=15)  # the try + two delays
             await asyncio.sleep(1.6)
-            await admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
+            await hostile_admin.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
             assert await lock.wait_for_leadership(timeout_s=5)
             pid = lock.backend_pid
     finally:
-        await admin.execute("SELECT pg_advisory_unlock_all()")
+        await hostile_admin.execute("SELECT pg_advisory_unlock_all()")
     assert rec.errors() == []
     await asyncio.sleep(0.1)  # the server's last lines reach the file
     return [(level, m) for p, level, m in hostile.log_lines(offset) if p == pid]
@@ -241,7 +234,7 @@ async def _log_of_one_follower(
 
 async def test_what_the_server_logs_per_follower_wait(
     hostile: HostileCluster,
-    admin: Admin,
+    hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
     recorder: Callable[[LeaderLock], Recorder],
@@ -249,7 +242,7 @@ async def test_what_the_server_logs_per_follower_wait(
 ) -> None:
     """Issue 10: "a follower does not make the server log a line every 0.5 s"; issue 19:
     no ERROR line for a follower at all."""
-    lines = await _log_of_one_follower(hostile, admin, keys, backend, recorder)
+    lines = await _log_of_one_follower(hostile, hostile_admin, keys, backend, recorder)
     still = [m for level, m in lines if level == "LOG" and "still waiting" in m]
     errors = [m for level, m in lines if level in ("ERROR", "FATAL")]
     acquired = [m for level, m in lines if level == "LOG" and "acquired ExclusiveLock" in m]

@@ -30,7 +30,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from cli.clitools import CLI, clean_env
 from pgleaderlock import (
@@ -54,6 +53,7 @@ from pgleaderlock.coordination.protocol import (
 )
 from pgleaderlock.schedule import Every, Run, Scheduler, SlotGuard
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support import shared_roles
 from support.poll import eventually
 from support.server import prepared_cluster
 from support.timings import timings
@@ -92,23 +92,8 @@ def cluster() -> Iterator[ThrowawayPostgres]:
         yield pg
 
 
-class Database:
-    """A fresh database of the cluster, and DSNs for its roles."""
-
-    def __init__(self, pg: ThrowawayPostgres, name: str) -> None:
-        self.pg, self.name = pg, name
-
-    def dsn(self, role: str = "postgres") -> str:
-        return make_conninfo(self.pg.dsn, dbname=self.name, user=role)
-
-    def run(self, statements: str, role: str = "postgres") -> None:
-        with psycopg.connect(self.dsn(role), autocommit=True) as conn:
-            conn.execute(statements.encode())
-
-    def value(self, query: str, *params: object) -> Any:
-        with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            row = conn.execute(query.encode(), params).fetchone()
-            return None if row is None else row[0]
+class Database(shared_roles.Database):
+    """A fresh database of the cluster (not migrated), and DSNs for its roles."""
 
     def attacker_is_superuser(self) -> bool:
         return bool(self.value("SELECT rolsuper FROM pg_roles WHERE rolname = 'attacker'"))

@@ -35,23 +35,17 @@ Holders = Callable[[str], Awaitable[list[int]]]
 CONNECT_TIMEOUT_S = 2.0
 
 
-@pytest.fixture(params=["psycopg", "asyncpg"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 @pytest.fixture
-def holders(keys: tuple[int, int]) -> Holders:
-    """``await holders(dsn)``: the backends holding the test's lock on that server."""
+def holders_on(keys: tuple[int, int]) -> Holders:
+    """``await holders_on(dsn)``: the backends holding the test's lock on that server."""
 
-    async def holders(dsn: str) -> list[int]:
+    async def holders_on(dsn: str) -> list[int]:
         async with await psycopg.AsyncConnection[Any].connect(
             dsn, autocommit=True, connect_timeout=5
         ) as conn:
             return await lock_holders(conn, *keys)
 
-    return holders
+    return holders_on
 
 
 def _lock(dsn: str, keys: tuple[int, int], backend: str, **kwargs: Any) -> LeaderLock:
@@ -65,7 +59,7 @@ async def test_a_lock_on_the_standby_never_leads(
     replication_pair: PrimaryStandby,
     keys: tuple[int, int],
     backend: str,
-    holders: Holders,
+    holders_on: Holders,
     recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
     """Default settings: refused at 0 s, then retried after 1 s and 2 s (the backoff)."""
@@ -77,8 +71,8 @@ async def test_a_lock_on_the_standby_never_leads(
         assert not await lock.wait_for_leadership(timeout_s=0.2)
         # The lock is free on the primary (it could be taken there), and nothing was
         # taken on the standby: the session was refused before any lock call.
-        assert await holders(replication_pair.primary_dsn) == []
-        assert await holders(replication_pair.standby_dsn) == []
+        assert await holders_on(replication_pair.primary_dsn) == []
+        assert await holders_on(replication_pair.standby_dsn) == []
     errors = rec.errors()
     assert all(isinstance(e, StandbyError) for e in errors), errors
     assert "standby" in str(errors[0])
@@ -90,7 +84,7 @@ async def test_a_multi_host_dsn_listing_the_standby_first_leads_on_the_primary(
     replication_pair: PrimaryStandby,
     keys: tuple[int, int],
     backend: str,
-    holders: Holders,
+    holders_on: Holders,
     recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
     # No target_session_attrs in the DSN: the drivers alone would settle on the standby.
@@ -99,8 +93,8 @@ async def test_a_multi_host_dsn_listing_the_standby_first_leads_on_the_primary(
     rec = recorder(lock)
     async with lock:
         assert await lock.wait_for_leadership(timeout_s=10)
-        assert await holders(replication_pair.primary_dsn) == [lock.backend_pid]
-        assert await holders(replication_pair.standby_dsn) == []
+        assert await holders_on(replication_pair.primary_dsn) == [lock.backend_pid]
+        assert await holders_on(replication_pair.standby_dsn) == []
     assert rec.errors() == []
 
 
@@ -119,7 +113,7 @@ async def test_a_black_hole_first_costs_one_connect_timeout(
     blackhole: BlackHole,
     keys: tuple[int, int],
     backend: str,
-    holders: Holders,
+    holders_on: Holders,
     recorder: Callable[[LeaderLock], Recorder],
     figures: Figures,
 ) -> None:
@@ -131,7 +125,7 @@ async def test_a_black_hole_first_costs_one_connect_timeout(
         figures(f"{backend}: black hole first, connect_timeout_s=2 -> leader", took)
         assert took < 2 * CONNECT_TIMEOUT_S
         assert blackhole.queued() == 1  # the black hole was tried, once
-        assert await holders(replication_pair.primary_dsn) == [lock.backend_pid]
+        assert await holders_on(replication_pair.primary_dsn) == [lock.backend_pid]
     finally:
         await lock.shutdown()
     assert rec.errors() == []  # the first session succeeded, on the second host

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -93,9 +92,3 @@ def spawn(pg_dsn: str) -> Iterator[Spawn]:
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=30)
-
-
-@pytest.fixture
-def lock_name() -> str:
-    """A lock name no other test (nor a concurrent pytest) uses."""
-    return f"django-test-{uuid.uuid4().hex[:12]}"

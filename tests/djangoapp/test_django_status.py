@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock
@@ -25,18 +23,6 @@ async def manage_async(
     manage: Manage, *args: str, **kwargs: Any
 ) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(manage, *args, **kwargs)
-
-
-@pytest.fixture
-async def schema(pg_dsn: str) -> AsyncIterator[str]:
-    """An empty schema of its own (dropped at the end)."""
-    name = f"pgl_django_{uuid.uuid4().hex[:10]}"
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await conn.execute(f'CREATE SCHEMA "{name}"')
-        try:
-            yield name
-        finally:
-            await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 
 async def test_status_shows_a_held_lock_and_a_schedules_runs(

@@ -1,7 +1,7 @@
 """Fixtures of the fault-injection suite; its ``figures`` make the "fault suite figures" table.
 
 Every test records the leadership beliefs of its candidates in a ``BeliefLog``
-(``beliefs`` fixture) and ends with ``beliefs.report().assert_safe()``: no two beliefs
+(``beliefs`` fixture, in tests/fix_locks.py with ``pg_lock``) and ends with ``beliefs.report().assert_safe()``: no two beliefs
 overlap, except right after an external ``pg_terminate_backend`` of the old leader, where
 the overlap must stay under ``TERMINATE_OVERLAP_LIMIT_S``.
 """
@@ -11,22 +11,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock, ShutdownError
-from pgleaderlock.testing.beliefs import BeliefLog
+from pgleaderlock import LeaderLock
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from support.locks import kept
 from support.server import lock_holders
 from support.timings import FAULT_TIMINGS
 
 if TYPE_CHECKING:
     from conftest import Recorder
+    from fix_locks import PgLock
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -41,43 +40,22 @@ def json_log_level() -> int | None:
     return logging.DEBUG
 
 
-@pytest.fixture
-def beliefs() -> BeliefLog:
-    return BeliefLog()
-
-
-@pytest.fixture
-async def make_lock(beliefs: BeliefLog) -> AsyncIterator[Callable[..., LeaderLock]]:
-    """``make_lock(dsn, keys, name, **overrides)``: a LeaderLock with FAST timings whose
-    beliefs are recorded as ``name``. Every lock made is shut down at teardown."""
-
-    def build(dsn: str | None, keys: tuple[int, int], name: str, **kwargs: Any) -> LeaderLock:
-        lock = LeaderLock(dsn, *keys, **{**FAST, "name": name, **kwargs})
-        beliefs.attach(lock, name)
-        return lock
-
-    def failed(lock: LeaderLock, exc: BaseException) -> None:
-        if isinstance(exc, ShutdownError):
-            beliefs.end(lock.name or "?", "stop")
-
-    async with kept(build, on_error=failed) as make:
-        yield make
-
-
 @dataclasses.dataclass
 class Candidates:
-    """The locks of a test on one server: ``make_lock`` on the test's ``keys``, recorded
+    """The locks of a test on one server: ``pg_lock`` on the test's ``keys``, recorded
     if asked, and who holds ``keys`` there."""
 
     dsn: str
     lock_holders: Callable[[int, int], Awaitable[list[int]]]
     keys: tuple[int, int]
-    make_lock: Callable[..., LeaderLock]
+    pg_lock: PgLock
     recorder: Callable[[LeaderLock], Recorder]
 
     def lock(self, name: str, dsn: str | None = None, **overrides: Any) -> LeaderLock:
-        """``make_lock`` on ``keys``, through ``dsn`` if given, else to the server."""
-        return self.make_lock(self.dsn if dsn is None else dsn, self.keys, name, **overrides)
+        """``pg_lock`` named ``name`` on ``keys``, through ``dsn`` if given, else to the
+        server."""
+        dsn = self.dsn if dsn is None else dsn
+        return self.pg_lock(dsn=dsn, keys=self.keys, name=name, **overrides)
 
     def recorded(
         self, name: str, dsn: str | None = None, **overrides: Any
@@ -113,12 +91,12 @@ class Candidates:
 @pytest.fixture
 def candidates_on(
     keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    pg_lock: PgLock,
     recorder: Callable[[LeaderLock], Recorder],
 ) -> Callable[[str, Callable[[int, int], Awaitable[list[int]]]], Candidates]:
     """``candidates_on(dsn, holders)``: ``Candidates`` on the server at ``dsn``, where
     ``holders(key1, key2)`` tells who holds a lock."""
-    return functools.partial(Candidates, keys=keys, make_lock=make_lock, recorder=recorder)
+    return functools.partial(Candidates, keys=keys, pg_lock=pg_lock, recorder=recorder)
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import pytest
 
 from pgleaderlock import FixedInterval, LockState, ShutdownError
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.server import Admin
 
 if TYPE_CHECKING:
-    from conftest import Admin
     from faults.conftest import Candidates
 
 S = LockState

@@ -48,6 +48,7 @@ from pgleaderlock.core.config import default_lease_s
 from pgleaderlock.testing.beliefs import FROZEN_RESUME_LIMIT_S, BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.server import admin_session
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(120)]
 
@@ -238,10 +239,10 @@ class Group:
         )
         return found
 
-    async def terminate(self, admin: Admin, replica: Replica) -> int:
+    async def terminate(self, module_admin: Admin, replica: Replica) -> int:
         """``pg_terminate_backend`` of every session of ``replica``'s coordinator."""
         pattern = f"pgl:{self.group}:{replica.member}:%".replace("_", "\\_")
-        cur = await admin.execute(
+        cur = await module_admin.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
             " WHERE application_name LIKE %s",
             (pattern,),
@@ -340,7 +341,7 @@ class Group:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ThrowawayPostgres]:
+def module_pg() -> Iterator[ThrowawayPostgres]:
     """One throwaway cluster for the module's tests that do not restart it."""
     with ThrowawayPostgres(max_connections=300) as pg:
         yield pg
@@ -354,8 +355,9 @@ def stderr() -> Iterator[IO[str]]:
 
 
 @pytest.fixture
-async def admin(server: ThrowawayPostgres) -> AsyncIterator[Admin]:
-    async with await psycopg.AsyncConnection.connect(server.dsn, autocommit=True) as conn:
+async def module_admin(module_pg: ThrowawayPostgres) -> AsyncIterator[Admin]:
+    """An admin session on ``module_pg``."""
+    async with admin_session(module_pg.dsn) as conn:
         yield conn
 
 
@@ -391,8 +393,8 @@ SIZES = {"shared": 30, "dedicated": 9}
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("mode", ["shared", "dedicated"])
 async def test_a_failed_replicas_names_are_led_again(
-    server: ThrowawayPostgres,
-    admin: Admin,
+    module_pg: ThrowawayPostgres,
+    module_admin: Admin,
     stderr: IO[str],
     figures: Callable[[str, float, str], None],
     mode: str,
@@ -404,7 +406,7 @@ async def test_a_failed_replicas_names_are_led_again(
     or after a terminate by anyone) within the bound (a frozen one's within its lease),
     the group balances again, and no two replicas ever ran a name at once outside the
     terminate window, or a frozen replica's (until just after it runs again)."""
-    async with running(Group(server.dsn, mode, SIZES[mode], stderr)) as group:
+    async with running(Group(module_pg.dsn, mode, SIZES[mode], stderr)) as group:
         await group.spawn(3)
         took = await group.settle("start")
         figures(f"{mode}: {group.n} names over 3 replicas balanced after start", took, "s")
@@ -420,7 +422,7 @@ async def test_a_failed_replicas_names_are_led_again(
             victim.signal(signal.SIGSTOP)
         else:
             group.faults.append(("terminate", victim.name, at))
-            assert await group.terminate(admin, victim) >= 2
+            assert await group.terminate(module_admin, victim) >= 2
         by = anyone if fault == "terminate" else other_than(victim)
         releads = await group.releads(names, at, by)
         figures(f"{mode}/{fault}: names led again ({spread(releads)})", max(releads.values()), "ms")
@@ -441,8 +443,8 @@ async def test_a_failed_replicas_names_are_led_again(
 
 @pytest.mark.parametrize("mode", ["shared", "dedicated"])
 async def test_fenced_work_never_interleaves_under_faults(
-    server: ThrowawayPostgres,
-    admin: Admin,
+    module_pg: ThrowawayPostgres,
+    module_admin: Admin,
     stderr: IO[str],
     figures: Callable[[str, float, str], None],
     mode: str,
@@ -452,7 +454,7 @@ async def test_fenced_work_never_interleaves_under_faults(
     replica replaces it), then SIGTERM. Every name is led again each time, and its log
     holds every position once with terms that never go back."""
     n = 12 if mode == "shared" else 6
-    async with running(Group(server.dsn, mode, n, stderr, fencing=True)) as group:
+    async with running(Group(module_pg.dsn, mode, n, stderr, fencing=True)) as group:
         await group.spawn(3)
         await group.settle("start")
         late: list[str] = []  # reported after the checks of the work
@@ -463,7 +465,7 @@ async def test_fenced_work_never_interleaves_under_faults(
             by: Callable[[Replica], bool]
             if fault == "terminate":
                 group.faults.append(("terminate", victim.name, at))
-                await group.terminate(admin, victim)
+                await group.terminate(module_admin, victim)
                 by = anyone
             elif fault == "kill":
                 at = await victim.kill()
@@ -527,7 +529,7 @@ async def test_server_restart(
 
 
 async def test_balance_join_and_steady_state(
-    server: ThrowawayPostgres,
+    module_pg: ThrowawayPostgres,
     stderr: IO[str],
     figures: Callable[[str, float, str], None],
 ) -> None:
@@ -536,7 +538,7 @@ async def test_balance_join_and_steady_state(
     (counted both by the replicas' ``moves`` and from the workers' hand-overs); then
     15 s of steady state move nothing."""
     n = 300
-    async with running(Group(server.dsn, "shared", n, stderr)) as group:
+    async with running(Group(module_pg.dsn, "shared", n, stderr)) as group:
         first = await group.spawn(3, together=True)
         took = await group.settle("3 replicas", 20.0)
         figures("300 names over 3 replicas balanced after", took, "s")

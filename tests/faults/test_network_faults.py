@@ -21,6 +21,7 @@ from support.proxy import proxied
 if TYPE_CHECKING:
     from conftest import Recorder
     from faults.conftest import Candidates
+    from fix_locks import PgLock
 
 S = LockState
 
@@ -79,7 +80,7 @@ async def test_stalled_proxy(
 async def test_partitioned_leader_demotes_before_anyone_else_leads(
     netns_link: NetnsLink,
     keys: tuple[int, int],
-    make_lock: Callable[..., LeaderLock],
+    pg_lock: PgLock,
     beliefs: BeliefLog,
     recorder: Callable[[LeaderLock], Recorder],
     figures: Callable[[str, float, str], None],
@@ -101,10 +102,10 @@ async def test_partitioned_leader_demotes_before_anyone_else_leads(
     )
     await asyncio.to_thread(pg.start)
     inside: CandidateProcess | None = None
-    host = make_lock(
-        pg.dsn,
-        keys,
-        "host",
+    host = pg_lock(
+        dsn=pg.dsn,
+        keys=keys,
+        name="host",
         health_interval_s=health_interval_s,
         health_timeout_s=health_timeout_s,
         retry_strategy=FixedInterval(0.2),

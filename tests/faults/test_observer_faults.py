@@ -20,9 +20,9 @@ import pytest
 from pgleaderlock import LeaderInfo, LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
+from support.server import Admin
 
 if TYPE_CHECKING:
-    from conftest import Admin
     from faults.conftest import Candidates
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -21,10 +21,9 @@ from pgleaderlock.testing.beliefs import (
 )
 from support.poll import eventually
 from support.proxy import proxied
-from support.server import backend_gone
+from support.server import Admin, backend_gone
 
 if TYPE_CHECKING:
-    from conftest import Admin
     from faults.conftest import Candidates
 
 S = LockState
@@ -54,7 +53,8 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
     for _ in range(6):
         await eventually(lambda: any(lock.is_leader for lock in locks.values()), 10, "a leader")
         name, leader = next((n, lock) for n, lock in locks.items() if lock.is_leader)
-        # Let the others queue on the server (each wait is one 50 ms lock_timeout).
+        # Kept: let the others queue on the server (each wait is one 50 ms lock_timeout,
+        # so at no one moment need all of them be queued).
         await asyncio.sleep(0.2)
         pid = leader.backend_pid
         assert await candidates.holders() == [pid]

@@ -20,14 +20,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 from psycopg import sql
 
-if TYPE_CHECKING:
-    from conftest import Admin
+from support.server import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

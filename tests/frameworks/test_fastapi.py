@@ -35,9 +35,9 @@ def client(app: object) -> httpx.AsyncClient:
 
 
 async def test_lifespan_alone_starts_and_stops_the_lock(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     leader = LeaderLifespan(lock)
     started = asyncio.Event()
 
@@ -60,9 +60,9 @@ async def test_lifespan_alone_starts_and_stops_the_lock(
 
 
 async def test_wrap_runs_both_lifespans_in_a_clear_order(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     leader = LeaderLifespan(lock)
     events: list[str] = []
 
@@ -98,9 +98,9 @@ async def test_wrap_runs_both_lifespans_in_a_clear_order(
     ]
 
 
-async def test_status_route_and_dependencies(fake_lock: Callable[..., LeaderLock]) -> None:
-    a = fake_lock(name="fake-lock")
-    b = fake_lock(name="fake-lock")
+async def test_status_route_and_dependencies(make_lock: Callable[..., LeaderLock]) -> None:
+    a = make_lock(name="fake-lock")
+    b = make_lock(name="fake-lock")
     apps, leaders = {}, {}
     for lock in (a, b):
         leader = leaders[lock] = LeaderLifespan(lock)
@@ -156,12 +156,12 @@ async def test_status_route_and_dependencies(fake_lock: Callable[..., LeaderLock
 
 
 async def test_a_lock_stopped_on_a_permanent_error_is_not_ready(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """The lock stops on an error that retrying cannot mend: the status shows the error,
     and neither the status route nor the readiness route looks healthy."""
     server.refuse_connections = ServerRefusedError('password authentication failed for "app"')
-    lock = fake_lock(name="refused")
+    lock = make_lock(name="refused")
     leader = LeaderLifespan(lock)
     app = FastAPI(lifespan=leader)
     app.include_router(leader.router())
@@ -183,11 +183,11 @@ async def test_a_lock_stopped_on_a_permanent_error_is_not_ready(
 
 
 async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """Ready while the lock takes part in the election (leader, follower, or retrying
     a connection error that may go away); not ready before startup and after shutdown."""
-    a, b = fake_lock(name="ready"), fake_lock(name="ready")
+    a, b = make_lock(name="ready"), make_lock(name="ready")
     apps = {}
     for lock in (a, b):
         leader = LeaderLifespan(lock)
@@ -232,11 +232,11 @@ async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
 
 
 async def test_two_leader_lifespans_combine_with_wrap(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """``a.wrap(b)``: two locks in one app. ``b`` starts first and stops last, as the
     lifespan given to ``wrap`` does; each lock runs its own leader tasks."""
-    lock_a = fake_lock(name="a")
+    lock_a = make_lock(name="a")
     lock_b = LeaderLock(
         None, 3, 4, name="b", connect_fn=server.connect, retry_strategy=FixedInterval(0.01)
     )

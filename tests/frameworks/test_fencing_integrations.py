@@ -73,8 +73,8 @@ class TermSession:
 
 
 @pytest.fixture
-async def make_lock(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
-    """``make_lock(fencing=True, **kwargs)``: a lock on the in-memory server whose
+async def term_lock(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
+    """``term_lock(fencing=True, **kwargs)``: a lock on the in-memory server whose
     sessions keep terms; all shut down after the test, no session left open."""
     terms: dict[tuple[int, int], int] = {}
 
@@ -100,11 +100,11 @@ def status_client(app: FastAPI) -> httpx.AsyncClient:
 
 
 async def test_fastapi_status_reports_the_term(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    term_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """The leader's status carries its term, the follower's None; after a takeover the
     new leader reports the next term and the old one None. Without fencing: None."""
-    a, b = make_lock(), make_lock()
+    a, b = term_lock(), term_lock()
     apps = {}
     for lock in (a, b):
         leader = LeaderLifespan(lock)
@@ -129,7 +129,7 @@ async def test_fastapi_status_reports_the_term(
             await eventually(lambda: not a.is_leader)
             assert (await http_a.get("/leader")).json()["term"] is None
 
-    plain = make_lock(fencing=False)
+    plain = term_lock(fencing=False)
     leader = LeaderLifespan(plain)
     async with leader.run():
         assert await plain.wait_for_leadership(5)
@@ -142,12 +142,12 @@ async def test_fastapi_status_reports_the_term(
 
 
 async def test_current_term_inside_leader_only_runs(
-    make_lock: Callable[..., LeaderLock],
+    term_lock: Callable[..., LeaderLock],
 ) -> None:
     """Sync and async runs see the lock's term; the tasks and threads an async run
     starts see it too; outside any run, and in the thread a sync run used once it has
     returned, current_term() raises."""
-    lock = make_lock()
+    lock = term_lock()
     term = await leads(lock)
 
     @leader_only(lock)
@@ -174,9 +174,9 @@ async def test_current_term_inside_leader_only_runs(
 
 
 async def test_current_term_is_none_without_fencing(
-    make_lock: Callable[..., LeaderLock],
+    term_lock: Callable[..., LeaderLock],
 ) -> None:
-    lock = make_lock(fencing=False)
+    lock = term_lock(fencing=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
 
@@ -188,12 +188,12 @@ async def test_current_term_is_none_without_fencing(
 
 
 async def test_current_term_stays_the_runs_term_after_a_new_leadership(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    term_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """A sync run cannot be interrupted: it goes on while its lock loses the lock and
     leads again under the next term. Inside it, current_term() still says the term the
     run started under, while lock.term has moved on: the run can tell."""
-    lock = make_lock()
+    lock = term_lock()
     term = await leads(lock)
     started, resume = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -215,9 +215,9 @@ async def test_current_term_stays_the_runs_term_after_a_new_leadership(
 
 
 async def test_leader_only_skips_a_follower_without_a_term(
-    make_lock: Callable[..., LeaderLock],
+    term_lock: Callable[..., LeaderLock],
 ) -> None:
-    a, b = make_lock(), make_lock()
+    a, b = term_lock(), term_lock()
     await leads(a)
     await b.start()
     await eventually(lambda: b.state in (S.FOLLOWER, S.ACQUIRING))
@@ -232,11 +232,11 @@ async def test_leader_only_skips_a_follower_without_a_term(
 
 
 async def test_bound_scheduler_term_follows_the_leadership(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    term_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """A bound scheduler's term: None while paused, the lock's term while it runs, the
     next term after a takeover and a new leadership."""
-    a, b = make_lock(), make_lock()
+    a, b = term_lock(), term_lock()
     scheduler_a, scheduler_b = AsyncIOScheduler(), AsyncIOScheduler()
     binding_a = bind_scheduler(scheduler_a, a)
     binding_b = bind_scheduler(scheduler_b, b)

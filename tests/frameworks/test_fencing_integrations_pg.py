@@ -15,7 +15,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import psycopg
@@ -29,10 +29,8 @@ from pgleaderlock import FencedError, LeaderLock, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pytest
@@ -23,10 +21,8 @@ from pgleaderlock.integrations.apscheduler import current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.leadership import fenced_insert, lead_again, terms_in
 from support.poll import eventually
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -35,29 +31,17 @@ FAST: dict[str, Any] = timings(
 )
 
 
-@pytest.fixture
-async def tables(admin: Admin) -> AsyncIterator[tuple[str, str]]:
-    """(this test's fencing table, a work table ``term int8``); dropped afterwards."""
-    suffix = uuid.uuid4().hex[:12]
-    terms, work = f"test_terms_{suffix}", f"test_zombie_work_{suffix}"
-    await admin.execute(f"CREATE TABLE {work} (term int8 NOT NULL)".encode())
-    try:
-        yield terms, work
-    finally:
-        await admin.execute(f"DROP TABLE IF EXISTS {terms}, {work}".encode())
-
-
 def fencing_lock(name: str, dsn: str, table: str, **kwargs: Any) -> LeaderLock:
     return LeaderLock.from_name(name, dsn, fencing=True, fencing_table=table, **FAST | kwargs)
 
 
 async def test_a_fastapi_leader_tasks_shielded_unit_is_fenced_after_leading_again(
-    pg_dsn: str, lock_name: str, tables: tuple[str, str], admin: Admin
+    pg_dsn: str, lock_name: str, fencing_table: str, work_table: str, admin: Admin
 ) -> None:
     """A ``@leader.task`` begins under T and shields the rest of its unit; after the
     loss, a rival's term and this replica's new term, the unit's ``lock.fence(conn)``
     is refused, while a leader task started afresh commits under each current term."""
-    terms_table, work = tables
+    terms_table, work = fencing_table, work_table
     leader = LeaderLifespan(fencing_lock(lock_name, pg_dsn, terms_table))
     rival = fencing_lock(lock_name, pg_dsn, terms_table, retry_strategy=FixedInterval(10.0))
     lock = leader.lock
@@ -106,14 +90,14 @@ async def _has(admin: Admin, table: str, term: int) -> bool:
 
 
 async def test_a_leader_only_job_in_a_thread_keeps_its_runs_term(
-    pg_dsn: str, lock_name: str, tables: tuple[str, str], admin: Admin
+    pg_dsn: str, lock_name: str, fencing_table: str, work_table: str, admin: Admin
 ) -> None:
     """A sync ``leader_only`` job of a ThreadedLeaderLock, run in a thread as
     ``BackgroundScheduler`` runs it, begins under T; the lock loses its session, a
     rival leads, the lock leads again; the job's ``lock.fence(conn)`` is refused (it
     fences with its run's term, ``current_term()``), a new run commits under the new
     term."""
-    terms_table, work = tables
+    terms_table, work = fencing_table, work_table
     lock = ThreadedLeaderLock(fencing_lock(lock_name, pg_dsn, terms_table))
     rival = fencing_lock(lock_name, pg_dsn, terms_table, retry_strategy=FixedInterval(10.0))
     waiting, go = threading.Event(), threading.Event()

@@ -29,10 +29,10 @@ def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 
 async def test_crashes_in_a_row_give_the_lock_to_a_healthy_replica(
-    fake_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    sick, healthy = fake_lock(name="give"), fake_lock(name="give")
+    sick, healthy = make_lock(name="give"), make_lock(name="give")
     crashes = 0
     steady: dict[str, int] = {"sick": 0, "healthy": 0}
     overlap: list[str] = []
@@ -94,17 +94,17 @@ async def test_crashes_in_a_row_give_the_lock_to_a_healthy_replica(
     assert len(messages(caplog, "leadership_given_away")) == 2
     await sick_tasks.stop()  # ends the cool-down: the lock stays stopped
     assert sick_tasks.paused_until is None
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(0.7)  # kept: longer than the cool-down, for a wrong restart to show
     assert sick.state is S.STOPPED
     await healthy_tasks.stop()
 
 
 async def test_a_crash_streak_broken_by_a_success_does_not_give_away(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> None:
     """Crashes count in a row within one run of the task; a run that returns normally
     (finished for this term) ends the streak, and the lock is kept."""
-    lock = fake_lock()
+    lock = make_lock()
     tasks = LeaderTasks(lock, retry_strategy=FixedInterval(0.01), give_away_after_crashes=2)
     runs = 0
 
@@ -118,7 +118,7 @@ async def test_a_crash_streak_broken_by_a_success_does_not_give_away(
 
     await lock.start()
     await eventually(lambda: runs == 2)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # kept: a window for a wrong give-away to show
     assert lock.is_leader
     assert tasks.paused_until is None
     await lock.shutdown()
@@ -126,9 +126,9 @@ async def test_a_crash_streak_broken_by_a_success_does_not_give_away(
 
 
 async def test_without_the_option_a_crashing_task_never_moves_the_lock(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     tasks = LeaderTasks(lock, retry_strategy=FixedInterval(0.001))
     crashes = 0
 
@@ -157,21 +157,21 @@ async def test_without_the_option_a_crashing_task_never_moves_the_lock(
     ],
 )
 def test_bad_give_away_arguments(
-    fake_lock: Callable[..., LeaderLock], kwargs: dict[str, object], message: str
+    make_lock: Callable[..., LeaderLock], kwargs: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        LeaderTasks(fake_lock(), **kwargs)  # type: ignore[arg-type]
+        LeaderTasks(make_lock(), **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=message):
-        LeaderLifespan(fake_lock(), **kwargs)  # type: ignore[arg-type]
+        LeaderLifespan(make_lock(), **kwargs)  # type: ignore[arg-type]
 
 
 async def test_lifespan_status_during_the_cool_down(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """The replica that gave its leadership away is not leader, its lock is stopped,
     and it says until when; it stays ready (it competes again after the cool-down), so
     a readiness probe does not take it out of service."""
-    sick, healthy = fake_lock(name="lifespan-give"), fake_lock(name="lifespan-give")
+    sick, healthy = make_lock(name="lifespan-give"), make_lock(name="lifespan-give")
     leaders = {
         sick: LeaderLifespan(sick, give_away_after_crashes=2, give_away_cooldown_s=30),
         healthy: LeaderLifespan(healthy, give_away_after_crashes=2, give_away_cooldown_s=30),

@@ -58,9 +58,9 @@ class Probe:
 
 
 async def test_runs_while_leader_stops_before_unlock_and_restarts(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     tasks = LeaderTasks(lock)
     probe = Probe(lock, server)
     tasks.add(probe.run, name="probe")
@@ -83,9 +83,9 @@ async def test_runs_while_leader_stops_before_unlock_and_restarts(
 
 
 async def test_tasks_stop_before_callbacks_registered_earlier_run(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     probe = Probe(lock)
     seen_by_callback: list[int] = []
 
@@ -102,20 +102,20 @@ async def test_tasks_stop_before_callbacks_registered_earlier_run(
     assert seen_by_callback == [1]
     await tasks.close()
     await eventually(lambda: lock.is_leader)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # kept: a window for a wrong start to show
     assert probe.starts == 1  # closed: never started again
 
 
 @pytest.mark.parametrize("how", ["step_down", "loss"])
 async def test_every_leader_task_of_a_lock_is_cancelled_at_once(
-    how: str, fake_lock: Callable[..., LeaderLock], server: FakeServer
+    how: str, make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
     """Two ``LeaderTasks`` on one lock; the first one's task takes its time to clean up
     once cancelled. When the lock leaves LEADER (a step-down, a terminated session) the
     second one's task is cancelled at the same moment, not after the first one's
     cleanup (the listeners await their tasks one after the other): it never runs while
     the lock is not LEADER."""
-    lock = fake_lock()
+    lock = make_lock()
     first, second = LeaderTasks(lock), LeaderTasks(lock)
     events: list[str] = []
     violations: list[LockState] = []
@@ -153,11 +153,11 @@ async def test_every_leader_task_of_a_lock_is_cancelled_at_once(
 
 
 async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
     server: FakeServer,
     recorder: Callable[[LeaderLock], Recorder],
 ) -> None:
-    lock = fake_lock(reconnect_grace_s=10)
+    lock = make_lock(reconnect_grace_s=10)
     rec = recorder(lock)
     tasks = LeaderTasks(lock)
     probe = Probe(lock)
@@ -176,9 +176,9 @@ async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
 
 
 async def test_failover_between_two_locks(
-    fake_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: Callable[..., LeaderLock], server: FakeServer
 ) -> None:
-    a, b = fake_lock(), fake_lock()
+    a, b = make_lock(), make_lock()
     probes = {}
     for lock in (a, b):
         probes[lock] = Probe(lock)
@@ -186,24 +186,24 @@ async def test_failover_between_two_locks(
     await a.start()
     await eventually(lambda: probes[a].starts == 1)
     await b.start()
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # kept: a window for a wrong start to show
     assert probes[b].starts == 0, "a follower ran a leader task"
 
     server.terminate()
     await eventually(lambda: probes[b].starts == 1 and probes[a].stops == 1)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # kept: a window for a wrong start to show
     assert b.is_leader
     assert probes[a].starts == 1  # a is a follower now
     assert probes[a].violations == probes[b].violations == []
 
 
 async def test_crash_is_restarted_and_leadership_untouched(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
     recorder: Callable[[LeaderLock], Recorder],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    lock = fake_lock()
+    lock = make_lock()
     rec = recorder(lock)
     tasks = LeaderTasks(lock, retry_strategy=FixedInterval(0.01))
     calls = 0
@@ -231,7 +231,7 @@ async def test_crash_is_restarted_and_leadership_untouched(
 
 
 async def test_retry_strategy_none_gives_the_task_up(
-    fake_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
 
@@ -240,7 +240,7 @@ async def test_retry_strategy_none_gives_the_task_up(
             assert isinstance(ctx.last_error, ValueError)
             return None
 
-    lock = fake_lock()
+    lock = make_lock()
     tasks = LeaderTasks(lock, retry_strategy=Never())
     calls = 0
 
@@ -252,14 +252,14 @@ async def test_retry_strategy_none_gives_the_task_up(
     tasks.add(broken)
     await lock.start()
     await eventually(lambda: any("leader_task_gave_up" in r.getMessage() for r in caplog.records))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # kept: a window for a wrong retry to show
     assert calls == 1
     assert lock.is_leader
     assert tasks.running == []
 
 
-async def test_finished_task_runs_once_per_term(fake_lock: Callable[..., LeaderLock]) -> None:
-    lock = fake_lock()
+async def test_finished_task_runs_once_per_term(make_lock: Callable[..., LeaderLock]) -> None:
+    lock = make_lock()
     tasks = LeaderTasks(lock)
     runs = 0
 
@@ -270,17 +270,17 @@ async def test_finished_task_runs_once_per_term(fake_lock: Callable[..., LeaderL
 
     await lock.start()
     await eventually(lambda: runs == 1)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # kept: a window for a wrong second run to show
     assert runs == 1
     await lock.step_down()
     await eventually(lambda: runs == 2)
 
 
 async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
-    fake_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    lock = fake_lock()
+    lock = make_lock()
     tasks = LeaderTasks(lock, cancel_timeout_s=0.2)
     release = asyncio.Event()
     starts = 0
@@ -306,7 +306,7 @@ async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
     assert starts == 1, "a second copy started while the first was still running"
 
     release.set()
-    await asyncio.sleep(0.05)
+    await eventually(lambda: tasks.running == [], 5, "the first copy ended")
     await lock.step_down()
     await eventually(lambda: starts == 2)
     await lock.shutdown()
@@ -316,9 +316,9 @@ async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
 
 
 async def test_lock_task_ending_abnormally_cancels_the_tasks(
-    fake_lock: Callable[..., LeaderLock],
+    make_lock: Callable[..., LeaderLock],
 ) -> None:
-    lock = fake_lock()
+    lock = make_lock()
     tasks = LeaderTasks(lock)
     probe = Probe(lock)
     tasks.add(probe.run)
@@ -331,8 +331,8 @@ async def test_lock_task_ending_abnormally_cancels_the_tasks(
     assert tasks.running == []
 
 
-async def test_add_while_leading_starts_at_once(fake_lock: Callable[..., LeaderLock]) -> None:
-    lock = fake_lock()
+async def test_add_while_leading_starts_at_once(make_lock: Callable[..., LeaderLock]) -> None:
+    lock = make_lock()
     tasks = LeaderTasks(lock)
     await lock.start()
     assert await lock.wait_for_leadership(5)
@@ -343,8 +343,8 @@ async def test_add_while_leading_starts_at_once(fake_lock: Callable[..., LeaderL
     assert probe.stops == 1
 
 
-async def test_registration_is_checked(fake_lock: Callable[..., LeaderLock]) -> None:
-    lock = fake_lock()
+async def test_registration_is_checked(make_lock: Callable[..., LeaderLock]) -> None:
+    lock = make_lock()
     tasks = LeaderTasks(lock)
 
     def not_async() -> None:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 import psycopg
@@ -32,13 +32,9 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from support.locks import kept
 from support.poll import eventually
-from support.server import dsn_to_url, lock_holders
+from support.server import Admin, dsn_to_url, lock_holders
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -280,41 +276,6 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
-async def fencing_table(admin: Admin) -> AsyncIterator[str]:
-    """A fencing table name of this test's own (the lock creates it); dropped after."""
-    name = unique("test_terms")
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP TABLE IF EXISTS {name}".encode())
-
-
-@pytest.fixture
-async def work_table(admin: Admin) -> AsyncIterator[str]:
-    """A table for the fenced transactions' writes: ``term int8``."""
-    name = unique("test_fenced_work")
-    await admin.execute(f"CREATE TABLE {name} (term int8 NOT NULL)".encode())
-    try:
-        yield name
-    finally:
-        await admin.execute(f"DROP TABLE IF EXISTS {name}".encode())
-
-
-@pytest.fixture
-async def make_lock(pg_dsn: str, fencing_table: str) -> AsyncIterator[Callable[..., LeaderLock]]:
-    """``make_lock(**overrides)``: a fencing lock on this test's lock name and table;
-    every lock made is shut down at teardown."""
-    name = unique("test-fencing")
-
-    def build(dsn: str | None = None, **kwargs: Any) -> LeaderLock:
-        options = {**FAST, "fencing": True, "fencing_table": fencing_table, **kwargs}
-        return LeaderLock.from_name(name, dsn or pg_dsn, **options)
-
-    async with kept(build) as make:
-        yield make
-
-
 async def rows(admin: Admin, table: str) -> list[tuple[Any, ...]]:
     cur = await admin.execute(f"SELECT * FROM {table} ORDER BY 1".encode())
     return await cur.fetchall()
@@ -342,11 +303,11 @@ async def queued(admin: Admin, lock: LeaderLock) -> None:
 
 
 async def test_fence_returns_the_current_term(
-    kind: Kind, make_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+    kind: Kind, fenced_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
 ) -> None:
     """Inside a transaction, fence() returns the lock's current term, and the
     transaction's writes commit as usual (also through ``lock.fenced(conn)``)."""
-    lock = make_lock()
+    lock = fenced_lock()
     term = await leads(lock)
     async with kind.transaction() as conn:
         assert await kind.fence(lock, conn) == term
@@ -362,12 +323,12 @@ async def test_fence_returns_the_current_term(
 
 
 async def test_fence_raises_once_another_lock_took_over(
-    kind: Kind, make_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+    kind: Kind, fenced_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
 ) -> None:
     """The first lock steps down, the second leads with term + 1: the first's fence()
     raises FencedError (its transaction rolls back), the second's passes."""
-    first = make_lock(retry_strategy=FixedInterval(10.0))
-    second = make_lock(retry_strategy=FixedInterval(1.0))
+    first = fenced_lock(retry_strategy=FixedInterval(10.0))
+    second = fenced_lock(retry_strategy=FixedInterval(1.0))
     term = await leads(first)
     await second.start()
     await queued(admin, second)
@@ -387,14 +348,14 @@ async def test_fence_raises_once_another_lock_took_over(
 
 async def test_fence_raises_when_the_term_moved_on(
     kind: Kind,
-    make_lock: Callable[..., LeaderLock],
+    fenced_lock: Callable[..., LeaderLock],
     fencing_table: str,
     work_table: str,
     admin: Admin,
 ) -> None:
     """A lock that still believes it leads, but whose term was bumped by another (here:
     by hand, as a new leader's bump would), is fenced off: FencedError, nothing commits."""
-    lock = make_lock()
+    lock = fenced_lock()
     term = await leads(lock)
     await admin.execute(
         f"UPDATE {fencing_table} SET term = term + 1 WHERE key1 = %s AND key2 = %s".encode(),
@@ -410,10 +371,10 @@ async def test_fence_raises_when_the_term_moved_on(
 
 
 async def test_fence_outside_a_transaction_is_refused(
-    kind: Kind, make_lock: Callable[..., LeaderLock]
+    kind: Kind, fenced_lock: Callable[..., LeaderLock]
 ) -> None:
     """In autocommit mode the row lock would end with the statement: fence() refuses."""
-    lock = make_lock()
+    lock = fenced_lock()
     await leads(lock)
     async with kind.outside() as conn:
         with pytest.raises(ConfigurationError, match="inside the transaction"):
@@ -421,14 +382,14 @@ async def test_fence_outside_a_transaction_is_refused(
 
 
 async def test_next_leader_waits_for_an_open_fenced_transaction(
-    kind: Kind, make_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+    kind: Kind, fenced_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
 ) -> None:
     """A transaction that passed fence() and is still open holds the next leader back:
     it is granted the advisory lock, but its term bump waits for the row, so it stays
     ACQUIRING (is_leader False) until the transaction ends; the old term's write
     commits, then the new leader leads with term + 1."""
-    first = make_lock(retry_strategy=FixedInterval(10.0))
-    second = make_lock(retry_strategy=FixedInterval(1.0))
+    first = fenced_lock(retry_strategy=FixedInterval(10.0))
+    second = fenced_lock(retry_strategy=FixedInterval(1.0))
     term = await leads(first)
     await second.start()
     await queued(admin, second)
@@ -459,7 +420,7 @@ async def test_next_leader_waits_for_an_open_fenced_transaction(
 
 async def test_an_old_terms_fenced_transaction_is_ended_after_the_grace(
     pg_dsn: str,
-    make_lock: Callable[..., LeaderLock],
+    fenced_lock: Callable[..., LeaderLock],
     work_table: str,
     admin: Admin,
     caplog: pytest.LogCaptureFixture,
@@ -468,8 +429,8 @@ async def test_an_old_terms_fenced_transaction_is_ended_after_the_grace(
     off from the server) does not keep the next leader out: its term bump waits
     ``fencing_grace_s``, then ends that transaction's session (fencing rolls it back
     anyway) and leads with term + 1. The old transaction never commits."""
-    first = make_lock(retry_strategy=FixedInterval(10.0))
-    second = make_lock(retry_strategy=FixedInterval(0.2), fencing_grace_s=0.5)
+    first = fenced_lock(retry_strategy=FixedInterval(10.0))
+    second = fenced_lock(retry_strategy=FixedInterval(0.2), fencing_grace_s=0.5)
     errors: list[Exception] = []
     second.on_error(errors.append)
     term = await leads(first)
@@ -494,11 +455,11 @@ async def test_an_old_terms_fenced_transaction_is_ended_after_the_grace(
 
 
 async def test_fence_does_not_wait_for_a_term_bump(
-    kind: Kind, make_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+    kind: Kind, fenced_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
 ) -> None:
     """While a term bump holds the term row (a new leadership is beginning), fence()
     fails at once with FencedError instead of waiting for the bump (``SKIP LOCKED``)."""
-    lock = make_lock()
+    lock = fenced_lock()
     term = await leads(lock)
     async with await psycopg.AsyncConnection.connect(admin.info.dsn, connect_timeout=5) as bumper:
         await bumper.execute(  # begins a transaction, as a bump's statement does
@@ -515,13 +476,13 @@ async def test_fence_does_not_wait_for_a_term_bump(
 
 
 async def test_term_row_has_holder_and_acquired_at(
-    make_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+    fenced_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
 ) -> None:
     """One row per lock, keyed by its keys, naming the holder (its application_name)
     and when it acquired the lock."""
     cur = await admin.execute("SELECT now()")
     before = (await cur.fetchone() or [None])[0]
-    lock = make_lock(application_name="fencing-row-test")
+    lock = fenced_lock(application_name="fencing-row-test")
     term = await leads(lock)
     cur = await admin.execute(
         f"SELECT key1, key2, term, holder, acquired_at, now() FROM {fencing_table}".encode()
@@ -537,10 +498,10 @@ async def test_term_row_has_holder_and_acquired_at(
 
 
 async def test_term_is_none_unless_leader(
-    make_lock: Callable[..., LeaderLock], admin: Admin
+    fenced_lock: Callable[..., LeaderLock], admin: Admin
 ) -> None:
-    first = make_lock(retry_strategy=FixedInterval(10.0))
-    second = make_lock(retry_strategy=FixedInterval(1.0))
+    first = fenced_lock(retry_strategy=FixedInterval(10.0))
+    second = fenced_lock(retry_strategy=FixedInterval(1.0))
     assert first.term is None
     assert first.statistics().term is None
     with pytest.raises(FencedError, match="not leader"):
@@ -562,11 +523,11 @@ async def test_term_is_none_unless_leader(
 
 
 async def test_terms_strictly_increase_across_leaders(
-    make_lock: Callable[..., LeaderLock],
+    fenced_lock: Callable[..., LeaderLock],
 ) -> None:
     """Three competing locks; whoever leads steps down, nine times: every leadership
     has the next term."""
-    locks = [make_lock(retry_strategy=FixedInterval(0.05)) for _ in range(3)]
+    locks = [fenced_lock(retry_strategy=FixedInterval(0.05)) for _ in range(3)]
     for lock in locks:
         await lock.start()
     terms: list[int] = []
@@ -584,11 +545,11 @@ async def test_terms_strictly_increase_across_leaders(
 
 
 async def test_terms_increase_across_server_restarts(
-    make_lock: Callable[..., LeaderLock], throwaway_pg: ThrowawayPostgres
+    fenced_lock: Callable[..., LeaderLock], throwaway_pg: ThrowawayPostgres
 ) -> None:
     """The term is durable: after a fast and an immediate (crash-like) restart the lock
     leads again with a higher term, and a new lock continues from there."""
-    lock = make_lock(throwaway_pg.dsn, retry_strategy=FixedInterval(0.1))
+    lock = fenced_lock(dsn=throwaway_pg.dsn, retry_strategy=FixedInterval(0.1))
     terms = [await leads(lock)]
     for mode in ("fast", "immediate"):
         await asyncio.to_thread(throwaway_pg.restart, mode)
@@ -600,16 +561,16 @@ async def test_terms_increase_across_server_restarts(
         assert lock.term is not None
         terms.append(lock.term)
     await lock.shutdown(timeout_s=10)
-    terms.append(await leads(make_lock(throwaway_pg.dsn)))
+    terms.append(await leads(fenced_lock(dsn=throwaway_pg.dsn)))
     assert terms == sorted(set(terms)), terms
 
 
 async def test_acquire_delay_holds_leader_back_after_the_bump(
-    make_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+    fenced_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
 ) -> None:
     """With ``acquire_delay_s`` the term is bumped first, then the lock stays ACQUIRING
     (no term, fence() refused) for the delay, then leads with that term."""
-    lock = make_lock(acquire_delay_s=2.0)
+    lock = fenced_lock(acquire_delay_s=2.0)
     await lock.start()
 
     async def bumped() -> bool:
@@ -675,14 +636,14 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
 
 
 async def test_fence_needs_fencing_and_a_known_connection(
-    pg_dsn: str, make_lock: Callable[..., LeaderLock]
+    pg_dsn: str, fenced_lock: Callable[..., LeaderLock]
 ) -> None:
     plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **FAST)
     with pytest.raises(ConfigurationError, match="fencing=True"):
         await plain.fence(object())
     with pytest.raises(ConfigurationError, match="fencing=True"):
         plain.fence_sync(object())
-    lock = make_lock()
+    lock = fenced_lock()
     await leads(lock)
     with pytest.raises(ConfigurationError, match=r"builtins\.object"):
         await lock.fence(object())
@@ -698,7 +659,7 @@ async def test_fence_needs_fencing_and_a_known_connection(
 
 @pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
 async def test_fence_refuses_a_sqlalchemy_autocommit_engine(
-    driver: str, pg_dsn: str, make_lock: Callable[..., LeaderLock]
+    driver: str, pg_dsn: str, fenced_lock: Callable[..., LeaderLock]
 ) -> None:
     """``create_async_engine(..., isolation_level="AUTOCOMMIT")``: the connections and
     sessions of that engine run every statement in its own transaction, so the fence's
@@ -707,7 +668,7 @@ async def test_fence_refuses_a_sqlalchemy_autocommit_engine(
         dsn_to_url(pg_dsn, f"postgresql+{driver}"), isolation_level="AUTOCOMMIT"
     )
     try:
-        lock = make_lock()
+        lock = fenced_lock()
         await leads(lock)
         async with engine.connect() as conn:
             with pytest.raises(ConfigurationError, match="inside the transaction"):

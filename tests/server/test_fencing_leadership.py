@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,12 +28,9 @@ from pgleaderlock import (
 )
 from pgleaderlock.schedule import Run, Scheduler
 from support.leadership import fenced_insert, lead_again, terms_in
-from support.locks import kept
 from support.poll import eventually, eventually_sync
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -44,33 +41,6 @@ FAST: dict[str, Any] = timings(
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-async def tables(admin: Admin) -> AsyncIterator[tuple[str, str]]:
-    """(this test's fencing table, a work table ``term int8``); dropped afterwards."""
-    terms, work = unique("test_terms"), unique("test_zombie_work")
-    await admin.execute(f"CREATE TABLE {work} (term int8 NOT NULL)".encode())
-    try:
-        yield terms, work
-    finally:
-        await admin.execute(f"DROP TABLE IF EXISTS {terms}, {work}".encode())
-
-
-@pytest.fixture
-async def make_lock(
-    pg_dsn: str, tables: tuple[str, str]
-) -> AsyncIterator[Callable[..., LeaderLock]]:
-    """``make_lock(**overrides)``: a fencing lock on this test's name and table; the
-    locks made are shut down afterwards."""
-    name = unique("test-zombie")
-
-    def build(**kwargs: Any) -> LeaderLock:
-        options = {**FAST, "fencing": True, "fencing_table": tables[0], **kwargs}
-        return LeaderLock.from_name(name, pg_dsn, **options)
-
-    async with kept(build) as make:
-        yield make
 
 
 class Unit:
@@ -140,8 +110,8 @@ async def test_a_leader_tasks_zombie_unit_is_fenced_after_the_lock_led_again(
     how: str,
     rival: bool,
     pg_dsn: str,
-    make_lock: Callable[..., LeaderLock],
-    tables: tuple[str, str],
+    fenced_lock: Callable[..., LeaderLock],
+    work_table: str,
     admin: Admin,
 ) -> None:
     """A leader task begins a unit under term T; the lock's session is terminated, and
@@ -149,9 +119,9 @@ async def test_a_leader_tasks_zombie_unit_is_fenced_after_the_lock_led_again(
     the unit, which outlived the task's cancellation, calls ``lock.fence(conn)``: it is
     refused (FencedError), nothing of it commits. A second task, started afresh under
     each leadership, commits under each current term."""
-    _, work = tables
-    lock = make_lock()
-    other = make_lock(retry_strategy=FixedInterval(10.0)) if rival else None
+    work = work_table
+    lock = fenced_lock()
+    other = fenced_lock(retry_strategy=FixedInterval(10.0)) if rival else None
     tasks = LeaderTasks(lock, cancel_timeout_s=0.5)
     unit = Unit()
 
@@ -200,17 +170,17 @@ async def _wait_terms(admin: Admin, table: str, expected: set[int]) -> list[int]
 
 async def test_a_scheduler_jobs_zombie_unit_is_fenced_after_the_lock_led_again(
     pg_dsn: str,
-    make_lock: Callable[..., LeaderLock],
-    tables: tuple[str, str],
+    fenced_lock: Callable[..., LeaderLock],
+    work_table: str,
     admin: Admin,
 ) -> None:
     """A Scheduler job's run begins under T and shields the rest of its work; the lock
     loses its session, a rival leads, the lock leads again; the shielded unit's
     ``lock.fence(conn)`` is refused. The runs of the new leadership commit under its
     term."""
-    _, work = tables
-    lock = make_lock()
-    rival = make_lock(retry_strategy=FixedInterval(10.0))
+    work = work_table
+    lock = fenced_lock()
+    rival = fenced_lock(retry_strategy=FixedInterval(10.0))
     sched = Scheduler(lock)
     unit = Unit()
     runs: list[Run] = []
@@ -247,8 +217,8 @@ async def test_a_scheduler_jobs_zombie_unit_is_fenced_after_the_lock_led_again(
 
 async def test_a_leadership_binds_its_term_to_a_block_and_its_tasks(
     pg_dsn: str,
-    make_lock: Callable[..., LeaderLock],
-    tables: tuple[str, str],
+    fenced_lock: Callable[..., LeaderLock],
+    work_table: str,
     admin: Admin,
 ) -> None:
     """``async with lock.leadership() as lead``: inside, ``lock.fence`` fences with
@@ -256,8 +226,8 @@ async def test_a_leadership_binds_its_term_to_a_block_and_its_tasks(
     ``lead.fence``, ``lock.fence(conn, term=lead.term)``, ``lock.fence`` inside the
     block and the task's fence are refused, while ``lock.fence`` outside any block (or
     with the new term) commits under the new term."""
-    _, work = tables
-    lock = make_lock()
+    work = work_table
+    lock = fenced_lock()
     await lock.start()
     assert await lock.wait_for_leadership(10)
     began = lock.term
@@ -288,12 +258,12 @@ async def test_a_leadership_binds_its_term_to_a_block_and_its_tasks(
 
 
 async def test_a_lock_restarted_from_bound_work_leads_under_its_new_term(
-    make_lock: Callable[..., LeaderLock],
+    fenced_lock: Callable[..., LeaderLock],
 ) -> None:
     """Work bound to term T shuts the lock down and starts it again (as a give-away of
     ``LeaderTasks`` does from a leader task): the lock's own callbacks do not inherit
     the binding, so they see the new leadership, not T."""
-    lock = make_lock()
+    lock = fenced_lock()
     seen: list[int] = []
 
     @lock.on_acquired
@@ -314,13 +284,13 @@ async def test_a_lock_restarted_from_bound_work_leads_under_its_new_term(
 
 
 def test_a_thread_of_a_threaded_lock_keeps_the_term_it_began_under(
-    pg_dsn: str, tables: tuple[str, str]
+    pg_dsn: str, fencing_table: str, work_table: str
 ) -> None:
     """A thread binds the current leadership (``with lock.leadership():``) and begins a
     unit; the lock's session is terminated and it leads again; the unit's
     ``lock.fence(conn)`` is refused; a fence outside the binding commits under the new
     term."""
-    terms_table, work = tables
+    terms_table, work = fencing_table, work_table
     inner = LeaderLock.from_name(
         unique("test-zombie-threaded"), pg_dsn, fencing=True, fencing_table=terms_table, **FAST
     )
@@ -366,16 +336,17 @@ async def test_a_refused_fence_aborts_the_transaction_on_the_server(
     driver: str,
     moment: str,
     pg_dsn: str,
-    make_lock: Callable[..., LeaderLock],
-    tables: tuple[str, str],
+    fenced_lock: Callable[..., LeaderLock],
+    fencing_table: str,
+    work_table: str,
     admin: Admin,
 ) -> None:
     """The server, not only the client, refuses a fence whose term has moved on (or is
     being bumped by a new leadership): the statement fails, so the transaction is
     aborted, and a caller that swallows the FencedError still cannot commit its
     writes."""
-    terms_table, work = tables
-    lock = make_lock()
+    terms_table, work = fencing_table, work_table
+    lock = fenced_lock()
     await lock.start()
     assert await lock.wait_for_leadership(10)
     term = lock.term

@@ -10,17 +10,15 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock, LockState, ThreadedLeaderLock, health
 from support.poll import eventually, eventually_sync
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = pytest.mark.timeout(90)
 

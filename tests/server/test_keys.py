@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import random
 import string
-from typing import TYPE_CHECKING
 
 from pgleaderlock import LeaderLock, lock_keys
-
-if TYPE_CHECKING:
-    from conftest import Admin
+from support.server import Admin
 
 SQL = (
     "SELECT n, ('x' || substr(md5(n), 1, 8))::bit(32)::int,"

@@ -144,7 +144,7 @@ async def test_equal_priorities_never_hand_over(candidates: Candidates) -> None:
         await lock.start()
         if name == "a":
             assert await lock.wait_for_leadership(10)
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(2.0)  # kept: 20 watch intervals, for a wrong hand-over to show
     assert candidates.acquired == ["a"]
 
 

@@ -20,11 +20,12 @@ from pgleaderlock import (
     LockState,
 )
 from pgleaderlock.backends import psycopg as psycopg_backend
-from support.server import driver_connection
+from support.poll import eventually
+from support.server import Admin, driver_connection
 from support.timings import timings
 
 if TYPE_CHECKING:
-    from conftest import Admin, Recorder
+    from conftest import Recorder
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -69,8 +70,7 @@ async def test_periodic_probes_run_no_statement(
         assert await lock.wait_for_leadership(10)
         await asyncio.sleep(0.3)  # the pg_locks probe, then Syncs
         before = lock.statistics().probes
-        await asyncio.sleep(0.5)
-        assert lock.statistics().probes - before >= 5
+        await eventually(lambda: lock.statistics().probes - before >= 5, 5, "5 more probes")
         assert lock.is_leader
         cur = await admin.execute(
             "SELECT query FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 import pytest
 
 from pgleaderlock import LeaderLock
 from support.poll import eventually
 from support.proxy import proxied
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

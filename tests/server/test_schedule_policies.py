@@ -10,7 +10,7 @@ import contextlib
 import datetime as dt
 import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -18,10 +18,8 @@ from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.schedule import Policy, Run, Scheduler
 from support.poll import eventually
 from support.schedule import ledger, sched_every
+from support.server import Admin
 from support.timings import timings
-
-if TYPE_CHECKING:
-    from conftest import Admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -42,27 +42,23 @@ def unique(prefix: str) -> str:
 
 
 @pytest.fixture
-def admin(pg_dsn: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-    with psycopg.connect(pg_dsn, autocommit=True, connect_timeout=5) as conn:
-        yield conn
-
-
-@pytest.fixture
 def tables(
-    admin: psycopg.Connection[tuple[Any, ...]],
+    sync_admin: psycopg.Connection[tuple[Any, ...]],
 ) -> Iterator[tuple[str, str]]:
     """(fencing table, work table); both dropped afterwards."""
     terms, work = unique("test_terms"), unique("test_work")
-    admin.execute(f"CREATE TABLE {work} (id bigserial PRIMARY KEY, term bigint)".encode())
+    sync_admin.execute(f"CREATE TABLE {work} (id bigserial PRIMARY KEY, term bigint)".encode())
     try:
         yield terms, work
     finally:
-        admin.execute(f"DROP TABLE IF EXISTS {terms}, {work}".encode())
+        sync_admin.execute(f"DROP TABLE IF EXISTS {terms}, {work}".encode())
 
 
 @pytest.fixture
-def make_lock(pg_dsn: str, tables: tuple[str, str]) -> Iterator[Callable[..., ThreadedLeaderLock]]:
-    """``make_lock(**overrides)``: a ThreadedLeaderLock around a fencing lock on this
+def threaded_lock(
+    pg_dsn: str, tables: tuple[str, str]
+) -> Iterator[Callable[..., ThreadedLeaderLock]]:
+    """``threaded_lock(**overrides)``: a ThreadedLeaderLock around a fencing lock on this
     test's lock name and table; every one is shut down at teardown."""
     name = unique("test-threaded-fencing")
     made: list[ThreadedLeaderLock] = []
@@ -78,15 +74,15 @@ def make_lock(pg_dsn: str, tables: tuple[str, str]) -> Iterator[Callable[..., Th
         lock.shutdown(timeout_s=15)
 
 
-def terms_in(admin: psycopg.Connection[tuple[Any, ...]], work: str) -> list[int]:
-    return [row[0] for row in admin.execute(f"SELECT term FROM {work} ORDER BY id".encode())]
+def terms_in(sync_admin: psycopg.Connection[tuple[Any, ...]], work: str) -> list[int]:
+    return [row[0] for row in sync_admin.execute(f"SELECT term FROM {work} ORDER BY id".encode())]
 
 
-def queued(admin: psycopg.Connection[tuple[Any, ...]], lock: ThreadedLeaderLock) -> bool:
+def queued(sync_admin: psycopg.Connection[tuple[Any, ...]], lock: ThreadedLeaderLock) -> bool:
     """Whether ``lock``'s session waits on the server for the advisory lock."""
     pid = lock.lock.backend_pid
     key1, key2 = lock.lock.keys
-    row = admin.execute(
+    row = sync_admin.execute(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
         " AND objsubid = 2 AND classid = %s::int8::oid AND objid = %s::int8::oid AND pid = %s",
         (key_to_oid(key1), key_to_oid(key2), pid),
@@ -95,16 +91,16 @@ def queued(admin: psycopg.Connection[tuple[Any, ...]], lock: ThreadedLeaderLock)
 
 
 def test_fence_passes_while_leading(
-    make_lock: Callable[..., ThreadedLeaderLock],
+    threaded_lock: Callable[..., ThreadedLeaderLock],
     pg_dsn: str,
     tables: tuple[str, str],
-    admin: psycopg.Connection[tuple[Any, ...]],
+    sync_admin: psycopg.Connection[tuple[Any, ...]],
 ) -> None:
     """Before it leads: no term, fence() refuses. While leading: ``term`` is the lock's
     term, and fence()/fenced() pass with it inside transactions on sync connections,
     also from several threads at once; the writes commit."""
     terms_table, work = tables
-    lock = make_lock(application_name="threaded-fencing-test")
+    lock = threaded_lock(application_name="threaded-fencing-test")
     assert lock.term is None
     with psycopg.connect(pg_dsn, connect_timeout=5) as conn:
         with pytest.raises(FencedError, match="not leader"), conn.transaction():
@@ -130,17 +126,17 @@ def test_fence_passes_while_leading(
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: write_from_a_thread(), range(8)))
     assert results == [term] * 8
-    assert terms_in(admin, work) == [term] * 10
-    row = admin.execute(f"SELECT term, holder FROM {terms_table}".encode()).fetchone()
+    assert terms_in(sync_admin, work) == [term] * 10
+    row = sync_admin.execute(f"SELECT term, holder FROM {terms_table}".encode()).fetchone()
     assert row == (term, "threaded-fencing-test")
 
 
 def test_fence_refuses_autocommit_and_async_connections(
-    make_lock: Callable[..., ThreadedLeaderLock], pg_dsn: str
+    threaded_lock: Callable[..., ThreadedLeaderLock], pg_dsn: str
 ) -> None:
     """Outside a transaction the row lock would end with the fence: refused; an async
     connection belongs to ``lock.lock.fence``: refused."""
-    lock = make_lock()
+    lock = threaded_lock()
     lock.start()
     assert lock.wait_for_leadership(BOUND_S)
     with (
@@ -158,24 +154,24 @@ def test_fence_refuses_autocommit_and_async_connections(
 
 
 def test_fence_raises_after_another_lock_took_over(
-    make_lock: Callable[..., ThreadedLeaderLock],
+    threaded_lock: Callable[..., ThreadedLeaderLock],
     pg_dsn: str,
     tables: tuple[str, str],
-    admin: psycopg.Connection[tuple[Any, ...]],
+    sync_admin: psycopg.Connection[tuple[Any, ...]],
 ) -> None:
     """The stale leader: A's event loop is frozen (a GC pause, a stopped VM), its lock
     session is terminated, B is granted the lock and leads with the next term. A still
     believes it leads (is_leader, term unchanged), yet its fence() raises FencedError
     and its write rolls back; B's passes. Once thawed, A notices and lets go."""
     _, work = tables
-    a = make_lock(retry_strategy=FixedInterval(10.0))
-    b = make_lock(retry_strategy=FixedInterval(1.0))
+    a = threaded_lock(retry_strategy=FixedInterval(10.0))
+    b = threaded_lock(retry_strategy=FixedInterval(1.0))
     a.start()
     assert a.wait_for_leadership(BOUND_S)
     term = a.term
     assert term is not None
     b.start()
-    eventually_sync(lambda: queued(admin, b), BOUND_S, "B queued for the lock")
+    eventually_sync(lambda: queued(sync_admin, b), BOUND_S, "B queued for the lock")
 
     frozen, thaw = threading.Event(), threading.Event()
 
@@ -187,7 +183,7 @@ def test_fence_raises_after_another_lock_took_over(
     asyncio.run_coroutine_threadsafe(freeze(), a.loop)
     try:
         assert frozen.wait(BOUND_S)
-        admin.execute("SELECT pg_terminate_backend(%s)", (a.lock.backend_pid,))
+        sync_admin.execute("SELECT pg_terminate_backend(%s)", (a.lock.backend_pid,))
         assert b.wait_for_leadership(BOUND_S)
         assert b.term == term + 1
         assert a.is_leader
@@ -205,17 +201,17 @@ def test_fence_raises_after_another_lock_took_over(
         thaw.set()
     eventually_sync(lambda: not a.is_leader, BOUND_S, "A noticed the loss")
     assert a.term is None
-    assert terms_in(admin, work) == [term + 1]
+    assert terms_in(sync_admin, work) == [term + 1]
 
 
 def test_term_reads_from_other_threads_only_go_forward(
-    make_lock: Callable[..., ThreadedLeaderLock],
+    threaded_lock: Callable[..., ThreadedLeaderLock],
 ) -> None:
     """Reader threads read ``term`` and ``is_leader`` in a loop while the lock steps
     down and leads again, six times: every term a reader sees is one of the lock's
     terms, and each reader's terms never go back. ``wait_for_leadership`` returns only
     once the ``on_acquired`` callbacks ran, as the async lock's does: all 7 are seen."""
-    lock = make_lock()
+    lock = threaded_lock()
     seen_by_lock: list[int] = []
 
     @lock.lock.on_acquired

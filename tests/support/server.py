@@ -29,6 +29,8 @@ from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 
 __all__ = [
+    "Admin",
+    "admin_session",
     "backend_gone",
     "driver_connection",
     "dsn_to_url",
@@ -37,6 +39,9 @@ __all__ = [
     "probe_server",
     "resolve_test_dsn",
 ]
+
+Admin = psycopg.AsyncConnection[tuple[Any, ...]]
+"""An autocommit session for looking at (and interfering with) a server."""
 
 _DEFAULT_LOCAL_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -196,6 +201,14 @@ async def driver_connection(
         yield session.connection  # type: ignore[attr-defined]
     finally:
         await session.close()
+
+
+@contextlib.asynccontextmanager
+async def admin_session(dsn: str, **options: Any) -> AsyncIterator[Admin]:
+    """An autocommit session on ``dsn`` for looking at (and interfering with) a server
+    other than the shared one (``admin`` in tests/fix_db.py is the shared one's)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, **options) as conn:
+        yield conn
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from pgleaderlock.core._logging import get_logger
 from pgleaderlock.core.session import ConnectOptions
 from pgleaderlock.core.slot import OPEN_GRACE_S, SessionSlot
 from pgleaderlock.testing.fake import FakeServer
+from support.poll import eventually
 
 
 def slot_for(connect: object) -> SessionSlot:
@@ -32,13 +33,16 @@ async def test_a_session_opened_for_nobody_is_closed_once_made() -> None:
     server = FakeServer()
     release = asyncio.Event()
 
+    connecting = asyncio.Event()
+
     async def slow_connect() -> object:
+        connecting.set()
         await release.wait()
         return await server.connect()
 
     slot = slot_for(slow_connect)
     opening = asyncio.ensure_future(slot.open())
-    await asyncio.sleep(0.01)  # connecting
+    await asyncio.wait_for(connecting.wait(), 5)
     opening.cancel()
     asyncio.get_running_loop().call_later(OPEN_GRACE_S / 5, release.set)
     with pytest.raises(asyncio.CancelledError):
@@ -53,13 +57,13 @@ async def test_an_open_that_hangs_is_cut_off_after_the_grace() -> None:
     server.hang("connect")
     slot = slot_for(server.connect)
     opening = asyncio.ensure_future(slot.open())
-    await asyncio.sleep(0.01)
+    await eventually(lambda: server.calls["connect"] >= 1, 5, "the open reaches the connect")
     opening.cancel()
     async with asyncio.timeout(OPEN_GRACE_S + 5):  # bounded: not as long as the hang
         with pytest.raises(asyncio.CancelledError):
             await opening
     server.release_hangs()
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # kept: the time a connect left running would need to end
     assert server.sessions == []  # the connect was cut off, not left to finish
 
 
@@ -174,7 +178,10 @@ async def test_an_interrupt_while_an_abandoned_open_finishes_is_not_lost() -> No
     handler arriving then was lost."""
     gate = asyncio.Event()
 
+    connecting = asyncio.Event()
+
     async def connect() -> object:
+        connecting.set()
         await gate.wait()
         raise _Interrupt
 
@@ -187,9 +194,9 @@ async def test_an_interrupt_while_an_abandoned_open_finishes_is_not_lost() -> No
         fields={},
     )
     opening = asyncio.ensure_future(slot.open())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(connecting.wait(), 5)
     opening.cancel()  # the caller gives up
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # kept: the order under test, the cancellation reaches open() first
     gate.set()  # the connect ends, with an interrupt
     with pytest.raises(_Interrupt):
         await opening
