@@ -79,7 +79,9 @@ class Scheduler:
     Create it before starting the lock, and start it next to the lock:
 
     ```python
-    lock = LeaderLock.from_name("reports", dsn=DSN, fencing=True)
+    lock = LeaderLock.from_name(
+        "reports", dsn=DSN, options=LockOptions(fencing=Fencing(enabled=True))
+    )
     sched = Scheduler(lock)
 
     @sched.cron("*/5 * * * *")
@@ -114,7 +116,7 @@ class Scheduler:
     [`health.check(scheduler)`][pgleaderlock.health.check] reports).
 
     Args:
-        lock: a [`LeaderLock`][pgleaderlock.LeaderLock] with ``fencing=True``.
+        lock: a [`LeaderLock`][pgleaderlock.LeaderLock] with ``Fencing(enabled=True)``.
         runs_table: the ledger's table of runs (created if missing and allowed; see
             ``pgleaderlock sql``).
         schedules_table: the table of schedules.

@@ -9,7 +9,7 @@ scheduler configuration; each job runs on the leader only. Three shapes:
 - [`bind_scheduler`][pgleaderlock.integrations.apscheduler.bind_scheduler] binds a whole
   scheduler: it is paused on followers and resumed on the leader, so jobs are not even
   submitted on followers, and within a leadership term ``misfire_grace_time``, ``coalesce``
-  and ``max_instances`` behave as APScheduler documents. With ``fencing=True`` (required
+  and ``max_instances`` behave as APScheduler documents. With ``Fencing(enabled=True)`` (required
   unless ``ledger=False``) every run time is claimed in the schedule ledger before it
   runs, so it runs once across the fleet, and a new leader settles the run times that
   nobody ran (see its [`Policy`][pgleaderlock.schedule.Policy]).
@@ -17,7 +17,7 @@ scheduler configuration; each job runs on the leader only. Three shapes:
   the replicas: each job has a name, the replicas' [`Coordinator`][pgleaderlock.Coordinator]s
   share the names out, and a job runs on the replica that leads its name.
 
-With ``LeaderLock(..., fencing=True)`` a run learns the term of the leadership it
+With ``Fencing(enabled=True)` in the lock's options` a run learns the term of the leadership it
 started under: [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
 inside a ``leader_only`` job, and a bound scheduler's
 [`term`][pgleaderlock.integrations.apscheduler.SchedulerBinding.term].
@@ -30,7 +30,9 @@ dedicated thread.
 Example:
 
 ```python
-lock = LeaderLock.from_name("reports", dsn=DSN, fencing=True)
+lock = LeaderLock.from_name(
+    "reports", dsn=DSN, options=LockOptions(fencing=Fencing(enabled=True))
+)
 scheduler = AsyncIOScheduler()
 scheduler.add_job(send_report, "cron", minute="*/5", id="send_report")
 bind_scheduler(scheduler, lock)
