@@ -24,11 +24,14 @@ echo "== install into $VENV"
 # The fast tiers on every other supported Python, and on the lowest dependency versions
 # pyproject.toml allows (uv's --resolution lowest-direct, on the oldest Python).
 FAST=(tests/unit tests/contract tests/server tests/test_typing.py tests/test_packaging.py)
-# The floors run: what each dependency's floor can break (the drivers in tests/contract,
-# FastAPI and APScheduler in tests/frameworks, Django, Celery's configuration, click and
-# rich in the command line's parsing and its --watch screen).
-FLOORS=(tests/unit tests/contract tests/frameworks tests/djangoapp tests/celerybeat/test_celery_beat_config.py
-    tests/cli/test_cli_usage.py tests/cli/test_cli_status_watch.py tests/test_typing.py tests/test_packaging.py)
+# The floors run: the fast tiers and what each dependency's floor can break (the drivers
+# in tests/contract, FastAPI and APScheduler in tests/frameworks, Django's settings,
+# checks and commands, Celery's configuration, click and rich in the command line's
+# parsing and its --watch screen; the Django singleton's process races run in the side
+# lane).
+FLOORS=("${FAST[@]}" tests/frameworks tests/djangoapp/test_django_conf.py
+    tests/djangoapp/test_django_status.py tests/celerybeat/test_celery_beat_config.py
+    tests/cli/test_cli_usage.py tests/cli/test_cli_status_watch.py)
 others=()
 main_version="$(python_version "$VENV/bin/python")"
 main_version="${main_version%.*}"
@@ -50,7 +53,23 @@ if [ "${PGLEADERLOCK_TEST_FLOORS:-1}" != 0 ]; then
             echo "== python $(python_version "$floors") ($floors): the lowest dependency versions"
             break
         fi
+        floors=""
     done
+fi
+# The floors run is on the oldest Python and holds the fast tiers: that Python needs no
+# lane of its own (two cores do not run five lanes much faster than four).
+if [ -n "$floors" ]; then
+    floors_version="$(python_version "$floors")"
+    floors_version="${floors_version%.*}"
+    kept=()
+    for spec in "${others[@]}"; do
+        if [ "${spec%%:*}" = "$floors_version" ]; then
+            echo "== python $floors_version: its fast tiers run in the floors run"
+        else
+            kept+=("$spec")
+        fi
+    done
+    others=("${kept[@]}")
 fi
 
 # Debian packages the tests use, installed when missing. Never fatal: without one, its
@@ -143,9 +162,8 @@ floors_lane() {
 # Lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
 # fault runs that mostly wait for clock ticks; tests/celerybeat: Celery beat and workers
 # on Redis/RabbitMQ; tests/djangoapp: manage.py; tests/deploy: throwaway clusters,
-# standbys, PgBouncers), one lane per other Python and the floors. Most tests wait on the
-# server or on clocks, so the lanes share two cores well. Their reports follow the main
-# suite's.
+# standbys, PgBouncers), one lane per other Python and the floors. Their reports follow
+# the main suite's.
 SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy)
 logs="$(mktemp -d)"
 echo "== pytest, lanes: main (here), side (${SIDE[*]}), fast tiers on: ${others[*]:-none}, floors: ${floors:-no}"

@@ -321,6 +321,9 @@ class Demo:
     def stop_gracefully(self) -> None:
         """Stop the followers first (no new elections), then the leader (which releases)."""
         print("\n--- stopping: followers first, then the leader ---")
+        # A replacement started just now may not have its SIGTERM handler yet: a
+        # signal then kills it at the default action, which is no graceful exit.
+        self.wait_until(lambda: all("ready" in c.seen for c in self.live()), "the candidates")
         leader = self.leader()
         for group in ([c for c in self.live() if c is not leader], [leader]):
             for c in group:

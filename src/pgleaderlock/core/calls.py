@@ -101,6 +101,18 @@ class CallGuard:
             if reason == "timeout":
                 raise TimeoutError from None
             raise CallInterrupted(reason) from None
+        except Exception:
+            reason = self._cut
+            if reason is None:
+                raise
+            # Cut short, but the driver turned the cancellation into an error of its
+            # own while it cleaned up on the dropped session (psycopg: "connection
+            # pointer is NULL"): the cut explains it, and its cancel request is spent.
+            if task.cancelling():
+                task.uncancel()
+            if reason == "timeout":
+                raise TimeoutError from None
+            raise CallInterrupted(reason) from None
         finally:
             self._deadline = None
             self._task = None
