@@ -7,9 +7,11 @@ import importlib.util
 import os
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -182,13 +184,23 @@ def test_close_removes_temp_dir_and_processes() -> None:
         _ = pg.data_dir
 
 
-def test_failed_start_leaves_nothing_behind() -> None:
-    before = set(glob.glob("/tmp/pgll-*"))
+def test_failed_start_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The directories this cluster made (other test runs may make theirs meanwhile).
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recording(*args: Any, **kwargs: Any) -> str:
+        path: str = mkdtemp(*args, **kwargs)
+        made.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)
     pg = ThrowawayPostgres(settings={"shared_buffers": "not-a-size"})
     with pytest.raises(RuntimeError, match="shared_buffers"):
         pg.start()
     assert not pg.is_running
-    assert set(glob.glob("/tmp/pgll-*")) <= before
+    assert made
+    assert not [path for path in made if os.path.exists(path)]
 
 
 def test_managed_settings_are_rejected() -> None:
