@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import time
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -148,14 +149,22 @@ async def test_reconnect_grace_rides_out_a_terminated_session(
     assert await run.wait() == 0
 
 
-async def test_verbose_shows_debug_and_quiet_hides_info(cli: Start, lock_name: str) -> None:
+async def test_verbose_shows_debug_and_quiet_hides_info(
+    cli: Start, lock_name: str, name_holders: Holders
+) -> None:
     loud = await cli("run", "--name", lock_name, "-v", *FAST)
     await loud.expect(r"DEBUG +\| pgleaderlock \| session_opened")
     loud.send(signal.SIGTERM)
     assert await loud.wait() == 0
 
     quiet = await cli("run", "--name", lock_name, "-q", *FAST)
-    await asyncio.sleep(1.5)  # kept: a run long enough to say something, wrongly
+    # Until it leads (its signal handlers are in place by then: a SIGTERM before them
+    # ends it at the default action), then a run long enough to say something, wrongly.
+    deadline = time.monotonic() + 30
+    while not await name_holders(lock_name):
+        assert time.monotonic() < deadline, "the quiet run never took the lock"
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)  # kept: the window for a wrong line
     quiet.send(signal.SIGTERM)
     assert await quiet.wait() == 0
     assert quiet.stderr == ""
