@@ -95,7 +95,9 @@ def test_one_replica_runs_the_other_exits_held_or_waits(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = spawn(*work(lock_name, out, sleep=5.0))
+    # Long enough to still run once the two others have started (each a Django start-up,
+    # seconds on a loaded machine): the last one must find the lock held.
+    first = spawn(*work(lock_name, out, sleep=10.0))
     wait_for(lambda: len(lines(out)) == 1)  # the first one leads and runs
     held = manage(*work(lock_name, out, "--no-wait"))
     assert held.returncode == EXIT_HELD, held.stderr

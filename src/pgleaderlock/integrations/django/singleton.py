@@ -203,8 +203,11 @@ class Singleton:
                         f"the lock {lock.label!r} is held elsewhere: waiting for it "
                         f"({'forever' if forever else f'up to {self.wait_s:g} s'})\n"
                     )
-                while not shared.settled.wait(1.0):
-                    pass
+                # Not ``while not shared.settled.wait(1.0): pass``: on CPython 3.13.0 an
+                # exception a signal handler raises in such a loop escapes this try.
+                while True:
+                    if shared.settled.wait(1.0):
+                        break
                 if not lock.is_leader:
                     return self._not_leading(lock, common)
                 return self._call(lock, threaded)
