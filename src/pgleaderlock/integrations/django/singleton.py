@@ -203,8 +203,8 @@ class Singleton:
                         f"the lock {lock.label!r} is held elsewhere: waiting for it "
                         f"({'forever' if forever else f'up to {self.wait_s:g} s'})\n"
                     )
-                # Not ``while not shared.settled.wait(1.0): pass``: on CPython 3.13.0 an
-                # exception a signal handler raises in such a loop escapes this try.
+                # A loop of this shape, not ``while <condition>:``: on CPython 3.13.0 an
+                # exception a signal handler raises in some of those escapes the try.
                 while True:
                     if shared.settled.wait(1.0):
                         break

@@ -32,9 +32,9 @@ class Command(BaseCommand):  # type: ignore[misc]
         note(out, f"start {pid}")
         try:
             deadline = time.monotonic() + options["sleep"]
-            # Not ``while time.monotonic() < deadline``: on CPython 3.13.0 an exception
-            # that a signal handler raises in such a busy loop escapes this try (seen
-            # with _thread.interrupt_main; 3.11 and 3.12 catch it).
+            # Not ``while time.monotonic() < deadline:`` with this body: on CPython
+            # 3.13.0 an exception that a signal handler raises in that loop escapes this
+            # try (seen with _thread.interrupt_main; 3.11 and 3.12 catch it).
             while True:
                 if time.monotonic() >= deadline:
                     break
