@@ -3,9 +3,10 @@
 A lock is put together here from its parts: its settings (``lock_config``), the machine
 that decides ([`pgleaderlock.core.machine`][]), the slot that holds its session
 (``core.slot``), the runner whose lifecycle task performs the machine's effects and is
-the only code that touches the session (``core.runner``), and its hooks. The public
-coroutines hand requests to the machine and wake the task; a request may also cut short
-the database call in flight, if the machine's effect allows it.
+the only code that touches the session (``core.runner``), its hooks, and its part that
+publishes and reads who leads (``core.participation``). The public coroutines hand
+requests to the machine and wake the task; a request may also cut short the database
+call in flight, if the machine's effect allows it.
 """
 
 from __future__ import annotations
