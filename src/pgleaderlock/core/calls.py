@@ -93,21 +93,13 @@ class CallGuard:
             self._timer = loop.call_at(deadline, self._on_timer)
         try:
             return await awaitable
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Exception):
             reason = self._cut
             if reason is None:
-                raise  # cancelled from outside: not ours to swallow
-            task.uncancel()
-            if reason == "timeout":
-                raise TimeoutError from None
-            raise CallInterrupted(reason) from None
-        except Exception:
-            reason = self._cut
-            if reason is None:
-                raise
-            # Cut short, but the driver turned the cancellation into an error of its
-            # own while it cleaned up on the dropped session (psycopg: "connection
-            # pointer is NULL"): the cut explains it, and its cancel request is spent.
+                raise  # cancelled from outside, or the call's own error: not ours
+            # Our cancellation, or an error the driver made of it while it cleaned up on
+            # the dropped session (psycopg: "connection pointer is NULL"): the cut
+            # explains either, and its cancel request is spent.
             if task.cancelling():
                 task.uncancel()
             if reason == "timeout":
