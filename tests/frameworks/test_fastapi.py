@@ -216,13 +216,15 @@ async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
             server.refuse_connections = ConnectionError("connection refused")
             for session in server.open_sessions:  # reconnecting fails, and is retried
                 server.terminate(session)
-            await eventually(lambda: a.statistics().last_error is not None)
-            await eventually(lambda: b.statistics().last_error is not None)
+            refused = "ConnectionError: connection refused"
+            # the lost session's own error comes first; then each retry is refused
+            for lock in (a, b):
+                await eventually(lambda lock=lock: str(lock.statistics().last_error) == "connection refused")
             for http in (http_a, http_b):
                 retrying = await http.get("/leader/healthz")
                 assert retrying.status_code == 200
                 assert retrying.json()["ready"] is True
-                assert retrying.json()["last_error"] == "ConnectionError: connection refused"
+                assert retrying.json()["last_error"] == refused
             server.refuse_connections = None
             await eventually(lambda: a.is_leader or b.is_leader)
         assert b.state is S.STOPPED
