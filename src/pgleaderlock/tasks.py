@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
-from .core import (
+from .lowlevel import (
     ConfigurationError,
     Event,
     LeaderLock,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Unpack
 
-from ..core import (
+from ..lowlevel import (
     ConfigurationError,
     ConnectionError,
     Event,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..core import ConfigurationError
+from ..lowlevel import ConfigurationError
 
 __all__ = ["Cron", "Every", "ServerClock", "Timing", "utc"]
 

@@ -12,9 +12,7 @@ from typing import Any, TypeVar
 from celery.beat import PersistentScheduler
 from celery.beat import Scheduler as BeatScheduler
 
-from ...core import ConfigurationError, get_logger
-from ...core.lock import LeaderLock
-from ...core.models import LockState
+from ...lowlevel import ConfigurationError, LeaderLock, LockState, get_logger
 from ...schedule import Run, Scheduler, Timing
 from ...threaded import ThreadedLeaderLock
 from .headers import send_headers, task_id
