@@ -148,8 +148,9 @@ class Scheduler:
         terms = config.term_table
         if terms is None:
             raise ConfigurationError(
-                "Scheduler needs LeaderLock(..., fencing=True): every slot is claimed under "
-                "the lock's fencing term"
+                "Scheduler needs a lock with fencing (LeaderLock(..., "
+                "options=LockOptions(fencing=Fencing(enabled=True)))): every slot is "
+                "claimed under the lock's fencing term"
             )
         where = terms.schema if schema is None else check_identifier("schema", schema)
         self._ledger = Ledger(
