@@ -80,8 +80,8 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert "asyncio" in imported(CORE / "runner.py")
     assert "pgleaderlock.core.performer.CallPerformer" in imported(CORE / "runner.py")
     assert "pgleaderlock.core.calls.CallGuard" in imported(CORE / "performer.py")
-    assert "pgleaderlock.core.machine.table.step" in imported(MACHINE / "engine.py")
-    assert any("_state" in line for line in (MACHINE / "engine.py").read_text().splitlines())
+    assert "pgleaderlock.core.machine.table.step" in imported(MACHINE / "transitions.py")
+    assert any("_state" in line for line in (MACHINE / "transitions.py").read_text().splitlines())
 
 
 def calls(path: Path, attribute: str) -> list[int]:
@@ -173,7 +173,7 @@ def test_layers_import_only_the_cores_public_surface(layer: str, also: tuple[str
     assert offenders == []
     assert all(hasattr(core, name) for name in core.__all__)
     assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "membership.py")
-    assert "pgleaderlock.core.run_on_session" in imported(PACKAGE / "schedule" / "scheduler.py")
+    assert "pgleaderlock.core.run_on_session" in imported(PACKAGE / "schedule" / "book.py")
 
 
 def test_no_backend_module_decides_a_policy() -> None:
