@@ -12,15 +12,14 @@ process that holds the lock's session open until the tree is gone
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shlex
 from typing import Any
 
 import click
 
-from ..core.errors import PgLeaderLockError
 from ..core.lock import LeaderLock
-from ..core.options import lock_arguments
 from ..core.semaphore import Semaphore
 from ..proctree.tree import CommandTree, become_subreaper, held_by_keeper
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
@@ -35,8 +34,8 @@ from .options import (
     slots_option,
     wait_option,
 )
-from .retry import Deadline, FailFast
-from .runtime import Signals, build_lock, contend, first
+from .retry import Deadline
+from .runtime import Signals, build_lock, build_tracked, contend, first
 from .tracker import Tracker
 
 __all__ = ["exec_", "exit_status", "start_tree"]
@@ -146,25 +145,8 @@ def _build_semaphore(
     name = common.target.name
     if name is None:
         raise CliError("-n/--slots names the semaphore with --name, not --key1/--key2")
-    tracker = Tracker()
-    try:
-        sem = Semaphore(
-            common.dsn,
-            name,
-            slots=slots,
-            retry_strategy=FailFast(deadline, tracker),
-            **lock_arguments(
-                {
-                    "backend": common.backend,
-                    "connect_timeout_s": common.connect_timeout_s,
-                    **options,
-                }
-            ),
-        )
-    except PgLeaderLockError as exc:
-        raise CliError(str(exc)) from None
-    sem.plugins.register(tracker)
-    return sem, tracker
+    make = functools.partial(Semaphore, common.dsn, name, slots=slots)
+    return build_tracked(make, common, deadline, options)
 
 
 def exit_status(returncode: int) -> int:
