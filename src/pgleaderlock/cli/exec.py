@@ -27,6 +27,7 @@ from .logs import log
 from .options import (
     Common,
     check_wait,
+    command_of_a_command,
     lock_options,
     log_options,
     positive,
@@ -68,11 +69,7 @@ COMMAND's process group).
 """
 
 
-@click.command(
-    "exec",
-    epilog=_EXEC_EPILOG,
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+@command_of_a_command("exec", _EXEC_EPILOG)
 @lock_options
 @slots_option
 @wait_option
