@@ -16,7 +16,7 @@ import itertools
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import pluggy
 
@@ -129,7 +129,13 @@ class _Lock(_Participation, Protocol):
     async def _leader_changed(self, info: LeaderInfo | None) -> None: ...
 
 
-class Participating(_Participation):
+if TYPE_CHECKING:
+    _Declared = _Participation
+else:  # a protocol in LeaderLock's bases would break cooperative ``__init__`` chains
+    _Declared = object
+
+
+class Participating(_Declared):
     """The who-leads part of [`LeaderLock`][pgleaderlock.LeaderLock]'s API and its
     participant row (set up by ``_setup_participation`` from the lock's
     [`Participation`][pgleaderlock.Participation] options)."""

@@ -53,12 +53,8 @@ def probe_time(due: float, interval_s: float) -> float:
 
 class MachineState:
     """The state of one lock's decision engine, and the primitives its decisions use;
-    [`Machine`][pgleaderlock.core.machine.Machine] adds the decisions.
-
-    Args:
-        config: the settings decisions depend on.
-        retry: asked for every delay; a strategy that raises or returns `None` gives up.
-    """
+    [`Machine`][pgleaderlock.core.machine.Machine] adds the decisions (and documents the
+    arguments)."""
 
     def __init__(
         self, config: LockConfig, retry: RetryStrategy, rng: random.Random | None = None
