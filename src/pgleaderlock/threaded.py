@@ -199,11 +199,9 @@ class ThreadedLeaderLock:
             The term the transaction runs under.
 
         Raises:
-            FencedError: the leadership the work runs under has ended (this lock is not
-                LEADER, or leads under another term, or the term has moved on): roll
-                back.
-            ConfigurationError: the lock has no fencing, or ``conn`` is not in a
-                transaction, or not a synchronous psycopg connection.
+            FencedError: as [`LeaderLock.fence`][pgleaderlock.LeaderLock.fence]: roll back.
+            ConfigurationError: as `LeaderLock.fence`, or ``conn`` is not a synchronous
+                psycopg connection.
         """
         return self._lock.fence_sync(conn, term=term)
 

@@ -93,8 +93,8 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert "asyncio" in imported(CORE / "runner.py")
     assert "pgleaderlock.core.performer.CallPerformer" in imported(CORE / "runner.py")
     assert "pgleaderlock.core.calls.CallGuard" in imported(CORE / "performer.py")
-    assert "pgleaderlock.core.machine.table.step" in imported(MACHINE / "engine.py")
-    assert any("_state" in line for line in (MACHINE / "engine.py").read_text().splitlines())
+    assert "pgleaderlock.core.machine.table.step" in imported(MACHINE / "transitions.py")
+    assert any("_state" in line for line in (MACHINE / "transitions.py").read_text().splitlines())
 
 
 def calls(path: Path, attribute: str) -> list[int]:
@@ -205,7 +205,7 @@ def test_the_layer_check_sees_what_it_looks_for() -> None:
     )
     assert {"backends", "coordination", "status", "testing", "__init__.py"} <= set(OUTSIDE)
     assert "pgleaderlock.lowlevel.SessionSlot" in imported(COORDINATION / "membership.py")
-    assert "pgleaderlock.lowlevel.run_on_session" in imported(PACKAGE / "schedule" / "scheduler.py")
+    assert "pgleaderlock.lowlevel.run_on_session" in imported(PACKAGE / "schedule" / "book.py")
     module = PACKAGE / "integrations" / "fastapi" / "leader.py"
     broken = {
         "from ...core.errors import ConfigurationError": "pgleaderlock.core.errors",

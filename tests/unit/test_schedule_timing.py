@@ -97,7 +97,7 @@ def test_a_scheduler_needs_fencing_and_checks_its_arguments() -> None:
     from pgleaderlock import LeaderLock
 
     plain = LeaderLock("postgresql://h/db", 1, 2, load_plugins=False)
-    with pytest.raises(ConfigurationError, match="fencing=True"):
+    with pytest.raises(ConfigurationError, match=r"Fencing\(enabled=True\)"):
         Scheduler(plain)
     sched = Scheduler(LeaderLock("postgresql://h/db", 1, 2, fencing=True, load_plugins=False))
 

@@ -45,6 +45,7 @@ from ..lowlevel import SessionNotDedicatedError as SessionNotDedicatedError
 from ..lowlevel import StandbyError as StandbyError
 from ..lowlevel import UnclaimedGrantError as UnclaimedGrantError
 from ..lowlevel import key_to_oid as key_to_oid
+from . import sql
 from .checked import CheckedSession
 from .errors import (
     CONNECTION_SQLSTATE_CLASSES,
@@ -60,78 +61,42 @@ from .errors import (
 )
 from .locking import LockingSession
 from .sockets import set_keepalive, tcp_acknowledged
+from .sql import *  # noqa: F403  # re-exported (sql.__all__): backends import them from here
 from .sql import (
-    ALIVE,
-    CANCEL_TIMEOUT_S,
-    CLAIM,
     DUPLICATE_TABLE,
     GROUP_SNAPSHOT,
-    HOLDS,
-    IDENTIFY,
     LOCK_NOT_AVAILABLE,
     NOTIFY,
-    STATEMENTS,
     TABLE_CHECK,
-    TRY_LOCK,
     TRY_LOCK_MANY,
-    UNLOCK,
     UNLOCK_MANY,
-    WAIT_LOCK,
     Statement,
     _bump_many_statement,
     _bump_statement,
     _end_fenced_statement,
-    bump_term_statement,
-    bump_terms_statement,
-    configure_statement,
-    create_terms_statement,
     lock_timeout_ms,
-    setup_statement,
 )
-from .sql import FLUSH_STATS as FLUSH_STATS
-from .sql import FORGET as FORGET
 
 T = TypeVar("T")
 
 __all__ = [
-    "ALIVE",
-    "CANCEL_TIMEOUT_S",
-    "CLAIM",
     "CONNECTION_SQLSTATE_CLASSES",
-    "DUPLICATE_TABLE",
-    "GROUP_SNAPSHOT",
-    "HOLDS",
-    "IDENTIFY",
-    "LOCK_NOT_AVAILABLE",
-    "NOTIFY",
     "REFUSED_SQLSTATES",
-    "STATEMENTS",
-    "TRY_LOCK",
-    "TRY_LOCK_MANY",
-    "UNLOCK",
-    "UNLOCK_MANY",
-    "WAIT_LOCK",
     "BaseSession",
     "CheckedSession",
     "ErrorClass",
     "LockingSession",
-    "Statement",
-    "bump_term_statement",
-    "bump_terms_statement",
     "by_sqlstate",
     "check_pid",
     "check_target_session_attrs",
-    "configure_statement",
-    "create_terms_statement",
-    "lock_timeout_ms",
     "misconfigured_by_message",
     "refused_by_message",
     "set_keepalive",
-    "setup_statement",
     "sqlstate",
     "tcp_acknowledged",
     "translate",
 ]
+__all__ += sql.__all__
 
 
 class BaseSession(LockingSession):

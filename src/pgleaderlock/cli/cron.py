@@ -27,6 +27,8 @@ from .logs import log
 from .options import (
     Common,
     Tables,
+    choice_option,
+    command_of_a_command,
     lock_options,
     log_options,
     positive,
@@ -66,11 +68,7 @@ be executed / is not found (checked before the first slot).
 """
 
 
-@click.command(
-    "cron",
-    epilog=_CRON_EPILOG,
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+@command_of_a_command("cron", _CRON_EPILOG)
 @lock_options
 @table_options
 @click.option(
@@ -89,24 +87,22 @@ be executed / is not found (checked before the first slot).
     show_default=True,
     help="The time zone of --schedule (an IANA name).",
 )
-@click.option(
+@choice_option(
     "--catch-up",
-    type=click.Choice(["none", "latest", "all"]),
+    ["none", "latest", "all"],
     default="latest",
-    show_default=True,
-    help="Slots missed while nobody led: skip them, run the newest, or run all.",
+    text="Slots missed while nobody led: skip them, run the newest, or run all.",
 )
 @seconds_option(
     "--misfire-grace",
     default=1.0,
     text="A slot started later than this after its time counts as missed.",
 )
-@click.option(
+@choice_option(
     "--interrupted",
-    type=click.Choice(["lost", "rerun"]),
+    ["lost", "rerun"],
     default="lost",
-    show_default=True,
-    help="A slot whose leader ended mid-run: record it lost, or run it again.",
+    text="A slot whose leader ended mid-run: record it lost, or run it again.",
 )
 @seconds_option(
     "--kill-after",

@@ -80,7 +80,16 @@ from .doctor_checks import (
 )
 from .doctor_ledger import LEDGER_QUERY, LedgerFacts
 from .exits import CliError, first_line
-from .options import Tables, log_options, positive, resolve_dsn, seconds_option, table_options
+from .options import (
+    Tables,
+    choice_option,
+    count_option,
+    log_options,
+    positive,
+    resolve_dsn,
+    seconds_option,
+    table_options,
+)
 
 __all__ = ["collect", "doctor"]
 
@@ -365,26 +374,18 @@ Exit codes:
     help="PostgreSQL connection string: the one the locks will use (as their role, "
     "through the same pooler, if any).",
 )
-@click.option(
+@count_option(
     "--locks",
-    type=click.IntRange(0),
+    minimum=0,
     default=0,
-    show_default=True,
-    help="Planned locks per replica (or Coordinator names), for the connection budget.",
+    text="Planned locks per replica (or Coordinator names), for the connection budget.",
 )
-@click.option(
-    "--replicas",
-    type=click.IntRange(1),
-    default=1,
-    show_default=True,
-    help="Planned replicas (processes) running them.",
-)
-@click.option(
+@count_option("--replicas", minimum=1, default=1, text="Planned replicas (processes) running them.")
+@choice_option(
     "--coordinator",
-    type=click.Choice(["none", "dedicated", "shared"]),
+    ["none", "dedicated", "shared"],
     default="none",
-    show_default=True,
-    help="none: plain LeaderLocks; dedicated/shared: a Coordinator's sessions= mode.",
+    text="none: plain LeaderLocks; dedicated/shared: a Coordinator's sessions= mode.",
 )
 @table_options
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")

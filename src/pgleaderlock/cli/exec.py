@@ -12,19 +12,21 @@ process that holds the lock's session open until the tree is gone
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shlex
 from typing import Any
 
 import click
 
-from ..lowlevel import LeaderLock, PgLeaderLockError, Semaphore, lock_arguments
+from ..lowlevel import LeaderLock, Semaphore
 from ..proctree.tree import CommandTree, become_subreaper, held_by_keeper
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
 from .logs import log
 from .options import (
     Common,
     check_wait,
+    command_of_a_command,
     lock_options,
     log_options,
     positive,
@@ -32,8 +34,8 @@ from .options import (
     slots_option,
     wait_option,
 )
-from .retry import Deadline, FailFast
-from .runtime import Signals, build_lock, contend, first
+from .retry import Deadline
+from .runtime import Signals, build_lock, build_tracked, contend, first
 from .tracker import Tracker
 
 __all__ = ["exec_", "exit_status", "start_tree"]
@@ -66,11 +68,7 @@ COMMAND's process group).
 """
 
 
-@click.command(
-    "exec",
-    epilog=_EXEC_EPILOG,
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+@command_of_a_command("exec", _EXEC_EPILOG)
 @lock_options
 @slots_option
 @wait_option
@@ -143,25 +141,8 @@ def _build_semaphore(
     name = common.target.name
     if name is None:
         raise CliError("-n/--slots names the semaphore with --name, not --key1/--key2")
-    tracker = Tracker()
-    try:
-        sem = Semaphore(
-            common.dsn,
-            name,
-            slots=slots,
-            retry_strategy=FailFast(deadline, tracker),
-            **lock_arguments(
-                {
-                    "backend": common.backend,
-                    "connect_timeout_s": common.connect_timeout_s,
-                    **options,
-                }
-            ),
-        )
-    except PgLeaderLockError as exc:
-        raise CliError(str(exc)) from None
-    sem.plugins.register(tracker)
-    return sem, tracker
+    make = functools.partial(Semaphore, common.dsn, name, slots=slots)
+    return build_tracked(make, common, deadline, options)
 
 
 def exit_status(returncode: int) -> int:

@@ -9,30 +9,16 @@ from __future__ import annotations
 
 import click
 
-from .._exitcodes import (
-    EXIT_CANNOT_EXECUTE,
-    EXIT_HELD,
-    EXIT_LOST,
-    EXIT_NOT_ACQUIRED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_USAGE,
-    signal_exit,
-)
+from .. import _exitcodes
+from .._exitcodes import *  # noqa: F403
+from .._exitcodes import EXIT_USAGE
 from ..lowlevel import first_line, mask_dsn, printable
 
 __all__ = [
-    "EXIT_CANNOT_EXECUTE",
-    "EXIT_HELD",
-    "EXIT_LOST",
-    "EXIT_NOT_ACQUIRED",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_USAGE",
     "CliError",
     "first_line",
-    "signal_exit",
 ]
+__all__ += _exitcodes.__all__
 
 
 class CliError(click.ClickException):

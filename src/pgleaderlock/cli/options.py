@@ -40,6 +40,9 @@ __all__ = [
     "Tables",
     "Target",
     "check_wait",
+    "choice_option",
+    "command_of_a_command",
+    "count_option",
     "lock_options",
     "log_options",
     "names_target_options",
@@ -159,6 +162,31 @@ def seconds_option(*names: str, default: float | None, text: str) -> Callable[[F
         show_default=default is not None,
         metavar="SECONDS",
         help=text,
+    )
+
+
+def choice_option(name: str, choices: list[str], *, default: str, text: str) -> Callable[[F], F]:
+    """A ``--NAME`` option that takes one of ``choices`` (its default shown in ``--help``)."""
+    return click.option(
+        name, type=click.Choice(choices), default=default, show_default=True, help=text
+    )
+
+
+def count_option(name: str, *, minimum: int, default: int, text: str) -> Callable[[F], F]:
+    """A ``--NAME N`` option: a whole number of at least ``minimum`` (its default shown
+    in ``--help``)."""
+    return click.option(
+        name, type=click.IntRange(minimum), default=default, show_default=True, help=text
+    )
+
+
+def command_of_a_command(name: str, epilog: str) -> Callable[[F], click.Command]:
+    """``click.command`` for a command that runs ``COMMAND [ARGS]...``: whatever follows
+    COMMAND is COMMAND's, options included."""
+    return click.command(
+        name,
+        epilog=epilog,
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     )
 
 

@@ -16,7 +16,7 @@ import click
 from ..lowlevel import ConfigurationError, ExponentialBackoff, LeaderLock, is_permanent, mask_dsn
 from .exits import EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
-from .options import Common, lock_options, log_options, seconds_option
+from .options import Common, choice_option, lock_options, log_options, seconds_option
 from .runtime import (
     Signals,
     build_lock,
@@ -69,12 +69,11 @@ Start it in two terminals: one becomes leader, the other waits. Stop the leader
     is_flag=True,
     help="After losing or releasing the lock, stop (exit 1) instead of trying again.",
 )
-@click.option(
+@choice_option(
     "--follower-mode",
-    type=click.Choice(["wait", "poll"]),
+    ["wait", "poll"],
     default="wait",
-    show_default=True,
-    help="wait: a follower waits on the server and takes over the instant the leader's "
+    text="wait: a follower waits on the server and takes over the instant the leader's "
     "session ends. poll: it retries pg_try_advisory_lock after each delay.",
 )
 @log_options(cli="INFO", library="INFO")

@@ -14,9 +14,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..lowlevel import (
     LeaderLock,
@@ -35,6 +36,7 @@ from .tracker import Tracker
 __all__ = [
     "Signals",
     "build_lock",
+    "build_tracked",
     "contend",
     "first",
     "lead",
@@ -42,6 +44,8 @@ __all__ = [
     "permanent_error",
     "preflight",
 ]
+
+L = TypeVar("L", bound=LeaderLock)
 
 
 def build_lock(
@@ -62,14 +66,20 @@ def build_lock(
     Raises:
         CliError: the lock refused the options (keys, intervals, backend, DSN).
     """
-    tracker = Tracker()
     target = common.target
+    make = functools.partial(LeaderLock, common.dsn, target.key1, target.key2, name=target.name)
+    return build_tracked(make, common, retry_strategy, options)
+
+
+def build_tracked(
+    make: Callable[..., L], common: Common, retry_strategy: RetryStrategy, options: dict[str, Any]
+) -> tuple[L, Tracker]:
+    """``make(retry_strategy=..., **settings)``, with `FailFast` and a `Tracker` around
+    ``retry_strategy``, and ``common``'s connection options beside ``options`` (as
+    `build_lock` describes them); the lock, and the tracker registered on it."""
+    tracker = Tracker()
     try:
-        lock = LeaderLock(
-            common.dsn,
-            target.key1,
-            target.key2,
-            name=target.name,
+        lock = make(
             retry_strategy=FailFast(retry_strategy, tracker),
             **lock_arguments(
                 {

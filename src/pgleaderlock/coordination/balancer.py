@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 from ..lowlevel import get_logger
 from . import balance
-from .events import GroupEvent, Look
+from .events import Look
 from .mailbox import Mailbox
-from .membership import Membership
+from .membership import Wiring
 from .protocol import Key, Message
 
 __all__ = ["Balancer", "Names"]
@@ -63,28 +63,23 @@ class Balancer:
     Args:
         names: the session mode (takes and gives names).
         registered: the names registered here, by key (read, never changed here).
-        membership: reads the group's view.
+        wiring: the membership (the group's view), the member's loop, the log fields
+            (its sessions are the session mode's).
         mailbox: sends requests and answers.
-        post: puts an event on the member's loop.
-        fields: added to every log record.
     """
 
     def __init__(
         self,
         names: Names,
         registered: Mapping[Key, str],
-        membership: Membership,
+        wiring: Wiring,
         mailbox: Mailbox,
-        post: Callable[[GroupEvent], None],
-        fields: dict[str, Any],
     ) -> None:
-        self.member = membership.member
+        self._membership, _, self._post, self._fields = wiring
+        self.member = wiring.membership.member
         self._names = names
         self._registered = registered
-        self._membership = membership
         self._mailbox = mailbox
-        self._post = post
-        self._fields = fields
         # key -> (until (monotonic), for whom): not this member's to take meanwhile; ""
         # for anyone else (a name given away), else the member it was handed to
         self.excluded: dict[Key, tuple[float, str]] = {}

@@ -9,13 +9,12 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..lowlevel import SessionSlot, get_logger
-from .events import GroupEvent, Look, Received
-from .membership import Membership
+from .events import Look, Received
+from .membership import Wiring
 from .protocol import Message, channel
-from .session import GroupSession, Sessions
+from .session import GroupSession
 
 __all__ = ["Mailbox"]
 
@@ -30,35 +29,24 @@ class Mailbox:
     """Sends and receives the group's messages.
 
     Args:
-        membership: the member lock, whose session sends, and which knows the group's
-            sessions (the senders whose messages count).
-        sessions: opens the listening session.
-        post: puts an event on the member's loop (each message received, and a look
-            whenever some may have been missed).
+        wiring: the member lock (whose session sends, and which knows the group's
+            sessions: the senders whose messages count), the listening session's opener,
+            the member's loop (told of each message received, and to look whenever some
+            may have been missed), the log fields.
         arrived: told of each message as it arrives, before the loop gets to it.
         missed: told when messages may have been missed (the listening session was
             lost): answers awaited may never come.
-        fields: added to every log record.
     """
 
     def __init__(
-        self,
-        membership: Membership,
-        sessions: Sessions,
-        post: Callable[[GroupEvent], None],
-        arrived: Callable[[Message], None],
-        missed: Callable[[], None],
-        fields: dict[str, Any],
+        self, wiring: Wiring, arrived: Callable[[Message], None], missed: Callable[[], None]
     ) -> None:
-        self.settings = membership.settings
+        self._membership, self._sessions, self._post, self._fields = wiring
+        self.settings = wiring.membership.settings
         self.channel = channel(self.settings.group)
         self.listening = asyncio.Event()
-        self._membership = membership
-        self._sessions = sessions
-        self._post = post
         self._arrived = arrived
         self._missed = missed
-        self._fields = fields
         self._senders_read_at = 0.0
         self._strangers: dict[int, float] = {}  # pid -> when found not to be a member's
 

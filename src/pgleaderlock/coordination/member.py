@@ -32,7 +32,7 @@ from . import balance
 from .balancer import Balancer
 from .events import Broken, GroupEvent, Look, MemberGone, NameEvent, Received, Stop, looks
 from .mailbox import Mailbox
-from .membership import GroupView, Membership
+from .membership import GroupView, Membership, Wiring
 from .protocol import Key, Message, Role, name_keys
 from .session import GroupSession, Sessions
 from .settings import Settings
@@ -76,9 +76,10 @@ class Engine(abc.ABC):
         self.membership = Membership(
             settings, self.MEMBER_ROLE, self.names, post, self._member_lost, fields
         )
-        self.mailbox = Mailbox(self.membership, sessions, post, self.note, self._missed, fields)
-        self.balancer = Balancer(self, self.names, self.membership, self.mailbox, post, fields)
-        self.watch = RingWatch(self.membership, sessions, post, fields)
+        wiring = Wiring(self.membership, sessions, post, fields)
+        self.mailbox = Mailbox(wiring, self.note, self._missed)
+        self.balancer = Balancer(self, self.names, wiring, self.mailbox)
+        self.watch = RingWatch(wiring)
         self._task: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self._helpers: list[asyncio.Task[None]] = []

@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from ..lowlevel import (
     LeaderLock,
@@ -35,10 +35,10 @@ from ..lowlevel import (
 from . import balance
 from .events import Broken, GroupEvent, Look
 from .protocol import Key, Role, app_name, member_key, parse_app_name, prefix
-from .session import GroupSession, group_session
+from .session import GroupSession, Sessions, group_session
 from .settings import Settings
 
-__all__ = ["GroupView", "Membership"]
+__all__ = ["GroupView", "Membership", "Wiring"]
 
 log = get_logger("pgleaderlock.coordination")
 
@@ -266,3 +266,17 @@ class Membership:
     def gone(self, member: str) -> None:
         """``member`` is known to be gone (before the next look confirms it)."""
         self.members = self.members - {member}
+
+
+class Wiring(NamedTuple):
+    """What every part of a member's engine (`Mailbox`, `Balancer`, `RingWatch`) is wired
+    to."""
+
+    membership: Membership
+    """The member lock, and the group's members as last seen."""
+    sessions: Sessions
+    """Opens the parts' sessions of their own."""
+    post: Callable[[GroupEvent], None]
+    """Puts an event on the member's loop."""
+    fields: dict[str, Any]
+    """Added to every log record."""

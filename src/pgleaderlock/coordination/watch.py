@@ -4,14 +4,12 @@ the ring of members; when it is granted, that member is gone, known at once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from ..lowlevel import SessionSlot, WaitingSession, can, get_logger
-from .events import GroupEvent, MemberGone
-from .membership import Membership
+from .events import MemberGone
+from .membership import Wiring
 from .protocol import Key, member_key
-from .session import Sessions
 
 __all__ = ["RingWatch"]
 
@@ -26,24 +24,13 @@ class RingWatch:
     """Watches the next member of the ring, on a session of its own.
 
     Args:
-        membership: the group's members as last seen (told of a member gone).
-        sessions: opens the watch session.
-        post: puts a `MemberGone` on the member's loop.
-        fields: added to every log record.
+        wiring: the group's members as last seen (told of a member gone), the watch
+            session's opener, the member's loop (told `MemberGone`), the log fields.
     """
 
-    def __init__(
-        self,
-        membership: Membership,
-        sessions: Sessions,
-        post: Callable[[GroupEvent], None],
-        fields: dict[str, Any],
-    ) -> None:
-        self.group, self.member = membership.group, membership.member
-        self._membership = membership
-        self._sessions = sessions
-        self._post = post
-        self._fields = fields
+    def __init__(self, wiring: Wiring) -> None:
+        self._membership, self._sessions, self._post, self._fields = wiring
+        self.group, self.member = wiring.membership.group, wiring.membership.member
         self._watched: Key | None = None  # the member lock the watch session waits for
 
     async def watch_forever(self) -> None:

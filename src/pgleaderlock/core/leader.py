@@ -50,7 +50,6 @@ __all__ = [
     "LeaderReader",
     "Participant",
     "ParticipantTable",
-    "Published",
     "Target",
     "check_metadata",
     "current_leader",
@@ -146,45 +145,29 @@ class Participant:
     waiting: bool
 
 
-@dataclass(frozen=True)
-class Published:
-    """What a reader takes from one row of the participants table, after
-    [`published`][pgleaderlock.core.leader.published] checked it.
-
-    Attributes:
-        identity: ``None``: the row is skipped (no row, or one not to be read).
-        name, priority, metadata, since, term: the row's values; ``None`` for a value
-            that was skipped (see ``problems``).
-        problems: what was skipped and why, for the log.
-    """
-
-    identity: str | None = None
-    name: str | None = None
-    priority: int | None = None
-    metadata: Mapping[str, Any] | None = None
-    since: datetime | None = None
-    term: int | None = None
-    problems: tuple[str, ...] = ()
-
-
 PUBLISHED_FIELDS = 9
 """How many fields of a row [`published`][pgleaderlock.core.leader.published] reads
 (``participants.PUBLISHED``)."""
 
 
-def published(fields: Sequence[Any]) -> Published:
-    """The fields of ``participants.PUBLISHED`` as a reader may use them. The server sent
-    nothing it could not bound (too long, too large, a timestamp no client can
-    represent): such a value is skipped, and so is a document this library would not
-    accept as ``metadata`` (too deep, a non-finite number...). Never raises."""
-    identity, name, has_name, priority, metadata, has_metadata, since, has_since, term = fields[
-        :PUBLISHED_FIELDS
-    ]
+def published(keys: tuple[int, int], row: Sequence[Any]) -> tuple[LeaderInfo, tuple[str, ...]]:
+    """A row of a lock session (``pid, application_name, role, trusted``, then the
+    fields of ``participants.PUBLISHED``, if the table was read) as a
+    [`LeaderInfo`][pgleaderlock.LeaderInfo], with what was skipped and why, for the log.
+    The server sent nothing it could not bound (too long, too large, a timestamp no
+    client can represent): such a value is skipped (``None``), and so is a document this
+    library would not accept as ``metadata`` (too deep, a non-finite number...); without
+    an identity the whole row is. Never raises."""
+    pid, app, role, trusted, *rest = row[: 4 + PUBLISHED_FIELDS]
+    head = (keys, int(pid), app, role)
+    if not rest:
+        return LeaderInfo(*head, trusted=bool(trusted)), ()
+    identity, name, has_name, priority, metadata, has_metadata, since, has_since, term = rest
     problems: list[str] = []
     if identity is None:
         if has_name or has_metadata or has_since or priority is not None or term is not None:
             problems.append("identity is too long: the row is skipped")
-        return Published(problems=tuple(problems))
+        return LeaderInfo(*head, trusted=bool(trusted)), tuple(problems)
     if name is None and has_name:
         problems.append("name is too long")
     document = None
@@ -196,12 +179,13 @@ def published(fields: Sequence[Any]) -> Published:
         problems.append("metadata skipped: it is too large")
     if since is None and has_since:
         problems.append("since skipped: a time no client can represent")
-    return Published(
-        str(identity), None if name is None else str(name),
+    info = LeaderInfo(
+        *head, str(identity), None if name is None else str(name),
         None if priority is None else int(priority), document,
         since if isinstance(since, datetime) else None,
-        None if term is None else int(term), tuple(problems),
+        None if term is None else int(term), bool(trusted),
     )  # fmt: skip
+    return info, tuple(problems)
 
 
 _RECHECK_S = 60.0
@@ -267,16 +251,12 @@ class LeaderReader:
         (log.warning if warn else log.debug)(event, lock=self._label, **fields)
 
     def _info(self, keys: tuple[int, int], row: Sequence[Any]) -> LeaderInfo:
-        pid, app, role, trusted, *rest = row
-        found = published(rest) if rest else Published()
-        if found.problems:
-            self._log_once((pid, found.identity, found.problems), "participant_row_skipped",
-                           pid=pid, role=role, identity=found.identity,
-                           problems=list(found.problems))  # fmt: skip
-        return LeaderInfo(
-            keys, int(pid), app, role, found.identity, found.name, found.priority,
-            found.metadata, found.since, found.term, bool(trusted),
-        )  # fmt: skip
+        info, problems = published(keys, row)
+        if problems:
+            self._log_once((info.pid, info.identity, problems), "participant_row_skipped",
+                           pid=info.pid, role=info.role, identity=info.identity,
+                           problems=list(problems))  # fmt: skip
+        return info
 
     async def leader(self, keys: tuple[int, int]) -> LeaderInfo | None:
         """Who leads the lock of ``keys`` now, or ``None``."""

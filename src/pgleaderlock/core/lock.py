@@ -45,7 +45,14 @@ from .models import (
     LockStatistics,
     StateChangeCallback,
 )
-from .options import DeprecatedOptions, LockOptions, check_options, merge_deprecated
+from .options import (
+    DeprecatedOptions,
+    LockArguments,
+    LockOptions,
+    check_options,
+    merge_deprecated,
+    without_deprecated,
+)
 from .participation import Participating
 from .retry import RetryStrategy, check_retry_strategy, default_retry_strategy
 from .runner import Runner
@@ -186,18 +193,7 @@ class LeaderLock(Fencing, Participating):
 
     @classmethod
     def from_name(
-        cls,
-        name: str,
-        dsn: str | Any | None = None,
-        *,
-        retry_strategy: RetryStrategy | None = None,
-        health_interval_s: float = 5.0,
-        reconnect_grace_s: float | None = None,
-        auto_reacquire: bool = True,
-        shutdown_event: asyncio.Event | None = None,
-        connect_fn: SessionFactory | None = None,
-        options: LockOptions | None = None,
-        **deprecated: Unpack[DeprecatedOptions],
+        cls, name: str, dsn: str | Any | None = None, **arguments: Unpack[LockArguments]
     ) -> Self:
         """A lock whose keys are derived from ``name`` by
         [`lock_keys`][pgleaderlock.lock_keys].
@@ -206,32 +202,13 @@ class LeaderLock(Fencing, Participating):
             name: the lock's name; the same name gives the same keys in every process
                 (and in SQL).
             dsn: as for the constructor.
-            retry_strategy: as for the constructor.
-            health_interval_s: as for the constructor.
-            reconnect_grace_s: as for the constructor.
-            auto_reacquire: as for the constructor.
-            shutdown_event: as for the constructor.
-            connect_fn: as for the constructor.
-            options: as for the constructor ([`LockOptions`][pgleaderlock.LockOptions]).
-            **deprecated: as for the constructor: the flat keywords of 0.1, with a
-                ``DeprecationWarning``.
+            **arguments: the constructor's keyword arguments (``retry_strategy``,
+                ``health_interval_s``, ``reconnect_grace_s``, ``auto_reacquire``,
+                ``shutdown_event``, ``connect_fn``, ``options``, and the flat keywords
+                of 0.1, with a ``DeprecationWarning``), with its defaults.
         """
-        if deprecated:
-            options = merge_deprecated(options, deprecated, owner=f"{cls.__name__}.from_name")
-        key1, key2 = lock_keys(name)
-        return cls(
-            dsn,
-            key1,
-            key2,
-            retry_strategy=retry_strategy,
-            health_interval_s=health_interval_s,
-            reconnect_grace_s=reconnect_grace_s,
-            auto_reacquire=auto_reacquire,
-            shutdown_event=shutdown_event,
-            connect_fn=connect_fn,
-            name=name,
-            options=options,
-        )
+        arguments = without_deprecated(arguments, owner=f"{cls.__name__}.from_name")
+        return cls(dsn, *lock_keys(name), name=name, **arguments)
 
     @property
     def options(self) -> LockOptions:

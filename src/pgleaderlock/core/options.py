@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict, cast
 
 from .config import (
     DEFAULT_SCHEMA,
@@ -46,11 +46,18 @@ from .keys import check_name
 from .metadata import check_metadata
 from .tables import check_identifier
 
+if TYPE_CHECKING:
+    import asyncio
+
+    from .retry import RetryStrategy
+    from .session import SessionFactory
+
 __all__ = [
     "DEPRECATED_KEYWORDS",
     "SPEC_ARGUMENTS",
     "DeprecatedOptions",
     "Fencing",
+    "LockArguments",
     "LockOptions",
     "Participation",
     "Session",
@@ -60,6 +67,7 @@ __all__ = [
     "merge_deprecated",
     "old_keywords",
     "options_from_keywords",
+    "without_deprecated",
 ]
 
 
@@ -402,6 +410,33 @@ class DeprecatedOptions(TypedDict, total=False):
     retry_permanent_errors: bool
     trusted_roles: Sequence[str]
     load_plugins: bool
+
+
+class LockArguments(DeprecatedOptions, total=False):
+    """[`LeaderLock`][pgleaderlock.LeaderLock]'s keyword arguments after its keys and
+    name, as the entry points that take them on (``from_name``,
+    [`Semaphore`][pgleaderlock.Semaphore]) take them: the specification's, ``options``,
+    and the deprecated flat keywords. Their defaults and meaning are the constructor's."""
+
+    retry_strategy: RetryStrategy | None
+    health_interval_s: float
+    reconnect_grace_s: float | None
+    auto_reacquire: bool
+    shutdown_event: asyncio.Event | None
+    connect_fn: SessionFactory | None
+    options: LockOptions | None
+
+
+def without_deprecated(arguments: LockArguments, *, owner: str) -> LockArguments:
+    """``arguments`` with its deprecated flat keywords merged into ``options``
+    (`merge_deprecated`, warning at the caller of ``owner``, the entry point that calls
+    this)."""
+    old = {k: v for k, v in arguments.items() if k in DEPRECATED_KEYWORDS}
+    if not old:
+        return arguments
+    kept: dict[str, Any] = {k: v for k, v in arguments.items() if k not in old}
+    kept["options"] = merge_deprecated(arguments.get("options"), old, owner=owner, stacklevel=4)
+    return cast(LockArguments, kept)
 
 
 _GROUP_CLASSES: Final = {

@@ -16,7 +16,7 @@ import itertools
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import pluggy
 
@@ -69,10 +69,31 @@ def default_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{next(_identities)}"
 
 
-class _Lock(Protocol):
-    """What the participation methods use of a [`LeaderLock`][pgleaderlock.LeaderLock]."""
+class _Participation(Protocol):
+    """Participation's own attributes (set by ``_setup_participation``)."""
 
-    # the lock's own
+    _metadata_json: str | None
+    _metadata: Mapping[str, Any] | None
+    _identity: str
+    _priority: int | None
+    _handover_delay_s: float
+    _publishes: bool
+    _considering: asyncio.Task[None] | None = None
+    _announced: bool
+    _eligible: bool
+    _participants: ParticipantTable
+    _target: Target
+    _watch_interval_s: float
+    _published: bool
+    _publish_warned: bool
+    _watch: LeaderWatch | None = None
+    _subscription: Subscription | None = None
+
+
+class _Lock(_Participation, Protocol):
+    """What the participation methods use of a [`LeaderLock`][pgleaderlock.LeaderLock]:
+    participation's own attributes and the lock's."""
+
     _config: LockConfig
     _machine: Machine
     _runner: Runner
@@ -83,23 +104,6 @@ class _Lock(Protocol):
     _name: str | None
     _log_fields: dict[str, Any]
     plugins: pluggy.PluginManager
-    # participation's (Participating)
-    _metadata_json: str | None
-    _metadata: Mapping[str, Any] | None
-    _identity: str
-    _priority: int | None
-    _handover_delay_s: float
-    _publishes: bool
-    _considering: asyncio.Task[None] | None
-    _announced: bool
-    _eligible: bool
-    _participants: ParticipantTable
-    _target: Target
-    _watch_interval_s: float
-    _published: bool
-    _publish_warned: bool
-    _watch: LeaderWatch | None
-    _subscription: Subscription | None
 
     @property
     def label(self) -> str: ...
@@ -125,27 +129,16 @@ class _Lock(Protocol):
     async def _leader_changed(self, info: LeaderInfo | None) -> None: ...
 
 
-class Participating:
+if TYPE_CHECKING:
+    _Declared = _Participation
+else:  # a protocol in LeaderLock's bases would break cooperative ``__init__`` chains
+    _Declared = object
+
+
+class Participating(_Declared):
     """The who-leads part of [`LeaderLock`][pgleaderlock.LeaderLock]'s API and its
     participant row (set up by ``_setup_participation`` from the lock's
     [`Participation`][pgleaderlock.Participation] options)."""
-
-    _metadata_json: str | None
-    _metadata: Mapping[str, Any] | None
-    _identity: str
-    _priority: int | None
-    _handover_delay_s: float
-    _publishes: bool
-    _considering: asyncio.Task[None] | None
-    _announced: bool
-    _eligible: bool
-    _participants: ParticipantTable
-    _target: Target
-    _watch_interval_s: float
-    _published: bool
-    _publish_warned: bool
-    _watch: LeaderWatch | None
-    _subscription: Subscription | None
 
     def _setup_participation(
         self: _Lock,

@@ -28,9 +28,8 @@ from .errors import ConfigurationError
 from .keyring import Keyring
 from .keys import lock_keys, slot_keys
 from .lock import LeaderLock
-from .options import DeprecatedOptions, LockOptions, merge_deprecated
-from .retry import RetryStrategy
-from .session import LockSession, SessionFactory, WaitingSession
+from .options import LockArguments, without_deprecated
+from .session import LockSession, WaitingSession
 
 __all__ = ["DEFAULT_RESCAN_S", "HANDOVER_RESCANS", "Semaphore", "SlotKeyring"]
 
@@ -154,18 +153,12 @@ class Semaphore(LeaderLock):
             [guide](../guides/semaphores.md). Unused with ``slots=1``, which waits on the
             server, and with ``follower_mode="poll"``, which tries every slot once per
             retry delay.
-        retry_strategy: as for `LeaderLock`.
-        health_interval_s: as for `LeaderLock`.
-        reconnect_grace_s: as for `LeaderLock`.
-        auto_reacquire: as for `LeaderLock`.
-        shutdown_event: as for `LeaderLock`.
-        connect_fn: as for `LeaderLock`.
-        options: as for `LeaderLock` ([`LockOptions`][pgleaderlock.LockOptions]: timing,
-            fencing, session...); its [`Participation`][pgleaderlock.Participation] may
-            not set ``metadata``, ``priority`` or ``eligible`` (they are about one
-            lock's leader).
-        **deprecated: the flat keywords of 0.1, as for `LeaderLock`, with a
-            ``DeprecationWarning``.
+        **arguments: `LeaderLock`'s keyword arguments (``retry_strategy``,
+            ``health_interval_s``, ``reconnect_grace_s``, ``auto_reacquire``,
+            ``shutdown_event``, ``connect_fn``, ``options``, and the flat keywords of
+            0.1, with a ``DeprecationWarning``), with its defaults. Its ``options``'
+            [`Participation`][pgleaderlock.Participation] may not set ``metadata``,
+            ``priority`` or ``eligible`` (they are about one lock's leader).
 
     Raises:
         ConfigurationError: a bad name, ``slots`` or ``rescan_s``, or as `LeaderLock`.
@@ -178,34 +171,15 @@ class Semaphore(LeaderLock):
         *,
         slots: int,
         rescan_s: float = DEFAULT_RESCAN_S,
-        retry_strategy: RetryStrategy | None = None,
-        health_interval_s: float = 5.0,
-        reconnect_grace_s: float | None = None,
-        auto_reacquire: bool = True,
-        shutdown_event: asyncio.Event | None = None,
-        connect_fn: SessionFactory | None = None,
-        options: LockOptions | None = None,
-        **deprecated: Unpack[DeprecatedOptions],
+        **arguments: Unpack[LockArguments],
     ) -> None:
         rescan_s = positive("rescan_s", rescan_s)
         for taken in ("key1", "key2", "name"):
-            if taken in deprecated:
+            if taken in arguments:
                 raise ConfigurationError(f"a Semaphore's {taken} comes from its name")
-        if deprecated:
-            options = merge_deprecated(options, deprecated, owner="Semaphore")
+        arguments = without_deprecated(arguments, owner="Semaphore")
         self._ring = SlotKeyring(slot_keys(name, slots), rescan_s)
-        super().__init__(
-            dsn,
-            *lock_keys(name),
-            retry_strategy=retry_strategy,
-            health_interval_s=health_interval_s,
-            reconnect_grace_s=reconnect_grace_s,
-            auto_reacquire=auto_reacquire,
-            shutdown_event=shutdown_event,
-            connect_fn=connect_fn,
-            name=name,
-            options=options,
-        )
+        super().__init__(dsn, *lock_keys(name), name=name, **arguments)
         self._log_fields["slots"] = slots
 
     def _keyring(self) -> Keyring:
@@ -219,31 +193,11 @@ class Semaphore(LeaderLock):
         *,
         slots: int,
         rescan_s: float = DEFAULT_RESCAN_S,
-        retry_strategy: RetryStrategy | None = None,
-        health_interval_s: float = 5.0,
-        reconnect_grace_s: float | None = None,
-        auto_reacquire: bool = True,
-        shutdown_event: asyncio.Event | None = None,
-        connect_fn: SessionFactory | None = None,
-        options: LockOptions | None = None,
-        **deprecated: Unpack[DeprecatedOptions],
+        **arguments: Unpack[LockArguments],
     ) -> Self:
         """``Semaphore(dsn, name, slots=..., ...)``: the same arguments."""
-        if deprecated:
-            options = merge_deprecated(options, deprecated, owner="Semaphore.from_name")
-        return cls(
-            dsn,
-            name,
-            slots=slots,
-            rescan_s=rescan_s,
-            retry_strategy=retry_strategy,
-            health_interval_s=health_interval_s,
-            reconnect_grace_s=reconnect_grace_s,
-            auto_reacquire=auto_reacquire,
-            shutdown_event=shutdown_event,
-            connect_fn=connect_fn,
-            options=options,
-        )
+        arguments = without_deprecated(arguments, owner="Semaphore.from_name")
+        return cls(dsn, name, slots=slots, rescan_s=rescan_s, **arguments)
 
     @property
     def slots(self) -> int:

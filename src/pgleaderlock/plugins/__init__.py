@@ -17,4 +17,24 @@ optional dependency:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
 __all__: list[str] = []
+
+T = TypeVar("T")
+
+
+def shared_plugin(module: str, make: Callable[[], T]) -> Callable[[str], T]:
+    """A plugin module's ``__getattr__``: its ``plugin`` is one instance made by ``make``
+    on first use, for the ``pgleaderlock.plugins`` entry-point group
+    (``"<module>:plugin"``)."""
+    made = functools.cache(make)
+
+    def __getattr__(name: str) -> T:
+        if name == "plugin":
+            return made()
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

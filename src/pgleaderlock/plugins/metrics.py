@@ -63,6 +63,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise missing_extra(__name__, "prometheus_client", "metrics", exc) from exc
 
 from ..lowlevel import LockState, hookimpl
+from . import shared_plugin
 
 if TYPE_CHECKING:
     from ..lowlevel import LeaderLock
@@ -322,22 +323,12 @@ class MetricsPlugin:
         self._collector.update(lock, change)
 
 
-_default_plugin: MetricsPlugin | None = None
-
-
-def __getattr__(name: str) -> MetricsPlugin:
-    """``plugin``: a shared [`MetricsPlugin`][pgleaderlock.plugins.metrics.MetricsPlugin] on
-    the default registry, created on first use, for the ``pgleaderlock.plugins`` entry-point
-    group:
-
-    ```toml
-    [project.entry-points."pgleaderlock.plugins"]
-    metrics = "pgleaderlock.plugins.metrics:plugin"
-    ```
-    """
-    global _default_plugin
-    if name == "plugin":
-        if _default_plugin is None:
-            _default_plugin = MetricsPlugin()
-        return _default_plugin
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``plugin``: a shared [`MetricsPlugin`][pgleaderlock.plugins.metrics.MetricsPlugin] on
+# the default registry, created on first use, for the ``pgleaderlock.plugins`` entry-point
+# group:
+#
+# ```toml
+# [project.entry-points."pgleaderlock.plugins"]
+# metrics = "pgleaderlock.plugins.metrics:plugin"
+# ```
+__getattr__ = shared_plugin(__name__, MetricsPlugin)

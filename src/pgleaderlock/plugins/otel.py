@@ -103,6 +103,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 
 from .. import __version__
 from ..lowlevel import LockState, describe, hookimpl
+from . import shared_plugin
 
 if TYPE_CHECKING:
     from ..lowlevel import LeaderLock
@@ -180,24 +181,18 @@ class OpenTelemetryPlugin:
             unit="s",
             description="Leaderless time after a voluntary release, as this process sees it.",
         )
-        meter.create_observable_gauge(
-            "pgleaderlock.leader",
-            callbacks=[self._observe_leaders],
-            unit="{lock}",
-            description="Locks of the label that are LEADER in this process.",
-        )
-        meter.create_observable_gauge(
-            "pgleaderlock.leadership.confirmation.age",
-            callbacks=[self._observe_confirmation_age],
-            unit="s",
-            description="Seconds since the leadership was last confirmed (leaders only).",
-        )
-        meter.create_observable_gauge(
-            "pgleaderlock.lifecycle.stall",
-            callbacks=[self._observe_stall],
-            unit="s",
-            description="How far the lock's lifecycle task is behind its own schedule.",
-        )
+        gauges = (
+            ("pgleaderlock.leader", self._observe_leaders, "{lock}",
+             "Locks of the label that are LEADER in this process."),
+            ("pgleaderlock.leadership.confirmation.age", self._observe_confirmation_age, "s",
+             "Seconds since the leadership was last confirmed (leaders only)."),
+            ("pgleaderlock.lifecycle.stall", self._observe_stall, "s",
+             "How far the lock's lifecycle task is behind its own schedule."),
+        )  # fmt: skip
+        for name, observe, unit, description in gauges:
+            meter.create_observable_gauge(
+                name, callbacks=[observe], unit=unit, description=description
+            )
 
     # ------------------------------------------------------------------ for users
 
@@ -367,22 +362,12 @@ def _error_attributes(error: BaseException) -> dict[str, str]:
     return {"exception.type": type(error).__name__, "exception.message": describe(error)}
 
 
-_default_plugin: OpenTelemetryPlugin | None = None
-
-
-def __getattr__(name: str) -> OpenTelemetryPlugin:
-    """``plugin``: a shared [`OpenTelemetryPlugin`][pgleaderlock.plugins.otel.OpenTelemetryPlugin]
-    on the global providers, created on first use, for the ``pgleaderlock.plugins``
-    entry-point group:
-
-    ```toml
-    [project.entry-points."pgleaderlock.plugins"]
-    otel = "pgleaderlock.plugins.otel:plugin"
-    ```
-    """
-    global _default_plugin
-    if name == "plugin":
-        if _default_plugin is None:
-            _default_plugin = OpenTelemetryPlugin()
-        return _default_plugin
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``plugin``: a shared [`OpenTelemetryPlugin`][pgleaderlock.plugins.otel.OpenTelemetryPlugin]
+# on the global providers, created on first use, for the ``pgleaderlock.plugins``
+# entry-point group:
+#
+# ```toml
+# [project.entry-points."pgleaderlock.plugins"]
+# otel = "pgleaderlock.plugins.otel:plugin"
+# ```
+__getattr__ = shared_plugin(__name__, OpenTelemetryPlugin)

@@ -7,24 +7,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Unpack
 
 from ..lowlevel import (
     ConfigurationError,
-    ConnectionError,
     Event,
     FencedError,
     LeaderLock,
     PgLeaderLockError,
-    QuerySession,
     RetryContext,
-    SessionSlot,
     callback_plugin,
-    can,
     check_identifier,
     delay_or_give_up,
     fence_transaction,
@@ -33,9 +27,9 @@ from ..lowlevel import (
     lock_settings,
     not_negative,
     positive,
-    run_on_session,
 )
 from ..tasks import LeaderTasks
+from .book import MAX_RECORDED_MISSES, SlotBook
 from .job import Job, JobFunction, Run, check_job_name
 from .ledger import Ledger, RunTable, ScheduleTable
 from .policy import CatchUp, Interrupted, Policy, PolicyKeywords, policy_from
@@ -55,11 +49,6 @@ __all__ = [
 log = get_logger("pgleaderlock.schedule")
 
 F = TypeVar("F", bound=JobFunction)
-
-MAX_RECORDED_MISSES = 1000
-"""At most this many missed slots are recorded per look; older ones are counted in the
-log line only."""
-_EARLY_RETRIES = 50
 
 
 class RunFailed(PgLeaderLockError):
@@ -159,13 +148,19 @@ class Scheduler:
             terms,
         )
         self._lock = lock
-        self._keep = dt.timedelta(seconds=positive("keep_runs_s", keep_runs_s))
-        self._timeout_s = (
-            config.command_timeout_s
-            if call_timeout_s is None
-            else positive("call_timeout_s", call_timeout_s)
+        self.clock = ServerClock()
+        """The server's time as this process estimates it."""
+        self._book = SlotBook(
+            lock,
+            self._ledger,
+            self.clock,
+            dt.timedelta(seconds=positive("keep_runs_s", keep_runs_s)),
+            (
+                config.command_timeout_s
+                if call_timeout_s is None
+                else positive("call_timeout_s", call_timeout_s)
+            ),
         )
-        self._holder = f"{socket.gethostname()}:{os.getpid()}"
         self._jobs: dict[str, Job] = {}
         self._tasks = LeaderTasks(lock)
         self._drained = asyncio.Event()  # set when the lock drains: no new slot starts
@@ -176,8 +171,6 @@ class Scheduler:
         self._warned = False  # that the jobs wait for start() while the lock leads
         self._started = False
         self._stop_error: PgLeaderLockError | None = None
-        self.clock = ServerClock()
-        """The server's time as this process estimates it."""
 
     # ------------------------------------------------------------------ registration
 
@@ -382,12 +375,12 @@ class Scheduler:
         if term is None:
             return []
         name = self.schedule_name(job.name)
-        cursor, reruns = await self._begin(job, name, term)
+        cursor, reruns = await self._book.begin(job, name, term)
         todo = [(slot, True) for slot in reruns]
         grace = dt.timedelta(seconds=job.policy.misfire_grace_s)
         stale = min(utc(through), self.clock.now() - grace)
         if stale > cursor:
-            ran, cursor = await self._choose(job, name, cursor, stale, term)
+            ran, cursor = await self._book.choose(job, name, cursor, stale, term)
             todo.extend((slot, False) for slot in ran)
         fresh, _ = job.timing.newest(cursor, utc(through), MAX_RECORDED_MISSES)
         todo.extend((slot, False) for slot in fresh)
@@ -413,7 +406,7 @@ class Scheduler:
         if term is None:
             return None
         name = self.schedule_name(job.name)
-        claimed = await self._claim(job, name, utc(slot), term, rerun)
+        claimed = await self._book.claim(job, name, utc(slot), term, rerun)
         if claimed is None:
             return None
         return Run(self, name, utc(slot), term, *claimed)
@@ -438,7 +431,7 @@ class Scheduler:
             )
             detail = shown[:1000]
         values = (run.schedule, run.slot, run.term, "failed" if error else outcome, detail)
-        await self._query(self._ledger.finish, values)
+        await self._book.query(self._ledger.finish, values)
 
     # ------------------------------------------------------------------ the leader's loop
 
@@ -483,7 +476,7 @@ class Scheduler:
             return  # the leadership ended before this task ran
         self._drained.clear()
         name = self.schedule_name(job.name)
-        cursor, reruns = await self._begin(job, name, term)
+        cursor, reruns = await self._book.begin(job, name, term)
         for slot in reruns:
             await self._run(job, name, slot, term, rerun=True)
         while not lock.draining:
@@ -492,7 +485,7 @@ class Scheduler:
             late_by = (now - due).total_seconds()
             if late_by > job.policy.misfire_grace_s:
                 through = now - dt.timedelta(seconds=job.policy.misfire_grace_s)
-                ran, cursor = await self._choose(job, name, cursor, through, term)
+                ran, cursor = await self._book.choose(job, name, cursor, through, term)
                 for slot in ran:
                     await self._run(job, name, slot, term)
                 continue
@@ -504,54 +497,11 @@ class Scheduler:
             await self._run(job, name, due, term)
             cursor = due
 
-    async def _begin(self, job: Job, name: str, term: int) -> tuple[dt.datetime, list[dt.datetime]]:
-        """A leadership begins for ``job``: register its schedule (pruning old rows) and
-        apply its ``interrupted`` policy to the slots an older term left ``running``.
-        Returns the cursor (the newest slot with a row, or since when the schedule
-        exists) and the slots to run again."""
-        values = (name, job.timing.spec, self.clock.now() - self._keep)
-        since, newest, _ = (await self._query(self._ledger.register, values, 2))[0]
-        cursor = utc(since) if newest is None else max(utc(since), utc(newest))
-        rows = await self._query(self._ledger.interrupted, (name, term))
-        slots = [utc(row[0]) for row in rows]
-        if not slots:
-            return cursor, []
-        if job.policy.interrupted == "rerun":
-            self._log("warning", "runs_rerun", schedule=name, slots=len(slots),
-                      first=slots[0].isoformat())  # fmt: skip
-            return cursor, slots
-        lost = await self._query(self._ledger.lose, (name, slots, term, *self._lock.keys))
-        self._log("warning", "runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
-                  first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
-        return cursor, []
-
-    async def _choose(
-        self, job: Job, name: str, cursor: dt.datetime, through: dt.datetime, term: int
-    ) -> tuple[list[dt.datetime], dt.datetime]:
-        """The slots in ``(cursor, through]`` fell due while nobody ran them: record
-        those the catch-up policy skips as missed. Returns the slots to run (oldest
-        first) and the new cursor."""
-        keep = {"none": 0, "latest": 1, "all": job.policy.max_catch_up}[job.policy.catch_up]
-        slots, older = job.timing.newest(cursor, through, max(MAX_RECORDED_MISSES, keep))
-        if not slots:
-            return [], through
-        ran = slots[len(slots) - keep :] if keep else []
-        missed = slots[: len(slots) - len(ran)]
-        if missed:
-            values = (name, missed, term, *self._lock.keys, self._holder)
-            recorded, held = (await self._query(self._ledger.miss, values))[0]
-            if not held:
-                raise FencedError(f"{name}: the fencing term moved on from {term}")
-            self._log("warning", "slots_missed", schedule=name, missed=len(missed) + older,
-                      recorded=recorded, first=missed[0].isoformat(),
-                      last=missed[-1].isoformat(), catch_up=job.policy.catch_up)  # fmt: skip
-        return ran, slots[-1]
-
     async def _run(
         self, job: Job, name: str, slot: dt.datetime, term: int, *, rerun: bool = False
     ) -> None:
         """Claim ``slot``, then run the job for it and record how it ended."""
-        claimed = await self._claim(job, name, slot, term, rerun)
+        claimed = await self._book.claim(job, name, slot, term, rerun)
         if claimed is None:
             return
         attempt, started = claimed
@@ -572,78 +522,6 @@ class Scheduler:
             self._log("error", "job_failed", schedule=name, slot=slot.isoformat(), term=term,
                       error=f"{type(exc).__name__}: {exc}", exc=trace)  # fmt: skip
         await self.finish(run, error=error, outcome=job.outcome)
-
-    async def _claim(
-        self, job: Job, name: str, slot: dt.datetime, term: int, rerun: bool
-    ) -> tuple[int, dt.datetime] | None:
-        """The slot's row, written under ``term``: (attempt, the server's time), or
-        ``None`` when the slot has a row already. Waits while the server's clock has
-        not reached the slot (this process's estimate ran ahead)."""
-        upcoming = job.timing.after(slot)
-        values = (name, slot, term, *self._lock.keys, self._holder, rerun, upcoming, "running")
-        for _ in range(_EARLY_RETRIES):
-            server_now, attempt, held = (await self._query(self._ledger.claim, values, 0))[0]
-            if not held:
-                raise FencedError(f"{name}: the fencing term moved on from {term}")
-            if attempt is not None:
-                started = utc(server_now)
-                if log.enabled("debug"):  # on every slot: build the record only if it is seen
-                    late_s = round((started - slot).total_seconds(), 4)
-                    self._log("debug", "slot_claimed", schedule=name, slot=slot.isoformat(),
-                              term=term, late_s=late_s)  # fmt: skip
-                return int(attempt), started
-            early = (slot - utc(server_now)).total_seconds()
-            if early <= 0:
-                self._log("info", "slot_taken", schedule=name, slot=slot.isoformat(), term=term)
-                return None
-            await asyncio.sleep(early)
-        raise ConnectionError(f"{name}: the server's clock never reached {slot.isoformat()}")
-
-    async def _query(
-        self, template: str, values: tuple[object, ...], clock: int | None = None
-    ) -> list[tuple[Any, ...]]:
-        """A ledger statement on the session that holds the lock, bounded. A lost
-        connection (or a timeout) is the session's and loses the leadership; any other
-        error is the statement's (a refused table: another role's, or missing
-        privileges) and is raised here without touching the leadership.
-        ``clock``: the column with the server's time, for the clock's estimate."""
-        ledger = self._ledger
-
-        async def call(slot: SessionSlot) -> list[tuple[Any, ...]] | Exception:
-            session = slot.session
-            if not can(session, QuerySession):
-                return ConfigurationError(
-                    f"a Scheduler needs sessions that run the ledger's statements; "
-                    f"{session!r} cannot (a third-party backend without QuerySession)"
-                )
-            try:
-                await slot.prepare(ledger.runs)
-                await slot.prepare(ledger.schedules)
-            except ConfigurationError as exc:
-                return exc
-            query: QuerySession = session  # type: ignore[assignment]
-            try:
-                return await slot.with_table(ledger.runs, lambda: query.query(template, values))
-            except ConnectionError:
-                raise  # the session's: the leadership goes with it
-            except Exception as exc:
-                return exc  # the statement's: the probes judge the session
-
-        sent = time.time()
-        pending = asyncio.ensure_future(run_on_session(self._lock, call, self._timeout_s))
-        try:
-            result = await asyncio.shield(pending)
-        except asyncio.CancelledError:
-            # A statement in flight finishes first (bounded by its timeout): cut short, it
-            # would cost the session, and a shutdown would find it gone.
-            with contextlib.suppress(Exception):
-                await pending
-            raise
-        if isinstance(result, Exception):
-            raise result
-        if clock is not None and result:
-            self.clock.observe(result[0][clock], sent, time.time())
-        return result
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
         getattr(log, level)(event, lock=self._lock.label, **fields)

@@ -33,51 +33,19 @@ schema (`unreadable`).
 
 from __future__ import annotations
 
+from . import models
 from .connection import APPLICATION_NAME, ServerInfo, bounded, connect, open_connection, server_info
 from .group import Key, checkpoint_names, group_report
 from .ledger import schedule_report
-from .models import (
-    AdvisoryLock,
-    AllLocksReport,
-    GroupReport,
-    LockName,
-    LockReport,
-    Member,
-    MemberSession,
-    NameLeader,
-    ParticipantRow,
-    Run,
-    ScheduleItem,
-    ScheduleReport,
-    Session,
-    TableRead,
-    Trust,
-    Waiter,
-)
+from .models import *  # noqa: F403
 from .participants import add_participants
 from .sessions import all_locks_report, lock_report, name_for
 from .tables import unreadable
 
 __all__ = [
     "APPLICATION_NAME",
-    "AdvisoryLock",
-    "AllLocksReport",
-    "GroupReport",
     "Key",
-    "LockName",
-    "LockReport",
-    "Member",
-    "MemberSession",
-    "NameLeader",
-    "ParticipantRow",
-    "Run",
-    "ScheduleItem",
-    "ScheduleReport",
     "ServerInfo",
-    "Session",
-    "TableRead",
-    "Trust",
-    "Waiter",
     "add_participants",
     "all_locks_report",
     "bounded",
@@ -91,3 +59,4 @@ __all__ = [
     "server_info",
     "unreadable",
 ]
+__all__ += models.__all__

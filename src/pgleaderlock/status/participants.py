@@ -66,7 +66,7 @@ def _read_participants(
     by_pid: dict[int, ParticipantRow] = {}
     for values in rows:
         pid, application_name, usename, trusted = values[:4]
-        found = published(values[4 : 4 + PUBLISHED_FIELDS])
+        found, problems = published(keys, values)
         if found.identity is None:
             continue  # not to be read (see ``problems``)
         eligible, leading, waiting = values[4 + PUBLISHED_FIELDS :]
@@ -75,7 +75,7 @@ def _read_participants(
             "identity": found.identity, "name": found.name, "priority": found.priority,
             "metadata": found.metadata, "since": found.since, "term": found.term,
             "eligible": eligible, "leading": leading, "waiting": waiting,
-            "trusted": bool(trusted), "skipped": list(found.problems),
+            "trusted": bool(trusted), "skipped": list(problems),
         }  # fmt: skip
         report["participants"].append(entry)
         if not trusted:

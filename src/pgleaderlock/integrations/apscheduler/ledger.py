@@ -12,7 +12,7 @@ import dataclasses
 import datetime as dt
 import functools
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -128,6 +128,27 @@ long, the server's clock included)."""
 _NOT_CLAIMED = (ConnectionError, FencedError)
 """What a claim raises when the lock does not (or no longer) lead: the run is skipped."""
 
+_Make = Callable[[], Coroutine[Any, Any, "Run | None"]]
+"""A claim, to make on the lock's loop."""
+
+
+def _caught(call: Callable[[_Make], Run | None], make: _Make) -> Run | Exception | None:
+    """``call(make)``, or the exception of a claim made when the lock does not lead."""
+    try:
+        return call(make)
+    except _NOT_CLAIMED as exc:
+        return exc
+
+
+async def _acaught(
+    acall: Callable[[_Make], Awaitable[Run | None]], make: _Make
+) -> Run | Exception | None:
+    """`_caught`, from a coroutine."""
+    try:
+        return await acall(make)
+    except _NOT_CLAIMED as exc:
+        return exc
+
 
 @dataclass(frozen=True)
 class _Due:
@@ -171,39 +192,36 @@ class _SlotJob:
             return None
         return due
 
-    def _not_claimed(self, due: _Due, exc: Exception) -> None:
-        log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
-                 reason="not leader", detail=str(exc), lock=self._ledger.lock.label)  # fmt: skip
-
-    def _claim(self, due: _Due) -> Callable[[], Coroutine[Any, Any, Run | None]]:
+    def _claim(self, due: _Due) -> _Make:
         """The claim of ``due``'s slot, to make on the lock's loop."""
         spec, schedule = self._spec, self._ledger.schedule
         assert spec is not None  # a refused job has no run times
         return lambda: schedule.claim(spec, _slot(due.at), rerun=due.rerun)
 
-    def _context(self, run: Run | None, due: _Due) -> contextvars.Context | None:
-        """The context the claimed ``run`` runs in, bound to its leadership; ``None``
-        (logged) when the slot was claimed already."""
-        if run is None:
-            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
-                     reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
+    def _started(
+        self, due: _Due, claimed: Run | Exception | None
+    ) -> tuple[Run, contextvars.Context] | None:
+        """The claimed run and the context it runs in, bound to its leadership; ``None``
+        (logged) when the lock does not lead (``claimed``: what the claim raised) or the
+        slot was claimed already."""
+        if claimed is None or isinstance(claimed, Exception):
+            reason = "slot already claimed" if claimed is None else "not leader"
+            detail: dict[str, Any] = {} if claimed is None else {"detail": str(claimed)}
+            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(), reason=reason,
+                     **detail, lock=self._ledger.lock.label)  # fmt: skip
             return None
-        context = _run_context(run.term, None, self._ledger.lock.leadership(term=run.term))
-        context.run(_RUN.set, run)
-        return context
+        context = _run_context(claimed.term, None, self._ledger.lock.leadership(term=claimed.term))
+        context.run(_RUN.set, claimed)
+        return claimed, context
 
     def _run_sync(self) -> Any:
         due = self._next()
         if due is None:
             return None
-        try:
-            run = self._ledger.call(self._claim(due))
-        except _NOT_CLAIMED as exc:
-            self._not_claimed(due, exc)
+        started = self._started(due, _caught(self._ledger.call, self._claim(due)))
+        if started is None:
             return None
-        context = self._context(run, due)
-        if run is None or context is None:
-            return None
+        run, context = started
         job = self._job
         try:
             result = context.run(job.func, *job.args, **job.kwargs)
@@ -217,14 +235,10 @@ class _SlotJob:
         due = self._next()
         if due is None:
             return None
-        try:
-            run = await self._ledger.acall(self._claim(due))
-        except _NOT_CLAIMED as exc:
-            self._not_claimed(due, exc)
+        started = self._started(due, await _acaught(self._ledger.acall, self._claim(due)))
+        if started is None:
             return None
-        context = self._context(run, due)
-        if run is None or context is None:
-            return None
+        run, context = started
         job = self._job
         task = asyncio.get_running_loop().create_task(
             job.func(*job.args, **job.kwargs), context=context

@@ -104,6 +104,16 @@ class Settings:
             raise ImproperlyConfigured(f"{SETTING}['LEDGER']: {exc}") from None
 
 
+def _keyed(value: object, keys: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    """``value``, a dict of the ``keys`` only (``where`` names it in the error)."""
+    if not isinstance(value, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in keys)
+    if unknown:
+        raise ImproperlyConfigured(f"{where} has unknown keys {unknown}; the keys are {list(keys)}")
+    return value
+
+
 def load() -> Settings:
     """``settings.PGLEADERLOCK``, checked (an absent setting is all defaults).
 
@@ -115,13 +125,7 @@ def load() -> Settings:
     raw = getattr(django_settings, SETTING, None)
     if raw is None:
         raw = {}
-    if not isinstance(raw, Mapping):
-        raise ImproperlyConfigured(f"{SETTING} must be a dict, got {type(raw).__name__}")
-    unknown = sorted(str(k) for k in raw if k not in _KEYS)
-    if unknown:
-        raise ImproperlyConfigured(
-            f"{SETTING} has unknown keys {unknown}; the keys are {list(_KEYS)}"
-        )
+    raw = _keyed(raw, _KEYS, SETTING)
     database = raw.get("DATABASE", "default")
     if not isinstance(database, str) or not database:
         raise ImproperlyConfigured(
@@ -129,14 +133,7 @@ def load() -> Settings:
         )
     options = _options(raw.get("OPTIONS", {}))
     locks = _locks(raw.get("LOCKS", ()))
-    ledger = raw.get("LEDGER", {})
-    if not isinstance(ledger, Mapping):
-        raise ImproperlyConfigured(f"{SETTING}['LEDGER'] must be a dict, got {ledger!r}")
-    unknown = sorted(str(k) for k in ledger if k not in _LEDGER_KEYS)
-    if unknown:
-        raise ImproperlyConfigured(
-            f"{SETTING}['LEDGER'] has unknown keys {unknown}; the keys are {list(_LEDGER_KEYS)}"
-        )
+    ledger = _keyed(raw.get("LEDGER", {}), _LEDGER_KEYS, f"{SETTING}['LEDGER']")
     result = Settings(
         database=database,
         options=options,

@@ -39,14 +39,18 @@ def status_router(
             response.status_code = code
         return current
 
-    router.get(
-        path,
-        response_model=model,
-        tags=route_tags,
-        include_in_schema=include_in_schema,
-        name=f"{kind}_status",
-        summary=f"This replica's {'leadership' if kind == 'leader' else 'view of its group'}",
-    )(status_route)
+    def route(at: str, name: str, summary: str, answer: Callable[[Response], Any]) -> None:
+        router.get(
+            at,
+            response_model=model,
+            tags=route_tags,
+            include_in_schema=include_in_schema,
+            name=f"{kind}_{name}",
+            summary=summary,
+        )(answer)
+
+    whose = "leadership" if kind == "leader" else "view of its group"
+    route(path, "status", f"This replica's {whose}", status_route)
 
     if ready_path is not None:
 
@@ -57,12 +61,5 @@ def status_router(
             return current
 
         what = "lock takes part in the election" if kind == "leader" else "coordinator runs"
-        router.get(
-            path.rstrip("/") + ready_path,
-            response_model=model,
-            tags=route_tags,
-            include_in_schema=include_in_schema,
-            name=f"{kind}_ready",
-            summary=f"Whether this replica's {what}",
-        )(ready_route)
+        route(path.rstrip("/") + ready_path, "ready", f"Whether this replica's {what}", ready_route)
     return router
