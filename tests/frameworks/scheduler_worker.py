@@ -30,8 +30,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from psycopg import sql
 
-from pgleaderlock import LeaderLock, ThreadedLeaderLock
+from pgleaderlock import Fencing, LeaderLock, LockOptions, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler, current_run, leader_only
+from support.timings import lock_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands, watch_stdin
@@ -120,7 +121,12 @@ def add_job(scheduler: Any, lock: Any, recorder: Recorder, args: argparse.Namesp
 
 
 async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
-    lock = LeaderLock.from_name(args.lock_name, dsn=dsn, fencing=args.ledger, **LOCK_TIMINGS)
+    lock = LeaderLock.from_name(
+        args.lock_name,
+        **lock_args(
+            LOCK_TIMINGS, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=args.ledger))
+        ),
+    )
     recorder = Recorder(args, dsn)
     scheduler = AsyncIOScheduler()
     add_job(scheduler, lock, recorder, args)
@@ -138,7 +144,12 @@ async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
 
 def run_background(args: argparse.Namespace, dsn: str) -> None:
     lock = ThreadedLeaderLock(
-        LeaderLock.from_name(args.lock_name, dsn=dsn, fencing=args.ledger, **LOCK_TIMINGS)
+        LeaderLock.from_name(
+            args.lock_name,
+            **lock_args(
+                LOCK_TIMINGS, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=args.ledger))
+            ),
+        )
     )
     recorder = Recorder(args, dsn)
     scheduler = BackgroundScheduler()
