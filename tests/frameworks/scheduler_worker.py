@@ -32,11 +32,10 @@ from psycopg import sql
 
 from pgleaderlock import Fencing, LeaderLock, LockOptions, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler, current_run, leader_only
-from support.timings import lock_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands, watch_stdin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 LOCK_TIMINGS: dict[str, Any] = timings(
     retry_s=0.2, health_interval_s=0.5, connect_timeout_s=5.0, command_timeout_s=5.0
