@@ -819,7 +819,7 @@ async def test_start_raises_a_permanent_error_promptly(
     raises them, without waiting out the connection budget."""
     key, value = query.split("=")
     dsn = make_conninfo(pg_dsn, **{key: value})
-    coord = Coordinator(dsn, **lock_args(FAST, group=group, sessions=mode))  # type: ignore[arg-type]
+    coord = Coordinator(dsn, **lock_args(FAST, group=group, sessions=mode))
     coord.add(unique("x"), _noop)
     started = time.monotonic()
     try:
@@ -885,7 +885,7 @@ async def test_a_lock_in_another_database_does_not_count(
     plain = LeaderLock.from_name(
         x, other_dsn, **lock_args({k: v for k, v in FAST.items() if "balance" not in k})
     )
-    coord = Coordinator(dsn, **lock_args(FAST, group=unique("g"), sessions=mode))  # type: ignore[arg-type]
+    coord = Coordinator(dsn, **lock_args(FAST, group=unique("g"), sessions=mode))
     w = Workers()
     coord.add(x, w.forever)
     try:
