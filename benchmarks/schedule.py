@@ -33,6 +33,7 @@ import sys
 import textwrap
 import time
 import uuid
+from typing import Any
 
 import psycopg
 from _common import database, fmt_ms, interrupt_on_signals, markdown_table, summarize
@@ -40,7 +41,7 @@ from _common import database, fmt_ms, interrupt_on_signals, markdown_table, summ
 from pgleaderlock import Fencing, FixedInterval, LeaderLock, LockOptions
 from pgleaderlock.schedule import Every, Run, Scheduler, SlotGuard
 
-FAST = {
+FAST: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.05),
     "health_interval_s": 1.0,
     "options": LockOptions(fencing=Fencing(enabled=True), load_plugins=False),
