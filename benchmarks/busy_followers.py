@@ -62,7 +62,7 @@ from _common import (
     summarize,
 )
 
-from pgleaderlock import LeaderLock
+from pgleaderlock import LeaderLock, LockOptions
 from pgleaderlock.core import config as lock_config
 from pgleaderlock.core import slot as lock_slot
 from pgleaderlock.testing.postgres import ThrowawayPostgres
@@ -94,7 +94,9 @@ async def candidate(dsn: str, names: list[str], seconds: float, hold_s: float) -
     counts = {"acquired": 0, "lost": 0, "not_claimed": 0, "errors": 0}
     errors: list[str] = []
     lateness: list[float] = []
-    locks = [LeaderLock.from_name(name, dsn, load_plugins=False) for name in names]
+    locks = [
+        LeaderLock.from_name(name, dsn, options=LockOptions(load_plugins=False)) for name in names
+    ]
     holds: set[asyncio.Task[None]] = set()
 
     async def hold(lock: LeaderLock) -> None:

@@ -78,7 +78,7 @@ from _common import (
     server_info,
 )
 
-from pgleaderlock import Coordinator, LeaderLock, WorkerContext, lock_keys
+from pgleaderlock import Coordinator, LeaderLock, LockOptions, Session, WorkerContext, lock_keys
 
 T = TypeVar("T")
 
@@ -186,7 +186,11 @@ async def replica_plain(cfg: dict[str, Any], out: Out, commands: asyncio.Queue[s
     dsn = os.environ[DSN_ENV]
     locks: dict[int, LeaderLock] = {}
     for i in range(cfg["n"]):
-        lock = LeaderLock.from_name(name_of(cfg["prefix"], i), dsn, application_name=cfg["app"])
+        lock = LeaderLock.from_name(
+            name_of(cfg["prefix"], i),
+            dsn,
+            options=LockOptions(session=Session(application_name=cfg["app"])),
+        )
         lock.on_acquired(lambda i=i: out.change(i, +1))
         lock.on_lost(lambda i=i: out.change(i, -1))
         lock.on_released(lambda i=i: out.change(i, -1))

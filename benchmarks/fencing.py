@@ -63,7 +63,7 @@ from _common import (
     summarize,
 )
 
-from pgleaderlock import LeaderLock, lock_keys
+from pgleaderlock import Fencing, LeaderLock, LockOptions, lock_keys
 from pgleaderlock.backends.base import (
     bump_term_statement,
     create_terms_statement,
@@ -172,7 +172,9 @@ async def measure_cost(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"\n== fence() per transaction: {args.transactions} of each variant per driver")
     counter, log = await _tables(dsn)
     terms = unique("bench_terms")
-    lock = LeaderLock.from_name(unique("bench-fence"), dsn, fencing=True, fencing_table=terms)
+    lock = LeaderLock.from_name(
+        unique("bench-fence"), dsn, options=LockOptions(fencing=Fencing(enabled=True, table=terms))
+    )
     results: dict[str, Any] = {}
     rows = []
     try:

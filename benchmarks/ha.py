@@ -64,7 +64,16 @@ from _common import (
     summarize,
 )
 
-from pgleaderlock import ExponentialBackoff, FixedInterval, LeaderLock, LockState, RetryStrategy
+from pgleaderlock import (
+    ExponentialBackoff,
+    FixedInterval,
+    LeaderLock,
+    LockOptions,
+    LockState,
+    RetryStrategy,
+    Session,
+    Timing,
+)
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.blackhole import BlackHole
 from support.proxy import TcpProxy
@@ -95,8 +104,11 @@ class Sample:
 class Candidate:
     """An in-process lock and when its events happened."""
 
-    def __init__(self, name: str, dsn: str, backend: str, **kwargs: Any) -> None:
-        self.lock = LeaderLock(dsn, *KEYS, name=name, backend=backend, **kwargs)
+    def __init__(
+        self, name: str, dsn: str, backend: str, timing: Timing | None = None, **kwargs: Any
+    ) -> None:
+        options = LockOptions(timing=timing or Timing(), session=Session(backend=backend))
+        self.lock = LeaderLock(dsn, *KEYS, name=name, options=options, **kwargs)
         self.acquired: list[float] = []
         self.demoted: list[float] = []  # left LEADER: is_leader turned False
         self.lost: list[float] = []
@@ -232,7 +244,8 @@ async def trial_dead_first_host(
 ) -> dict[str, float]:
     timeout_s = float(variant.removeprefix("connect_timeout_s="))
     with BlackHole() as hole:
-        candidate = Candidate("c", multi_host_dsn(hole, pg), backend, connect_timeout_s=timeout_s)
+        timing = Timing(connect_timeout_s=timeout_s)
+        candidate = Candidate("c", multi_host_dsn(hole, pg), backend, timing)
         began = time.monotonic()
         try:
             await candidate.lock.start()

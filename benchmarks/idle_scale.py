@@ -93,6 +93,8 @@ from _common import (
     server_info,
 )
 
+from pgleaderlock import LockOptions, Session
+
 HERE = Path(__file__).resolve().parent
 HEALTH_INTERVAL_S = 5.0  # the library's default: probes expected = N * window / this
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -154,7 +156,8 @@ class LibraryFleet:
         self.lost = self.demotions = self.acquired = 0
         self.errors = collections.Counter[str]()
         self.acquired_at: dict[int, float] = {}
-        options: dict[str, Any] = {"dsn": dsn, "backend": backend}
+        no_plugins = LockOptions(session=Session(backend=backend), load_plugins=False)
+        options: dict[str, Any] = {"dsn": dsn, "options": no_plugins}
         if connect_fn:
 
             async def connect() -> Any:
@@ -164,8 +167,8 @@ class LibraryFleet:
                     return await asyncpg.connect(dsn, timeout=60)
                 return await psycopg.AsyncConnection.connect(dsn, connect_timeout=60)
 
-            options = {"dsn": None, "connect_fn": connect, "backend": backend}
-        self.locks = [LeaderLock.from_name(name, load_plugins=False, **options) for name in names]
+            options = {"dsn": None, "connect_fn": connect, "options": no_plugins}
+        self.locks = [LeaderLock.from_name(name, **options) for name in names]
         for index, lock in enumerate(self.locks):
             lock.on_lost(self._on_lost)
             lock.on_state_change(self._on_state_change)

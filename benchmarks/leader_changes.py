@@ -49,15 +49,23 @@ from typing import Any
 
 import _common
 
-from pgleaderlock import FixedInterval, LeaderInfo, LeaderLock
+from pgleaderlock import FixedInterval, LeaderInfo, LeaderLock, LockOptions, Participation, Session
 
 TIMINGS: dict[str, Any] = {
     # A lock that stepped down waits one delay before it queues again (on the server,
     # for one delay at a time): the pause between changes is longer.
     "retry_strategy": FixedInterval(0.5),
     "health_interval_s": 1.0,
-    "load_plugins": False,
 }
+
+
+def published(identity: str, *, session: Session | None = None, **more: Any) -> LockOptions:
+    """The options of a lock that publishes ``identity`` (and ``more`` of
+    ``Participation``'s fields), without plugins."""
+    participation = Participation(identity=identity, **more)
+    return LockOptions(
+        participation=participation, session=session or Session(), load_plugins=False
+    )
 
 
 async def follower(dsn: str, name: str, tag: str) -> None:
@@ -70,11 +78,12 @@ async def follower(dsn: str, name: str, tag: str) -> None:
         LeaderLock.from_name(
             name,
             dsn,
-            identity=f"{tag}-candidate",
-            follower_mode="poll",
+            options=published(f"{tag}-candidate", session=Session(follower_mode="poll")),
             **{**TIMINGS, "retry_strategy": FixedInterval(3600.0)},
         ),
-        LeaderLock.from_name(name, dsn, identity=f"{tag}-observer", eligible=False, **TIMINGS),
+        LeaderLock.from_name(
+            name, dsn, options=published(f"{tag}-observer", eligible=False), **TIMINGS
+        ),
     ]
     for lock in locks:
 
@@ -91,7 +100,9 @@ async def follower(dsn: str, name: str, tag: str) -> None:
 async def measure(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     name = f"bench-leader-{uuid.uuid4().hex[:8]}"
     acquired: list[tuple[str, float]] = []
-    a, b = (LeaderLock.from_name(name, dsn, identity=f"main-{x}", **TIMINGS) for x in "ab")
+    a, b = (
+        LeaderLock.from_name(name, dsn, options=published(f"main-{x}"), **TIMINGS) for x in "ab"
+    )
     for lock in (a, b):
         lock.on_acquired(lambda lock=lock: acquired.append((lock.identity, time.monotonic())))
     procs: list[subprocess.Popen[str]] = []
@@ -167,10 +178,10 @@ async def measure_handover(dsn: str, args: argparse.Namespace) -> dict[str, Any]
     name = f"bench-handover-{uuid.uuid4().hex[:8]}"
     acquired: list[tuple[str, float]] = []
     locks = {
-        who: LeaderLock.from_name(
-            name, dsn, identity=who, **{**TIMINGS, "retry_strategy": FixedInterval(1.0)}
+        x: LeaderLock.from_name(
+            name, dsn, options=published(x), **{**TIMINGS, "retry_strategy": FixedInterval(1.0)}
         )
-        for who in "abcd"
+        for x in "abcd"
     }
     for who, lock in locks.items():
         lock.on_acquired(lambda who=who: acquired.append((who, time.monotonic())))
@@ -209,8 +220,8 @@ async def measure_preferred(dsn: str, args: argparse.Namespace) -> dict[str, Any
     for _ in range(args.trials):
         name = f"bench-preferred-{uuid.uuid4().hex[:8]}"
         acquired: list[str] = []
-        low = LeaderLock.from_name(name, dsn, identity="low", priority=1, **TIMINGS)
-        high = LeaderLock.from_name(name, dsn, identity="high", priority=5, **TIMINGS)
+        low = LeaderLock.from_name(name, dsn, options=published("low", priority=1), **TIMINGS)
+        high = LeaderLock.from_name(name, dsn, options=published("high", priority=5), **TIMINGS)
         low.on_acquired(functools.partial(acquired.append, "low"))
         done = asyncio.get_running_loop().create_future()
         high.on_acquired(lambda done=done: done.done() or done.set_result(time.monotonic()))

@@ -65,7 +65,7 @@ from _common import (
     server_info,
 )
 
-from pgleaderlock import LeaderLock, lock_keys
+from pgleaderlock import LeaderLock, LockOptions, lock_keys
 from pgleaderlock.backends import TRY_LOCK, UNLOCK
 from pgleaderlock.backends import psycopg as psycopg_backend
 from pgleaderlock.backends.psycopg import PsycopgSession
@@ -183,11 +183,14 @@ class Server:
 # ------------------------------------------------------------------ helpers
 
 
+NO_PLUGINS = LockOptions(load_plugins=False)
+
+
 def make_locks(dsn: str, prefix: str, count: int, **kwargs: Any) -> list[LeaderLock]:
     """``count`` locks with distinct names (so distinct keys): all of them can lead."""
     pid = os.getpid()
     return [
-        LeaderLock.from_name(f"{prefix}-{pid}-{i}", dsn=dsn, load_plugins=False, **kwargs)
+        LeaderLock.from_name(f"{prefix}-{pid}-{i}", dsn=dsn, options=NO_PLUGINS, **kwargs)
         for i in range(count)
     ]
 
@@ -227,7 +230,7 @@ async def bench_attempt(dsn: str, rounds: int, block: int) -> dict[str, Any]:
     """try_lock + unlock: the library's adapter against raw psycopg, interleaved."""
     key1, key2 = lock_keys(f"bench-attempt-lib-{os.getpid()}")
     raw_key1, raw_key2 = lock_keys(f"bench-attempt-raw-{os.getpid()}")
-    options = LeaderLock(dsn, key1, key2, load_plugins=False).connect_options
+    options = LeaderLock(dsn, key1, key2, options=LockOptions(load_plugins=False)).connect_options
     session = await psycopg_backend.connect(dsn, options)
     raw = await psycopg.AsyncConnection.connect(
         dsn, autocommit=True, application_name=options.application_name

@@ -46,7 +46,7 @@ import _common  # puts tests/ on sys.path, for support.*
 import asyncpg
 import psycopg
 
-from pgleaderlock import LeaderLock, SessionNotDedicatedError
+from pgleaderlock import LeaderLock, LockOptions, Session, SessionNotDedicatedError
 from pgleaderlock.core.session import SessionInfo
 from support.pgbouncer import PgBouncer, PoolMode, pgbouncer_unavailable_reason
 
@@ -61,7 +61,9 @@ def new_keys() -> tuple[int, int]:
 
 
 def new_lock(dsn: str, backend: Backend) -> LeaderLock:
-    return LeaderLock(dsn, *new_keys(), backend=backend, load_plugins=False)
+    return LeaderLock(
+        dsn, *new_keys(), options=LockOptions(session=Session(backend=backend), load_plugins=False)
+    )
 
 
 async def refusal(dsn: str, backend: Backend) -> tuple[float, float]:

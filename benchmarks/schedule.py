@@ -33,24 +33,31 @@ import sys
 import textwrap
 import time
 import uuid
+from typing import Any
 
 import psycopg
 from _common import database, fmt_ms, interrupt_on_signals, markdown_table, summarize
 
-from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock import Fencing, FixedInterval, LeaderLock, LockOptions
 from pgleaderlock.schedule import Every, Run, Scheduler, SlotGuard
 
-FAST = {"retry_strategy": FixedInterval(0.05), "health_interval_s": 1.0, "load_plugins": False}
+FAST: dict[str, Any] = {
+    "retry_strategy": FixedInterval(0.05),
+    "health_interval_s": 1.0,
+    "options": LockOptions(fencing=Fencing(enabled=True), load_plugins=False),
+}
+"""The locks here all fence (a Scheduler needs it)."""
 
 LEADER = textwrap.dedent(
     """
     import asyncio, os, sys
-    from pgleaderlock import FixedInterval, LeaderLock
+    from pgleaderlock import Fencing, FixedInterval, LeaderLock, LockOptions
     from pgleaderlock.schedule import Scheduler
 
     async def main():
-        lock = LeaderLock.from_name(sys.argv[1], dsn=os.environ["PG_DSN"], fencing=True,
-                                    retry_strategy=FixedInterval(0.05), load_plugins=False)
+        options = LockOptions(fencing=Fencing(enabled=True), load_plugins=False)
+        lock = LeaderLock.from_name(sys.argv[1], dsn=os.environ["PG_DSN"],
+                                    retry_strategy=FixedInterval(0.05), options=options)
         sched = Scheduler(lock)
 
         @sched.every(seconds=1)
@@ -68,9 +75,7 @@ LEADER = textwrap.dedent(
 
 
 async def lateness(dsn: str, interval: float, count: int) -> list[float]:
-    lock = LeaderLock.from_name(
-        f"bench-sched-{uuid.uuid4().hex[:8]}", dsn=dsn, fencing=True, **FAST
-    )
+    lock = LeaderLock.from_name(f"bench-sched-{uuid.uuid4().hex[:8]}", dsn=dsn, **FAST)
     sched = Scheduler(lock)
     late: list[float] = []
     done = asyncio.Event()
@@ -87,9 +92,7 @@ async def lateness(dsn: str, interval: float, count: int) -> list[float]:
 
 
 async def claims(dsn: str, count: int) -> dict[str, list[float]]:
-    lock = LeaderLock.from_name(
-        f"bench-claim-{uuid.uuid4().hex[:8]}", dsn=dsn, fencing=True, **FAST
-    )
+    lock = LeaderLock.from_name(f"bench-claim-{uuid.uuid4().hex[:8]}", dsn=dsn, **FAST)
     sched = Scheduler(lock)
 
     async def never(run: Run) -> None:  # timed by hand below
@@ -148,7 +151,7 @@ async def after_crash(dsn: str, phase_before_tick_s: float, trials: int) -> list
             assert leader.stdout is not None
             line = await asyncio.to_thread(leader.stdout.readline)
             assert line.strip() == "leading", line
-            lock = LeaderLock.from_name(name, dsn=dsn, fencing=True, **FAST)
+            lock = LeaderLock.from_name(name, dsn=dsn, **FAST)
             sched = Scheduler(lock)
             first: list[Run] = []
             ran = asyncio.Event()

@@ -47,7 +47,7 @@ import _common
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import FixedInterval, LeaderLock, lock_keys
+from pgleaderlock import FixedInterval, LeaderLock, LockOptions, Participation, lock_keys
 from pgleaderlock.cli.sql import setup_sql
 from pgleaderlock.core.leader import CHANNEL
 
@@ -62,13 +62,15 @@ ROLES = (
 )
 
 
-def lock_options() -> dict[str, Any]:
+def lock_options(identity: str, priority: int) -> dict[str, Any]:
     return {
         "retry_strategy": FixedInterval(1.0),
         "health_interval_s": 1.0,
-        "load_plugins": False,
-        "participants_schema": SCHEMA,
-        "trusted_roles": ["owner"],
+        "options": LockOptions(
+            participation=Participation(identity=identity, priority=priority, schema=SCHEMA),
+            trusted_roles=["owner"],
+            load_plugins=False,
+        ),
     }
 
 
@@ -105,7 +107,7 @@ async def hijack(dsn: str, wait_s: float, loop_s: float) -> dict[str, Any]:
     app = make_conninfo(dsn, user="app")
     acquired: list[str] = []
     locks = [
-        LeaderLock(app, *keys, identity=identity, priority=priority, **lock_options())
+        LeaderLock(app, *keys, **lock_options(identity, priority))
         for identity, priority in (("leader", 10), ("candidate", 5))
     ]
     for lock in locks:
@@ -156,7 +158,7 @@ async def hijack(dsn: str, wait_s: float, loop_s: float) -> dict[str, Any]:
 
 WATCHER = """
 import asyncio, sys, time
-from pgleaderlock import LeaderLock
+from pgleaderlock import LeaderLock, LockOptions, Participation
 from pgleaderlock.core import leader as module
 calls = 0
 original = module.LeaderReader.leader
@@ -167,9 +169,10 @@ async def counted(self, keys):
 module.LeaderReader.leader = counted
 async def main():
     dsn, key1, key2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    lock = LeaderLock(dsn, key1, key2, eligible=False, identity="watcher",
-                      participants_schema="pgl", trusted_roles=["owner"],
-                      watch_interval_s=5.0, load_plugins=False)
+    watcher = Participation(eligible=False, identity="watcher", schema="pgl",
+                            watch_interval_s=5.0)
+    options = LockOptions(participation=watcher, trusted_roles=["owner"], load_plugins=False)
+    lock = LeaderLock(dsn, key1, key2, options=options)
     lock.on_leader_changed(lambda info: None)
     async with lock:
         print("ready", flush=True)

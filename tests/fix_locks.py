@@ -3,7 +3,9 @@ in-memory server (``server``, ``make_lock``) and on PostgreSQL (``pg_lock``, who
 beliefs go to ``beliefs``; ``fenced_lock`` on its ``fencing_table``, with a
 ``work_table`` for fenced writes). Every lock made is shut down after the test.
 
-Each fixture is defined here once, with one signature: options by keyword only.
+Each fixture is defined here once, with one signature: options by keyword only, as flat
+settings (``lease_s=3``, ``fencing=True``) or ``options=LockOptions(...)``, turned into the
+lock's arguments by ``support.timings.lock_args`` (no ``DeprecationWarning``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.fake import FakeServer
 from support.locks import fake_locks, kept
 from support.server import Admin
-from support.timings import FAULT_TIMINGS, timings
+from support.timings import FAULT_TIMINGS, lock_args, timings
 
 
 class PgLock(Protocol):
@@ -77,7 +79,7 @@ async def pg_lock(
         if dsn is None:
             dsn = request.getfixturevalue("pg_dsn")
         named = {} if name is None else {"name": name}
-        lock = LeaderLock(dsn, *(keys or test_keys), **{**FAULT_TIMINGS, **named, **options})
+        lock = LeaderLock(dsn, *(keys or test_keys), **lock_args(FAULT_TIMINGS, named, options))
         if name is not None:
             beliefs.attach(lock, name)
         return lock
@@ -126,8 +128,10 @@ async def fenced_lock(pg_dsn: str, fencing_table: str) -> AsyncIterator[Callable
     name = f"test-fencing-{uuid.uuid4().hex[:12]}"
 
     def build(*, dsn: str | None = None, **options: Any) -> LeaderLock:
-        options = {**FENCED_TIMINGS, "fencing": True, "fencing_table": fencing_table, **options}
-        return LeaderLock.from_name(name, dsn or pg_dsn, **options)
+        fenced = {"fencing": True, "fencing_table": fencing_table}
+        return LeaderLock.from_name(
+            name, dsn or pg_dsn, **lock_args(FENCED_TIMINGS, fenced, options)
+        )
 
     async with kept(build) as make:
         yield make

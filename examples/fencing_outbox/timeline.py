@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from pgleaderlock import FencedError, FixedInterval, LeaderLock, LockState
+from pgleaderlock import FencedError, Fencing, FixedInterval, LeaderLock, LockOptions, LockState
 from pgleaderlock.backends import key_to_oid
 
 Conn = psycopg.AsyncConnection[Any]
@@ -72,15 +72,14 @@ async def main() -> None:
         sys.exit("set PG_DSN or pass --dsn")
     suffix = uuid.uuid4().hex[:8]
     table = f"timeline_terms_{suffix}"
-    options: dict[str, Any] = {
-        "fencing": True,
-        "fencing_table": table,
-        "health_interval_s": 1.0,
-        "load_plugins": False,
-    }
+    options = LockOptions(fencing=Fencing(enabled=True, table=table), load_plugins=False)
     name = f"timeline-{suffix}"
-    a = LeaderLock.from_name(name, args.dsn, retry_strategy=FixedInterval(10.0), **options)
-    b = LeaderLock.from_name(name, args.dsn, retry_strategy=FixedInterval(1.0), **options)
+    a = LeaderLock.from_name(
+        name, args.dsn, retry_strategy=FixedInterval(10.0), health_interval_s=1.0, options=options
+    )
+    b = LeaderLock.from_name(
+        name, args.dsn, retry_strategy=FixedInterval(1.0), health_interval_s=1.0, options=options
+    )
     clock = Clock()
     a.on_state_change(
         lambda old, new: clock.mark("A leaves LEADER") if old is LockState.LEADER else None

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgleaderlock import FixedInterval, LeaderLock, ThreadedLeaderLock
+from pgleaderlock import Fencing, FixedInterval, LeaderLock, LockOptions, ThreadedLeaderLock
 from support.celery_fleet import (
     APP_DIR,
     LEADER_DATABASE_SCHEDULER,
@@ -97,7 +97,10 @@ def test_a_follower_never_sends(fleets: Callable[..., Fleet], pg_dsn: str) -> No
     fleet = fleets(label="follower")
     holder = ThreadedLeaderLock(
         LeaderLock.from_name(
-            fleet.lock_name, dsn=pg_dsn, fencing=True, retry_strategy=FixedInterval(0.1)
+            fleet.lock_name,
+            dsn=pg_dsn,
+            retry_strategy=FixedInterval(0.1),
+            options=LockOptions(fencing=Fencing(enabled=True)),
         )
     )
     with holder:

@@ -17,6 +17,7 @@ from pgleaderlock import Coordinator, FixedInterval, LeaderLock, WorkerContext
 from pgleaderlock.coordination.balance import hrw_ranked
 from pgleaderlock.coordination.protocol import name_keys
 from support.server import Admin
+from support.timings import lock_args
 
 if TYPE_CHECKING:
     from cli.conftest import Run
@@ -37,7 +38,7 @@ async def coordinators(pg_dsn: str, group: str) -> AsyncIterator[Callable[..., C
     made: list[Coordinator] = []
 
     def make(names: list[str], **kwargs: Any) -> Coordinator:
-        coord = Coordinator(pg_dsn, group=group, **{**FAST, **kwargs})
+        coord = Coordinator(pg_dsn, **lock_args({**FAST, **kwargs}, group=group))
 
         async def idle(ctx: WorkerContext) -> None:
             await asyncio.Event().wait()

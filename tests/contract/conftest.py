@@ -34,7 +34,7 @@ from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing import FakeServer
 from support.proxy import tcp_target
 from support.server import dsn_to_url
-from support.timings import timings
+from support.timings import lock_args, timings
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -116,8 +116,8 @@ class Target:
 
     @property
     def fast(self) -> dict[str, Any]:
-        """Fast timings for locks in tests."""
-        return dict(FAST)
+        """Fast timings for locks in tests, as keyword arguments (``lock_args``)."""
+        return lock_args(FAST)
 
     def server_address(self) -> tuple[str, int]:
         """(host, port) of the test server, for a proxy in front of it."""
@@ -145,14 +145,13 @@ class Target:
         if self.fake is not None:
             if dsn is not None:
                 _no_server("lock(dsn=...)")
-            lock = LeaderLock(None, *keys, connect_fn=self.fake.connect, **{**FAST, **kwargs})
+            fake = {"connect_fn": self.fake.connect}
+            lock = LeaderLock(None, *keys, **lock_args(fake, FAST, kwargs))
             self.locks.append(lock)
             return lock
+        backend = {"backend": self.flavour.backend}
         lock = LeaderLock(
-            dsn if dsn is not None else self.dsn(),
-            *keys,
-            backend=self.flavour.backend,
-            **{**FAST, **kwargs},
+            dsn if dsn is not None else self.dsn(), *keys, **lock_args(backend, FAST, kwargs)
         )
         self.locks.append(lock)
         return lock

@@ -13,11 +13,13 @@ from pgleaderlock import (
     ConnectionError,
     LeaderLock,
     LockError,
+    LockOptions,
+    Session,
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.session import ConnectOptions
 from support.server import driver_connection
-from support.timings import timings
+from support.timings import lock_args, timings
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -50,7 +52,7 @@ async def test_pooled_connection_is_refused(
             held.append(conn)
             return conn
 
-        lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
+        lock = LeaderLock(None, *keys, **lock_args(FAST, connect_fn=connect))
         rec = recorder(lock)
         await lock.start()
         await rec.wait_event("stopped", timeout=10)
@@ -85,7 +87,7 @@ async def test_connect_fn_connection_in_a_transaction_is_rolled_back(
         conns.append(conn)
         return conn
 
-    lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
+    lock = LeaderLock(None, *keys, **lock_args(FAST, connect_fn=connect))
     try:
         async with lock:
             assert await lock.wait_for_leadership(10)
@@ -117,7 +119,7 @@ async def test_dsn_settings_are_kept_and_ours_win(url: str) -> None:
 )
 def test_malformed_dsn(dsn: str) -> None:
     with pytest.raises(ConfigurationError, match="malformed DSN"):
-        LeaderLock(dsn, 1, 2, backend="asyncpg")
+        LeaderLock(dsn, 1, 2, options=LockOptions(session=Session(backend="asyncpg")))
 
 
 def test_scheme_selects_asyncpg_and_is_stripped() -> None:

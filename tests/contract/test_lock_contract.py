@@ -21,12 +21,15 @@ from pgleaderlock import (
     ConnectionError,
     FixedInterval,
     LeaderLock,
+    LockOptions,
     LockState,
+    Session,
 )
 from pgleaderlock.backends import WaitingSession, WatchableSession
 from support.poll import eventually
 from support.proxy import TcpProxy
 from support.server import Admin
+from support.timings import lock_args
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -390,7 +393,7 @@ async def test_connect_fn_may_return_a_raw_driver_connection(
     async def connect() -> object:
         return await target.raw_connect()
 
-    lock = LeaderLock(None, *keys, connect_fn=connect, **target.fast)
+    lock = LeaderLock(None, *keys, **lock_args(target.fast, connect_fn=connect))
     target.locks.append(lock)
     await lock.start()
     assert await lock.wait_for_leadership(10)
@@ -416,9 +419,11 @@ async def test_application_name_identifies_the_holder(
 ) -> None:
     lock = LeaderLock.from_name(
         f"contract-{target.id}-{keys[0]}",
-        dsn=target.dsn(),
-        backend=target.flavour.backend,
-        **target.fast,
+        **lock_args(
+            target.fast,
+            dsn=target.dsn(),
+            options=LockOptions(session=Session(backend=target.flavour.backend)),
+        ),
     )
     target.locks.append(lock)
     await lock.start()

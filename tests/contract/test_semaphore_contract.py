@@ -25,6 +25,7 @@ from pgleaderlock import (
 from pgleaderlock.core.lock import run_on_session
 from support.poll import eventually
 from support.server import Admin
+from support.timings import lock_args
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -41,11 +42,12 @@ def _name() -> str:
 
 def semaphore(target: Target, name: str, slots: int, **kwargs: Any) -> Semaphore:
     """A Semaphore of the flavour under test (shut down after the test)."""
-    settings = {**target.fast, "rescan_s": 0.01, **kwargs}
     if target.fake is not None:
+        settings = lock_args(target.fast, {"rescan_s": 0.01}, kwargs)
         sem = Semaphore(None, name, slots=slots, connect_fn=target.fake.connect, **settings)
     else:
-        sem = Semaphore(target.dsn(), name, slots=slots, backend=target.flavour.backend, **settings)
+        backend = {"backend": target.flavour.backend, "rescan_s": 0.01}
+        sem = Semaphore(target.dsn(), name, slots=slots, **lock_args(target.fast, backend, kwargs))
     target.locks.append(sem)
     return sem
 

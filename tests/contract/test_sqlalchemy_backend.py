@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgleaderlock import ConfigurationError, LeaderLock, LockState
-from support.timings import timings
+from pgleaderlock import ConfigurationError, LeaderLock, LockOptions, LockState, Session
+from support.timings import lock_args, timings
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -70,7 +70,7 @@ async def pool_pids(engine: AsyncEngine, n: int) -> list[tuple[int, int]]:
 async def test_pool_never_holds_the_lock(
     engine: AsyncEngine, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
 ) -> None:
-    lock = LeaderLock(engine, *keys, **FAST)
+    lock = LeaderLock(engine, *keys, **lock_args(FAST))
     assert lock.connect_options.application_name  # the engine was claimed by sqlalchemy
     async with lock:
         assert await lock.wait_for_leadership(10)
@@ -98,7 +98,7 @@ async def test_pool_recycle_does_not_drop_leadership(
 ) -> None:
     engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_recycle=0.1)
     try:
-        lock = LeaderLock(engine, *keys, **FAST)
+        lock = LeaderLock(engine, *keys, **lock_args(FAST))
         rec: list[str] = []
         lock.on_lost(lambda: rec.append("lost"))
         async with lock:
@@ -130,7 +130,7 @@ async def test_locks_leaked_on_a_pooled_connection_are_released(
                 await conn.execute(text("SELECT pg_advisory_lock(:a, :b)"), {"a": k1, "b": k2})
             await conn.commit()
         assert await holders(*other) == [leaker]  # the pool kept it, locks and all
-        lock = LeaderLock(engine, *keys, **FAST)
+        lock = LeaderLock(engine, *keys, **lock_args(FAST))
         async with lock:
             assert await lock.wait_for_leadership(10)
             assert lock.backend_pid == leaker  # the same (only) pooled connection
@@ -152,7 +152,7 @@ async def test_connect_fn_async_connection_is_detached(
         user_conns.append(conn)
         return conn
 
-    lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
+    lock = LeaderLock(None, *keys, **lock_args(FAST, connect_fn=connect))
     async with lock:
         assert await lock.wait_for_leadership(10)
         pid = lock.backend_pid
@@ -171,7 +171,7 @@ async def test_connect_fn_unstarted_async_connection_is_refused(
     async def connect() -> AsyncConnection:
         return engine.connect()  # forgot the await: not started
 
-    lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
+    lock = LeaderLock(None, *keys, **lock_args(FAST, connect_fn=connect))
     rec = recorder(lock)
     await lock.start()
     await rec.wait_state(S.STOPPED, timeout=10)
@@ -182,7 +182,11 @@ async def test_connect_fn_unstarted_async_connection_is_refused(
 async def test_url_without_driver_uses_psycopg(
     pg_dsn: str, keys: tuple[int, int], to_url: Callable[..., str]
 ) -> None:
-    lock = LeaderLock(to_url(pg_dsn, "postgresql"), *keys, backend="sqlalchemy", **FAST)
+    lock = LeaderLock(
+        to_url(pg_dsn, "postgresql"),
+        *keys,
+        **lock_args(FAST, options=LockOptions(session=Session(backend="sqlalchemy"))),
+    )
     async with lock:
         assert await lock.wait_for_leadership(10)
         assert "PsycopgSession" in repr(lock._slot.session)
@@ -199,7 +203,7 @@ async def test_url_without_driver_uses_psycopg(
 )
 def test_bad_urls_are_configuration_errors(dsn: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        LeaderLock(dsn, 1, 2, backend="sqlalchemy")
+        LeaderLock(dsn, 1, 2, options=LockOptions(session=Session(backend="sqlalchemy")))
 
 
 def test_sync_engine_is_refused() -> None:

@@ -36,7 +36,7 @@ from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.pgbouncer import PgBouncer
 from support.replication import PrimaryStandby
 from support.server import prepared_cluster
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -212,8 +212,7 @@ async def test_sessions_needed_matches_real_coordinators(
         await asyncio.Event().wait()
 
     coords = [
-        Coordinator(pg_dsn, group=group, sessions=mode, idle_tick_s=1.0, balance_interval_s=0.1,
-                    **timings(retry_s=0.05, health_interval_s=0.5, load_plugins=False))
+        Coordinator(pg_dsn, **lock_args(timings(retry_s=0.05, health_interval_s=0.5, load_plugins=False), group=group, sessions=mode, idle_tick_s=1.0, balance_interval_s=0.1))
         for _ in range(replicas)
     ]  # fmt: skip
     for coord in coords:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock, LockState
+from pgleaderlock import LeaderLock, LockOptions, LockState, Session
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.poll import eventually
 from support.replication import PrimaryStandby
@@ -56,7 +56,9 @@ class Candidate:
     def __init__(
         self, name: str, dsn: str, keys: tuple[int, int], backend: str, beliefs: BeliefLog
     ) -> None:
-        self.lock = LeaderLock(dsn, *keys, backend=backend, name=name)
+        self.lock = LeaderLock(
+            dsn, *keys, name=name, options=LockOptions(session=Session(backend=backend))
+        )
         beliefs.attach(self.lock, name)
         self.acquired: list[float] = []
         self.lost: list[float] = []
@@ -133,8 +135,8 @@ async def test_a_stale_writable_primary_gives_two_leaders(
     own server a primary that holds its lock."""
     pair = await asyncio.to_thread(make_replication_pair)
     beliefs = BeliefLog()
-    old = LeaderLock(pair.primary_dsn, *keys, name="old", load_plugins=False)
-    new = LeaderLock(pair.standby_dsn, *keys, name="new", load_plugins=False)
+    old = LeaderLock(pair.primary_dsn, *keys, name="old", options=LockOptions(load_plugins=False))
+    new = LeaderLock(pair.standby_dsn, *keys, name="new", options=LockOptions(load_plugins=False))
     beliefs.attach(old, "old")
     beliefs.attach(new, "new")
     try:

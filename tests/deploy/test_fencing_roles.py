@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import Fencing, FixedInterval, LeaderLock, LockOptions, LockState, Timing
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import admin_session, prepared_cluster
@@ -35,11 +35,11 @@ GRACE_S = 0.3
 FAST: dict[str, Any] = {
     "retry_strategy": FixedInterval(0.05),
     "health_interval_s": 0.5,
-    "health_timeout_s": 0.5,
-    "fencing": True,
-    "fencing_schema": "fencing",
-    "fencing_grace_s": GRACE_S,
-    "load_plugins": False,
+    "options": LockOptions(
+        timing=Timing(health_timeout_s=0.5),
+        fencing=Fencing(enabled=True, schema="fencing", grace_s=GRACE_S),
+        load_plugins=False,
+    ),
 }
 
 

@@ -18,7 +18,7 @@ from pgleaderlock import LeaderLock, Semaphore, slot_keys
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import prepared_cluster
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
@@ -67,7 +67,9 @@ async def test_a_role_holding_every_slot_denies_a_semaphore(cluster: ThrowawayPo
     ) as conn:
         for keys in slot_keys(name, 2):
             await conn.execute("SELECT pg_advisory_lock(%s, %s)", keys)
-        async with Semaphore(dsn(cluster, "app"), name, slots=2, rescan_s=0.2, **FAST) as sem:
+        async with Semaphore(
+            dsn(cluster, "app"), name, **lock_args(FAST, slots=2, rescan_s=0.2)
+        ) as sem:
             assert not await sem.wait_for_leadership(1.5)
             await conn.execute("SELECT pg_advisory_unlock(%s, %s)", slot_keys(name, 2)[1])
             assert await sem.wait_for_leadership(10)
@@ -82,8 +84,8 @@ async def test_using_every_connection_stops_new_sessions_not_the_leader(
     candidate cannot connect (``current_leader`` raises ``ConnectionError``, the
     candidate retries) until ``other``'s sessions end."""
     keys = (4242, 2424)
-    leader = LeaderLock(dsn(cluster, "app"), *keys, **FAST)
-    candidate = LeaderLock(dsn(cluster, "app"), *keys, **FAST)
+    leader = LeaderLock(dsn(cluster, "app"), *keys, **lock_args(FAST))
+    candidate = LeaderLock(dsn(cluster, "app"), *keys, **lock_args(FAST))
     async with leader:
         assert await leader.wait_for_leadership(10)
         async with every_connection(cluster) as opened:

@@ -35,9 +35,11 @@ import pytest
 from pgleaderlock import (
     ConfigurationError,
     LeaderLock,
+    LockOptions,
     LockState,
     PgLeaderLockError,
     ServerRefusedError,
+    Session,
 )
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
@@ -142,7 +144,9 @@ async def test_a_server_refusal_stops_the_lock(
     recorder: Callable[[LeaderLock], Recorder],
     figures: Figures,
 ) -> None:
-    lock = LeaderLock(_refused_dsn(cluster, backend, case), *keys, load_plugins=False)
+    lock = LeaderLock(
+        _refused_dsn(cluster, backend, case), *keys, options=LockOptions(load_plugins=False)
+    )
     rec = recorder(lock)
     began = time.monotonic()
     await lock.start()
@@ -174,8 +178,7 @@ async def test_retry_permanent_errors_retries_until_the_password_is_fixed(
 ) -> None:
     """Default retry strategy: attempts 0, 1, 3, 5 s... (``error_max_s=2.0``)."""
     role = cluster.new_role()
-    lock = LeaderLock(cluster.url(backend, role, "rotated"), *keys, load_plugins=False,
-                      retry_permanent_errors=True)  # fmt: skip
+    lock = LeaderLock(cluster.url(backend, role, "rotated"), *keys, options=LockOptions(session=Session(retry_permanent_errors=True), load_plugins=False))  # fmt: skip
     rec = recorder(lock)
     async with lock:
         await rec.wait(lambda: len(rec.errors()) >= 3, timeout=15)
@@ -205,7 +208,9 @@ async def test_retry_permanent_errors_retries_until_the_password_is_fixed(
 )
 def test_a_malformed_dsn_fails_in_the_constructor(dsn: str, backend: str) -> None:
     with pytest.raises(ConfigurationError):
-        LeaderLock(dsn, 1, 2, backend=backend, load_plugins=False)
+        LeaderLock(
+            dsn, 1, 2, options=LockOptions(session=Session(backend=backend), load_plugins=False)
+        )
 
 
 @pytest.mark.parametrize(
@@ -218,12 +223,17 @@ def test_a_malformed_dsn_fails_in_the_constructor(dsn: str, backend: str) -> Non
 )
 def test_a_malformed_key_value_dsn_fails_in_the_constructor(dsn: str) -> None:
     with pytest.raises(ConfigurationError, match="bad port"):
-        LeaderLock(dsn, 1, 2, load_plugins=False)
+        LeaderLock(dsn, 1, 2, options=LockOptions(load_plugins=False))
 
 
 def test_the_asyncpg_backend_refuses_the_key_value_form() -> None:
     with pytest.raises(ConfigurationError, match="URL"):
-        LeaderLock("host=127.0.0.1 port=5432", 1, 2, backend="asyncpg", load_plugins=False)
+        LeaderLock(
+            "host=127.0.0.1 port=5432",
+            1,
+            2,
+            options=LockOptions(session=Session(backend="asyncpg"), load_plugins=False),
+        )
 
 
 # ---------------------------------------------------------------- connect_fn
@@ -245,7 +255,7 @@ class _SyncCall:
 )
 def test_a_connect_fn_that_is_not_async_fails_in_the_constructor(connect_fn: Any) -> None:
     with pytest.raises(ConfigurationError, match="async"):
-        LeaderLock(None, 1, 2, connect_fn=connect_fn, load_plugins=False)
+        LeaderLock(None, 1, 2, connect_fn=connect_fn, options=LockOptions(load_plugins=False))
 
 
 async def _unused() -> Any:
@@ -276,7 +286,7 @@ async def _returns_no_connection() -> Any:
 async def test_a_wrong_connect_fn_at_runtime_stops_the_lock(
     connect_fn: Any, match: str, recorder: Callable[[LeaderLock], Recorder]
 ) -> None:
-    lock = LeaderLock(None, 1, 2, connect_fn=connect_fn, load_plugins=False)
+    lock = LeaderLock(None, 1, 2, connect_fn=connect_fn, options=LockOptions(load_plugins=False))
     rec = recorder(lock)
     async with lock:
         with pytest.raises(ConfigurationError, match=match):
@@ -301,7 +311,7 @@ async def test_a_server_refusal_inside_connect_fn_stops_the_lock(
             return await asyncpg.connect(dsn, timeout=5)
         return await psycopg.AsyncConnection.connect(dsn, connect_timeout=5)
 
-    lock = LeaderLock(None, 1, 2, connect_fn=connect_fn, load_plugins=False)
+    lock = LeaderLock(None, 1, 2, connect_fn=connect_fn, options=LockOptions(load_plugins=False))
     rec = recorder(lock)
     async with lock:
         with pytest.raises(ServerRefusedError) as raised:

@@ -37,7 +37,9 @@ import pytest
 from pgleaderlock import (
     FixedInterval,
     LeaderLock,
+    LockOptions,
     LockState,
+    Session,
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.session import SetupSession
@@ -46,7 +48,7 @@ from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from support.netns import NetnsLink
 from support.pgbouncer import PgBouncer, PoolMode
 from support.poll import eventually
-from support.timings import FAULT_TIMINGS
+from support.timings import FAULT_TIMINGS, lock_args
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -87,7 +89,13 @@ def lock_dsn(bouncer: PgBouncer, backend: Backend) -> str:
 def bouncer_lock(
     bouncer: PgBouncer, keys: tuple[int, int], backend: Backend, name: str, **kwargs: Any
 ) -> LeaderLock:
-    return LeaderLock(bouncer.dsn(), *keys, backend=backend, name=name, **{**FAST, **kwargs})
+    return LeaderLock(
+        bouncer.dsn(),
+        *keys,
+        **lock_args(
+            {**FAST, **kwargs}, name=name, options=LockOptions(session=Session(backend=backend))
+        ),
+    )
 
 
 def show(record_property: Record, metric: str, seconds: float) -> None:
@@ -741,8 +749,10 @@ async def test_session_mode_partition_between_client_and_pooler(
         follower = LeaderLock(
             bouncer.dsn(),
             *keys,
-            name="follower",
-            **{**FAST, "health_interval_s": 1.0, "retry_strategy": FixedInterval(0.2)},
+            **lock_args(
+                {**FAST, "health_interval_s": 1.0, "retry_strategy": FixedInterval(0.2)},
+                name="follower",
+            ),
         )
         beliefs.attach(follower, "follower")
         rec = recorder(follower)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pgleaderlock import LeaderLock
+from pgleaderlock import LeaderLock, LockOptions
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(180)]
@@ -48,11 +48,12 @@ async def run_election(pg: ThrowawayPostgres) -> tuple[str, list[int]]:
     """A leader and FOLLOWERS followers for RUN_S, the leader shutting down halfway.
     Returns the server log written meanwhile, and the followers' backend pids."""
     start = pg.log_path.stat().st_size
-    leader = LeaderLock.from_name("report", pg.dsn, load_plugins=False)
+    leader = LeaderLock.from_name("report", pg.dsn, options=LockOptions(load_plugins=False))
     await leader.start()
     assert await leader.wait_for_leadership(10)
     followers = [
-        LeaderLock.from_name("report", pg.dsn, load_plugins=False) for _ in range(FOLLOWERS)
+        LeaderLock.from_name("report", pg.dsn, options=LockOptions(load_plugins=False))
+        for _ in range(FOLLOWERS)
     ]
     try:
         for follower in followers:

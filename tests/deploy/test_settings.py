@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import FixedInterval, LeaderLock, LockOptions, LockState
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
@@ -134,7 +134,10 @@ async def test_failover_after_sigkill_stays_in_milliseconds(
     dsn = hostile.dsn(backend)
     offset = hostile.log_offset()
     child = CandidateProcess("leader", dsn, *keys, options=CandidateOptions.library_defaults())
-    followers = [LeaderLock(dsn, *keys, name=f"f{i}", load_plugins=False) for i in range(2)]
+    followers = [
+        LeaderLock(dsn, *keys, name=f"f{i}", options=LockOptions(load_plugins=False))
+        for i in range(2)
+    ]
     recs = [recorder(lock) for lock in followers]
     try:
         await child.start()
@@ -174,7 +177,7 @@ async def test_an_idle_leader_does_not_flap(
 ) -> None:
     """Default ``health_interval_s`` (5 s): the session idles 5 s between probes, five
     times ``idle_session_timeout``; over 6 s the leadership stays put."""
-    lock = LeaderLock(hostile.dsn(backend), *keys, load_plugins=False)
+    lock = LeaderLock(hostile.dsn(backend), *keys, options=LockOptions(load_plugins=False))
     rec = recorder(lock)
     offset = hostile.log_offset()
     async with lock:
@@ -214,8 +217,7 @@ async def _log_of_one_follower(
     makes a try and spends two retry delays waiting, then is granted the lock 1.6 s
     into the third. Returns the follower backend's log lines."""
     offset = hostile.log_offset()
-    lock = LeaderLock(hostile.dsn(backend), *keys, retry_strategy=FixedInterval(3.0),
-                      load_plugins=False)  # fmt: skip
+    lock = LeaderLock(hostile.dsn(backend), *keys, retry_strategy=FixedInterval(3.0), options=LockOptions(load_plugins=False))  # fmt: skip
     rec = recorder(lock)
     await hostile_admin.execute("SELECT pg_advisory_lock(%s, %s)", keys)
     try:

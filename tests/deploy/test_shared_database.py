@@ -34,8 +34,11 @@ import pytest
 from cli.clitools import CLI, clean_env
 from pgleaderlock import (
     Coordinator,
+    Fencing,
     LeaderLock,
+    LockOptions,
     MissingPrivilegeError,
+    Participation,
     UntrustedObjectError,
     WorkerContext,
     health,
@@ -56,7 +59,7 @@ from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support import shared_roles
 from support.poll import eventually
 from support.server import prepared_cluster
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
@@ -121,7 +124,7 @@ async def coordinators() -> AsyncIterator[Callable[..., Coordinator]]:
     made: list[Coordinator] = []
 
     def make(dsn: str, **kwargs: Any) -> Coordinator:
-        coord = Coordinator(dsn, **{**COORD_FAST, **kwargs})
+        coord = Coordinator(dsn, **lock_args({**COORD_FAST, **kwargs}))
         made.append(coord)
         return coord
 
@@ -175,7 +178,9 @@ async def test_a_planted_terms_table_with_a_trigger_is_refused(db: Database) -> 
     be: it refuses it for good (``UntrustedObjectError`` from ``wait_for_leadership``)
     and never writes to it, so the trigger never runs as the superuser."""
     plant_terms_table(db)
-    lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
+    lock = LeaderLock.from_name(
+        "nightly", db.dsn(), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
+    )
     await lock.start()
     try:
         with pytest.raises(UntrustedObjectError, match="owned by role 'attacker'"):
@@ -349,11 +354,11 @@ async def test_a_role_with_only_table_grants_leads_with_fencing(db: Database) ->
     migrate(db)
     assert app_creates_nothing(db)
     kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
     async with lock:
         assert await lock.wait_for_leadership(5)
         first = lock.term
-    async with LeaderLock.from_name("nightly", db.dsn("app"), **kwargs) as again:
+    async with LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs)) as again:
         assert await again.wait_for_leadership(5)
         assert first is not None
         assert again.term == first + 1
@@ -362,8 +367,7 @@ async def test_a_role_with_only_table_grants_leads_with_fencing(db: Database) ->
 
 async def test_the_migrated_tables_are_not_trusted_unless_their_owner_is(db: Database) -> None:
     migrate(db)
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), fencing=True, fencing_schema="pgl",
-                                **FAST)  # fmt: skip
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True, schema="pgl"))))  # fmt: skip
     async with lock:
         with pytest.raises(UntrustedObjectError, match="trust 'owner' with trusted_roles"):
             await lock.wait_for_leadership(5)
@@ -399,8 +403,7 @@ async def test_a_role_with_only_table_grants_saves_checkpoints(
 async def test_a_missing_grant_fails_wait_for_leadership_with_the_grant(db: Database) -> None:
     migrate(db)
     db.run("REVOKE UPDATE ON pgl.pgleaderlock_terms FROM app")
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), fencing=True, fencing_schema="pgl",
-                                trusted_roles=["owner"], **FAST)  # fmt: skip
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True, schema="pgl"), trusted_roles=["owner"])))  # fmt: skip
     async with lock:
         with pytest.raises(MissingPrivilegeError) as raised:
             await lock.wait_for_leadership(2)
@@ -571,7 +574,9 @@ async def test_a_planted_runs_table_is_refused_by_a_scheduler(
     statement touches it), the lock keeps leading (a refused table is not the session's
     fault), and the refusal is logged; the attacker gains nothing."""
     plant_runs_table(db)
-    lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
+    lock = LeaderLock.from_name(
+        "nightly", db.dsn(), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
+    )
     sched = Scheduler(lock)
     ran: list[Run] = []
 
@@ -603,7 +608,9 @@ async def test_a_planted_runs_table_stops_a_scheduler_once_and_loudly(
     its own check passes."""
     plant_runs_table(db)
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    lock = LeaderLock.from_name("nightly", db.dsn(), fencing=True, **FAST)
+    lock = LeaderLock.from_name(
+        "nightly", db.dsn(), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
+    )
     sched = Scheduler(lock)
     ran: list[Run] = []
 
@@ -652,7 +659,7 @@ async def test_a_revoked_ledger_grant_is_retried_in_one_line_until_granted_again
     migrate(db)
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
     sched = Scheduler(lock)
     ran: list[Run] = []
 
@@ -685,7 +692,7 @@ async def test_a_role_with_only_table_grants_runs_a_schedule(db: Database) -> No
     migrate(db)
     assert app_creates_nothing(db)
     kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
     sched = Scheduler(lock)
     ran: list[Run] = []
 
@@ -705,7 +712,7 @@ async def test_a_worker_role_with_only_its_grants_begins_a_slot_once(db: Databas
     a ``SlotGuard``, and cannot claim a slot itself."""
     migrate(db, worker_role="worker")
     kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
     sched = Scheduler(lock)
     sent: list[Run] = []
 
@@ -748,8 +755,14 @@ async def test_a_role_with_only_table_grants_publishes_its_metadata(db: Database
     migrate(db)
     assert app_creates_nothing(db)
     kwargs = {**FAST, "participants_schema": "pgl", "trusted_roles": ["owner"]}
-    leader = LeaderLock.from_name("nightly", db.dsn("app"), metadata={"url": "http://a"}, **kwargs)
-    follower = LeaderLock.from_name("nightly", db.dsn("app"), **kwargs)
+    leader = LeaderLock.from_name(
+        "nightly",
+        db.dsn("app"),
+        **lock_args(
+            kwargs, options=LockOptions(participation=Participation(metadata={"url": "http://a"}))
+        ),
+    )
+    follower = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
     async with leader:
         assert await leader.wait_for_leadership(5)
         async with follower:

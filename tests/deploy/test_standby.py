@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock, LockState, StandbyError
+from pgleaderlock import LeaderLock, LockOptions, LockState, Session, StandbyError
 from support.blackhole import BlackHole
 from support.replication import PrimaryStandby, multi_host_dsn
 from support.server import lock_holders
+from support.timings import lock_args
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -49,7 +50,13 @@ def holders_on(keys: tuple[int, int]) -> Holders:
 
 
 def _lock(dsn: str, keys: tuple[int, int], backend: str, **kwargs: Any) -> LeaderLock:
-    return LeaderLock(dsn, *keys, backend=backend, load_plugins=False, **kwargs)
+    return LeaderLock(
+        dsn,
+        *keys,
+        **lock_args(
+            kwargs, options=LockOptions(session=Session(backend=backend), load_plugins=False)
+        ),
+    )
 
 
 # ---------------------------------------------------------------- the standby

@@ -13,6 +13,7 @@ import pytest
 
 from pgleaderlock import LeaderLock
 from pgleaderlock.schedule import Run, Scheduler
+from support.timings import lock_args
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +30,7 @@ async def test_status_shows_a_held_lock_and_a_schedules_runs(
     manage: Manage, pg_dsn: str, lock_name: str, schema: str
 ) -> None:
     options: dict[str, Any] = {"fencing": True, "fencing_schema": schema}
-    sched_lock = LeaderLock.from_name(f"{lock_name}-sched", dsn=pg_dsn, **options)
+    sched_lock = LeaderLock.from_name(f"{lock_name}-sched", **lock_args(options, dsn=pg_dsn))
     sched = Scheduler(sched_lock)
     ran: list[Run] = []
 

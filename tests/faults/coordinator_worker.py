@@ -41,7 +41,7 @@ from pgleaderlock.testing.candidate import DSN_ENV, write_event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands
-from support.timings import FAULT_TIMINGS
+from support.timings import FAULT_TIMINGS, lock_args
 
 TRANSACTION_S = 5.0
 """Bound of one fenced transaction."""
@@ -67,7 +67,9 @@ class Replica:
         # The idle tick (a settled member's look at the group, a safety net) is longer
         # than the tests' bounds for balancing again: every change must be told.
         fast = {**FAULT_TIMINGS, "command_timeout_s": 3.0, "idle_tick_s": IDLE_TICK_S}
-        self.coord = Coordinator(dsn, group=opts.group, sessions=opts.mode, **fast, **kwargs)
+        self.coord = Coordinator(
+            dsn, **lock_args(fast, kwargs, group=opts.group, sessions=opts.mode)
+        )
         for i in range(opts.names):
             self.coord.add(f"{opts.prefix}:{i}", self.work)
         self.stop = asyncio.Event()

@@ -41,13 +41,21 @@ from typing import Any
 
 import psycopg
 
-from pgleaderlock import FencedError, FixedInterval, LeaderLock, LockState
+from pgleaderlock import (
+    FencedError,
+    Fencing,
+    FixedInterval,
+    LeaderLock,
+    LockOptions,
+    LockState,
+    Session,
+)
 from pgleaderlock.backends import ConnectionError as LockConnectionError
 from pgleaderlock.testing.candidate import DSN_ENV, write_event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands
-from support.timings import FAULT_TIMINGS
+from support.timings import FAULT_TIMINGS, lock_args
 
 STATEMENT_S = 5.0
 """Bound of each transaction (rescheduled after a hold)."""
@@ -69,11 +77,13 @@ class Worker:
             dsn,
             opts.key1,
             opts.key2,
-            fencing=True,
-            fencing_table=opts.fencing_table,
-            application_name=f"fenced-{self.name}",
-            backend=opts.backend,
-            **knobs,
+            **lock_args(
+                knobs,
+                options=LockOptions(
+                    fencing=Fencing(enabled=True, table=opts.fencing_table),
+                    session=Session(application_name=f"fenced-{self.name}", backend=opts.backend),
+                ),
+            ),
         )
         self.db: Work = (
             AsyncpgWork(dsn, self.name)

@@ -22,6 +22,7 @@ import pytest
 from pgleaderlock import Coordinator, FixedInterval, WorkerContext
 from support.poll import eventually
 from support.proxy import TcpProxy, tcp_target
+from support.timings import lock_args
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,8 +69,8 @@ async def test_a_cut_off_shared_member_stops_before_its_names_are_freed(pg_dsn: 
     beliefs = Beliefs()
     async with TcpProxy(host, port) as proxy:
         cut_dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=proxy.port)
-        cut_off = Coordinator(cut_dsn, group=group, **TIMINGS)
-        other = Coordinator(pg_dsn, group=group, **TIMINGS)
+        cut_off = Coordinator(cut_dsn, **lock_args(TIMINGS, group=group))
+        other = Coordinator(pg_dsn, **lock_args(TIMINGS, group=group))
         for name in names:
             cut_off.add(name, beliefs.worker("cut_off"))
         try:

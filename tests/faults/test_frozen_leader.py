@@ -34,7 +34,7 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock, ThreadedLeaderLock, lock_keys
+from pgleaderlock import LeaderLock, LockOptions, Session, ThreadedLeaderLock, Timing, lock_keys
 from pgleaderlock.core.config import default_lease_s
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateOptions, CandidateProcess
@@ -256,8 +256,7 @@ async def test_a_threaded_lock_whose_loop_blocks_loses_its_lock_within_the_lease
     timings = LOWERED
     lock = ThreadedLeaderLock(
         LeaderLock(
-            pg_dsn, *keys, backend=backend, load_plugins=False,
-            health_interval_s=0.5, health_timeout_s=0.5, lease_s=timings.lease_s,
+            pg_dsn, *keys, health_interval_s=0.5, options=LockOptions(session=Session(backend=backend), timing=Timing(health_timeout_s=0.5, lease_s=timings.lease_s), load_plugins=False),
         )
     )  # fmt: skip
     lost = threading.Event()

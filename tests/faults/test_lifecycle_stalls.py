@@ -33,16 +33,20 @@ import pytest
 
 from pgleaderlock import (
     Coordinator,
+    Fencing,
     FixedInterval,
     LeaderLock,
     LeaderTasks,
+    LockOptions,
     LockState,
     Semaphore,
+    Timing,
     WorkerContext,
     lock_keys,
 )
 from pgleaderlock.schedule import Policy, Run, Scheduler
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.timings import lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -89,14 +93,16 @@ def replica(dsn: str, schema: str, **more: Any) -> Replica:
     lock = LeaderLock(
         dsn,
         *_keys(),
-        fencing=True,
-        fencing_schema=schema,
-        health_interval_s=HEALTH_S,
-        health_timeout_s=HEALTH_S,
-        lease_s=LEASE_S,
-        retry_strategy=FixedInterval(0.05),
-        load_plugins=False,
-        **more,
+        **lock_args(
+            more,
+            health_interval_s=HEALTH_S,
+            retry_strategy=FixedInterval(0.05),
+            options=LockOptions(
+                fencing=Fencing(enabled=True, schema=schema),
+                timing=Timing(health_timeout_s=HEALTH_S, lease_s=LEASE_S),
+                load_plugins=False,
+            ),
+        ),
     )
     sched = Scheduler(lock, schema=schema)
     tasks = LeaderTasks(lock)
@@ -298,10 +304,8 @@ async def test_a_frozen_loop_with_every_feature_in_one_process(pg_dsn: str, sche
     task and worker has stopped, each within 1 s; the lock and the semaphore lead
     again within 1 s, the names are all led again within 2 s."""
     made = replica(pg_dsn, schema)
-    sem = Semaphore(pg_dsn, f"stall-sem-{uuid.uuid4().hex[:8]}", slots=2, fencing=True,
-                    fencing_schema=schema, **KNOBS)  # fmt: skip
-    coord = Coordinator(pg_dsn, group=f"stall-{uuid.uuid4().hex[:8]}", fencing=True,
-                        fencing_schema=schema, balance_interval_s=0.1, **KNOBS)  # fmt: skip
+    sem = Semaphore(pg_dsn, f"stall-sem-{uuid.uuid4().hex[:8]}", **lock_args(KNOBS, slots=2, options=LockOptions(fencing=Fencing(enabled=True, schema=schema))))  # fmt: skip
+    coord = Coordinator(pg_dsn, **lock_args(KNOBS, group=f"stall-{uuid.uuid4().hex[:8]}", balance_interval_s=0.1, options=LockOptions(fencing=Fencing(enabled=True, schema=schema))))  # fmt: skip
     names = [f"n{i}" for i in range(4)]
     stopped: dict[str, float] = {}  # worker -> when it saw its cancellation
     sem_lost: list[float] = []

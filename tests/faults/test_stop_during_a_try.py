@@ -21,10 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock, LockState, Semaphore, lock_keys
+from pgleaderlock import LeaderLock, LockOptions, LockState, Participation, Semaphore, lock_keys
 from support.poll import eventually
 from support.proxy import proxied
 from support.server import lock_holders
+from support.timings import lock_args
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -43,9 +44,9 @@ async def test_a_semaphore_follower_stops_at_once_while_a_try_hangs(
     pg_dsn: str, figures: Callable[[str, float, str], None]
 ) -> None:
     name = f"stop-try-{uuid.uuid4().hex[:10]}"
-    holders = [Semaphore.from_name(name, pg_dsn, slots=2, **TIMINGS) for _ in range(2)]
+    holders = [Semaphore.from_name(name, pg_dsn, **lock_args(TIMINGS, slots=2)) for _ in range(2)]
     async with proxied(pg_dsn) as (proxy, dsn):
-        follower = Semaphore.from_name(name, dsn, slots=2, rescan_s=0.05, **TIMINGS)
+        follower = Semaphore.from_name(name, dsn, **lock_args(TIMINGS, slots=2, rescan_s=0.05))
         try:
             for holder in holders:
                 await holder.start()
@@ -82,10 +83,20 @@ async def test_a_lock_stops_at_once_while_the_statement_after_its_grant_hangs(
     await admin.execute(f"CREATE SCHEMA {schema}".encode())
     knobs: dict[str, Any] = {**TIMINGS, "participants_schema": schema}
     keys = lock_keys(schema)
-    leader = LeaderLock(pg_dsn, *keys, identity="leader", **knobs)
+    leader = LeaderLock(
+        pg_dsn,
+        *keys,
+        **lock_args(knobs, options=LockOptions(participation=Participation(identity="leader"))),
+    )
     try:
         async with proxied(pg_dsn) as (proxy, dsn):
-            follower = LeaderLock(dsn, *keys, identity="follower", **knobs)
+            follower = LeaderLock(
+                dsn,
+                *keys,
+                **lock_args(
+                    knobs, options=LockOptions(participation=Participation(identity="follower"))
+                ),
+            )
             try:
                 await leader.start()
                 assert await leader.wait_for_leadership(10)

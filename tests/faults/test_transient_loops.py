@@ -21,14 +21,17 @@ import pytest
 
 from pgleaderlock import (
     Coordinator,
+    Fencing,
     FixedInterval,
     LeaderLock,
     LeaderTasks,
+    LockOptions,
     WorkerContext,
     lock_keys,
 )
 from pgleaderlock.core.tables import TermTable
 from pgleaderlock.schedule import Policy, Run, Scheduler
+from support.timings import lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -60,12 +63,13 @@ async def test_a_coordinator_whose_join_is_held_joins_once_the_hold_ends(
 
     coord = Coordinator(
         pg_dsn,
-        group=f"held-{uuid.uuid4().hex[:8]}",
-        sessions=sessions,  # type: ignore[arg-type]
-        fencing=True,
-        fencing_schema=schema,
-        balance_interval_s=0.1,
-        **KNOBS,
+        **lock_args(
+            KNOBS,
+            group=f"held-{uuid.uuid4().hex[:8]}",
+            sessions=sessions,
+            balance_interval_s=0.1,
+            options=LockOptions(fencing=Fencing(enabled=True, schema=schema)),
+        ),
     )
     for name in names:
         coord.add(name, worker)
@@ -108,8 +112,7 @@ async def test_a_scheduler_statement_past_its_bound_is_one_line_and_the_slot_rer
     bound; once the hold ends the slot left ``running`` follows
     ``interrupted="rerun"``: it runs again, and is done."""
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    lock = LeaderLock(pg_dsn, *lock_keys(f"held-{uuid.uuid4().hex[:8]}"), fencing=True,
-                      fencing_schema=schema, **KNOBS)  # fmt: skip
+    lock = LeaderLock(pg_dsn, *lock_keys(f"held-{uuid.uuid4().hex[:8]}"), **lock_args(KNOBS, options=LockOptions(fencing=Fencing(enabled=True, schema=schema))))  # fmt: skip
     tasks = LeaderTasks(lock)  # first: its listener runs before the Scheduler's
 
     @tasks.task

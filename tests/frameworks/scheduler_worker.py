@@ -30,12 +30,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from psycopg import sql
 
-from pgleaderlock import LeaderLock, ThreadedLeaderLock
+from pgleaderlock import Fencing, LeaderLock, LockOptions, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler, current_run, leader_only
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
 from support.child import stdin_commands, watch_stdin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 LOCK_TIMINGS: dict[str, Any] = timings(
     retry_s=0.2, health_interval_s=0.5, connect_timeout_s=5.0, command_timeout_s=5.0
@@ -120,7 +120,12 @@ def add_job(scheduler: Any, lock: Any, recorder: Recorder, args: argparse.Namesp
 
 
 async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
-    lock = LeaderLock.from_name(args.lock_name, dsn=dsn, fencing=args.ledger, **LOCK_TIMINGS)
+    lock = LeaderLock.from_name(
+        args.lock_name,
+        **lock_args(
+            LOCK_TIMINGS, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=args.ledger))
+        ),
+    )
     recorder = Recorder(args, dsn)
     scheduler = AsyncIOScheduler()
     add_job(scheduler, lock, recorder, args)
@@ -138,7 +143,12 @@ async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
 
 def run_background(args: argparse.Namespace, dsn: str) -> None:
     lock = ThreadedLeaderLock(
-        LeaderLock.from_name(args.lock_name, dsn=dsn, fencing=args.ledger, **LOCK_TIMINGS)
+        LeaderLock.from_name(
+            args.lock_name,
+            **lock_args(
+                LOCK_TIMINGS, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=args.ledger))
+            ),
+        )
     )
     recorder = Recorder(args, dsn)
     scheduler = BackgroundScheduler()

@@ -31,7 +31,9 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from pgleaderlock import (
     ConfigurationError,
+    Fencing,
     LeaderLock,
+    LockOptions,
     LockState,
     ThreadedLeaderLock,
 )
@@ -44,7 +46,7 @@ from pgleaderlock.integrations.apscheduler import (
 from pgleaderlock.schedule import Policy
 from pgleaderlock.testing import FakeServer
 from support.poll import eventually, eventually_sync
-from support.timings import timings
+from support.timings import lock_args, timings
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -349,7 +351,12 @@ def test_threaded_locks_with_background_schedulers(pg_dsn: str, lock_name: str) 
     try:
         for label in ("a", "b"):
             lock = ThreadedLeaderLock(
-                LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True, **FAST_PG)
+                LeaderLock.from_name(
+                    lock_name,
+                    **lock_args(
+                        FAST_PG, dsn=pg_dsn, options=LockOptions(fencing=Fencing(enabled=True))
+                    ),
+                )
             )
             assert lock.wait_for_leadership(0) is False  # not started
             sched = BackgroundScheduler()
@@ -403,7 +410,7 @@ def test_threaded_locks_with_background_schedulers(pg_dsn: str, lock_name: str) 
 
 @pytest.mark.integration
 def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn: str, lock_name: str) -> None:
-    threaded = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG))
+    threaded = ThreadedLeaderLock(LeaderLock.from_name(lock_name, **lock_args(FAST_PG, dsn=pg_dsn)))
     errors: list[BaseException] = []
 
     @threaded.lock.on_acquired
@@ -446,7 +453,10 @@ async def test_catch_up_of_the_slots_nobody_ran(
         slots.append(current_run().slot)
 
     async def lead_while(condition: Callable[[], bool]) -> SchedulerBinding:
-        lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True, **FAST_PG)
+        lock = LeaderLock.from_name(
+            lock_name,
+            **lock_args(FAST_PG, dsn=pg_dsn, options=LockOptions(fencing=Fencing(enabled=True))),
+        )
         sched = AsyncIOScheduler()
         trigger = IntervalTrigger(seconds=0.25, start_date=EPOCH)
         sched.add_job(job, trigger, id="tick", misfire_grace_time=1)
@@ -505,8 +515,12 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     async def job() -> None:
         ran.append(current_run().slot)
 
-    threaded = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True,
-                                                       **FAST_PG))  # fmt: skip
+    threaded = ThreadedLeaderLock(
+        LeaderLock.from_name(
+            lock_name,
+            **lock_args(FAST_PG, dsn=pg_dsn, options=LockOptions(fencing=Fencing(enabled=True))),
+        )
+    )
     sched = AsyncIOScheduler()
     sched.add_job(job, IntervalTrigger(seconds=0.5, start_date=EPOCH), id="tick")
     sched.add_listener(errors.append, EVENT_JOB_ERROR)

@@ -21,7 +21,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from pgleaderlock import ConfigurationError, Coordinator, LeaderLock, WorkerContext
 from pgleaderlock.integrations.apscheduler import current_context, current_term, owned_only
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -55,7 +55,7 @@ async def coordinators(pg_dsn: str, group: str) -> AsyncIterator[Callable[..., C
     made: list[Coordinator] = []
 
     def make(**kwargs: Any) -> Coordinator:
-        made.append(Coordinator(pg_dsn, group=group, **{**FAST, **kwargs}))
+        made.append(Coordinator(pg_dsn, **lock_args({**FAST, **kwargs}, group=group)))
         return made[-1]
 
     yield make
@@ -176,7 +176,7 @@ async def test_a_run_in_progress_is_cancelled_before_its_name_is_released(
     await coord.remove(name)  # the replica unsubscribes: the run stops, then the unlock
     assert await asyncio.wait_for(run, BOUND_S) is None  # type: ignore[func-returns-value]
     assert held_at_cancel == [True]
-    lock = LeaderLock.from_name(name, pg_dsn, **FAST)
+    lock = LeaderLock.from_name(name, pg_dsn, **lock_args(FAST))
     async with lock:
         assert await lock.wait_for_leadership(BOUND_S), "released at once"
     assert await long_job() is None  # type: ignore[func-returns-value]  # skipped: not registered

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -34,8 +34,8 @@ async def test_health_routes_fail_for_a_wedged_lock_and_pass_for_a_follower(
     pg_dsn: str,
 ) -> None:
     name = f"otel-health-{random.randrange(10**9)}"
-    wedged = LeaderLock.from_name(name, dsn=pg_dsn, **FAST_PG)
-    follower = LeaderLock.from_name(name, dsn=pg_dsn, **FAST_PG)
+    wedged = LeaderLock.from_name(name, **lock_args(FAST_PG, dsn=pg_dsn))
+    follower = LeaderLock.from_name(name, **lock_args(FAST_PG, dsn=pg_dsn))
     release = asyncio.Event()
 
     @wedged.on_acquired

@@ -15,10 +15,10 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import Depends, FastAPI
 
-from pgleaderlock import LeaderLock
+from pgleaderlock import LeaderLock, LockOptions, Participation
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -26,7 +26,16 @@ FAST = timings(retry_s=0.05, health_interval_s=0.2)
 
 
 def replica(dsn: str, name: str, address: str) -> tuple[FastAPI, LeaderLifespan]:
-    lock = LeaderLock.from_name(name, dsn, metadata={"address": address}, identity=address, **FAST)
+    lock = LeaderLock.from_name(
+        name,
+        dsn,
+        **lock_args(
+            FAST,
+            options=LockOptions(
+                participation=Participation(metadata={"address": address}, identity=address)
+            ),
+        ),
+    )
     leader = LeaderLifespan(lock)
     app = FastAPI(lifespan=leader)
     app.include_router(leader.router())

@@ -22,10 +22,10 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import LeaderLock, LockState, ServerRefusedError
+from pgleaderlock import LeaderLock, LockOptions, LockState, ServerRefusedError, Session
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -45,7 +45,7 @@ class Cluster:
         self.events: list[str] = []
 
     def replica(self, pg_dsn: str, lock_name: str, label: str) -> tuple[FastAPI, LeaderLifespan]:
-        lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, **FAST_PG)
+        lock = LeaderLock.from_name(lock_name, **lock_args(FAST_PG, dsn=pg_dsn))
         leader = LeaderLifespan(lock)
 
         @leader.task(name="singleton")
@@ -178,7 +178,10 @@ async def test_unknown_database_stops_the_lock_and_the_app_is_not_ready(
         dsn = make_conninfo(pg_dsn, dbname=dbname)
     else:
         pytest.skip("asyncpg takes URLs only; the test DSN is in key=value form")
-    lock = LeaderLock.from_name(lock_name, dsn=dsn, backend=backend, **FAST_PG)
+    lock = LeaderLock.from_name(
+        lock_name,
+        **lock_args(FAST_PG, dsn=dsn, options=LockOptions(session=Session(backend=backend))),
+    )
     leader = LeaderLifespan(lock)
     app = FastAPI(lifespan=leader)
     app.include_router(leader.router())

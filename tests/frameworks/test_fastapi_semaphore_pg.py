@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pgleaderlock import Semaphore
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -37,7 +37,7 @@ async def test_the_leader_task_runs_on_two_of_three_replicas(pg_dsn: str) -> Non
     apps: dict[str, FastAPI] = {}
     sems: dict[str, Semaphore] = {}
     for label in ("a", "b", "c"):
-        sem = Semaphore(pg_dsn, name, slots=2, **FAST_PG)
+        sem = Semaphore(pg_dsn, name, **lock_args(FAST_PG, slots=2))
         leader = LeaderLifespan(sem)
 
         @leader.task(name="work")

@@ -25,12 +25,12 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import FencedError, LeaderLock, ThreadedLeaderLock
+from pgleaderlock import FencedError, Fencing, LeaderLock, LockOptions, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
 from support.server import Admin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -76,7 +76,13 @@ async def test_fastapi_status_term_is_the_tables_term(
     terms_table, _ = tables
     leaders = [
         LeaderLifespan(
-            LeaderLock.from_name(lock_name, pg_dsn, fencing=True, fencing_table=terms_table, **FAST)
+            LeaderLock.from_name(
+                lock_name,
+                pg_dsn,
+                **lock_args(
+                    FAST, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))
+                ),
+            )
         )
         for _ in range(2)
     ]
@@ -115,7 +121,11 @@ class SchedulerReplica:
     def __init__(self, label: str, pg_dsn: str, lock_name: str, tables: tuple[str, str]) -> None:
         terms_table, work = tables
         inner = LeaderLock.from_name(
-            lock_name, pg_dsn, fencing=True, fencing_table=terms_table, **FAST
+            lock_name,
+            pg_dsn,
+            **lock_args(
+                FAST, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))
+            ),
         )
         self.lock = ThreadedLeaderLock(inner)
         self.runs = 0

@@ -16,13 +16,20 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from pgleaderlock import FencedError, FixedInterval, LeaderLock, ThreadedLeaderLock
+from pgleaderlock import (
+    FencedError,
+    Fencing,
+    FixedInterval,
+    LeaderLock,
+    LockOptions,
+    ThreadedLeaderLock,
+)
 from pgleaderlock.integrations.apscheduler import current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.leadership import fenced_insert, lead_again, terms_in
 from support.poll import eventually
 from support.server import Admin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -32,7 +39,11 @@ FAST: dict[str, Any] = timings(
 
 
 def fencing_lock(name: str, dsn: str, table: str, **kwargs: Any) -> LeaderLock:
-    return LeaderLock.from_name(name, dsn, fencing=True, fencing_table=table, **FAST | kwargs)
+    return LeaderLock.from_name(
+        name,
+        dsn,
+        **lock_args(FAST | kwargs, options=LockOptions(fencing=Fencing(enabled=True, table=table))),
+    )
 
 
 async def test_a_fastapi_leader_tasks_shielded_unit_is_fenced_after_leading_again(

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 S = LockState
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -27,7 +27,10 @@ FAST = timings(retry_s=0.05, health_interval_s=0.5)
 async def test_the_sick_replica_gives_the_lock_to_the_healthy_one(
     pg_dsn: str, lock_name: str
 ) -> None:
-    locks = {label: LeaderLock.from_name(lock_name, pg_dsn, **FAST) for label in ("sick", "ok")}
+    locks = {
+        label: LeaderLock.from_name(lock_name, pg_dsn, **lock_args(FAST))
+        for label in ("sick", "ok")
+    }
     leaders = {
         label: LeaderLifespan(lock, give_away_after_crashes=3, give_away_cooldown_s=1.0)
         for label, lock in locks.items()

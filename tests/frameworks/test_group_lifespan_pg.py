@@ -19,13 +19,15 @@ from fastapi import Depends, FastAPI
 
 from pgleaderlock import (
     ConfigurationError,
+    Fencing,
     LeaderLock,
+    LockOptions,
     PgLeaderLockError,
     WorkerContext,
 )
 from pgleaderlock.integrations.fastapi import GroupLifespan, GroupStatus, LeaderLifespan
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -65,7 +67,7 @@ class Cluster:
             here.discard(label)
 
     def replica(self, label: str, dsn: str, count: int, **kwargs: Any) -> GroupLifespan:
-        lifespan = GroupLifespan(dsn, group=self.group, **{**FAST, **kwargs})
+        lifespan = GroupLifespan(dsn, **lock_args({**FAST, **kwargs}, group=self.group))
         for i, name in enumerate(self.names(count)):
             if i % 2:  # half take their context, half take nothing
 
@@ -185,7 +187,12 @@ async def test_tasks_spread_over_replicas_and_move_when_one_stops(
 
 
 async def test_task_names_arguments_and_context(pg_dsn: str, group: str) -> None:
-    lifespan = GroupLifespan(pg_dsn, group=group, sessions="shared", fencing=True, **FAST)
+    lifespan = GroupLifespan(
+        pg_dsn,
+        **lock_args(
+            FAST, group=group, sessions="shared", options=LockOptions(fencing=Fencing(enabled=True))
+        ),
+    )
     seen: dict[str, object] = {}
 
     @lifespan.task
@@ -259,11 +266,13 @@ async def test_a_task_that_keeps_crashing_moves_to_a_healthy_replica(
     for label in ("sick", "healthy"):
         lifespan = GroupLifespan(
             pg_dsn,
-            group=group,
-            sessions="shared",
-            give_away_after_crashes=2,
-            give_away_cooldown_s=60,
-            **FAST,
+            **lock_args(
+                FAST,
+                group=group,
+                sessions="shared",
+                give_away_after_crashes=2,
+                give_away_cooldown_s=60,
+            ),
         )
 
         async def task(label: str = label) -> None:
@@ -289,7 +298,7 @@ async def test_a_task_that_keeps_crashing_moves_to_a_healthy_replica(
 
 async def test_a_permanent_error_fails_the_app_startup(group: str) -> None:
     bad = "postgresql://postgres@127.0.0.1:5432/pgleaderlock_no_such_database"
-    lifespan = GroupLifespan(bad, group=group, sessions="shared", **FAST)
+    lifespan = GroupLifespan(bad, **lock_args(FAST, group=group, sessions="shared"))
 
     @lifespan.task
     async def never() -> None: ...
@@ -306,7 +315,7 @@ async def test_wrap_orders_own_lifespan_leader_lifespan_and_group(
     """``GroupLifespan.wrap`` composes like ``LeaderLifespan.wrap``: the wrapped
     lifespans start first and stop last."""
     order: list[str] = []
-    lifespan = GroupLifespan(pg_dsn, group=group, sessions="dedicated", **FAST)
+    lifespan = GroupLifespan(pg_dsn, **lock_args(FAST, group=group, sessions="dedicated"))
     leader = LeaderLifespan(LeaderLock.from_name(lock_name, pg_dsn))
 
     @lifespan.task(name=f"{group}:job")

@@ -10,15 +10,23 @@ import asyncio
 import signal
 import sys
 
-from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock import FixedInterval, LeaderLock, LockOptions, Participation, Timing
 
 
 async def main(dsn: str, name: str, identity: str, priority: int, schema: str) -> None:
     lock = LeaderLock.from_name(
-        name, dsn, identity=identity, priority=priority, participants_schema=schema,
-        retry_strategy=FixedInterval(1.0), health_interval_s=0.5, health_timeout_s=1.0,
-        handover_delay_s=0.1, load_plugins=False,
-    )  # fmt: skip
+        name,
+        dsn,
+        retry_strategy=FixedInterval(1.0),
+        health_interval_s=0.5,
+        options=LockOptions(
+            participation=Participation(
+                identity=identity, priority=priority, schema=schema, handover_delay_s=0.1
+            ),
+            timing=Timing(health_timeout_s=1.0),
+            load_plugins=False,
+        ),
+    )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with lock:

@@ -19,11 +19,13 @@ from pgleaderlock import (
     BackendUnavailableError,
     ConfigurationError,
     LeaderLock,
+    LockOptions,
+    Session,
     backends,
 )
 from pgleaderlock.backends.psycopg import PsycopgSession
 from pgleaderlock.core import registry
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,7 +98,7 @@ def test_backends_package_offers_the_registry_functions() -> None:
 
 def test_unknown_backend_lists_the_registered_ones() -> None:
     with pytest.raises(BackendUnavailableError, match="unknown backend 'nosuch'") as info:
-        LeaderLock(URL, 1, 2, backend="nosuch")
+        LeaderLock(URL, 1, 2, options=LockOptions(session=Session(backend="nosuch")))
     assert "asyncpg, psycopg, sqlalchemy" in str(info.value)
     assert isinstance(info.value, ImportError)
 
@@ -150,7 +152,12 @@ def test_engine_selects_sqlalchemy() -> None:
 
 def test_scheme_conflicting_with_the_name_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="asks for backend 'asyncpg'"):
-        LeaderLock("postgresql+asyncpg://app@db/app", 1, 2, backend="psycopg")
+        LeaderLock(
+            "postgresql+asyncpg://app@db/app",
+            1,
+            2,
+            options=LockOptions(session=Session(backend="psycopg")),
+        )
 
 
 def test_scheme_naming_an_unknown_driver() -> None:
@@ -188,7 +195,7 @@ def without_asyncpg(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.usefixtures("without_asyncpg")
 def test_missing_asyncpg_names_the_extra() -> None:
     with pytest.raises(BackendUnavailableError) as info:
-        LeaderLock(URL, 1, 2, backend="asyncpg")
+        LeaderLock(URL, 1, 2, options=LockOptions(session=Session(backend="asyncpg")))
     assert "pip install 'pgleaderlock[asyncpg]'" in str(info.value)
     assert isinstance(info.value.__cause__, ImportError)
     with pytest.raises(BackendUnavailableError, match=r"pgleaderlock\[asyncpg\]"):
@@ -198,8 +205,18 @@ def test_missing_asyncpg_names_the_extra() -> None:
     assert {"psycopg", "sqlalchemy"} <= set(registry.available())
     # SQLAlchemy itself is there; its asyncpg driver is not.
     with pytest.raises(BackendUnavailableError, match=r"pgleaderlock\[sqlalchemy\]"):
-        LeaderLock("postgresql+asyncpg://app@db/app", 1, 2, backend="sqlalchemy")
-    LeaderLock("postgresql+psycopg://app@db/app", 1, 2, backend="sqlalchemy")  # still fine
+        LeaderLock(
+            "postgresql+asyncpg://app@db/app",
+            1,
+            2,
+            options=LockOptions(session=Session(backend="sqlalchemy")),
+        )
+    LeaderLock(
+        "postgresql+psycopg://app@db/app",
+        1,
+        2,
+        options=LockOptions(session=Session(backend="sqlalchemy")),
+    )  # still fine
 
 
 def test_missing_sqlalchemy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,7 +230,12 @@ def test_missing_sqlalchemy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setitem(sys.modules, "sqlalchemy", None)
     registry.refresh()
     with pytest.raises(BackendUnavailableError, match=r"pip install 'pgleaderlock\[sqlalchemy\]'"):
-        LeaderLock("postgresql+asyncpg://app@db/app", 1, 2, backend="sqlalchemy")
+        LeaderLock(
+            "postgresql+asyncpg://app@db/app",
+            1,
+            2,
+            options=LockOptions(session=Session(backend="sqlalchemy")),
+        )
     assert "sqlalchemy" not in registry.available()
     chosen = LeaderLock(URL, 1, 2)._backend
     assert chosen is not None
@@ -370,7 +392,9 @@ async def test_third_party_backend_is_selected_by_name(
     assert name in registry.registered()
     assert name in registry.available()
 
-    lock = LeaderLock(pg_dsn, *keys, backend=name, **FAST)
+    lock = LeaderLock(
+        pg_dsn, *keys, **lock_args(FAST, options=LockOptions(session=Session(backend=name)))
+    )
     assert lock.follower_mode == "wait"  # asked for; this backend cannot wait: it polls
     async with lock:
         assert await lock.wait_for_leadership(10)
@@ -390,7 +414,7 @@ async def test_third_party_backend_is_selected_by_name(
         conns.append(await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True))
         return tiny.TinyConnection(conns[-1])
 
-    lock = LeaderLock(None, *keys, connect_fn=connect_fn, **FAST)
+    lock = LeaderLock(None, *keys, **lock_args(FAST, connect_fn=connect_fn))
     async with lock:
         assert await lock.wait_for_leadership(10)
         assert type(lock._slot.session).__name__ == "TinySession"
@@ -407,7 +431,7 @@ def test_third_party_backend_with_a_missing_driver_names_its_distribution(site: 
     assert "tinybroken" in registry.registered()
     assert "tinybroken" not in registry.available()
     with pytest.raises(BackendUnavailableError, match="pip install 'tiny-broken-backend'"):
-        LeaderLock(URL, 1, 2, backend="tinybroken")
+        LeaderLock(URL, 1, 2, options=LockOptions(session=Session(backend="tinybroken")))
 
 
 def test_broken_third_party_backends_do_not_break_the_others(site: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgleaderlock import ConfigurationError, LeaderLock, LockState
+from pgleaderlock import ConfigurationError, LeaderLock, LockOptions, LockState, Session
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -23,7 +23,9 @@ async def test_a_bad_connection_option_stops_the_lock(
 ) -> None:
     url = pg_dsn if pg_dsn.startswith("postgres") else f"postgresql:///?{pg_dsn}"
     dsn = url.split("?")[0] + suffix
-    lock = LeaderLock(dsn, 1, 2, backend=backend, load_plugins=False)
+    lock = LeaderLock(
+        dsn, 1, 2, options=LockOptions(session=Session(backend=backend), load_plugins=False)
+    )
     assert lock.stop_error is None
     async with lock:
         with pytest.raises(ConfigurationError, match=match):

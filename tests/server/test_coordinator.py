@@ -30,13 +30,15 @@ from pgleaderlock import (
     Coordinator,
     FencedError,
     LeaderLock,
+    LockOptions,
     ServerRefusedError,
+    Session,
     WorkerContext,
 )
 from pgleaderlock.coordination.protocol import name_keys
 from support.poll import eventually
 from support.server import Admin, lock_holders, prepared_cluster
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -89,7 +91,9 @@ async def make_coord(pg_dsn: str, group: str) -> AsyncIterator[Callable[..., Coo
     made: list[Coordinator] = []
 
     def make(**kwargs: Any) -> Coordinator:
-        coord = Coordinator(kwargs.pop("dsn", pg_dsn), **{"group": group, **FAST, **kwargs})
+        coord = Coordinator(
+            kwargs.pop("dsn", pg_dsn), **lock_args({"group": group, **FAST, **kwargs})
+        )
         made.append(coord)
         return coord
 
@@ -231,7 +235,9 @@ async def test_remove_on_the_last_replica_frees_the_name_at_once(
     print(f"{mode}: x taken by the other replica {(took - started) * 1000:.1f} ms after remove")
     assert x not in holder.owned
 
-    plain = LeaderLock.from_name(x, pg_dsn, **{k: v for k, v in FAST.items() if "balance" not in k})
+    plain = LeaderLock.from_name(
+        x, pg_dsn, **lock_args({k: v for k, v in FAST.items() if "balance" not in k})
+    )
     try:
         await plain.start()
         await eventually(lambda: plain.state.value in ("follower",), BOUND_S, "plain lock follows")
@@ -262,8 +268,8 @@ async def test_plain_lock_keeps_the_coordinator_off_its_name(
     x, y = unique("x"), unique("y")
     coord = make_coord(sessions=mode, idle_tick_s=1.0)
     timings = {k: v for k, v in FAST.items() if "balance" not in k}
-    plain = LeaderLock.from_name(f"{coord.group}:{x}", pg_dsn, **timings)
-    elsewhere = LeaderLock.from_name(x, pg_dsn, **timings)  # not the group's x
+    plain = LeaderLock.from_name(f"{coord.group}:{x}", pg_dsn, **lock_args(timings))
+    elsewhere = LeaderLock.from_name(x, pg_dsn, **lock_args(timings))  # not the group's x
     try:
         await plain.start()
         assert await plain.wait_for_leadership(BOUND_S)
@@ -571,7 +577,7 @@ async def test_view_shows_members_leaders_and_others(
     a = make_coord(sessions=mode, idle_tick_s=0.5)
     b = make_coord(sessions=mode, idle_tick_s=0.5)
     timings = {k: v for k, v in FAST.items() if "balance" not in k}
-    plain = LeaderLock.from_name(f"{a.group}:{p}", pg_dsn, **timings)  # the group's p
+    plain = LeaderLock.from_name(f"{a.group}:{p}", pg_dsn, **lock_args(timings))  # the group's p
     try:
         await plain.start()
         assert await plain.wait_for_leadership(BOUND_S)
@@ -791,12 +797,14 @@ async def test_bad_input_raises_configuration_error(pg_dsn: str, kwargs: dict[st
     args: dict[str, Any] = {"group": "g", **kwargs}
     dsn = args.pop("dsn", pg_dsn)
     with pytest.raises(ConfigurationError):
-        Coordinator(dsn, **args)
+        Coordinator(dsn, **lock_args(args))
 
 
 async def test_an_unknown_backend_is_refused(pg_dsn: str) -> None:
     with pytest.raises(BackendUnavailableError):  # as LeaderLock does
-        Coordinator(pg_dsn, group="g", backend="no-such-driver")
+        Coordinator(
+            pg_dsn, group="g", options=LockOptions(session=Session(backend="no-such-driver"))
+        )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -811,7 +819,7 @@ async def test_start_raises_a_permanent_error_promptly(
     raises them, without waiting out the connection budget."""
     key, value = query.split("=")
     dsn = make_conninfo(pg_dsn, **{key: value})
-    coord = Coordinator(dsn, group=group, sessions=mode, **FAST)  # type: ignore[arg-type]
+    coord = Coordinator(dsn, **lock_args(FAST, group=group, sessions=mode))
     coord.add(unique("x"), _noop)
     started = time.monotonic()
     try:
@@ -875,9 +883,9 @@ async def test_a_lock_in_another_database_does_not_count(
     dsn, other_dsn = two_databases
     x = unique("x")
     plain = LeaderLock.from_name(
-        x, other_dsn, **{k: v for k, v in FAST.items() if "balance" not in k}
+        x, other_dsn, **lock_args({k: v for k, v in FAST.items() if "balance" not in k})
     )
-    coord = Coordinator(dsn, group=unique("g"), sessions=mode, **FAST)  # type: ignore[arg-type]
+    coord = Coordinator(dsn, **lock_args(FAST, group=unique("g"), sessions=mode))
     w = Workers()
     coord.add(x, w.forever)
     try:

@@ -23,12 +23,12 @@ def test_a_psycopg_fence_imports_no_other_driver(pg_dsn: str) -> None:
     code = textwrap.dedent("""
         import asyncio, sys, time, uuid
         import psycopg
-        from pgleaderlock import LeaderLock
+        from pgleaderlock import Fencing, LeaderLock, LockOptions
 
         async def main(dsn):
             lock = LeaderLock.from_name(
-                f"fence-imports-{uuid.uuid4().hex[:10]}", dsn, fencing=True,
-                load_plugins=False,
+                f"fence-imports-{uuid.uuid4().hex[:10]}", dsn,
+                options=LockOptions(fencing=Fencing(enabled=True), load_plugins=False),
             )
             await lock.start()
             try:

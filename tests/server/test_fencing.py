@@ -34,7 +34,7 @@ from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.poll import eventually
 from support.server import Admin, dsn_to_url, lock_holders
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -597,7 +597,7 @@ async def test_fencing_schema(pg_dsn: str, admin: Admin) -> None:
     lock = LeaderLock.from_name(
         unique("test-fencing"),
         pg_dsn,
-        **{**FAST, "fencing": True, "fencing_table": table, "fencing_schema": schema},
+        **lock_args({**FAST, "fencing": True, "fencing_table": table, "fencing_schema": schema}),
     )
     try:
         term = await leads(lock)
@@ -616,7 +616,7 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
     table = unique("test_terms")
     options = {**FAST, "fencing": True, "fencing_table": table}
     options["retry_strategy"] = FixedInterval(10.0)  # stays a follower after step_down
-    inner = LeaderLock.from_name(unique("test-fencing-threaded"), pg_dsn, **options)
+    inner = LeaderLock.from_name(unique("test-fencing-threaded"), pg_dsn, **lock_args(options))
     try:
         with ThreadedLeaderLock(inner) as threaded, psycopg.connect(pg_dsn) as conn:
             assert threaded.wait_for_leadership(10)
@@ -638,7 +638,7 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
 async def test_fence_needs_fencing_and_a_known_connection(
     pg_dsn: str, fenced_lock: Callable[..., LeaderLock]
 ) -> None:
-    plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **FAST)
+    plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **lock_args(FAST))
     with pytest.raises(ConfigurationError, match="fencing=True"):
         await plain.fence(object())
     with pytest.raises(ConfigurationError, match="fencing=True"):

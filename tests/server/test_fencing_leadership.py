@@ -20,17 +20,19 @@ import pytest
 
 from pgleaderlock import (
     FencedError,
+    Fencing,
     FixedInterval,
     LeaderLock,
     Leadership,
     LeaderTasks,
+    LockOptions,
     ThreadedLeaderLock,
 )
 from pgleaderlock.schedule import Run, Scheduler
 from support.leadership import fenced_insert, lead_again, terms_in
 from support.poll import eventually, eventually_sync
 from support.server import Admin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -292,7 +294,9 @@ def test_a_thread_of_a_threaded_lock_keeps_the_term_it_began_under(
     term."""
     terms_table, work = fencing_table, work_table
     inner = LeaderLock.from_name(
-        unique("test-zombie-threaded"), pg_dsn, fencing=True, fencing_table=terms_table, **FAST
+        unique("test-zombie-threaded"),
+        pg_dsn,
+        **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))),
     )
     unit = Unit()
 

@@ -15,10 +15,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock, LockState, ThreadedLeaderLock, health
+from pgleaderlock import LeaderLock, LockOptions, LockState, ThreadedLeaderLock, Timing, health
 from support.poll import eventually, eventually_sync
 from support.server import Admin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -46,7 +46,7 @@ def test_a_lock_whose_event_loop_is_blocked_fails_liveness_within_its_bound(
     fail, checked from this thread, once the task is ``stall_s`` behind its schedule;
     both pass again once the loop runs."""
     stall_s = 0.5
-    threaded = ThreadedLeaderLock(LeaderLock(pg_dsn, *keys, **FAST))
+    threaded = ThreadedLeaderLock(LeaderLock(pg_dsn, *keys, **lock_args(FAST)))
     release = threading.Event()
     with threaded:
         assert threaded.wait_for_leadership(10)
@@ -79,8 +79,10 @@ async def test_a_healthy_follower_passes_while_it_waits_on_the_server(
     no step for seconds, and is healthy all along: the bound is its own schedule, not
     the time since its last step. Readiness ignores leadership unless asked."""
     stall_s = 0.3
-    leader = LeaderLock(pg_dsn, *keys, **FAST)
-    follower = LeaderLock(pg_dsn, *keys, **{**FAST, **timings(retry_s=2.0, health_interval_s=0.2)})
+    leader = LeaderLock(pg_dsn, *keys, **lock_args(FAST))
+    follower = LeaderLock(
+        pg_dsn, *keys, **lock_args({**FAST, **timings(retry_s=2.0, health_interval_s=0.2)})
+    )
     async with leader:
         assert await leader.wait_for_leadership(10)
         async with follower:
@@ -119,7 +121,12 @@ async def test_an_unknown_host_escalates_instead_of_repeating_and_fails_readines
     ``failing_s`` (liveness does not: the lock runs on time)."""
     caplog.set_level(logging.DEBUG, logger="pgleaderlock")
     host = f"otel-no-such-host-{random.randrange(10**9)}.invalid"
-    lock = LeaderLock(f"postgresql://postgres@{host}/test", 1, 2, **FAST, escalate_after_s=0.5)
+    lock = LeaderLock(
+        f"postgresql://postgres@{host}/test",
+        1,
+        2,
+        **lock_args(FAST, options=LockOptions(timing=Timing(escalate_after_s=0.5))),
+    )
     async with lock:
         await eventually(lambda: _records(caplog, "lock_failing"), 20, "lock_failing")
         stats = lock.statistics()
@@ -153,7 +160,9 @@ async def test_a_role_at_its_connection_limit_escalates_and_recovers(
     await admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
     try:
         dsn = psycopg.conninfo.make_conninfo(pg_dsn, user=role)
-        lock = LeaderLock(dsn, *keys, **FAST, escalate_after_s=0.3)
+        lock = LeaderLock(
+            dsn, *keys, **lock_args(FAST, options=LockOptions(timing=Timing(escalate_after_s=0.3)))
+        )
         async with lock:
             await eventually(lambda: _records(caplog, "lock_failing"), 20, "lock_failing")
             summary = _fields(_records(caplog, "lock_failing")[0])

@@ -21,13 +21,16 @@ from pgleaderlock import (
     FixedInterval,
     LeaderInfo,
     LeaderLock,
+    LockOptions,
     LockState,
+    Participation,
     Semaphore,
+    Session,
 )
 from pgleaderlock.core.leader import CHANNEL
 from support.poll import eventually
 from support.server import dsn_to_url
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -75,7 +78,16 @@ class Replica:
 def _replicas(url: str, keys: tuple[int, int], schema: str, n: int, **kw: Any) -> list[Replica]:
     return [
         Replica(
-            LeaderLock(url, *keys, identity=f"r{i}", participants_schema=schema, **{**FAST, **kw})
+            LeaderLock(
+                url,
+                *keys,
+                **lock_args(
+                    {**FAST, **kw},
+                    options=LockOptions(
+                        participation=Participation(identity=f"r{i}", schema=schema)
+                    ),
+                ),
+            )
         )
         for i in range(n)
     ]
@@ -89,10 +101,17 @@ async def test_every_replica_is_told_every_change(
     replicas = _replicas(url, keys, schema, 3, backend=backend)
     observer = Replica(
         LeaderLock(
-            url, *keys, identity="obs", eligible=False, participants_schema=schema,
-            backend=backend, **FAST,
+            url,
+            *keys,
+            **lock_args(
+                FAST,
+                options=LockOptions(
+                    participation=Participation(identity="obs", eligible=False, schema=schema),
+                    session=Session(backend=backend),
+                ),
+            ),
         )
-    )  # fmt: skip
+    )
     everyone = [*replicas, observer]
     expected: list[str | None] = [None]
     try:
@@ -154,7 +173,16 @@ async def test_a_forged_notify_changes_nothing(
     # granted the lock the instant the leader releases it (nobody leads in between).
     a, b = _replicas(url, keys, schema, 2, retry_strategy=FixedInterval(30.0))
     observer = Replica(
-        LeaderLock(url, *keys, identity="obs", eligible=False, participants_schema=schema, **FAST)
+        LeaderLock(
+            url,
+            *keys,
+            **lock_args(
+                FAST,
+                options=LockOptions(
+                    participation=Participation(identity="obs", eligible=False, schema=schema)
+                ),
+            ),
+        )
     )
     dsn = pg_dsn if sender == "same role" else other_role
     try:
@@ -197,9 +225,17 @@ async def test_a_forged_row_is_refused(
     await admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
     url = dsn_to_url(pg_dsn)
     lock = LeaderLock(
-        url, *keys, identity="real", metadata={"address": "real"},
-        participants_schema=schema, **FAST,
-    )  # fmt: skip
+        url,
+        *keys,
+        **lock_args(
+            FAST,
+            options=LockOptions(
+                participation=Participation(
+                    identity="real", metadata={"address": "real"}, schema=schema
+                )
+            ),
+        ),
+    )
     table = f"{schema}.pgleaderlock_participants"
     try:
         await lock.start()
@@ -212,7 +248,11 @@ async def test_a_forged_row_is_refused(
         assert seen.metadata == {"address": "real"}
         # From the other role (who may read the table): the same, and it cannot see
         # the leader's backend_start without pg_read_all_stats, so no metadata.
-        watcher = LeaderLock(other_role, *keys, participants_schema=schema, **FAST)
+        watcher = LeaderLock(
+            other_role,
+            *keys,
+            **lock_args(FAST, options=LockOptions(participation=Participation(schema=schema))),
+        )
         theirs = await watcher.leader()
         assert theirs is not None
         assert theirs.pid == pid
@@ -234,9 +274,17 @@ async def test_same_role_forgery_is_refused(
     table = f"{schema}.pgleaderlock_participants"
     await admin.execute(f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {role}")
     lock = LeaderLock(
-        other_role, *keys, identity="real", metadata={"address": "real"},
-        participants_schema=schema, **FAST,
-    )  # fmt: skip
+        other_role,
+        *keys,
+        **lock_args(
+            FAST,
+            options=LockOptions(
+                participation=Participation(
+                    identity="real", metadata={"address": "real"}, schema=schema
+                )
+            ),
+        ),
+    )
     try:
         await lock.start()  # the role creates the table: it owns it (FORCE row security)
         assert await lock.wait_for_leadership(10)
@@ -257,7 +305,7 @@ def test_a_semaphore_refuses_who_leads_options(pg_dsn: str, option: dict[str, An
     """A Semaphore's holders hold slot keys, several at once: publishing one leader's
     details there would describe nobody."""
     with pytest.raises(ConfigurationError, match="not a Semaphore"):
-        Semaphore(pg_dsn, "leader-semaphore", slots=2, **option)
+        Semaphore(pg_dsn, "leader-semaphore", **lock_args(option, slots=2))
 
 
 async def forge(

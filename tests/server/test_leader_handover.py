@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from pgleaderlock import HandOverError, LeaderLock
+from pgleaderlock import HandOverError, LeaderLock, LockOptions, Participation
 from support.poll import eventually
 from support.server import dsn_to_url
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -43,9 +43,15 @@ class Candidates:
 
     def add(self, identity: str, **kw: Any) -> LeaderLock:
         lock = LeaderLock(
-            self.url, *self.keys, identity=identity, participants_schema=self.schema,
-            **{**FAST, **kw},
-        )  # fmt: skip
+            self.url,
+            *self.keys,
+            **lock_args(
+                {**FAST, **kw},
+                options=LockOptions(
+                    participation=Participation(identity=identity, schema=self.schema)
+                ),
+            ),
+        )
         lock.on_acquired(functools.partial(self.acquired.append, identity))
         self.locks[identity] = lock
         return lock
@@ -189,7 +195,14 @@ async def test_a_rolling_restart_moves_leadership_at_most_three_times(
     name = f"rolling-{uuid.uuid4().hex[:8]}"
     told: list[tuple[int, str | None] | None] = []  # the leader, as an observer is told
     observer = LeaderLock.from_name(
-        name, pg_dsn, identity="observer", eligible=False, participants_schema=schema, **FAST
+        name,
+        pg_dsn,
+        **lock_args(
+            FAST,
+            options=LockOptions(
+                participation=Participation(identity="observer", eligible=False, schema=schema)
+            ),
+        ),
     )
     observer.on_leader_changed(
         lambda info: told.append(None if info is None else (info.pid, info.identity))

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pgleaderlock import LeaderLock
+from pgleaderlock import LeaderLock, LockOptions, Participation
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -33,12 +33,33 @@ async def test_status_shows_metadata_and_observers(pg_dsn: str, schema: str) -> 
     name = f"status-leader-{uuid.uuid4().hex[:8]}"
     common: dict[str, Any] = {"participants_schema": schema, **FAST}
     leader = LeaderLock.from_name(
-        name, pg_dsn, identity="web-1", metadata={"address": "http://web-1"}, **common
+        name,
+        pg_dsn,
+        **lock_args(
+            common,
+            options=LockOptions(
+                participation=Participation(identity="web-1", metadata={"address": "http://web-1"})
+            ),
+        ),
     )
     follower = LeaderLock.from_name(
-        name, pg_dsn, identity="web-2", metadata={"address": "http://web-2"}, **common
+        name,
+        pg_dsn,
+        **lock_args(
+            common,
+            options=LockOptions(
+                participation=Participation(identity="web-2", metadata={"address": "http://web-2"})
+            ),
+        ),
     )
-    observer = LeaderLock.from_name(name, pg_dsn, identity="dash", eligible=False, **common)
+    observer = LeaderLock.from_name(
+        name,
+        pg_dsn,
+        **lock_args(
+            common,
+            options=LockOptions(participation=Participation(identity="dash", eligible=False)),
+        ),
+    )
     observer.on_leader_changed(lambda info: None)
     try:
         await leader.start()

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from pgleaderlock import LeaderLock, LockState
+from pgleaderlock import Fencing, LeaderLock, LockOptions, LockState
 from pgleaderlock.plugins.otel import SPAN_NAME, OpenTelemetryPlugin
 from support.locks import kept
 from support.poll import eventually
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -90,8 +90,9 @@ async def test_leadership_spans_and_metrics_through_a_failover_and_a_hand_over(
     name = f"otel-{random.randrange(10**9)}"
     label = {"pgleaderlock.lock": name}
     async with kept(LeaderLock.from_name) as make:
-        first = make(name, pg_dsn, fencing=True, **FAST)
-        second = make(name, pg_dsn, fencing=True, **FAST)
+        fenced = lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
+        first = make(name, pg_dsn, **fenced)
+        second = make(name, pg_dsn, **fenced)
         for lock in (first, second):
             lock.plugins.register(telemetry.plugin)
         await first.start()

@@ -22,7 +22,7 @@ from pgleaderlock import (
 from pgleaderlock.backends import psycopg as psycopg_backend
 from support.poll import eventually
 from support.server import Admin, driver_connection
-from support.timings import timings
+from support.timings import lock_args, timings
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -34,7 +34,7 @@ FAST: dict[str, Any] = timings(retry_s=0.02, health_interval_s=0.1)
 
 
 def make(pg_dsn: str, keys: tuple[int, int], **kwargs: object) -> LeaderLock:
-    return LeaderLock(pg_dsn, *keys, **{**FAST, **kwargs})
+    return LeaderLock(pg_dsn, *keys, **lock_args({**FAST, **kwargs}))
 
 
 async def test_one_hold_after_long_leadership(
@@ -116,7 +116,7 @@ async def test_pooled_connection_is_refused(
         conns.append(conn)
         return conn
 
-    lock = LeaderLock(None, *keys, connect_fn=connect, **FAST)
+    lock = LeaderLock(None, *keys, **lock_args(FAST, connect_fn=connect))
     rec = recorder(lock)
     await lock.start()
     await rec.wait_state(S.STOPPED)

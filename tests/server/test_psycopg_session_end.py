@@ -20,7 +20,7 @@ from pgleaderlock import LeaderLock
 from support.poll import eventually
 from support.proxy import proxied
 from support.server import Admin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -44,7 +44,7 @@ async def test_a_terminated_leader_reports_the_servers_message(
     pg_dsn: str, keys: tuple[int, int], admin: Admin, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="pgleaderlock")
-    lock = LeaderLock(pg_dsn, *keys, **FAST)
+    lock = LeaderLock(pg_dsn, *keys, **lock_args(FAST))
     errors: list[BaseException] = []
     lock.on_error(errors.append)
     async with lock:
@@ -81,7 +81,7 @@ async def test_a_probe_on_a_cut_connection_leaves_nothing_on_the_event_loop(
     stayed registered under the old fd and psycopg's connect failed with
     "connection socket closed"."""
     async with proxied(pg_dsn) as (proxy, dsn):
-        lock = LeaderLock(dsn, *keys, **FAST)
+        lock = LeaderLock(dsn, *keys, **lock_args(FAST))
         errors: list[BaseException] = []
         lock.on_error(errors.append)
         async with lock:

@@ -19,7 +19,7 @@ from pgleaderlock.schedule import Policy, Run, Scheduler
 from support.poll import eventually
 from support.schedule import ledger, sched_every
 from support.server import Admin
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -33,7 +33,7 @@ class Target:
         self.dsn = dsn
 
     def lock(self, keys: tuple[int, int], **kwargs: Any) -> LeaderLock:
-        return LeaderLock(self.dsn, *keys, **{**FAST, **kwargs})
+        return LeaderLock(self.dsn, *keys, **lock_args({**FAST, **kwargs}))
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.backends import key_to_oid
 from support.poll import eventually_sync
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -65,7 +65,7 @@ def threaded_lock(
 
     def make(**kwargs: Any) -> ThreadedLeaderLock:
         options = {**FAST, "fencing": True, "fencing_table": tables[0], **kwargs}
-        lock = ThreadedLeaderLock(LeaderLock.from_name(name, pg_dsn, **options))
+        lock = ThreadedLeaderLock(LeaderLock.from_name(name, pg_dsn, **lock_args(options)))
         made.append(lock)
         return lock
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock import Fencing, FixedInterval, LeaderLock, LockOptions, Session, Timing
 from pgleaderlock.schedule import Policy, Run, Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support
@@ -38,17 +38,20 @@ async def main(name: str, prefix: str, replica: str) -> None:
     lock = LeaderLock.from_name(
         name,
         dsn=dsn,
-        fencing=True,
-        lease_s=1.5,
         health_interval_s=0.3,
-        health_timeout_s=0.5,
-        connect_timeout_s=2.0,
-        command_timeout_s=2.0,
-        fencing_grace_s=1.0,
-        drain_s=3.0,
         retry_strategy=FixedInterval(0.05),
-        application_name=f"sched-soak-{replica}",
-        load_plugins=False,
+        options=LockOptions(
+            fencing=Fencing(enabled=True, grace_s=1.0),
+            timing=Timing(
+                lease_s=1.5,
+                health_timeout_s=0.5,
+                connect_timeout_s=2.0,
+                command_timeout_s=2.0,
+                drain_s=3.0,
+            ),
+            session=Session(application_name=f"sched-soak-{replica}"),
+            load_plugins=False,
+        ),
     )
     sched = Scheduler(lock)
     pid = os.getpid()

@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgleaderlock import LeaderLock
+from pgleaderlock import LeaderLock, LockOptions, Participation
 from support.poll import eventually
 from support.server import dsn_to_url
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.timeout(600)]
 
@@ -40,8 +40,7 @@ async def test_equal_priorities_never_hand_over(
     try:
         for name in ("a", "b", "c"):
             lock = LeaderLock(
-                dsn_to_url(pg_dsn), *keys, identity=name, priority=7, handover_delay_s=0.0,
-                watch_interval_s=0.1, participants_schema=schema, **FAST,
+                dsn_to_url(pg_dsn), *keys, **lock_args(FAST, options=LockOptions(participation=Participation(identity=name, priority=7, handover_delay_s=0.0, watch_interval_s=0.1, schema=schema))),
             )  # fmt: skip
             lock.on_acquired(functools.partial(acquired.append, name))
             lock.on_released(functools.partial(handed.append, name))

@@ -62,11 +62,14 @@ import psycopg
 
 from pgleaderlock import (
     Coordinator,
+    Fencing,
     LeaderLock,
     LeaderTasks,
+    LockOptions,
     LockState,
     PgLeaderLockError,
     Semaphore,
+    Session,
     WorkerContext,
     lock_keys,
 )
@@ -138,17 +141,17 @@ class Replica:
         self.ticked = time.monotonic()  # the watch's last tick
         self.counts: Counter[str] = Counter()
         self.lock = LeaderLock.from_name(
-            LOCK_NAME, dsn=dsn, fencing=True, application_name=f"chaos:{self.cand}:lock",
-            load_plugins=False,
+            LOCK_NAME, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=True), session=Session(application_name=f"chaos:{self.cand}:lock"), load_plugins=False),
         )  # fmt: skip
         self.sem = Semaphore.from_name(
-            SEM_NAME, dsn=dsn, slots=SEM_SLOTS, fencing=True,
-            application_name=f"chaos:{self.cand}:sem", load_plugins=False,
+            SEM_NAME, dsn=dsn, slots=SEM_SLOTS, options=LockOptions(fencing=Fencing(enabled=True), session=Session(application_name=f"chaos:{self.cand}:sem"), load_plugins=False),
         )  # fmt: skip
         self.lock_tasks = LeaderTasks(self.lock)
         self.sem_tasks = LeaderTasks(self.sem)
         self.sched = Scheduler(self.lock)
-        self.coord = Coordinator(dsn, group=GROUP, fencing=True, load_plugins=False)
+        self.coord = Coordinator(
+            dsn, group=GROUP, options=LockOptions(fencing=Fencing(enabled=True), load_plugins=False)
+        )
         self.lock_tasks.add(self.lock_rows, name="rows")
         self.sem_tasks.add(self.sem_rows, name="rows")
         self.sched.every(

@@ -10,7 +10,7 @@ from typing import Any, ParamSpec
 
 from pgleaderlock import LeaderLock
 from pgleaderlock.testing.fake import FakeServer
-from support.timings import timings
+from support.timings import lock_args, timings
 
 __all__ = ["FAKE_TIMINGS", "fake_locks", "kept"]
 
@@ -58,12 +58,12 @@ async def fake_locks(
     **defaults: Any,
 ) -> AsyncIterator[Callable[..., LeaderLock]]:
     """``make(**kwargs)``: a lock on ``server`` (keys 1, 2) with ``FAKE_TIMINGS``, then
-    ``defaults``, then ``kwargs``; its sessions come from ``connect`` if given. On leaving,
+    ``defaults``, then ``kwargs`` (flat settings or ``options=``: ``lock_args``); its sessions come from ``connect`` if given. On leaving,
     hung calls are released, every lock is shut down and no session may be left open."""
 
     def build(**kwargs: Any) -> LeaderLock:
-        options = {"connect_fn": connect or server.connect, **FAKE_TIMINGS, **defaults, **kwargs}
-        return LeaderLock(None, 1, 2, **options)
+        connect_fn = {"connect_fn": connect or server.connect}
+        return LeaderLock(None, 1, 2, **lock_args(connect_fn, FAKE_TIMINGS, defaults, kwargs))
 
     async with kept(build, shutdown_s=5) as make:
         try:

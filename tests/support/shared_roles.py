@@ -28,12 +28,12 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from pgleaderlock import LeaderLock, lock_keys
+from pgleaderlock import LeaderLock, LockOptions, Participation, lock_keys
 from pgleaderlock.cli.sql import setup_sql
 from pgleaderlock.core.leader import CHANNEL
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.server import lock_holders
-from support.timings import timings
+from support.timings import lock_args, timings
 
 __all__ = ["EVIL", "FAST", "ROLES", "SCHEMA", "TABLE", "Database", "LockLoop", "publish"]
 
@@ -101,7 +101,14 @@ class Database:
 
     def lock(self, identity: str, **kwargs: Any) -> LeaderLock:
         """A lock of ``app`` on the test's keys."""
-        return LeaderLock(self.dsn("app"), *self.keys, identity=identity, **{**FAST, **kwargs})
+        return LeaderLock(
+            self.dsn("app"),
+            *self.keys,
+            **lock_args(
+                {**FAST, **kwargs},
+                options=LockOptions(participation=Participation(identity=identity)),
+            ),
+        )
 
     async def holders(self) -> list[int]:
         async with await self.connect("postgres") as conn:

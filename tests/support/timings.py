@@ -1,12 +1,33 @@
-"""Short lock timings for tests, written once: ``timings(...)``, and ``FAULT_TIMINGS``."""
+"""Short lock timings for tests, written once: ``timings(...)``, and ``FAULT_TIMINGS``;
+``lock_args`` turns such flat settings into a lock's keyword arguments."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pgleaderlock import FixedInterval
+from pgleaderlock.core.options import DEPRECATED_KEYWORDS, old_keywords, options_from_keywords
 
-__all__ = ["FAULT_TIMINGS", "timings"]
+__all__ = ["FAULT_TIMINGS", "lock_args", "timings"]
+
+
+def lock_args(*layers: Mapping[str, Any], **settings: Any) -> dict[str, Any]:
+    """Keyword arguments for a ``LeaderLock``, ``Semaphore`` or ``Coordinator`` from flat
+    settings (``timings(...)``, a fixture's defaults, a test's keywords), later layers
+    winning: the flat option names (``fencing=True``, ``lease_s=3``...) go into one
+    ``options=LockOptions(...)`` through the library's ``options_from_keywords``, with no
+    ``DeprecationWarning``; the rest (``retry_strategy``, ``group``...) stay as they are.
+    An ``options=`` in a layer is laid over the flat settings before it."""
+    merged: dict[str, Any] = {}
+    for layer in (*layers, settings):
+        given = dict(layer)
+        options = given.pop("options", None)
+        if options is not None:
+            merged.update(old_keywords(options))
+        merged.update(given)
+    flat = {key: merged.pop(key) for key in list(merged) if key in DEPRECATED_KEYWORDS}
+    return {**merged, "options": options_from_keywords(flat)}
 
 
 def timings(
@@ -18,8 +39,9 @@ def timings(
     command_timeout_s: float = 2.0,
     **more: Any,
 ) -> dict[str, Any]:
-    """Keyword arguments for a ``LeaderLock`` (or ``Coordinator``): retries every
-    ``retry_s`` (``FixedInterval``), the given health and timeouts, and ``more``."""
+    """Flat settings for a ``LeaderLock`` (or ``Coordinator``): retries every ``retry_s``
+    (``FixedInterval``), the given health and timeouts, and ``more``; pass them through
+    ``lock_args`` (the option names among them are the flat keywords of 0.1)."""
     return {
         "retry_strategy": FixedInterval(retry_s),
         "health_interval_s": health_interval_s,

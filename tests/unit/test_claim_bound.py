@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from pgleaderlock import ConnectOptions, LeaderLock
+from pgleaderlock import ConnectOptions, LeaderLock, LockOptions, Timing
 from pgleaderlock.core._logging import get_logger
 from pgleaderlock.core.config import claim_bound, lock_config
 from pgleaderlock.core.slot import _SLOTS, CLAIM_PER_SLOT_S, SessionSlot
@@ -34,9 +34,8 @@ def test_claim_bound(health_timeout_s: float, lease_s: float, claim_s: float) ->
 
 
 def test_a_lock_asks_its_sessions_for_its_claim() -> None:
-    lock = LeaderLock(
-        "postgresql://db/app", 1, 2, health_interval_s=10, health_timeout_s=4, load_plugins=False
-    )
+    options = LockOptions(timing=Timing(health_timeout_s=4), load_plugins=False)
+    lock = LeaderLock("postgresql://db/app", 1, 2, health_interval_s=10, options=options)
     assert lock._connect_options.claim_s == 2.0
     assert lock._connect_options.lease_s == lock.lease_s
 

@@ -53,11 +53,14 @@ def test_hints_name_what_to_check() -> None:
 
 def test_a_coordinator_passes_escalate_after_s_on_and_checks_it() -> None:
     """A Coordinator's locks escalate like a LeaderLock's, after the bound it is given."""
-    from pgleaderlock import Coordinator
+    from pgleaderlock import Coordinator, LockOptions, Timing
     from pgleaderlock.core.errors import ConfigurationError
 
-    coordinator = Coordinator("postgresql://u@h/db", group="g", escalate_after_s=7)
+    options = LockOptions(timing=Timing(escalate_after_s=7))
+    coordinator = Coordinator("postgresql://u@h/db", group="g", options=options)
     assert coordinator._settings.config.escalate_after_s == 7
     assert coordinator._settings.lock_kwargs["escalate_after_s"] == 7
     with pytest.raises(ConfigurationError, match="escalate_after_s"):
-        Coordinator("postgresql://u@h/db", group="g", escalate_after_s=0)
+        Coordinator(
+            "postgresql://u@h/db", group="g", options=LockOptions(timing=Timing(escalate_after_s=0))
+        )

@@ -28,8 +28,10 @@ from pgleaderlock import (
     FixedInterval,
     LeaderLock,
     LeaderTasks,
+    LockOptions,
     Participation,
     Semaphore,
+    Session,
     ThreadedLeaderLock,
     Timing,
     WorkerContext,
@@ -56,12 +58,16 @@ UNSAFE = {
 }
 
 
-def _lock(**kwargs: Any) -> LeaderLock:
-    return LeaderLock.from_name("x", DSN, load_plugins=False, **kwargs)
+def _lock(options: LockOptions | None = None, **kwargs: Any) -> LeaderLock:
+    return LeaderLock.from_name(
+        "x", DSN, options=options or LockOptions(load_plugins=False), **kwargs
+    )
 
 
-def _fenced(**kwargs: Any) -> LeaderLock:
-    return _lock(fencing=True, **kwargs)
+def _fenced(timing: Timing | None = None, grace_s: float = 2.0, **kwargs: Any) -> LeaderLock:
+    fencing = Fencing(enabled=True, grace_s=grace_s)
+    options = LockOptions(timing=timing or Timing(), fencing=fencing, load_plugins=False)
+    return _lock(options, **kwargs)
 
 
 async def _job(run: Run) -> None:
@@ -82,11 +88,11 @@ NAME_ENTRIES: dict[str, Callable[[str], object]] = {
     "lock_keys": lock_keys,
     "LeaderLock.from_name": lambda n: LeaderLock.from_name(n, DSN),
     "LeaderLock(name=)": lambda n: LeaderLock(DSN, 1, 2, name=n),
-    "application_name": lambda n: LeaderLock(DSN, 1, 2, application_name=n),
-    "identity": lambda n: _lock(identity=n),
+    "application_name": lambda n: _lock(LockOptions(session=Session(application_name=n))),
+    "identity": lambda n: _lock(LockOptions(participation=Participation(identity=n))),
     "Semaphore": lambda n: Semaphore(DSN, n, slots=2),
     "Coordinator.add": lambda n: Coordinator(DSN, group="g").add(n, _worker),
-    "trusted_roles": lambda n: _lock(trusted_roles=[n]),
+    "trusted_roles": lambda n: _lock(LockOptions(trusted_roles=[n])),
     "SlotGuard(worker=)": lambda n: SlotGuard(DSN, worker=n),
     "django Singleton": _django_singleton,
 }
@@ -192,20 +198,22 @@ def test_every_with_a_negative_interval_says_so_readably() -> None:
         Every(5)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "option", ["lease_s", "tcp_user_timeout_s", "fencing_grace_s", "health_interval_s"]
-)
+SERVER_BOUNDED: dict[str, Callable[[float], LeaderLock]] = {
+    "lease_s": lambda s: _fenced(Timing(lease_s=s)),
+    "tcp_user_timeout_s": lambda s: _fenced(Timing(tcp_user_timeout_s=s), health_interval_s=5.0),
+    "fencing_grace_s": lambda s: _fenced(grace_s=s),
+    "health_interval_s": lambda s: _fenced(health_interval_s=s),
+}
+
+
+@pytest.mark.parametrize("option", list(SERVER_BOUNDED))
 def test_durations_the_server_takes_in_milliseconds_are_bounded(option: str) -> None:
     """PostgreSQL takes at most INT_MAX ms (24.8 days) for ``idle_session_timeout``
     (the lease), ``tcp_user_timeout`` and ``lock_timeout``: more was accepted, and every
     connection then failed (``invalid value for parameter``, ``integer out of range``)."""
-    too_long = SERVER_MAX_SECONDS + 1
-    kwargs: dict[str, Any] = {option: too_long}
-    if option == "tcp_user_timeout_s":
-        kwargs["health_interval_s"] = 5.0
     with pytest.raises(ConfigurationError, match="INT_MAX ms"):
-        _fenced(**kwargs)
-    _fenced(**{option: 3600.0})  # an hour is fine
+        SERVER_BOUNDED[option](SERVER_MAX_SECONDS + 1)
+    SERVER_BOUNDED[option](3600.0)  # an hour is fine
 
 
 def test_a_retry_delay_longer_than_the_server_takes_is_capped() -> None:

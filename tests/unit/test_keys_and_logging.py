@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pgleaderlock
-from pgleaderlock import ConfigurationError, Coordinator, LeaderLock, lock_keys
+from pgleaderlock import (
+    ConfigurationError,
+    Coordinator,
+    LeaderLock,
+    LockOptions,
+    Session,
+    lock_keys,
+)
 from pgleaderlock.core._logging import format_event, get_logger, mask_dsn
 from pgleaderlock.core.keys import check_key
 
@@ -51,7 +58,9 @@ def test_bad_names_are_refused(bad: str) -> None:
     with pytest.raises(ConfigurationError, match="control characters"):
         LeaderLock.from_name(bad, "postgresql://u@h/db")
     with pytest.raises(ConfigurationError, match="control characters"):
-        LeaderLock("postgresql://u@h/db", 1, 2, application_name=bad)
+        LeaderLock(
+            "postgresql://u@h/db", 1, 2, options=LockOptions(session=Session(application_name=bad))
+        )
     with pytest.raises(ConfigurationError, match="control characters"):
         Coordinator("postgresql://u@h/db", group="g").add(bad, _worker)
 
@@ -204,7 +213,8 @@ def test_lifecycle_records_carry_event_and_lock(
     server = FakeServer()
 
     async def lead_and_stop() -> None:
-        lock = LeaderLock(None, 7, -8, connect_fn=server.connect, load_plugins=False)
+        options = LockOptions(load_plugins=False)
+        lock = LeaderLock(None, 7, -8, connect_fn=server.connect, options=options)
         async with lock:
             assert await lock.wait_for_leadership(5)
 

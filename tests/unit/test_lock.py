@@ -18,11 +18,13 @@ from pgleaderlock import (
     LockNotHeldError,
     LockState,
     RetryContext,
+    Session,
     SessionNotDedicatedError,
     ShutdownError,
 )
 from pgleaderlock.testing import FakeServer
 from support.poll import eventually
+from support.timings import lock_args
 
 if TYPE_CHECKING:
     from conftest import Recorder
@@ -720,8 +722,8 @@ async def test_lock_not_held_error_reported_when_flap_damping_off(
 )
 def test_bad_input_is_rejected_before_io(kwargs: dict[str, Any], match: str) -> None:
     args = {"dsn": "postgresql://u@localhost/db", "key1": 1, "key2": 2, **kwargs}
-    with pytest.raises(ConfigurationError, match=match):
-        LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **args)
+    with pytest.raises(ConfigurationError, match=match):  # options: from their groups
+        LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **lock_args(args))
 
 
 def test_malformed_dsn_is_rejected_and_masked() -> None:
@@ -842,7 +844,7 @@ async def test_idle_session_watch_detects_termination_at_once(
 
 def test_follower_mode_is_validated() -> None:
     with pytest.raises(ConfigurationError, match="follower_mode"):
-        LeaderLock("postgresql://h/db", 1, 2, follower_mode="block")  # type: ignore[arg-type]
+        Session(follower_mode="block")  # type: ignore[arg-type]
 
 
 def test_restart_on_another_event_loop() -> None:

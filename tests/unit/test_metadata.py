@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pgleaderlock import ConfigurationError, LeaderLock
+from pgleaderlock import ConfigurationError, LeaderLock, LockOptions, Participation
 from pgleaderlock.core.metadata import (
     METADATA_MAX_BYTES,
     METADATA_MAX_DEPTH,
@@ -59,7 +59,7 @@ def test_the_constructor_refuses_metadata_no_reader_can_represent(case: str) -> 
     passed and failed later on the server, 2,000 deep raised ``RecursionError``)."""
     document, message = REFUSED[case]
     with pytest.raises(ConfigurationError, match=message):
-        LeaderLock(DSN, 1, 2, metadata=document, load_plugins=False)
+        LeaderLock(DSN, 1, 2, options=_published(document))
     with pytest.raises(ConfigurationError, match=message):
         check_metadata(document)
 
@@ -70,7 +70,7 @@ def test_plain_json_is_accepted_as_compact_sorted_text() -> None:
     assert text is not None
     assert json.loads(text) == document
     assert text.startswith('{"a":')
-    lock = LeaderLock(DSN, 1, 2, metadata=document, load_plugins=False)
+    lock = LeaderLock(DSN, 1, 2, options=_published(document))
     assert lock.metadata == document
 
 
@@ -94,3 +94,8 @@ def test_reading_never_raises(case: str) -> None:
 def test_reading_plain_json() -> None:
     assert read_metadata('{"address": "http://a:1"}') == ({"address": "http://a:1"}, None)
     assert read_metadata("[1, 2]") == ({"value": [1, 2]}, None)
+
+
+def _published(document: object) -> LockOptions:
+    """Options that publish ``document`` (checked by ``Participation``)."""
+    return LockOptions(participation=Participation(metadata=document), load_plugins=False)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from pgleaderlock import ConnectionError, LeaderLock, LockState
+from pgleaderlock import ConnectionError, LeaderLock, LockOptions, LockState
 from pgleaderlock.plugins.metrics import MetricsPlugin
 from pgleaderlock.testing import FakeServer
 
@@ -173,7 +173,8 @@ async def test_one_plugin_many_locks_labelled_by_name(
 ) -> None:
     plugin = MetricsPlugin(registry)
     named = make_lock(name="billing-scheduler")
-    by_keys = LeaderLock(None, 3, -4, connect_fn=server.connect, load_plugins=False)
+    no_plugins = LockOptions(load_plugins=False)
+    by_keys = LeaderLock(None, 3, -4, connect_fn=server.connect, options=no_plugins)
     assert named.label == "billing-scheduler"
     assert by_keys.label == "3,-4"
     named.plugins.register(plugin)

@@ -94,12 +94,13 @@ def test_the_server_clock_is_taken_at_the_middle_of_the_round_trip() -> None:
 
 
 def test_a_scheduler_needs_fencing_and_checks_its_arguments() -> None:
-    from pgleaderlock import LeaderLock
+    from pgleaderlock import Fencing, LeaderLock, LockOptions
 
-    plain = LeaderLock("postgresql://h/db", 1, 2, load_plugins=False)
+    plain = LeaderLock("postgresql://h/db", 1, 2, options=LockOptions(load_plugins=False))
     with pytest.raises(ConfigurationError, match=r"Fencing\(enabled=True\)"):
         Scheduler(plain)
-    sched = Scheduler(LeaderLock("postgresql://h/db", 1, 2, fencing=True, load_plugins=False))
+    fenced = LockOptions(fencing=Fencing(enabled=True), load_plugins=False)
+    sched = Scheduler(LeaderLock("postgresql://h/db", 1, 2, options=fenced))
 
     async def job(run: object) -> None: ...
 

@@ -57,7 +57,7 @@ def setup_sql(
             if schema == DEFAULT_SCHEMA
             else [f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)};", ""]
         ),
-        "-- Fencing terms (LeaderLock(..., fencing=True), Coordinator(..., fencing=True)).",
+        "-- Fencing terms (a lock's or Coordinator's LockOptions(fencing=Fencing(enabled=True))).",
         terms.create + ";",
         "",
         "-- Checkpoints of a Coordinator's named workers (one row per '<group>:<name>').",
@@ -71,9 +71,9 @@ def setup_sql(
         runs.create + ";",
         schedules.create + ";",
         "",
-        "-- What locks publish about themselves (LeaderLock(..., metadata=, identity=,",
-        "-- priority=, eligible=False)): row-level security lets a session write only its",
-        "-- own rows.",
+        "-- What locks publish about themselves (LockOptions(participation=Participation(",
+        "-- metadata=, identity=, priority=, eligible=False))): row-level security lets a",
+        "-- session write only its own rows.",
         participants.create + ";",
         "",
     ]

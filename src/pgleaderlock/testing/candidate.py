@@ -77,7 +77,7 @@ class CandidateOptions:
         shutdown_timeout_s: bound of the final ``shutdown()``.
         quiet: silence the library's log; otherwise its warnings go to the child's
             stderr.
-        fencing: ``LeaderLock(fencing=True)``: the term is bumped before every
+        fencing: ``Fencing(enabled=True)``: the term is bumped before every
             acquisition is announced (its ``acquired`` events carry it).
         fencing_table: the table of terms; ``None``: the library's default.
         acquire_delay_s: with fencing, ``acquire_delay_s``; ``None``: the default (0).

@@ -38,8 +38,8 @@ class SchedulerBinding:
     is not LEADER is paused before it processes any job (and a lock that is never
     started keeps it paused). The binding owns ``pause()``/``resume()`` from then on.
 
-    **Ledger mode** (the default; needs ``LeaderLock(..., fencing=True)``): each run
-    time APScheduler submits is a slot of the job (keyed ``<lock>:<job id>``, the run
+    **Ledger mode** (the default; needs a lock with ``Fencing(enabled=True)``): each
+    run time APScheduler submits is a slot of the job (keyed ``<lock>:<job id>``, the run
     time rounded to the millisecond) in the ledger of
     [`pgleaderlock.schedule`][pgleaderlock.schedule], claimed under the lock's fencing
     term on the session that holds the lock before the job runs, so no slot runs twice

@@ -296,8 +296,8 @@ def owned_only(coordinator: Coordinator, name: str) -> _OwnedOnly:
     cannot be interrupted, so a run in progress finishes.
 
     Inside a run, [`current_term`][pgleaderlock.integrations.apscheduler.current_term]
-    returns the name's fencing term (with ``Coordinator(..., fencing=True)``), and
-    [`current_context`][pgleaderlock.integrations.apscheduler.current_context] its
+    returns the name's fencing term (with ``Fencing(enabled=True)`` in the coordinator's
+    options), and [`current_context`][pgleaderlock.integrations.apscheduler.current_context] its
     [`WorkerContext`][pgleaderlock.WorkerContext], for fenced writes and checkpoints.
 
     Use it with ``AsyncIOScheduler`` and a coordinator on the same event loop (sync

@@ -54,9 +54,9 @@ class GroupLifespan(AppLifespan):
             sessions per replica whatever the number of tasks); see
             [`Coordinator`][pgleaderlock.Coordinator].
         **coordinator_args: any other [`Coordinator`][pgleaderlock.Coordinator]
-            argument: ``fencing``, ``give_away_after_crashes``,
-            ``give_away_cooldown_s``, ``retry_strategy``, ``connect_fn``, the lock
-            knobs, ...
+            argument: ``options`` (a [`LockOptions`][pgleaderlock.LockOptions], e.g.
+            ``LockOptions(fencing=Fencing(enabled=True))``), ``give_away_after_crashes``,
+            ``give_away_cooldown_s``, ``retry_strategy``, ``connect_fn``, ...
 
     Raises:
         ConfigurationError: bad arguments (from the coordinator), before any I/O.
