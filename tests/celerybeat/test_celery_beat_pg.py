@@ -82,6 +82,7 @@ def test_one_replica_sends_each_slot_once(fleets: Callable[..., Fleet]) -> None:
     steps = {b - a for a, b in itertools.pairwise(slots)}  # type: ignore[operator]
     assert steps == {dt.timedelta(seconds=1)}, steps  # consecutive: none skipped
     assert ledger.outcomes() == dict.fromkeys(slots, "sent")
+    assert fleet.beat_headers() == [True] * len(slots)  # Celery's beat header, as upstream
     # The task id is derived from the schedule and the slot.
     for slot, task_id in executions:
         expected = uuid.uuid5(
@@ -344,6 +345,7 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
         executions = sent(fleet, pg_dsn)
         assert all(slot is not None for slot, _ in executions)
         assert len(set(executions)) == len(executions)  # no slot of a task twice
+        assert fleet.beat_headers() == [True] * len(executions)  # Celery's beat header
     except BaseException:
         print(fleet.outputs())
         raise
