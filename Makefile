@@ -6,15 +6,18 @@ demo:  ## live leader election demo (throwaway PostgreSQL unless PG_DSN is set);
 test:  ## install everything into .venv and run lint, types, docs and the whole test suite
 	./scripts/test.sh
 
-lint:
+lint:  ## ruff and mypy --strict (installs into .venv first)
+	./scripts/install.sh
 	.venv/bin/ruff check src tests benchmarks examples
 	.venv/bin/ruff format --check src tests benchmarks examples
 	.venv/bin/mypy
 
-docs:
+docs:  ## serve the docs locally (installs into .venv first)
+	./scripts/install.sh
 	.venv/bin/mkdocs serve
 
 docs-check:  ## build the docs strictly: any warning (a broken cross-reference, a missing page) fails
+	./scripts/install.sh
 	./scripts/docs_check.sh
 
 clean:

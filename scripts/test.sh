@@ -18,8 +18,7 @@ source scripts/_venv.sh
 source scripts/_system.sh
 
 echo "== python $(python_version "$VENV/bin/python") ($PY): the whole suite"
-echo "== install into $VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test,docs]'
+scripts/install.sh
 
 # The fast tiers on every other supported Python, and on the lowest dependency versions
 # pyproject.toml allows (uv's --resolution lowest-direct, on the oldest Python).

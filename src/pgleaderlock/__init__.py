@@ -21,7 +21,8 @@ async with lock:
 # do), so that ``import pgleaderlock`` loads nothing it does not use (loading every name
 # at import cost about 4x ``import asyncio``; benchmarks/import_time.py). Type checkers
 # read the ``TYPE_CHECKING`` block instead. A new public name is one entry in ``_LAZY``,
-# one line in ``__all__`` and one import in that block; a test
+# one line in ``__all__`` and one import in that block (a core name is first exported by
+# ``pgleaderlock.core``, and so by ``pgleaderlock.lowlevel``); a test
 # (tests/unit/test_exports.py) keeps the three equal.
 
 TYPE_CHECKING = False  # read as typing.TYPE_CHECKING by type checkers; typing not imported
@@ -83,98 +84,110 @@ __all__ = [
 ]
 
 _LAZY: dict[str, str] = {
-    # name: the module (relative to this package) that defines it
-    "Backend": ".core.session",
-    "BackendUnavailableError": ".core.errors",
-    "Callback": ".core.models",
-    "ConfigurationError": ".core.errors",
-    "ConnectOptions": ".core.session",
-    "ConnectionError": ".core.errors",
+    # name: the module (relative to this package) it comes from; the core's names come
+    # through the low-level layer, as everywhere outside the core (tests/unit/test_layout.py)
+    "Backend": ".lowlevel",
+    "BackendUnavailableError": ".lowlevel",
+    "Callback": ".lowlevel",
+    "ConfigurationError": ".lowlevel",
+    "ConnectOptions": ".lowlevel",
+    "ConnectionError": ".lowlevel",
     "Coordinator": ".coordination",
-    "DecorrelatedJitter": ".core.retry",
-    "ErrorCallback": ".core.models",
-    "Event": ".core.models",
-    "ExponentialBackoff": ".core.retry",
-    "FencedError": ".core.errors",
-    "Fencing": ".core.options",
-    "FixedInterval": ".core.retry",
-    "HandOverError": ".core.errors",
-    "LeaderChangedCallback": ".core.models",
-    "LeaderInfo": ".core.leader",
-    "LeaderLock": ".core.lock",
+    "DecorrelatedJitter": ".lowlevel",
+    "ErrorCallback": ".lowlevel",
+    "Event": ".lowlevel",
+    "ExponentialBackoff": ".lowlevel",
+    "FencedError": ".lowlevel",
+    "Fencing": ".lowlevel",
+    "FixedInterval": ".lowlevel",
+    "HandOverError": ".lowlevel",
+    "LeaderChangedCallback": ".lowlevel",
+    "LeaderInfo": ".lowlevel",
+    "LeaderLock": ".lowlevel",
     "LeaderTasks": ".tasks",
-    "Leadership": ".core.fencing",
-    "LockError": ".core.errors",
-    "LockNotHeldError": ".core.errors",
-    "LockOptions": ".core.options",
-    "LockSession": ".core.session",
-    "LockState": ".core.models",
-    "LockStatistics": ".core.models",
-    "MissingPrivilegeError": ".core.errors",
-    "Participant": ".core.leader",
-    "Participation": ".core.options",
-    "PgLeaderLockError": ".core.errors",
-    "PooledConnectionError": ".core.errors",
-    "RetryContext": ".core.models",
-    "RetryStrategy": ".core.retry",
-    "Semaphore": ".core.semaphore",
-    "ServerRefusedError": ".core.errors",
-    "Session": ".core.options",
-    "SessionNotDedicatedError": ".core.errors",
-    "ShutdownError": ".core.errors",
-    "StandbyError": ".core.errors",
-    "StateChangeCallback": ".core.models",
+    "Leadership": ".lowlevel",
+    "LockError": ".lowlevel",
+    "LockNotHeldError": ".lowlevel",
+    "LockOptions": ".lowlevel",
+    "LockSession": ".lowlevel",
+    "LockState": ".lowlevel",
+    "LockStatistics": ".lowlevel",
+    "MissingPrivilegeError": ".lowlevel",
+    "Participant": ".lowlevel",
+    "Participation": ".lowlevel",
+    "PgLeaderLockError": ".lowlevel",
+    "PooledConnectionError": ".lowlevel",
+    "RetryContext": ".lowlevel",
+    "RetryStrategy": ".lowlevel",
+    "Semaphore": ".lowlevel",
+    "ServerRefusedError": ".lowlevel",
+    "Session": ".lowlevel",
+    "SessionNotDedicatedError": ".lowlevel",
+    "ShutdownError": ".lowlevel",
+    "StandbyError": ".lowlevel",
+    "StateChangeCallback": ".lowlevel",
     "ThreadedLeaderLock": ".threaded",
-    "Timing": ".core.options",
-    "UnclaimedGrantError": ".core.errors",
-    "UntrustedObjectError": ".core.errors",
+    "Timing": ".lowlevel",
+    "UnclaimedGrantError": ".lowlevel",
+    "UntrustedObjectError": ".lowlevel",
     "WorkerContext": ".coordination",
-    "current_leader": ".core.leader",
-    "current_leader_sync": ".core.leader",
-    "hookimpl": ".core.hooks",
-    "lock_keys": ".core.keys",
-    "slot_keys": ".core.keys",
+    "current_leader": ".lowlevel",
+    "current_leader_sync": ".lowlevel",
+    "hookimpl": ".lowlevel",
+    "lock_keys": ".lowlevel",
+    "slot_keys": ".lowlevel",
 }
 
 if TYPE_CHECKING:
     from .coordination import Coordinator, WorkerContext
-    from .core.errors import (
+    from .lowlevel import (
+        Backend,
         BackendUnavailableError,
+        Callback,
         ConfigurationError,
         ConnectionError,
+        ConnectOptions,
+        DecorrelatedJitter,
+        ErrorCallback,
+        Event,
+        ExponentialBackoff,
         FencedError,
+        Fencing,
+        FixedInterval,
         HandOverError,
+        LeaderChangedCallback,
+        LeaderInfo,
+        LeaderLock,
+        Leadership,
         LockError,
         LockNotHeldError,
+        LockOptions,
+        LockSession,
+        LockState,
+        LockStatistics,
         MissingPrivilegeError,
+        Participant,
+        Participation,
         PgLeaderLockError,
         PooledConnectionError,
+        RetryContext,
+        RetryStrategy,
+        Semaphore,
         ServerRefusedError,
+        Session,
         SessionNotDedicatedError,
         ShutdownError,
         StandbyError,
+        StateChangeCallback,
+        Timing,
         UnclaimedGrantError,
         UntrustedObjectError,
+        current_leader,
+        current_leader_sync,
+        hookimpl,
+        lock_keys,
+        slot_keys,
     )
-    from .core.fencing import Leadership
-    from .core.hooks import hookimpl
-    from .core.keys import lock_keys, slot_keys
-    from .core.leader import LeaderInfo, Participant, current_leader, current_leader_sync
-    from .core.lock import LeaderLock
-    from .core.models import (
-        Callback,
-        ErrorCallback,
-        Event,
-        LeaderChangedCallback,
-        LockState,
-        LockStatistics,
-        RetryContext,
-        StateChangeCallback,
-    )
-    from .core.options import Fencing, LockOptions, Participation, Session, Timing
-    from .core.retry import DecorrelatedJitter, ExponentialBackoff, FixedInterval, RetryStrategy
-    from .core.semaphore import Semaphore
-    from .core.session import Backend, ConnectOptions, LockSession
     from .tasks import LeaderTasks
     from .threaded import ThreadedLeaderLock
 else:

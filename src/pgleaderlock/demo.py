@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgleaderlock.core._logging import mask_dsn
+from pgleaderlock.lowlevel import mask_dsn
 from pgleaderlock.testing.candidate import (
     DSN_ENV,
     CandidateEvent,

@@ -43,10 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.config import optional_positive, positive
-from .core.lock import LeaderLock
-from .core.machine import describe
-from .core.models import LockState
+from .lowlevel import LeaderLock, LockState, describe, optional_positive, positive
 from .schedule import Scheduler
 from .threaded import ThreadedLeaderLock
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
-from .core import (
+from .lowlevel import (
     ConfigurationError,
     Event,
     LeaderLock,
@@ -92,8 +92,9 @@ class LeaderTasks:
     and [`close`][pgleaderlock.LeaderTasks.close] end a cool-down without restarting the
     lock; a lock shut down by other code during a cool-down is started again at its end.
 
-    Create the ``LeaderTasks`` before starting the lock (tasks follow the state changes
-    it sees). [`close`][pgleaderlock.LeaderTasks.close] detaches it from the lock.
+    A ``LeaderTasks`` may be made before the lock starts or while it runs: made while
+    the lock leads, its tasks start as they are added.
+    [`close`][pgleaderlock.LeaderTasks.close] detaches it from the lock.
 
     Args:
         lock: the lock whose leadership the tasks follow.
@@ -157,7 +158,8 @@ class LeaderTasks:
             gave_up=self._gave_up,
             cancel_timeout_s=positive("cancel_timeout_s", cancel_timeout_s),
         )
-        self._leading = False
+        # Made while the lock leads already: the tasks start as they are added.
+        self._leading = lock.is_leader
         self._plugin: object | None = follow_state(
             lock, self._on_state_change, leaving=self._leaving
         )

@@ -16,11 +16,15 @@ import threading
 from collections.abc import Iterator
 from typing import Self
 
-from .core.config import not_negative, positive
-from .core.errors import ConfigurationError, ShutdownError
-from .core.fencing import Leadership
-from .core.lock import LeaderLock
-from .core.models import LockState
+from .lowlevel import (
+    ConfigurationError,
+    LeaderLock,
+    Leadership,
+    LockState,
+    ShutdownError,
+    not_negative,
+    positive,
+)
 
 __all__ = ["ThreadedLeaderLock"]
 

@@ -218,8 +218,8 @@ async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
                 server.terminate(session)
             refused = "ConnectionError: connection refused"
             # the lost session's own error comes first; then each retry is refused
-            for lock in (a, b):
-                await eventually(lambda lock=lock: str(lock.statistics().last_error) == "connection refused")
+            await eventually(lambda: str(a.statistics().last_error) == "connection refused")
+            await eventually(lambda: str(b.statistics().last_error) == "connection refused")
             for http in (http_a, http_b):
                 retrying = await http.get("/leader/healthz")
                 assert retrying.status_code == 200

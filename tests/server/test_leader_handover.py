@@ -108,6 +108,8 @@ async def test_hand_over_refuses_a_replica_that_is_not_waiting(candidates: Candi
     assert await a.wait_for_leadership(10)
     with pytest.raises(HandOverError, match="not waiting"):
         await a.hand_over(to="nobody")
+    with pytest.raises(HandOverError, match="own identity"):
+        await a.hand_over(to="a")  # not a silent no-op
     b = candidates.add("b", eligible=False)
     await b.start()
     with pytest.raises(HandOverError, match="not waiting"):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -18,7 +20,16 @@ PACKAGE = Path(pgleaderlock.__file__).resolve().parent
 CORE = PACKAGE / "core"
 MACHINE = CORE / "machine"
 
-OUTER = ("backends", "integrations", "plugins", "cli", "coordination", "schedule", "testing")
+LOWLEVEL = PACKAGE / "lowlevel.py"
+OUTSIDE = sorted(
+    path.name
+    for path in PACKAGE.iterdir()
+    if path.name not in ("core", LOWLEVEL.name)
+    and (path.suffix == ".py" or (path / "__init__.py").is_file())
+)
+"""Every package and module of ``pgleaderlock`` outside the core and its low-level layer
+(read from the tree, so that a new one is checked too)."""
+OUTER = (*(Path(name).stem for name in OUTSIDE if name != "__init__.py"), "lowlevel")
 DRIVERS = ("psycopg", "asyncpg", "sqlalchemy", "psycopg2")
 IO = ("asyncio", "socket", "selectors", "threading", "subprocess", *DRIVERS)
 
@@ -27,11 +38,13 @@ def modules(root: Path) -> Iterator[Path]:
     yield from sorted(root.rglob("*.py"))
 
 
-def imported(path: Path) -> set[str]:
-    """Absolute names of the modules ``path`` imports (relative ones resolved)."""
+def imported(path: Path, source: str | None = None) -> set[str]:
+    """Absolute names of the modules ``path`` imports (relative ones resolved); of
+    ``source`` instead of the file's text, if given, read as if it were at ``path``."""
     package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text, str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -149,31 +162,117 @@ COORDINATION = PACKAGE / "coordination"
 BACKENDS = PACKAGE / "backends"
 
 
+def crossings(path: Path, source: str | None = None) -> list[str]:
+    """The imports of ``path`` (or of ``source`` read as if it were ``path``) that reach
+    into the core other than through ``pgleaderlock.lowlevel``'s exported names."""
+    import pgleaderlock.lowlevel as lowlevel
+
+    found = []
+    for name in sorted(imported(path, source)):
+        parts = name.split(".")
+        into_core = parts[:2] == ["pgleaderlock", "core"]
+        unexported = parts[:2] == ["pgleaderlock", "lowlevel"] and (
+            len(parts) > 3 or (len(parts) == 3 and parts[2] not in lowlevel.__all__)
+        )
+        if into_core or unexported:
+            found.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    return found
+
+
+@pytest.mark.parametrize("outside", OUTSIDE)
+def test_outside_the_core_every_core_name_comes_from_the_lowlevel_layer(outside: str) -> None:
+    """Every package and module outside the core (the backends too: a third-party
+    backend must be writable from the documented layer, so the built-in ones are) takes
+    the core's names from ``pgleaderlock.lowlevel``, and only names it exports: never
+    ``pgleaderlock.core`` or one of its modules, never a private name. Only
+    ``lowlevel.py`` imports the core (its ``__all__`` is the one list). The core may
+    change behind that layer, and a name an outer layer needs is exported and
+    documented there, not reached for."""
+    root = PACKAGE / outside
+    paths = list(modules(root)) if root.is_dir() else [root]
+    assert paths
+    assert [found for path in paths for found in crossings(path)] == []
+    if outside == "__init__.py":  # its lazy names are strings, not imports
+        import pgleaderlock
+
+        assert not [m for m in pgleaderlock._LAZY.values() if m.startswith(".core")]
+
+
+def test_the_layer_check_sees_what_it_looks_for() -> None:
+    """The check covers the outer layers, sees their imports, and fails on a broken one."""
+    assert {"integrations", "cli", "plugins", "health.py", "threaded.py", "schedule"} <= set(
+        OUTSIDE
+    )
+    assert {"backends", "coordination", "status", "testing", "__init__.py"} <= set(OUTSIDE)
+    assert "pgleaderlock.lowlevel.SessionSlot" in imported(COORDINATION / "membership.py")
+    assert "pgleaderlock.lowlevel.run_on_session" in imported(PACKAGE / "schedule" / "scheduler.py")
+    module = PACKAGE / "integrations" / "fastapi" / "leader.py"
+    broken = {
+        "from ...core.errors import ConfigurationError": "pgleaderlock.core.errors",
+        "from ...core import ConfigurationError": "pgleaderlock.core",
+        "import pgleaderlock.core.lock": "pgleaderlock.core.lock",
+        "from ...lowlevel import _private": "pgleaderlock.lowlevel._private",
+    }
+    for source, name in broken.items():
+        found = crossings(module, module.read_text() + source + "\n")
+        assert f"integrations/fastapi/leader.py imports {name}" in found, source
+    assert "lowlevel.py imports pgleaderlock.core" in crossings(LOWLEVEL)
+
+
 @pytest.mark.parametrize(
     ("layer", "also"), [("coordination", ()), ("schedule", ("pgleaderlock.tasks",))]
 )
-def test_layers_import_only_the_cores_public_surface(layer: str, also: tuple[str, ...]) -> None:
-    """The Coordinator and the Scheduler build on ``pgleaderlock.core``'s exported names
-    (its ``__all__``; the Scheduler also on ``LeaderTasks``), never on a core module or
-    on another outer layer: the core may change behind that surface, and neither layer
-    can grow a copy of what it hides."""
-    import pgleaderlock.core as core
-
+def test_the_coordinator_and_the_scheduler_build_on_the_layer_alone(
+    layer: str, also: tuple[str, ...]
+) -> None:
+    """The Coordinator and the Scheduler build on ``pgleaderlock.lowlevel`` (the
+    Scheduler also on ``LeaderTasks``), never on another outer layer: neither can grow a
+    copy of what another hides."""
     offenders = []
     for path in modules(PACKAGE / layer):
         for name in imported(path):
             parts = name.split(".")
-            if parts[0] != "pgleaderlock" or len(parts) < 2 or parts[1] == layer:
+            if parts[0] != "pgleaderlock" or len(parts) < 2 or parts[1] in (layer, "lowlevel"):
                 continue
-            public = parts[1] == "core" and (
-                len(parts) == 2 or (len(parts) == 3 and parts[2] in core.__all__)
-            )
-            if not public and not any(name == a or name.startswith(a + ".") for a in also):
+            if not any(name == a or name.startswith(a + ".") for a in also):
                 offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert offenders == []
-    assert all(hasattr(core, name) for name in core.__all__)
-    assert "pgleaderlock.core.SessionSlot" in imported(COORDINATION / "membership.py")
-    assert "pgleaderlock.core.run_on_session" in imported(PACKAGE / "schedule" / "scheduler.py")
+    assert "pgleaderlock.tasks.LeaderTasks" in imported(PACKAGE / "schedule" / "scheduler.py")
+
+
+def documented(module: ModuleType) -> list[str]:
+    """The names the docstring of ``pgleaderlock.lowlevel`` lists, by theme."""
+    themes = (module.__doc__ or "").split("Names, by theme:", 1)[-1]
+    return re.findall(r"(?<!`)`([A-Za-z_][A-Za-z0-9_]*)`(?!`)", themes)
+
+
+def test_the_lowlevel_layer_is_the_cores_list_resolved_documented_and_used() -> None:
+    """``pgleaderlock.lowlevel`` exports ``pgleaderlock.core.__all__`` (the one list),
+    every name resolves to the core's object, its docstring lists each name once under
+    a theme and lists nothing else, and no name is dead surface: each is imported by at
+    least one module outside the core (a name kept for third-party code only would need
+    a reason here)."""
+    import pgleaderlock.core as core
+    import pgleaderlock.lowlevel as lowlevel
+
+    names = lowlevel.__all__
+    assert names is core.__all__
+    assert len(names) == len(set(names))
+    assert [n for n in names if getattr(lowlevel, n) is not getattr(core, n)] == []
+    namespace: dict[str, object] = {}
+    exec("from pgleaderlock.lowlevel import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(names)
+    listed = documented(lowlevel)
+    assert sorted(listed) == sorted(names), set(listed) ^ set(names)
+    used = {
+        name.split(".")[2]
+        for path in modules(PACKAGE)
+        if not path.is_relative_to(CORE) and path != LOWLEVEL
+        for name in imported(path)
+        if name.startswith("pgleaderlock.lowlevel.")
+    }
+    assert sorted(set(names) - used) == []
+    assert {"first_line", "get"} <= used  # the scan sees what it looks for
 
 
 def test_no_backend_module_decides_a_policy() -> None:

@@ -26,6 +26,14 @@ def test_every_counts_from_the_epoch_not_from_a_start() -> None:
     assert shifted.after(at(2026, 1, 1, 10, 5)) == at(2026, 1, 1, 10, 5, 30)
     assert five.spec == "every 300s"
     assert shifted.spec == "every 300s offset 30s"
+    # A spec is exact and one per schedule: an offset shows within one interval (a start
+    # time as offset is not "offset 1.79592e+09s"), and no digit is rounded away.
+    started = Every(dt.timedelta(hours=1), dt.timedelta(seconds=1_795_921_323.5))
+    assert started.spec == "every 3600s offset 123.5s"
+    assert started.spec == Every(dt.timedelta(hours=1), dt.timedelta(seconds=123.5)).spec
+    assert Every(dt.timedelta(seconds=1_234_567)).spec == "every 1234567s"
+    assert Every(dt.timedelta(seconds=1_234_568)).spec != "every 1234567s"
+    assert Every(dt.timedelta(microseconds=1500)).spec == "every 0.0015s"
     # Sub-second intervals are exact (integer microseconds, no float drift).
     tenth = Every(dt.timedelta(milliseconds=100))
     assert tenth.after(at(2026, 1, 1) + dt.timedelta(microseconds=999_999_999)) == at(

@@ -35,28 +35,30 @@ Importing this package imports none of them, and no driver.
 
 from __future__ import annotations
 
-from ..core.errors import (
-    ConfigurationError,
-    ConnectionError,
-    LockError,
-    SessionNotDedicatedError,
-)
-from ..core.keys import key_to_oid, oid_to_key
-from ..core.registry import available, get, refresh, registered
-from ..core.session import (
+from ..lowlevel import (
     AbortableSession,
     Backend,
+    ConfigurationError,
+    ConnectionError,
     ConnectOptions,
     FencedSessions,
     FencingSession,
     KeepAliveSession,
+    LockError,
     LockSession,
     ProbingSession,
     QuerySession,
+    SessionNotDedicatedError,
     SocketSession,
     TableSession,
     WaitingSession,
     WatchableSession,
+    available,
+    get,
+    key_to_oid,
+    oid_to_key,
+    refresh,
+    registered,
 )
 from .base import (
     ALIVE,

@@ -25,15 +25,17 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 import asyncpg
 import asyncpg.pool
 
-from ..core._logging import mask_dsn
-from ..core.errors import (
+from ..lowlevel import (
+    Backend,
     ConfigurationError,
     ConnectionError,
+    ConnectOptions,
     LockError,
+    LockSession,
     PooledConnectionError,
     SessionNotDedicatedError,
+    mask_dsn,
 )
-from ..core.session import Backend, ConnectOptions, LockSession
 from .base import (
     CANCEL_TIMEOUT_S,
     CONNECTION_SQLSTATE_CLASSES,

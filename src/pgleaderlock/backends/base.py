@@ -30,19 +30,21 @@ import functools
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
-from ..core.errors import (
+from ..lowlevel import (
     ConnectionError,
+    FencedSessions,
+    LibraryTable,
     MissingPrivilegeError,
     PgLeaderLockError,
+    TableCheck,
+    TermTable,
 )
-from ..core.errors import SessionNotDedicatedError as SessionNotDedicatedError
-from ..core.errors import StandbyError as StandbyError
-from ..core.errors import UnclaimedGrantError as UnclaimedGrantError
-from ..core.keys import key_to_oid as key_to_oid
-from ..core.session import ConnectOptions as ConnectOptions
-from ..core.session import FencedSessions
-from ..core.session import SessionInfo as SessionInfo
-from ..core.tables import LibraryTable, TableCheck, TermTable
+from ..lowlevel import ConnectOptions as ConnectOptions
+from ..lowlevel import SessionInfo as SessionInfo
+from ..lowlevel import SessionNotDedicatedError as SessionNotDedicatedError
+from ..lowlevel import StandbyError as StandbyError
+from ..lowlevel import UnclaimedGrantError as UnclaimedGrantError
+from ..lowlevel import key_to_oid as key_to_oid
 from .checked import CheckedSession
 from .errors import (
     CONNECTION_SQLSTATE_CLASSES,

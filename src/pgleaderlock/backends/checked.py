@@ -21,9 +21,14 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..core.errors import ConnectionError, SessionNotDedicatedError, StandbyError
-from ..core.keys import key_to_oid
-from ..core.session import ConnectOptions, SessionInfo
+from ..lowlevel import (
+    ConnectionError,
+    ConnectOptions,
+    SessionInfo,
+    SessionNotDedicatedError,
+    StandbyError,
+    key_to_oid,
+)
 from .errors import ErrorClass, check_pid, translate
 from .sockets import tcp_acknowledged
 from .sql import (

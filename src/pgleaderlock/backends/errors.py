@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..core._logging import mask_dsn
-from ..core.errors import (
+from ..lowlevel import (
     ConfigurationError,
     PgLeaderLockError,
     ServerRefusedError,
     SessionNotDedicatedError,
+    mask_dsn,
     sqlstate,
 )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NoReturn
 
-from ..core.errors import (
+from ..lowlevel import (
     ConnectionError,
     PgLeaderLockError,
     SessionNotDedicatedError,

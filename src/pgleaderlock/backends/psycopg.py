@@ -24,15 +24,17 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from ..core._logging import mask_dsn
-from ..core.errors import (
+from ..lowlevel import (
+    Backend,
     ConfigurationError,
     ConnectionError,
+    ConnectOptions,
     LockError,
+    LockSession,
     PooledConnectionError,
     ServerRefusedError,
+    mask_dsn,
 )
-from ..core.session import Backend, ConnectOptions, LockSession
 from .base import (
     CANCEL_TIMEOUT_S,
     WAIT_LOCK,

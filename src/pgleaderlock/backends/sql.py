@@ -13,8 +13,7 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..core.config import TermTable
-from ..core.tables import CHECK_TABLE, trusted_roles_sql
+from ..lowlevel import CHECK_TABLE, TermTable, trusted_roles_sql
 
 __all__ = [
     "ALIVE",

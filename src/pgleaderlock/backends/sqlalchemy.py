@@ -39,10 +39,19 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from ..core._logging import mask_dsn
-from ..core.config import LibraryTable, TermTable
-from ..core.errors import BackendUnavailableError, ConfigurationError, ConnectionError
-from ..core.session import Backend, ConnectOptions, FencedSessions, LockSession, SessionInfo
+from ..lowlevel import (
+    Backend,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConnectionError,
+    ConnectOptions,
+    FencedSessions,
+    LibraryTable,
+    LockSession,
+    SessionInfo,
+    TermTable,
+    mask_dsn,
+)
 from .base import check_target_session_attrs, translate
 from .psycopg import PsycopgSession
 

@@ -43,8 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise missing_extra("the pgleaderlock command line", "click and loguru", "cli", exc) from exc
 
 from .. import __version__
-from ..core._logging import mask_dsn
-from ..core.text import printable
+from ..lowlevel import mask_dsn, printable
 from . import exits
 from .acquire import acquire
 from .cron import cron

@@ -12,7 +12,7 @@ import math
 
 import click
 
-from ..core.lock import LeaderLock
+from ..lowlevel import LeaderLock
 from .exits import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
 from .options import Common, check_wait, lock_options, log_options, seconds_option, wait_option

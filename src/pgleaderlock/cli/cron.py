@@ -18,9 +18,7 @@ import signal
 
 import click
 
-from ..core.errors import ConfigurationError
-from ..core.lock import LeaderLock
-from ..core.retry import ExponentialBackoff
+from ..lowlevel import ConfigurationError, ExponentialBackoff, LeaderLock
 from ..proctree.tree import become_subreaper
 from ..schedule import Cron, Every, JobFunction, Policy, Run, RunFailed, Scheduler, Timing
 from .exec import exit_status, start_tree

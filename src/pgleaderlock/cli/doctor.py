@@ -56,11 +56,15 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.workers import CheckpointTable
-from ..core.config import SAFE_SETTINGS
-from ..core.errors import ConfigurationError
-from ..core.leader import ParticipantTable
-from ..core.registry import without_driver
-from ..core.tables import LibraryTable, TableCheck, TermTable
+from ..lowlevel import (
+    SAFE_SETTINGS,
+    ConfigurationError,
+    LibraryTable,
+    ParticipantTable,
+    TableCheck,
+    TermTable,
+    without_driver,
+)
 from ..schedule.ledger import OUTCOME_CHECK, RunTable, ScheduleTable
 from ..status.render import json_default
 from .doctor_checks import (

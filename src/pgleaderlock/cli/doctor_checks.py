@@ -17,11 +17,17 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..coordination.workers import CheckpointTable
-from ..core.config import SAFE_SETTINGS
-from ..core.errors import ConfigurationError, MissingPrivilegeError, UntrustedObjectError
-from ..core.leader import ParticipantTable
-from ..core.tables import LibraryTable, TableCheck, TermTable
-from ..core.text import printable
+from ..lowlevel import (
+    SAFE_SETTINGS,
+    ConfigurationError,
+    LibraryTable,
+    MissingPrivilegeError,
+    ParticipantTable,
+    TableCheck,
+    TermTable,
+    UntrustedObjectError,
+    printable,
+)
 from .exits import EXIT_OK
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..core.tables import quoted
+from ..lowlevel import quoted
 from ..schedule.ledger import OUTCOME_CHECK, WORKER_COLUMNS, WORKER_POLICY, RunTable
 from .doctor_checks import Check
 

@@ -18,10 +18,7 @@ from typing import Any
 
 import click
 
-from ..core.errors import PgLeaderLockError
-from ..core.lock import LeaderLock
-from ..core.options import lock_arguments
-from ..core.semaphore import Semaphore
+from ..lowlevel import LeaderLock, PgLeaderLockError, Semaphore, lock_arguments
 from ..proctree.tree import CommandTree, become_subreaper, held_by_keeper
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, CliError
 from .logs import log

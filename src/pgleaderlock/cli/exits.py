@@ -19,8 +19,7 @@ from .._exitcodes import (
     EXIT_USAGE,
     signal_exit,
 )
-from ..core._logging import mask_dsn
-from ..core.text import first_line, printable
+from ..lowlevel import first_line, mask_dsn, printable
 
 __all__ = [
     "EXIT_CANNOT_EXECUTE",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from ..core._logging import format_event
+from ..lowlevel import format_event
 
 if TYPE_CHECKING:
     from loguru import Record

@@ -23,11 +23,15 @@ from typing import Any, TypeVar, cast
 
 import click
 
-from ..core.config import check_roles
-from ..core.config import positive as core_positive
-from ..core.errors import ConfigurationError
-from ..core.keys import check_key, lock_keys
-from ..core.tables import DEFAULT_SCHEMA, check_identifier
+from ..lowlevel import (
+    DEFAULT_SCHEMA,
+    ConfigurationError,
+    check_identifier,
+    check_key,
+    check_roles,
+    lock_keys,
+)
+from ..lowlevel import positive as core_positive
 from .exits import CliError
 from .logs import setup_logging
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import time
 
-from ..core.models import RetryContext
-from ..core.retry import RetryStrategy
+from ..lowlevel import RetryContext, RetryStrategy
 from .tracker import Tracker
 
 __all__ = ["WAIT_CHUNK_S", "Deadline", "FailFast"]

@@ -13,11 +13,7 @@ import signal
 
 import click
 
-from ..core._logging import mask_dsn
-from ..core.errors import ConfigurationError
-from ..core.lock import LeaderLock
-from ..core.machine import is_permanent
-from ..core.retry import ExponentialBackoff
+from ..lowlevel import ConfigurationError, ExponentialBackoff, LeaderLock, is_permanent, mask_dsn
 from .exits import EXIT_NOT_ACQUIRED, EXIT_OK, CliError
 from .logs import log
 from .options import Common, lock_options, log_options, seconds_option

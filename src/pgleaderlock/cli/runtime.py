@@ -18,12 +18,14 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..core.errors import PgLeaderLockError
-from ..core.lock import LeaderLock
-from ..core.machine import is_permanent
-from ..core.options import lock_arguments
-from ..core.registry import driver_dsn
-from ..core.retry import RetryStrategy
+from ..lowlevel import (
+    LeaderLock,
+    PgLeaderLockError,
+    RetryStrategy,
+    driver_dsn,
+    is_permanent,
+    lock_arguments,
+)
 from .exits import CliError, first_line, signal_exit
 from .logs import log
 from .options import Common

@@ -10,9 +10,7 @@ from __future__ import annotations
 import click
 
 from ..coordination.workers import CheckpointTable
-from ..core.errors import ConfigurationError
-from ..core.leader import ParticipantTable
-from ..core.tables import DEFAULT_SCHEMA, TermTable, quoted
+from ..lowlevel import DEFAULT_SCHEMA, ConfigurationError, ParticipantTable, TermTable, quoted
 from ..schedule.ledger import RunTable, ScheduleTable, WorkerRunTable
 from .exits import EXIT_OK, CliError
 from .options import schema_option

@@ -18,9 +18,7 @@ import psycopg
 
 from ..coordination.protocol import check_group, name_keys
 from ..coordination.workers import CheckpointTable
-from ..core.config import check_roles
-from ..core.errors import ConfigurationError, ConnectionError
-from ..core.leader import ParticipantTable
+from ..lowlevel import ConfigurationError, ConnectionError, ParticipantTable, check_roles
 from ..schedule.ledger import RunTable, ScheduleTable
 from ..status import (
     add_participants,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..core.hooks import hookimpl
-from ..core.lock import LeaderLock
-from ..core.models import LockState
+from ..lowlevel import LeaderLock, LockState, hookimpl
 from .logs import log
 
 __all__ = ["Tracker"]

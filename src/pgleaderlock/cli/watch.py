@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from .._extras import missing_extra
-from ..core.text import printable
+from ..lowlevel import printable
 from ..status.render import json_default
 from .exits import EXIT_OK, CliError
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..core import get_logger
+from ..lowlevel import get_logger
 from . import balance
 from .events import GroupEvent, Look
 from .mailbox import Mailbox

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Literal, Self, Unpack
 
-from ..core import (
+from ..lowlevel import (
     DEPRECATED_KEYWORDS,
     ConfigurationError,
     DeprecatedOptions,

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..core import LeaderLock, LockState, follow_state, get_logger, lock_arguments, oid_to_key
+from ..lowlevel import LeaderLock, LockState, follow_state, get_logger, lock_arguments, oid_to_key
 from . import balance
 from .events import Broken, GroupEvent, Look, NameEvent
 from .member import Engine

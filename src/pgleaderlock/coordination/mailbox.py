@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..core import SessionSlot, get_logger
+from ..lowlevel import SessionSlot, get_logger
 from .events import GroupEvent, Look, Received
 from .membership import Membership
 from .protocol import Message, channel

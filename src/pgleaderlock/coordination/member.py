@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from ..core import LockState, get_logger, is_permanent
+from ..lowlevel import LockState, get_logger, is_permanent
 from . import balance
 from .balancer import Balancer
 from .events import Broken, GroupEvent, Look, MemberGone, NameEvent, Received, Stop, looks

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ..core import (
+from ..lowlevel import (
     LeaderLock,
     LockState,
     RetryContext,

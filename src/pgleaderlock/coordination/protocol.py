@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from ..core import ConfigurationError, check_name, lock_keys
+from ..lowlevel import ConfigurationError, check_name, lock_keys
 
 __all__ = [
     "Key",

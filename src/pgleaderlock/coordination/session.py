@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
-from ..core import (
+from ..lowlevel import (
     ConfigurationError,
     ConnectOptions,
     FencedSessions,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import Backend, LockConfig, RetryStrategy, SessionFactory, TermTable
+from ..lowlevel import Backend, LockConfig, RetryStrategy, SessionFactory, TermTable
 from .workers import CheckpointTable
 
 __all__ = ["Settings"]

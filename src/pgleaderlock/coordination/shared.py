@@ -32,13 +32,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from ..core import (
-    LockState,
-    SessionSlot,
-    TermTable,
-    get_logger,
-    is_permanent,
-)
+from ..lowlevel import LockState, SessionSlot, TermTable, get_logger, is_permanent
 from . import balance
 from .events import GroupEvent, MemberGone
 from .member import Engine

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ..core import SessionSlot, WaitingSession, can, get_logger
+from ..lowlevel import SessionSlot, WaitingSession, can, get_logger
 from .events import GroupEvent, MemberGone
 from .membership import Membership
 from .protocol import Key, member_key

@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from ..core import ConfigurationError, Leadership, LibraryTable, Supervisor, fetch_row
+from ..lowlevel import ConfigurationError, Leadership, LibraryTable, Supervisor, fetch_row
 from .protocol import checkpoint_name, name_keys
 
 if TYPE_CHECKING:
-    from ..core import RetryStrategy, TermTable
+    from ..lowlevel import RetryStrategy, TermTable
 
 __all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
 

@@ -1,39 +1,76 @@
 """The backend-neutral core of pgleaderlock: state machine, lifecycle task, retry, keys.
 
-Nothing in this package imports a database driver. What the layers above it (the
-Coordinator, the leader tasks, the integrations) build on is exported here: they import
-from ``pgleaderlock.core``, never from its modules, so that the modules may change
-behind this surface (a layout test checks it for the Coordinator).
+Nothing in this package imports a database driver or a layer above it. Its modules are
+the implementation; what the layers above build on is the list below (``__all__``),
+published and documented for integration authors as ``pgleaderlock.lowlevel``. Outside
+the core only ``pgleaderlock/lowlevel.py`` imports this package, and nothing imports one
+of its modules, so that they may change behind that list (tests/unit/test_layout.py).
+A name an outer layer needs is added here, once, and documented in ``lowlevel``.
 """
 
-from ._logging import get_logger
-from .calls import CallGuard, CallInterrupted, Interrupted, bounded
+from ._logging import format_event, get_logger, mask_dsn
+from .calls import CallInterrupted as CallInterrupted  # not in __all__: no layer uses it
+from .calls import Interrupted as Interrupted  # deprecated alias, kept for 0.2 (CHANGELOG)
+from .calls import bounded
 from .config import (
     DEFAULT_SCHEMA,
+    MAX_SECONDS,
+    SAFE_SETTINGS,
     LibraryTable,
     LockConfig,
     TermTable,
     check_roles,
     lock_config,
     not_negative,
+    optional_positive,
     positive,
     session_settings,
 )
 from .errors import (
+    BackendUnavailableError,
     ConfigurationError,
     ConnectionError,
     FencedError,
+    HandOverError,
+    LockError,
+    LockNotHeldError,
     MissingPrivilegeError,
     PgLeaderLockError,
+    PooledConnectionError,
+    ServerRefusedError,
+    SessionNotDedicatedError,
+    ShutdownError,
+    StandbyError,
+    UnclaimedGrantError,
     UntrustedObjectError,
+    sqlstate,
 )
 from .fencing import Leadership, fence_transaction
-from .hooks import callback_plugin, follow_state
-from .keys import check_name, lock_keys, oid_to_key
-from .leader import Target, short_session
+from .hooks import callback_plugin, follow_state, hookimpl
+from .keys import check_key, check_name, find_slot, key_to_oid, lock_keys, oid_to_key, slot_keys
+from .leader import (
+    PUBLISHED_FIELDS,
+    LeaderInfo,
+    Participant,
+    ParticipantTable,
+    Target,
+    current_leader,
+    current_leader_sync,
+    published,
+    short_session,
+)
 from .lock import LeaderLock, lock_settings, run_on_session
-from .machine import is_permanent
-from .models import Event, LockState, RetryContext
+from .machine import describe, is_permanent
+from .models import (
+    Callback,
+    ErrorCallback,
+    Event,
+    LeaderChangedCallback,
+    LockState,
+    LockStatistics,
+    RetryContext,
+    StateChangeCallback,
+)
 from .options import (
     DEPRECATED_KEYWORDS,
     DeprecatedOptions,
@@ -46,94 +83,172 @@ from .options import (
     lock_arguments,
     merge_deprecated,
     old_keywords,
-    options_from_keywords,
 )
-from .registry import fetch_row, transaction
+from .participants import participants_of
+from .registry import (
+    available,
+    driver_dsn,
+    fetch_row,
+    get,
+    refresh,
+    registered,
+    transaction,
+    without_driver,
+)
 from .retry import (
+    DecorrelatedJitter,
+    ExponentialBackoff,
+    FixedInterval,
     RetryStrategy,
     check_retry_strategy,
     default_retry_strategy,
     delay_or_give_up,
 )
+from .semaphore import Semaphore
 from .session import (
+    AbortableSession,
     Backend,
     ConnectOptions,
     FencedSessions,
+    FencingSession,
+    KeepAliveSession,
+    LockSession,
+    ProbingSession,
     QuerySession,
     SessionFactory,
+    SessionInfo,
+    SocketSession,
     TableSession,
     WaitingSession,
+    WatchableSession,
 )
 from .slot import SessionSlot, can, connection_target
 from .supervisor import Supervisor, check_give_away
-from .tables import check_identifier
+from .tables import CHECK_TABLE, TableCheck, check_identifier, quoted, trusted_roles_sql
+from .text import first_line, printable, printable_tree
 
 __all__ = [
+    "CHECK_TABLE",
     "DEFAULT_SCHEMA",
     "DEPRECATED_KEYWORDS",
+    "MAX_SECONDS",
+    "PUBLISHED_FIELDS",
+    "SAFE_SETTINGS",
+    "AbortableSession",
     "Backend",
-    "CallGuard",
-    "CallInterrupted",
+    "BackendUnavailableError",
+    "Callback",
     "ConfigurationError",
     "ConnectOptions",
     "ConnectionError",
+    "DecorrelatedJitter",
     "DeprecatedOptions",
+    "ErrorCallback",
     "Event",
+    "ExponentialBackoff",
     "FencedError",
     "FencedSessions",
     "Fencing",
-    "Interrupted",
+    "FencingSession",
+    "FixedInterval",
+    "HandOverError",
+    "KeepAliveSession",
+    "LeaderChangedCallback",
+    "LeaderInfo",
     "LeaderLock",
     "Leadership",
     "LibraryTable",
     "LockConfig",
+    "LockError",
+    "LockNotHeldError",
     "LockOptions",
+    "LockSession",
     "LockState",
+    "LockStatistics",
     "MissingPrivilegeError",
+    "Participant",
+    "ParticipantTable",
     "Participation",
     "PgLeaderLockError",
+    "PooledConnectionError",
+    "ProbingSession",
     "QuerySession",
     "RetryContext",
     "RetryStrategy",
+    "Semaphore",
+    "ServerRefusedError",
     "Session",
     "SessionFactory",
+    "SessionInfo",
+    "SessionNotDedicatedError",
     "SessionSlot",
+    "ShutdownError",
+    "SocketSession",
+    "StandbyError",
+    "StateChangeCallback",
     "Supervisor",
+    "TableCheck",
     "TableSession",
     "Target",
     "TermTable",
     "Timing",
+    "UnclaimedGrantError",
     "UntrustedObjectError",
     "WaitingSession",
+    "WatchableSession",
+    "available",
     "bounded",
     "callback_plugin",
     "can",
     "check_give_away",
     "check_identifier",
+    "check_key",
     "check_name",
     "check_options",
     "check_retry_strategy",
     "check_roles",
     "connection_target",
+    "current_leader",
+    "current_leader_sync",
     "default_retry_strategy",
     "delay_or_give_up",
+    "describe",
+    "driver_dsn",
     "fence_transaction",
     "fetch_row",
+    "find_slot",
+    "first_line",
     "follow_state",
+    "format_event",
+    "get",
     "get_logger",
+    "hookimpl",
     "is_permanent",
+    "key_to_oid",
     "lock_arguments",
     "lock_config",
     "lock_keys",
     "lock_settings",
+    "mask_dsn",
     "merge_deprecated",
     "not_negative",
     "oid_to_key",
     "old_keywords",
-    "options_from_keywords",
+    "optional_positive",
+    "participants_of",
     "positive",
+    "printable",
+    "printable_tree",
+    "published",
+    "quoted",
+    "refresh",
+    "registered",
     "run_on_session",
     "session_settings",
     "short_session",
+    "slot_keys",
+    "sqlstate",
     "transaction",
+    "trusted_roles_sql",
+    "without_driver",
 ]

@@ -309,13 +309,17 @@ class Participating:
             timeout_s: as for [`step_down`][pgleaderlock.LeaderLock.step_down].
 
         Raises:
-            HandOverError: this lock does not lead, published no row, or ``to`` is
-                not waiting for the lock now as a candidate of a trusted role.
+            HandOverError: this lock does not lead, published no row, ``to`` is its
+                own identity, or ``to`` is not waiting for the lock now as a candidate of
+                a trusted role.
         """
         if not self.is_leader:
             raise HandOverError(f"{self.label}: not leading, nothing to hand over")
         if to == self._identity:
-            return
+            raise HandOverError(
+                f"{self.label}: {to!r} is this lock's own identity, which leads already "
+                "(give a waiting replica's identity)"
+            )
         if not self._published:
             raise HandOverError(
                 f"{self.label}: this lock has no row in {self._participants.shown} (give it "

@@ -62,11 +62,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise missing_extra(__name__, "prometheus_client", "metrics", exc) from exc
 
-from ..core.hooks import hookimpl
-from ..core.models import LockState
+from ..lowlevel import LockState, hookimpl
 
 if TYPE_CHECKING:
-    from ..core.lock import LeaderLock
+    from ..lowlevel import LeaderLock
 
 __all__ = ["MetricsPlugin"]
 

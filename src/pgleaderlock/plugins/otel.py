@@ -102,12 +102,10 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise missing_extra(__name__, "opentelemetry-api", "otel", exc) from exc
 
 from .. import __version__
-from ..core.hooks import hookimpl
-from ..core.machine import describe
-from ..core.models import LockState
+from ..lowlevel import LockState, describe, hookimpl
 
 if TYPE_CHECKING:
-    from ..core.lock import LeaderLock
+    from ..lowlevel import LeaderLock
 
 __all__ = ["INSTRUMENTATION_NAME", "SPAN_NAME", "OpenTelemetryPlugin"]
 

@@ -27,11 +27,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core._logging import get_logger
-from ..core.lock import LeaderLock, lock_settings, run_on_session
-from ..core.semaphore import Semaphore
-from ..core.session import QuerySession
-from ..core.slot import SessionSlot
+from ..lowlevel import (
+    LeaderLock,
+    QuerySession,
+    Semaphore,
+    SessionSlot,
+    get_logger,
+    lock_settings,
+    run_on_session,
+)
 
 __all__ = ["guard_dir", "host_lock", "lock_file"]
 

@@ -20,9 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..core.lock import LeaderLock, lock_settings, run_on_session
-from ..core.session import SocketSession
-from ..core.slot import SessionSlot
+from ..lowlevel import LeaderLock, SessionSlot, SocketSession, lock_settings, run_on_session
 from .hostlock import host_lock
 from .keeper import _PR_SET_CHILD_SUBREAPER, descendants, prctl, processes
 

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from ..core import (
+from ..lowlevel import (
     DEFAULT_SCHEMA,
     ConfigurationError,
     QuerySession,

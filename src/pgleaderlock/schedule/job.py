@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from ..core import FencedError, check_name, fetch_row, transaction
+from ..lowlevel import FencedError, check_name, fetch_row, transaction
 from .policy import Policy, takes_old_keywords
 from .timing import Timing
 

@@ -28,7 +28,7 @@ import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core import LibraryTable, TermTable
+from ..lowlevel import LibraryTable, TermTable
 
 __all__ = [
     "ADMITTED",

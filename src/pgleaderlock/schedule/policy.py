@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict, TypeVar
 
-from ..core import ConfigurationError, positive
+from ..lowlevel import ConfigurationError, positive
 
 __all__ = [
     "CatchUp",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Unpack
 
-from ..core import (
+from ..lowlevel import (
     ConfigurationError,
     ConnectionError,
     Event,
@@ -76,7 +76,9 @@ class Scheduler:
     the session that holds the lock) before it starts the job. A slot is claimed at most
     once, ever; slot times come from the database server's clock.
 
-    Create it before starting the lock, and start it next to the lock:
+    Make it before the lock starts or while it runs, and start it next to the lock (a
+    scheduler made while the lock leads runs its jobs at once; one never started logs
+    ``scheduler_not_started`` once, when its lock leads):
 
     ```python
     lock = LeaderLock.from_name(
@@ -146,8 +148,9 @@ class Scheduler:
         terms = config.term_table
         if terms is None:
             raise ConfigurationError(
-                "Scheduler needs LeaderLock(..., fencing=True): every slot is claimed under "
-                "the lock's fencing term"
+                "Scheduler needs a lock with fencing (LeaderLock(..., "
+                "options=LockOptions(fencing=Fencing(enabled=True)))): every slot is "
+                "claimed under the lock's fencing term"
             )
         where = terms.schema if schema is None else check_identifier("schema", schema)
         self._ledger = Ledger(
@@ -168,6 +171,9 @@ class Scheduler:
         self._drained = asyncio.Event()  # set when the lock drains: no new slot starts
         self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drained.set)
         lock.plugins.register(self._drain_plugin)
+        self._idle_plugin: object | None = callback_plugin(Event.ACQUIRED, self._never_started)
+        lock.plugins.register(self._idle_plugin)
+        self._warned = False  # that the jobs wait for start() while the lock leads
         self._started = False
         self._stop_error: PgLeaderLockError | None = None
         self.clock = ServerClock()
@@ -317,9 +323,11 @@ class Scheduler:
         ledger; the next leader applies the job's ``interrupted`` policy). To let the
         current runs finish, shut the lock down first with its ``drain_s``."""
         self._started = False
-        plugin, self._drain_plugin = self._drain_plugin, None
-        if plugin is not None and self._lock.plugins.is_registered(plugin):
-            self._lock.plugins.unregister(plugin)
+        plugins = (self._drain_plugin, self._idle_plugin)
+        self._drain_plugin = self._idle_plugin = None
+        for plugin in plugins:
+            if plugin is not None and self._lock.plugins.is_registered(plugin):
+                self._lock.plugins.unregister(plugin)
         await self._tasks.close()
 
     async def __aenter__(self) -> Scheduler:
@@ -335,6 +343,15 @@ class Scheduler:
         later); its ledger rows stay."""
         if self._jobs.pop(name, None) is not None:
             await self._tasks.remove(name)
+
+    def _never_started(self) -> None:
+        """The lock leads, and this scheduler's jobs wait for a ``start()`` that has not
+        come: say so, once (they would not run, without a word)."""
+        if not self._started and self._jobs and not self._warned:
+            self._warned = True
+            hint = "enter `async with scheduler:` or await scheduler.start()"
+            log.warning("scheduler_not_started", lock=self._lock.label,
+                        jobs=",".join(self._jobs), hint=hint)  # fmt: skip
 
     def _start(self, job: Job) -> None:
         async def drive() -> None:

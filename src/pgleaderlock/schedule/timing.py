@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..core import ConfigurationError
+from ..lowlevel import ConfigurationError
 
 __all__ = ["Cron", "Every", "ServerClock", "Timing", "utc"]
 
@@ -79,8 +79,11 @@ class Every:
 
     @property
     def spec(self) -> str:
-        shift = f" offset {self.offset.total_seconds():g}s" if self._shift else ""
-        return f"every {self.interval.total_seconds():g}s{shift}"
+        """``every 300s offset 30s``: exact, and the same for every equal schedule (the
+        offset is shown within one interval), since the ledger starts a schedule's
+        history again when its spec changes."""
+        shift = f" offset {_shown(self._shift)}s" if self._shift else ""
+        return f"every {_shown(self._step)}s{shift}"
 
     def _index(self, when: dt.datetime) -> int:
         """The number of the last slot at or before ``when``."""
@@ -175,6 +178,12 @@ def _cronsim() -> Any:
             "(every(...) schedules need nothing)"
         ) from exc
     return cronsim
+
+
+def _shown(microseconds: int) -> str:
+    """Microseconds as exact seconds: ``1800``, ``0.25``, ``1234567.000001``."""
+    whole, fraction = divmod(microseconds, 1_000_000)
+    return f"{whole}.{fraction:06d}".rstrip("0").rstrip(".") if fraction else str(whole)
 
 
 def _microseconds(delta: dt.timedelta) -> int:

@@ -18,11 +18,16 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..core._logging import mask_dsn
-from ..core.config import SAFE_SETTINGS, check_roles
-from ..core.errors import ConfigurationError, ConnectionError
-from ..core.registry import without_driver
-from ..core.text import first_line, printable
+from ..lowlevel import (
+    SAFE_SETTINGS,
+    ConfigurationError,
+    ConnectionError,
+    check_roles,
+    first_line,
+    mask_dsn,
+    printable,
+    without_driver,
+)
 from .models import Trust
 
 __all__ = ["APPLICATION_NAME", "ServerInfo", "bounded", "connect", "open_connection", "server_info"]

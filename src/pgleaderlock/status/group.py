@@ -18,8 +18,7 @@ from psycopg import sql
 
 from ..coordination.protocol import checkpoint_name, member_key, name_keys, prefix
 from ..coordination.workers import CheckpointTable
-from ..core.keys import oid_to_key
-from ..core.text import first_line
+from ..lowlevel import first_line, oid_to_key
 from .connection import ServerInfo
 from .models import GroupReport, Member, MemberSession, NameLeader, Session
 from .sessions import (

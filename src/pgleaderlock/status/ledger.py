@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import psycopg
 
-from ..core.text import first_line
+from ..lowlevel import first_line
 from ..schedule.ledger import RunTable, ScheduleTable
 from .models import Run, ScheduleReport
 from .tables import _unreadable

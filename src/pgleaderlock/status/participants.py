@@ -7,10 +7,14 @@ from typing import Any
 
 import psycopg
 
-from ..core.keys import key_to_oid
-from ..core.leader import PUBLISHED_FIELDS, ParticipantTable, published
-from ..core.participants import participants_of
-from ..core.text import first_line
+from ..lowlevel import (
+    PUBLISHED_FIELDS,
+    ParticipantTable,
+    first_line,
+    key_to_oid,
+    participants_of,
+    published,
+)
 from .models import LockReport, ParticipantRow
 from .tables import unreadable
 

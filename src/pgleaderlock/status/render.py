@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..core.text import printable_tree
+from ..lowlevel import printable_tree
 
 __all__ = ["json_default", "render_all", "render_group", "render_one", "schedule_lines"]
 

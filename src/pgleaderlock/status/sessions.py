@@ -20,8 +20,7 @@ from typing import Any, cast
 import psycopg
 
 from ..backends.sql import trusted_roles_sql
-from ..core.errors import ConfigurationError
-from ..core.keys import find_slot, key_to_oid, lock_keys, oid_to_key
+from ..lowlevel import ConfigurationError, find_slot, key_to_oid, lock_keys, oid_to_key
 from .connection import ServerInfo
 from .models import AdvisoryLock, AllLocksReport, LockReport, Session
 

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from ..backends.sql import TABLE_CHECK
-from ..core.tables import LibraryTable, TableCheck
+from ..lowlevel import LibraryTable, TableCheck
 
 __all__ = ["unreadable"]
 

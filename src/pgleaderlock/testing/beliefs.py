@@ -33,8 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..core.lock import LeaderLock
-from ..core.models import LockState
+from ..lowlevel import LeaderLock, LockState
 
 __all__ = [
     "FROZEN_RESUME_LIMIT_S",

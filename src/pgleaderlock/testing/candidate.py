@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
-from ..core.models import LockState
+from ..lowlevel import LockState
 from .candidate_child import main
 from .candidate_protocol import DSN_ENV, MODULE, CandidateEvent, parse_event, write_event
 

@@ -14,12 +14,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.errors import ShutdownError
-from ..core.lock import LeaderLock
-from ..core.models import LockState
-from ..core.options import lock_arguments
-from ..core.retry import FixedInterval
-from ..core.semaphore import Semaphore
+from ..lowlevel import (
+    FixedInterval,
+    LeaderLock,
+    LockState,
+    Semaphore,
+    ShutdownError,
+    lock_arguments,
+)
 from .candidate_protocol import DSN_ENV, MODULE, write_event
 
 __all__ = ["main"]

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..core.tables import DEFAULT_SCHEMA, LibraryTable
+from ..lowlevel import DEFAULT_SCHEMA, LibraryTable
 from .fake_session import PROBES as PROBES
 from .fake_session import FakeSession
 

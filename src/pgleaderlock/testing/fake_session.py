@@ -11,9 +11,14 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from ..core.errors import ConnectionError
-from ..core.session import ConnectOptions, FencedSessions, SessionInfo
-from ..core.tables import LibraryTable, TermTable
+from ..lowlevel import (
+    ConnectionError,
+    ConnectOptions,
+    FencedSessions,
+    LibraryTable,
+    SessionInfo,
+    TermTable,
+)
 
 if TYPE_CHECKING:
     from .fake import FakeServer

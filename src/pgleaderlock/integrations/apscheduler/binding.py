@@ -10,11 +10,7 @@ import datetime as dt
 import threading
 from typing import Any, Unpack
 
-from ...core._logging import get_logger
-from ...core.config import not_negative
-from ...core.errors import ConfigurationError
-from ...core.lock import lock_settings
-from ...core.models import LockState
+from ...lowlevel import ConfigurationError, LockState, get_logger, lock_settings, not_negative
 from ...schedule.policy import Policy, PolicyKeywords, policy_from
 from ...schedule.scheduler import Job, Scheduler
 from ...tasks import follow_state

@@ -16,11 +16,8 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
 from ...coordination import Coordinator, WorkerContext
-from ...core._logging import get_logger
-from ...core.errors import ConfigurationError
-from ...core.fencing import Leadership as FencingToken
-from ...core.lock import LeaderLock
-from ...core.models import LockState
+from ...lowlevel import ConfigurationError, LeaderLock, LockState, get_logger
+from ...lowlevel import Leadership as FencingToken
 from ...tasks import follow_state
 from .runs import Leadership, _leadership, _lock_of, _run_context
 

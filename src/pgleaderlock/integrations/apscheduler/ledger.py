@@ -16,10 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...core._logging import get_logger
-from ...core.config import MAX_SECONDS
-from ...core.errors import ConfigurationError, FencedError
-from ...core.lock import LeaderLock
+from ...lowlevel import MAX_SECONDS, ConfigurationError, FencedError, LeaderLock, get_logger
 from ...schedule.policy import Policy
 from ...schedule.scheduler import Job, Run, Scheduler, check_job_name
 from ...threaded import ThreadedLeaderLock

@@ -6,9 +6,8 @@ from __future__ import annotations
 import contextvars
 
 from ...coordination import WorkerContext
-from ...core.errors import ConfigurationError
-from ...core.fencing import Leadership as FencingToken
-from ...core.lock import LeaderLock
+from ...lowlevel import ConfigurationError, LeaderLock
+from ...lowlevel import Leadership as FencingToken
 from ...schedule.scheduler import Run
 from ...threaded import ThreadedLeaderLock
 

@@ -15,9 +15,7 @@ from celery.beat import Scheduler as BeatScheduler
 from celery.beat import logger as beat_logger
 from celery.schedules import crontab
 
-from ...core import ConfigurationError, get_logger
-from ...core.lock import LeaderLock
-from ...core.models import LockState
+from ...lowlevel import ConfigurationError, LeaderLock, LockState, get_logger
 from ...schedule import Policy, Run, Scheduler, Timing
 from ...threaded import ThreadedLeaderLock
 from .headers import send_headers, task_id

@@ -8,8 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import DEFAULT_SCHEMA, ConfigurationError, lock_arguments, not_negative, positive
-from ...core.lock import LeaderLock
+from ...lowlevel import (
+    DEFAULT_SCHEMA,
+    ConfigurationError,
+    LeaderLock,
+    lock_arguments,
+    not_negative,
+    positive,
+)
 from ...schedule import Policy, SlotGuard
 from ...schedule.policy import takes_old_keywords
 

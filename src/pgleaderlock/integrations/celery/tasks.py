@@ -10,7 +10,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from ...core import get_logger
+from ...lowlevel import get_logger
 from ...schedule import SlotGuard
 from .headers import SCHEDULE_HEADER, SLOT_HEADER
 from .settings import BeatSettings

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import schedules as celery_schedules
 
-from ...core import ConfigurationError, positive
+from ...lowlevel import ConfigurationError, positive
 from ...schedule import Cron, Every, Timing
 
 __all__ = ["timing_of"]

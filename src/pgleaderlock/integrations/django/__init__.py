@@ -35,7 +35,7 @@ try:
 except ImportError as exc:
     raise missing_extra("pgleaderlock.integrations.django", "Django", "django", exc) from exc
 
-from ...core.lock import LeaderLock
+from ...lowlevel import LeaderLock
 from ...threaded import ThreadedLeaderLock
 from .conf import LOCK_OPTIONS, Settings, build_dsn, load, make_lock
 

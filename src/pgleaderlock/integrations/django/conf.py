@@ -28,9 +28,7 @@ from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 from psycopg.conninfo import make_conninfo
 
-from ...core.errors import PgLeaderLockError
-from ...core.lock import LeaderLock
-from ...core.options import DEPRECATED_KEYWORDS, lock_arguments
+from ...lowlevel import DEPRECATED_KEYWORDS, LeaderLock, PgLeaderLockError, lock_arguments
 from ...schedule.ledger import RunTable, ScheduleTable
 
 __all__ = ["LOCK_OPTIONS", "Settings", "build_dsn", "check_lock_options", "load", "make_lock"]

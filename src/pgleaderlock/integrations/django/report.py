@@ -17,9 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypedDict
 
-from ...core.config import check_roles
-from ...core.keys import lock_keys
-from ...core.text import printable_tree
+from ...lowlevel import check_roles, lock_keys, printable_tree
 from ...status import LockReport, ScheduleReport, connect, lock_report, schedule_report, server_info
 from ...status.render import render_one, schedule_lines
 from .conf import Settings, build_dsn

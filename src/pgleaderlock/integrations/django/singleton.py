@@ -72,14 +72,18 @@ from ...cli.exits import (
 from ...cli.options import Common, Target
 from ...cli.retry import Deadline
 from ...cli.runtime import not_acquired_error, permanent_error, preflight
-from ...core._logging import mask_dsn
-from ...core.config import not_negative, positive
-from ...core.errors import ConfigurationError, ShutdownError
-from ...core.hooks import follow_state
-from ...core.keys import check_name
-from ...core.lock import LeaderLock
-from ...core.machine import is_permanent
-from ...core.models import LockState
+from ...lowlevel import (
+    ConfigurationError,
+    LeaderLock,
+    LockState,
+    ShutdownError,
+    check_name,
+    follow_state,
+    is_permanent,
+    mask_dsn,
+    not_negative,
+    positive,
+)
 from ...proctree.marked import MarkedRun
 from ...threaded import ThreadedLeaderLock
 from .conf import build_dsn, load, make_lock

@@ -12,8 +12,7 @@ from typing import Any, Literal, TypeVar, overload
 from fastapi import APIRouter, HTTPException
 
 from ...coordination import Coordinator, WorkerContext, WorkerFunction
-from ...core.errors import ConfigurationError
-from ...core.machine import describe
+from ...lowlevel import ConfigurationError, describe
 from .lifespan import AppLifespan
 from .models import GroupStatus
 from .routes import NOT_READY_STATUS_CODE, status_router

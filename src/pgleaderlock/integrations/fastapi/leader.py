@@ -11,15 +11,18 @@ from typing import Any, TypeVar, overload
 
 from fastapi import APIRouter, HTTPException, Response
 
-from ...core._logging import get_logger
-from ...core.config import optional_positive, positive
-from ...core.errors import ShutdownError
-from ...core.leader import LeaderInfo
-from ...core.lock import LeaderLock
-from ...core.machine import describe
-from ...core.models import LockState
-from ...core.retry import RetryStrategy
 from ...health import DEFAULT_FAILING_S, DEFAULT_STALL_S, HealthReport, check, live
+from ...lowlevel import (
+    LeaderInfo,
+    LeaderLock,
+    LockState,
+    RetryStrategy,
+    ShutdownError,
+    describe,
+    get_logger,
+    optional_positive,
+    positive,
+)
 from ...tasks import LeaderTasks, TaskFunction
 from .lifespan import AppLifespan
 from .models import HealthStatus, LeaderStatus, LeaderView

@@ -15,9 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from ...core.leader import LeaderInfo
-from ...core.models import LockState
 from ...health import HealthReport
+from ...lowlevel import LeaderInfo, LockState
 
 __all__ = ["GroupStatus", "HealthStatus", "LeaderStatus", "LeaderView", "view_fields"]
 

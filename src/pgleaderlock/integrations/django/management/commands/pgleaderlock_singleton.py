@@ -9,9 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pgleaderlock.cli.exits import EXIT_HELD, EXIT_USAGE
-from pgleaderlock.core.config import positive
-from pgleaderlock.core.errors import ConfigurationError
 from pgleaderlock.integrations.django.singleton import Singleton
+from pgleaderlock.lowlevel import ConfigurationError, positive
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints

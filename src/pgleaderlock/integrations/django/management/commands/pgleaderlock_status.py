@@ -12,10 +12,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from pgleaderlock._exitcodes import EXIT_USAGE
-from pgleaderlock.core.errors import ConfigurationError, ConnectionError
-from pgleaderlock.core.text import first_line
 from pgleaderlock.integrations.django.conf import load
 from pgleaderlock.integrations.django.report import build_report, render_report
+from pgleaderlock.lowlevel import ConfigurationError, ConnectionError, first_line
 from pgleaderlock.status.render import json_default
 
 
