@@ -100,7 +100,7 @@ if _PAUSE:
 @app.task(bind=True, name="beatapp.record")  # type: ignore[untyped-decorator]
 def record(self: Any, label: str) -> None:
     """Record this execution: the slot the beat sent it for (from its header), the task
-    id and who ran it."""
+    id, who ran it, and Celery's ``celery_beat_task`` header."""
     _write(self.request, label)
 
 
@@ -118,7 +118,8 @@ def _write(request: Any, label: str) -> None:
     with psycopg.connect(os.environ["PG_DSN"], autocommit=True) as conn:
         conn.execute(
             sql.SQL(
-                "INSERT INTO {} (slot, label, task_id, term, worker) VALUES (%s, %s, %s, %s, %s)"
+                "INSERT INTO {} (slot, label, task_id, term, worker, beat_header)"
+                " VALUES (%s, %s, %s, %s, %s, %s)"
             ).format(sql.Identifier(table)),
             (
                 dt.datetime.fromisoformat(slot) if slot else None,
@@ -126,5 +127,6 @@ def _write(request: Any, label: str) -> None:
                 request.id,
                 request.get("pgleaderlock_term"),
                 f"{socket.gethostname()}:{os.getpid()}",
+                request.get("celery_beat_task"),
             ),
         )

@@ -5,6 +5,8 @@
   ``beatapp.record`` with the argument NAME) on an interval of SECONDS.
 - ``djsetup.py clocked NAME``: a periodic task on a clocked (one-off) schedule, which
   the leader scheduler cannot express: it is logged and left out.
+- ``djsetup.py later NAME``: a periodic task on a 1 s interval that starts in a day
+  (its ``start_time``): not yet scheduled, and not an error.
 - ``djsetup.py remove NAME``: delete it.
 
 The environment is ``beatapp``'s (``PG_DSN``, ``DJANGO_DB_NAME``,
@@ -13,6 +15,7 @@ The environment is ``beatapp``'s (``PG_DSN``, ``DJANGO_DB_NAME``,
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 
@@ -45,6 +48,17 @@ def main(argv: list[str]) -> None:
             task="beatapp.record",
             clocked=clocked,
             one_off=True,
+            args=json.dumps([argv[1]]),
+        )
+    elif command == "later":
+        interval, _ = IntervalSchedule.objects.get_or_create(
+            every=1, period=IntervalSchedule.SECONDS
+        )
+        PeriodicTask.objects.create(
+            name=argv[1],
+            task="beatapp.record",
+            interval=interval,
+            start_time=timezone.now() + datetime.timedelta(days=1),
             args=json.dumps([argv[1]]),
         )
     elif command == "remove":

@@ -8,6 +8,7 @@ to module names, and a ``celery`` folder would shadow the Celery package.)
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import subprocess
 import sys
 from typing import Any
@@ -104,6 +105,73 @@ def test_solar_and_custom_schedules_are_refused_naming_the_entry() -> None:
 
     with pytest.raises(ConfigurationError, match=r"beat entry 'odd': Weird"):
         timing_of("odd", Weird(10))
+
+
+@pytest.mark.parametrize(
+    ("run_every", "expression"),
+    [
+        (dt.timedelta(minutes=1), "* * * * *"),
+        (dt.timedelta(hours=1), "0 * * * *"),
+        (dt.timedelta(days=1), "0 0 * * *"),
+    ],
+)
+def test_relative_schedules_fall_when_celery_runs_them(
+    run_every: dt.timedelta, expression: str
+) -> None:
+    """``relative=True`` rounds each next run down to the interval's resolution (Celery's
+    docs): for a minute, an hour or a day, Celery's next run after any last run is the
+    cron's next slot, in the app's time zone."""
+    celery = app("Europe/Paris")
+    timing = timing_of("r", entry_schedule_relative(celery, run_every))
+    assert timing == Cron(expression, "Europe/Paris")
+    zone = celery.timezone
+    upstream = schedule(run_every=run_every, relative=True, app=celery)
+    for last in (
+        dt.datetime(2026, 3, 28, 22, 37, 12, tzinfo=zone),
+        dt.datetime(2026, 3, 29, 1, 59, 59, tzinfo=zone),  # the night clocks go forward
+        dt.datetime(2026, 7, 1, 0, 0, 0, tzinfo=zone),
+    ):
+        upstream.nowfun = functools.partial(lambda when: when, last)  # "now" is the last run
+        expected = last.astimezone(dt.UTC) + upstream.remaining_estimate(last)
+        assert timing.after(last) == expected, last
+
+
+def entry_schedule_relative(celery: Celery, run_every: dt.timedelta) -> Any:
+    """The schedule beat makes of a ``beat_schedule`` entry with ``relative: True``."""
+    from celery.beat import ScheduleEntry
+
+    return ScheduleEntry(name="e", task="t", schedule=run_every, relative=True, app=celery).schedule
+
+
+def test_other_relative_schedules_are_refused_naming_the_entry() -> None:
+    celery = app()
+    with pytest.raises(ConfigurationError, match=r"beat entry 'odd'.*relative=True.*crontab"):
+        timing_of("odd", entry_schedule_relative(celery, dt.timedelta(hours=2)))
+    # Under a minute, relative rounds nothing: an interval as any other.
+    assert timing_of("fast", entry_schedule_relative(celery, dt.timedelta(seconds=30))) == Every(
+        dt.timedelta(seconds=30)
+    )
+
+
+class Weird(schedule):  # type: ignore[misc]
+    """A custom schedule class (at module level: the schedule file pickles it)."""
+
+
+def test_an_entry_the_ledger_cannot_settle_is_refused_when_beat_makes_the_scheduler(
+    tmp_path: Any,
+) -> None:
+    """Refused at start-up, with the reason, not at the first tick; a lazy scheduler
+    (beat's introspection) reads no schedule and refuses nothing."""
+    celery = app(
+        pgleaderlock_dsn="postgresql://db/x",
+        beat_schedule={"odd": {"task": "t", "schedule": Weird(10)}, "ok": {"task": "t",
+                       "schedule": 5.0}},
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"beat entry 'odd': Weird schedules"):
+        LeaderScheduler(app=celery, schedule_filename=str(tmp_path / "s"))
+    LeaderScheduler(app=celery, schedule_filename=str(tmp_path / "lazy"), lazy=True)
+    # The plain scheduler takes it: only the leader refuses.
+    PersistentScheduler(app=celery, schedule_filename=str(tmp_path / "plain")).close()
 
 
 def test_a_sub_millisecond_interval_is_refused_naming_the_entry() -> None:

@@ -82,6 +82,7 @@ def test_one_replica_sends_each_slot_once(fleets: Callable[..., Fleet]) -> None:
     steps = {b - a for a, b in itertools.pairwise(slots)}  # type: ignore[operator]
     assert steps == {dt.timedelta(seconds=1)}, steps  # consecutive: none skipped
     assert ledger.outcomes() == dict.fromkeys(slots, "sent")
+    assert fleet.beat_headers() == [True] * len(slots)  # Celery's beat header, as upstream
     # The task id is derived from the schedule and the slot.
     for slot, task_id in executions:
         expected = uuid.uuid5(
@@ -319,6 +320,7 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
         _djsetup(fleet, "migrate")
         _djsetup(fleet, "every", "tick", "1")
         _djsetup(fleet, "clocked", "once")  # no ledger equivalent: logged, left out
+        _djsetup(fleet, "later", "tomorrow")  # starts in a day: waits, not an error
         fleet.start_worker()
         fleet.start_beat("beat-1")
 
@@ -328,6 +330,11 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
         wait_for(lambda: labels()["tick"] >= 2, BOUND_S, "ticks")
         assert "celery_entry_skipped" in fleet.output("beat-1")
         assert "entry=once" in fleet.output("beat-1")
+        output = fleet.output("beat-1").splitlines()
+        waiting = [line for line in output if "entry=tomorrow" in line]
+        assert len(waiting) == 1, waiting
+        assert "celery_entry_waiting" in waiting[0]
+        assert "ERROR" not in waiting[0]
         _djsetup(fleet, "every", "other", "1")  # added at runtime
         wait_for(lambda: labels()["other"] >= 2, BOUND_S, "the added task's sends")
         _djsetup(fleet, "remove", "tick")  # removed at runtime
@@ -337,9 +344,11 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
         assert labels()["tick"] <= ticks + 1  # at most a send already under way
         assert labels()["other"] >= 4
         assert labels()["once"] == 0  # the clocked task was never sent
+        assert labels()["tomorrow"] == 0  # nor the one that starts tomorrow
         executions = sent(fleet, pg_dsn)
         assert all(slot is not None for slot, _ in executions)
         assert len(set(executions)) == len(executions)  # no slot of a task twice
+        assert fleet.beat_headers() == [True] * len(executions)  # Celery's beat header
     except BaseException:
         print(fleet.outputs())
         raise

@@ -106,7 +106,8 @@ class Fleet:
             conn.execute(
                 sql.SQL(
                     "CREATE TABLE {} (slot timestamptz, label text, task_id text, term int8,"
-                    " worker text, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+                    " worker text, beat_header boolean,"
+                    " at timestamptz NOT NULL DEFAULT clock_timestamp())"
                 ).format(sql.Identifier(self.table))
             )
 
@@ -211,6 +212,15 @@ class Fleet:
             sql.SQL("SELECT slot, task_id FROM {} ORDER BY at").format(sql.Identifier(self.table))
         )
         return [(slot, task_id) for slot, task_id in rows]
+
+    def beat_headers(self) -> list[object]:
+        """Celery's ``celery_beat_task`` header of every execution of a slot, in order."""
+        rows = self._query(
+            sql.SQL("SELECT beat_header FROM {} WHERE slot IS NOT NULL ORDER BY at").format(
+                sql.Identifier(self.table)
+            )
+        )
+        return [header for (header,) in rows]
 
     def ledger(self) -> Ledger:
         rows = self._query(

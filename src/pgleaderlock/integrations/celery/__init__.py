@@ -25,7 +25,9 @@ Each beat entry becomes a job of a ``pgleaderlock.schedule.Scheduler``
 (``outcome="sent"``) on a [`LeaderLock`][pgleaderlock.LeaderLock] with fencing, run by a
 [`ThreadedLeaderLock`][pgleaderlock.ThreadedLeaderLock] in its own thread: the leader
 claims each slot in the ledger (``pgleaderlock_runs``) under its fencing term, then sends
-the task (in a worker thread, so the lock's event loop never blocks on the broker). A
+the task through the wrapped scheduler's ``apply_async`` (so Celery's
+``celery_beat_task`` header and a subclass's own sending are kept), in a worker thread,
+so the lock's event loop never blocks on the broker. A
 slot is sent at most once across the fleet, whatever fails over; slots that fell due
 while nobody led follow ``pgleaderlock_catch_up``. Beat's own loop only reads the
 schedule and hands changes over: its ``tick()`` returns at most

@@ -23,19 +23,20 @@ class _DatabaseMixin(LeaderSchedulerMixin):
         # and back.
         return self.Model.objects.enabled()  # type: ignore[attr-defined]
 
-    def _pgl_eligible(self, name: str, entry: Any) -> str | None:
+    def _pgl_eligible(self, name: str, entry: Any) -> tuple[str, str] | None:
         model = getattr(entry, "model", None)
         if model is None:
             return None
         if getattr(model, "one_off", False):
-            return "one-off tasks are not supported by the leader scheduler"
+            return ("error", "one-off tasks are not supported by the leader scheduler")
         now = dt.datetime.now(dt.UTC)
         start = getattr(model, "start_time", None)
         if start is not None and _aware(start) > now:
-            return f"starts at {start.isoformat()}"
+            # Not an error: DatabaseScheduler waits for it too, and so does the ledger.
+            return ("info", f"starts at {start.isoformat()}: scheduled from then on")
         expires = getattr(model, "expires", None)
         if expires is not None and _aware(expires) <= now:
-            return f"expired at {expires.isoformat()}"
+            return ("info", f"expired at {expires.isoformat()}")
         return None
 
 

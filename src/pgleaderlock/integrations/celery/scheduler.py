@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from celery.beat import PersistentScheduler
 from celery.beat import Scheduler as BeatScheduler
+from celery.beat import logger as beat_logger
+from celery.schedules import crontab
 
 from ...lowlevel import ConfigurationError, LeaderLock, LockState, get_logger
-from ...schedule import Run, Scheduler, Timing
+from ...schedule import Policy, Run, Scheduler, Timing
 from ...threaded import ThreadedLeaderLock
 from .headers import send_headers, task_id
 from .settings import BeatSettings
@@ -38,13 +41,16 @@ class LeaderSchedulerMixin:
     [`leader_scheduler`][pgleaderlock.integrations.celery.leader_scheduler].
 
     The wrapped class keeps the schedule (reads it, and records each entry's last run
-    and run count for its own bookkeeping); this class replaces its ``tick()``: entries
-    become ledger jobs, and the ledger's leader sends them."""
+    and run count for its own bookkeeping) and sends (the ledger's leader calls its
+    ``apply_async``, so the ``celery_beat_task`` header and a subclass's own sending
+    are as without the leader); this class replaces its ``tick()``: entries become
+    ledger jobs, and the ledger's leader sends them."""
 
     refuse_at_start: bool = True
-    """Whether an entry the ledger cannot schedule stops beat at its first tick (a
-    configuration error), rather than being logged and left out as later ones are.
-    False for the database flavour: a row someone added must not keep beat down."""
+    """Whether an entry the ledger cannot schedule stops beat when it makes the
+    scheduler (a configuration error), rather than being logged and left out as later
+    ones are. False for the database flavour: a row someone added must not keep beat
+    down."""
 
     # Set by the beat scheduler class this mixes into.
     app: Any
@@ -56,13 +62,15 @@ class LeaderSchedulerMixin:
         self._pgl_mutex = threading.RLock()
         self._pgl_entries: dict[str, Any] = {}  # name -> the entry the sends use
         self._pgl_specs: dict[str, str] = {}  # name -> the timing spec its job has
-        self._pgl_skipped: dict[str, str] = {}  # name -> why it is not scheduled
+        self._pgl_skipped: dict[str, tuple[str, str]] = {}  # name -> (level, why not)
         self._pgl_sent: collections.deque[str] = collections.deque()
         self._pgl_threaded: ThreadedLeaderLock | None = None
         self._pgl_scheduler: Scheduler | None = None
-        self._pgl_synced = False
         self._pgl_closed = False
+        self._pgl_local = threading.local()  # .sending: in a leader's send
         super().__init__(*args, **kwargs)
+        if self.refuse_at_start and not kwargs.get("lazy", False):
+            self._pgl_refuse()
 
     # ------------------------------------------------------------------ beat's interface
 
@@ -82,9 +90,11 @@ class LeaderSchedulerMixin:
         changes to the ledger's scheduler, record the sends, and return how long beat
         may sleep.
 
+        An entry the ledger cannot schedule (refused when beat made the scheduler, but
+        one may appear at runtime) and a broken one (its schedule raises) are logged at
+        ERROR and left out; the others go on, as in Celery beat.
+
         Raises:
-            ConfigurationError: at the first tick, an entry the ledger cannot schedule
-                (later, in a schedule that changed at runtime, it is logged and left out).
             RuntimeError: the lock has stopped (a permanent error, logged by the lock),
                 or the ledger's scheduler has (a ledger table it may not use:
                 ``Scheduler.stop_error``).
@@ -111,6 +121,14 @@ class LeaderSchedulerMixin:
         self._pgl_sync(settings)
         self._pgl_book()
         return min(settings.tick_s, float(getattr(self, "max_interval", settings.tick_s)))
+
+    def should_sync(self) -> bool:
+        """Celery's, except in a leader's send (a worker thread): the wrapped
+        scheduler's ``apply_async`` then leaves the sync to beat's own thread, whose
+        loop syncs after its next sleep (the schedule store belongs to that thread)."""
+        if getattr(self._pgl_local, "sending", False):
+            return False
+        return bool(super().should_sync())  # type: ignore[misc]
 
     def close(self) -> None:
         """Stop sending: drain and release the lock (a send in progress may finish within
@@ -185,10 +203,39 @@ class LeaderSchedulerMixin:
             timeout = self._pgl_config().shutdown_timeout_s
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
-    def _pgl_eligible(self, name: str, entry: Any) -> str | None:
-        """Why ``entry`` is not to be scheduled now, or ``None``. The database flavour
-        leaves out entries before their ``start_time``, expired and one-off ones."""
+    def _pgl_eligible(self, name: str, entry: Any) -> tuple[str, str] | None:
+        """Why ``entry`` is not to be scheduled now (the log level, and the reason), or
+        ``None``. The database flavour leaves out entries before their ``start_time``
+        and expired ones (``info``: as Celery, which sends them neither), and one-off
+        ones (``error``: refused)."""
         return None
+
+    def _pgl_refuse(self) -> None:
+        """When beat makes the scheduler: refuse an entry whose schedule the ledger
+        cannot settle (``timing_of`` names the entry and why). A broken entry (its
+        schedule raises something else) is left to the ticks: logged, left out."""
+        try:
+            for name, entry in dict(self.schedule).items():
+                if self._pgl_eligible(name, entry) is None:
+                    try:
+                        timing_of(name, entry.schedule)
+                    except ConfigurationError:
+                        raise
+                    except Exception:  # broken: the ticks log it and leave it out
+                        continue
+        except BaseException:
+            super().close()  # type: ignore[misc]  # the schedule store it opened
+            raise
+
+    def _pgl_policy(self, entry: Any, settings: BeatSettings) -> Policy:
+        """The entry's policy: the settings', but for a crontab under Celery's
+        ``beat_cron_starting_deadline``: a slot is sent up to the deadline late, and a
+        slot found later than that is not sent (recorded ``missed``), as Celery does."""
+        deadline = self.app.conf.get("beat_cron_starting_deadline")
+        if deadline is None or not isinstance(entry.schedule, crontab):
+            return settings.policy
+        grace = max(float(deadline), 1.0)
+        return dataclasses.replace(settings.policy, misfire_grace_s=grace, catch_up="none")
 
     def _pgl_sync(self, settings: BeatSettings) -> None:
         """Hand the schedule's changes to the ledger's scheduler: new entries become
@@ -198,22 +245,24 @@ class LeaderSchedulerMixin:
         assert scheduler is not None
         entries = dict(self.schedule)
         wanted: dict[str, tuple[Any, Timing]] = {}
-        skipped: dict[str, str] = {}
+        skipped: dict[str, tuple[str, str]] = {}
         for name, entry in entries.items():
-            reason = self._pgl_eligible(name, entry)
-            if reason is None:
+            why = self._pgl_eligible(name, entry)
+            if why is None:
                 try:
                     wanted[name] = (entry, timing_of(name, entry.schedule))
                     continue
                 except ConfigurationError as exc:
-                    if not self._pgl_synced and self.refuse_at_start:
-                        raise
-                    reason = str(exc)
-            skipped[name] = reason
-        for name, reason in skipped.items():
-            if self._pgl_skipped.get(name) != reason:
-                log.error("celery_entry_skipped", lock=scheduler.lock.label, entry=name,
-                          reason=reason)  # fmt: skip
+                    why = ("error", str(exc))
+                except Exception as exc:  # a broken entry: Celery logs it and goes on
+                    why = ("error", f"its schedule is broken ({type(exc).__name__}: {exc}); "
+                                    "trying again at the next tick")  # fmt: skip
+            skipped[name] = why
+        for name, (level, reason) in skipped.items():
+            if self._pgl_skipped.get(name) != (level, reason):
+                event = "celery_entry_skipped" if level == "error" else "celery_entry_waiting"
+                getattr(log, level)(event, lock=scheduler.lock.label, entry=name,
+                                    reason=reason)  # fmt: skip
         self._pgl_skipped = skipped
         with self._pgl_mutex:
             self._pgl_entries = {name: entry for name, (entry, _) in wanted.items()}
@@ -223,7 +272,6 @@ class LeaderSchedulerMixin:
             for name, (_, timing) in wanted.items()
             if self._pgl_specs.get(name) != timing.spec
         ]
-        self._pgl_synced = True
         if not removed and not added:
             return
         replaced = [name for name, _ in added if name in self._pgl_specs]
@@ -236,7 +284,7 @@ class LeaderSchedulerMixin:
                     self._pgl_job(name),
                     timing,
                     name=name,
-                    policy=settings.policy,
+                    policy=self._pgl_policy(wanted[name][0], settings),
                     outcome="sent",
                 )
 
@@ -256,37 +304,50 @@ class LeaderSchedulerMixin:
         return send
 
     def _pgl_send(self, name: str, run: Run) -> None:
-        """Send the task of entry ``name`` for ``run``'s slot (in a worker thread)."""
+        """Send the task of entry ``name`` for ``run``'s slot (in a worker thread),
+        through the wrapped scheduler's ``apply_async``, as beat sends: the entry's
+        options, with the slot's headers and task id added."""
         with self._pgl_mutex:
             entry = self._pgl_entries.get(name)
         if entry is None:
             raise LookupError(f"beat entry {name!r} is no longer in the schedule")
-        from celery.beat import _evaluate_entry_args, _evaluate_entry_kwargs
-
-        args = _evaluate_entry_args(entry.args)
-        kwargs = _evaluate_entry_kwargs(entry.kwargs)
         options = dict(entry.options or {})
-        headers = dict(options.pop("headers", None) or {})
+        headers = dict(options.get("headers") or {})
         headers.update(send_headers(run))
+        options["headers"] = headers
         options.setdefault("task_id", task_id(run))
-        task = self.app.tasks.get(entry.task)
-        if task is not None:
-            task.apply_async(args, kwargs, headers=headers, **options)
-        else:
-            self.app.send_task(entry.task, args, kwargs, headers=headers, **options)
-        self._pgl_sent.append(name)
+        sent = object.__new__(type(entry))  # a copy with these options, for this send
+        sent.__dict__.update(entry.__dict__)
+        sent.options = options
+        beat_logger.info("Scheduler: Sending due task %s (%s)", name, entry.task)
+        self._pgl_local.sending = True
+        try:
+            # The producer pool's (thread-safe), not beat's own producer: sends of
+            # different entries may overlap.
+            self.apply_async(sent, producer=None, advance=False)  # type: ignore[attr-defined]
+        finally:
+            self._pgl_local.sending = False
+            self._pgl_sent.append(name)  # booked even if it failed, as beat books it
 
     def _pgl_book(self) -> None:
         """The wrapped scheduler's bookkeeping of the sends (last run, run count), on
-        beat's own thread (a database scheduler's connections belong to it)."""
+        beat's own thread (a database scheduler's connections belong to it): each
+        send is one ``reserve()`` of the entry as the last one left it."""
+        if not self._pgl_sent:
+            return
+        latest: dict[str, Any] = {}
+        schedule: Any = None
         while self._pgl_sent:
             name = self._pgl_sent.popleft()
-            with self._pgl_mutex:
-                entry = self._pgl_entries.get(name)
-            if entry is None:
-                continue
             try:
-                self.reserve(entry)  # type: ignore[attr-defined]
+                entry = latest.get(name)
+                if entry is None:
+                    if schedule is None:
+                        schedule = self.schedule
+                    entry = schedule.get(name)
+                if entry is None:
+                    continue  # removed meanwhile
+                latest[name] = self.reserve(entry)  # type: ignore[attr-defined]
             except Exception as exc:  # bookkeeping only: the send happened
                 log.warning("celery_bookkeeping_failed", lock=self._pgl_config().lock_name,
                             entry=name, exc=exc)  # fmt: skip

@@ -45,7 +45,9 @@ class BeatSettings:
             ``pgleaderlock_misfire_grace_s`` (default 30, not the policy's 1): a slot sent
             later than this after its time counts as missed and ``catch_up`` decides it
             (keep it above the fail-over bound: the lock's ``lease_s`` plus its retry
-            delay); ``pgleaderlock_interrupted`` (``"lost"`` or ``"rerun"``, default
+            delay; for crontab entries, Celery's ``beat_cron_starting_deadline``, when
+            set, replaces it and ``catch_up``: a later slot is not sent);
+            ``pgleaderlock_interrupted`` (``"lost"`` or ``"rerun"``, default
             ``"lost"``): a slot whose leader died between claiming it and recording the
             send (see the guide: ``"lost"`` never sends twice; ``"rerun"`` with the
             workers' [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] runs each

@@ -20,12 +20,15 @@ def timing_of(name: str, schedule: Any) -> Timing:
     """The ledger's timing for a beat entry's schedule: a ``crontab`` becomes a
     ``pgleaderlock.schedule.Cron`` (its five fields, in its time zone: the app's,
     or a django-celery-beat crontab's own), a ``schedule`` (``run_every``, or a number of
-    seconds) an ``pgleaderlock.schedule.Every`` counted from the UNIX epoch.
+    seconds) an ``pgleaderlock.schedule.Every`` counted from the UNIX epoch; with
+    ``relative=True``, one of a minute, an hour or a day becomes the cron of each next
+    minute, hour or midnight in the app's time zone, as Celery runs it (under a
+    minute, ``relative`` rounds nothing: an ``Every``).
 
     Raises:
         ConfigurationError: anything else (``solar``, django-celery-beat's ``clocked``,
-            a custom schedule class), or a crontab that cron cannot express the same
-            way; the message names the entry.
+            a custom schedule class), a crontab that cron cannot express the same
+            way, or another ``relative=True`` interval; the message names the entry.
     """
     if isinstance(schedule, int | float) and not isinstance(schedule, bool):
         return Every(dt.timedelta(seconds=positive(f"beat entry {name!r}: its seconds", schedule)))
@@ -39,6 +42,8 @@ def timing_of(name: str, schedule: Any) -> Timing:
             raise ConfigurationError(
                 f"beat entry {name!r}: its schedule has no positive run_every ({run_every!r})"
             )
+        if schedule.relative and run_every >= dt.timedelta(minutes=1):
+            return _relative(name, schedule, run_every)
         try:
             return Every(run_every)
         except ConfigurationError as exc:
@@ -47,6 +52,30 @@ def timing_of(name: str, schedule: Any) -> Timing:
         f"beat entry {name!r}: {type(schedule).__name__} schedules have no equivalent"
         " in the ledger: use a crontab or an interval (schedule / run_every / seconds)"
     )
+
+
+_RELATIVE = {
+    dt.timedelta(minutes=1): "* * * * *",
+    dt.timedelta(hours=1): "0 * * * *",
+    dt.timedelta(days=1): "0 0 * * *",
+}
+"""The ``relative=True`` intervals whose slots are fixed: Celery runs them at each
+next minute, hour or midnight (in the app's time zone), which is this cron."""
+
+
+def _relative(name: str, schedule: Any, run_every: dt.timedelta) -> Cron:
+    """A ``relative=True`` schedule: Celery rounds each next run (the last run plus
+    ``run_every``) down to the minute, hour or day. For one minute, hour or day that is
+    every minute, hour or midnight: a cron. Any other interval's slots depend on when
+    beat last ran, which no two replicas share: refused."""
+    expression = _RELATIVE.get(run_every)
+    if expression is None:
+        raise ConfigurationError(
+            f"beat entry {name!r}: a relative=True schedule of {run_every} has no fixed "
+            "slots (Celery counts it from the last run, rounded down): use a crontab, or "
+            "relative=True only with one minute, one hour or one day"
+        )
+    return Cron(expression, _zone_name(name, schedule.tz))
 
 
 def _cron(name: str, schedule: Any) -> Cron:
