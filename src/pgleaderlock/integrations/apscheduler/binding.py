@@ -18,6 +18,7 @@ from ...threaded import ThreadedLeaderLock
 from . import adapter
 from .ledger import _NOT_CLAIMED, _Due, _SlotJob, _SlotLedger
 from .runs import Leadership, _leadership, _lock_of
+from .timing import _slot
 
 __all__ = ["SchedulerBinding", "bind_scheduler"]
 
@@ -126,6 +127,8 @@ class SchedulerBinding:
                     "ledger (a run time that falls due during a fail-over may be missed), "
                     "pass ledger=False"
                 )
+            for executor in adapter.executors(scheduler):
+                self._refuse_out_of_process(executor)
             threaded = lock if isinstance(lock, ThreadedLeaderLock) else None
             self._ledger = _SlotLedger(self._lock, threaded, chosen)
         elif chosen != Policy():
@@ -141,6 +144,8 @@ class SchedulerBinding:
         self._plugin = follow_state(self._lock, self._on_state_change)
         scheduler.add_listener(self._on_scheduler_event, _BINDING_EVENTS)
         self._wrap_executors()
+        if self._ledger is not None:
+            adapter.guard_add_executor(scheduler, self._check_executor)
         self.sync()
 
     @property
@@ -205,6 +210,22 @@ class SchedulerBinding:
         if event.code == adapter.EVENT_SCHEDULER_STARTED:
             self.sync()
 
+    @staticmethod
+    def _refuse_out_of_process(executor: Any) -> None:
+        if adapter.out_of_process(executor):
+            raise ConfigurationError(
+                f"bind_scheduler: {type(executor).__name__} runs jobs in other processes, "
+                "where the ledger's claim of each run cannot go (the job would never run). "
+                "Run the job on a ThreadPoolExecutor (BackgroundScheduler's default) or an "
+                "AsyncIOExecutor and hand its CPU-bound work to a process pool from inside "
+                "the job (concurrent.futures.ProcessPoolExecutor), or bind with ledger=False"
+            )
+
+    def _check_executor(self, executor: Any, alias: str) -> None:
+        """Ledger mode: what the bound scheduler's ``add_executor`` refuses."""
+        if not self._closed:
+            self._refuse_out_of_process(executor)
+
     def _wrap_executors(self) -> None:
         """In ledger mode, have each of the scheduler's executors submit every job
         through the ledger (idempotent; executors are added at start-up or later)."""
@@ -240,27 +261,37 @@ class SchedulerBinding:
                 if leads:
                     if scheduler.state == adapter.STATE_PAUSED:
                         jobs = scheduler.get_jobs()
-                        cutoff = self._skip_followers_runs(jobs)
+                        cutoff, last = self._skip_followers_runs(jobs)
                         scheduler.resume()
                         log.info("scheduler_resumed", lock=self._lock.label)
                         if self._ledger is not None and term is not None:
-                            self._settle_later(jobs, cutoff)
+                            self._settle_later(jobs, cutoff, last)
                 elif scheduler.state == adapter.STATE_RUNNING:
                     scheduler.pause()
                     log.info("scheduler_paused", lock=self._lock.label)
             except adapter.SchedulerNotRunningError:
                 pass  # shut down meanwhile: nothing to pause or resume
 
-    def _skip_followers_runs(self, jobs: list[Any]) -> dt.datetime:
+    def _skip_followers_runs(self, jobs: list[Any]) -> tuple[dt.datetime, dict[str, dt.datetime]]:
         """Move every job whose next run time lies before the hand-over to its first
         fire time at or after it (or remove it if it has none, like a past date job).
-        Returns the hand-over time (the cutoff)."""
+        In ledger mode a job whose next run time is its last one (a run-once or ``date``
+        job) is left as it is: APScheduler submits that run time now, and its claim
+        says whether it is this replica's to run (or report missed), or ran elsewhere.
+        Returns the hand-over time (the cutoff), and those jobs' last run times."""
         now = dt.datetime.now(getattr(self._scheduler, "timezone", None) or dt.UTC)
         cutoff = now - self._catch_up
+        last: dict[str, dt.datetime] = {}
         for job in jobs:
             next_run = job.next_run_time
             if next_run is None or next_run >= cutoff:
                 continue  # paused by the user, or not due yet
+            if (
+                self._ledger is not None
+                and job.trigger.get_next_fire_time(next_run, next_run) is None
+            ):
+                last[job.id] = _slot(next_run)
+                continue
             upcoming = job.trigger.get_next_fire_time(None, cutoff)
             if upcoming is None or upcoming < cutoff:
                 log.info(
@@ -275,20 +306,25 @@ class SchedulerBinding:
                 "job_fast_forwarded", job=job.id, lock=self._lock.label, was=next_run, now=upcoming
             )
             job.modify(next_run_time=upcoming)
-        return cutoff
+        return cutoff, last
 
-    def _settle_later(self, jobs: list[Any], cutoff: dt.datetime) -> None:
+    def _settle_later(
+        self, jobs: list[Any], cutoff: dt.datetime, last: dict[str, dt.datetime]
+    ) -> None:
         """On the lock's loop: settle each job's past in the ledger (interrupted and
-        missed slots), then submit the run times to run now."""
+        missed slots), then submit the run times to run now (but not a job's ``last``
+        run time, which APScheduler submits)."""
         assert self._ledger is not None
         loop = self._ledger.lock_loop()
         if loop is None:
             return
-        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff), loop)
+        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff, last), loop)
         self._settling.add(future)
         future.add_done_callback(self._settling.discard)
 
-    async def _settle(self, jobs: list[Any], cutoff: dt.datetime) -> None:
+    async def _settle(
+        self, jobs: list[Any], cutoff: dt.datetime, last: dict[str, dt.datetime]
+    ) -> None:
         ledger = self._ledger
         assert ledger is not None
         for job in jobs:
@@ -304,6 +340,7 @@ class SchedulerBinding:
             except Exception as exc:  # a refused table, ...: this job's catch-up only
                 log.error("catch_up_failed", job=job.id, lock=self._lock.label, exc=exc)
                 continue
+            todo = [(slot, rerun) for slot, rerun in todo if slot != last.get(job.id)]
             if not todo:
                 continue
             grace = dt.timedelta(seconds=spec.policy.misfire_grace_s)

@@ -142,7 +142,10 @@ class _SlotJob:
     """What a bound scheduler's executor runs in place of ``job``: the same job, each of
     whose run times is first claimed in the ledger. APScheduler's ``run_job`` calls
     ``func`` once per run time, in order; the misfire check is made here (against the
-    job's ``misfire_grace_time``) so that each call knows its run time."""
+    job's ``misfire_grace_time``) so that each call knows its run time. A run time it
+    does not run returns an ``adapter.NotRun``, which the executor reports as
+    APScheduler would: ``EVENT_JOB_MISSED`` for a misfire, nothing for a slot that is
+    another replica's (or leadership's)."""
 
     def __init__(self, job: Any, spec: Job | None, due: list[_Due], ledger: _SlotLedger) -> None:
         self._job = job
@@ -160,20 +163,20 @@ class _SlotJob:
     def __str__(self) -> str:
         return str(self._job)
 
-    def _next(self) -> _Due | None:
+    def _next(self) -> tuple[_Due, float | None]:
+        """The next run time, and how late it is past the job's grace (``None``: not
+        past it, or forced by the catch-up policy)."""
         due = self._due.popleft()
         grace = self._job.misfire_grace_time
         late = dt.datetime.now(dt.UTC) - due.at
         if grace is not None and not due.forced and late > dt.timedelta(seconds=grace):
-            log.warning("run_missed", job=self.id, lock=self._ledger.lock.label,
-                        run_time=due.at.isoformat(),
-                        late_s=round(late.total_seconds(), 3))  # fmt: skip
-            return None
-        return due
+            return due, late.total_seconds()
+        return due, None
 
-    def _not_claimed(self, due: _Due, exc: Exception) -> None:
+    def _not_claimed(self, due: _Due, exc: Exception) -> adapter.NotRun:
         log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
                  reason="not leader", detail=str(exc), lock=self._ledger.lock.label)  # fmt: skip
+        return adapter.NotRun(missed=False)
 
     def _claim(self, due: _Due) -> Callable[[], Coroutine[Any, Any, Run | None]]:
         """The claim of ``due``'s slot, to make on the lock's loop."""
@@ -181,32 +184,45 @@ class _SlotJob:
         assert spec is not None  # a refused job has no run times
         return lambda: schedule.claim(spec, _slot(due.at), rerun=due.rerun)
 
-    def _context(self, run: Run | None, due: _Due) -> contextvars.Context | None:
-        """The context the claimed ``run`` runs in, bound to its leadership; ``None``
-        (logged) when the slot was claimed already."""
-        if run is None:
-            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
-                     reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
-            return None
+    def _taken(self, due: _Due) -> adapter.NotRun:
+        log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                 reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
+        return adapter.NotRun(missed=False)
+
+    def _missed(
+        self, run: Run, late_s: float
+    ) -> tuple[adapter.NotRun, Callable[[], Coroutine[Any, Any, None]]]:
+        """A run time later than its grace, its slot claimed: reported missed, and
+        the call that records it ``missed`` in the ledger (if that fails, the slot stays
+        ``running``, for the next leader's ``interrupted`` policy)."""
+        log.warning("run_missed", job=self.id, lock=self._ledger.lock.label,
+                    run_time=run.slot.isoformat(), late_s=round(late_s, 3))  # fmt: skip
+        return adapter.NotRun(missed=True), functools.partial(
+            self._ledger.schedule.finish, run, outcome="missed"
+        )
+
+    def _context(self, run: Run) -> contextvars.Context:
+        """The context the claimed ``run`` runs in, bound to its leadership."""
         context = _run_context(run.term, None, self._ledger.lock.leadership(term=run.term))
         context.run(_RUN.set, run)
         return context
 
     def _run_sync(self) -> Any:
-        due = self._next()
-        if due is None:
-            return None
-        try:
+        due, late_s = self._next()
+        try:  # a misfire too: its slot may have run elsewhere (then it is not missed)
             run = self._ledger.call(self._claim(due))
         except _NOT_CLAIMED as exc:
-            self._not_claimed(due, exc)
-            return None
-        context = self._context(run, due)
-        if run is None or context is None:
-            return None
+            return self._not_claimed(due, exc)
+        if run is None:
+            return self._taken(due)
+        if late_s is not None:
+            missed, record = self._missed(run, late_s)
+            with contextlib.suppress(*_NOT_CLAIMED):
+                self._ledger.call(record)
+            return missed
         job = self._job
         try:
-            result = context.run(job.func, *job.args, **job.kwargs)
+            result = self._context(run).run(job.func, *job.args, **job.kwargs)
         except Exception as exc:
             self._record(run, exc)
             raise
@@ -214,20 +230,21 @@ class _SlotJob:
         return result
 
     async def _run_async(self) -> Any:
-        due = self._next()
-        if due is None:
-            return None
+        due, late_s = self._next()
         try:
             run = await self._ledger.acall(self._claim(due))
         except _NOT_CLAIMED as exc:
-            self._not_claimed(due, exc)
-            return None
-        context = self._context(run, due)
-        if run is None or context is None:
-            return None
+            return self._not_claimed(due, exc)
+        if run is None:
+            return self._taken(due)
+        if late_s is not None:
+            missed, record = self._missed(run, late_s)
+            with contextlib.suppress(*_NOT_CLAIMED):
+                await self._ledger.acall(record)
+            return missed
         job = self._job
         task = asyncio.get_running_loop().create_task(
-            job.func(*job.args, **job.kwargs), context=context
+            job.func(*job.args, **job.kwargs), context=self._context(run)
         )
         try:
             result = await task
