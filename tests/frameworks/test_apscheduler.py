@@ -429,16 +429,18 @@ def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn: str, lock_na
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("lead_first", [False, True], ids=["start-first", "lead-first"])
 @pytest.mark.parametrize(
     ("catch_up", "ran", "missed"), [("none", 0, 5), ("latest", 1, 4), ("all", 5, 0)]
 )
 async def test_catch_up_of_the_slots_nobody_ran(
-    pg_dsn: str, lock_name: str, catch_up: str, ran: int, missed: int
+    pg_dsn: str, lock_name: str, catch_up: str, ran: int, missed: int, lead_first: bool
 ) -> None:
     """Nobody leads for 5 slots (0.25 s apart), older than the job's 1 s misfire grace
     when the next leader looks: ``catch_up`` decides which of them run, and the ledger
     records the others as missed; each slot that runs learns it through
-    ``current_run()``."""
+    ``current_run()``. The next leader's scheduler starts before its lock leads, or
+    after."""
     interval = dt.timedelta(seconds=0.25)
     slots: list[dt.datetime] = []
 
@@ -451,8 +453,12 @@ async def test_catch_up_of_the_slots_nobody_ran(
         trigger = IntervalTrigger(seconds=0.25, start_date=EPOCH)
         sched.add_job(job, trigger, id="tick", misfire_grace_time=1)
         binding = bind_scheduler(sched, lock, policy=Policy(catch_up=catch_up))  # type: ignore[arg-type]
-        sched.start()
+        if not lead_first:
+            sched.start()
         async with lock:
+            if lead_first:
+                assert await lock.wait_for_leadership(20)
+                sched.start()
             await eventually(condition, 20.0)
             sched.shutdown(wait=False)
         await asyncio.sleep(0.01)

@@ -12,6 +12,7 @@ process pools cannot run the ledger's stand-in), the test says so.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import functools
@@ -28,11 +29,12 @@ from apscheduler.events import (
     JobExecutionEvent,
 )
 from apscheduler.executors.pool import ProcessPoolExecutor
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from pgleaderlock import ConfigurationError, LeaderLock, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler
-from support.poll import eventually_sync
+from support.poll import eventually, eventually_sync
 from support.timings import timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -194,3 +196,35 @@ async def test_a_process_pool_is_refused_at_bind(make_lock: Callable[..., Leader
         assert "cpu" not in bound._executors
     finally:
         pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("flavour", ["plain", "bound"])
+async def test_a_coroutine_run_time_past_its_grace_is_reported_missed(
+    pg_dsn: str, lock_name: str, flavour: str
+) -> None:
+    """The same for a coroutine job of an ``AsyncIOScheduler`` (a ``LeaderLock`` on its
+    loop), and a run-once coroutine job that runs once beside it."""
+    sched = AsyncIOScheduler()
+    heard: list[tuple[str, str]] = []
+    sched.add_listener(lambda e: heard.append((CODE[e.code], e.job_id)), OUTCOMES)
+    ran: list[str] = []
+
+    async def job(name: str) -> None:
+        ran.append(name)
+
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    sched.add_job(job, "date", run_date=past, args=["late"], misfire_grace_time=1, id="late")
+    sched.add_job(job, args=["warm-up"], id="warmup")
+    lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True, **FAST_PG)
+    if flavour == "bound":
+        bind_scheduler(sched, lock)
+    sched.start()
+    try:
+        async with lock:
+            await eventually(lambda: len(heard) >= 2, 20.0)
+            await asyncio.sleep(SETTLE_S)
+    finally:
+        sched.shutdown(wait=False)
+        await asyncio.sleep(0.01)
+    assert ran == ["warm-up"]
+    assert sorted(heard) == [("executed", "warmup"), ("missed", "late")]

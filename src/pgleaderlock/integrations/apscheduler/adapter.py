@@ -18,10 +18,14 @@ try:
     from apscheduler.events import (
         EVENT_EXECUTOR_ADDED,
         EVENT_JOB_EXECUTED,
+        EVENT_JOB_MAX_INSTANCES,
         EVENT_JOB_MISSED,
+        EVENT_JOB_SUBMITTED,
         EVENT_SCHEDULER_STARTED,
         JobExecutionEvent,
+        JobSubmissionEvent,
     )
+    from apscheduler.executors.base import MaxInstancesReachedError
     from apscheduler.executors.pool import ProcessPoolExecutor
     from apscheduler.schedulers import SchedulerNotRunningError
     from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
@@ -145,14 +149,23 @@ def guard_add_executor(scheduler: Any, check: Callable[[Any, str], None]) -> Non
     scheduler.add_executor = add_executor
 
 
-def submit_unwrapped(executor: Any, job: Any, run_times: list[Any]) -> Any:
-    """Submit ``job`` to ``executor`` past any wrapper of
-    ``wrap_submit``.
+def submit_unwrapped(scheduler: Any, executor: Any, job: Any, run_times: list[Any]) -> None:
+    """Submit ``job`` to ``executor`` past any wrapper of `wrap_submit`, and tell
+    ``scheduler``'s listeners as its own loop does: ``EVENT_JOB_SUBMITTED``, or
+    ``EVENT_JOB_MAX_INSTANCES`` (then raise).
 
     Raises:
         MaxInstancesReachedError: as ``submit_job`` does.
     """
-    return type(executor).submit_job(executor, job, run_times)
+    alias = getattr(job, "_jobstore_alias", None)
+    try:
+        type(executor).submit_job(executor, job, run_times)
+    except MaxInstancesReachedError:
+        scheduler._dispatch_event(
+            JobSubmissionEvent(EVENT_JOB_MAX_INSTANCES, job.id, alias, run_times)
+        )
+        raise
+    scheduler._dispatch_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, job.id, alias, run_times))
 
 
 def stand_in_for(stand_in: Any, job: Any) -> None:

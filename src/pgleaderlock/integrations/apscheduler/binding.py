@@ -51,7 +51,16 @@ class SchedulerBinding:
     explicit ``id`` and fixed run times (cron, date, or interval with a fixed
     ``start_date``): every replica must name the same slots. Triggers with ``jitter``
     are refused (``job_refused``). Jobs must run in this process (the asyncio and thread
-    pool executors).
+    pool executors): a process pool is refused, here and by the scheduler's
+    ``add_executor``.
+
+    Listeners hear what APScheduler sends: a run time later than the job's
+    ``misfire_grace_time`` is ``EVENT_JOB_MISSED`` (and ``missed`` in the ledger). A run
+    time this replica does not run because its slot is another's (claimed already, or
+    the lock no longer leads) has no outcome event here (``job_skipped`` in the log). A
+    run-once or ``date`` job whose run time passed before the lock led is submitted when
+    it leads, and its claim decides (so one added before ``start()`` runs once). The
+    guide's table lists where a bound scheduler differs from a plain one, and why.
 
     When the lock leaves LEADER the scheduler is paused at once: no new run starts. A run
     already in progress is not interrupted (APScheduler cannot cancel one); decorate
@@ -88,7 +97,8 @@ class SchedulerBinding:
 
     Raises:
         ConfigurationError: ledger mode on a lock without fencing, bad arguments, a
-            ``policy`` with ``ledger=False``, or both ``policy`` and a deprecated keyword.
+            ``policy`` with ``ledger=False``, or both ``policy`` and a deprecated keyword;
+            ledger mode on a scheduler with a process pool executor.
 
     """
 
@@ -208,7 +218,7 @@ class SchedulerBinding:
     def _on_scheduler_event(self, event: Any) -> None:
         self._wrap_executors()
         if event.code == adapter.EVENT_SCHEDULER_STARTED:
-            self.sync()
+            self.sync(started=True)
 
     @staticmethod
     def _refuse_out_of_process(executor: Any) -> None:
@@ -249,7 +259,7 @@ class SchedulerBinding:
         due = [_Due(at) for at in run_times]
         return _SlotJob(job, spec, due, ledger), run_times
 
-    def sync(self) -> None:
+    def sync(self, *, started: bool = False) -> None:
         """Pause or resume the scheduler to match the lock's state now."""
         with self._mutex:
             if self._closed:
@@ -266,6 +276,12 @@ class SchedulerBinding:
                         log.info("scheduler_resumed", lock=self._lock.label)
                         if self._ledger is not None and term is not None:
                             self._settle_later(jobs, cutoff, last)
+                    elif started and self._ledger is not None and term is not None:
+                        # The lock led before the scheduler started: settle the past
+                        # now; APScheduler submits each job's run times from its next.
+                        jobs = scheduler.get_jobs()
+                        own = {j.id: _slot(j.next_run_time) for j in jobs if j.next_run_time}
+                        self._settle_later(jobs, dt.datetime.now(dt.UTC), own)
                 elif scheduler.state == adapter.STATE_RUNNING:
                     scheduler.pause()
                     log.info("scheduler_paused", lock=self._lock.label)
@@ -309,21 +325,21 @@ class SchedulerBinding:
         return cutoff, last
 
     def _settle_later(
-        self, jobs: list[Any], cutoff: dt.datetime, last: dict[str, dt.datetime]
+        self, jobs: list[Any], cutoff: dt.datetime, own: dict[str, dt.datetime]
     ) -> None:
         """On the lock's loop: settle each job's past in the ledger (interrupted and
-        missed slots), then submit the run times to run now (but not a job's ``last``
-        run time, which APScheduler submits)."""
+        missed slots), then submit the run times to run now (but not those from a job's
+        ``own`` run time on: APScheduler submits them)."""
         assert self._ledger is not None
         loop = self._ledger.lock_loop()
         if loop is None:
             return
-        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff, last), loop)
+        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff, own), loop)
         self._settling.add(future)
         future.add_done_callback(self._settling.discard)
 
     async def _settle(
-        self, jobs: list[Any], cutoff: dt.datetime, last: dict[str, dt.datetime]
+        self, jobs: list[Any], cutoff: dt.datetime, own: dict[str, dt.datetime]
     ) -> None:
         ledger = self._ledger
         assert ledger is not None
@@ -340,7 +356,8 @@ class SchedulerBinding:
             except Exception as exc:  # a refused table, ...: this job's catch-up only
                 log.error("catch_up_failed", job=job.id, lock=self._lock.label, exc=exc)
                 continue
-            todo = [(slot, rerun) for slot, rerun in todo if slot != last.get(job.id)]
+            if job.id in own:
+                todo = [(slot, rerun) for slot, rerun in todo if slot < own[job.id]]
             if not todo:
                 continue
             grace = dt.timedelta(seconds=spec.policy.misfire_grace_s)
@@ -357,8 +374,8 @@ class SchedulerBinding:
         assert self._ledger is not None
         try:
             executor = adapter.executor_of(self._scheduler, job)
-            adapter.submit_unwrapped(executor, _SlotJob(job, spec, due, self._ledger),
-                                     [d.at for d in due])  # fmt: skip
+            stand_in = _SlotJob(job, spec, due, self._ledger)
+            adapter.submit_unwrapped(self._scheduler, executor, stand_in, [d.at for d in due])
         except Exception as exc:  # MaxInstancesReachedError, a removed executor, ...
             log.warning("catch_up_skipped", job=job.id, lock=self._lock.label,
                         run_times=[d.at.isoformat() for d in due],
