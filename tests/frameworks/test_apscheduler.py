@@ -500,7 +500,8 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     """A coroutine job of a bound AsyncIOScheduler claims its slot on the lock's loop (a
     ThreadedLeaderLock's); that loop is blocked past the claim's bound: the run is
     skipped with one ``job_skipped`` line, as a sync job's is, not raised into
-    APScheduler as a job error with a traceback."""
+    APScheduler as a job error with a traceback, nor reported as executed (its slot is
+    left to the next leader's settling)."""
     import pgleaderlock.integrations.apscheduler.ledger as integration
 
     monkeypatch.setattr(integration, "LEDGER_TIMEOUT_S", 0.3)
@@ -516,6 +517,8 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     sched = AsyncIOScheduler()
     sched.add_job(job, IntervalTrigger(seconds=0.5, start_date=EPOCH), id="tick")
     sched.add_listener(errors.append, EVENT_JOB_ERROR)
+    executed: list[dt.datetime] = []
+    sched.add_listener(lambda e: executed.append(e.scheduled_run_time), EVENT_JOB_EXECUTED)
     bind_scheduler(sched, threaded)
     with threaded:
         assert threaded.wait_for_leadership(20)
@@ -533,3 +536,6 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     skipped = messages(caplog, "job_skipped")
     assert any("a ledger call took over 0.3 s" in m for m in skipped), skipped
     assert errors == []
+    ran_at = {round(slot.timestamp(), 3) for slot in ran}
+    assert executed, "no run was heard of"
+    assert {round(t.timestamp(), 3) for t in executed} <= ran_at, (executed, ran)
