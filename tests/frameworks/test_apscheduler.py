@@ -436,16 +436,18 @@ def test_threaded_lock_refuses_shutdown_from_its_own_thread(pg_dsn: str, lock_na
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("lead_first", [False, True], ids=["start-first", "lead-first"])
 @pytest.mark.parametrize(
     ("catch_up", "ran", "missed"), [("none", 0, 5), ("latest", 1, 4), ("all", 5, 0)]
 )
 async def test_catch_up_of_the_slots_nobody_ran(
-    pg_dsn: str, lock_name: str, catch_up: str, ran: int, missed: int
+    pg_dsn: str, lock_name: str, catch_up: str, ran: int, missed: int, lead_first: bool
 ) -> None:
     """Nobody leads for 5 slots (0.25 s apart), older than the job's 1 s misfire grace
     when the next leader looks: ``catch_up`` decides which of them run, and the ledger
     records the others as missed; each slot that runs learns it through
-    ``current_run()``."""
+    ``current_run()``. The next leader's scheduler starts before its lock leads, or
+    after."""
     interval = dt.timedelta(seconds=0.25)
     slots: list[dt.datetime] = []
 
@@ -461,8 +463,12 @@ async def test_catch_up_of_the_slots_nobody_ran(
         trigger = IntervalTrigger(seconds=0.25, start_date=EPOCH)
         sched.add_job(job, trigger, id="tick", misfire_grace_time=1)
         binding = bind_scheduler(sched, lock, policy=Policy(catch_up=catch_up))  # type: ignore[arg-type]
-        sched.start()
+        if not lead_first:
+            sched.start()
         async with lock:
+            if lead_first:
+                assert await lock.wait_for_leadership(20)
+                sched.start()
             await eventually(condition, 20.0)
             sched.shutdown(wait=False)
         await asyncio.sleep(0.01)
@@ -504,7 +510,8 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     """A coroutine job of a bound AsyncIOScheduler claims its slot on the lock's loop (a
     ThreadedLeaderLock's); that loop is blocked past the claim's bound: the run is
     skipped with one ``job_skipped`` line, as a sync job's is, not raised into
-    APScheduler as a job error with a traceback."""
+    APScheduler as a job error with a traceback, nor reported as executed (its slot is
+    left to the next leader's settling)."""
     import pgleaderlock.integrations.apscheduler.ledger as integration
 
     monkeypatch.setattr(integration, "LEDGER_TIMEOUT_S", 0.3)
@@ -524,6 +531,8 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     sched = AsyncIOScheduler()
     sched.add_job(job, IntervalTrigger(seconds=0.5, start_date=EPOCH), id="tick")
     sched.add_listener(errors.append, EVENT_JOB_ERROR)
+    executed: list[dt.datetime] = []
+    sched.add_listener(lambda e: executed.append(e.scheduled_run_time), EVENT_JOB_EXECUTED)
     bind_scheduler(sched, threaded)
     with threaded:
         assert threaded.wait_for_leadership(20)
@@ -541,3 +550,6 @@ async def test_an_async_jobs_claim_past_its_bound_is_skipped_in_one_line(
     skipped = messages(caplog, "job_skipped")
     assert any("a ledger call took over 0.3 s" in m for m in skipped), skipped
     assert errors == []
+    ran_at = {round(slot.timestamp(), 3) for slot in ran}
+    assert executed, "no run was heard of"
+    assert {round(t.timestamp(), 3) for t in executed} <= ran_at, (executed, ran)

@@ -415,8 +415,9 @@ class Scheduler:
         self, run: Run, *, error: BaseException | None = None, outcome: str = "done"
     ) -> None:
         """Record how a run from [`claim`][pgleaderlock.schedule.Scheduler.claim] ended:
-        ``outcome`` (``"done"`` or ``"sent"``), or ``failed`` with ``error``. Nothing to
-        do when its ``run.transaction`` recorded it already.
+        ``outcome`` (``"done"`` or ``"sent"``; ``"missed"`` for a slot claimed too late
+        to run), or ``failed`` with ``error``. Nothing to do when its
+        ``run.transaction`` recorded it already.
 
         Raises:
             ConnectionError: the lock lost its session (the slot stays ``running``: the

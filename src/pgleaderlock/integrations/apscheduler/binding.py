@@ -18,6 +18,7 @@ from ...threaded import ThreadedLeaderLock
 from . import adapter
 from .ledger import _NOT_CLAIMED, _Due, _SlotJob, _SlotLedger
 from .runs import Leadership, _leadership, _lock_of
+from .timing import _slot
 
 __all__ = ["SchedulerBinding", "bind_scheduler"]
 
@@ -50,7 +51,16 @@ class SchedulerBinding:
     explicit ``id`` and fixed run times (cron, date, or interval with a fixed
     ``start_date``): every replica must name the same slots. Triggers with ``jitter``
     are refused (``job_refused``). Jobs must run in this process (the asyncio and thread
-    pool executors).
+    pool executors): a process pool is refused, here and by the scheduler's
+    ``add_executor``.
+
+    Listeners hear what APScheduler sends: a run time later than the job's
+    ``misfire_grace_time`` is ``EVENT_JOB_MISSED`` (and ``missed`` in the ledger). A run
+    time this replica does not run because its slot is another's (claimed already, or
+    the lock no longer leads) has no outcome event here (``job_skipped`` in the log). A
+    run-once or ``date`` job whose run time passed before the lock led is submitted when
+    it leads, and its claim decides (so one added before ``start()`` runs once). The
+    guide's table lists where a bound scheduler differs from a plain one, and why.
 
     When the lock leaves LEADER the scheduler is paused at once: no new run starts. A run
     already in progress is not interrupted (APScheduler cannot cancel one); decorate
@@ -87,7 +97,8 @@ class SchedulerBinding:
 
     Raises:
         ConfigurationError: ledger mode on a lock without fencing, bad arguments, a
-            ``policy`` with ``ledger=False``, or both ``policy`` and a deprecated keyword.
+            ``policy`` with ``ledger=False``, or both ``policy`` and a deprecated keyword;
+            ledger mode on a scheduler with a process pool executor.
 
     """
 
@@ -126,6 +137,8 @@ class SchedulerBinding:
                     "ledger (a run time that falls due during a fail-over may be missed), "
                     "pass ledger=False"
                 )
+            for executor in adapter.executors(scheduler):
+                self._refuse_out_of_process(executor)
             threaded = lock if isinstance(lock, ThreadedLeaderLock) else None
             self._ledger = _SlotLedger(self._lock, threaded, chosen)
         elif chosen != Policy():
@@ -141,6 +154,8 @@ class SchedulerBinding:
         self._plugin = follow_state(self._lock, self._on_state_change)
         scheduler.add_listener(self._on_scheduler_event, _BINDING_EVENTS)
         self._wrap_executors()
+        if self._ledger is not None:
+            adapter.guard_add_executor(scheduler, self._check_executor)
         self.sync()
 
     @property
@@ -203,7 +218,23 @@ class SchedulerBinding:
     def _on_scheduler_event(self, event: Any) -> None:
         self._wrap_executors()
         if event.code == adapter.EVENT_SCHEDULER_STARTED:
-            self.sync()
+            self.sync(started=True)
+
+    @staticmethod
+    def _refuse_out_of_process(executor: Any) -> None:
+        if adapter.out_of_process(executor):
+            raise ConfigurationError(
+                f"bind_scheduler: {type(executor).__name__} runs jobs in other processes, "
+                "where the ledger's claim of each run cannot go (the job would never run). "
+                "Run the job on a ThreadPoolExecutor (BackgroundScheduler's default) or an "
+                "AsyncIOExecutor and hand its CPU-bound work to a process pool from inside "
+                "the job (concurrent.futures.ProcessPoolExecutor), or bind with ledger=False"
+            )
+
+    def _check_executor(self, executor: Any, alias: str) -> None:
+        """Ledger mode: what the bound scheduler's ``add_executor`` refuses."""
+        if not self._closed:
+            self._refuse_out_of_process(executor)
 
     def _wrap_executors(self) -> None:
         """In ledger mode, have each of the scheduler's executors submit every job
@@ -228,7 +259,7 @@ class SchedulerBinding:
         due = [_Due(at) for at in run_times]
         return _SlotJob(job, spec, due, ledger), run_times
 
-    def sync(self) -> None:
+    def sync(self, *, started: bool = False) -> None:
         """Pause or resume the scheduler to match the lock's state now."""
         with self._mutex:
             if self._closed:
@@ -240,27 +271,43 @@ class SchedulerBinding:
                 if leads:
                     if scheduler.state == adapter.STATE_PAUSED:
                         jobs = scheduler.get_jobs()
-                        cutoff = self._skip_followers_runs(jobs)
+                        cutoff, last = self._skip_followers_runs(jobs)
                         scheduler.resume()
                         log.info("scheduler_resumed", lock=self._lock.label)
                         if self._ledger is not None and term is not None:
-                            self._settle_later(jobs, cutoff)
+                            self._settle_later(jobs, cutoff, last)
+                    elif started and self._ledger is not None and term is not None:
+                        # The lock led before the scheduler started: settle the past
+                        # now; APScheduler submits each job's run times from its next.
+                        jobs = scheduler.get_jobs()
+                        own = {j.id: _slot(j.next_run_time) for j in jobs if j.next_run_time}
+                        self._settle_later(jobs, dt.datetime.now(dt.UTC), own)
                 elif scheduler.state == adapter.STATE_RUNNING:
                     scheduler.pause()
                     log.info("scheduler_paused", lock=self._lock.label)
             except adapter.SchedulerNotRunningError:
                 pass  # shut down meanwhile: nothing to pause or resume
 
-    def _skip_followers_runs(self, jobs: list[Any]) -> dt.datetime:
+    def _skip_followers_runs(self, jobs: list[Any]) -> tuple[dt.datetime, dict[str, dt.datetime]]:
         """Move every job whose next run time lies before the hand-over to its first
         fire time at or after it (or remove it if it has none, like a past date job).
-        Returns the hand-over time (the cutoff)."""
+        In ledger mode a job whose next run time is its last one (a run-once or ``date``
+        job) is left as it is: APScheduler submits that run time now, and its claim
+        says whether it is this replica's to run (or report missed), or ran elsewhere.
+        Returns the hand-over time (the cutoff), and those jobs' last run times."""
         now = dt.datetime.now(getattr(self._scheduler, "timezone", None) or dt.UTC)
         cutoff = now - self._catch_up
+        last: dict[str, dt.datetime] = {}
         for job in jobs:
             next_run = job.next_run_time
             if next_run is None or next_run >= cutoff:
                 continue  # paused by the user, or not due yet
+            if (
+                self._ledger is not None
+                and job.trigger.get_next_fire_time(next_run, next_run) is None
+            ):
+                last[job.id] = _slot(next_run)
+                continue
             upcoming = job.trigger.get_next_fire_time(None, cutoff)
             if upcoming is None or upcoming < cutoff:
                 log.info(
@@ -275,20 +322,25 @@ class SchedulerBinding:
                 "job_fast_forwarded", job=job.id, lock=self._lock.label, was=next_run, now=upcoming
             )
             job.modify(next_run_time=upcoming)
-        return cutoff
+        return cutoff, last
 
-    def _settle_later(self, jobs: list[Any], cutoff: dt.datetime) -> None:
+    def _settle_later(
+        self, jobs: list[Any], cutoff: dt.datetime, own: dict[str, dt.datetime]
+    ) -> None:
         """On the lock's loop: settle each job's past in the ledger (interrupted and
-        missed slots), then submit the run times to run now."""
+        missed slots), then submit the run times to run now (but not those from a job's
+        ``own`` run time on: APScheduler submits them)."""
         assert self._ledger is not None
         loop = self._ledger.lock_loop()
         if loop is None:
             return
-        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff), loop)
+        future = asyncio.run_coroutine_threadsafe(self._settle(jobs, cutoff, own), loop)
         self._settling.add(future)
         future.add_done_callback(self._settling.discard)
 
-    async def _settle(self, jobs: list[Any], cutoff: dt.datetime) -> None:
+    async def _settle(
+        self, jobs: list[Any], cutoff: dt.datetime, own: dict[str, dt.datetime]
+    ) -> None:
         ledger = self._ledger
         assert ledger is not None
         for job in jobs:
@@ -304,6 +356,8 @@ class SchedulerBinding:
             except Exception as exc:  # a refused table, ...: this job's catch-up only
                 log.error("catch_up_failed", job=job.id, lock=self._lock.label, exc=exc)
                 continue
+            if job.id in own:
+                todo = [(slot, rerun) for slot, rerun in todo if slot < own[job.id]]
             if not todo:
                 continue
             grace = dt.timedelta(seconds=spec.policy.misfire_grace_s)
@@ -320,8 +374,8 @@ class SchedulerBinding:
         assert self._ledger is not None
         try:
             executor = adapter.executor_of(self._scheduler, job)
-            adapter.submit_unwrapped(executor, _SlotJob(job, spec, due, self._ledger),
-                                     [d.at for d in due])  # fmt: skip
+            stand_in = _SlotJob(job, spec, due, self._ledger)
+            adapter.submit_unwrapped(self._scheduler, executor, stand_in, [d.at for d in due])
         except Exception as exc:  # MaxInstancesReachedError, a removed executor, ...
             log.warning("catch_up_skipped", job=job.id, lock=self._lock.label,
                         run_times=[d.at.isoformat() for d in due],

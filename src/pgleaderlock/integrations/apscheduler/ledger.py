@@ -12,7 +12,7 @@ import dataclasses
 import datetime as dt
 import functools
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -128,27 +128,6 @@ long, the server's clock included)."""
 _NOT_CLAIMED = (ConnectionError, FencedError)
 """What a claim raises when the lock does not (or no longer) lead: the run is skipped."""
 
-_Make = Callable[[], Coroutine[Any, Any, "Run | None"]]
-"""A claim, to make on the lock's loop."""
-
-
-def _caught(call: Callable[[_Make], Run | None], make: _Make) -> Run | Exception | None:
-    """``call(make)``, or the exception of a claim made when the lock does not lead."""
-    try:
-        return call(make)
-    except _NOT_CLAIMED as exc:
-        return exc
-
-
-async def _acaught(
-    acall: Callable[[_Make], Awaitable[Run | None]], make: _Make
-) -> Run | Exception | None:
-    """`_caught`, from a coroutine."""
-    try:
-        return await acall(make)
-    except _NOT_CLAIMED as exc:
-        return exc
-
 
 @dataclass(frozen=True)
 class _Due:
@@ -163,7 +142,10 @@ class _SlotJob:
     """What a bound scheduler's executor runs in place of ``job``: the same job, each of
     whose run times is first claimed in the ledger. APScheduler's ``run_job`` calls
     ``func`` once per run time, in order; the misfire check is made here (against the
-    job's ``misfire_grace_time``) so that each call knows its run time."""
+    job's ``misfire_grace_time``) so that each call knows its run time. A run time it
+    does not run returns an ``adapter.NotRun``, which the executor reports as
+    APScheduler would: ``EVENT_JOB_MISSED`` for a misfire, nothing for a slot that is
+    another replica's (or leadership's)."""
 
     def __init__(self, job: Any, spec: Job | None, due: list[_Due], ledger: _SlotLedger) -> None:
         self._job = job
@@ -181,50 +163,66 @@ class _SlotJob:
     def __str__(self) -> str:
         return str(self._job)
 
-    def _next(self) -> _Due | None:
+    def _next(self) -> tuple[_Due, float | None]:
+        """The next run time, and how late it is past the job's grace (``None``: not
+        past it, or forced by the catch-up policy)."""
         due = self._due.popleft()
         grace = self._job.misfire_grace_time
         late = dt.datetime.now(dt.UTC) - due.at
         if grace is not None and not due.forced and late > dt.timedelta(seconds=grace):
-            log.warning("run_missed", job=self.id, lock=self._ledger.lock.label,
-                        run_time=due.at.isoformat(),
-                        late_s=round(late.total_seconds(), 3))  # fmt: skip
-            return None
-        return due
+            return due, late.total_seconds()
+        return due, None
 
-    def _claim(self, due: _Due) -> _Make:
+    def _not_claimed(self, due: _Due, exc: Exception) -> adapter.NotRun:
+        log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                 reason="not leader", detail=str(exc), lock=self._ledger.lock.label)  # fmt: skip
+        return adapter.NotRun(missed=False)
+
+    def _claim(self, due: _Due) -> Callable[[], Coroutine[Any, Any, Run | None]]:
         """The claim of ``due``'s slot, to make on the lock's loop."""
         spec, schedule = self._spec, self._ledger.schedule
         assert spec is not None  # a refused job has no run times
         return lambda: schedule.claim(spec, _slot(due.at), rerun=due.rerun)
 
-    def _started(
-        self, due: _Due, claimed: Run | Exception | None
-    ) -> tuple[Run, contextvars.Context] | None:
-        """The claimed run and the context it runs in, bound to its leadership; ``None``
-        (logged) when the lock does not lead (``claimed``: what the claim raised) or the
-        slot was claimed already."""
-        if claimed is None or isinstance(claimed, Exception):
-            reason = "slot already claimed" if claimed is None else "not leader"
-            detail: dict[str, Any] = {} if claimed is None else {"detail": str(claimed)}
-            log.info("job_skipped", job=self.id, run_time=due.at.isoformat(), reason=reason,
-                     **detail, lock=self._ledger.lock.label)  # fmt: skip
-            return None
-        context = _run_context(claimed.term, None, self._ledger.lock.leadership(term=claimed.term))
-        context.run(_RUN.set, claimed)
-        return claimed, context
+    def _taken(self, due: _Due) -> adapter.NotRun:
+        log.info("job_skipped", job=self.id, run_time=due.at.isoformat(),
+                 reason="slot already claimed", lock=self._ledger.lock.label)  # fmt: skip
+        return adapter.NotRun(missed=False)
+
+    def _missed(
+        self, run: Run, late_s: float
+    ) -> tuple[adapter.NotRun, Callable[[], Coroutine[Any, Any, None]]]:
+        """A run time later than its grace, its slot claimed: reported missed, and
+        the call that records it ``missed`` in the ledger (if that fails, the slot stays
+        ``running``, for the next leader's ``interrupted`` policy)."""
+        log.warning("run_missed", job=self.id, lock=self._ledger.lock.label,
+                    run_time=run.slot.isoformat(), late_s=round(late_s, 3))  # fmt: skip
+        return adapter.NotRun(missed=True), functools.partial(
+            self._ledger.schedule.finish, run, outcome="missed"
+        )
+
+    def _context(self, run: Run) -> contextvars.Context:
+        """The context the claimed ``run`` runs in, bound to its leadership."""
+        context = _run_context(run.term, None, self._ledger.lock.leadership(term=run.term))
+        context.run(_RUN.set, run)
+        return context
 
     def _run_sync(self) -> Any:
-        due = self._next()
-        if due is None:
-            return None
-        started = self._started(due, _caught(self._ledger.call, self._claim(due)))
-        if started is None:
-            return None
-        run, context = started
+        due, late_s = self._next()
+        try:  # a misfire too: its slot may have run elsewhere (then it is not missed)
+            run = self._ledger.call(self._claim(due))
+        except _NOT_CLAIMED as exc:
+            return self._not_claimed(due, exc)
+        if run is None:
+            return self._taken(due)
+        if late_s is not None:
+            missed, record = self._missed(run, late_s)
+            with contextlib.suppress(*_NOT_CLAIMED):
+                self._ledger.call(record)
+            return missed
         job = self._job
         try:
-            result = context.run(job.func, *job.args, **job.kwargs)
+            result = self._context(run).run(job.func, *job.args, **job.kwargs)
         except Exception as exc:
             self._record(run, exc)
             raise
@@ -232,16 +230,21 @@ class _SlotJob:
         return result
 
     async def _run_async(self) -> Any:
-        due = self._next()
-        if due is None:
-            return None
-        started = self._started(due, await _acaught(self._ledger.acall, self._claim(due)))
-        if started is None:
-            return None
-        run, context = started
+        due, late_s = self._next()
+        try:
+            run = await self._ledger.acall(self._claim(due))
+        except _NOT_CLAIMED as exc:
+            return self._not_claimed(due, exc)
+        if run is None:
+            return self._taken(due)
+        if late_s is not None:
+            missed, record = self._missed(run, late_s)
+            with contextlib.suppress(*_NOT_CLAIMED):
+                await self._ledger.acall(record)
+            return missed
         job = self._job
         task = asyncio.get_running_loop().create_task(
-            job.func(*job.args, **job.kwargs), context=context
+            job.func(*job.args, **job.kwargs), context=self._context(run)
         )
         try:
             result = await task
