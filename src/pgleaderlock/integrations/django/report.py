@@ -34,6 +34,8 @@ class Report(TypedDict):
     checked_at: datetime
     locks: list[LockReport]
     ledger: ScheduleReport
+    schedules_shown: list[str] | None
+    """The name prefixes of the schedules shown (``LOCK:``), ``None`` for all."""
 
 
 def build_report(
@@ -43,16 +45,20 @@ def build_report(
     runs: int = 5,
     timeout_s: float = 5.0,
     schedules: Sequence[str] = (),
+    all_schedules: bool = False,
 ) -> Report:
-    """The report: ``{"database", "checked_at", "locks": [...], "ledger": {...}}``.
+    """The report: ``{"database", "checked_at", "locks": [...], "ledger": {...},
+    "schedules_shown": [...]}``.
 
     Args:
         settings: the app's settings (the database, trusted roles, the ledger's tables).
         names: the locks to show.
         runs: how many of each schedule's newest runs to show.
         timeout_s: the connect timeout and the statement timeout.
-        schedules: show only the schedules whose names start with one of these
-            (a schedule is named ``<lock>:<job>``); all when empty.
+        schedules: show only the schedules whose names start with one of these (a
+            schedule is named ``<lock>:<job>``); when empty, the schedules of the
+            locks shown (``names``): the ledger may hold other applications' too.
+        all_schedules: show every schedule in the ledger.
 
     Raises:
         ConnectionError: the database cannot be reached (the message is one line, its
@@ -63,13 +69,21 @@ def build_report(
     """
     trusted = check_roles(tuple(settings.options.get("trusted_roles", ())))  # before I/O
     keys = [(name, lock_keys(name)) for name in names]
+    shown = None if all_schedules else list(schedules or [f"{name}:" for name in names])
+    tables = settings.ledger_tables()
     with connect(build_dsn(settings.database), timeout_s) as conn:
         info = server_info(conn, trusted)
+        if shown == []:  # no lock named: none of the ledger's schedules is this project's
+            ledger: ScheduleReport = {"table": tables[1].shown, "runs_table": tables[0].shown,
+                                      "not_read": None, "absent": None, "items": []}  # fmt: skip
+        else:
+            ledger = schedule_report(conn, *tables, shown or (), runs)
         return {
             "database": info.database,
             "checked_at": info.now,
             "locks": [lock_report(conn, info, name, key) for name, key in keys],
-            "ledger": schedule_report(conn, *settings.ledger_tables(), schedules, runs),
+            "ledger": ledger,
+            "schedules_shown": shown,
         }
 
 
@@ -85,7 +99,12 @@ def render_report(report: Mapping[str, Any]) -> str:
         )
     ledger = report["ledger"]
     lines = [f"schedules ({ledger['table']}, {ledger['runs_table']})"]
-    if ledger["not_read"] is None and not ledger["items"]:
+    if report.get("schedules_shown") == []:
+        lines.append(
+            "          none shown: name this project's locks in PGLEADERLOCK['LOCKS'] or "
+            "with --name (their schedules are shown), or pass --all-schedules"
+        )
+    elif ledger["not_read"] is None and not ledger["items"]:
         absent = ledger["absent"]
         lines.append("          none yet" + (f" ({absent})" if absent else ""))
     lines += schedule_lines(ledger, report["checked_at"])

@@ -1,4 +1,5 @@
-"""``manage.py pgleaderlock_status [--name NAME ...] [--json]``."""
+"""``manage.py pgleaderlock_status [--name NAME ...] [--schedule PREFIX ...]
+[--all-schedules] [--json]``."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """``--name`` (repeatable), ``--runs``, ``--schedule``, ``--json``, ``--timeout``."""
+        """``--name`` (repeatable), ``--runs``, ``--schedule``, ``--all-schedules``,
+        ``--json``, ``--timeout``."""
         parser.add_argument(
             "--name",
             action="append",
@@ -43,7 +45,12 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
             default=[],
             metavar="PREFIX",
             help="Show only the schedules whose names (LOCK:JOB) start with PREFIX "
-            "(repeatable; default: all).",
+            "(repeatable; default: the schedules of the locks shown).",
+        )
+        parser.add_argument(
+            "--all-schedules",
+            action="store_true",
+            help="Show every schedule in the ledger (other applications' too).",
         )
         parser.add_argument("--json", action="store_true", help="Print JSON (for scripts).")
         parser.add_argument(
@@ -73,6 +80,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
                 runs=options["runs"],
                 timeout_s=timeout,
                 schedules=options["schedule"],
+                all_schedules=options["all_schedules"],
             )
         except (ConfigurationError, ConnectionError) as exc:  # one line, password masked
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
