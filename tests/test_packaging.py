@@ -8,6 +8,7 @@ network namespaces, the test-DSN chain) lives in ``tests/support`` instead.
 from __future__ import annotations
 
 import pkgutil
+import re
 import tomllib
 from pathlib import Path
 
@@ -44,3 +45,17 @@ def test_the_public_testing_package_holds_no_test_plumbing() -> None:
         assert not found, f"{path.relative_to(ROOT)} mentions {found}"
         assert "import support" not in text, path
         assert "from support" not in text, path
+
+
+def test_the_version_is_the_release_the_changelog_describes_first() -> None:
+    """``__version__`` (which the wheel's metadata and ``--version`` read) is the
+    CHANGELOG's newest section: every change since the last release is written under
+    the version that ships it, not under an "Unreleased" heading above it."""
+    from packaging.version import Version
+
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## (\S+)", changelog, re.MULTILINE)
+    assert releases, "no release section in CHANGELOG.md"
+    assert releases[0] == Version(pgleaderlock.__version__).base_version, releases[:2]
+    assert len(releases) == len(set(releases))
+    assert "unreleased" not in releases[0].lower()
