@@ -371,6 +371,33 @@ def test_busy_lock_waits_on_the_server_for_the_delay() -> None:
     assert all(c.last_error is None for c in retry.contexts)
 
 
+def test_a_waiting_follower_logs_its_cycle_at_info_once() -> None:
+    """Each wait on the server ends (its budget) and begins again: FOLLOWER and
+    ACQUIRING alternate. That is logged at INFO once, then at DEBUG, so a follower does
+    not look broken in the logs; leading again is INFO as always."""
+    d = Driver(Recording(1.0, 2.0, 4.0, 8.0, 16.0))
+    logged: list[tuple[str, tuple[tuple[str, object], ...]]] = []
+
+    def feed(result: Result, after: float = 0.0) -> None:
+        d.feed(result, after)
+        logged.extend((e.level, e.fields) for e in d.effects
+                      if isinstance(e, Log) and e.message == "state_change")  # fmt: skip
+
+    feed(Started())
+    feed(Connected(can_wait=True))
+    for wait_s in (0.0, 1.0, 2.0, 4.0, 8.0):
+        feed(Answered(False), after=wait_s)
+    feed(Answered(True), after=16.0)
+    moves = [(level, dict(fields)["from"], dict(fields)["to"]) for level, fields in logged]
+    assert [m for m in moves if m[0] == "info"] == [
+        ("info", "stopped", "follower"),
+        ("info", "follower", "acquiring"),
+        ("info", "acquiring", "follower"),
+        ("info", "acquiring", "leader"),
+    ]
+    assert len([m for m in moves if m[0] == "debug"]) == 9  # 4 more waits, 1 last try
+
+
 def test_poll_mode_and_sessions_that_cannot_wait_sleep_instead() -> None:
     cases: list[tuple[dict[str, Any], bool]] = [({"follower_mode": "poll"}, True), ({}, False)]
     for kwargs, can_wait in cases:

@@ -25,6 +25,8 @@ I = Input  # noqa: E741
 _LEADING = frozenset({S.LEADER, S.RECONNECTING, S.RELEASING})
 
 _CONFIRMING = frozenset({I.ACQUIRE_SUCCEEDED, I.REACQUIRE_SUCCEEDED, I.HEALTH_OK})
+_FOLLOWING = frozenset({S.FOLLOWER, S.ACQUIRING})
+"""A follower's cycle: it tries (or waits on the server), and follows again."""
 """Inputs that confirm that this session holds the lock (``confirmed_at``)."""
 
 PROBE_GRID_S = 0.1
@@ -98,6 +100,9 @@ class MachineState:
         self._reconnect_attempt = 0
         # Statistics.
         self._transitions = self._acquisitions = self._losses = self._releases = 0
+        # A follower's round trips to ACQUIRING and back (each wait on the server, each
+        # try) are logged at INFO once, then at DEBUG until the lock leaves that cycle.
+        self._following_logged = False
         self._failed_attempts = self._errors = self._probes = 0
         self._leader_since: float | None = None
         # Health: when the next step is due at the latest, when the leadership was last

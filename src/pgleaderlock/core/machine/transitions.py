@@ -13,7 +13,7 @@ from ..retry import ask
 from . import effects as fx
 from .effects import Call, Log, LogLevel, Op, Request
 from .faults import describe, is_permanent
-from .state import _CONFIRMING, _LEADING, MachineState, probe_time
+from .state import _CONFIRMING, _FOLLOWING, _LEADING, MachineState, probe_time
 from .table import Action, Conditions, Input, Transition, step
 
 __all__ = ["Transitions"]
@@ -66,7 +66,10 @@ class Transitions(MachineState):
             self._transitions += 1
             self._leader_since = self._now if transition.target is S.LEADER else None
             fields = (("from", source.value), ("to", self._state.value))
-            self._out.append(Log("info", "state_change", fields))
+            cycle = {source, transition.target} == _FOLLOWING
+            quiet = cycle and self._following_logged
+            self._following_logged = cycle and (quiet or transition.target is S.FOLLOWER)
+            self._out.append(Log("debug" if quiet else "info", "state_change", fields))
             self._emit(Event.STATE_CHANGE, old=source, new=transition.target)
         if transition.target is S.LEADER and input_ in _CONFIRMING:
             self._confirmed_at = self._now
