@@ -35,7 +35,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from pgleaderlock import ConfigurationError, LeaderLock, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler
 from support.poll import eventually, eventually_sync
-from support.timings import timings
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -73,8 +73,9 @@ def running(
         finally:
             sched.shutdown(wait=True)
         return
-    lock = ThreadedLeaderLock(LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True,
-                                                   **FAST_PG))  # fmt: skip
+    lock = ThreadedLeaderLock(
+        LeaderLock.from_name(lock_name, **lock_args(FAST_PG, dsn=pg_dsn, fencing=True))
+    )
     bind_scheduler(sched, lock)
     with lock:
         if lead_first:
@@ -215,7 +216,7 @@ async def test_a_coroutine_run_time_past_its_grace_is_reported_missed(
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
     sched.add_job(job, "date", run_date=past, args=["late"], misfire_grace_time=1, id="late")
     sched.add_job(job, args=["warm-up"], id="warmup")
-    lock = LeaderLock.from_name(lock_name, dsn=pg_dsn, fencing=True, **FAST_PG)
+    lock = LeaderLock.from_name(lock_name, **lock_args(FAST_PG, dsn=pg_dsn, fencing=True))
     if flavour == "bound":
         bind_scheduler(sched, lock)
     sched.start()
