@@ -52,7 +52,8 @@ Names, by theme:
 - **Tables and fencing** (*public*: `Leadership`): `DEFAULT_SCHEMA`, `LibraryTable`,
   `TermTable`, `TableCheck` and `CHECK_TABLE` (whether a table can be trusted),
   `trusted_roles_sql`, `quoted` (an identifier, quoted), `fence_transaction` (the one
-  fence).
+  fence), `BumpedTerm` (a new term with the row's previous one, as the backends'
+  term bump returns it: the core compares the timelines in their high bits).
 - **Keys** (*public*: `lock_keys`, `slot_keys`): `find_slot`, and `key_to_oid` /
   `oid_to_key` (a key as ``pg_locks`` shows it).
 - **Who leads** (*public*: `LeaderInfo`, `Participant`, `current_leader`,

@@ -26,11 +26,13 @@ same names from ``pgleaderlock.backends``), or use only the statements and
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from ..lowlevel import (
+    BumpedTerm,
     ConnectionError,
     FencedSessions,
     LibraryTable,
@@ -181,9 +183,11 @@ class BaseSession(LockingSession):
         row = await self._bumped(table, _bump_statement(table), values)
         if row is None:
             return None
-        if not isinstance(row[0], int):
-            raise ConnectionError(f"fencing term: unexpected result {row[0]!r}")
-        return row[0]
+        term, prior, prior_at = row[:3]
+        if not isinstance(term, int) or not isinstance(prior, int | None):
+            raise ConnectionError(f"fencing term: unexpected result {row[:3]!r}")
+        at = prior_at if isinstance(prior_at, dt.datetime) else None
+        return BumpedTerm(term, prior, at)
 
     async def _bumped(
         self, table: TermTable, statement: Statement, values: tuple[Any, ...]

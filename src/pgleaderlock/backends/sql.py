@@ -309,13 +309,18 @@ def bump_term_statement(table: TermTable) -> Statement:
     ``max(old + 1, timeline << 32 | 1)``: strictly increasing, and never equal across two
     primaries on different timelines. The upsert needs the row's exclusive lock, so it
     waits for every fenced transaction of the old term (they hold the row ``FOR SHARE``)
-    to end, for at most the wait: then it fails with ``lock_not_available``."""
+    to end, for at most the wait: then it fails with ``lock_not_available``.
+
+    The row comes back as the new term, then the row's previous term and
+    ``acquired_at`` on this server (NULL: no row), read in the statement's snapshot:
+    the core compares the terms' timelines (a failover may have lost commits)."""
     return Statement(
         "fencing term",
-        f"{_SETTINGS}, bumped AS ("
+        f"{_SETTINGS}, prior AS (SELECT term, acquired_at FROM {table.sql}"
+        " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4), bumped AS ("
         + _upsert(table, "SELECT ({0})::int4, ({1})::int4", "")
-        + " RETURNING term) SELECT (SELECT term FROM bumped)"
-        + _TAIL,
+        + " RETURNING term) SELECT (SELECT term FROM bumped),"
+        " (SELECT term FROM prior), (SELECT acquired_at FROM prior)" + _TAIL,
     )
 
 
