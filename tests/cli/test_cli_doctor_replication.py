@@ -135,9 +135,9 @@ def schema(pg_dsn: str) -> Iterator[str]:
     """A schema of its own, with a fencing terms table in it."""
     name = f"doctor_repl_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {name}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE SCHEMA {name}")
         conn.execute(
-            f"CREATE TABLE {name}.pgleaderlock_terms (key1 int4 NOT NULL,"  # type: ignore[arg-type]
+            f"CREATE TABLE {name}.pgleaderlock_terms (key1 int4 NOT NULL,"
             " key2 int4 NOT NULL, term int8 NOT NULL, holder text,"
             " acquired_at timestamptz NOT NULL, PRIMARY KEY (key1, key2))"
         )
@@ -145,7 +145,7 @@ def schema(pg_dsn: str) -> Iterator[str]:
         yield name
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {name} CASCADE")  # type: ignore[arg-type]
+            conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 @pytest.mark.integration

@@ -106,9 +106,9 @@ def test_a_primary_with_an_asynchronous_standby_warns_where_fencing_is_used(
     fix; the standby itself is left to the standby check."""
     schema = f"doctor_repl_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(replication_pair.primary_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(
-            f"CREATE TABLE {schema}.pgleaderlock_terms (key1 int4 NOT NULL,"  # type: ignore[arg-type]
+            f"CREATE TABLE {schema}.pgleaderlock_terms (key1 int4 NOT NULL,"
             " key2 int4 NOT NULL, term int8 NOT NULL, holder text,"
             " acquired_at timestamptz NOT NULL, PRIMARY KEY (key1, key2))"
         )
@@ -127,7 +127,7 @@ def test_a_primary_with_an_asynchronous_standby_warns_where_fencing_is_used(
         assert verdicts(on_standby)["replication"] == "pass"
     finally:
         with psycopg.connect(replication_pair.primary_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")  # type: ignore[arg-type]
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture(scope="module")
