@@ -238,9 +238,10 @@ class BaseSession(LockingSession):
     async def bump_terms(
         self, table: TermTable, keys: list[tuple[int, int]], wait_s: float
     ) -> dict[tuple[int, int], int] | None:
-        """Increment the fencing terms of ``keys`` (held by this session): key -> term;
-        ``None`` when fenced transactions of older terms still hold a row after
-        ``wait_s`` (no term changed)."""
+        """Increment the fencing terms of ``keys`` (held by this session): key -> term
+        (a ``BumpedTerm``, with the row's previous term); ``None`` when fenced
+        transactions of older terms still hold a row after ``wait_s`` (no term
+        changed)."""
         if not keys:
             return {}
         info = self._info or await self.identify()
@@ -249,8 +250,14 @@ class BaseSession(LockingSession):
         row = await self._bumped(table, _bump_many_statement(table), values)
         if row is None:
             return None
-        k1s, k2s, terms = (cast(list[int] | None, value) or [] for value in row[:3])
-        return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
+        k1s, k2s, terms, priors = (cast(list[int] | None, value) or [] for value in row[:4])
+        ats = cast(list[dt.datetime | None] | None, row[4]) or [None] * len(terms)
+        if len(priors) != len(terms):
+            raise ConnectionError(f"fencing term: unexpected result {row[:5]!r}")
+        return {
+            (a, b): BumpedTerm(t, p, at)
+            for a, b, t, p, at in zip(k1s, k2s, terms, priors, ats, strict=True)
+        }
 
     async def group_snapshot(self, prefix: str, trusted_roles: Sequence[str] = ()) -> list[Any]:
         """The sessions named ``prefix...`` and every two-key advisory lock, each with

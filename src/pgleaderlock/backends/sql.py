@@ -251,16 +251,23 @@ NOTIFY = Statement("notify", "SELECT pg_notify(({0})::text, ({1})::text)" + _TAI
 def bump_terms_statement(table: TermTable) -> Statement:
     """[`bump_term_statement`][pgleaderlock.backends.sql.bump_term_statement] for many
     keys at once (values: the keys' two arrays, the session's pid, the wait in ms). Rows
-    come back as arrays: key1s, key2s, terms."""
+    come back as arrays, in one order: key1s, key2s, terms, and the rows' previous terms
+    and ``acquired_at`` on this server (NULL where there was no row)."""
+    keys = "FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+    order = " ORDER BY b.key1, b.key2)"
     return Statement(
         "fencing term",
-        f"{_SETTINGS}, bumped AS ("
-        + _upsert(
-            table, "SELECT k.k1, k.k2", "FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+        f"{_SETTINGS}, prior AS (SELECT t.key1, t.key2, t.term, t.acquired_at"
+        f" FROM {table.sql} AS t JOIN (SELECT k.k1, k.k2 {keys}) AS k"
+        " ON t.key1 = k.k1 AND t.key2 = k.k2), bumped AS ("
+        + _upsert(table, "SELECT k.k1, k.k2", keys)
+        + " RETURNING key1, key2, term) SELECT "
+        + ", ".join(
+            f"array_agg({column}{order}"
+            for column in ("b.key1", "b.key2", "b.term", "p.term", "p.acquired_at")
         )
-        + " RETURNING key1, key2, term)"
-        " SELECT (SELECT array_agg(key1) FROM bumped), (SELECT array_agg(key2) FROM bumped),"
-        " (SELECT array_agg(term) FROM bumped)" + _TAIL,
+        + _TAIL
+        + " FROM bumped AS b LEFT JOIN prior AS p ON p.key1 = b.key1 AND p.key2 = b.key2",
     )
 
 
