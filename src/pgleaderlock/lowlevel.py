@@ -52,7 +52,9 @@ Names, by theme:
 - **Tables and fencing** (*public*: `Leadership`): `DEFAULT_SCHEMA`, `LibraryTable`,
   `TermTable`, `TableCheck` and `CHECK_TABLE` (whether a table can be trusted),
   `trusted_roles_sql`, `quoted` (an identifier, quoted), `fence_transaction` (the one
-  fence).
+  fence), `BumpedTerm` (a new term with the row's previous one, as the backends'
+  term bump returns it) and `timeline_change` (the fields of the timeline_changed
+  warning, when a new term is on a later server timeline than the last one known).
 - **Keys** (*public*: `lock_keys`, `slot_keys`): `find_slot`, and `key_to_oid` /
   `oid_to_key` (a key as ``pg_locks`` shows it).
 - **Who leads** (*public*: `LeaderInfo`, `Participant`, `current_leader`,

@@ -3,7 +3,8 @@
 - a session-mode PgBouncer: the pooler warns (locks work there), the other checks run;
 - a transaction- or statement-mode PgBouncer: the pooler fails (exit 1), nothing else
   is checked through it;
-- a streaming standby: the standby check fails;
+- a streaming standby: the standby check fails; its primary (an asynchronous standby)
+  warns, in the replication check, what a failover can lose where fencing is used;
 - a cluster of this module's own with ``max_connections = 20``: a plan that needs more
   fails, and the number of free sessions doctor reports for a plain role is exactly the
   number of sessions that role can then open before "too many clients";
@@ -95,6 +96,38 @@ def test_a_standby_fails(replication_pair: PrimaryStandby) -> None:
     primary_code, primary, _ = doctor(replication_pair.primary_dsn)
     assert verdicts(primary)["standby"] == "pass"
     assert primary_code == 0
+
+
+def test_a_primary_with_an_asynchronous_standby_warns_where_fencing_is_used(
+    replication_pair: PrimaryStandby,
+) -> None:
+    """The pair's standby streams asynchronously: with the fencing terms table in a
+    schema of its own, the replication check warns what a failover can lose, with the
+    fix; the standby itself is left to the standby check."""
+    schema = f"doctor_repl_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(replication_pair.primary_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(
+            f"CREATE TABLE {schema}.pgleaderlock_terms (key1 int4 NOT NULL,"
+            " key2 int4 NOT NULL, term int8 NOT NULL, holder text,"
+            " acquired_at timestamptz NOT NULL, PRIMARY KEY (key1, key2))"
+        )
+    try:
+        code, report, err = doctor(replication_pair.primary_dsn, "--schema", schema)
+        assert code == 0, err
+        check = report["by_check"]["replication"]
+        assert check["verdict"] == "warn", check
+        assert "every standby is asynchronous" in check["summary"].lower()
+        assert "ledger claims (those slots run again)" in check["summary"]
+        assert "(in use: fencing)" in check["summary"]
+        assert "synchronous_mode: true" in check["fix"]
+        (standby,) = check["details"]["standbys"]
+        assert (standby["state"], standby["sync_state"]) == ("streaming", "async")
+        _, on_standby, _ = doctor(replication_pair.standby_dsn, "--schema", schema)
+        assert verdicts(on_standby)["replication"] == "pass"
+    finally:
+        with psycopg.connect(replication_pair.primary_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture(scope="module")

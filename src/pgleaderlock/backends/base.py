@@ -26,11 +26,13 @@ same names from ``pgleaderlock.backends``), or use only the statements and
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from ..lowlevel import (
+    BumpedTerm,
     ConnectionError,
     FencedSessions,
     LibraryTable,
@@ -181,9 +183,11 @@ class BaseSession(LockingSession):
         row = await self._bumped(table, _bump_statement(table), values)
         if row is None:
             return None
-        if not isinstance(row[0], int):
-            raise ConnectionError(f"fencing term: unexpected result {row[0]!r}")
-        return row[0]
+        term, prior, prior_at = row[:3]
+        if not isinstance(term, int) or not isinstance(prior, int | None):
+            raise ConnectionError(f"fencing term: unexpected result {row[:3]!r}")
+        at = prior_at if isinstance(prior_at, dt.datetime) else None
+        return BumpedTerm(term, prior, at)
 
     async def _bumped(
         self, table: TermTable, statement: Statement, values: tuple[Any, ...]
@@ -234,9 +238,10 @@ class BaseSession(LockingSession):
     async def bump_terms(
         self, table: TermTable, keys: list[tuple[int, int]], wait_s: float
     ) -> dict[tuple[int, int], int] | None:
-        """Increment the fencing terms of ``keys`` (held by this session): key -> term;
-        ``None`` when fenced transactions of older terms still hold a row after
-        ``wait_s`` (no term changed)."""
+        """Increment the fencing terms of ``keys`` (held by this session): key -> term
+        (a ``BumpedTerm``, with the row's previous term); ``None`` when fenced
+        transactions of older terms still hold a row after ``wait_s`` (no term
+        changed)."""
         if not keys:
             return {}
         info = self._info or await self.identify()
@@ -245,8 +250,14 @@ class BaseSession(LockingSession):
         row = await self._bumped(table, _bump_many_statement(table), values)
         if row is None:
             return None
-        k1s, k2s, terms = (cast(list[int] | None, value) or [] for value in row[:3])
-        return {(a, b): t for a, b, t in zip(k1s, k2s, terms, strict=True)}
+        k1s, k2s, terms, priors = (cast(list[int] | None, value) or [] for value in row[:4])
+        ats = cast(list[dt.datetime | None] | None, row[4]) or [None] * len(terms)
+        if len(priors) != len(terms):
+            raise ConnectionError(f"fencing term: unexpected result {row[:5]!r}")
+        return {
+            (a, b): BumpedTerm(t, p, at)
+            for a, b, t, p, at in zip(k1s, k2s, terms, priors, ats, strict=True)
+        }
 
     async def group_snapshot(self, prefix: str, trusted_roles: Sequence[str] = ()) -> list[Any]:
         """The sessions named ``prefix...`` and every two-key advisory lock, each with

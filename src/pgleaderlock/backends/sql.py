@@ -251,16 +251,23 @@ NOTIFY = Statement("notify", "SELECT pg_notify(({0})::text, ({1})::text)" + _TAI
 def bump_terms_statement(table: TermTable) -> Statement:
     """[`bump_term_statement`][pgleaderlock.backends.sql.bump_term_statement] for many
     keys at once (values: the keys' two arrays, the session's pid, the wait in ms). Rows
-    come back as arrays: key1s, key2s, terms."""
+    come back as arrays, in one order: key1s, key2s, terms, and the rows' previous terms
+    and ``acquired_at`` on this server (NULL where there was no row)."""
+    keys = "FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+    order = " ORDER BY b.key1, b.key2)"
     return Statement(
         "fencing term",
-        f"{_SETTINGS}, bumped AS ("
-        + _upsert(
-            table, "SELECT k.k1, k.k2", "FROM unnest(({0})::int4[], ({1})::int4[]) AS k(k1, k2)"
+        f"{_SETTINGS}, prior AS (SELECT t.key1, t.key2, t.term, t.acquired_at"
+        f" FROM {table.sql} AS t JOIN (SELECT k.k1, k.k2 {keys}) AS k"
+        " ON t.key1 = k.k1 AND t.key2 = k.k2), bumped AS ("
+        + _upsert(table, "SELECT k.k1, k.k2", keys)
+        + " RETURNING key1, key2, term) SELECT "
+        + ", ".join(
+            f"array_agg({column}{order}"
+            for column in ("b.key1", "b.key2", "b.term", "p.term", "p.acquired_at")
         )
-        + " RETURNING key1, key2, term)"
-        " SELECT (SELECT array_agg(key1) FROM bumped), (SELECT array_agg(key2) FROM bumped),"
-        " (SELECT array_agg(term) FROM bumped)" + _TAIL,
+        + _TAIL
+        + " FROM bumped AS b LEFT JOIN prior AS p ON p.key1 = b.key1 AND p.key2 = b.key2",
     )
 
 
@@ -309,13 +316,18 @@ def bump_term_statement(table: TermTable) -> Statement:
     ``max(old + 1, timeline << 32 | 1)``: strictly increasing, and never equal across two
     primaries on different timelines. The upsert needs the row's exclusive lock, so it
     waits for every fenced transaction of the old term (they hold the row ``FOR SHARE``)
-    to end, for at most the wait: then it fails with ``lock_not_available``."""
+    to end, for at most the wait: then it fails with ``lock_not_available``.
+
+    The row comes back as the new term, then the row's previous term and
+    ``acquired_at`` on this server (NULL: no row), read in the statement's snapshot:
+    the core compares the terms' timelines (a failover may have lost commits)."""
     return Statement(
         "fencing term",
-        f"{_SETTINGS}, bumped AS ("
+        f"{_SETTINGS}, prior AS (SELECT term, acquired_at FROM {table.sql}"
+        " WHERE key1 = ({0})::int4 AND key2 = ({1})::int4), bumped AS ("
         + _upsert(table, "SELECT ({0})::int4, ({1})::int4", "")
-        + " RETURNING term) SELECT (SELECT term FROM bumped)"
-        + _TAIL,
+        + " RETURNING term) SELECT (SELECT term FROM bumped),"
+        " (SELECT term FROM prior), (SELECT acquired_at FROM prior)" + _TAIL,
     )
 
 

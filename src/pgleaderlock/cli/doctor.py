@@ -24,6 +24,11 @@ check (``pass``, ``warn``, ``fail``), each with what to do about it:
 - **ledger**: the runs table's ``CHECK`` on ``outcome``, its row-level security, and
   what workers' roles hold on it (`pgleaderlock.cli.doctor_ledger`): a warning when a
   worker's role could rewrite the ledger's history;
+- **replication**: ``synchronous_standby_names``, ``synchronous_commit``, the standbys
+  and their ``sync_state`` (and Patroni's ``synchronous_mode`` with ``--patroni``): a
+  warning, with the fix, when a failover after a crash can lose the last commits while
+  the tables of fencing, checkpoints or the ledger exist
+  (`pgleaderlock.cli.doctor_replication`);
 - **search_path**: schemas on the role's path that other roles can create objects in, or
   that come before ``pg_catalog`` (the library's own sessions are immune: they set a safe
   path; your application's queries are not);
@@ -79,6 +84,12 @@ from .doctor_checks import (
     terminal_width,
 )
 from .doctor_ledger import LEDGER_QUERY, LedgerFacts
+from .doctor_replication import (
+    REPLICATION_QUERY,
+    STANDBYS_QUERY,
+    ReplicationFacts,
+    patroni_synchronous_mode,
+)
 from .exits import CliError, first_line
 from .options import (
     Tables,
@@ -165,6 +176,7 @@ class _Options:
     timeout_s: float
     trusted_roles: tuple[str, ...]
     tables: tuple[LibraryTable, ...]
+    patroni: str | None = None
 
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -254,6 +266,28 @@ async def _read(conn: Conn, options: _Options, f: Facts) -> None:
         f.tables.append(await _table_facts(conn, options, table))
         if isinstance(table, RunTable):
             f.ledger = await _ledger_facts(conn, options, table)
+    f.replication = await _replication_facts(conn, options)
+
+
+async def _replication_facts(conn: Conn, options: _Options) -> ReplicationFacts:
+    facts = ReplicationFacts()
+    try:
+        (facts.standby_names, facts.synchronous_commit), *_ = await _rows(
+            conn, options, REPLICATION_QUERY
+        )
+        facts.standbys = [tuple(row) for row in await _rows(conn, options, STANDBYS_QUERY)]
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        facts.error = first_line(exc)
+    if options.patroni is not None:
+        try:
+            facts.patroni = await asyncio.to_thread(
+                patroni_synchronous_mode, options.patroni, options.timeout_s
+            )
+        except ValueError as exc:
+            facts.error = str(exc)
+    return facts
 
 
 async def _pooler_mode(conn: Conn, options: _Options, f: Facts) -> Literal["session", "shared"]:
@@ -388,6 +422,12 @@ Exit codes:
     text="none: plain LeaderLocks; dedicated/shared: a Coordinator's sessions= mode.",
 )
 @table_options
+@click.option(
+    "--patroni",
+    metavar="URL",
+    help="Patroni's REST address (http://host:8008): its synchronous_mode is reported "
+    "with the replication check.",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @seconds_option("--timeout", default=5.0, text="Connect timeout and per-statement timeout.")
@@ -398,12 +438,14 @@ def doctor(
     replicas: int,
     coordinator: Mode,
     tables: Tables,
+    patroni: str | None,
     strict: bool,
     as_json: bool,
     timeout: float,
 ) -> int:
     """Check a database for the library: pooler, standby, version, keepalives, the
-    connection budget of a plan, the library's tables, search_path and logging.
+    connection budget of a plan, the library's tables, replication, search_path and
+    logging.
 
     One line per check (PASS, WARN or FAIL) with what to do about it. Run it with the
     DSN and role the locks will use.
@@ -424,7 +466,7 @@ def doctor(
     except psycopg.Error as exc:
         raise CliError(f"malformed DSN: {first_line(exc)}") from None
     plan = Plan(locks, replicas, coordinator)
-    facts = asyncio.run(collect(_Options(driver_dsn, timeout, roles, library)))
+    facts = asyncio.run(collect(_Options(driver_dsn, timeout, roles, library, patroni)))
     checks = evaluate(facts, plan)
     code = exit_code(checks, strict=strict)
     if as_json:

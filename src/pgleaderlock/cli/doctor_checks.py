@@ -28,10 +28,12 @@ from ..lowlevel import (
     UntrustedObjectError,
     printable,
 )
+from ..schedule.ledger import RunTable
 from .exits import EXIT_OK
 
 if TYPE_CHECKING:
     from .doctor_ledger import LedgerFacts
+    from .doctor_replication import ReplicationFacts
 
 __all__ = [
     "EXIT_DOCTOR_FAILED",
@@ -148,6 +150,7 @@ class Facts:
     settings: dict[str, str | None] = field(default_factory=dict)
     tables: list[TableFacts] = field(default_factory=list)
     ledger: LedgerFacts | None = None
+    replication: ReplicationFacts | None = None
 
 
 # ---------------------------------------------------------------------- verdicts
@@ -156,12 +159,18 @@ class Facts:
 def evaluate(facts: Facts, plan: Plan) -> list[Check]:
     """Every check's verdict from ``facts`` (behind a pooler that shares its server
     connections, only the pooler's: the rest cannot be read reliably through it)."""
-    from .doctor_ledger import ledger_check  # it builds on this module's Check
+    from .doctor_ledger import ledger_check  # they build on this module's Check
+    from .doctor_replication import replication_check
 
     checks = [_pooler(facts)]
     if facts.pooler == "shared":
         return checks
     ledger = None if facts.ledger is None else ledger_check(facts.ledger)
+    replication = (
+        None
+        if facts.replication is None
+        else replication_check(facts.replication, facts.in_recovery, _in_use(facts))
+    )
     checks += [
         _standby(facts),
         _version(facts),
@@ -169,10 +178,22 @@ def evaluate(facts: Facts, plan: Plan) -> list[Check]:
         _connections(facts, plan),
         *(_table(t) for t in facts.tables),
         *([ledger] if ledger is not None else []),
+        *([replication] if replication is not None else []),
         _search_path(facts),
         _logging(facts, plan),
     ]
     return checks
+
+
+def _in_use(f: Facts) -> list[str]:
+    """The features whose tables exist: those a failover's losses would touch."""
+    uses = {TermTable: "fencing", CheckpointTable: "checkpoints", RunTable: "the ledger"}
+    return [
+        use
+        for kind, use in uses.items()
+        for t in f.tables
+        if type(t.table) is kind and t.check is not None and t.check.relkind is not None
+    ]
 
 
 def _pooler(f: Facts) -> Check:

@@ -32,7 +32,14 @@ import time
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from ..lowlevel import LockState, SessionSlot, TermTable, get_logger, is_permanent
+from ..lowlevel import (
+    LockState,
+    SessionSlot,
+    TermTable,
+    get_logger,
+    is_permanent,
+    timeline_change,
+)
 from . import balance
 from .events import GroupEvent, MemberGone
 from .member import Engine
@@ -61,6 +68,7 @@ class SharedEngine(Engine):
         self._stale: set[Key] = set()
         self._losses = 0  # times the hold lock left LEADER
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
+        self._seen_terms: dict[Key, int] = {}  # fencing: the last term of each name here
 
     # ------------------------------------------------------------------ sessions
 
@@ -138,12 +146,38 @@ class SharedEngine(Engine):
         if self._losses != losses:
             self._stale.update(granted)  # the hold lock left LEADER meanwhile
             return []
+        self._note_timelines(terms)
         for key in granted:
             self._owned[key] = terms.get(key)
             self.start_worker(self.names[key], terms.get(key))
         if granted:
             log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
         return granted
+
+    def _note_timelines(self, terms: dict[Key, int]) -> None:
+        """After a failover: one ``timeline_changed`` warning for the names whose new
+        terms are on a later server timeline than the last term known of them."""
+        changed: dict[str, dict[str, object]] = {}
+        for key, term in terms.items():
+            prior = getattr(term, "prior", None)  # a BumpedTerm says
+            change = timeline_change(
+                term, prior, getattr(term, "prior_at", None), self._seen_terms.get(key)
+            )
+            if change is not None and key in self.names:
+                changed[self.names[key]] = change
+            self._seen_terms[key] = max(int(term), self._seen_terms.get(key, 0))
+        if not changed:
+            return
+        found = list(changed.values())
+        report: dict[str, Any] = {
+            "names": ", ".join(sorted(changed)),
+            "from_timeline": min(cast(int, f["from_timeline"]) for f in found),
+            "to_timeline": max(cast(int, f["to_timeline"]) for f in found),
+            "since": min((str(f["since"]) for f in found if "since" in f), default=None),
+            "may_be_lost": found[0]["may_be_lost"],
+            "docs": found[0]["docs"],
+        }
+        log.warning("timeline_changed", **report, **self._fields)
 
     async def _bump_terms(self, table: TermTable, keys: list[Key]) -> dict[Key, int] | None:
         """Bump the terms of ``keys``, just taken. The bump waits ``fencing_grace_s`` for

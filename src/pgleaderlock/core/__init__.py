@@ -126,6 +126,7 @@ from .slot import SessionSlot, can, connection_target
 from .supervisor import Supervisor, check_give_away
 from .tables import CHECK_TABLE, TableCheck, check_identifier, quoted, trusted_roles_sql
 from .text import first_line, printable, printable_tree
+from .timeline import BumpedTerm, timeline_change
 
 __all__ = [
     "CHECK_TABLE",
@@ -137,6 +138,7 @@ __all__ = [
     "AbortableSession",
     "Backend",
     "BackendUnavailableError",
+    "BumpedTerm",
     "Callback",
     "ConfigurationError",
     "ConnectOptions",
@@ -248,6 +250,7 @@ __all__ = [
     "short_session",
     "slot_keys",
     "sqlstate",
+    "timeline_change",
     "transaction",
     "trusted_roles_sql",
     "without_driver",

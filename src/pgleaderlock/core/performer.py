@@ -161,7 +161,10 @@ class CallPerformer:
                         return FencedEnded(await guard(fencing.end_fenced(table, [keys]), *bound))
                     bump = functools.partial(fencing.bump_term, table, k1, k2, call.wait_s)
                     term = await guard(self._slot.with_table(table, bump), *bound)
-                    return TermBlocked() if term is None else TermBumped(term)
+                    if term is None:
+                        return TermBlocked()
+                    prior = getattr(term, "prior", None)  # a BumpedTerm says
+                    return TermBumped(int(term), prior, getattr(term, "prior_at", None))
             if value and call.op in (Op.TRY_LOCK, Op.WAIT_LOCK):
                 admit = self.admit  # a statement: the session is dropped before it is cut
                 if admit is not None and not await guard(admit(self._slot), *bound[:2]):

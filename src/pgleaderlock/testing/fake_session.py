@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..lowlevel import (
+    BumpedTerm,
     ConnectionError,
     ConnectOptions,
     FencedSessions,
@@ -326,9 +327,10 @@ class FakeSession:
 
     @_statement
     async def bump_term(self, table: TermTable, key1: int, key2: int, wait_s: float) -> int | None:
-        """Increment the lock's term: ``max(old + 1, timeline << 32 | 1)``, after every
-        fenced transaction that holds the row has ended, waiting at most ``wait_s`` for
-        them (``None`` after that, nothing changed)."""
+        """Increment the lock's term: ``max(old + 1, timeline << 32 | 1)``, returned with
+        the old one (a ``BumpedTerm``), after every fenced transaction that holds the row
+        has ended, waiting at most ``wait_s`` for them (``None`` after that, nothing
+        changed)."""
         await self._enter("bump_term")
         server, key = self._server, (key1, key2)
         server._table_error(table)
@@ -345,10 +347,10 @@ class FakeSession:
                 pass
             if self._gone:
                 raise self._dead("bump_term")
-        old = server._terms.get((table.shown, key), 0)
-        term = max(old + 1, server.timeline << 32 | 1)
+        prior = server._terms.get((table.shown, key))
+        term = max((prior or 0) + 1, server.timeline << 32 | 1)
         server._terms[(table.shown, key)] = term
-        return term
+        return BumpedTerm(term, prior)
 
     @_statement
     async def end_fenced(self, table: TermTable, keys: list[tuple[int, int]]) -> FencedSessions:

@@ -6,6 +6,7 @@ Plain frozen values: the runner performs an effect and reports its outcome as th
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -110,9 +111,13 @@ class Late:
 
 @dataclass(frozen=True)
 class TermBumped:
-    """The fencing term was incremented on the lock's session: this is the new term."""
+    """The fencing term was incremented on the lock's session: this is the new term;
+    ``prior`` and ``prior_at`` are what the term row held before, on that server
+    (``None``: no row, or a session that does not say)."""
 
     term: int
+    prior: int | None = None
+    prior_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)

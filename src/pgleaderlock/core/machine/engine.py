@@ -10,6 +10,7 @@ from typing import cast
 
 from ..errors import ConnectionError, LockError, LockNotHeldError
 from ..models import Event, LockState
+from ..timeline import timeline_change
 from . import effects as fx  # the results it matches, the effects it asks for: fx.Sleep
 from .effects import Call, Effect, Op, Request, Result
 from .faults import NON_RETRYABLE, describe, is_permanent
@@ -149,9 +150,13 @@ class Machine(Transitions):
         blocked it."""
         acquiring = self._state is S.ACQUIRING
         match result:
-            case fx.TermBumped(term=term):
+            case fx.TermBumped(term=term, prior=prior, prior_at=prior_at):
                 self._term = term
                 self._log("info", "term_bumped", term=term)
+                changed = timeline_change(term, prior, prior_at, self._seen_term)
+                if changed is not None:  # a failover: what may have been lost, once
+                    self._log("warning", "timeline_changed", None, **changed)
+                self._seen_term = max(term, self._seen_term or 0)
                 delay = self.config.acquire_delay_s
                 if acquiring and delay > 0:
                     self._announce_at = self._now + delay  # the next decision sleeps

@@ -86,6 +86,7 @@ class MachineState:
         self._give_up_reason: tuple[LogLevel, str] = ("info", "")
         self._fatal_error: Exception | None = None
         self._term: int | None = None  # fencing: the term of the current leadership
+        self._seen_term: int | None = None  # fencing: the last term this lock led under
         self._probe_pending = False  # a late probe is still in flight
         self._announce_at: float | None = None  # fencing: on_acquired after acquire_delay_s
         # A graceful stop's drain (drain_s): until when, whether the callbacks returned,
