@@ -51,9 +51,12 @@ class Retry:
     ``max_backoff_s`` (Oban's ``max_attempts``, Celery's ``autoretry_for``).
 
     ```python
+    import psycopg
     from pgleaderlock.schedule import Policy, Retry
 
-    policy = Policy(retry=Retry(max_attempts=3, backoff_s=2.0, on=(ConnectionError, OSError)))
+    # a database that went away: the driver's error (psycopg's), or a refused connect
+    policy = Policy(retry=Retry(max_attempts=3, backoff_s=2.0,
+                                on=(psycopg.OperationalError, OSError)))
     ```
 
     A retry is a new attempt of the same slot (the ledger's ``attempt`` column counts
