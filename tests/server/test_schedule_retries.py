@@ -186,6 +186,28 @@ async def test_a_retry_due_is_given_up_by_a_leader_whose_policy_allows_no_more(
     assert len(job.seen) == 1
 
 
+async def test_a_graceful_stop_does_not_wait_for_a_back_off(
+    pg_dsn: str, keys: tuple[int, int], admin: Admin
+) -> None:
+    """With ``drain_s``, a stop during a minute's back-off ends at once; the retry stays
+    due in the ledger, for the next leader."""
+    job = Attempts(ConnectionError("the primary went away"))
+    lock = fenced(pg_dsn, keys, drain_s=30.0)
+    sched = Scheduler(lock)
+    policy = Policy(retry=Retry(max_attempts=2, backoff_s=60.0))
+    sched.add(job.run, sched_every(3600, first_in_s=0.5), name="sync", policy=policy)
+    name = sched.schedule_name("sync")
+    async with sched:
+        await lock.start()
+        await eventually(lambda: _outcome(admin, name, "failed"), 10)
+        started = time.monotonic()
+        await lock.shutdown()
+        took = time.monotonic() - started
+    assert took < 10.0, f"the stop waited {took:.1f} s for a back-off of 60 s"
+    assert len(job.seen) == 1
+    assert not await _final(admin, name)  # failed, its retry still due
+
+
 async def test_a_slot_whose_transaction_committed_is_not_retried(
     pg_dsn: str, keys: tuple[int, int], admin: Admin
 ) -> None:

@@ -165,10 +165,13 @@ class Scheduler:
             ),
         )
         self._jobs: dict[str, Job] = {}
-        self._tasks = LeaderTasks(lock)
         self._drained = asyncio.Event()  # set when the lock drains: no new slot starts
         self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drained.set)
+        # Registered before the tasks' own drain hook, which waits for the jobs' loops to
+        # return: a loop waiting for its next slot (or a retry) must hear of the drain
+        # first, or the stop waits for all of drain_s.
         lock.plugins.register(self._drain_plugin)
+        self._tasks = LeaderTasks(lock)
         self._idle_plugin: object | None = callback_plugin(Event.ACQUIRED, self._never_started)
         lock.plugins.register(self._idle_plugin)
         self._warned = False  # that the jobs wait for start() while the lock leads
