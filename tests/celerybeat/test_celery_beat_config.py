@@ -25,7 +25,7 @@ from pgleaderlock.integrations.celery import (
     leader_scheduler,
     timing_of,
 )
-from pgleaderlock.schedule import Cron, Every
+from pgleaderlock.schedule import Cron, Every, Retry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -232,6 +232,23 @@ def test_settings_read_from_the_configuration(monkeypatch: pytest.MonkeyPatch) -
     assert lock.retry_strategy is strategy
 
 
+def test_retries_of_a_failed_send_are_read_from_the_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    plain = BeatSettings.from_app(app(pgleaderlock_dsn="x"))
+    assert plain.policy.retry == Retry()  # one attempt: a failed send stays failed
+    given = Retry(max_attempts=4, on=(OSError,))
+    assert (
+        BeatSettings.from_app(app(pgleaderlock_dsn="x", pgleaderlock_retry=given)).policy.retry
+        == given
+    )
+    spelled = {"max_attempts": 3, "backoff_s": 2, "on": [OSError]}
+    settings = BeatSettings.from_app(app(pgleaderlock_dsn="x", pgleaderlock_retry=spelled))
+    assert settings.policy.retry == Retry(max_attempts=3, backoff_s=2.0, on=(OSError,))
+    assert settings.policy.misfire_grace_s == 30.0  # the rest: beat's defaults
+
+
 def test_the_worker_guards_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker's SlotTask guard: the ledger's runs table (the lock's fencing_schema and
     trusted roles), through the worker's own DSN when one is set."""
@@ -283,6 +300,18 @@ def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch
             r"pgleaderlock_misfire_grace_s",
         ),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_tick_s": "1"}, r"pgleaderlock_tick_s"),
+        (
+            {"pgleaderlock_dsn": "x", "pgleaderlock_retry": 3},
+            r"pgleaderlock_retry must be a Retry or a dict of its fields",
+        ),
+        (
+            {"pgleaderlock_dsn": "x", "pgleaderlock_retry": {"attempts": 3}},
+            r"pgleaderlock_retry: unknown field 'attempts'",
+        ),
+        (
+            {"pgleaderlock_dsn": "x", "pgleaderlock_retry": {"max_attempts": 0}},
+            r"pgleaderlock_retry: max_attempts must be",
+        ),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_lock_options": [1]}, r"pgleaderlock_lock_options"),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_worker_dsn": 5}, r"pgleaderlock_worker_dsn"),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_guard_timeout_s": 0}, r"guard_timeout_s"),

@@ -177,26 +177,31 @@ async def test_a_slot_whose_leader_ended_mid_run_is_lost_or_run_again(
         assert term == started[1].term > started[0].term
 
 
+@pytest.mark.parametrize("after_a_run", [False, True])
 async def test_a_graceful_stop_does_not_wait_for_the_next_slot(
-    target: Target, keys: tuple[int, int]
+    target: Target, keys: tuple[int, int], after_a_run: bool
 ) -> None:
     """With ``drain_s``, a graceful stop lets a run in progress finish; a schedule that
     waits for its next slot (an hour away) ends at once instead of holding the lock
-    until ``drain_s`` is over."""
+    until ``drain_s`` is over. (``after_a_run``: the loop is asleep until the next slot
+    when the stop comes; it waited all of ``drain_s`` before issue 32's fix.)"""
     lock = target.lock(keys, fencing=True, drain_s=30.0)
     sched = Scheduler(lock)
     ran: list[Run] = []
 
-    @sched.every(seconds=3600)
     async def hourly(run: Run) -> None:
         ran.append(run)
 
+    sched.add(hourly, sched_every(3600, first_in_s=0.3 if after_a_run else None), name="hourly")
     async with sched:
         await lock.start()
         assert await lock.wait_for_leadership(10)
         await eventually(lambda: "hourly" in sched._tasks.running)
+        if after_a_run:
+            await eventually(lambda: len(ran) == 1)
+            await asyncio.sleep(0.3)  # the loop sleeps until the next slot
         started = time.monotonic()
         await lock.shutdown()
         took = time.monotonic() - started
     assert took < 10.0, f"the stop waited {took:.1f} s for a slot an hour away"
-    assert ran == []
+    assert len(ran) == after_a_run

@@ -4,6 +4,7 @@ every entry point that schedules; the old keywords still work for one release, w
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import warnings
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 from pgleaderlock import ConfigurationError, Fencing, LeaderLock, LockOptions
-from pgleaderlock.schedule import Every, Job, Policy, Run, Scheduler
+from pgleaderlock.schedule import Every, Job, Policy, Retry, Run, Scheduler
+from pgleaderlock.schedule.retries import Owed
 
 DSN = "postgresql://u@h/d"
 EVERY = Every(dt.timedelta(seconds=1))
@@ -204,3 +206,83 @@ def test_bind_scheduler_without_the_ledger_has_no_policy() -> None:
     with pytest.raises(ConfigurationError, match="policy= belongs to the ledger mode"):
         bind_scheduler(BackgroundScheduler(), fenced(), ledger=False, policy=Policy(catch_up="all"))
     bind_scheduler(BackgroundScheduler(), fenced(), ledger=False, policy=Policy()).close()
+
+
+# ------------------------------------------------------------------ retries
+
+
+def test_retry_defaults_to_one_attempt_so_a_failed_slot_stays_failed() -> None:
+    assert Policy().retry == Retry() == Retry(1, 1.0, 60.0, (Exception,))
+    assert Retry().delay_s(1, ConnectionError()) is None
+
+
+def test_retry_backs_off_doubling_up_to_its_bound_for_the_errors_it_is_on() -> None:
+    retry = Retry(max_attempts=5, backoff_s=2, max_backoff_s=5, on=ConnectionError)
+    assert (retry.backoff_s, retry.on) == (2.0, (ConnectionError,))
+    assert isinstance(retry.backoff_s, float)
+    assert [retry.delay_s(n, ConnectionRefusedError()) for n in (1, 2, 3, 4, 5)] == [
+        2.0, 4.0, 5.0, 5.0, None,  # the fifth attempt was the last
+    ]  # fmt: skip
+    assert retry.delay_s(1, ValueError()) is None  # not one of ``on``: final
+    assert Retry(max_attempts=3, backoff_s=0).delay_s(1, ValueError()) == 0.0
+    assert Retry(on=[OSError, ValueError]).on == (OSError, ValueError)  # type: ignore[arg-type]
+    assert Retry(max_attempts=100, max_backoff_s=1e9).backoff_after(100) == 1e9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        retry.max_attempts = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_attempts": 0}, r"^max_attempts must be an int from 1 to 100, got 0"),
+        ({"max_attempts": 101}, r"^max_attempts must be an int from 1 to 100"),
+        ({"max_attempts": True}, r"^max_attempts must be"),
+        ({"max_attempts": 2.0}, r"^max_attempts must be"),
+        ({"backoff_s": -1}, r"^backoff_s must not be negative"),
+        ({"backoff_s": float("nan")}, r"^backoff_s"),
+        ({"backoff_s": "1"}, r"^backoff_s"),
+        ({"max_backoff_s": float("inf")}, r"^max_backoff_s"),
+        ({"backoff_s": 10, "max_backoff_s": 5}, r"^max_backoff_s must be at least backoff_s"),
+        ({"on": ()}, r"^on must be an Exception class or a non-empty tuple"),
+        ({"on": "ConnectionError"}, r"^on must be"),
+        ({"on": (ConnectionError, 5)}, r"^on must be"),
+        ({"on": asyncio.CancelledError}, r"^on must be .*never retried"),
+        ({"on": KeyboardInterrupt}, r"^on must be"),
+    ],
+)
+def test_a_bad_retry_is_refused_naming_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Retry(**fields)
+
+
+def test_a_policy_takes_only_a_retry_and_retry_is_no_old_keyword() -> None:
+    with pytest.raises(ConfigurationError, match=r"^retry must be a Retry"):
+        Policy(retry={"max_attempts": 3})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="retry"):
+        add(retry=Retry(max_attempts=3))
+    policy = Policy(retry=Retry(max_attempts=3))
+    assert add(policy=policy).retry.max_attempts == 3
+
+
+def test_bind_scheduler_refuses_retries() -> None:
+    with pytest.raises(ConfigurationError, match=r"Policy.retry is not supported"):
+        bind(policy=Policy(retry=Retry(max_attempts=2)))
+    assert bind(policy=Policy(retry=Retry(max_attempts=1, backoff_s=5))).retry.backoff_s == 5.0
+
+
+def test_retries_owed_come_soonest_first_and_wait_for_an_earlier_slot() -> None:
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    seconds = [dt.timedelta(seconds=n) for n in range(10)]
+    owed = Owed()
+    owed.add(t0, t0 + seconds[5])
+    owed.add(t0 + seconds[1], t0 + seconds[3])
+    owed.add(t0, t0 + seconds[9])  # owed already: keeps its time
+    assert len(owed) == 2
+    assert owed.first(before=t0 + seconds[2]) is None  # the slot at 2 s runs first
+    due = owed.first(before=t0 + seconds[3])
+    assert due is not None
+    assert (due.at, due.slot) == (t0 + seconds[3], t0 + seconds[1])
+    owed.pop(due)
+    due = owed.first(before=t0 + seconds[6])
+    assert due is not None
+    assert (due.at, due.slot) == (t0 + seconds[5], t0)

@@ -16,7 +16,7 @@ See the scheduling guide for what "exactly once" covers.
 from .guard import SlotGuard
 from .job import Job, JobFunction, Run
 from .ledger import OUTCOMES, Ledger, RunTable, ScheduleTable
-from .policy import CatchUp, Interrupted, Policy
+from .policy import CatchUp, Interrupted, Policy, Retry
 from .scheduler import RunFailed, Scheduler
 from .timing import Cron, Every, ServerClock, Timing
 
@@ -30,6 +30,7 @@ __all__ = [
     "JobFunction",
     "Ledger",
     "Policy",
+    "Retry",
     "Run",
     "RunFailed",
     "RunTable",

@@ -56,26 +56,54 @@ class SlotBook:
     holder: str = dataclasses.field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     """Who claims: ``<host>:<pid>``."""
 
-    async def begin(self, job: Job, name: str, term: int) -> tuple[dt.datetime, list[dt.datetime]]:
-        """A leadership begins for ``job``: register its schedule (pruning old rows) and
-        apply its ``interrupted`` policy to the slots an older term left ``running``.
-        Returns the cursor (the newest slot with a row, or since when the schedule
-        exists) and the slots to run again."""
+    async def begin(
+        self, job: Job, name: str, term: int
+    ) -> tuple[dt.datetime, list[dt.datetime], list[tuple[dt.datetime, int]]]:
+        """A leadership begins for ``job``: register its schedule (pruning old rows),
+        apply its ``interrupted`` policy to the slots an older term left ``running``,
+        and take over the retries due (see `retries`). Returns the cursor (the newest
+        slot with a row, or since when the schedule exists), the slots to run again,
+        and the slots to retry with the attempt that failed."""
         values = (name, job.timing.spec, self.clock.now() - self.keep)
         since, newest, _ = (await self.query(self.ledger.register, values, 2))[0]
         cursor = utc(since) if newest is None else max(utc(since), utc(newest))
         rows = await self.query(self.ledger.interrupted, (name, term))
         slots = [utc(row[0]) for row in rows]
+        retries = await self.retries(job, name, term)
         if not slots:
-            return cursor, []
+            return cursor, [], retries
         if job.policy.interrupted == "rerun":
             self._log("warning", "runs_rerun", schedule=name, slots=len(slots),
                       first=slots[0].isoformat())  # fmt: skip
-            return cursor, slots
+            return cursor, slots, retries
         lost = await self.query(self.ledger.lose, (name, slots, term, *self.lock.keys))
         self._log("warning", "runs_lost", schedule=name, slots=len(slots), recorded=lost[0][0],
                   first=slots[0].isoformat(), reason="leader ended mid-run")  # fmt: skip
-        return cursor, []
+        return cursor, [], retries
+
+    async def retries(self, job: Job, name: str, term: int) -> list[tuple[dt.datetime, int]]:
+        """The slots whose last attempt failed with a retry due (a leadership, this one
+        or an older, ended during the back-off): those ``job``'s ``retry`` allows
+        another attempt, each with the attempt that failed; the others' failure is
+        recorded final."""
+        rows = await self.query(self.ledger.retries, (name,))
+        if not rows:
+            return []
+        limit = job.policy.retry.max_attempts
+        owed = [(utc(slot), int(attempt)) for slot, attempt in rows if attempt < limit]
+        final = [utc(slot) for slot, attempt in rows if attempt >= limit]
+        if final:
+            values = (name, final, term, *self.lock.keys)
+            recorded, held = (await self.query(self.ledger.give_up, values))[0]
+            if not held:
+                raise FencedError(f"{name}: the fencing term moved on from {term}")
+            self._log("warning", "retries_given_up", schedule=name, slots=len(final),
+                      recorded=recorded, first=final[0].isoformat(),
+                      reason=f"the policy allows {limit} attempt(s)")  # fmt: skip
+        if owed:
+            self._log("warning", "runs_retried", schedule=name, slots=len(owed),
+                      first=owed[0][0].isoformat())  # fmt: skip
+        return owed
 
     async def choose(
         self, job: Job, name: str, cursor: dt.datetime, through: dt.datetime, term: int
@@ -100,13 +128,16 @@ class SlotBook:
         return ran, slots[-1]
 
     async def claim(
-        self, job: Job, name: str, slot: dt.datetime, term: int, rerun: bool
+        self, job: Job, name: str, slot: dt.datetime, term: int, rerun: bool, retry: bool = False
     ) -> tuple[int, dt.datetime] | None:
         """The slot's row, written under ``term``: (attempt, the server's time), or
-        ``None`` when the slot has a row already. Waits while the server's clock has
-        not reached the slot (this process's estimate ran ahead)."""
-        upcoming = job.timing.after(slot)
-        values = (name, slot, term, *self.lock.keys, self.holder, rerun, upcoming, "running")
+        ``None`` when the slot has a row already (``retry``: one that is not a failure
+        with a retry due and attempts left). Waits while the server's clock has not
+        reached the slot (this process's estimate ran ahead)."""
+        upcoming = None if retry else job.timing.after(slot)  # a retry's slot is past
+        tries = job.policy.retry.max_attempts if retry else 0
+        values = (name, slot, term, *self.lock.keys, self.holder, rerun, upcoming, "running",
+                  tries)  # fmt: skip
         for _ in range(_EARLY_RETRIES):
             server_now, attempt, held = (await self.query(self.ledger.claim, values, 0))[0]
             if not held:

@@ -26,7 +26,7 @@ JobFunction = Callable[["Run"], Awaitable[object]]
 @dataclass(frozen=True)
 class Job:
     """A registered schedule: what runs, when, and the [`Policy`][pgleaderlock.schedule.Policy]
-    for slots that were missed or interrupted (see
+    for slots that were missed, interrupted or failed (see
     [`Scheduler.add`][pgleaderlock.schedule.Scheduler.add])."""
 
     name: str
@@ -44,8 +44,9 @@ class Run:
         schedule: the schedule's name as the ledger keeps it (``<lock>:<job>``).
         slot: the slot's time, an aware UTC datetime (from the server's clock).
         term: the fencing term of the leadership that claimed the slot.
-        attempt: 1, or more when the slot was run again after its leader ended
-            mid-run (``interrupted="rerun"``).
+        attempt: 1, or more when the slot was run again: after its leader ended
+            mid-run (``interrupted="rerun"``), or after an attempt that raised (the
+            policy's [`Retry`][pgleaderlock.schedule.Retry]).
         late_s: how late the run started after its slot, by the server's clock.
     """
 

@@ -9,7 +9,7 @@ records what became of the slot:
 |-----------|---------------------------------------------------------------------------|
 | `running` | claimed, its job started (under ``term``)                                 |
 | `done`    | the job returned (or its ``run.transaction`` committed)                   |
-| `failed`  | the job raised (``detail`` says what)                                     |
+| `failed`  | the job raised (``detail`` says what); no ``finished_at``: a retry is due |
 | `sent`    | handed to another system (Celery beat sent the task)                      |
 | `executed`| a worker began the work handed over (``SlotGuard``); no other copy will  |
 | `lost`    | its leader died mid-run and the schedule does not run it again            |
@@ -213,13 +213,42 @@ class Ledger:
         )
 
     @functools.cached_property
+    def retries(self) -> str:
+        """``{0}`` schedule: the slots whose last attempt failed with a retry due
+        (``failed`` without ``finished_at``), oldest first (at most 1,000), with that
+        attempt."""
+        return (
+            f"SELECT slot, attempt FROM {self.runs.sql} WHERE schedule = ({{0}})::text"
+            " AND outcome = 'failed' AND finished_at IS NULL ORDER BY slot LIMIT 1000"
+        )
+
+    @functools.cached_property
+    def give_up(self) -> str:
+        """``{0}`` schedule, ``{1}`` slots, ``{2}`` term, ``{3}`` ``{4}`` keys: a retry
+        due for ``slots`` will not come (the schedule's policy allows no more
+        attempts): their failure is final. Returns how many, and whether the term
+        holds."""
+        return (
+            f"WITH ok AS (SELECT {self._term_ok('{2}', '{3}', '{4}')} AS held),"
+            f" up AS (UPDATE {self.runs.sql} SET finished_at = pg_catalog.clock_timestamp()"
+            " WHERE schedule = ({0})::text AND slot = ANY(({1})::timestamptz[])"
+            " AND outcome = 'failed' AND finished_at IS NULL AND (SELECT held FROM ok)"
+            " RETURNING 1)"
+            " SELECT (SELECT count(*) FROM up), (SELECT held FROM ok)"
+        )
+
+    @functools.cached_property
     def claim(self) -> str:
         """``{0}`` schedule, ``{1}`` slot, ``{2}`` term, ``{3}`` ``{4}`` the lock's keys,
         ``{5}`` holder, ``{6}`` rerun (may take over a slot left ``running`` by an older
-        term), ``{7}`` the schedule's next slot, ``{8}`` outcome (``running`` or
-        ``sent``): claim the slot if the server's clock has reached it and the term
-        holds. Returns the server's time, the attempt (``NULL``: not claimed) and
-        whether the term holds."""
+        term), ``{7}`` the schedule's next slot (``NULL``: unchanged), ``{8}`` outcome
+        (``running`` or ``sent``), ``{9}`` a retry's ``max_attempts`` (may take over a
+        slot whose last attempt failed with a retry due, if it made fewer attempts; 0:
+        not a retry):
+        claim the slot if the server's clock has reached it and the term holds.
+        Returns the server's time, the attempt (``NULL``: not claimed) and whether the
+        term holds. A ``done`` (or ``sent``, ``executed``, ``missed``, ``lost``) slot
+        is never claimed again."""
         r, s = self.runs.sql, self.schedules.sql
         now = "pg_catalog.clock_timestamp()"
         return (
@@ -233,9 +262,11 @@ class Ledger:
             " holder = EXCLUDED.holder, outcome = EXCLUDED.outcome,"
             " attempt = r.attempt + 1, claimed_at = EXCLUDED.claimed_at,"
             " started_at = EXCLUDED.started_at, finished_at = NULL, detail = NULL"
-            " WHERE ({6})::bool AND r.outcome = 'running' AND r.term < EXCLUDED.term"
+            " WHERE (({6})::bool AND r.outcome = 'running' AND r.term < EXCLUDED.term)"
+            " OR (r.outcome = 'failed' AND r.finished_at IS NULL"
+            " AND r.attempt < ({9})::int4)"
             " RETURNING attempt),"
-            f" nxt AS (UPDATE {s} SET next_slot = ({{7}})::timestamptz,"
+            f" nxt AS (UPDATE {s} SET next_slot = coalesce(({{7}})::timestamptz, next_slot),"
             f" updated_at = {now} WHERE schedule = ({{0}})::text"
             " AND (SELECT held FROM ok))"
             f" SELECT {now}, (SELECT attempt FROM ins), (SELECT held FROM ok)"
@@ -274,13 +305,14 @@ class Ledger:
     @functools.cached_property
     def finish(self) -> str:
         """``{0}`` schedule, ``{1}`` slot, ``{2}`` term, ``{3}`` outcome, ``{4}``
-        detail: record how a run of this term ended, unless something else did
-        already (``run.transaction``). Never waits for a row lock: a row a transaction
-        holds is left to it."""
+        detail, ``{5}`` a retry is due (``finished_at`` stays ``NULL``): record how a
+        run of this term ended, unless something else did already
+        (``run.transaction``). Never waits for a row lock: a row a transaction holds is
+        left to it. Returns a row if it recorded."""
         r = self.runs.sql
         return (
-            f"UPDATE {r} SET outcome = ({{3}})::text,"
-            " finished_at = pg_catalog.clock_timestamp(), detail = ({4})::text"
+            f"UPDATE {r} SET outcome = ({{3}})::text, finished_at = CASE WHEN ({{5}})::bool"
+            " THEN NULL ELSE pg_catalog.clock_timestamp() END, detail = ({4})::text"
             f" WHERE (schedule, slot) IN (SELECT schedule, slot FROM {r}"
             " WHERE schedule = ({0})::text AND slot = ({1})::timestamptz"
             " AND term = ({2})::int8 AND outcome = 'running' FOR UPDATE SKIP LOCKED)"

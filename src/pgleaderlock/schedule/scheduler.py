@@ -33,6 +33,7 @@ from .book import MAX_RECORDED_MISSES, SlotBook
 from .job import Job, JobFunction, Run, check_job_name
 from .ledger import Ledger, RunTable, ScheduleTable
 from .policy import CatchUp, Interrupted, Policy, PolicyKeywords, policy_from
+from .retries import Owed
 from .timing import Cron, Every, ServerClock, Timing, utc
 
 __all__ = [
@@ -91,9 +92,11 @@ class Scheduler:
 
     Runs of one job never overlap: a slot that falls due while the previous run is still
     going waits for it (and is then late, see ``misfire_grace_s``). A job that raises is
-    recorded as ``failed`` and the next slot runs as usual. When leadership is lost the
-    running jobs are cancelled; with the lock's ``drain_s`` a graceful stop lets the
-    current run finish.
+    recorded as ``failed`` and the next slot runs as usual; with the policy's
+    [`Retry`][pgleaderlock.schedule.Retry] the slot is tried again after a back-off (the
+    job's slots that fall due meanwhile run first), up to its ``max_attempts``. When
+    leadership is lost the running jobs are cancelled; with the lock's ``drain_s`` a
+    graceful stop lets the current run finish.
 
     The ledger's statements run on the lock's session. One that fails for a reason that
     retrying may mend (the session lost, a statement past its bound, the leadership
@@ -162,10 +165,13 @@ class Scheduler:
             ),
         )
         self._jobs: dict[str, Job] = {}
-        self._tasks = LeaderTasks(lock)
         self._drained = asyncio.Event()  # set when the lock drains: no new slot starts
         self._drain_plugin: object | None = callback_plugin(Event.DRAINING, self._drained.set)
+        # Registered before the tasks' own drain hook, which waits for the jobs' loops to
+        # return: a loop waiting for its next slot (or a retry) must hear of the drain
+        # first, or the stop waits for all of drain_s.
         lock.plugins.register(self._drain_plugin)
+        self._tasks = LeaderTasks(lock)
         self._idle_plugin: object | None = callback_plugin(Event.ACQUIRED, self._never_started)
         lock.plugins.register(self._idle_plugin)
         self._warned = False  # that the jobs wait for start() while the lock leads
@@ -375,7 +381,7 @@ class Scheduler:
         if term is None:
             return []
         name = self.schedule_name(job.name)
-        cursor, reruns = await self._book.begin(job, name, term)
+        cursor, reruns, _ = await self._book.begin(job, name, term)  # (no retries: refused)
         todo = [(slot, True) for slot in reruns]
         grace = dt.timedelta(seconds=job.policy.misfire_grace_s)
         stale = min(utc(through), self.clock.now() - grace)
@@ -423,16 +429,24 @@ class Scheduler:
             ConnectionError: the lock lost its session (the slot stays ``running``: the
                 next leader applies the job's ``interrupted`` policy).
         """
+        await self._record(run, error, outcome)
+
+    async def _record(
+        self, run: Run, error: BaseException | None, outcome: str, retry: bool = False
+    ) -> bool:
+        """`finish`; ``retry``: a retry of the slot is due (its row has no
+        ``finished_at``). Returns whether this recorded it (not a ``run.transaction``,
+        say)."""
         if run.done and error is None:
-            return
+            return False
         detail = None
         if error is not None:
             shown = (
                 str(error) if isinstance(error, RunFailed) else f"{type(error).__name__}: {error}"
             )
             detail = shown[:1000]
-        values = (run.schedule, run.slot, run.term, "failed" if error else outcome, detail)
-        await self._book.query(self._ledger.finish, values)
+        values = (run.schedule, run.slot, run.term, "failed" if error else outcome, detail, retry)
+        return bool(await self._book.query(self._ledger.finish, values))
 
     # ------------------------------------------------------------------ the leader's loop
 
@@ -477,37 +491,65 @@ class Scheduler:
             return  # the leadership ended before this task ran
         self._drained.clear()
         name = self.schedule_name(job.name)
-        cursor, reruns = await self._book.begin(job, name, term)
+        cursor, reruns, retries = await self._book.begin(job, name, term)
+        owed = Owed()
+        now = self.clock.now()
+        for slot, attempt in retries:  # a back-off from now: never sooner than after the failure
+            owed.add(slot, now + dt.timedelta(seconds=job.policy.retry.backoff_after(attempt)))
         for slot in reruns:
-            await self._run(job, name, slot, term, rerun=True)
+            await self._run(job, name, slot, term, owed, rerun=True)
         while not lock.draining:
             due = job.timing.after(cursor)
+            retry = owed.first(before=due)
+            if retry is not None:  # due before the next slot: it runs first
+                if not await self._until(retry.at):
+                    return
+                owed.pop(retry)
+                await self._run(job, name, retry.slot, term, owed, retry=True)
+                continue
             now = self.clock.now()
             late_by = (now - due).total_seconds()
             if late_by > job.policy.misfire_grace_s:
                 through = now - dt.timedelta(seconds=job.policy.misfire_grace_s)
                 ran, cursor = await self._book.choose(job, name, cursor, through, term)
                 for slot in ran:
-                    await self._run(job, name, slot, term)
+                    await self._run(job, name, slot, term, owed)
                 continue
-            if late_by < 0:
-                with contextlib.suppress(TimeoutError):  # a drain ends the wait
-                    await asyncio.wait_for(self._drained.wait(), self.clock.until(due))
-                if lock.draining:
-                    return
-            await self._run(job, name, due, term)
+            if late_by < 0 and not await self._until(due):
+                return
+            await self._run(job, name, due, term, owed)
             cursor = due
 
+    async def _until(self, when: dt.datetime) -> bool:
+        """Wait until the server's clock shows ``when``, or the lock drains (then
+        ``False``: no new run starts)."""
+        wait = self.clock.until(when)
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):  # a drain ends the wait
+                await asyncio.wait_for(self._drained.wait(), wait)
+        return not self._lock.draining
+
     async def _run(
-        self, job: Job, name: str, slot: dt.datetime, term: int, *, rerun: bool = False
+        self,
+        job: Job,
+        name: str,
+        slot: dt.datetime,
+        term: int,
+        owed: Owed,
+        *,
+        rerun: bool = False,
+        retry: bool = False,
     ) -> None:
-        """Claim ``slot``, then run the job for it and record how it ended."""
-        claimed = await self._book.claim(job, name, slot, term, rerun)
+        """Claim ``slot`` (``retry``: again, after a failed attempt), then run the job
+        for it and record how it ended; a failure the policy retries is added to
+        ``owed``."""
+        claimed = await self._book.claim(job, name, slot, term, rerun, retry)
         if claimed is None:
             return
         attempt, started = claimed
         run = Run(self, name, slot, term, attempt, started)
         error: Exception | None = None
+        delay: float | None = None
         try:
             with self._lock.leadership(term=term):  # its fences: this term's, even if led again
                 await job.fn(run)
@@ -519,10 +561,19 @@ class Scheduler:
             return
         except Exception as exc:
             error = exc
-            trace = None if isinstance(exc, RunFailed) else exc
-            self._log("error", "job_failed", schedule=name, slot=slot.isoformat(), term=term,
-                      error=f"{type(exc).__name__}: {exc}", exc=trace)  # fmt: skip
-        await self.finish(run, error=error, outcome=job.outcome)
+            delay = None if run.done else job.policy.retry.delay_s(attempt, exc)
+            fields: dict[str, Any] = {
+                "schedule": name, "slot": slot.isoformat(), "term": term, "attempt": attempt,
+                "error": f"{type(exc).__name__}: {exc}",
+                "exc": None if isinstance(exc, RunFailed) else exc,
+            }  # fmt: skip
+            if delay is None:
+                self._log("error", "job_failed", **fields)
+            else:
+                self._log("warning", "job_retry", retry_in_s=round(delay, 3), **fields)
+        recorded = await self._record(run, error, job.outcome, retry=delay is not None)
+        if delay is not None and recorded:
+            owed.add(slot, self.clock.now() + dt.timedelta(seconds=delay))
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
         getattr(log, level)(event, lock=self._lock.label, **fields)

@@ -195,6 +195,8 @@ def schedule_lines(schedules: Mapping[str, Any], now: datetime) -> list[str]:
             if run["finished_at"] is not None and run["started_at"] is not None:
                 took = f" in {(run['finished_at'] - run['started_at']).total_seconds():.3g} s"
             again = f" (attempt {run['attempt']})" if run["attempt"] > 1 else ""
+            if run["outcome"] == "failed" and run["finished_at"] is None:
+                again = f" (attempt {run['attempt']}, retry pending)"
             detail = f": {run['detail']}" if run["detail"] else ""
             lines.append(
                 f"          {run['slot'].isoformat()}  {run['outcome']}{took}{again}"

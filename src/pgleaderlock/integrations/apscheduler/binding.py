@@ -87,7 +87,8 @@ class SchedulerBinding:
             ``max_catch_up`` of them for ``"all"``; ``interrupted`` for a slot whose
             leader ended mid-run (default ``"lost"``). Its ``misfire_grace_s`` is not
             used: each job's ``misfire_grace_time`` is its grace (a policy that sets it
-            is refused).
+            is refused), nor is its ``retry``: a policy with more than one attempt is
+            refused (a run that raises is recorded ``failed``, not retried).
         catch_up_s: with ``ledger=False`` only: run times up to this many seconds before
             the hand-over are left to APScheduler's misfire handling instead of being
             skipped, at the price that such a run may execute on both the old and the new
@@ -97,8 +98,8 @@ class SchedulerBinding:
 
     Raises:
         ConfigurationError: ledger mode on a lock without fencing, bad arguments, a
-            ``policy`` with ``ledger=False``, or both ``policy`` and a deprecated keyword;
-            ledger mode on a scheduler with a process pool executor.
+            ``policy`` with ``ledger=False`` or with retries, or both ``policy`` and a
+            deprecated keyword; ledger mode on a scheduler with a process pool executor.
 
     """
 
@@ -129,6 +130,12 @@ class SchedulerBinding:
                 raise ConfigurationError(
                     "bind_scheduler: each APScheduler job's misfire_grace_time is its grace; "
                     "leave Policy.misfire_grace_s unset (give the job misfire_grace_time=)"
+                )
+            if chosen.retry.max_attempts > 1:
+                raise ConfigurationError(
+                    "bind_scheduler: Policy.retry is not supported: APScheduler's executor "
+                    "runs the job, and a failed run's slot is recorded failed; retry inside "
+                    "the job, or schedule it with pgleaderlock.schedule.Scheduler"
                 )
             if lock_settings(self._lock).term_table is None:
                 raise ConfigurationError(

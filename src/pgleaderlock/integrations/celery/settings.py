@@ -16,7 +16,7 @@ from ...lowlevel import (
     not_negative,
     positive,
 )
-from ...schedule import Policy, SlotGuard
+from ...schedule import Policy, Retry, SlotGuard
 from ...schedule.policy import takes_old_keywords
 
 __all__ = ["BeatSettings"]
@@ -38,7 +38,7 @@ class BeatSettings:
         lock_name: ``pgleaderlock_lock_name``; default ``celery-beat:<app main name>``.
             Every replica of one beat must use the same name; two beats with different
             schedules must not.
-        policy: the [`Policy`][pgleaderlock.schedule.Policy] of every entry, from four
+        policy: the [`Policy`][pgleaderlock.schedule.Policy] of every entry, from five
             settings: ``pgleaderlock_catch_up`` (``"none"``, ``"latest"`` or ``"all"``,
             default ``"latest"``): the slots that fell due while nobody led;
             ``pgleaderlock_max_catch_up`` (default 100), for ``"all"``;
@@ -51,7 +51,11 @@ class BeatSettings:
             ``"lost"``): a slot whose leader died between claiming it and recording the
             send (see the guide: ``"lost"`` never sends twice; ``"rerun"`` with the
             workers' [`SlotTask`][pgleaderlock.integrations.celery.SlotTask] runs each
-            slot exactly once).
+            slot exactly once); ``pgleaderlock_retry`` (a
+            [`Retry`][pgleaderlock.schedule.Retry], or a dict of its fields; default:
+            no retry): a send that raised (the broker unreachable) is sent again after a
+            back-off, as a new attempt of its slot, with the same task id (the workers'
+            ``SlotTask`` runs one copy).
         tick_s: ``pgleaderlock_tick_s`` (default 1): the longest sleep of beat's loop,
             and so how soon a schedule change is picked up.
         lease_s: ``pgleaderlock_lease_s`` (default: the lock's, twice
@@ -120,6 +124,9 @@ class BeatSettings:
             value = get(name, None)
             if value is not None:
                 policy[name] = value
+        retry = get("retry", None)
+        if retry is not None:
+            policy["retry"] = _retry(retry)
         try:
             chosen = dataclasses.replace(BEAT_POLICY, **policy)
         except ConfigurationError as exc:  # its message begins with the field's name
@@ -175,6 +182,28 @@ class BeatSettings:
             trusted_roles=options.get("trusted_roles", ()),
             timeout_s=self.guard_timeout_s,
         )
+
+
+def _retry(value: object) -> Retry:
+    """``pgleaderlock_retry``: a ``Retry``, or a dict of its fields."""
+    if isinstance(value, Retry):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"pgleaderlock_retry must be a Retry or a dict of its fields (max_attempts, "
+            f"backoff_s, max_backoff_s, on), got {value!r}"
+        )
+    fields = {f.name for f in dataclasses.fields(Retry)}
+    unknown = sorted(str(name) for name in value if name not in fields)
+    if unknown:
+        raise ConfigurationError(
+            f"pgleaderlock_retry: unknown field {unknown[0]!r} (the fields are "
+            f"{', '.join(sorted(fields))})"
+        )
+    try:
+        return Retry(**value)
+    except ConfigurationError as exc:  # its message begins with the field's name
+        raise ConfigurationError(f"pgleaderlock_retry: {exc}") from None
 
 
 def _seconds(name: str, value: Any, *, optional: bool = False, zero: bool = False) -> Any:
