@@ -139,7 +139,9 @@ async def after_crash(dsn: str, phase_before_tick_s: float, trials: int) -> list
     """For each trial: the first slot the follower runs after the leader's SIGKILL, how
     late (s)."""
     results: list[float] = []
-    for _ in range(trials):
+    attempts = 0
+    while len(results) < trials and attempts < 3 * trials:
+        attempts += 1
         name = f"bench-crash-{uuid.uuid4().hex[:8]}"
         leader = subprocess.Popen(
             [sys.executable, "-c", LEADER, name],
@@ -169,7 +171,12 @@ async def after_crash(dsn: str, phase_before_tick_s: float, trials: int) -> list
                 leader.send_signal(signal.SIGKILL)
                 await asyncio.wait_for(ran.wait(), 10)
             slot = first[0].slot.timestamp()
-            assert slot > killed, (slot, killed)  # the slot after the crash
+            if slot <= killed:
+                # A busy machine woke this process after the tick: the kill was not
+                # before it, so this is not the scenario measured. Try again.
+                print(f"after_crash: kill {killed - slot:.4f} s after the tick, again",
+                      file=sys.stderr)  # fmt: skip
+                continue
             results.append(first[0].late_s)
         finally:
             leader.kill()
