@@ -60,6 +60,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if description is not None:
         terminalreporter.write_sep("-", f"pgleaderlock test database: {description}")
     for table, rows in terminalreporter.config.stash.get(_FIGURES, {}).items():
+        if not rows:  # its test failed before it measured anything
+            continue
         terminalreporter.write_sep("-", table)
         width_test = max(len(r[0]) for r in rows)
         width_metric = max(len(r[1]) for r in rows)
