@@ -134,11 +134,20 @@ def test_relative_schedules_fall_when_celery_runs_them(
         upstream.nowfun = functools.partial(lambda when: when, last)  # "now" is the last run
         expected = last.astimezone(dt.UTC) + upstream.remaining_estimate(last)
         if last.day == 29 and celery_version() < (5, 5, 3):
-            # Celery before 5.5.3 adds 24 hours across the change: 01:00 local that day
-            # (measured on 5.3.0-5.5.0). The leader keeps the cron's local midnight.
-            assert expected == dt.datetime(2026, 3, 29, 23, 0, tzinfo=dt.UTC)
-            expected = dt.datetime(2026, 3, 30, tzinfo=zone).astimezone(dt.UTC)
+            # Celery before 5.5.3 misses the change (a daily entry at 01:00 local that
+            # day, a minute's or an hour's at 23:00 UTC; measured on 5.3.0-5.5.0). The
+            # leader keeps the cron's slots: the next minute or hour after 01:59:59
+            # (03:00 local, clocks forward), or local midnight.
+            expected = DST_NIGHT[expression]
         assert timing.after(last) == expected, last
+
+
+DST_NIGHT = {
+    "* * * * *": dt.datetime(2026, 3, 29, 1, 0, tzinfo=dt.UTC),
+    "0 * * * *": dt.datetime(2026, 3, 29, 1, 0, tzinfo=dt.UTC),
+    "0 0 * * *": dt.datetime(2026, 3, 29, 22, 0, tzinfo=dt.UTC),
+}
+"""The cron's next slot after 2026-03-29 01:59:59 in Europe/Paris, in UTC."""
 
 
 def celery_version() -> tuple[int, ...]:
