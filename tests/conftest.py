@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +47,16 @@ def pg_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
         yield dsn
     finally:
         cleanup()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The processes the tests start behave as from a terminal, where Ctrl-C works. A
+    shell starts a background job (as `make test` starts its lanes) with SIGINT
+    ignored, and a child inherits that: a program that quits on KeyboardInterrupt
+    (``status --watch``, the quick start) would then never see its Ctrl-C. With a
+    handler installed here, children start with SIGINT at its default again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
