@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock, LockOptions, LockState, Participation, Semaphore, lock_keys
+from support.fixture_types import Figures
 from support.poll import eventually
 from support.proxy import proxied
 from support.server import lock_holders
@@ -41,7 +41,7 @@ TIMINGS: dict[str, Any] = {
 
 
 async def test_a_semaphore_follower_stops_at_once_while_a_try_hangs(
-    pg_dsn: str, figures: Callable[[str, float, str], None]
+    pg_dsn: str, figures: Figures
 ) -> None:
     name = f"stop-try-{uuid.uuid4().hex[:10]}"
     holders = [Semaphore.from_name(name, pg_dsn, **lock_args(TIMINGS, slots=2)) for _ in range(2)]
@@ -74,7 +74,7 @@ async def test_a_semaphore_follower_stops_at_once_while_a_try_hangs(
 
 
 async def test_a_lock_stops_at_once_while_the_statement_after_its_grant_hangs(
-    pg_dsn: str, admin: Admin, figures: Callable[[str, float, str], None]
+    pg_dsn: str, admin: Admin, figures: Figures
 ) -> None:
     """A ``LeaderLock`` that publishes a row asks the participants table right after a
     grant (is the lock reserved for another?). That statement hangs (the table locked by

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import psycopg
@@ -28,6 +28,7 @@ from pgleaderlock import (
     Session,
 )
 from pgleaderlock.core.leader import CHANNEL
+from support.fixture_types import LockPids
 from support.poll import eventually
 from support.server import dsn_to_url
 from support.timings import lock_args, timings
@@ -166,7 +167,7 @@ async def test_a_forged_notify_changes_nothing(
     admin: psycopg.AsyncConnection[Any],
     other_role: str,
     sender: str,
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    waiters: LockPids,
 ) -> None:
     url = dsn_to_url(pg_dsn)
     # Long waits on the server: a follower is always queued for the lock, so that it is
