@@ -22,7 +22,7 @@ from pgleaderlock.testing.fake import FakeServer
 from support.fixture_types import MakeLock
 from support.locks import fake_locks, kept
 from support.server import Admin
-from support.timings import FAULT_TIMINGS, lock_args, timings
+from support.timings import FAULT_TIMINGS, FENCED_TIMINGS, lock_args
 
 
 class PgLock(Protocol):
@@ -92,12 +92,6 @@ async def pg_lock(
     test_keys = keys
     async with kept(build, on_error=failed) as make:
         yield make
-
-
-FENCED_TIMINGS: dict[str, Any] = timings(
-    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
-"""``fenced_lock``'s timings."""
 
 
 @pytest.fixture

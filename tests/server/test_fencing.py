@@ -35,14 +35,9 @@ from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.fixture_types import MakeLock
 from support.poll import eventually
 from support.server import Admin, dsn_to_url, lock_holders
-from support.timings import lock_args, timings
+from support.timings import FENCED_TIMINGS, lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-# command_timeout_s bounds the term bump, which may wait for fenced work
-FAST: dict[str, Any] = timings(
-    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
 
 
 # ---------------------------------------------------------------- the connection kinds
@@ -594,7 +589,9 @@ async def test_fencing_schema(pg_dsn: str, admin: Admin) -> None:
     lock = LeaderLock.from_name(
         unique("test-fencing"),
         pg_dsn,
-        **lock_args({**FAST, "fencing": True, "fencing_table": table, "fencing_schema": schema}),
+        **lock_args(
+            {**FENCED_TIMINGS, "fencing": True, "fencing_table": table, "fencing_schema": schema}
+        ),
     )
     try:
         term = await leads(lock)
@@ -611,7 +608,7 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
     """The threaded lock's way, with no event loop in the caller's thread:
     ``threaded.lock.fence_sync(conn)`` inside ``with conn.transaction():``."""
     table = unique("test_terms")
-    options = {**FAST, "fencing": True, "fencing_table": table}
+    options = {**FENCED_TIMINGS, "fencing": True, "fencing_table": table}
     options["retry_strategy"] = FixedInterval(10.0)  # stays a follower after step_down
     inner = LeaderLock.from_name(unique("test-fencing-threaded"), pg_dsn, **lock_args(options))
     try:
@@ -635,7 +632,7 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
 async def test_fence_needs_fencing_and_a_known_connection(
     pg_dsn: str, fenced_lock: MakeLock
 ) -> None:
-    plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **lock_args(FAST))
+    plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **lock_args(FENCED_TIMINGS))
     with pytest.raises(ConfigurationError, match="fencing=True"):
         await plain.fence(object())
     with pytest.raises(ConfigurationError, match="fencing=True"):

@@ -29,16 +29,12 @@ from pgleaderlock import (
 )
 from pgleaderlock.schedule import Run, Scheduler
 from support.fixture_types import MakeLock
-from support.leadership import fenced_insert, lead_again, terms_in
+from support.leadership import TIMINGS, fenced_insert, lead_again, terms_in
 from support.poll import eventually, eventually_sync
 from support.server import Admin
-from support.timings import lock_args, timings
+from support.timings import lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-FAST: dict[str, Any] = timings(
-    retry_s=0.05, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
 
 
 def unique(prefix: str) -> str:
@@ -296,7 +292,7 @@ def test_a_thread_of_a_threaded_lock_keeps_the_term_it_began_under(
     inner = LeaderLock.from_name(
         unique("test-zombie-threaded"),
         pg_dsn,
-        **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))),
+        **lock_args(TIMINGS, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))),
     )
     unit = Unit()
 
