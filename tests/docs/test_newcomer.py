@@ -24,7 +24,7 @@ from typing import Any, Final
 import pytest
 from asgi_lifespan import LifespanManager
 
-from cli.clitools import cli_command
+from cli.clitools import cli_command, python_m
 from pgleaderlock import LeaderLock
 from support.asgi import leader_view
 from support.pgbouncer import PgBouncer, PoolMode
@@ -36,13 +36,8 @@ BOUND_S: Final = 30.0
 
 
 def test_demo_help_is_plain_text() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "pgleaderlock.demo", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = python_m("pgleaderlock.demo", "--help", timeout_s=60)
+    assert done.returncode == 0, done.stderr
     text = done.stdout
     # No Markdown fences or code spans, no mkdocstrings cross-references.
     assert "`" not in text, text
