@@ -16,6 +16,7 @@ import pytest
 import pgleaderlock
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures, MakeRecorder
 from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
 from support.server import Admin, resolve_test_dsn
 
@@ -100,7 +101,7 @@ def figures(
     figures_table: str,
     request: pytest.FixtureRequest,
     record_property: Callable[[str, object], None],
-) -> Callable[..., None]:
+) -> Figures:
     """``figures(metric, value, unit="s")``: a measured figure (``unit="ms"`` takes
     seconds and shows milliseconds), printed in the test's output, recorded as a JUnit
     property and listed in the ``figures_table`` table at the end of the run."""
@@ -282,7 +283,7 @@ class Recorder:
 
 
 @pytest.fixture
-def recorder() -> Callable[[LeaderLock], Recorder]:
+def recorder() -> MakeRecorder:
     """``recorder(lock)`` records every callback of ``lock`` in order."""
     return Recorder
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from support.fixture_types import LockPids, Terminate
 from support.server import Admin, lock_holders
 
 SyncAdmin = psycopg.Connection[tuple[Any, ...]]
@@ -60,7 +61,7 @@ def lock_name() -> str:
 
 
 @pytest.fixture
-def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
+def holders(admin: Admin) -> LockPids:
     """``await holders(key1, key2)``: backend pids holding the lock, from pg_locks."""
 
     async def holders(key1: int, key2: int) -> list[int]:
@@ -70,7 +71,7 @@ def holders(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
 
 
 @pytest.fixture
-def waiters(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
+def waiters(admin: Admin) -> LockPids:
     """``await waiters(key1, key2)``: backend pids queued for the lock, from pg_locks."""
 
     async def waiters(key1: int, key2: int) -> list[int]:
@@ -80,7 +81,7 @@ def waiters(admin: Admin) -> Callable[[int, int], Awaitable[list[int]]]:
 
 
 @pytest.fixture
-def terminate(admin: Admin) -> Callable[[int | None], Awaitable[None]]:
+def terminate(admin: Admin) -> Terminate:
     """``await terminate(pid)``: ``pg_terminate_backend(pid)``."""
 
     async def terminate(pid: int | None) -> None:

@@ -11,7 +11,7 @@ lock's arguments by ``support.timings.lock_args`` (no ``DeprecationWarning``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import pytest
@@ -19,9 +19,10 @@ import pytest
 from pgleaderlock import LeaderLock, ShutdownError
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.fake import FakeServer
+from support.fixture_types import MakeLock
 from support.locks import fake_locks, kept
 from support.server import Admin
-from support.timings import FAULT_TIMINGS, lock_args, timings
+from support.timings import FAULT_TIMINGS, FENCED_TIMINGS, lock_args
 
 
 class PgLock(Protocol):
@@ -44,7 +45,7 @@ def server() -> FakeServer:
 
 
 @pytest.fixture
-async def make_lock(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
+async def make_lock(server: FakeServer) -> AsyncIterator[MakeLock]:
     """``make_lock(**options)``: a lock on the in-memory ``server`` (keys 1, 2) with fast
     timings; every lock is shut down after the test, and no session may be left open."""
     async with fake_locks(server) as make:
@@ -93,12 +94,6 @@ async def pg_lock(
         yield make
 
 
-FENCED_TIMINGS: dict[str, Any] = timings(
-    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
-"""``fenced_lock``'s timings."""
-
-
 @pytest.fixture
 async def fencing_table(admin: Admin) -> AsyncIterator[str]:
     """A fencing table name of this test's own (a fencing lock creates it); dropped after."""
@@ -121,7 +116,7 @@ async def work_table(admin: Admin) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def fenced_lock(pg_dsn: str, fencing_table: str) -> AsyncIterator[Callable[..., LeaderLock]]:
+async def fenced_lock(pg_dsn: str, fencing_table: str) -> AsyncIterator[MakeLock]:
     """``fenced_lock(*, dsn=None, **options)``: a fencing lock (``fencing_table``) on this
     test's own lock name, on ``dsn`` (default: the shared test server), with
     ``FENCED_TIMINGS`` and then ``options``; every lock made is shut down at teardown."""

@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -357,25 +358,33 @@ def test_database_schedule_changes_are_picked_up(fleets: Callable[..., Fleet], p
         django_database(pg_dsn, database, create=False)
 
 
+def in_process_beat(pg_dsn: str, name: str, tmp_path: Path, **conf: Any) -> Any:
+    """Beat's ``LeaderScheduler`` in this process, for a Celery app (Redis the broker) that
+    leads on the lock ``name``; ``conf``: the app's other settings. (Celery is imported
+    here, as in the tests, not with the module.)"""
+    from celery import Celery
+
+    from pgleaderlock.integrations.celery import LeaderScheduler
+
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url=REDIS, pgleaderlock_dsn=pg_dsn, pgleaderlock_lock_name=name, **conf)
+    return LeaderScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+
+
 def test_tick_returns_soon_and_close_stops_everything(pg_dsn: str, tmp_path: Path) -> None:
     """In this process: beat's tick starts the lock and returns within ``tick_s``; close()
     (twice: beat calls it from its signal handler and again on exit) stops the lock's
     thread and closes its session."""
-    from celery import Celery
-
     from pgleaderlock import LockState
-    from pgleaderlock.integrations.celery import LeaderScheduler
 
     name = f"celery-close-{uuid.uuid4().hex[:12]}"
-    app = Celery("proj", set_as_current=False)
-    app.conf.update(
-        broker_url=REDIS,
-        pgleaderlock_dsn=pg_dsn,
-        pgleaderlock_lock_name=name,
+    scheduler = in_process_beat(
+        pg_dsn,
+        name,
+        tmp_path,
         pgleaderlock_tick_s=0.25,
         beat_schedule={"hourly": {"task": "proj.nothing", "schedule": 3600.0}},
     )
-    scheduler = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
     try:
         began = time.monotonic()
         assert scheduler.tick() == 0.25
@@ -413,23 +422,17 @@ def test_a_ledger_table_beat_may_not_use_stops_beat_loudly(
     """The ledger's runs table is a view (not a plain table: refused for good, as a
     table of an untrusted role would be): the ledger's scheduler stops, and beat's next
     tick raises with the refusal instead of ticking on while nothing is ever sent."""
-    from celery import Celery
-
-    from pgleaderlock.integrations.celery import LeaderScheduler
-
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE VIEW {schema}.pgleaderlock_runs AS SELECT 1 AS x".encode())
     name = f"celery-refused-{uuid.uuid4().hex[:12]}"
-    app = Celery("proj", set_as_current=False)
-    app.conf.update(
-        broker_url=REDIS,
-        pgleaderlock_dsn=pg_dsn,
-        pgleaderlock_lock_name=name,
+    scheduler = in_process_beat(
+        pg_dsn,
+        name,
+        tmp_path,
         pgleaderlock_tick_s=0.1,
         pgleaderlock_lock_options={"fencing_schema": schema},
         beat_schedule={"often": {"task": "proj.nothing", "schedule": 0.5}},
     )
-    scheduler = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
     try:
         deadline = time.monotonic() + BOUND_S
         with pytest.raises(RuntimeError, match="UntrustedObjectError") as info:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,21 @@ def cli_command() -> list[str]:
 
 
 CLI = cli_command()
+
+
+def python_m(
+    module: str, *args: str, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` with this interpreter, its output captured as text
+    (the caller checks the exit status)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.clitools import CLI, clean_env
+from cli.clitools import CLI, clean_env, python_m
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,13 +78,7 @@ def test_command_help(command: str, must_mention: list[str]) -> None:
 
 
 def test_python_dash_m_works() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pgleaderlock.cli", "--version"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = python_m("pgleaderlock.cli", "--version", timeout_s=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("pgleaderlock, version ")
 

@@ -32,6 +32,7 @@ from pgleaderlock.backends import ConnectOptions
 from pgleaderlock.core.registry import available, resolve
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import LockPids, Terminate
 from support.proxy import tcp_target
 from support.server import dsn_to_url
 from support.timings import lock_args, timings
@@ -318,21 +319,21 @@ def _fake_view(request: pytest.FixtureRequest) -> FakeView | None:
 
 
 @pytest.fixture
-def holders(request: pytest.FixtureRequest) -> Callable[[int, int], Awaitable[list[int]]]:
+def holders(request: pytest.FixtureRequest) -> LockPids:
     """``await holders(key1, key2)``: pids holding the lock (pg_locks, or the fake)."""
     view = _fake_view(request)
     return view.holders if view is not None else request.getfixturevalue("holders")
 
 
 @pytest.fixture
-def waiters(request: pytest.FixtureRequest) -> Callable[[int, int], Awaitable[list[int]]]:
+def waiters(request: pytest.FixtureRequest) -> LockPids:
     """``await waiters(key1, key2)``: pids queued for the lock (pg_locks, or the fake)."""
     view = _fake_view(request)
     return view.waiters if view is not None else request.getfixturevalue("waiters")
 
 
 @pytest.fixture
-def terminate(request: pytest.FixtureRequest) -> Callable[[int | None], Awaitable[None]]:
+def terminate(request: pytest.FixtureRequest) -> Terminate:
     """``await terminate(pid)``: ``pg_terminate_backend(pid)``, or the fake's."""
     view = _fake_view(request)
     return view.terminate if view is not None else request.getfixturevalue("terminate")

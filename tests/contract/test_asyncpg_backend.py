@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,11 +18,12 @@ from pgleaderlock import (
     SessionNotDedicatedError,
 )
 from pgleaderlock.core.session import ConnectOptions
+from support.fixture_types import LockPids, MakeRecorder
 from support.server import driver_connection
 from support.timings import lock_args, timings
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 asyncpg = pytest.importorskip("asyncpg")
 
@@ -41,7 +42,7 @@ def url(pg_dsn: str, to_url: Callable[..., str]) -> str:
 
 
 async def test_pooled_connection_is_refused(
-    url: str, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    url: str, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
     held: list[Any] = []  # asyncpg has no type information
@@ -77,7 +78,7 @@ async def test_connect_fn_connection_in_a_transaction_is_rolled_back(
     url: str,
     keys: tuple[int, int],
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     conns: list[Any] = []  # asyncpg has no type information
 

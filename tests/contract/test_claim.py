@@ -25,6 +25,7 @@ import pytest
 
 from pgleaderlock import ConnectionError
 from pgleaderlock.backends import BaseSession, ConnectOptions, LockSession, WaitingSession
+from support.fixture_types import LockPids
 from support.poll import eventually
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ class SyncSession:
 async def test_a_grant_is_claimed_when_it_is_read_whoever_asks_later(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     """The session claims a grant as soon as it reads it, not when its caller next asks:
     ``b``'s ``wait_lock()`` returned False, the wait went on on the server and was
@@ -126,8 +127,8 @@ async def test_a_grant_is_claimed_when_it_is_read_whoever_asks_later(
 async def test_a_grant_that_lands_while_the_loop_is_blocked_goes_to_the_next_waiter(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
     waits: str,
 ) -> None:
     """``b`` waits first, ``c`` (another client) behind it; the holder leaves while
@@ -167,8 +168,8 @@ async def test_a_grant_that_lands_while_the_loop_is_blocked_goes_to_the_next_wai
 async def test_a_claimed_grant_keeps_the_lease(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     """Once ``wait_lock()`` returned True the session carries the lease, not the claim:
     idle for longer than the claim, it keeps the lock."""

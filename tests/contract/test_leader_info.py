@@ -9,7 +9,6 @@ a schema of its own for that table, so that tests on the shared server never sha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -17,6 +16,7 @@ import pytest
 
 import pgleaderlock
 from pgleaderlock import LeaderInfo, LeaderLock
+from support.fixture_types import LockPids, Terminate
 from support.poll import eventually
 from support.server import Admin
 
@@ -43,7 +43,7 @@ async def test_a_follower_sees_the_holder_and_its_metadata(
     target: Target,
     keys: tuple[int, int],
     schema: str,
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     a, b = _candidate(target, keys, schema, "a"), _candidate(target, keys, schema, "b")
     assert await a.leader() is None  # nobody leads yet
@@ -92,7 +92,7 @@ async def test_a_stale_row_is_never_shown(
     keys: tuple[int, int],
     schema: str,
     admin: Admin,
-    terminate: Callable[[int | None], Awaitable[None]],
+    terminate: Terminate,
 ) -> None:
     """The published row of a session that ended never describes whoever holds the lock
     next (here a plain SQL session that publishes nothing)."""

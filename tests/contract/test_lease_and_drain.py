@@ -14,18 +14,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LeaderTasks, LockState
+from pgleaderlock import FixedInterval, LeaderTasks, LockState
 from pgleaderlock.core.keys import key_to_oid
+from support.fixture_types import LockPids, MakeRecorder
 from support.poll import eventually
 
 if TYPE_CHECKING:
-    from conftest import Recorder
     from contract.conftest import Target
 
 S = LockState
@@ -68,7 +67,7 @@ class HolderWatch:
 
 @pytest.mark.postgres_only("the fake has no lease: it cannot end a silent session")
 async def test_a_leader_whose_event_loop_stops_loses_the_lock_to_its_lease(
-    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    target: Target, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     """The event loop blocks (a synchronous call) for longer than the lease: the server
     ends the session and frees the lock while the loop is blocked, with no help from
@@ -96,8 +95,8 @@ async def test_a_leader_whose_event_loop_stops_loses_the_lock_to_its_lease(
 async def test_slow_callbacks_do_not_cost_the_lock(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     """Callbacks that run longer than the lease (an ``on_acquired`` that warms a cache)
     keep the lock: while the lifecycle task awaits them, keep-alives renew the lease.
@@ -126,8 +125,8 @@ async def test_slow_callbacks_do_not_cost_the_lock(
 async def test_a_drain_lets_leader_work_finish_its_unit_before_the_release(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     """With ``drain_s``, ``step_down()`` first lets a leader task finish the unit of
     work it is in: the lock stays LEADER (and keeps probing) while ``draining``, the
@@ -167,7 +166,7 @@ async def test_a_drain_lets_leader_work_finish_its_unit_before_the_release(
 
 
 async def test_a_drain_ends_after_drain_s(
-    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    target: Target, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     """A task that does not look at ``draining`` keeps the lock only for ``drain_s``:
     then it is cancelled, and the lock is released (``shutdown()`` here)."""
@@ -199,7 +198,7 @@ async def test_a_drain_ends_after_drain_s(
 
 
 async def test_no_drain_by_default(
-    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    target: Target, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     """Without ``drain_s``, a step-down cancels leader tasks at once, as it always did."""
     lock = target.lock(keys)

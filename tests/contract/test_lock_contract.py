@@ -26,13 +26,13 @@ from pgleaderlock import (
     Session,
 )
 from pgleaderlock.backends import WaitingSession, WatchableSession
+from support.fixture_types import LockPids, MakeRecorder, Terminate
 from support.poll import eventually
 from support.proxy import TcpProxy
 from support.server import Admin
 from support.timings import lock_args
 
 if TYPE_CHECKING:
-    from conftest import Recorder
     from contract.conftest import Target
 
 S = LockState
@@ -50,8 +50,8 @@ async def _eq(awaitable: Awaitable[object], expected: object) -> bool:
 async def test_acquire_and_release(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     lock = target.lock(keys)
     rec = recorder(lock)
@@ -70,8 +70,8 @@ async def test_acquire_and_release(
 
 async def test_extreme_keys(
     target: Target,
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     keys = (-(2**31), random.randint(1, 2**31 - 1))
     lock = target.lock(keys)
@@ -87,8 +87,8 @@ async def test_extreme_keys(
 async def test_mutual_exclusion_among_five(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     locks = [target.lock(keys) for _ in range(5)]
     recs = [recorder(lock) for lock in locks]
@@ -121,9 +121,9 @@ async def test_mutual_exclusion_among_five(
 async def test_terminated_leader_is_lost_and_follower_takes_over(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    terminate: Callable[[int | None], Awaitable[None]],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    terminate: Terminate,
 ) -> None:
     a, b = target.lock(keys), target.lock(keys)
     rec_a, rec_b = recorder(a), recorder(b)
@@ -143,8 +143,8 @@ async def test_terminated_leader_is_lost_and_follower_takes_over(
 async def test_step_down_hands_over(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     a = target.lock(keys, retry_strategy=FixedInterval(0.5))
     b = target.lock(keys)
@@ -160,9 +160,9 @@ async def test_step_down_hands_over(
 async def test_flap_damping_recovers_silently(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    terminate: Callable[[int | None], Awaitable[None]],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    terminate: Terminate,
 ) -> None:
     lock = target.lock(keys, reconnect_grace_s=10.0)
     rec = recorder(lock)
@@ -180,7 +180,7 @@ async def test_flap_damping_recovers_silently(
 async def test_shutdown_releases_and_closes(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
     backend_alive: Callable[[int], Awaitable[bool]],
 ) -> None:
     # (That this pid carries the lock's application_name: see
@@ -195,9 +195,7 @@ async def test_shutdown_releases_and_closes(
     await eventually(lambda: _not(backend_alive(pid)), 2, "the session to end")
 
 
-async def test_never_reentrant(
-    target: Target, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
-) -> None:
+async def test_never_reentrant(target: Target, keys: tuple[int, int], holders: LockPids) -> None:
     """Health probes never re-acquire: after ~100 probes one unlock frees the lock."""
     lock = target.lock(keys, health_interval_s=0.01, auto_reacquire=False)
     await lock.start()
@@ -215,7 +213,7 @@ async def test_never_reentrant(
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_stuck_network_does_not_hang_shutdown(
-    target: Target, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+    target: Target, keys: tuple[int, int], holders: LockPids
 ) -> None:
     """A leader behind a proxy that stops forwarding: shutdown stays bounded, and the
     lock is freed once the connection is gone."""
@@ -236,7 +234,7 @@ async def test_stuck_network_does_not_hang_shutdown(
 
 @pytest.mark.postgres_only("a TCP proxy between client and server")
 async def test_interrupted_try_lock_never_reuses_the_session(
-    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    target: Target, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     """try_lock stuck on the wire times out: that session is closed, not reused."""
     async with TcpProxy(*target.server_address()) as proxy:
@@ -263,9 +261,9 @@ async def test_interrupted_try_lock_never_reuses_the_session(
 async def test_wait_mode_follower_is_granted_at_once(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     await target.require(WaitingSession)
     a = target.lock(keys)
@@ -284,9 +282,9 @@ async def test_wait_mode_follower_is_granted_at_once(
 async def test_poll_mode_follower(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     a = target.lock(keys, follower_mode="poll")
     b = target.lock(keys, follower_mode="poll")
@@ -305,8 +303,8 @@ async def test_poll_mode_follower(
 async def test_terminated_leader_notices_within_milliseconds(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    terminate: Callable[[int | None], Awaitable[None]],
+    recorder: MakeRecorder,
+    terminate: Terminate,
 ) -> None:
     await target.require(WatchableSession)
     lock = target.lock(keys, health_interval_s=60.0, auto_reacquire=False)
@@ -325,9 +323,9 @@ async def test_terminated_leader_notices_within_milliseconds(
 async def test_stopped_waiter_leaves_no_backend_behind(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    terminate: Callable[[int | None], Awaitable[None]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    terminate: Terminate,
+    waiters: LockPids,
     backend_alive: Callable[[int], Awaitable[bool]],
     how: str,
 ) -> None:
@@ -359,8 +357,8 @@ async def test_stopped_waiter_leaves_no_backend_behind(
 async def test_a_search_path_hijack_reaches_nothing_the_lock_runs(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
     admin: Admin,
     hijacking_role: tuple[str, str],
 ) -> None:
@@ -386,7 +384,7 @@ async def test_connect_fn_may_return_a_raw_driver_connection(
     target: Target,
     keys: tuple[int, int],
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     target.require_raw_connections()
 
@@ -442,7 +440,7 @@ async def test_application_name_identifies_the_holder(
 async def test_wrong_credentials_clear_error(
     target: Target,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     if target.flavour.engine:
@@ -465,7 +463,7 @@ async def test_wrong_credentials_clear_error(
 
 @pytest.mark.postgres_only("connects to a closed TCP port")
 async def test_unreachable_host_reports_errors_and_never_hangs(
-    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    target: Target, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     import socket
 
@@ -487,7 +485,7 @@ async def test_unreachable_host_reports_errors_and_never_hangs(
 
 @pytest.mark.postgres_only("connects to a TCP server that never answers")
 async def test_silent_server_is_bounded_by_connect_timeout(
-    target: Target, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    target: Target, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     """A server that accepts TCP but never answers: connect times out, no hang."""
     accepted: list[asyncio.StreamWriter] = []

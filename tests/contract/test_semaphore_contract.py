@@ -23,6 +23,7 @@ from pgleaderlock import (
     slot_keys,
 )
 from pgleaderlock.core.lock import run_on_session
+from support.fixture_types import LockPids, Terminate
 from support.poll import eventually
 from support.server import Admin
 from support.timings import lock_args
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from contract.conftest import Target
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-Holders = Callable[[int, int], Awaitable[list[int]]]
 
 
 def _name() -> str:
@@ -60,7 +59,7 @@ def _leading(sems: list[Semaphore]) -> list[Semaphore]:
 async def test_n_of_n_plus_one_hold_and_a_released_slot_goes_to_the_waiter(
     target: Target,
     recorder: Callable[[Semaphore], Recorder],
-    holders: Holders,
+    holders: LockPids,
     follower_mode: Literal["wait", "poll"],
 ) -> None:
     name = _name()
@@ -108,8 +107,8 @@ async def test_n_of_n_plus_one_hold_and_a_released_slot_goes_to_the_waiter(
 async def test_a_holder_whose_backend_is_terminated_loses_and_its_slot_is_taken(
     target: Target,
     recorder: Callable[[Semaphore], Recorder],
-    holders: Holders,
-    terminate: Callable[[int | None], Awaitable[None]],
+    holders: LockPids,
+    terminate: Terminate,
 ) -> None:
     name = _name()
     sems = [semaphore(target, name, 2) for _ in range(3)]
@@ -134,7 +133,7 @@ async def test_a_holder_whose_backend_is_terminated_loses_and_its_slot_is_taken(
 
 
 async def test_one_slot_is_a_lock_that_waits_on_the_server(
-    target: Target, holders: Holders, waiters: Holders
+    target: Target, holders: LockPids, waiters: LockPids
 ) -> None:
     name = _name()
     first, second = semaphore(target, name, 1), semaphore(target, name, 1)
@@ -149,7 +148,7 @@ async def test_one_slot_is_a_lock_that_waits_on_the_server(
     assert await holders(*keys) == [second.backend_pid]
 
 
-async def _waits(waiters: Holders, keys: tuple[int, int], sem: Semaphore) -> bool:
+async def _waits(waiters: LockPids, keys: tuple[int, int], sem: Semaphore) -> bool:
     return sem.backend_pid is not None and sem.backend_pid in await waiters(*keys)
 
 

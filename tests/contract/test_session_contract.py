@@ -25,6 +25,7 @@ from pgleaderlock.backends import (
     WaitingSession,
     WatchableSession,
 )
+from support.fixture_types import LockPids, Terminate
 from support.poll import eventually
 from support.proxy import TcpProxy
 from support.server import Admin
@@ -74,7 +75,7 @@ async def test_builtin_backends_have_every_capability(target: Target) -> None:
 
 
 async def test_try_lock_unlock_holds(
-    target: Target, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+    target: Target, keys: tuple[int, int], holders: LockPids
 ) -> None:
     a = await target.session()
     b = await target.session()
@@ -105,9 +106,7 @@ async def test_backend_pid_is_the_sessions_client_backend(
     assert await a.unlock(*keys) is True
 
 
-async def test_negative_and_extreme_keys(
-    target: Target, holders: Callable[[int, int], Awaitable[list[int]]]
-) -> None:
+async def test_negative_and_extreme_keys(target: Target, holders: LockPids) -> None:
     """Regression: "-2147483648::int4" parses as -(2147483648::int4) and overflowed."""
     session = await target.session()
     for keys in [(-(2**31), 2**31 - 1), (2**31 - 1, -(2**31)), (-1, -1), (0, 0)]:
@@ -154,8 +153,8 @@ async def test_application_name_and_server_settings(
 async def test_wait_lock_times_out_then_is_granted(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     await target.require(WaitingSession)
     a = await target.session()
@@ -204,8 +203,8 @@ async def _waiting_behind(target: Target, keys: tuple[int, int]) -> tuple[LockSe
 async def test_a_wait_goes_on_across_calls_and_keeps_its_place(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     """On a direct connection to PostgreSQL 14 or later, a built-in session's wait goes
     on on the server after ``wait_lock()`` returns False, with no ``lock_timeout`` (each
@@ -243,8 +242,8 @@ async def test_a_wait_goes_on_across_calls_and_keeps_its_place(
 async def test_try_lock_during_a_wait_asks_the_wait(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     """``try_lock()`` for the lock a wait goes on for answers from that wait (it would
     otherwise need the session the wait occupies)."""
@@ -263,7 +262,7 @@ async def test_try_lock_during_a_wait_asks_the_wait(
 async def test_another_call_during_a_wait_drops_the_session(
     target: Target,
     keys: tuple[int, int],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    waiters: LockPids,
     backend_alive: Callable[[int], Awaitable[bool]],
 ) -> None:
     """Any other statement, or a wait for another lock, cannot tell the wait in flight
@@ -310,7 +309,7 @@ async def _lock_on_the_driver_connection(session: LockSession, keys: tuple[int, 
 async def test_a_wait_granted_as_its_timeout_fired_counts_once(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     """The server may grant a wait at the instant its lock_timeout fires: the statement
     fails (the wait "timed out") and the session-level lock stays. The session's next
@@ -336,7 +335,7 @@ async def test_a_wait_granted_as_its_timeout_fired_counts_once(
 async def test_waits_after_a_timed_out_wait_count_each_grant_once(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     """After a wait that timed out, the next lock call first checks whether the lock
     became the session's own: with another session holding it, the session waits again
@@ -370,7 +369,7 @@ async def gone(backend_alive: Callable[[int], Awaitable[bool]], pid: int) -> boo
 async def test_terminated_session_raises_connection_error(
     target: Target,
     keys: tuple[int, int],
-    terminate: Callable[[int | None], Awaitable[None]],
+    terminate: Terminate,
     backend_alive: Callable[[int], Awaitable[bool]],
     method: str,
 ) -> None:
@@ -405,8 +404,8 @@ async def test_terminated_session_raises_connection_error(
 async def test_terminated_during_wait_raises_connection_error(
     target: Target,
     keys: tuple[int, int],
-    terminate: Callable[[int | None], Awaitable[None]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    terminate: Terminate,
+    waiters: LockPids,
 ) -> None:
     await target.require(WaitingSession)
     a = await target.session()
@@ -428,7 +427,7 @@ async def test_terminated_during_wait_raises_connection_error(
 
 
 async def test_watch_reports_termination_at_once(
-    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+    target: Target, keys: tuple[int, int], terminate: Terminate
 ) -> None:
     await target.require(WatchableSession)
     session = await target.session()
@@ -457,7 +456,7 @@ async def test_watch_reports_termination_at_once(
 
 @pytest.mark.postgres_only("the fake has no quick probe (an optional capability)")
 async def test_started_probes_answer_keep_the_watch_and_report_the_end(
-    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+    target: Target, keys: tuple[int, int], terminate: Terminate
 ) -> None:
     """The cheap probe started as a future (when to use it instead of ``holds()`` is the
     core's choice): it answers, leaves the watch armed (the watch still reports a
@@ -500,7 +499,7 @@ async def test_started_probes_answer_keep_the_watch_and_report_the_end(
 async def test_watch_armed_after_termination_fires(
     target: Target,
     keys: tuple[int, int],
-    terminate: Callable[[int | None], Awaitable[None]],
+    terminate: Terminate,
     backend_alive: Callable[[int], Awaitable[bool]],
 ) -> None:
     """A watch armed on an idle session that the server already ended still reports it
@@ -531,8 +530,8 @@ async def test_watch_armed_after_termination_fires(
 async def test_freed_lock_goes_to_the_first_waiter(
     target: Target,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
+    waiters: LockPids,
 ) -> None:
     """Waiters are granted in the order they queued, one at a time."""
     await target.require(WaitingSession)
@@ -570,7 +569,7 @@ async def test_freed_lock_goes_to_the_first_waiter(
 
 
 async def test_watch_is_disarmed_by_none_by_calls_and_by_close(
-    target: Target, keys: tuple[int, int], terminate: Callable[[int | None], Awaitable[None]]
+    target: Target, keys: tuple[int, int], terminate: Terminate
 ) -> None:
     await target.require(WatchableSession)
     calls: list[str] = []
@@ -598,7 +597,7 @@ async def test_watch_is_disarmed_by_none_by_calls_and_by_close(
 async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
     target: Target,
     keys: tuple[int, int],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    waiters: LockPids,
     backend_alive: Callable[[int], Awaitable[bool]],
 ) -> None:
     await target.require(WaitingSession)
@@ -678,7 +677,7 @@ async def test_timed_out_call_on_a_stuck_network_returns_at_once(
 async def test_cancelled_wait_on_a_stuck_network_is_bounded(
     target: Target,
     keys: tuple[int, int],
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    waiters: LockPids,
 ) -> None:
     """The cancel request for a wait cannot get through: give up within ~1 s."""
     await target.require(WaitingSession)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pgleaderlock import ConfigurationError, LeaderLock, LockOptions, LockState, Session
+from support.fixture_types import LockPids, MakeRecorder
 from support.timings import lock_args, timings
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 sqlalchemy = pytest.importorskip("sqlalchemy")
 
@@ -68,7 +69,7 @@ async def pool_pids(engine: AsyncEngine, n: int) -> list[tuple[int, int]]:
 
 
 async def test_pool_never_holds_the_lock(
-    engine: AsyncEngine, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+    engine: AsyncEngine, keys: tuple[int, int], holders: LockPids
 ) -> None:
     lock = LeaderLock(engine, *keys, **lock_args(FAST))
     assert lock.connect_options.application_name  # the engine was claimed by sqlalchemy
@@ -94,7 +95,7 @@ async def test_pool_never_holds_the_lock(
 
 
 async def test_pool_recycle_does_not_drop_leadership(
-    url: str, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+    url: str, keys: tuple[int, int], holders: LockPids
 ) -> None:
     engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_recycle=0.1)
     try:
@@ -116,7 +117,7 @@ async def test_pool_recycle_does_not_drop_leadership(
 
 
 async def test_locks_leaked_on_a_pooled_connection_are_released(
-    url: str, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+    url: str, keys: tuple[int, int], holders: LockPids
 ) -> None:
     """A pooled connection that someone returned still holding advisory locks: when the
     backend takes it over, it releases them. Otherwise the lock's long-lived session
@@ -142,7 +143,7 @@ async def test_locks_leaked_on_a_pooled_connection_are_released(
 
 
 async def test_connect_fn_async_connection_is_detached(
-    engine: AsyncEngine, keys: tuple[int, int], holders: Callable[[int, int], Awaitable[list[int]]]
+    engine: AsyncEngine, keys: tuple[int, int], holders: LockPids
 ) -> None:
     user_conns: list[AsyncConnection] = []
 
@@ -166,7 +167,7 @@ async def test_connect_fn_async_connection_is_detached(
 
 
 async def test_connect_fn_unstarted_async_connection_is_refused(
-    engine: AsyncEngine, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    engine: AsyncEngine, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     async def connect() -> AsyncConnection:
         return engine.connect()  # forgot the await: not started

@@ -29,13 +29,13 @@ import pytest
 
 from pgleaderlock import LeaderLock, LockOptions, LockState, Session
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.fixture_types import Figures
 from support.poll import eventually
 from support.replication import PrimaryStandby
 from support.server import lock_holders
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(120)]
 
-Figures = Callable[..., None]
 
 PROMOTION_DELAY_S = 8.5
 """Between the fault and the promotion (an HA manager's detection and decision time)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,13 +42,13 @@ from pgleaderlock import (
     Session,
 )
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures, MakeRecorder
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(60)]
 
-Figures = Callable[..., None]
 
 GROUP = "password_users"
 """Members of this role must give a password (scram-sha-256) on TCP from 127.0.0.1."""
@@ -141,7 +141,7 @@ async def test_a_server_refusal_stops_the_lock(
     keys: tuple[int, int],
     backend: str,
     case: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
     figures: Figures,
 ) -> None:
     lock = LeaderLock(
@@ -173,7 +173,7 @@ async def test_retry_permanent_errors_retries_until_the_password_is_fixed(
     cluster: PasswordCluster,
     keys: tuple[int, int],
     backend: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
     figures: Figures,
 ) -> None:
     """Default retry strategy: attempts 0, 1, 3, 5 s... (``error_max_s=2.0``)."""
@@ -284,7 +284,7 @@ async def _returns_no_connection() -> Any:
     ids=["call returns no awaitable", "coroutine returns no connection"],
 )
 async def test_a_wrong_connect_fn_at_runtime_stops_the_lock(
-    connect_fn: Any, match: str, recorder: Callable[[LeaderLock], Recorder]
+    connect_fn: Any, match: str, recorder: MakeRecorder
 ) -> None:
     lock = LeaderLock(None, 1, 2, connect_fn=connect_fn, options=LockOptions(load_plugins=False))
     rec = recorder(lock)
@@ -301,7 +301,7 @@ async def test_a_wrong_connect_fn_at_runtime_stops_the_lock(
 async def test_a_server_refusal_inside_connect_fn_stops_the_lock(
     cluster: PasswordCluster,
     backend: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     """The driver's own error, raised by the user's ``connect_fn``, is classified too."""
     dsn = cluster.url(backend, "postgres", database="no_such_db").replace(f"+{backend}", "")

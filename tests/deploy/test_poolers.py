@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -45,6 +45,7 @@ from pgleaderlock import (
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
+from support.fixture_types import LockPids, MakeRecorder, Terminate
 from support.netns import NetnsLink
 from support.pgbouncer import PgBouncer, PoolMode
 from support.poll import eventually
@@ -123,9 +124,7 @@ async def fetch(conn: PsyConn, sql: str, params: tuple[Any, ...] | None = None) 
     return row
 
 
-async def assert_freed(
-    holders: Callable[[int, int], Awaitable[list[int]]], keys: tuple[int, int]
-) -> float:
+async def assert_freed(holders: LockPids, keys: tuple[int, int]) -> float:
     """Wait until no server backend holds the lock (bounded); return how long it took.
 
     Right after two locks shut down *together* the follower's server backend can be
@@ -225,8 +224,8 @@ async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
     make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
     record_property: Record,
 ) -> None:
     """The hard case: nobody else uses the pooler, so the server backend never changes
@@ -254,8 +253,8 @@ async def test_candidates_started_together_are_all_refused(
     make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
 ) -> None:
     """Two candidates started at the same moment, round after round (new keys each
     time): neither ever leads, both report the pooler, no lock and no setting is left
@@ -384,8 +383,8 @@ async def test_a_pooled_server_keeps_a_disconnected_clients_lock(
     mode: PoolMode,
     make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    terminate: Callable[[int | None], Awaitable[None]],
+    holders: LockPids,
+    terminate: Terminate,
 ) -> None:
     """Why these modes are refused, with raw SQL: a client takes the lock and
     disconnects; the server connection that ran the statement still holds it, and the
@@ -418,8 +417,8 @@ async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_
     make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
     record_property: Record,
 ) -> None:
     bouncer = await asyncio.to_thread(make_pgbouncer, "session")
@@ -476,8 +475,8 @@ async def test_session_mode_a_killed_leader_process_hands_over(
     backend: Backend,
     make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
     record_property: Record,
 ) -> None:
     """SIGKILL of the leader's process: its kernel closes the socket to PgBouncer, which
@@ -526,9 +525,9 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
     backend: Backend,
     make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    terminate: Callable[[int | None], Awaitable[None]],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    terminate: Terminate,
     record_property: Record,
 ) -> None:
     """``pg_terminate_backend`` of the leader's *server* backend: PgBouncer closes the
@@ -574,7 +573,7 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
 async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
     make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
     record_property: Record,
 ) -> None:
     """What the session-mode guarantees rest on, with raw SQL and the stock config: a
@@ -605,8 +604,8 @@ async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
 async def test_session_mode_a_reset_query_without_discard_keeps_a_disconnected_clients_lock(
     make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
-    terminate: Callable[[int | None], Awaitable[None]],
+    holders: LockPids,
+    terminate: Terminate,
 ) -> None:
     """Why the docs say to keep ``server_reset_query = DISCARD ALL``: with a lighter reset
     (``DEALLOCATE ALL``) a client that disconnects leaves its lock on the server
@@ -638,8 +637,8 @@ async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
     backend: Backend,
     make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
     record_property: Record,
 ) -> None:
     """SIGKILL of PgBouncer itself: its sockets close on both sides, so the server ends
@@ -724,8 +723,8 @@ async def test_session_mode_partition_between_client_and_pooler(
     netns_link: NetnsLink,
     pg_dsn: str,
     keys: tuple[int, int],
-    recorder: Callable[[LeaderLock], Recorder],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    recorder: MakeRecorder,
+    holders: LockPids,
     record_property: Record,
 ) -> None:
     """The leader's link to PgBouncer is cut silently (no FIN, no RST). The leader

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,15 +34,15 @@ import pytest
 from pgleaderlock import FixedInterval, LeaderLock, LockOptions, LockState
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures, MakeRecorder
 from support.poll import eventually
 from support.server import admin_session, lock_holders, prepared_cluster
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
-Figures = Callable[..., None]
 Admin = psycopg.AsyncConnection[Any]
 
 ROLE = "hostile"
@@ -126,7 +126,7 @@ async def test_failover_after_sigkill_stays_in_milliseconds(
     hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
     figures: Figures,
 ) -> None:
     """The leader is a child process (library defaults); two in-process followers with
@@ -173,7 +173,7 @@ async def test_an_idle_leader_does_not_flap(
     hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     """Default ``health_interval_s`` (5 s): the session idles 5 s between probes, five
     times ``idle_session_timeout``; over 6 s the leadership stays put."""
@@ -211,7 +211,7 @@ async def _log_of_one_follower(
     hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> list[tuple[str, str]]:
     """A plain session holds the lock; one follower (``FixedInterval(3)``: 3 s waits)
     makes a try and spends two retry delays waiting, then is granted the lock 1.6 s
@@ -239,7 +239,7 @@ async def test_what_the_server_logs_per_follower_wait(
     hostile_admin: Admin,
     keys: tuple[int, int],
     backend: str,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
     figures: Figures,
 ) -> None:
     """Issue 10: "a follower does not make the server log a line every 0.5 s"; issue 19:

@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import logging
 import subprocess
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -105,16 +104,12 @@ class Database(shared_roles.Database):
 @pytest.fixture
 def db(cluster: ThrowawayPostgres) -> Iterator[Database]:
     """A database like one upgraded from PostgreSQL 14: anyone may create in public."""
-    name = f"db_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}".encode())
-    database = Database(cluster, name)
-    database.run("GRANT CREATE ON SCHEMA public TO PUBLIC")
     try:
-        yield database
+        with Database.fresh(cluster) as database:
+            database.run("GRANT CREATE ON SCHEMA public TO PUBLIC")
+            yield database
     finally:
         with psycopg.connect(cluster.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE {name} WITH (FORCE)".encode())
             conn.execute("ALTER ROLE attacker NOSUPERUSER")
 
 
@@ -178,9 +173,7 @@ async def test_a_planted_terms_table_with_a_trigger_is_refused(db: Database) -> 
     be: it refuses it for good (``UntrustedObjectError`` from ``wait_for_leadership``)
     and never writes to it, so the trigger never runs as the superuser."""
     plant_terms_table(db)
-    lock = LeaderLock.from_name(
-        "nightly", db.dsn(), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
-    )
+    lock = superuser_lock(db)
     await lock.start()
     try:
         with pytest.raises(UntrustedObjectError, match="owned by role 'attacker'"):
@@ -339,6 +332,30 @@ def migrate(db: Database, schema: str = "pgl", worker_role: str | None = None) -
     db.run(f"REVOKE CREATE ON DATABASE {db.name} FROM owner")
 
 
+def app_lock(db: Database) -> LeaderLock:
+    """The ``nightly`` fencing lock of ``app``, on the ``pgl`` tables, trusting ``owner``."""
+    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
+    return LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
+
+
+def superuser_lock(db: Database) -> LeaderLock:
+    """The ``nightly`` fencing lock of the superuser, on the tables in ``public``."""
+    options = LockOptions(fencing=Fencing(enabled=True))
+    return LeaderLock.from_name("nightly", db.dsn(), **lock_args(FAST, options=options))
+
+
+def ticking(lock: LeaderLock) -> tuple[Scheduler, list[Run]]:
+    """A Scheduler of ``lock`` with a job every 0.2 s, and the runs that job records."""
+    sched = Scheduler(lock)
+    ran: list[Run] = []
+
+    @sched.every(seconds=0.2)
+    async def tick(run: Run) -> None:
+        ran.append(run)
+
+    return sched, ran
+
+
 def app_creates_nothing(db: Database) -> bool:
     return not any(
         db.value(query, *params)
@@ -353,12 +370,11 @@ def app_creates_nothing(db: Database) -> bool:
 async def test_a_role_with_only_table_grants_leads_with_fencing(db: Database) -> None:
     migrate(db)
     assert app_creates_nothing(db)
-    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
+    lock = app_lock(db)
     async with lock:
         assert await lock.wait_for_leadership(5)
         first = lock.term
-    async with LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs)) as again:
+    async with app_lock(db) as again:
         assert await again.wait_for_leadership(5)
         assert first is not None
         assert again.term == first + 1
@@ -574,15 +590,8 @@ async def test_a_planted_runs_table_is_refused_by_a_scheduler(
     statement touches it), the lock keeps leading (a refused table is not the session's
     fault), and the refusal is logged; the attacker gains nothing."""
     plant_runs_table(db)
-    lock = LeaderLock.from_name(
-        "nightly", db.dsn(), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
-    )
-    sched = Scheduler(lock)
-    ran: list[Run] = []
-
-    @sched.every(seconds=0.2)
-    async def tick(run: Run) -> None:
-        ran.append(run)
+    lock = superuser_lock(db)
+    sched, ran = ticking(lock)
 
     async with lock, sched:
         assert await lock.wait_for_leadership(5)
@@ -608,15 +617,8 @@ async def test_a_planted_runs_table_stops_a_scheduler_once_and_loudly(
     its own check passes."""
     plant_runs_table(db)
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    lock = LeaderLock.from_name(
-        "nightly", db.dsn(), **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True)))
-    )
-    sched = Scheduler(lock)
-    ran: list[Run] = []
-
-    @sched.every(seconds=0.2)
-    async def tick(run: Run) -> None:
-        ran.append(run)
+    lock = superuser_lock(db)
+    sched, ran = ticking(lock)
 
     @sched.every(seconds=0.3)
     async def tock(run: Run) -> None:
@@ -658,14 +660,8 @@ async def test_a_revoked_ledger_grant_is_retried_in_one_line_until_granted_again
     schedule goes on once the grant is back."""
     migrate(db)
     caplog.set_level(logging.INFO, logger="pgleaderlock")
-    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
-    sched = Scheduler(lock)
-    ran: list[Run] = []
-
-    @sched.every(seconds=0.2)
-    async def tick(run: Run) -> None:
-        ran.append(run)
+    lock = app_lock(db)
+    sched, ran = ticking(lock)
 
     async with lock, sched:
         await eventually(lambda: asyncio.sleep(0, len(ran) >= 2), what="two runs")
@@ -691,14 +687,8 @@ async def test_a_role_with_only_table_grants_runs_a_schedule(db: Database) -> No
     too), ``app`` runs a schedule with only its grants, trusting the tables' owner."""
     migrate(db)
     assert app_creates_nothing(db)
-    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
-    sched = Scheduler(lock)
-    ran: list[Run] = []
-
-    @sched.every(seconds=0.2)
-    async def tick(run: Run) -> None:
-        ran.append(run)
+    lock = app_lock(db)
+    sched, ran = ticking(lock)
 
     async with lock, sched:
         await eventually(lambda: asyncio.sleep(0, len(ran) >= 2), what="two runs")
@@ -711,8 +701,7 @@ async def test_a_worker_role_with_only_its_grants_begins_a_slot_once(db: Databas
     ``--worker-role`` grants (reading and updating the runs), begins each once through
     a ``SlotGuard``, and cannot claim a slot itself."""
     migrate(db, worker_role="worker")
-    kwargs = {**FAST, "fencing": True, "fencing_schema": "pgl", "trusted_roles": ["owner"]}
-    lock = LeaderLock.from_name("nightly", db.dsn("app"), **lock_args(kwargs))
+    lock = app_lock(db)
     sched = Scheduler(lock)
     sent: list[Run] = []
 

@@ -21,16 +21,16 @@ import pytest
 
 from pgleaderlock import LeaderLock, LockOptions, LockState, Session, StandbyError
 from support.blackhole import BlackHole
+from support.fixture_types import Figures, MakeRecorder
 from support.replication import PrimaryStandby, multi_host_dsn
 from support.server import lock_holders
 from support.timings import lock_args
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
-Figures = Callable[..., None]
 Holders = Callable[[str], Awaitable[list[int]]]
 
 CONNECT_TIMEOUT_S = 2.0
@@ -67,7 +67,7 @@ async def test_a_lock_on_the_standby_never_leads(
     keys: tuple[int, int],
     backend: str,
     holders_on: Holders,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     """Default settings: refused at 0 s, then retried after 1 s and 2 s (the backoff)."""
     lock = _lock(replication_pair.standby_dsn, keys, backend)
@@ -92,7 +92,7 @@ async def test_a_multi_host_dsn_listing_the_standby_first_leads_on_the_primary(
     keys: tuple[int, int],
     backend: str,
     holders_on: Holders,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     # No target_session_attrs in the DSN: the drivers alone would settle on the standby.
     dsn = replication_pair.multi_host_dsn(standby_first=True)
@@ -121,7 +121,7 @@ async def test_a_black_hole_first_costs_one_connect_timeout(
     keys: tuple[int, int],
     backend: str,
     holders_on: Holders,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
     figures: Figures,
 ) -> None:
     dsn = multi_host_dsn(blackhole, replication_pair.primary)

@@ -13,19 +13,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from cli.clitools import CLI, clean_env
 from pgleaderlock import MissingPrivilegeError
 from pgleaderlock.cli.sql import setup_sql
 from pgleaderlock.schedule import SlotGuard
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support import shared_roles
 from support.server import prepared_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(60)]
@@ -54,17 +53,8 @@ def cluster() -> Iterator[ThrowawayPostgres]:
         yield pg
 
 
-class Database:
-    def __init__(self, pg: ThrowawayPostgres, name: str) -> None:
-        self.pg, self.name = pg, name
-
-    def dsn(self, role: str = "postgres") -> str:
-        return make_conninfo(self.pg.dsn, dbname=self.name, user=role)
-
-    def run(self, sql: str, *params: Any, role: str = "postgres") -> int:
-        """Run ``sql`` as ``role``; how many rows it touched."""
-        with psycopg.connect(self.dsn(role), autocommit=True) as conn:
-            return conn.execute(sql.encode(), params or None).rowcount
+class Database(shared_roles.Database):
+    """A fresh database of the cluster (not migrated), and the runs table's rows."""
 
     def outcome(self, schedule: str) -> tuple[Any, ...]:
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
@@ -89,16 +79,12 @@ class Database:
 
 @pytest.fixture
 def db(cluster: ThrowawayPostgres) -> Iterator[Database]:
-    name = f"db_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}".encode())
-    database = Database(cluster, name)
-    database.run(f"CREATE SCHEMA pgl AUTHORIZATION owner; GRANT CREATE ON DATABASE {name} TO owner")
-    try:
+    with Database.fresh(cluster) as database:
+        database.run(
+            "CREATE SCHEMA pgl AUTHORIZATION owner;"
+            f" GRANT CREATE ON DATABASE {database.name} TO owner"
+        )
         yield database
-    finally:
-        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE {name} WITH (FORCE)".encode())
 
 
 def migrate(db: Database) -> None:

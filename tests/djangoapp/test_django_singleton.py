@@ -28,6 +28,7 @@ from support.killchain import (
     summary,
     tree_of,
 )
+from support.poll import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,11 +46,16 @@ def lines(out: Path) -> list[str]:
     return out.read_text().splitlines() if out.exists() else []
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    """``eventually_sync`` with these tests' bound (30 s) and poll (50 ms)."""
+    eventually_sync(predicate, 30.0, what, poll_s=0.05)
+
+
+def running(spawn: Spawn, out: Path, *args: str) -> subprocess.Popen[str]:
+    """``spawn(*args)``, once its command runs (it has written its first line to ``out``)."""
+    proc = spawn(*args)
+    wait_for(lambda: len(lines(out)) == 1, "the command's first line")
+    return proc
 
 
 def terminate_lock_sessions(dsn: str, name: str) -> None:
@@ -97,8 +103,7 @@ def test_one_replica_runs_the_other_exits_held_or_waits(
     out = tmp_path / "out"
     # Long enough to still run once the two others have started (each a Django start-up,
     # seconds on a loaded machine): the last one must find the lock held.
-    first = spawn(*work(lock_name, out, sleep=10.0))
-    wait_for(lambda: len(lines(out)) == 1)  # the first one leads and runs
+    first = running(spawn, out, *work(lock_name, out, sleep=10.0))  # it leads and runs
     held = manage(*work(lock_name, out, "--no-wait"))
     assert held.returncode == EXIT_HELD, held.stderr
     assert f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run" in held.stderr
@@ -120,8 +125,7 @@ def test_a_custom_held_exit_code_and_a_bounded_wait(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = spawn(*work(lock_name, out, sleep=8.0))
-    wait_for(lambda: len(lines(out)) == 1)
+    first = running(spawn, out, *work(lock_name, out, sleep=8.0))
     held = manage(*work(lock_name, out, "--no-wait", "--held-exit-code", "0"))
     assert held.returncode == 0, held.stderr
     assert f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run" in held.stderr
@@ -143,8 +147,7 @@ def test_leadership_lost_interrupts_the_command(
     args = [*work(lock_name, out, "--health-interval", "0.2", sleep=60.0)]
     if busy:
         args.append("--busy")
-    proc = spawn(*args)
-    wait_for(lambda: len(lines(out)) == 1)
+    proc = running(spawn, out, *args)
     terminate_lock_sessions(pg_dsn, lock_name)
     assert proc.wait(30) == EXIT_LOST
     assert lines(out)[1].split()[0::2] == ["interrupted", "Interrupted"]
@@ -157,8 +160,7 @@ def test_a_command_that_ignores_the_interruption_is_ended_after_kill_after(
 ) -> None:
     out = tmp_path / "out"
     args = [*work(lock_name, out, "--health-interval", "0.2", "--kill-after", "1", sleep=60.0)]
-    proc = spawn(*args, "--stubborn")
-    wait_for(lambda: len(lines(out)) == 1)
+    proc = running(spawn, out, *args, "--stubborn")
     started = time.monotonic()
     terminate_lock_sessions(pg_dsn, lock_name)
     assert proc.wait(30) == EXIT_LOST
@@ -170,8 +172,7 @@ def test_sigterm_stops_the_command_and_releases(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    proc = spawn(*work(lock_name, out, sleep=60.0))
-    wait_for(lambda: len(lines(out)) == 1)
+    proc = running(spawn, out, *work(lock_name, out, sleep=60.0))
     proc.terminate()
     assert proc.wait(30) == 143
     assert lines(out)[1].startswith("interrupted")
@@ -261,19 +262,19 @@ def test_a_sigkilled_singleton_leaves_no_process_its_command_started(
     candidates: dict[str, subprocess.Popen[str]] = {}
     try:
         leader, tag = start("0"), "0"
-        wait_for(lambda: "0" in ready_tags(tmp_path))
+        wait_for(lambda: "0" in ready_tags(tmp_path), "the first copy ready")
         for n in range(1, POOL + 1):
             candidates[str(n)] = start(str(n))
         with ThreadPoolExecutor(1) as pool:
             for i in range(1, RUNS + 1):
-                wait_for(lambda: waiting_sessions(pg_dsn, lock_name) >= 1)
+                wait_for(lambda: waiting_sessions(pg_dsn, lock_name) >= 1, "a session waiting")
                 tree = tree_of(tmp_path, tag)
                 assert len(tree) == 4, f"run {i}: the leader's tree is not all running: {tree}"
                 seen = ready_tags(tmp_path)
                 killed = time.monotonic()
                 leader.kill()
                 gone = pool.submit(exited_within, tree, killed, 10.0)
-                wait_for(lambda: bool(ready_tags(tmp_path) - seen))  # noqa: B023 - called here
+                wait_for(lambda: bool(ready_tags(tmp_path) - seen), "the next copy ready")  # noqa: B023 - called here
                 (tag,) = ready_tags(tmp_path) - seen
                 found = check_of(tmp_path, tag)
                 assert found == [], f"run {i}: the next leader's command started beside {found}"

@@ -21,12 +21,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
-import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from cli.clitools import cli_command
+from cli.clitools import cli_command, python_m
 from pgleaderlock import LeaderLock
+from support.asgi import leader_view
 from support.pgbouncer import PgBouncer, PoolMode
 from support.poll import eventually
 
@@ -36,13 +36,8 @@ BOUND_S: Final = 30.0
 
 
 def test_demo_help_is_plain_text() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "pgleaderlock.demo", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = python_m("pgleaderlock.demo", "--help", timeout_s=60)
+    assert done.returncode == 0, done.stderr
     text = done.stdout
     # No Markdown fences or code spans, no mkdocstrings cross-references.
     assert "`" not in text, text
@@ -151,14 +146,6 @@ def _load_example(name: str, monkeypatch: pytest.MonkeyPatch, **env: str) -> Mod
     return module
 
 
-async def _leader_view(app: Any) -> dict[str, Any]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
-        response = await http.get("/leader")
-        assert response.status_code == 200
-        return response.json()  # type: ignore[no-any-return]
-
-
 @pytest.fixture
 def example_logging() -> Iterator[None]:
     """The example sets its loggers' levels and a root handler when imported: undone."""
@@ -191,7 +178,7 @@ async def test_fastapi_example_readme_shows_the_real_leader_answers(
     async with LifespanManager(replicas[0].app) as a, LifespanManager(replicas[1].app) as b:
 
         async def views() -> list[dict[str, Any]]:
-            return [await _leader_view(a.app), await _leader_view(b.app)]
+            return [await leader_view(a.app), await leader_view(b.app)]
 
         async def settled() -> bool:
             seen = await views()

@@ -20,6 +20,7 @@ import pytest
 
 from pgleaderlock import LeaderLock
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import LockPids, MakeRecorder
 from support.server import lock_holders
 from support.timings import FAULT_TIMINGS
 
@@ -46,10 +47,10 @@ class Candidates:
     if asked, and who holds ``keys`` there."""
 
     dsn: str
-    lock_holders: Callable[[int, int], Awaitable[list[int]]]
+    lock_holders: LockPids
     keys: tuple[int, int]
     pg_lock: PgLock
-    recorder: Callable[[LeaderLock], Recorder]
+    recorder: MakeRecorder
 
     def lock(self, name: str, dsn: str | None = None, **overrides: Any) -> LeaderLock:
         """``pg_lock`` named ``name`` on ``keys``, through ``dsn`` if given, else to the
@@ -92,7 +93,7 @@ class Candidates:
 def candidates_on(
     keys: tuple[int, int],
     pg_lock: PgLock,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> Callable[[str, Callable[[int, int], Awaitable[list[int]]]], Candidates]:
     """``candidates_on(dsn, holders)``: ``Candidates`` on the server at ``dsn``, where
     ``holders(key1, key2)`` tells who holds a lock."""
@@ -102,7 +103,7 @@ def candidates_on(
 @pytest.fixture
 def candidates(
     pg_dsn: str,
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
     candidates_on: Callable[..., Candidates],
 ) -> Candidates:
     """``Candidates`` on the shared server."""

@@ -11,6 +11,7 @@ import pytest
 
 from pgleaderlock import FixedInterval, LockState, ShutdownError
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.fixture_types import Figures
 from support.server import Admin
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ async def test_blocking_callback_blocks_the_lifecycle_but_shutdown_is_bounded(
     candidates: Candidates,
     admin: Admin,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """An async on_acquired that never returns blocks the lock's lifecycle task: the
     state stays LEADER, wait_for_leadership() does not return True (it waits for

@@ -48,6 +48,7 @@ from pgleaderlock.core.config import default_lease_s
 from pgleaderlock.testing.beliefs import FROZEN_RESUME_LIMIT_S, BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures
 from support.server import admin_session
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(120)]
@@ -277,7 +278,7 @@ class Group:
                     log.fault(kind, victim, t)
         return logs
 
-    def check_beliefs(self, figures: Callable[[str, float, str], None]) -> None:
+    def check_beliefs(self, figures: Figures) -> None:
         overlaps, terminate_overlaps, leaderships = [], [], 0
         resumed: list[float | None] = []  # frozen overlaps: how long after the thaw
         for log in self.beliefs().values():
@@ -304,7 +305,7 @@ class Group:
             figures("workers stopped after the thaw, at most", late, "ms")
             assert late <= FROZEN_RESUME_LIMIT_S
 
-    async def check_log(self, figures: Callable[[str, float, str], None]) -> None:
+    async def check_log(self, figures: Figures) -> None:
         """Every name's log: each position once, 1..n, terms never going back; the
         checkpoint is the last position."""
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
@@ -396,7 +397,7 @@ async def test_a_failed_replicas_names_are_led_again(
     module_pg: ThrowawayPostgres,
     module_admin: Admin,
     stderr: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
     mode: str,
     fault: str,
 ) -> None:
@@ -446,7 +447,7 @@ async def test_fenced_work_never_interleaves_under_faults(
     module_pg: ThrowawayPostgres,
     module_admin: Admin,
     stderr: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
     mode: str,
 ) -> None:
     """With fencing, workers move their name's checkpoint in fenced transactions while
@@ -496,7 +497,7 @@ async def test_fenced_work_never_interleaves_under_faults(
 async def test_server_restart(
     throwaway_pg: ThrowawayPostgres,
     stderr: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
     mode: str,
 ) -> None:
     """A fast restart of the server ends every session: every name is led again once
@@ -531,7 +532,7 @@ async def test_server_restart(
 async def test_balance_join_and_steady_state(
     module_pg: ThrowawayPostgres,
     stderr: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """300 names, shared sessions: 3 replicas settle on 100 each; a fourth joins and
     reaches its share (75) within 10 s, the group moving no more than 75 + 2 names

@@ -42,6 +42,7 @@ from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.candidate import CandidateEvent
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.fenced import FencedWorker
+from support.fixture_types import Figures
 from support.started import all_closed
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(180)]
@@ -341,7 +342,7 @@ async def run_factory(
 async def test_no_stale_commit_under_random_faults(
     fence: bool,
     run_factory: Callable[[bool], Awaitable[Run]],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """With fencing, 0 stale commits under hundreds of random faults and in the classic
     case; without it, the classic case (at least) commits a stale write."""

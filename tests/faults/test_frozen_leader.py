@@ -39,6 +39,7 @@ from pgleaderlock.core.config import default_lease_s
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateOptions, CandidateProcess
 from support.fenced import FencedWorker
+from support.fixture_types import Figures
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -155,7 +156,7 @@ async def test_a_frozen_leader_loses_its_lock_within_the_lease(
     pg_dsn: str,
     fenced: Callable[[], Awaitable[Fenced]],
     children_log: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     beliefs = BeliefLog()
     keys = lock_keys(f"frozen-{uuid.uuid4().hex[:10]}")
@@ -244,7 +245,7 @@ async def test_a_threaded_lock_whose_loop_blocks_loses_its_lock_within_the_lease
     backend: str,
     pg_dsn: str,
     children_log: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """A ``ThreadedLeaderLock`` whose own thread's event loop blocks (a synchronous
     callback, say) for longer than the lease: the server frees the lock, a follower in

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import uuid
-from collections.abc import Callable
 from typing import IO, Any
 
 import psycopg
@@ -23,6 +22,7 @@ import pytest
 from pgleaderlock import lock_keys
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
+from support.fixture_types import Figures
 from support.poll import eventually
 from support.server import lock_holders
 
@@ -90,7 +90,7 @@ async def test_a_frozen_next_in_line_costs_no_lease(
     pg_dsn: str,
     admin: Admin,
     children_log: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     failovers = []
     for _ in range(TRIALS[backend]):

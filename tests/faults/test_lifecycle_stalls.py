@@ -156,11 +156,12 @@ async def running(made: Replica) -> AsyncIterator[Replica]:
         await made.lock.shutdown(timeout_s=15)
 
 
-async def trials(
+async def rounds(
     made: Replica, count: int, inject: Callable[[Trial], Callable[[], None]]
 ) -> list[Trial]:
-    """``count`` trials: each waits until the replica leads (and its other task runs),
-    has the next job run inject ``inject(trial)``, and waits until it leads again."""
+    """``count`` trials on the running ``made``: each waits until the replica leads (and
+    its other task runs), has the next job run inject ``inject(trial)``, and waits until
+    it leads again."""
     lock = made.lock
     for _ in range(count):
         deadline = time.monotonic() + 20
@@ -176,6 +177,17 @@ async def trials(
             await asyncio.sleep(0.05)
         made.trials.append(trial)
     return made.trials
+
+
+async def trials(
+    made: Replica, count: int, inject: Callable[[Trial], Callable[[], None]], what: str
+) -> None:
+    """``rounds`` with ``made`` running; then the figures are reported under ``what`` and
+    checked (``check``)."""
+    async with running(made):
+        done = await rounds(made, count, inject)
+    report(what, done)
+    check(done, made)
 
 
 def report(what: str, done: list[Trial]) -> None:
@@ -225,10 +237,7 @@ async def test_a_frozen_loop_with_a_scheduler_leads_again_within_a_second(
 
         return inject
 
-    async with running(made):
-        done = await trials(made, 8, freeze)
-    report("frozen loop", done)
-    check(done, made)
+    await trials(made, 8, freeze, "frozen loop")
 
 
 def _kill_and_wait(dsn: str, pid: int | None) -> None:
@@ -259,10 +268,7 @@ async def test_a_terminated_backend_with_a_scheduler_leads_again_within_a_second
 
         return inject
 
-    async with running(made):
-        done = await trials(made, 4, terminate)
-    report("terminated backend", done)
-    check(done, made)
+    await trials(made, 4, terminate, "terminated backend")
 
 
 async def test_a_server_restart_with_a_scheduler_leads_again_within_a_second(
@@ -281,10 +287,7 @@ async def test_a_server_restart_with_a_scheduler_leads_again_within_a_second(
 
         return inject
 
-    async with running(made):
-        done = await trials(made, 4, restart)
-    report("server restart", done)
-    check(done, made)
+    await trials(made, 4, restart, "server restart")
 
 
 KNOBS: dict[str, Any] = {
@@ -345,7 +348,7 @@ async def test_a_frozen_loop_with_every_feature_in_one_process(pg_dsn: str, sche
                     await asyncio.sleep(0.05)
                 stopped.clear()
                 led_before = len(sem_led)
-                done = await trials(made, 1, freeze)
+                done = await rounds(made, 1, freeze)
                 trial = done[-1]
                 deadline = trial.fault_at + 10
                 while coord.running != set(names) or len(sem_led) == led_before:

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import FixedInterval, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures, MakeRecorder
 from support.netns import NetnsLink
 from support.poll import eventually
 from support.proxy import proxied
 
 if TYPE_CHECKING:
-    from conftest import Recorder
     from faults.conftest import Candidates
     from fix_locks import PgLock
 
@@ -32,7 +31,7 @@ async def test_stalled_proxy(
     pg_dsn: str,
     candidates: Candidates,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
     shutdown_when: str,
 ) -> None:
     """The leader's connection goes through a proxy that stops forwarding both ways.
@@ -82,8 +81,8 @@ async def test_partitioned_leader_demotes_before_anyone_else_leads(
     keys: tuple[int, int],
     pg_lock: PgLock,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
-    figures: Callable[[str, float, str], None],
+    recorder: MakeRecorder,
+    figures: Figures,
 ) -> None:
     """A leader in its own network namespace; its link is cut silently (no FIN, no RST).
 

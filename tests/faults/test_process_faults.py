@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import statistics
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from pgleaderlock import FixedInterval
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
+from support.fixture_types import Figures
 
 if TYPE_CHECKING:
     from faults.conftest import Candidates
@@ -25,7 +25,7 @@ async def test_sigkilled_leader_process_is_replaced_at_once(
     pg_dsn: str,
     candidates: Candidates,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """Three rounds: a child process leads, the test process follows (queued on the
     server), the child is SIGKILLed: its kernel closes the socket, the server frees the

@@ -37,6 +37,7 @@ import pytest
 from pgleaderlock.coordination.protocol import checkpoint_name, name_keys
 from pgleaderlock.core.keys import key_to_oid
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures
 from support.started import all_closed
 
 pytestmark = [pytest.mark.throwaway, pytest.mark.timeout(120)]
@@ -273,7 +274,7 @@ async def run_factory(
 async def test_projector_applies_every_event_once_under_sigkill(
     sessions: str,
     run_factory: Callable[[str], Run],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     run = run_factory(sessions)
     await asyncio.gather(*(run.start_projector() for _ in range(REPLICAS)))

@@ -16,7 +16,7 @@ import contextlib
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import IO, Any, Literal
 
 import psycopg
@@ -26,6 +26,7 @@ from pgleaderlock import slot_keys
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess, candidate_command
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import Figures
 from support.poll import eventually
 from support.server import lock_holders
 
@@ -158,7 +159,7 @@ async def test_never_more_than_n_believers(
     fault: Fault,
     pg_dsn: str,
     children_log: IO[str],
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     beliefs = BeliefLog(slots=SLOTS)
     await _run(fault, pg_dsn, beliefs, children_log, None)

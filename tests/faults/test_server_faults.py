@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 import psycopg
@@ -14,6 +13,7 @@ import pytest
 from pgleaderlock import ConnectionError, FixedInterval, LockState
 from pgleaderlock.testing import ThrowawayPostgres
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.fixture_types import Figures
 from support.server import lock_holders
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ async def test_server_restart(
     throwaway_pg: ThrowawayPostgres,
     throwaway_candidates: Candidates,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
     mode: Literal["fast", "immediate", "kill"],
 ) -> None:
     """The leader reports on_lost at once (the socket tells), the follower reports
@@ -104,7 +104,7 @@ async def test_server_down_at_start(
     throwaway_pg: ThrowawayPostgres,
     throwaway_candidates: Candidates,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """Connection errors go to on_error and are retried; the lock leads as soon as the
     server is up."""

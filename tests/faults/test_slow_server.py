@@ -9,13 +9,13 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
 
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.fixture_types import Figures
 from support.poll import eventually
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
     probes_before: int,
     candidates: Candidates,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """SIGSTOP of the lock's own server backend: the kernel still acknowledges the probe,
     the backend does not answer. The lock leaves LEADER at the demotion bound, keeps its
@@ -74,7 +74,7 @@ async def test_a_frozen_backend_suspends_leadership_without_losing_it(
 async def test_a_backend_frozen_past_tcp_user_timeout_loses_the_lock(
     candidates: Candidates,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """A periodic probe that stays unanswered past ``tcp_user_timeout_s`` (after which
     the server would drop a silent session) ends the leadership with ``on_lost``; the

@@ -15,19 +15,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 from pgleaderlock import LeaderLock, LockOptions, LockState, Participation, Semaphore, lock_keys
+from support.fixture_types import Figures
 from support.poll import eventually
 from support.proxy import proxied
-from support.server import lock_holders
+from support.server import Admin, lock_holders
 from support.timings import lock_args
-
-Admin = psycopg.AsyncConnection[tuple[Any, ...]]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -40,8 +37,16 @@ TIMINGS: dict[str, Any] = {
 }
 
 
+async def shutdown_time(lock: LeaderLock | Semaphore) -> float:
+    """Seconds ``lock.shutdown()`` takes (it must be done within 30 s)."""
+    stopping = time.monotonic()
+    async with asyncio.timeout(30):
+        await lock.shutdown()
+    return time.monotonic() - stopping
+
+
 async def test_a_semaphore_follower_stops_at_once_while_a_try_hangs(
-    pg_dsn: str, figures: Callable[[str, float, str], None]
+    pg_dsn: str, figures: Figures
 ) -> None:
     name = f"stop-try-{uuid.uuid4().hex[:10]}"
     holders = [Semaphore.from_name(name, pg_dsn, **lock_args(TIMINGS, slots=2)) for _ in range(2)]
@@ -52,17 +57,12 @@ async def test_a_semaphore_follower_stops_at_once_while_a_try_hangs(
                 await holder.start()
                 assert await holder.wait_for_leadership(10)
             await follower.start()
-            deadline = time.monotonic() + 10
-            while follower.statistics().failed_attempts < 2:  # it tries, and waits
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.02)
+            # it tries, and waits
+            await eventually(lambda: follower.statistics().failed_attempts >= 2, 10, "two tries")
             assert follower.state in (LockState.ACQUIRING, LockState.FOLLOWER)
             proxy.stall()  # the network goes silent: the next try hangs
             await asyncio.sleep(0.3)
-            stopping = time.monotonic()
-            async with asyncio.timeout(30):
-                await follower.shutdown()
-            took = time.monotonic() - stopping
+            took = await shutdown_time(follower)
         finally:
             proxy.resume()
             await asyncio.gather(
@@ -74,7 +74,7 @@ async def test_a_semaphore_follower_stops_at_once_while_a_try_hangs(
 
 
 async def test_a_lock_stops_at_once_while_the_statement_after_its_grant_hangs(
-    pg_dsn: str, admin: Admin, figures: Callable[[str, float, str], None]
+    pg_dsn: str, admin: Admin, figures: Figures
 ) -> None:
     """A ``LeaderLock`` that publishes a row asks the participants table right after a
     grant (is the lock reserved for another?). That statement hangs (the table locked by
@@ -109,10 +109,7 @@ async def test_a_lock_stops_at_once_while_the_statement_after_its_grant_hangs(
                     await leader.shutdown()  # the follower is granted the lock, and asks
                     await eventually(lambda: _blocked(admin, follower), 10, "the admit to hang")
                     proxy.stall()
-                    stopping = time.monotonic()
-                    async with asyncio.timeout(30):
-                        await follower.shutdown()
-                    took = time.monotonic() - stopping
+                    took = await shutdown_time(follower)
             finally:
                 proxy.resume()
                 await follower.shutdown()

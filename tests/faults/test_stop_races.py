@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock, LockState
+from pgleaderlock import FixedInterval, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
+from support.fixture_types import MakeRecorder
 from support.poll import eventually
 from support.proxy import proxied
 from support.server import Admin, backend_gone
 
 if TYPE_CHECKING:
-    from conftest import Recorder
     from faults.conftest import Candidates
     from fix_locks import PgLock
 
@@ -65,7 +64,7 @@ async def test_shutdown_event_while_connecting(
     keys: tuple[int, int],
     pg_lock: PgLock,
     beliefs: BeliefLog,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     """A connect to a server that accepts TCP but never answers (connect_timeout_s=30)
     is interrupted by the shutdown_event: STOPPED at once, no error reported."""

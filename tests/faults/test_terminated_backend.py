@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,6 +18,7 @@ from pgleaderlock.testing.beliefs import (
     Fault,
     describe_overlaps,
 )
+from support.fixture_types import Figures
 from support.poll import eventually
 from support.proxy import proxied
 from support.server import Admin, backend_gone
@@ -40,7 +40,7 @@ async def test_terminated_leader_is_lost_and_a_follower_takes_over(
     candidates: Candidates,
     admin: Admin,
     beliefs: BeliefLog,
-    figures: Callable[[str, float, str], None],
+    figures: Figures,
 ) -> None:
     """Six rounds of terminating whoever leads among three candidates. Each time the old
     leader reports on_lost and leaves LEADER, one candidate leads, the server agrees;

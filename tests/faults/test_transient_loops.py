@@ -22,7 +22,6 @@ import pytest
 from pgleaderlock import (
     Coordinator,
     Fencing,
-    FixedInterval,
     LeaderLock,
     LeaderTasks,
     LockOptions,
@@ -31,18 +30,17 @@ from pgleaderlock import (
 )
 from pgleaderlock.core.tables import TermTable
 from pgleaderlock.schedule import Policy, Run, Scheduler
-from support.timings import lock_args
+from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-KNOBS: dict[str, Any] = {
-    "health_interval_s": 0.5,
-    "health_timeout_s": 0.5,
-    "connect_timeout_s": 2.0,
-    "command_timeout_s": 2.0,
-    "retry_strategy": FixedInterval(0.1),
-    "load_plugins": False,
-}
+KNOBS: dict[str, Any] = timings(
+    retry_s=0.1,
+    health_interval_s=0.5,
+    health_timeout_s=0.5,
+    connect_timeout_s=2.0,
+    load_plugins=False,
+)
 HOLD_S = 4.0
 
 

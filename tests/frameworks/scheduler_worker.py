@@ -119,13 +119,14 @@ def add_job(scheduler: Any, lock: Any, recorder: Recorder, args: argparse.Namesp
         bind_scheduler(scheduler, lock, ledger=args.ledger)
 
 
+def replica_lock(args: argparse.Namespace, dsn: str) -> LeaderLock:
+    """The replica's lock: ``--lock-name`` on ``dsn``, fencing when ``--ledger``."""
+    options = LockOptions(fencing=Fencing(enabled=args.ledger))
+    return LeaderLock.from_name(args.lock_name, **lock_args(LOCK_TIMINGS, dsn=dsn, options=options))
+
+
 async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
-    lock = LeaderLock.from_name(
-        args.lock_name,
-        **lock_args(
-            LOCK_TIMINGS, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=args.ledger))
-        ),
-    )
+    lock = replica_lock(args, dsn)
     recorder = Recorder(args, dsn)
     scheduler = AsyncIOScheduler()
     add_job(scheduler, lock, recorder, args)
@@ -142,14 +143,7 @@ async def run_asyncio(args: argparse.Namespace, dsn: str) -> None:
 
 
 def run_background(args: argparse.Namespace, dsn: str) -> None:
-    lock = ThreadedLeaderLock(
-        LeaderLock.from_name(
-            args.lock_name,
-            **lock_args(
-                LOCK_TIMINGS, dsn=dsn, options=LockOptions(fencing=Fencing(enabled=args.ledger))
-            ),
-        )
-    )
+    lock = ThreadedLeaderLock(replica_lock(args, dsn))
     recorder = Recorder(args, dsn)
     scheduler = BackgroundScheduler()
     add_job(scheduler, lock, recorder, args)

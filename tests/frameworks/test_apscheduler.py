@@ -45,6 +45,7 @@ from pgleaderlock.integrations.apscheduler import (
 )
 from pgleaderlock.schedule import Policy
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock
 from support.poll import eventually, eventually_sync
 from support.timings import lock_args, timings
 
@@ -58,7 +59,7 @@ def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 @pytest.fixture
 async def leader_and_follower(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> tuple[LeaderLock, LeaderLock]:
     a, b = make_lock(), make_lock()
     await a.start()
@@ -109,7 +110,7 @@ async def test_leader_only_runs_on_the_leader_and_skips_on_a_follower(
 
 
 async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
-    make_lock: Callable[..., LeaderLock], server: FakeServer, caplog: pytest.LogCaptureFixture
+    make_lock: MakeLock, server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     lock = make_lock()
@@ -138,7 +139,7 @@ async def test_leader_only_cancels_a_coroutine_run_when_leadership_is_lost(
 
 
 async def test_leader_only_lets_the_schedulers_own_cancellation_through(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     lock = make_lock()
     await lock.start()
@@ -164,7 +165,7 @@ async def test_leader_only_lets_the_schedulers_own_cancellation_through(
 
 
 async def test_leader_only_job_cancelled_under_asyncio_scheduler_is_not_an_error(
-    make_lock: Callable[..., LeaderLock], server: FakeServer, scheduler: AsyncIOScheduler
+    make_lock: MakeLock, server: FakeServer, scheduler: AsyncIOScheduler
 ) -> None:
     lock = make_lock()
     errors: list[JobExecutionEvent] = []
@@ -304,7 +305,7 @@ async def test_binding_close_and_validation(
 
 
 async def test_ledger_mode_validates_its_arguments(
-    make_lock: Callable[..., LeaderLock], scheduler: AsyncIOScheduler
+    make_lock: MakeLock, scheduler: AsyncIOScheduler
 ) -> None:
     lock = make_lock(fencing=True)
     with pytest.raises(ConfigurationError, match="catch_up_s belongs to"):

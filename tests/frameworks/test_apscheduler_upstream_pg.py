@@ -17,7 +17,7 @@ import contextlib
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -34,6 +34,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from pgleaderlock import ConfigurationError, LeaderLock, ThreadedLeaderLock
 from pgleaderlock.integrations.apscheduler import bind_scheduler
+from support.fixture_types import MakeLock
 from support.poll import eventually, eventually_sync
 from support.timings import lock_args, timings
 
@@ -174,7 +175,7 @@ def test_a_slot_another_replica_ran_is_neither_run_nor_reported_here(
     assert ledger(pg_dsn, lock_name, "once") == ["done"]
 
 
-async def test_a_process_pool_is_refused_at_bind(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_a_process_pool_is_refused_at_bind(make_lock: MakeLock) -> None:
     """Where the ledger differs: a process pool would have to pickle the stand-in that
     claims each run (it cannot: the job never ran, silently). ``bind_scheduler`` refuses
     it, naming what to use instead; so does the bound scheduler's ``add_executor``."""

@@ -24,6 +24,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.integrations.fastapi import LeaderLifespan, LeaderStatus
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock
 from support.poll import eventually
 
 S = LockState
@@ -35,7 +36,7 @@ def client(app: object) -> httpx.AsyncClient:
 
 
 async def test_lifespan_alone_starts_and_stops_the_lock(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     lock = make_lock()
     leader = LeaderLifespan(lock)
@@ -60,7 +61,7 @@ async def test_lifespan_alone_starts_and_stops_the_lock(
 
 
 async def test_wrap_runs_both_lifespans_in_a_clear_order(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     lock = make_lock()
     leader = LeaderLifespan(lock)
@@ -98,7 +99,7 @@ async def test_wrap_runs_both_lifespans_in_a_clear_order(
     ]
 
 
-async def test_status_route_and_dependencies(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_status_route_and_dependencies(make_lock: MakeLock) -> None:
     a = make_lock(name="fake-lock")
     b = make_lock(name="fake-lock")
     apps, leaders = {}, {}
@@ -156,7 +157,7 @@ async def test_status_route_and_dependencies(make_lock: Callable[..., LeaderLock
 
 
 async def test_a_lock_stopped_on_a_permanent_error_is_not_ready(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     """The lock stops on an error that retrying cannot mend: the status shows the error,
     and neither the status route nor the readiness route looks healthy."""
@@ -183,7 +184,7 @@ async def test_a_lock_stopped_on_a_permanent_error_is_not_ready(
 
 
 async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     """Ready while the lock takes part in the election (leader, follower, or retrying
     a connection error that may go away); not ready before startup and after shutdown."""
@@ -234,7 +235,7 @@ async def test_readiness_of_leader_follower_retrying_and_stopped_locks(
 
 
 async def test_two_leader_lifespans_combine_with_wrap(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     """``a.wrap(b)``: two locks in one app. ``b`` starts first and stops last, as the
     lifespan given to ``wrap`` does; each lock runs its own leader tasks."""

@@ -24,6 +24,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgleaderlock import LeaderLock, LockOptions, LockState, ServerRefusedError, Session
 from pgleaderlock.integrations.fastapi import LeaderLifespan
+from support.fixture_types import Terminate
 from support.poll import eventually
 from support.timings import lock_args, timings
 
@@ -91,7 +92,7 @@ async def assert_steady_single_leader(
 async def test_two_replicas_failover_and_clean_shutdown(
     pg_dsn: str,
     lock_name: str,
-    terminate: Callable[[int | None], Awaitable[None]],
+    terminate: Terminate,
     sessions: Callable[[str], Awaitable[list[int]]],
 ) -> None:
     cluster = Cluster()

@@ -8,27 +8,19 @@ import asyncio
 import contextlib
 import uuid
 
-import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from pgleaderlock import Semaphore
 from pgleaderlock.integrations.fastapi import LeaderLifespan
+from support.asgi import leader_view
 from support.poll import eventually
 from support.timings import lock_args, timings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 FAST_PG = timings(retry_s=0.05, health_interval_s=0.2)
-
-
-async def status(app: FastAPI) -> dict[str, object]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
-        response = await http.get("/leader")
-        assert response.status_code == 200
-        return response.json()  # type: ignore[no-any-return]
 
 
 async def test_the_leader_task_runs_on_two_of_three_replicas(pg_dsn: str) -> None:
@@ -57,7 +49,7 @@ async def test_the_leader_task_runs_on_two_of_three_replicas(pg_dsn: str) -> Non
         for label, app in apps.items():
             managers[label] = await stack.enter_async_context(LifespanManager(app))
         await eventually(lambda: len(running) == 2, 10, "the task on two replicas")
-        views = {label: await status(app) for label, app in apps.items()}
+        views = {label: await leader_view(app) for label, app in apps.items()}
         leading = {label for label, view in views.items() if view["is_leader"]}
         assert leading == running
         (spare,) = set(apps) - leading
@@ -65,5 +57,5 @@ async def test_the_leader_task_runs_on_two_of_three_replicas(pg_dsn: str) -> Non
         await sems[leaving].step_down()
         await eventually(lambda: spare in running, 10, "the spare takes the freed slot")
         assert len(running) == 2
-        assert (await status(apps[spare]))["is_leader"] is True
+        assert (await leader_view(apps[spare]))["is_leader"] is True
     assert running == set()

@@ -25,6 +25,7 @@ from pgleaderlock.integrations.apscheduler import bind_scheduler, current_term, 
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from pgleaderlock.testing import FakeServer
 from pgleaderlock.testing.fake import FakeSession
+from support.fixture_types import MakeLock
 from support.locks import fake_locks
 from support.poll import eventually
 
@@ -73,7 +74,7 @@ class TermSession:
 
 
 @pytest.fixture
-async def term_lock(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
+async def term_lock(server: FakeServer) -> AsyncIterator[MakeLock]:
     """``term_lock(fencing=True, **kwargs)``: a lock on the in-memory server whose
     sessions keep terms; all shut down after the test, no session left open."""
     terms: dict[tuple[int, int], int] = {}
@@ -99,9 +100,7 @@ def status_client(app: FastAPI) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica")
 
 
-async def test_fastapi_status_reports_the_term(
-    term_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_fastapi_status_reports_the_term(term_lock: MakeLock, server: FakeServer) -> None:
     """The leader's status carries its term, the follower's None; after a takeover the
     new leader reports the next term and the old one None. Without fencing: None."""
     a, b = term_lock(), term_lock()
@@ -142,7 +141,7 @@ async def test_fastapi_status_reports_the_term(
 
 
 async def test_current_term_inside_leader_only_runs(
-    term_lock: Callable[..., LeaderLock],
+    term_lock: MakeLock,
 ) -> None:
     """Sync and async runs see the lock's term; the tasks and threads an async run
     starts see it too; outside any run, and in the thread a sync run used once it has
@@ -174,7 +173,7 @@ async def test_current_term_inside_leader_only_runs(
 
 
 async def test_current_term_is_none_without_fencing(
-    term_lock: Callable[..., LeaderLock],
+    term_lock: MakeLock,
 ) -> None:
     lock = term_lock(fencing=False)
     await lock.start()
@@ -188,7 +187,7 @@ async def test_current_term_is_none_without_fencing(
 
 
 async def test_current_term_stays_the_runs_term_after_a_new_leadership(
-    term_lock: Callable[..., LeaderLock], server: FakeServer
+    term_lock: MakeLock, server: FakeServer
 ) -> None:
     """A sync run cannot be interrupted: it goes on while its lock loses the lock and
     leads again under the next term. Inside it, current_term() still says the term the
@@ -215,7 +214,7 @@ async def test_current_term_stays_the_runs_term_after_a_new_leadership(
 
 
 async def test_leader_only_skips_a_follower_without_a_term(
-    term_lock: Callable[..., LeaderLock],
+    term_lock: MakeLock,
 ) -> None:
     a, b = term_lock(), term_lock()
     await leads(a)
@@ -232,7 +231,7 @@ async def test_leader_only_skips_a_follower_without_a_term(
 
 
 async def test_bound_scheduler_term_follows_the_leadership(
-    term_lock: Callable[..., LeaderLock], server: FakeServer
+    term_lock: MakeLock, server: FakeServer
 ) -> None:
     """A bound scheduler's term: None while paused, the lock's term while it runs, the
     next term after a takeover and a new leadership."""

@@ -26,23 +26,21 @@ from pgleaderlock import (
 )
 from pgleaderlock.integrations.apscheduler import current_term, leader_only
 from pgleaderlock.integrations.fastapi import LeaderLifespan
-from support.leadership import fenced_insert, lead_again, terms_in
+from support.leadership import TIMINGS, fenced_insert, lead_again, terms_in
 from support.poll import eventually
 from support.server import Admin
-from support.timings import lock_args, timings
+from support.timings import lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-FAST: dict[str, Any] = timings(
-    retry_s=0.05, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
 
 
 def fencing_lock(name: str, dsn: str, table: str, **kwargs: Any) -> LeaderLock:
     return LeaderLock.from_name(
         name,
         dsn,
-        **lock_args(FAST | kwargs, options=LockOptions(fencing=Fencing(enabled=True, table=table))),
+        **lock_args(
+            TIMINGS | kwargs, options=LockOptions(fencing=Fencing(enabled=True, table=table))
+        ),
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from fastapi import FastAPI
 from pgleaderlock import ConfigurationError, FixedInterval, LeaderLock, LeaderTasks, LockState
 from pgleaderlock.integrations.fastapi import LeaderLifespan
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock
 from support.poll import eventually
 
 S = LockState
@@ -29,7 +29,7 @@ def messages(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 
 async def test_crashes_in_a_row_give_the_lock_to_a_healthy_replica(
-    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: MakeLock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     sick, healthy = make_lock(name="give"), make_lock(name="give")
@@ -100,7 +100,7 @@ async def test_crashes_in_a_row_give_the_lock_to_a_healthy_replica(
 
 
 async def test_a_crash_streak_broken_by_a_success_does_not_give_away(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     """Crashes count in a row within one run of the task; a run that returns normally
     (finished for this term) ends the streak, and the lock is kept."""
@@ -126,7 +126,7 @@ async def test_a_crash_streak_broken_by_a_success_does_not_give_away(
 
 
 async def test_without_the_option_a_crashing_task_never_moves_the_lock(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     lock = make_lock()
     tasks = LeaderTasks(lock, retry_strategy=FixedInterval(0.001))
@@ -157,7 +157,7 @@ async def test_without_the_option_a_crashing_task_never_moves_the_lock(
     ],
 )
 def test_bad_give_away_arguments(
-    make_lock: Callable[..., LeaderLock], kwargs: dict[str, object], message: str
+    make_lock: MakeLock, kwargs: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         LeaderTasks(make_lock(), **kwargs)  # type: ignore[arg-type]
@@ -166,7 +166,7 @@ def test_bad_give_away_arguments(
 
 
 async def test_lifespan_status_during_the_cool_down(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     """The replica that gave its leadership away is not leader, its lock is stopped,
     and it says until when; it stays ready (it competes again after the cool-down), so

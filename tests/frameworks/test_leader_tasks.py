@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,10 +19,11 @@ from pgleaderlock import (
     RetryContext,
 )
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
 from support.poll import eventually
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
@@ -58,7 +58,7 @@ class Probe:
 
 
 async def test_runs_while_leader_stops_before_unlock_and_restarts(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     lock = make_lock()
     tasks = LeaderTasks(lock)
@@ -83,7 +83,7 @@ async def test_runs_while_leader_stops_before_unlock_and_restarts(
 
 
 async def test_tasks_stop_before_callbacks_registered_earlier_run(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     lock = make_lock()
     probe = Probe(lock)
@@ -108,7 +108,7 @@ async def test_tasks_stop_before_callbacks_registered_earlier_run(
 
 @pytest.mark.parametrize("how", ["step_down", "loss"])
 async def test_every_leader_task_of_a_lock_is_cancelled_at_once(
-    how: str, make_lock: Callable[..., LeaderLock], server: FakeServer
+    how: str, make_lock: MakeLock, server: FakeServer
 ) -> None:
     """Two ``LeaderTasks`` on one lock; the first one's task takes its time to clean up
     once cancelled. When the lock leaves LEADER (a step-down, a terminated session) the
@@ -153,9 +153,9 @@ async def test_every_leader_task_of_a_lock_is_cancelled_at_once(
 
 
 async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
     server: FakeServer,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     lock = make_lock(reconnect_grace_s=10)
     rec = recorder(lock)
@@ -175,9 +175,7 @@ async def test_loss_stops_task_at_reconnecting_and_reacquire_restarts_it(
     await tasks.stop()
 
 
-async def test_failover_between_two_locks(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_failover_between_two_locks(make_lock: MakeLock, server: FakeServer) -> None:
     a, b = make_lock(), make_lock()
     probes = {}
     for lock in (a, b):
@@ -198,8 +196,8 @@ async def test_failover_between_two_locks(
 
 
 async def test_crash_is_restarted_and_leadership_untouched(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
@@ -231,7 +229,7 @@ async def test_crash_is_restarted_and_leadership_untouched(
 
 
 async def test_retry_strategy_none_gives_the_task_up(
-    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: MakeLock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
 
@@ -258,7 +256,7 @@ async def test_retry_strategy_none_gives_the_task_up(
     assert tasks.running == []
 
 
-async def test_finished_task_runs_once_per_term(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_finished_task_runs_once_per_term(make_lock: MakeLock) -> None:
     lock = make_lock()
     tasks = LeaderTasks(lock)
     runs = 0
@@ -277,7 +275,7 @@ async def test_finished_task_runs_once_per_term(make_lock: Callable[..., LeaderL
 
 
 async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
-    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: MakeLock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="pgleaderlock")
     lock = make_lock()
@@ -316,7 +314,7 @@ async def test_task_that_ignores_cancel_is_bounded_and_not_duplicated(
 
 
 async def test_lock_task_ending_abnormally_cancels_the_tasks(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     lock = make_lock()
     tasks = LeaderTasks(lock)
@@ -331,7 +329,7 @@ async def test_lock_task_ending_abnormally_cancels_the_tasks(
     assert tasks.running == []
 
 
-async def test_add_while_leading_starts_at_once(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_add_while_leading_starts_at_once(make_lock: MakeLock) -> None:
     lock = make_lock()
     tasks = LeaderTasks(lock)
     await lock.start()
@@ -343,7 +341,7 @@ async def test_add_while_leading_starts_at_once(make_lock: Callable[..., LeaderL
     assert probe.stops == 1
 
 
-async def test_registration_is_checked(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_registration_is_checked(make_lock: MakeLock) -> None:
     lock = make_lock()
     tasks = LeaderTasks(lock)
 

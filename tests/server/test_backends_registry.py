@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.backends.psycopg import PsycopgSession
 from pgleaderlock.core import registry
+from support.fixture_types import LockPids
 from support.timings import lock_args, timings
 
 pytestmark = pytest.mark.timeout(60)
@@ -380,7 +381,7 @@ async def test_third_party_backend_is_selected_by_name(
     site: Path,
     pg_dsn: str,
     keys: tuple[int, int],
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     name = f"tiny{uuid.uuid4().hex[:6]}"
     module = f"tiny_{name}"

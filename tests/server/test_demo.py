@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+
+from cli.clitools import python_m
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +32,7 @@ def candidate_pids(lock_name: str) -> list[int]:
 def run_demo(*args: str, env: dict[str, str] | None = None, expect: int = 0) -> str:
     """Run the demo with a lock name of its own; check its status and that no candidate is left."""
     lock_name = f"demo-test-{uuid.uuid4().hex[:12]}"
-    result = subprocess.run(
-        [sys.executable, "-m", "pgleaderlock.demo", "--lock-name", lock_name, *args],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        env=env,
-        check=False,
-    )
+    result = python_m("pgleaderlock.demo", "--lock-name", lock_name, *args, timeout_s=100, env=env)
     output = result.stdout + result.stderr
     assert result.returncode == expect, output
     assert candidate_pids(lock_name) == [], output

@@ -32,16 +32,12 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.fixture_types import MakeLock
 from support.poll import eventually
 from support.server import Admin, dsn_to_url, lock_holders
-from support.timings import lock_args, timings
+from support.timings import FENCED_TIMINGS, lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-# command_timeout_s bounds the term bump, which may wait for fenced work
-FAST: dict[str, Any] = timings(
-    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
 
 
 # ---------------------------------------------------------------- the connection kinds
@@ -303,7 +299,7 @@ async def queued(admin: Admin, lock: LeaderLock) -> None:
 
 
 async def test_fence_returns_the_current_term(
-    kind: Kind, fenced_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+    kind: Kind, fenced_lock: MakeLock, work_table: str, admin: Admin
 ) -> None:
     """Inside a transaction, fence() returns the lock's current term, and the
     transaction's writes commit as usual (also through ``lock.fenced(conn)``)."""
@@ -323,7 +319,7 @@ async def test_fence_returns_the_current_term(
 
 
 async def test_fence_raises_once_another_lock_took_over(
-    kind: Kind, fenced_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+    kind: Kind, fenced_lock: MakeLock, work_table: str, admin: Admin
 ) -> None:
     """The first lock steps down, the second leads with term + 1: the first's fence()
     raises FencedError (its transaction rolls back), the second's passes."""
@@ -348,7 +344,7 @@ async def test_fence_raises_once_another_lock_took_over(
 
 async def test_fence_raises_when_the_term_moved_on(
     kind: Kind,
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
     fencing_table: str,
     work_table: str,
     admin: Admin,
@@ -370,9 +366,7 @@ async def test_fence_raises_when_the_term_moved_on(
     assert await rows(admin, work_table) == []
 
 
-async def test_fence_outside_a_transaction_is_refused(
-    kind: Kind, fenced_lock: Callable[..., LeaderLock]
-) -> None:
+async def test_fence_outside_a_transaction_is_refused(kind: Kind, fenced_lock: MakeLock) -> None:
     """In autocommit mode the row lock would end with the statement: fence() refuses."""
     lock = fenced_lock()
     await leads(lock)
@@ -382,7 +376,7 @@ async def test_fence_outside_a_transaction_is_refused(
 
 
 async def test_next_leader_waits_for_an_open_fenced_transaction(
-    kind: Kind, fenced_lock: Callable[..., LeaderLock], work_table: str, admin: Admin
+    kind: Kind, fenced_lock: MakeLock, work_table: str, admin: Admin
 ) -> None:
     """A transaction that passed fence() and is still open holds the next leader back:
     it is granted the advisory lock, but its term bump waits for the row, so it stays
@@ -420,7 +414,7 @@ async def test_next_leader_waits_for_an_open_fenced_transaction(
 
 async def test_an_old_terms_fenced_transaction_is_ended_after_the_grace(
     pg_dsn: str,
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
     work_table: str,
     admin: Admin,
     caplog: pytest.LogCaptureFixture,
@@ -455,7 +449,7 @@ async def test_an_old_terms_fenced_transaction_is_ended_after_the_grace(
 
 
 async def test_fence_does_not_wait_for_a_term_bump(
-    kind: Kind, fenced_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+    kind: Kind, fenced_lock: MakeLock, fencing_table: str, admin: Admin
 ) -> None:
     """While a term bump holds the term row (a new leadership is beginning), fence()
     fails at once with FencedError instead of waiting for the bump (``SKIP LOCKED``)."""
@@ -476,7 +470,7 @@ async def test_fence_does_not_wait_for_a_term_bump(
 
 
 async def test_term_row_has_holder_and_acquired_at(
-    fenced_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+    fenced_lock: MakeLock, fencing_table: str, admin: Admin
 ) -> None:
     """One row per lock, keyed by its keys, naming the holder (its application_name)
     and when it acquired the lock."""
@@ -497,9 +491,7 @@ async def test_term_row_has_holder_and_acquired_at(
     assert term >> 32 >= 1  # the server's timeline in the high bits
 
 
-async def test_term_is_none_unless_leader(
-    fenced_lock: Callable[..., LeaderLock], admin: Admin
-) -> None:
+async def test_term_is_none_unless_leader(fenced_lock: MakeLock, admin: Admin) -> None:
     first = fenced_lock(retry_strategy=FixedInterval(10.0))
     second = fenced_lock(retry_strategy=FixedInterval(1.0))
     assert first.term is None
@@ -523,7 +515,7 @@ async def test_term_is_none_unless_leader(
 
 
 async def test_terms_strictly_increase_across_leaders(
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
 ) -> None:
     """Three competing locks; whoever leads steps down, nine times: every leadership
     has the next term."""
@@ -545,7 +537,7 @@ async def test_terms_strictly_increase_across_leaders(
 
 
 async def test_terms_increase_across_server_restarts(
-    fenced_lock: Callable[..., LeaderLock], throwaway_pg: ThrowawayPostgres
+    fenced_lock: MakeLock, throwaway_pg: ThrowawayPostgres
 ) -> None:
     """The term is durable: after a fast and an immediate (crash-like) restart the lock
     leads again with a higher term, and a new lock continues from there."""
@@ -566,7 +558,7 @@ async def test_terms_increase_across_server_restarts(
 
 
 async def test_acquire_delay_holds_leader_back_after_the_bump(
-    fenced_lock: Callable[..., LeaderLock], fencing_table: str, admin: Admin
+    fenced_lock: MakeLock, fencing_table: str, admin: Admin
 ) -> None:
     """With ``acquire_delay_s`` the term is bumped first, then the lock stays ACQUIRING
     (no term, fence() refused) for the delay, then leads with that term."""
@@ -597,7 +589,9 @@ async def test_fencing_schema(pg_dsn: str, admin: Admin) -> None:
     lock = LeaderLock.from_name(
         unique("test-fencing"),
         pg_dsn,
-        **lock_args({**FAST, "fencing": True, "fencing_table": table, "fencing_schema": schema}),
+        **lock_args(
+            {**FENCED_TIMINGS, "fencing": True, "fencing_table": table, "fencing_schema": schema}
+        ),
     )
     try:
         term = await leads(lock)
@@ -614,7 +608,7 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
     """The threaded lock's way, with no event loop in the caller's thread:
     ``threaded.lock.fence_sync(conn)`` inside ``with conn.transaction():``."""
     table = unique("test_terms")
-    options = {**FAST, "fencing": True, "fencing_table": table}
+    options = {**FENCED_TIMINGS, "fencing": True, "fencing_table": table}
     options["retry_strategy"] = FixedInterval(10.0)  # stays a follower after step_down
     inner = LeaderLock.from_name(unique("test-fencing-threaded"), pg_dsn, **lock_args(options))
     try:
@@ -636,9 +630,9 @@ def test_threaded_lock_fences_a_sync_connection(pg_dsn: str) -> None:
 
 
 async def test_fence_needs_fencing_and_a_known_connection(
-    pg_dsn: str, fenced_lock: Callable[..., LeaderLock]
+    pg_dsn: str, fenced_lock: MakeLock
 ) -> None:
-    plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **lock_args(FAST))
+    plain = LeaderLock.from_name(unique("test-fencing-off"), pg_dsn, **lock_args(FENCED_TIMINGS))
     with pytest.raises(ConfigurationError, match="fencing=True"):
         await plain.fence(object())
     with pytest.raises(ConfigurationError, match="fencing=True"):
@@ -659,7 +653,7 @@ async def test_fence_needs_fencing_and_a_known_connection(
 
 @pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
 async def test_fence_refuses_a_sqlalchemy_autocommit_engine(
-    driver: str, pg_dsn: str, fenced_lock: Callable[..., LeaderLock]
+    driver: str, pg_dsn: str, fenced_lock: MakeLock
 ) -> None:
     """``create_async_engine(..., isolation_level="AUTOCOMMIT")``: the connections and
     sessions of that engine run every statement in its own transaction, so the fence's

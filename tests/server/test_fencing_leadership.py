@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -29,16 +28,13 @@ from pgleaderlock import (
     ThreadedLeaderLock,
 )
 from pgleaderlock.schedule import Run, Scheduler
-from support.leadership import fenced_insert, lead_again, terms_in
+from support.fixture_types import MakeLock
+from support.leadership import TIMINGS, fenced_insert, lead_again, terms_in
 from support.poll import eventually, eventually_sync
 from support.server import Admin
-from support.timings import lock_args, timings
+from support.timings import lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-FAST: dict[str, Any] = timings(
-    retry_s=0.05, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
 
 
 def unique(prefix: str) -> str:
@@ -112,7 +108,7 @@ async def test_a_leader_tasks_zombie_unit_is_fenced_after_the_lock_led_again(
     how: str,
     rival: bool,
     pg_dsn: str,
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
     work_table: str,
     admin: Admin,
 ) -> None:
@@ -172,7 +168,7 @@ async def _wait_terms(admin: Admin, table: str, expected: set[int]) -> list[int]
 
 async def test_a_scheduler_jobs_zombie_unit_is_fenced_after_the_lock_led_again(
     pg_dsn: str,
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
     work_table: str,
     admin: Admin,
 ) -> None:
@@ -219,7 +215,7 @@ async def test_a_scheduler_jobs_zombie_unit_is_fenced_after_the_lock_led_again(
 
 async def test_a_leadership_binds_its_term_to_a_block_and_its_tasks(
     pg_dsn: str,
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
     work_table: str,
     admin: Admin,
 ) -> None:
@@ -260,7 +256,7 @@ async def test_a_leadership_binds_its_term_to_a_block_and_its_tasks(
 
 
 async def test_a_lock_restarted_from_bound_work_leads_under_its_new_term(
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
 ) -> None:
     """Work bound to term T shuts the lock down and starts it again (as a give-away of
     ``LeaderTasks`` does from a leader task): the lock's own callbacks do not inherit
@@ -296,7 +292,7 @@ def test_a_thread_of_a_threaded_lock_keeps_the_term_it_began_under(
     inner = LeaderLock.from_name(
         unique("test-zombie-threaded"),
         pg_dsn,
-        **lock_args(FAST, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))),
+        **lock_args(TIMINGS, options=LockOptions(fencing=Fencing(enabled=True, table=terms_table))),
     )
     unit = Unit()
 
@@ -340,7 +336,7 @@ async def test_a_refused_fence_aborts_the_transaction_on_the_server(
     driver: str,
     moment: str,
     pg_dsn: str,
-    fenced_lock: Callable[..., LeaderLock],
+    fenced_lock: MakeLock,
     fencing_table: str,
     work_table: str,
     admin: Admin,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import psycopg
@@ -28,6 +28,7 @@ from pgleaderlock import (
     Session,
 )
 from pgleaderlock.core.leader import CHANNEL
+from support.fixture_types import LockPids
 from support.poll import eventually
 from support.server import dsn_to_url
 from support.timings import lock_args, timings
@@ -75,18 +76,19 @@ class Replica:
         self.told.append(None if info is None else info.identity)
 
 
+def participant(dsn: str, keys: tuple[int, int], options: LockOptions, **flat: Any) -> LeaderLock:
+    """A lock on ``dsn`` and ``keys`` with ``FAST``, then ``flat``, then ``options``."""
+    return LeaderLock(dsn, *keys, **lock_args({**FAST, **flat}, options=options))
+
+
 def _replicas(url: str, keys: tuple[int, int], schema: str, n: int, **kw: Any) -> list[Replica]:
     return [
         Replica(
-            LeaderLock(
+            participant(
                 url,
-                *keys,
-                **lock_args(
-                    {**FAST, **kw},
-                    options=LockOptions(
-                        participation=Participation(identity=f"r{i}", schema=schema)
-                    ),
-                ),
+                keys,
+                LockOptions(participation=Participation(identity=f"r{i}", schema=schema)),
+                **kw,
             )
         )
         for i in range(n)
@@ -100,15 +102,12 @@ async def test_every_replica_is_told_every_change(
     url = dsn_to_url(pg_dsn, scheme)
     replicas = _replicas(url, keys, schema, 3, backend=backend)
     observer = Replica(
-        LeaderLock(
+        participant(
             url,
-            *keys,
-            **lock_args(
-                FAST,
-                options=LockOptions(
-                    participation=Participation(identity="obs", eligible=False, schema=schema),
-                    session=Session(backend=backend),
-                ),
+            keys,
+            LockOptions(
+                participation=Participation(identity="obs", eligible=False, schema=schema),
+                session=Session(backend=backend),
             ),
         )
     )
@@ -166,22 +165,17 @@ async def test_a_forged_notify_changes_nothing(
     admin: psycopg.AsyncConnection[Any],
     other_role: str,
     sender: str,
-    waiters: Callable[[int, int], Awaitable[list[int]]],
+    waiters: LockPids,
 ) -> None:
     url = dsn_to_url(pg_dsn)
     # Long waits on the server: a follower is always queued for the lock, so that it is
     # granted the lock the instant the leader releases it (nobody leads in between).
     a, b = _replicas(url, keys, schema, 2, retry_strategy=FixedInterval(30.0))
     observer = Replica(
-        LeaderLock(
+        participant(
             url,
-            *keys,
-            **lock_args(
-                FAST,
-                options=LockOptions(
-                    participation=Participation(identity="obs", eligible=False, schema=schema)
-                ),
-            ),
+            keys,
+            LockOptions(participation=Participation(identity="obs", eligible=False, schema=schema)),
         )
     )
     dsn = pg_dsn if sender == "same role" else other_role
@@ -224,16 +218,13 @@ async def test_a_forged_row_is_refused(
     role = psycopg.conninfo.conninfo_to_dict(other_role)["user"]
     await admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
     url = dsn_to_url(pg_dsn)
-    lock = LeaderLock(
+    lock = participant(
         url,
-        *keys,
-        **lock_args(
-            FAST,
-            options=LockOptions(
-                participation=Participation(
-                    identity="real", metadata={"address": "real"}, schema=schema
-                )
-            ),
+        keys,
+        LockOptions(
+            participation=Participation(
+                identity="real", metadata={"address": "real"}, schema=schema
+            )
         ),
     )
     table = f"{schema}.pgleaderlock_participants"
@@ -248,10 +239,8 @@ async def test_a_forged_row_is_refused(
         assert seen.metadata == {"address": "real"}
         # From the other role (who may read the table): the same, and it cannot see
         # the leader's backend_start without pg_read_all_stats, so no metadata.
-        watcher = LeaderLock(
-            other_role,
-            *keys,
-            **lock_args(FAST, options=LockOptions(participation=Participation(schema=schema))),
+        watcher = participant(
+            other_role, keys, LockOptions(participation=Participation(schema=schema))
         )
         theirs = await watcher.leader()
         assert theirs is not None
@@ -273,16 +262,13 @@ async def test_same_role_forgery_is_refused(
     role = psycopg.conninfo.conninfo_to_dict(other_role)["user"]
     table = f"{schema}.pgleaderlock_participants"
     await admin.execute(f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {role}")
-    lock = LeaderLock(
+    lock = participant(
         other_role,
-        *keys,
-        **lock_args(
-            FAST,
-            options=LockOptions(
-                participation=Participation(
-                    identity="real", metadata={"address": "real"}, schema=schema
-                )
-            ),
+        keys,
+        LockOptions(
+            participation=Participation(
+                identity="real", metadata={"address": "real"}, schema=schema
+            )
         ),
     )
     try:

@@ -32,34 +32,14 @@ async def _status(pg_dsn: str, *args: str) -> tuple[int, str, str]:
 async def test_status_shows_metadata_and_observers(pg_dsn: str, schema: str) -> None:
     name = f"status-leader-{uuid.uuid4().hex[:8]}"
     common: dict[str, Any] = {"participants_schema": schema, **FAST}
-    leader = LeaderLock.from_name(
-        name,
-        pg_dsn,
-        **lock_args(
-            common,
-            options=LockOptions(
-                participation=Participation(identity="web-1", metadata={"address": "http://web-1"})
-            ),
-        ),
-    )
-    follower = LeaderLock.from_name(
-        name,
-        pg_dsn,
-        **lock_args(
-            common,
-            options=LockOptions(
-                participation=Participation(identity="web-2", metadata={"address": "http://web-2"})
-            ),
-        ),
-    )
-    observer = LeaderLock.from_name(
-        name,
-        pg_dsn,
-        **lock_args(
-            common,
-            options=LockOptions(participation=Participation(identity="dash", eligible=False)),
-        ),
-    )
+
+    def member(participation: Participation) -> LeaderLock:
+        options = LockOptions(participation=participation)
+        return LeaderLock.from_name(name, pg_dsn, **lock_args(common, options=options))
+
+    leader = member(Participation(identity="web-1", metadata={"address": "http://web-1"}))
+    follower = member(Participation(identity="web-2", metadata={"address": "http://web-2"}))
+    observer = member(Participation(identity="dash", eligible=False))
     observer.on_leader_changed(lambda info: None)
     try:
         await leader.start()

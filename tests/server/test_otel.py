@@ -5,7 +5,7 @@ histograms that move under a failover (a terminated backend) and a hand-over."""
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from opentelemetry.trace import StatusCode
 
 from pgleaderlock import Fencing, LeaderLock, LockOptions, LockState
 from pgleaderlock.plugins.otel import SPAN_NAME, OpenTelemetryPlugin
+from support.fixture_types import Terminate
 from support.locks import kept
 from support.poll import eventually
 from support.timings import lock_args, timings
@@ -79,7 +80,7 @@ def _events(span: ReadableSpan) -> list[str]:
 async def test_leadership_spans_and_metrics_through_a_failover_and_a_hand_over(
     pg_dsn: str,
     telemetry: Telemetry,
-    terminate: Callable[[int | None], Awaitable[None]],
+    terminate: Terminate,
     figures: Callable[..., None],
 ) -> None:
     """Two locks on one name (fencing on): the leader's backend is terminated, the

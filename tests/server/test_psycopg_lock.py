@@ -8,7 +8,6 @@ for psycopg, asyncpg and SQLAlchemy alike.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -20,12 +19,13 @@ from pgleaderlock import (
     LockState,
 )
 from pgleaderlock.backends import psycopg as psycopg_backend
+from support.fixture_types import LockPids, MakeRecorder
 from support.poll import eventually
 from support.server import Admin, driver_connection
 from support.timings import lock_args, timings
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 S = LockState
 pytestmark = pytest.mark.timeout(60)
@@ -41,7 +41,7 @@ async def test_one_hold_after_long_leadership(
     pg_dsn: str,
     keys: tuple[int, int],
     admin: Admin,
-    holders: Callable[[int, int], Awaitable[list[int]]],
+    holders: LockPids,
 ) -> None:
     """Health probes never re-acquire: one unlock frees the lock after many probes."""
     lock = make(pg_dsn, keys, health_interval_s=0.01, auto_reacquire=False)
@@ -98,7 +98,7 @@ async def test_dsn_options_are_kept(pg_dsn: str) -> None:
 
 
 async def test_pooled_connection_is_refused(
-    pg_dsn: str, keys: tuple[int, int], recorder: Callable[[LeaderLock], Recorder]
+    pg_dsn: str, keys: tuple[int, int], recorder: MakeRecorder
 ) -> None:
     class FakePooled(psycopg.AsyncConnection[Any]):
         pass

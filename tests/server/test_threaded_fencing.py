@@ -27,13 +27,10 @@ from pgleaderlock import (
 )
 from pgleaderlock.backends import key_to_oid
 from support.poll import eventually_sync
-from support.timings import lock_args, timings
+from support.timings import FENCED_TIMINGS, lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-FAST: dict[str, Any] = timings(
-    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
-)
 BOUND_S = 10.0
 
 
@@ -64,7 +61,7 @@ def threaded_lock(
     made: list[ThreadedLeaderLock] = []
 
     def make(**kwargs: Any) -> ThreadedLeaderLock:
-        options = {**FAST, "fencing": True, "fencing_table": tables[0], **kwargs}
+        options = {**FENCED_TIMINGS, "fencing": True, "fencing_table": tables[0], **kwargs}
         lock = ThreadedLeaderLock(LeaderLock.from_name(name, pg_dsn, **lock_args(options)))
         made.append(lock)
         return lock

@@ -11,10 +11,14 @@ import psycopg
 from pgleaderlock import LeaderLock
 from support.poll import eventually
 from support.server import lock_holders
+from support.timings import timings
 
-__all__ = ["fenced_insert", "lead_again", "queued", "terms_in"]
+__all__ = ["TIMINGS", "fenced_insert", "lead_again", "queued", "terms_in"]
 
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
+
+TIMINGS = timings(retry_s=0.05, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False)
+"""The fencing locks' timings in these tests."""
 
 
 async def queued(admin: Admin, lock: LeaderLock) -> None:

@@ -10,6 +10,7 @@ from typing import Any, ParamSpec
 
 from pgleaderlock import LeaderLock
 from pgleaderlock.testing.fake import FakeServer
+from support.fixture_types import MakeLock
 from support.timings import lock_args, timings
 
 __all__ = ["FAKE_TIMINGS", "fake_locks", "kept"]
@@ -56,7 +57,7 @@ async def fake_locks(
     server: FakeServer,
     connect: Callable[[], Awaitable[Any]] | None = None,
     **defaults: Any,
-) -> AsyncIterator[Callable[..., LeaderLock]]:
+) -> AsyncIterator[MakeLock]:
     """``make(**kwargs)``: a lock on ``server`` (keys 1, 2) with ``FAKE_TIMINGS``, then
     ``defaults``, then ``kwargs`` (flat settings or ``options=``: ``lock_args``); its sessions come from ``connect`` if given. On leaving,
     hung calls are released, every lock is shut down and no session may be left open."""

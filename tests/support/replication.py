@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 import psycopg
 
 from pgleaderlock.testing.postgres import ThrowawayPostgres
+from support.poll import eventually_sync
 from support.started import Started
 
 __all__ = ["Endpoint", "PrimaryStandby", "multi_host_dsn"]
@@ -225,19 +226,13 @@ class PrimaryStandby(Started):
             TimeoutError: Not streaming within ``timeout_s``.
         """
         began = time.monotonic()
-        deadline = began + timeout_s
         with _connect(self.standby_dsn) as standby:
             if _scalar(standby, "SELECT pg_is_in_recovery()") is not True:
                 raise RuntimeError("the standby is not in recovery")
         with _connect(self.primary_dsn) as primary:
             sql = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
-            while _scalar(primary, sql) == 0:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"the standby was not streaming within {timeout_s} s "
-                        f"(standby log {self.standby.log_path})"
-                    )
-                time.sleep(0.01)
+            what = f"the standby streaming (standby log {self.standby.log_path})"
+            eventually_sync(lambda: _scalar(primary, sql) != 0, timeout_s, what, poll_s=0.01)
         return time.monotonic() - began
 
     def wait_caught_up(self, timeout_s: float = 10.0) -> float:
@@ -257,15 +252,14 @@ class PrimaryStandby(Started):
             TimeoutError: Not replayed within ``timeout_s``.
         """
         began = time.monotonic()
-        deadline = began + timeout_s
         with _connect(self.primary_dsn) as primary:
             target = _scalar(primary, "SELECT pg_current_wal_insert_lsn()::text")
         with _connect(self.standby_dsn) as standby:
             sql = "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
-            while _scalar(standby, sql, (target,)) is not True:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"the standby did not replay up to {target} in time")
-                time.sleep(_POLL_S)
+            what = f"the standby replaying up to {target}"
+            eventually_sync(
+                lambda: _scalar(standby, sql, (target,)) is True, timeout_s, what, _POLL_S
+            )
         return time.monotonic() - began
 
     # ------------------------------------------------------------------ faults

@@ -23,7 +23,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -70,26 +70,34 @@ class Database:
 
     @classmethod
     @contextlib.contextmanager
-    def made(cls, pg: ThrowawayPostgres) -> Iterator[Database]:
+    def fresh(cls, pg: ThrowawayPostgres) -> Iterator[Self]:
+        """A new, empty database of ``pg`` (not migrated); dropped afterwards."""
         name = f"db_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}".encode())
-        database = cls(pg, name)
-        database.run(f"GRANT CREATE ON DATABASE {name} TO owner")
-        database.run(setup_sql(SCHEMA, "app"), role="owner")
-        database.run(setup_sql(SCHEMA, "attacker"), role="owner")
         try:
-            yield database
+            yield cls(pg, name)
         finally:
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 conn.execute(f"DROP DATABASE {name} WITH (FORCE)".encode())
 
+    @classmethod
+    @contextlib.contextmanager
+    def made(cls, pg: ThrowawayPostgres) -> Iterator[Self]:
+        """A ``fresh`` database, migrated for ``app`` and ``attacker`` by ``owner``."""
+        with cls.fresh(pg) as database:
+            database.run(f"GRANT CREATE ON DATABASE {database.name} TO owner")
+            database.run(setup_sql(SCHEMA, "app"), role="owner")
+            database.run(setup_sql(SCHEMA, "attacker"), role="owner")
+            yield database
+
     def dsn(self, role: str = "postgres") -> str:
         return make_conninfo(self.pg.dsn, dbname=self.name, user=role)
 
-    def run(self, statements: str, role: str = "postgres") -> None:
+    def run(self, sql: str, *params: Any, role: str = "postgres") -> int:
+        """Run ``sql`` (with ``params``, if any) as ``role``; how many rows it touched."""
         with psycopg.connect(self.dsn(role), autocommit=True) as conn:
-            conn.execute(statements.encode())
+            return conn.execute(sql.encode(), params or None).rowcount
 
     def value(self, query: str, *params: object) -> Any:
         with psycopg.connect(self.dsn(), autocommit=True) as conn:

@@ -9,7 +9,7 @@ from typing import Any
 from pgleaderlock import FixedInterval
 from pgleaderlock.core.options import DEPRECATED_KEYWORDS, old_keywords, options_from_keywords
 
-__all__ = ["FAULT_TIMINGS", "lock_args", "timings"]
+__all__ = ["FAULT_TIMINGS", "FENCED_TIMINGS", "lock_args", "timings"]
 
 
 def lock_args(*layers: Mapping[str, Any], **settings: Any) -> dict[str, Any]:
@@ -60,3 +60,10 @@ FAULT_TIMINGS = timings(
     load_plugins=False,
 )
 """Timings of fault runs: demotion bound D = 1 s, tcp_user_timeout U = 2 s."""
+
+
+FENCED_TIMINGS = timings(
+    retry_s=0.02, health_interval_s=0.1, command_timeout_s=5.0, load_plugins=False
+)
+"""Timings of fencing locks on the shared server (``fenced_lock``, tests/server's fencing
+tests): ``command_timeout_s`` bounds the term bump, which may wait for fenced work."""

@@ -4,14 +4,13 @@ what a LeaderLock makes of the fake server's scripted answers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import pytest
 
 from pgleaderlock import (
     ConnectionError,
-    LeaderLock,
     LockSession,
     LockState,
     StandbyError,
@@ -30,11 +29,12 @@ from pgleaderlock.backends import (
 from pgleaderlock.core.session import SetupSession, TransportSession
 from pgleaderlock.core.tables import TermTable
 from pgleaderlock.testing import FakeServer, FakeSession
+from support.fixture_types import MakeLock, MakeRecorder
 from support.locks import fake_locks
 from support.poll import eventually
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
@@ -43,7 +43,7 @@ TERMS = TermTable()
 
 
 @pytest.fixture
-async def make(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
+async def make(server: FakeServer) -> AsyncIterator[MakeLock]:
     async with fake_locks(server, load_plugins=False, health_interval_s=0.05) as make_lock:
         yield make_lock
 
@@ -80,8 +80,8 @@ async def test_a_fake_session_has_every_capability_a_lock_uses(server: FakeServe
 
 
 async def test_a_lock_configures_its_sessions_and_refuses_a_standby(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make(application_name="billing-leader")

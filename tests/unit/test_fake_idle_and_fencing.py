@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.core import SessionSlot, run_on_session
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
 from support.locks import fake_locks
 from support.poll import eventually
 
@@ -38,8 +39,8 @@ class Fake:
     """What each test here uses: ``make(**kwargs)`` a lock (keys 1, 2) on ``server``,
     probing every 50 ms; ``recorder(lock)`` its callbacks."""
 
-    make: Callable[..., LeaderLock]
-    recorder: Callable[[LeaderLock], Recorder]
+    make: MakeLock
+    recorder: MakeRecorder
     server: FakeServer
 
     async def leader(self, **kwargs: Any) -> tuple[LeaderLock, Recorder]:
@@ -51,9 +52,7 @@ class Fake:
 
 
 @pytest.fixture
-async def fake(
-    server: FakeServer, recorder: Callable[[LeaderLock], Recorder]
-) -> AsyncIterator[Fake]:
+async def fake(server: FakeServer, recorder: MakeRecorder) -> AsyncIterator[Fake]:
     """The locks are shut down after the test, which leaves no session open."""
     async with fake_locks(server, load_plugins=False, **TIMINGS) as make_lock:
         yield Fake(make_lock, recorder, server)

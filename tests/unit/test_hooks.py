@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,10 +15,11 @@ from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.core import hooks
 from pgleaderlock.core.hooks import hookimpl
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
 from support.poll import eventually
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 S = LockState
 
@@ -50,7 +51,7 @@ class Collector:
         self.log.append(f"{self.tag}:stopped:{lock.state.value}")
 
 
-async def test_plugin_sees_lifecycle_with_the_lock(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_plugin_sees_lifecycle_with_the_lock(make_lock: MakeLock) -> None:
     log: list[str] = []
     lock = make_lock()
     lock.plugins.register(Collector(log))
@@ -70,7 +71,7 @@ async def test_plugin_sees_lifecycle_with_the_lock(make_lock: Callable[..., Lead
 
 
 async def test_callbacks_and_plugins_run_in_registration_order(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
 ) -> None:
     log: list[str] = []
     lock = make_lock()
@@ -91,7 +92,7 @@ async def test_callbacks_and_plugins_run_in_registration_order(
 
 
 async def test_failing_plugin_never_stops_others_or_the_lock(
-    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+    make_lock: MakeLock, recorder: MakeRecorder
 ) -> None:
     log: list[str] = []
     errors: list[Exception] = []
@@ -120,9 +121,7 @@ async def test_failing_plugin_never_stops_others_or_the_lock(
     assert lock.is_leader
 
 
-async def test_acquire_failed_carries_the_attempt(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_acquire_failed_carries_the_attempt(make_lock: MakeLock, server: FakeServer) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     log: list[str] = []
@@ -138,7 +137,7 @@ async def test_acquire_failed_carries_the_attempt(
     await holder.close()
 
 
-def test_unknown_hook_argument_is_rejected(make_lock: Callable[..., LeaderLock]) -> None:
+def test_unknown_hook_argument_is_rejected(make_lock: MakeLock) -> None:
     class Wrong:
         @hookimpl
         def pgleaderlock_acquired(self, nonsense: int) -> None: ...
@@ -176,7 +175,7 @@ def entry_point_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
 
 
 async def test_entry_point_plugins_are_loaded_for_every_lock(
-    entry_point_plugin: None, make_lock: Callable[..., LeaderLock]
+    entry_point_plugin: None, make_lock: MakeLock
 ) -> None:
     import demo_plugin_mod  # type: ignore[import-not-found]
 
@@ -188,7 +187,7 @@ async def test_entry_point_plugins_are_loaded_for_every_lock(
 
 
 async def test_autoload_can_be_disabled(
-    entry_point_plugin: None, make_lock: Callable[..., LeaderLock], monkeypatch: pytest.MonkeyPatch
+    entry_point_plugin: None, make_lock: MakeLock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert make_lock(load_plugins=False).plugins.get_plugin("demo") is None
     monkeypatch.setenv(hooks.AUTOLOAD_ENV, "1")

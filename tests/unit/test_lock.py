@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,19 +22,20 @@ from pgleaderlock import (
     ShutdownError,
 )
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
 from support.poll import eventually
 from support.timings import lock_args
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
 
 
 async def test_single_lock_becomes_leader(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock()
@@ -57,8 +57,8 @@ async def test_single_lock_becomes_leader(
 
 
 async def test_two_locks_one_leader(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     a, b = make_lock(), make_lock()
@@ -73,9 +73,7 @@ async def test_two_locks_one_leader(
     assert server.hold_count(1, 2) == 1
 
 
-async def test_health_probes_never_reacquire(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_health_probes_never_reacquire(make_lock: MakeLock, server: FakeServer) -> None:
     """The lock is held once, however long the leadership lasts (docs/guarantees.md:
     never re-acquire while leader)."""
     lock = make_lock()
@@ -88,8 +86,8 @@ async def test_health_probes_never_reacquire(
 
 
 async def test_terminated_leader_loses_and_follower_takes_over(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     a, b = make_lock(), make_lock()
@@ -105,8 +103,8 @@ async def test_terminated_leader_loses_and_follower_takes_over(
 
 
 async def test_probe_checks_this_session_holds_the_lock(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     """A session that answers but no longer holds the lock is not a leader."""
@@ -123,8 +121,8 @@ async def test_probe_checks_this_session_holds_the_lock(
 
 
 async def test_flap_damping_recovers_silently(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(reconnect_grace_s=5.0)
@@ -141,8 +139,8 @@ async def test_flap_damping_recovers_silently(
 
 
 async def test_is_leader_false_during_reconnecting(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(reconnect_grace_s=5.0)
@@ -163,8 +161,8 @@ async def test_is_leader_false_during_reconnecting(
 
 
 async def test_grace_reacquire_failed_when_someone_else_got_it(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     a = make_lock(reconnect_grace_s=5.0)
@@ -184,8 +182,8 @@ async def test_grace_reacquire_failed_when_someone_else_got_it(
 
 
 async def test_grace_expires(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(reconnect_grace_s=0.2)
@@ -202,8 +200,8 @@ async def test_grace_expires(
 
 
 async def test_no_auto_reacquire_stops_after_loss(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(auto_reacquire=False)
@@ -216,8 +214,8 @@ async def test_no_auto_reacquire_stops_after_loss(
 
 
 async def test_step_down_hands_over(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     a, b = make_lock(retry_strategy=FixedInterval(0.3)), make_lock()
@@ -233,7 +231,7 @@ async def test_step_down_hands_over(
 
 
 async def test_step_down_without_auto_reacquire_stops(
-    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+    make_lock: MakeLock, recorder: MakeRecorder
 ) -> None:
     lock = make_lock(auto_reacquire=False)
     rec = recorder(lock)
@@ -245,7 +243,7 @@ async def test_step_down_without_auto_reacquire_stops(
 
 
 async def test_step_down_when_not_leader_returns_at_once(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     a, b = make_lock(), make_lock()
     await a.start()
@@ -258,8 +256,8 @@ async def test_step_down_when_not_leader_returns_at_once(
 
 
 async def test_step_down_timeout_cycles_the_connection(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(command_timeout_s=30)
@@ -278,8 +276,8 @@ async def test_step_down_timeout_cycles_the_connection(
 
 
 async def test_failed_unlock_in_step_down_continues_as_follower(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock()
@@ -294,8 +292,8 @@ async def test_failed_unlock_in_step_down_continues_as_follower(
 
 
 async def test_shutdown_is_idempotent_and_releases(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock()
@@ -312,9 +310,7 @@ async def test_shutdown_is_idempotent_and_releases(
     assert server.open_sessions == []
 
 
-async def test_restart_after_shutdown(
-    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
-) -> None:
+async def test_restart_after_shutdown(make_lock: MakeLock, recorder: MakeRecorder) -> None:
     lock = make_lock()
     rec = recorder(lock)
     for _ in range(2):
@@ -324,7 +320,7 @@ async def test_restart_after_shutdown(
     assert rec.names() == ["acquired", "released", "stopped"] * 2
 
 
-async def test_context_manager(make_lock: Callable[..., LeaderLock], server: FakeServer) -> None:
+async def test_context_manager(make_lock: MakeLock, server: FakeServer) -> None:
     lock = make_lock()
     async with lock as entered:
         assert entered is lock
@@ -334,7 +330,7 @@ async def test_context_manager(make_lock: Callable[..., LeaderLock], server: Fak
 
 
 async def test_context_manager_shuts_down_on_exception(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     lock = make_lock()
     with pytest.raises(RuntimeError, match="user code failed"):
@@ -346,7 +342,7 @@ async def test_context_manager_shuts_down_on_exception(
 
 
 async def test_callbacks_order_sync_async_and_errors(
-    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+    make_lock: MakeLock, recorder: MakeRecorder
 ) -> None:
     lock = make_lock()
     rec = recorder(lock)
@@ -381,7 +377,7 @@ async def test_callbacks_order_sync_async_and_errors(
 
 
 async def test_failing_error_callback_is_only_logged(
-    make_lock: Callable[..., LeaderLock], caplog: pytest.LogCaptureFixture
+    make_lock: MakeLock, caplog: pytest.LogCaptureFixture
 ) -> None:
     lock = make_lock()
     seen: list[BaseException] = []
@@ -404,8 +400,8 @@ async def test_failing_error_callback_is_only_logged(
 
 
 async def test_connection_refused_is_retried_with_on_error(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     server.refuse_connections = ConnectionError("could not connect")
@@ -421,8 +417,8 @@ async def test_connection_refused_is_retried_with_on_error(
 
 
 async def test_db_error_while_acquiring_reports_error_not_lost(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock()
@@ -435,8 +431,8 @@ async def test_db_error_while_acquiring_reports_error_not_lost(
 
 
 async def test_db_error_while_acquiring_without_auto_reacquire_stops(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(auto_reacquire=False)
@@ -448,8 +444,8 @@ async def test_db_error_while_acquiring_without_auto_reacquire_stops(
 
 
 async def test_retry_strategy_giving_up_stops(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     class TwoTries:
@@ -474,8 +470,8 @@ async def test_retry_strategy_giving_up_stops(
 
 
 async def test_non_retryable_error_stops(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock()
@@ -487,8 +483,8 @@ async def test_non_retryable_error_stops(
 
 
 async def test_interrupted_try_lock_closes_the_session(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     """A try_lock whose reply never came may have been granted: never reuse that session."""
@@ -506,7 +502,7 @@ async def test_interrupted_try_lock_closes_the_session(
 
 
 async def test_shutdown_interrupts_a_hanging_try_lock(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     server.hang("try_lock", grant_first=True)
     lock = make_lock(command_timeout_s=60)
@@ -520,7 +516,7 @@ async def test_shutdown_interrupts_a_hanging_try_lock(
 
 
 async def test_shutdown_interrupts_a_hanging_connect(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     server.hang("connect")
     lock = make_lock(connect_timeout_s=60)
@@ -532,9 +528,9 @@ async def test_shutdown_interrupts_a_hanging_connect(
 
 
 async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
     server: FakeServer,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     lock = make_lock()
     rec = recorder(lock)
@@ -555,7 +551,7 @@ async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(
 
 
 async def test_shutdown_from_a_callback_does_not_deadlock(
-    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
+    make_lock: MakeLock, recorder: MakeRecorder
 ) -> None:
     lock = make_lock()
     rec = recorder(lock)
@@ -569,9 +565,7 @@ async def test_shutdown_from_a_callback_does_not_deadlock(
     assert rec.names() == ["acquired", "released", "stopped"]
 
 
-async def test_external_shutdown_event(
-    make_lock: Callable[..., LeaderLock], recorder: Callable[[LeaderLock], Recorder]
-) -> None:
+async def test_external_shutdown_event(make_lock: MakeLock, recorder: MakeRecorder) -> None:
     event = asyncio.Event()
     lock = make_lock(shutdown_event=event)
     rec = recorder(lock)
@@ -583,8 +577,8 @@ async def test_external_shutdown_event(
 
 
 async def test_external_shutdown_event_while_following(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     holder = await server.connect()
@@ -599,9 +593,7 @@ async def test_external_shutdown_event_while_following(
     await holder.close()
 
 
-async def test_wait_for_leadership(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_wait_for_leadership(make_lock: MakeLock, server: FakeServer) -> None:
     lock = make_lock()
     assert await lock.wait_for_leadership(0.05) is False  # not started
     holder = await server.connect()
@@ -613,7 +605,7 @@ async def test_wait_for_leadership(
 
 
 async def test_wait_for_leadership_returns_false_when_stopped(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
+    make_lock: MakeLock, server: FakeServer
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
@@ -627,9 +619,7 @@ async def test_wait_for_leadership_returns_false_when_stopped(
     await holder.close()
 
 
-async def test_concurrent_start_shutdown_step_down(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_concurrent_start_shutdown_step_down(make_lock: MakeLock, server: FakeServer) -> None:
     locks = [make_lock() for _ in range(3)]
     for _ in range(5):
         await asyncio.gather(*(lock.start() for lock in locks), *(lock.start() for lock in locks))
@@ -644,9 +634,7 @@ async def test_concurrent_start_shutdown_step_down(
         assert server.open_sessions == []
 
 
-async def test_step_down_racing_shutdown(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_step_down_racing_shutdown(make_lock: MakeLock, server: FakeServer) -> None:
     lock = make_lock()
     await lock.start()
     assert await lock.wait_for_leadership(5)
@@ -655,9 +643,7 @@ async def test_step_down_racing_shutdown(
     assert server.open_sessions == []
 
 
-async def test_mutual_exclusion_among_many(
-    make_lock: Callable[..., LeaderLock], server: FakeServer
-) -> None:
+async def test_mutual_exclusion_among_many(make_lock: MakeLock, server: FakeServer) -> None:
     locks = [make_lock() for _ in range(5)]
     leaders_seen: list[int] = []
     for i, lock in enumerate(locks):
@@ -671,7 +657,7 @@ async def test_mutual_exclusion_among_many(
     assert len(leaders_seen) >= 4
 
 
-async def test_repr_shows_state(make_lock: Callable[..., LeaderLock]) -> None:
+async def test_repr_shows_state(make_lock: MakeLock) -> None:
     lock = make_lock()
     assert repr(lock) == "<LeaderLock keys=(1, 2) state=stopped>"
     named = LeaderLock.from_name("jobs", dsn="postgresql://x@h/db")
@@ -679,8 +665,8 @@ async def test_repr_shows_state(make_lock: Callable[..., LeaderLock]) -> None:
 
 
 async def test_lock_not_held_error_reported_when_flap_damping_off(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -741,8 +727,8 @@ def test_configuration_error_is_a_value_error() -> None:
 
 
 async def test_waiting_follower_takes_over_at_once(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     a = make_lock()
@@ -755,8 +741,8 @@ async def test_waiting_follower_takes_over_at_once(
 
 
 async def test_polling_follower_waits_for_its_next_attempt(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     a = make_lock()
@@ -769,8 +755,8 @@ async def test_polling_follower_waits_for_its_next_attempt(
 
 
 async def test_each_wait_without_the_lock_is_a_failed_attempt(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     holder = await server.connect()
@@ -795,8 +781,8 @@ async def test_each_wait_without_the_lock_is_a_failed_attempt(
 
 
 async def test_connection_failures_sleep_instead_of_waiting(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     server.refuse_connections = ConnectionError("down")
@@ -809,8 +795,8 @@ async def test_connection_failures_sleep_instead_of_waiting(
 
 
 async def test_shutdown_while_waiting_leaves_no_waiter(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     holder = await server.connect()
@@ -828,8 +814,8 @@ async def test_shutdown_while_waiting_leaves_no_waiter(
 
 
 async def test_idle_session_watch_detects_termination_at_once(
-    make_lock: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
 ) -> None:
     lock = make_lock(health_interval_s=60)  # the periodic probe would come far too late

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -14,9 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from pgleaderlock import ConnectionError, LeaderLock, LockOptions, LockState
 from pgleaderlock.plugins.metrics import MetricsPlugin
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -51,7 +51,7 @@ def state_of(registry: CollectorRegistry, lock: str = "1,2") -> str:
 
 
 async def test_leader_lifecycle_is_counted(
-    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
+    make_lock: MakeLock, registry: CollectorRegistry
 ) -> None:
     lock = make_lock()
     lock.plugins.register(MetricsPlugin(registry))
@@ -85,7 +85,7 @@ async def test_leader_lifecycle_is_counted(
 
 
 async def test_time_as_leader_is_live_and_accumulates(
-    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
+    make_lock: MakeLock, registry: CollectorRegistry
 ) -> None:
     clock = FakeClock()
     lock = make_lock()
@@ -112,10 +112,10 @@ async def test_time_as_leader_is_live_and_accumulates(
 
 
 async def test_attempts_and_failures_under_contention(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
     server: FakeServer,
     registry: CollectorRegistry,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
@@ -139,10 +139,10 @@ async def test_attempts_and_failures_under_contention(
 
 
 async def test_loss_and_errors_are_counted(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
     server: FakeServer,
     registry: CollectorRegistry,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     lock = make_lock()
     rec = recorder(lock)
@@ -169,7 +169,7 @@ async def test_loss_and_errors_are_counted(
 
 
 async def test_one_plugin_many_locks_labelled_by_name(
-    make_lock: Callable[..., LeaderLock], server: FakeServer, registry: CollectorRegistry
+    make_lock: MakeLock, server: FakeServer, registry: CollectorRegistry
 ) -> None:
     plugin = MetricsPlugin(registry)
     named = make_lock(name="billing-scheduler")
@@ -194,7 +194,7 @@ async def test_one_plugin_many_locks_labelled_by_name(
 
 
 async def test_locks_that_share_a_label_add_up(
-    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
+    make_lock: MakeLock, registry: CollectorRegistry
 ) -> None:
     plugin = MetricsPlugin(registry)
     for _ in range(2):  # one after the other: the second takes the lock the first let go
@@ -210,9 +210,9 @@ async def test_locks_that_share_a_label_add_up(
 
 
 async def test_concurrent_locks_with_one_name_add_up_and_never_overwrite(
-    make_lock: Callable[..., LeaderLock],
+    make_lock: MakeLock,
     registry: CollectorRegistry,
-    recorder: Callable[[LeaderLock], Recorder],
+    recorder: MakeRecorder,
 ) -> None:
     """Two live locks named alike, one leader and one follower: the gauges count both
     (the follower's events do not hide the leader), the counters are their sums."""
@@ -254,9 +254,7 @@ async def test_concurrent_locks_with_one_name_add_up_and_never_overwrite(
     assert value(registry, "pgleaderlock_leader_seconds_total", "shared") == 5.0
 
 
-async def test_exposition_reads_well(
-    make_lock: Callable[..., LeaderLock], registry: CollectorRegistry
-) -> None:
+async def test_exposition_reads_well(make_lock: MakeLock, registry: CollectorRegistry) -> None:
     lock = make_lock(name="nightly-report")
     lock.plugins.register(MetricsPlugin(registry))
     await lock.start()

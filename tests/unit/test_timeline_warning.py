@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderLock
+from pgleaderlock import FixedInterval
 from pgleaderlock.core.timeline import timeline_change, timeline_of
 from pgleaderlock.lowlevel import BumpedTerm
 from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
 from support.locks import fake_locks
 
 if TYPE_CHECKING:
-    from conftest import Recorder
+    pass
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,7 +36,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def make(server: FakeServer) -> AsyncIterator[Callable[..., LeaderLock]]:
+async def make(server: FakeServer) -> AsyncIterator[MakeLock]:
     async with fake_locks(
         server, load_plugins=False, health_interval_s=0.05, health_timeout_s=0.2
     ) as make_lock:
@@ -67,8 +68,8 @@ def test_the_change_is_read_from_the_terms_timelines() -> None:
 
 
 async def test_a_lock_leading_on_a_new_timeline_warns_once(
-    make: Callable[..., LeaderLock],
-    recorder: Callable[[LeaderLock], Recorder],
+    make: MakeLock,
+    recorder: MakeRecorder,
     server: FakeServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -97,7 +98,7 @@ async def test_a_lock_leading_on_a_new_timeline_warns_once(
 
 
 async def test_another_process_leading_after_the_failover_warns_from_the_row(
-    make: Callable[..., LeaderLock],
+    make: MakeLock,
     server: FakeServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
