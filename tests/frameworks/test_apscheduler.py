@@ -507,7 +507,10 @@ async def test_catch_up_of_the_slots_nobody_ran(
     assert all(rows[s] == "done" for s in caught), rows
     # A run that the scheduler's shutdown cancelled stays running; the next leader
     # records it lost (interrupted="lost").
-    assert all(rows[s] in ("done", "lost") for s in slots), rows
+    assert all(rows[s] in ("done", "lost") for s in slots[:before]), rows
+    # The second leadership's last runs may be cut by the shutdown that ends the test
+    # (their finish needs the lock's session): no next leader has recorded them lost.
+    assert all(rows[s] in ("done", "running") for s in slots[before:]), rows
 
 
 async def query_ledger(pg_dsn: str, schedule: str) -> list[tuple[Any, ...]]:

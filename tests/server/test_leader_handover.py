@@ -141,7 +141,13 @@ async def test_a_preferred_candidate_takes_over_once(candidates: Candidates) -> 
     await asyncio.sleep(0.5)  # room for a wrong second move, if there were one
     assert candidates.acquired == ["low", "high"]
     await eventually(lambda: told[-1:] == ["high"])
-    assert [t for t in told if t is not None] == ["low", "high"]
+    # Who leads, as an observer reads it: "low", then "high". While "mid" (first in the
+    # server's queue) passes the reserved grant on, a read can catch it holding the lock
+    # for that moment; it never announces (``acquired`` above).
+    seen = [t for t in told if t is not None]
+    assert seen[0] == "low"
+    assert seen[-1] == "high"
+    assert set(seen) <= {"low", "mid", "high"}
 
 
 async def test_equal_priorities_never_hand_over(candidates: Candidates) -> None:
