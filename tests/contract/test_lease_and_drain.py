@@ -192,7 +192,10 @@ async def test_a_drain_ends_after_drain_s(
     await lock.shutdown(timeout_s=10)
     assert cancelled.is_set()
     assert True in draining_seen
-    assert draining_seen[-1]  # it was cancelled while the lock drained
+    # It was cancelled when the drain ended: about drain_s (0.5 s) of 50 ms turns after
+    # it first saw the drain, not a loop that went on. (Its very last turn may already
+    # see the drain over: the flag falls as the drain ends, the cancel lands next.)
+    assert len(draining_seen) - draining_seen.index(True) <= 40
     assert rec.names()[-2:] == ["released", "stopped"]
     await tasks.close()
 
