@@ -272,6 +272,7 @@ async def _wait_or_stop(
     finally:
         for future in (exited, requested):
             future.cancel()
+        await asyncio.gather(exited, requested, return_exceptions=True)
 
 
 async def _serve(
