@@ -1,0 +1,243 @@
+"""LeaderLock's errors on the in-memory FakeServer: callbacks and their errors, database
+errors while acquiring, retry strategies that give up, and bad input refused before any
+I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from pgleaderlock import (
+    ConfigurationError,
+    ConnectionError,
+    LeaderLock,
+    LockNotHeldError,
+    LockState,
+    RetryContext,
+    SessionNotDedicatedError,
+)
+from pgleaderlock.testing import FakeServer
+from support.fixture_types import MakeLock, MakeRecorder
+from support.timings import lock_args
+
+S = LockState
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_callbacks_order_sync_async_and_errors(
+    make_lock: MakeLock, recorder: MakeRecorder
+) -> None:
+    lock = make_lock()
+    rec = recorder(lock)
+    calls: list[str] = []
+
+    @lock.on_acquired
+    def first() -> None:
+        calls.append("first")
+
+    @lock.on_acquired
+    async def second() -> None:
+        await asyncio.sleep(0)  # kept: an async callback that really yields
+        calls.append("second")
+
+    @lock.on_acquired
+    def broken() -> None:
+        raise ValueError("callback bug")
+
+    @lock.on_acquired
+    def fourth() -> None:
+        calls.append("fourth")
+
+    assert first.__name__ == "first"  # decorators return the function unchanged
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await rec.wait_event("error")
+    assert calls == ["first", "second", "fourth"]
+    errors = rec.errors()
+    assert len(errors) == 1
+    assert isinstance(errors[0], ValueError)
+    assert lock.is_leader  # never fatal
+
+
+async def test_failing_error_callback_is_only_logged(
+    make_lock: MakeLock, caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = make_lock()
+    seen: list[BaseException] = []
+
+    @lock.on_error
+    def bad_handler(exc: Exception) -> None:
+        seen.append(exc)
+        raise RuntimeError("handler bug")
+
+    @lock.on_acquired
+    def boom() -> None:
+        raise ValueError("x")
+
+    with caplog.at_level(logging.ERROR, logger="pgleaderlock"):
+        await lock.start()
+        assert await lock.wait_for_leadership(5)
+    assert len(seen) == 1
+    assert "callback_failed" in caplog.text
+    assert lock.is_leader
+
+
+async def test_connection_refused_is_retried_with_on_error(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    server.refuse_connections = ConnectionError("could not connect")
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("error", count=3)
+    assert lock.state in (S.FOLLOWER,)
+    assert all(isinstance(e, ConnectionError) for e in rec.errors())
+    assert "lost" not in rec.names()
+    server.refuse_connections = None
+    assert await lock.wait_for_leadership(5)
+
+
+async def test_db_error_while_acquiring_reports_error_not_lost(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    lock = make_lock()
+    rec = recorder(lock)
+    server.fail_calls["try_lock"] = ConnectionError("reset by peer")
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    assert rec.names() == ["error", "acquired"]
+    assert len(server.sessions) == 2  # the failed session was closed and replaced
+
+
+async def test_db_error_while_acquiring_without_auto_reacquire_stops(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    lock = make_lock(auto_reacquire=False)
+    rec = recorder(lock)
+    server.fail_calls["try_lock"] = ConnectionError("reset by peer")
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert rec.names() == ["error", "stopped"]
+
+
+async def test_retry_strategy_giving_up_stops(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    class TwoTries:
+        def __init__(self) -> None:
+            self.contexts: list[RetryContext] = []
+
+        def next_delay_s(self, ctx: RetryContext) -> float | None:
+            self.contexts.append(ctx)
+            return 0.01 if ctx.attempt < 2 else None
+
+    strategy = TwoTries()
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    lock = make_lock(retry_strategy=strategy)
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert [c.attempt for c in strategy.contexts] == [1, 2]
+    assert strategy.contexts[1].elapsed_s >= strategy.contexts[0].elapsed_s
+    assert rec.names() == ["acquire_failed", "acquire_failed", "stopped"]
+    await holder.close()
+
+
+async def test_non_retryable_error_stops(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    lock = make_lock()
+    rec = recorder(lock)
+    server.fail_calls["try_lock"] = SessionNotDedicatedError("pooler")
+    await lock.start()
+    await rec.wait_state(S.STOPPED)
+    assert isinstance(rec.errors()[0], SessionNotDedicatedError)
+
+
+async def test_interrupted_try_lock_closes_the_session(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    """A try_lock whose reply never came may have been granted: never reuse that session."""
+    server.hang("try_lock", grant_first=True)
+    lock = make_lock(command_timeout_s=0.1)
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("error")
+    first = server.sessions[0]
+    assert first.closed
+    assert server.holder(1, 2) is not first  # closing freed the lock it was granted
+    server.release_hangs()
+    assert await lock.wait_for_leadership(5)
+    assert server.holder(1, 2) is not first
+
+
+async def test_lock_not_held_error_reported_when_flap_damping_off(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
+        session = server.holder(1, 2)
+        assert session is not None
+        server._free(session)
+        await rec.wait_event("lost")
+    assert "health_check_failed" in caplog.text
+    assert LockNotHeldError.__name__ in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"key1": 2**31}, "key1=2147483648 is outside the signed 32-bit range"),
+        ({"key2": -(2**31) - 1}, "key2=.* is outside"),
+        ({"key1": True}, "key1 must be an int"),
+        ({"key1": "1"}, "key1 must be an int"),
+        ({"health_interval_s": 0}, "health_interval_s must be a positive"),
+        ({"health_interval_s": -1}, "health_interval_s"),
+        ({"health_timeout_s": float("nan")}, "health_timeout_s"),
+        ({"reconnect_grace_s": 0}, "reconnect_grace_s"),
+        ({"connect_timeout_s": -5}, "connect_timeout_s"),
+        ({"command_timeout_s": 0}, "command_timeout_s"),
+        ({"tcp_user_timeout_s": 6.0}, "must exceed health_interval_s \\+ health_timeout_s = 7"),
+        ({"auto_reacquire": "yes"}, "auto_reacquire must be a bool"),
+        ({"retry_strategy": object()}, "next_delay_s"),
+        ({"dsn": None}, "a DSN is required"),
+        ({"dsn": "   "}, "a DSN is required"),
+    ],
+)
+def test_bad_input_is_rejected_before_io(kwargs: dict[str, Any], match: str) -> None:
+    args = {"dsn": "postgresql://u@localhost/db", "key1": 1, "key2": 2, **kwargs}
+    with pytest.raises(ConfigurationError, match=match):  # options: from their groups
+        LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **lock_args(args))
+
+
+def test_malformed_dsn_is_rejected_and_masked() -> None:
+    with pytest.raises(ConfigurationError, match="malformed DSN") as info:
+        LeaderLock("host=h password=s3cret port=5432 nonsense", 1, 2)
+    assert "s3cret" not in str(info.value)
+
+
+def test_configuration_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        LeaderLock("postgresql://h/db", 1, 2**40)
