@@ -1,4 +1,4 @@
-"""A hand-fed state machine for the machine's tests (tests/unit/test_machine_*.py): an
+"""A hand-fed state machine for the machine's tests (tests/unit/test_machine*.py): an
 injected clock, no event loop, the effects kept for assertions."""
 
 from __future__ import annotations

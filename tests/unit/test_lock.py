@@ -1,6 +1,6 @@
 """LeaderLock's leadership on the in-memory FakeServer: acquiring, losing it and taking over
-(health probes, grace, flap damping), without a database. Step-down, shutdown, errors and
-follower modes have files of their own (test_lock_*.py)."""
+(health probes, grace, flap damping), handing it over (step-down) and following (the
+follower modes), without a database. Start, shutdown and errors: test_lock_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import asyncio
 import pytest
 
 from pgleaderlock import (
+    ConfigurationError,
     ConnectionError,
+    FixedInterval,
     LeaderLock,
     LockState,
+    RetryContext,
+    Session,
 )
 from pgleaderlock.testing import FakeServer
 from support.fixture_types import MakeLock, MakeRecorder
@@ -201,6 +205,108 @@ async def test_no_auto_reacquire_stops_after_loss(
     assert rec.names() == ["acquired", "lost", "stopped"]
 
 
+async def test_step_down_hands_over(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    a, b = make_lock(retry_strategy=FixedInterval(0.3)), make_lock()
+    rec_a, rec_b = recorder(a), recorder(b)
+    await rec_b.follow(a)
+    await a.step_down()
+    assert a.state in (S.FOLLOWER, S.ACQUIRING)
+    assert rec_a.names() == ["acquired", "released"]
+    await rec_b.wait_event("acquired")
+    assert b.is_leader
+    await b.shutdown()
+    await rec_a.wait_event("acquired", count=2)
+
+
+async def test_step_down_without_auto_reacquire_stops(
+    make_lock: MakeLock, recorder: MakeRecorder
+) -> None:
+    lock = make_lock(auto_reacquire=False)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await lock.step_down()
+    assert lock.state is S.STOPPED
+    assert rec.names() == ["acquired", "released", "stopped"]
+
+
+async def test_step_down_when_not_leader_returns_at_once(
+    make_lock: MakeLock, server: FakeServer
+) -> None:
+    a, b = make_lock(), make_lock()
+    await a.start()
+    assert await a.wait_for_leadership(5)
+    await b.start()
+    async with asyncio.timeout(1):
+        await b.step_down()
+    assert a.is_leader
+    await LeaderLock(None, 1, 2, connect_fn=server.connect).step_down()  # never started
+
+
+async def test_step_down_timeout_cycles_the_connection(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    lock = make_lock(command_timeout_s=30)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    session = server.holder(1, 2)
+    assert session is not None
+    server.hang("unlock")
+    async with asyncio.timeout(5):
+        await lock.step_down(timeout_s=0.1)
+    assert session.closed
+    assert server.holder(1, 2) is not session
+    assert any(isinstance(e, ConnectionError) for e in rec.errors())
+    assert lock.state in (S.FOLLOWER, S.ACQUIRING, S.LEADER)
+
+
+async def test_failed_unlock_in_step_down_continues_as_follower(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    lock = make_lock()
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    server.fail_calls["unlock"] = ConnectionError("boom")
+    await lock.step_down()
+    assert rec.names()[:2] == ["acquired", "error"]
+    assert lock.state is not S.STOPPED
+    await rec.wait_event("acquired", count=2)
+
+
+async def test_concurrent_start_shutdown_step_down(make_lock: MakeLock, server: FakeServer) -> None:
+    locks = [make_lock() for _ in range(3)]
+    for _ in range(5):
+        await asyncio.gather(*(lock.start() for lock in locks), *(lock.start() for lock in locks))
+        await asyncio.sleep(0.02)  # kept: the race under test, whatever state the locks reached
+        await asyncio.gather(
+            *(lock.step_down(timeout_s=1) for lock in locks),
+            *(lock.shutdown() for lock in locks),
+            *(lock.step_down() for lock in locks),
+        )
+        assert all(lock.state is S.STOPPED for lock in locks)
+        assert server.holder(1, 2) is None
+        assert server.open_sessions == []
+
+
+async def test_step_down_racing_shutdown(make_lock: MakeLock, server: FakeServer) -> None:
+    lock = make_lock()
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    await asyncio.gather(lock.step_down(), lock.shutdown())
+    assert lock.state is S.STOPPED
+    assert server.open_sessions == []
+
+
 async def test_mutual_exclusion_among_many(make_lock: MakeLock, server: FakeServer) -> None:
     locks = [make_lock() for _ in range(5)]
     leaders_seen: list[int] = []
@@ -220,3 +326,110 @@ async def test_repr_shows_state(make_lock: MakeLock) -> None:
     assert repr(lock) == "<LeaderLock keys=(1, 2) state=stopped>"
     named = LeaderLock.from_name("jobs", dsn="postgresql://x@h/db")
     assert repr(named).startswith("<LeaderLock name='jobs' keys=(")
+
+
+async def test_waiting_follower_takes_over_at_once(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    a = make_lock()
+    b = make_lock(retry_strategy=FixedInterval(30))  # waits on the server for 30 s
+    rec_b = recorder(b)
+    await rec_b.follow(a)
+    await eventually(lambda: server.calls["wait_lock"] > 0, 5, "b waiting on the server")
+    await a.shutdown()
+    assert await b.wait_for_leadership(2)  # granted when freed, not 30 s later
+
+
+async def test_polling_follower_waits_for_its_next_attempt(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    a = make_lock()
+    b = make_lock(retry_strategy=FixedInterval(30), follower_mode="poll")
+    rec_b = recorder(b)
+    await rec_b.follow(a)
+    await a.shutdown()
+    assert await b.wait_for_leadership(0.3) is False
+    assert server.calls["wait_lock"] == 0
+
+
+async def test_each_wait_without_the_lock_is_a_failed_attempt(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    contexts: list[RetryContext] = []
+
+    class Recording:
+        def next_delay_s(self, ctx: RetryContext) -> float:
+            contexts.append(ctx)
+            return 0.02
+
+    lock = make_lock(retry_strategy=Recording())
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("acquire_failed", count=4)
+    assert server.calls["try_lock"] == 2  # the holder, then our first attempt: no wait
+    assert server.calls["wait_lock"] >= 3
+    assert [c.attempt for c in contexts[:4]] == [1, 2, 3, 4]
+    assert all(c.last_error is None for c in contexts)
+    await holder.close()
+    assert await lock.wait_for_leadership(2)
+
+
+async def test_connection_failures_sleep_instead_of_waiting(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    server.refuse_connections = ConnectionError("down")
+    lock = make_lock(retry_strategy=FixedInterval(0.05))
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("error", count=3)
+    assert server.calls["wait_lock"] == 0
+    assert server.calls["try_lock"] == 0
+
+
+async def test_shutdown_while_waiting_leaves_no_waiter(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    lock = make_lock(retry_strategy=FixedInterval(60))
+    rec = recorder(lock)
+    await lock.start()
+    await rec.wait_event("acquire_failed")
+    await eventually(lambda: server._waiters.get((1, 2)), 5, "the lock queued on the server")
+    async with asyncio.timeout(2):
+        await lock.shutdown()
+    assert server._waiters[(1, 2)] == []
+    assert lock.state is S.STOPPED
+    await holder.close()
+
+
+async def test_idle_session_watch_detects_termination_at_once(
+    make_lock: MakeLock,
+    recorder: MakeRecorder,
+    server: FakeServer,
+) -> None:
+    lock = make_lock(health_interval_s=60)  # the periodic probe would come far too late
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    probes = server.calls["probe"]
+    server.terminate()
+    await rec.wait_event("lost", timeout=2)
+    assert server.calls["probe"] == probes + 1  # one probe, triggered by the alarm
+
+
+def test_follower_mode_is_validated() -> None:
+    with pytest.raises(ConfigurationError, match="follower_mode"):
+        Session(follower_mode="block")  # type: ignore[arg-type]
