@@ -10,13 +10,14 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import pgleaderlock
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from support.fixture_types import Figures, MakeRecorder
+from support.fixture_types import Figures, MakeLock, MakeRecorded, MakeRecorder
 from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
 from support.server import Admin, resolve_test_dsn
 
@@ -286,6 +287,18 @@ class Recorder:
 def recorder() -> MakeRecorder:
     """``recorder(lock)`` records every callback of ``lock`` in order."""
     return Recorder
+
+
+@pytest.fixture
+def recorded(make_lock: MakeLock, recorder: MakeRecorder) -> MakeRecorded:
+    """``recorded(**options)``: a ``make_lock`` lock, and the ``recorder`` of its callbacks
+    (``lock, rec = recorded()``)."""
+
+    def make(**options: Any) -> tuple[LeaderLock, Recorder]:
+        lock = make_lock(**options)
+        return lock, recorder(lock)
+
+    return make
 
 
 # ---------------------------------------------------------------- the shared server

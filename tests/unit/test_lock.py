@@ -18,20 +18,15 @@ from pgleaderlock import (
     Session,
 )
 from pgleaderlock.testing import FakeServer
-from support.fixture_types import MakeLock, MakeRecorder
+from support.fixture_types import MakeLock, MakeRecorded, MakeRecorder
 from support.poll import eventually
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
 
 
-async def test_single_lock_becomes_leader(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+async def test_single_lock_becomes_leader(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded()
     assert lock.state is S.STOPPED
     await lock.start()
     assert lock.state is not S.STOPPED
@@ -95,13 +90,10 @@ async def test_terminated_leader_loses_and_follower_takes_over(
 
 
 async def test_probe_checks_this_session_holds_the_lock(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     """A session that answers but no longer holds the lock is not a leader."""
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+    lock, rec = recorded(auto_reacquire=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     session = server.holder(1, 2)
@@ -112,13 +104,8 @@ async def test_probe_checks_this_session_holds_the_lock(
     assert not session.killed
 
 
-async def test_flap_damping_recovers_silently(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock(reconnect_grace_s=5.0)
-    rec = recorder(lock)
+async def test_flap_damping_recovers_silently(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded(reconnect_grace_s=5.0)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     first = server.holder(1, 2)
@@ -131,12 +118,9 @@ async def test_flap_damping_recovers_silently(
 
 
 async def test_is_leader_false_during_reconnecting(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(reconnect_grace_s=5.0)
-    rec = recorder(lock)
+    lock, rec = recorded(reconnect_grace_s=5.0)
     seen: list[bool] = []
     lock.on_state_change(
         lambda old, new: seen.append(lock.is_leader) if new is S.RECONNECTING else None
@@ -153,12 +137,9 @@ async def test_is_leader_false_during_reconnecting(
 
 
 async def test_grace_reacquire_failed_when_someone_else_got_it(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    a = make_lock(reconnect_grace_s=5.0)
-    rec = recorder(a)
+    a, rec = recorded(reconnect_grace_s=5.0)
     await a.start()
     assert await a.wait_for_leadership(5)
     server.refuse_connections = ConnectionError("down")
@@ -173,13 +154,8 @@ async def test_grace_reacquire_failed_when_someone_else_got_it(
     await rec.wait_event("acquired", count=2)
 
 
-async def test_grace_expires(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock(reconnect_grace_s=0.2)
-    rec = recorder(lock)
+async def test_grace_expires(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded(reconnect_grace_s=0.2)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     server.refuse_connections = ConnectionError("down")
@@ -192,12 +168,9 @@ async def test_grace_expires(
 
 
 async def test_no_auto_reacquire_stops_after_loss(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+    lock, rec = recorded(auto_reacquire=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     server.terminate()
@@ -222,11 +195,8 @@ async def test_step_down_hands_over(
     await rec_a.wait_event("acquired", count=2)
 
 
-async def test_step_down_without_auto_reacquire_stops(
-    make_lock: MakeLock, recorder: MakeRecorder
-) -> None:
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+async def test_step_down_without_auto_reacquire_stops(recorded: MakeRecorded) -> None:
+    lock, rec = recorded(auto_reacquire=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     await lock.step_down()
@@ -248,12 +218,9 @@ async def test_step_down_when_not_leader_returns_at_once(
 
 
 async def test_step_down_timeout_cycles_the_connection(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(command_timeout_s=30)
-    rec = recorder(lock)
+    lock, rec = recorded(command_timeout_s=30)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     session = server.holder(1, 2)
@@ -268,12 +235,9 @@ async def test_step_down_timeout_cycles_the_connection(
 
 
 async def test_failed_unlock_in_step_down_continues_as_follower(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     await lock.start()
     assert await lock.wait_for_leadership(5)
     server.fail_calls["unlock"] = ConnectionError("boom")
@@ -329,13 +293,10 @@ async def test_repr_shows_state(make_lock: MakeLock) -> None:
 
 
 async def test_waiting_follower_takes_over_at_once(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, make_lock: MakeLock, server: FakeServer
 ) -> None:
     a = make_lock()
-    b = make_lock(retry_strategy=FixedInterval(30))  # waits on the server for 30 s
-    rec_b = recorder(b)
+    b, rec_b = recorded(retry_strategy=FixedInterval(30))
     await rec_b.follow(a)
     await eventually(lambda: server.calls["wait_lock"] > 0, 5, "b waiting on the server")
     await a.shutdown()
@@ -343,13 +304,10 @@ async def test_waiting_follower_takes_over_at_once(
 
 
 async def test_polling_follower_waits_for_its_next_attempt(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, make_lock: MakeLock, server: FakeServer
 ) -> None:
     a = make_lock()
-    b = make_lock(retry_strategy=FixedInterval(30), follower_mode="poll")
-    rec_b = recorder(b)
+    b, rec_b = recorded(retry_strategy=FixedInterval(30), follower_mode="poll")
     await rec_b.follow(a)
     await a.shutdown()
     assert await b.wait_for_leadership(0.3) is False
@@ -357,9 +315,7 @@ async def test_polling_follower_waits_for_its_next_attempt(
 
 
 async def test_each_wait_without_the_lock_is_a_failed_attempt(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
@@ -370,8 +326,7 @@ async def test_each_wait_without_the_lock_is_a_failed_attempt(
             contexts.append(ctx)
             return 0.02
 
-    lock = make_lock(retry_strategy=Recording())
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=Recording())
     await lock.start()
     await rec.wait_event("acquire_failed", count=4)
     assert server.calls["try_lock"] == 2  # the holder, then our first attempt: no wait
@@ -383,13 +338,10 @@ async def test_each_wait_without_the_lock_is_a_failed_attempt(
 
 
 async def test_connection_failures_sleep_instead_of_waiting(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     server.refuse_connections = ConnectionError("down")
-    lock = make_lock(retry_strategy=FixedInterval(0.05))
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=FixedInterval(0.05))
     await lock.start()
     await rec.wait_event("error", count=3)
     assert server.calls["wait_lock"] == 0
@@ -397,14 +349,11 @@ async def test_connection_failures_sleep_instead_of_waiting(
 
 
 async def test_shutdown_while_waiting_leaves_no_waiter(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
-    lock = make_lock(retry_strategy=FixedInterval(60))
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=FixedInterval(60))
     await lock.start()
     await rec.wait_event("acquire_failed")
     await eventually(lambda: server._waiters.get((1, 2)), 5, "the lock queued on the server")
@@ -416,12 +365,9 @@ async def test_shutdown_while_waiting_leaves_no_waiter(
 
 
 async def test_idle_session_watch_detects_termination_at_once(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(health_interval_s=60)  # the periodic probe would come far too late
-    rec = recorder(lock)
+    lock, rec = recorded(health_interval_s=60)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     probes = server.calls["probe"]

@@ -23,7 +23,7 @@ from pgleaderlock import (
     ShutdownError,
 )
 from pgleaderlock.testing import FakeServer
-from support.fixture_types import MakeLock, MakeRecorder
+from support.fixture_types import MakeLock, MakeRecorded
 from support.poll import eventually
 from support.timings import lock_args
 
@@ -32,12 +32,9 @@ pytestmark = pytest.mark.timeout(30)
 
 
 async def test_shutdown_is_idempotent_and_releases(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     await lock.shutdown()  # never started: nothing to do
     await lock.start()
     await lock.start()  # idempotent
@@ -50,9 +47,8 @@ async def test_shutdown_is_idempotent_and_releases(
     assert server.open_sessions == []
 
 
-async def test_restart_after_shutdown(make_lock: MakeLock, recorder: MakeRecorder) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+async def test_restart_after_shutdown(recorded: MakeRecorded) -> None:
+    lock, rec = recorded()
     for _ in range(2):
         await lock.start()
         assert await lock.wait_for_leadership(5)
@@ -81,11 +77,8 @@ async def test_context_manager_shuts_down_on_exception(
     assert server.holder(1, 2) is None
 
 
-async def test_callbacks_order_sync_async_and_errors(
-    make_lock: MakeLock, recorder: MakeRecorder
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+async def test_callbacks_order_sync_async_and_errors(recorded: MakeRecorded) -> None:
+    lock, rec = recorded()
     calls: list[str] = []
 
     @lock.on_acquired
@@ -140,13 +133,10 @@ async def test_failing_error_callback_is_only_logged(
 
 
 async def test_connection_refused_is_retried_with_on_error(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     server.refuse_connections = ConnectionError("could not connect")
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     await lock.start()
     await rec.wait_event("error", count=3)
     assert lock.state in (S.FOLLOWER,)
@@ -157,12 +147,9 @@ async def test_connection_refused_is_retried_with_on_error(
 
 
 async def test_db_error_while_acquiring_reports_error_not_lost(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     server.fail_calls["try_lock"] = ConnectionError("reset by peer")
     await lock.start()
     assert await lock.wait_for_leadership(5)
@@ -171,23 +158,16 @@ async def test_db_error_while_acquiring_reports_error_not_lost(
 
 
 async def test_db_error_while_acquiring_without_auto_reacquire_stops(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+    lock, rec = recorded(auto_reacquire=False)
     server.fail_calls["try_lock"] = ConnectionError("reset by peer")
     await lock.start()
     await rec.wait_state(S.STOPPED)
     assert rec.names() == ["error", "stopped"]
 
 
-async def test_retry_strategy_giving_up_stops(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
+async def test_retry_strategy_giving_up_stops(recorded: MakeRecorded, server: FakeServer) -> None:
     class TwoTries:
         def __init__(self) -> None:
             self.contexts: list[RetryContext] = []
@@ -199,8 +179,7 @@ async def test_retry_strategy_giving_up_stops(
     strategy = TwoTries()
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
-    lock = make_lock(retry_strategy=strategy)
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=strategy)
     await lock.start()
     await rec.wait_state(S.STOPPED)
     assert [c.attempt for c in strategy.contexts] == [1, 2]
@@ -209,13 +188,8 @@ async def test_retry_strategy_giving_up_stops(
     await holder.close()
 
 
-async def test_non_retryable_error_stops(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+async def test_non_retryable_error_stops(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded()
     server.fail_calls["try_lock"] = SessionNotDedicatedError("pooler")
     await lock.start()
     await rec.wait_state(S.STOPPED)
@@ -223,14 +197,11 @@ async def test_non_retryable_error_stops(
 
 
 async def test_interrupted_try_lock_closes_the_session(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     """A try_lock whose reply never came may have been granted: never reuse that session."""
     server.hang("try_lock", grant_first=True)
-    lock = make_lock(command_timeout_s=0.1)
-    rec = recorder(lock)
+    lock, rec = recorded(command_timeout_s=0.1)
     await lock.start()
     await rec.wait_event("error")
     first = server.sessions[0]
@@ -241,13 +212,24 @@ async def test_interrupted_try_lock_closes_the_session(
     assert server.holder(1, 2) is not first
 
 
-async def test_shutdown_interrupts_a_hanging_try_lock(
-    make_lock: MakeLock, server: FakeServer
+@pytest.mark.parametrize(
+    ("call", "hang", "options"),
+    [
+        ("try_lock", {"grant_first": True}, {"command_timeout_s": 60}),
+        ("connect", {}, {"connect_timeout_s": 60}),
+    ],
+)
+async def test_shutdown_interrupts_a_hanging_call(
+    make_lock: MakeLock,
+    server: FakeServer,
+    call: str,
+    hang: dict[str, Any],
+    options: dict[str, Any],
 ) -> None:
-    server.hang("try_lock", grant_first=True)
-    lock = make_lock(command_timeout_s=60)
+    server.hang(call, **hang)
+    lock = make_lock(**options)
     await lock.start()
-    await eventually(lambda: server.calls["try_lock"] > 0, 5, "a try_lock")
+    await eventually(lambda: server.calls[call] > 0, 5, f"a {call}")
     async with asyncio.timeout(2):
         await lock.shutdown()
     assert lock.state is S.STOPPED
@@ -255,25 +237,10 @@ async def test_shutdown_interrupts_a_hanging_try_lock(
     assert server.open_sessions == []
 
 
-async def test_shutdown_interrupts_a_hanging_connect(
-    make_lock: MakeLock, server: FakeServer
-) -> None:
-    server.hang("connect")
-    lock = make_lock(connect_timeout_s=60)
-    await lock.start()
-    await eventually(lambda: server.calls["connect"] > 0, 5, "a connect")
-    async with asyncio.timeout(2):
-        await lock.shutdown()
-    assert lock.state is S.STOPPED
-
-
 async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(
-    make_lock: MakeLock,
-    server: FakeServer,
-    recorder: MakeRecorder,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     gate = asyncio.Event()
 
     @lock.on_released
@@ -290,11 +257,8 @@ async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(
     assert rec.states()[-1] is S.STOPPED
 
 
-async def test_shutdown_from_a_callback_does_not_deadlock(
-    make_lock: MakeLock, recorder: MakeRecorder
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+async def test_shutdown_from_a_callback_does_not_deadlock(recorded: MakeRecorded) -> None:
+    lock, rec = recorded()
 
     @lock.on_acquired
     async def stop_now() -> None:
@@ -305,10 +269,9 @@ async def test_shutdown_from_a_callback_does_not_deadlock(
     assert rec.names() == ["acquired", "released", "stopped"]
 
 
-async def test_external_shutdown_event(make_lock: MakeLock, recorder: MakeRecorder) -> None:
+async def test_external_shutdown_event(recorded: MakeRecorded) -> None:
     event = asyncio.Event()
-    lock = make_lock(shutdown_event=event)
-    rec = recorder(lock)
+    lock, rec = recorded(shutdown_event=event)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     event.set()
@@ -317,15 +280,12 @@ async def test_external_shutdown_event(make_lock: MakeLock, recorder: MakeRecord
 
 
 async def test_external_shutdown_event_while_following(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
     event = asyncio.Event()
-    lock = make_lock(shutdown_event=event, retry_strategy=FixedInterval(30))
-    rec = recorder(lock)
+    lock, rec = recorded(shutdown_event=event, retry_strategy=FixedInterval(30))
     await lock.start()
     await rec.wait_event("acquire_failed")
     event.set()
@@ -360,13 +320,9 @@ async def test_wait_for_leadership_returns_false_when_stopped(
 
 
 async def test_lock_not_held_error_reported_when_flap_damping_off(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-    caplog: pytest.LogCaptureFixture,
+    recorded: MakeRecorded, server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     await lock.start()
     assert await lock.wait_for_leadership(5)
     with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
