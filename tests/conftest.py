@@ -23,7 +23,7 @@ from support.server import Admin, resolve_test_dsn
 
 # Fixture modules shared by several folders (each documents its fixtures), after
 # psycopg's tests/fix_*.py: every fixture name is defined once.
-pytest_plugins = ["fix_db", "fix_locks", "fix_roles", "support.pgbouncer"]
+pytest_plugins = ["fix_db", "fix_locks", "fix_pgbouncer", "fix_roles"]
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
 _JSON_LOG_RECORDS = pytest.StashKey[list[int]]()  # records checked, records that failed
