@@ -15,12 +15,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from pgleaderlock import (
-    ConfigurationError,
-    FencedError,
-    FixedInterval,
-    LockState,
-)
+from pgleaderlock import ConfigurationError, FencedError, FixedInterval, LockState
 from support.fencing_kinds import KINDS, Kind, PsycopgBlock, SyncPsycopg, leads, queued, rows
 from support.fixture_types import MakeLock
 from support.poll import eventually

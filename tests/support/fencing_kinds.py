@@ -16,9 +16,7 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-from pgleaderlock import (
-    LeaderLock,
-)
+from pgleaderlock import LeaderLock
 from support.poll import eventually
 from support.server import Admin, dsn_to_url, lock_holders
 

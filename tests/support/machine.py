@@ -6,12 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pgleaderlock import (
-    FixedInterval,
-    LockState,
-    RetryContext,
-    RetryStrategy,
-)
+from pgleaderlock import FixedInterval, LockState, RetryContext, RetryStrategy
 from pgleaderlock.core.config import LockConfig
 from pgleaderlock.core.machine import (
     Answered,

@@ -12,11 +12,7 @@ from typing import Any
 
 import pytest
 
-from pgleaderlock import (
-    ConnectionError,
-    FixedInterval,
-    LockState,
-)
+from pgleaderlock import ConnectionError, FixedInterval, LockState
 from pgleaderlock.core.machine import (
     Action,
     Answered,
