@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Unpack
 
-from .._service import Service
 from ..lowlevel import (
     ConfigurationError,
     Event,
@@ -19,6 +18,7 @@ from ..lowlevel import (
     LeaderLock,
     PgLeaderLockError,
     RetryContext,
+    Service,
     callback_plugin,
     check_identifier,
     delay_or_give_up,

@@ -1,4 +1,5 @@
-"""The ``async with`` of the library's long-lived objects, written once."""
+"""The ``async with`` of the library's long-lived objects (the Scheduler's; a
+Coordinator's alike), written once."""
 
 from __future__ import annotations
 
