@@ -218,6 +218,7 @@ async def test_interrupted_try_lock_closes_the_session(
         ("try_lock", {"grant_first": True}, {"command_timeout_s": 60}),
         ("connect", {}, {"connect_timeout_s": 60}),
     ],
+    ids=["try_lock", "connect"],
 )
 async def test_shutdown_interrupts_a_hanging_call(
     make_lock: MakeLock,
