@@ -40,7 +40,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 from sqlalchemy.pool import NullPool
 
 from ..lowlevel import (
-    Backend,
     BackendUnavailableError,
     ConfigurationError,
     ConnectionError,
@@ -52,7 +51,7 @@ from ..lowlevel import (
     TermTable,
     mask_dsn,
 )
-from .base import check_target_session_attrs, translate
+from .base import check_target_session_attrs, module_backend, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -405,12 +404,4 @@ def _autocommit(conn: AsyncConnection) -> bool:
     return bool(getattr(sync.connection.dbapi_connection, "autocommit", False))
 
 
-backend = Backend(
-    name="sqlalchemy",
-    connect=connect,
-    wrap=wrap,
-    check_dsn=check_dsn,
-    claims=claims,
-    fetch_row=fetch_row,
-    transaction=transaction,
-)
+backend = module_backend(__name__)

@@ -105,6 +105,7 @@ from .retry import (
     delay_or_give_up,
 )
 from .semaphore import Semaphore
+from .service import Service
 from .session import (
     AbortableSession,
     Backend,
@@ -179,6 +180,7 @@ __all__ = [
     "RetryStrategy",
     "Semaphore",
     "ServerRefusedError",
+    "Service",
     "Session",
     "SessionFactory",
     "SessionInfo",
