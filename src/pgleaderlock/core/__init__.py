@@ -108,6 +108,7 @@ from .semaphore import Semaphore
 from .session import (
     AbortableSession,
     Backend,
+    BoundedWaitSession,
     ConnectOptions,
     FencedSessions,
     FencingSession,
@@ -137,6 +138,7 @@ __all__ = [
     "SAFE_SETTINGS",
     "AbortableSession",
     "Backend",
+    "BoundedWaitSession",
     "BackendUnavailableError",
     "BumpedTerm",
     "Callback",
