@@ -202,7 +202,9 @@ class SlotKeyring:
             return await self._poll(locking, deadline)
         self._adopt(session)
         if len(self.watching) != 1:
-            if await self.try_lock(locking):
+            # A follower that queued last time skips the tries: a free slot nobody
+            # watches has a free watch lock too, which it takes (and then the slot).
+            if self._queued is None and await self.try_lock(locking):
                 return True
             await self._claim(locking)
         rounds = 0
