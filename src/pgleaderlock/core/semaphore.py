@@ -101,7 +101,7 @@ class SlotKeyring:
       of each call (taking those still free again); down to one, it waits in one piece.
 
     Sessions that cannot wait once (no ``BoundedWaitSession``) try every slot each
-    ``rescan_s``, as before 0.12.
+    ``rescan_s``, as every follower did before (issue 33).
 
     Args:
         keys: each slot's ``(key1, key2)``.
@@ -304,8 +304,13 @@ class Semaphore(LeaderLock):
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
     [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 
-    A holder whose hold ends (``step_down()``, a lost session) leaves its slot to the
-    waiting followers for ``HANDOVER_RESCANS`` rescans before it asks for it again.
+    Followers wait on the server: each slot has one follower (its watcher) that waits
+    for it as a lock's follower waits, and the others queue for a watcher's place (see
+    [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the guide), so waiting
+    costs what a lock's waiting costs, however many followers there are. A holder whose
+    hold ends (``step_down()``, a lost session) leaves its slot to a polling follower
+    for ``HANDOVER_RESCANS`` rescans before it asks for it again (a watcher is granted
+    it by the server first anyway).
 
     Every semaphore of a name must give the same ``slots``: one that counts fewer slots
     never takes the others, one that counts more lets more holders in.
@@ -315,14 +320,14 @@ class Semaphore(LeaderLock):
         name: the semaphore's name; the same name (and ``slots``) in every process.
         slots: how many holders at most (N), from 1 to 1,024
             (``pgleaderlock.core.keys.MAX_SLOTS``: each holder is a session
-            of its own, and a waiting follower tries every slot at each rescan).
-        rescan_s: in ``follower_mode="wait"`` (the default), a follower spends each
-            retry delay trying every slot again every ``rescan_s`` seconds (``slots``
-            ``pg_try_advisory_lock`` calls each time), so a freed slot is taken within
-            about ``rescan_s``. Lower is faster failover for more queries; see the
-            [guide](../guides/semaphores.md). Unused with ``slots=1``, which waits on the
-            server, and with ``follower_mode="poll"``, which tries every slot once per
-            retry delay.
+            of its own).
+        rescan_s: only while fewer followers wait than there are slots (one follower
+            then watches several slots, and cannot wait on the server for more than
+            one), or with a session that cannot queue (no ``BoundedWaitSession``): how
+            often such a follower tries its slots again. Unused in the steady state with
+            as many followers as slots or more, with ``slots=1``, and with
+            ``follower_mode="poll"`` (every slot once per retry delay); see the
+            [guide](../guides/semaphores.md).
         **arguments: `LeaderLock`'s keyword arguments (``retry_strategy``,
             ``health_interval_s``, ``reconnect_grace_s``, ``auto_reacquire``,
             ``shutdown_event``, ``connect_fn``, ``options``, and the flat keywords of
@@ -393,7 +398,7 @@ class Semaphore(LeaderLock):
 
     @property
     def rescan_s(self) -> float:
-        """How often a waiting follower tries every slot again."""
+        """How often a follower that watches several slots tries them again."""
         return self._ring.rescan_s
 
     def __repr__(self) -> str:
