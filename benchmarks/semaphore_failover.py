@@ -199,9 +199,12 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def cost(dsn: str, slots: int | None, followers: int, seconds: float) -> tuple[float, float]:
+async def cost(
+    dsn: str, slots: int | None, followers: int, seconds: float, settle_s: float
+) -> tuple[float, float]:
     """The server's and this process's CPU, as shares of a core, while ``followers``
-    followers of a lock (``slots`` None) or of a semaphore wait for ``seconds``."""
+    followers of a lock (``slots`` None) or of a semaphore wait for ``seconds``, from
+    ``settle_s`` after they started."""
     name = f"bench-cost-{uuid.uuid4().hex[:10]}"
     options = LockOptions(load_plugins=False)
 
@@ -219,7 +222,7 @@ async def cost(dsn: str, slots: int | None, followers: int, seconds: float) -> t
                 raise TimeoutError(f"{name}: a holder did not lead")
         for lock in waiting:
             await lock.start()
-        await asyncio.sleep(3.0)  # every follower is past its first attempts
+        await asyncio.sleep(settle_s)  # every follower is past its first attempts
         if any(lock.is_leader for lock in waiting):
             raise RuntimeError(f"{name}: a follower leads")
         pids = [pid for lock in waiting if (pid := lock.backend_pid) is not None]
@@ -239,7 +242,7 @@ async def costs(args: argparse.Namespace, dsn: str) -> list[list[object]]:
         (f"Semaphore(slots={args.slots})", args.slots, 20),
         (f"Semaphore(slots={args.slots})", args.slots, 100),
     ):
-        server, client = await cost(dsn, slots, followers, args.cost_seconds)
+        server, client = await cost(dsn, slots, followers, args.cost_seconds, args.settle)
         rows.append([label, followers, f"{server * 100:.2f}%", f"{client * 100:.2f}%"])
         print(f"cost: {label} x {followers}: server {server:.2%}, client {client:.2%}")
     return rows
@@ -259,6 +262,12 @@ def main() -> int:
     parser.add_argument(
         "--cost-seconds", type=float, default=15.0, help="each cost measurement (0: none)"
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds from the followers' start to the cost measurement",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("-v", "--verbose", action="store_true", help="print every trial")
     args = parser.parse_args()
@@ -268,12 +277,14 @@ def main() -> int:
         print(describe_machine({**machine_info(), **server_info(dsn)}))
         print(f"Load average (1 min) at the start: {os.getloadavg()[0]:.2f}", flush=True)
         cost_rows = asyncio.run(costs(args, dsn)) if args.cost_seconds > 0 else []
-        results = asyncio.run(run(args, dsn))
+        results = asyncio.run(run(args, dsn)) if args.trials > 0 else {"lock": []}
         print(f"Load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
     if cost_rows:
         print()
         print(f"Waiting followers, {args.cost_seconds:g} s each: CPU as a share of one core")
         print(markdown_table(["followers of", "followers", "server", "client"], cost_rows))
+    if not results["lock"]:
+        return 0
     lock = summarize(results["lock"])
     rows = []
     for label, times in results.items():
