@@ -9,12 +9,13 @@ guarantees at most one session per slot, so at most N sessions hold one.
 
 A backend waits for one lock, not "any of N". So each slot has a *watcher*: the follower
 that holds the slot's watch lock ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys])
-waits on the server for that slot, in one piece, as a lock's follower waits (no
-statement while it waits); the other followers queue on the server for a watch lock
-(``BoundedWaitSession.wait_lock_once``, one statement per retry delay), and the first in
-a slot's queue becomes its watcher the instant the last one is granted the slot. With
-fewer followers than slots, a follower watches every slot nobody else does and tries
-them every ``rescan_s``. See the [Semaphores guide](../guides/semaphores.md).
+waits on the server for that slot; the other followers queue on the server for a watch
+lock, and the first in a slot's queue becomes its watcher the instant the last one is
+granted the slot. Each wait lasts one retry delay
+(``BoundedWaitSession.wait_lock_once``: one statement); between two, a follower takes
+the watch lock of any slot nobody watches. A follower that watches several slots (fewer
+followers than slots) tries them every ``rescan_s``. See the
+[Semaphores guide](../guides/semaphores.md).
 """
 
 from __future__ import annotations
@@ -89,16 +90,19 @@ class SlotKeyring:
     A follower is, for one session, in one of three places:
 
     - a *watcher* of one slot: it holds that slot's watch lock and waits for the slot on
-      the server in one piece (``WaitingSession.wait_lock``), across calls, with no
-      statement until it is granted; then it lets the watch lock go, and the next in its
-      queue becomes the watcher at once;
+      the server, one retry delay at a time (one statement each); once granted it lets
+      the watch lock go, and the first follower queued for it becomes the watcher at
+      once;
     - *queued*: every watch lock is held; it waits for one (a random one) on the server,
-      for one retry delay at a time (``BoundedWaitSession.wait_lock_once``), then looks
-      again for a watch lock nobody holds (a slot whose queue ran dry);
+      one retry delay at a time;
     - a watcher of *several* slots (fewer followers than slots): it cannot wait for more
       than one lock, so it tries them every ``rescan_s``, and offers their watch locks
       to followers that queued meanwhile every ``PASS_ON_ROUNDS`` rescans and at the end
-      of each call (taking those still free again); down to one, it waits in one piece.
+      of each call (taking those still free again).
+
+    Between two waits every follower takes the watch lock of each slot nobody watches
+    (a watcher granted its slot with nobody queued behind it leaves one): such a slot
+    is watched again within a retry delay.
 
     Sessions that cannot wait once (no ``BoundedWaitSession``) try every slot each
     ``rescan_s``, as every follower did before (issue 33).
@@ -200,24 +204,32 @@ class SlotKeyring:
         locking = cast(LockSession, session)  # a waiting session is both
         if not self.watch or not can(session, BoundedWaitSession):
             return await self._poll(locking, deadline)
+        bounded = cast(BoundedWaitSession, session)
         self._adopt(session)
-        if len(self.watching) != 1:
-            # A follower that queued last time skips the tries: a free slot nobody
-            # watches has a free watch lock too, which it takes (and then the slot).
-            if self._queued is None and await self.try_lock(locking):
-                return True
-            await self._claim(locking)
+        if self.watching:
+            # A watcher whose last wait timed out: its slot first (the wait may have
+            # been granted as it timed out), then every slot nobody watches.
+            for index in list(self.watching):
+                if await locking.try_lock(*self.keys[index]):
+                    await self._unwatch(locking, keep=0)
+                    return self._granted(index)
+        elif self._queued is None and await self.try_lock(locking):
+            # (A follower that queued last time skips the tries: a free slot nobody
+            # watches has a free watch lock, which it takes, and then the slot.)
+            return True
+        await self._claim(locking)
         rounds = 0
         while True:
-            if not self.watching and not await self._queue(
-                cast(BoundedWaitSession, session), deadline
-            ):
-                return False
+            if not self.watching:
+                if not await self._queue(bounded, deadline):
+                    return False
+                await self._claim(locking)  # and every other slot nobody watches
+                continue
             if len(self.watching) == 1:
                 index = self.watching[0]
                 remaining = max(MIN_WAIT_S, deadline - time.monotonic())
-                if not await session.wait_lock(*self.keys[index], remaining):
-                    return False  # the wait goes on on the server (in one piece)
+                if not await bounded.wait_lock_once(*self.keys[index], remaining):
+                    return False  # it looks again at the next call
                 await self._unwatch(locking, keep=0)
                 return self._granted(index)
             # Several slots to watch: try them every rescan_s.
@@ -247,8 +259,9 @@ class SlotKeyring:
                 self.watching.append(index)
 
     async def _claim(self, session: LockSession) -> None:
-        """Take every watch lock nobody holds, starting with the one this session last
-        queued for (its wait may have been granted as it timed out)."""
+        """Take every watch lock nobody holds (but those this session holds), starting
+        with the one it last queued for (its wait may have been granted as it timed
+        out)."""
         count = len(self.watch)
         first = self._queued if self._queued is not None else self._rng.randrange(count)
         for step in range(count):
