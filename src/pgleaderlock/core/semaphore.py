@@ -172,15 +172,9 @@ class SlotKeyring:
 
     async def try_lock(self, session: LockSession) -> bool:
         """Try every slot once, from a random one (so that many candidates spread over
-        the slots, instead of all asking the first); stop at the first granted. A
-        watcher of one slot asks for that slot only: its wait may be in flight."""
+        the slots, instead of all asking the first); stop at the first granted (and let
+        any watch lock go)."""
         self._adopt(session)
-        if len(self.watching) == 1 and len(self.keys) > 1:
-            index = self.watching[0]
-            if await session.try_lock(*self.keys[index]):
-                await self._unwatch(session, keep=0)
-                return self._granted(index)
-            return False
         count = len(self.keys)
         first = self._rng.randrange(count)
         skip = self._handed_over()
