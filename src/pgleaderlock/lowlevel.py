@@ -26,8 +26,9 @@ Names, by theme:
 - **Sessions and backends** (*public*: `Backend`, `ConnectOptions`, `LockSession`). The
   optional capabilities a backend implements: `AbortableSession`, `FencingSession`,
   `KeepAliveSession`, `ProbingSession`, `QuerySession`, `SocketSession`,
-  `TableSession`, `WaitingSession`, `WatchableSession` (ask with `can`, which caches the
-  answer); `SessionInfo` (what a new session learns about itself), `FencedSessions`,
+  `TableSession`, `WaitingSession`, `BoundedWaitSession`, `WatchableSession` (ask with
+  `can`, which caches the answer); `SessionInfo` (what a new session learns about
+  itself), `FencedSessions`,
   `SessionFactory`, `SessionSlot` (where a lock's current session lives),
   `connection_target` (a DSN or ``connect_fn`` checked before any I/O), `Target` and
   `short_session` (a short session for reading).

@@ -197,6 +197,9 @@ class SQLAlchemySession:
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         return bool(await self._inner.wait_lock(key1, key2, timeout_s))
 
+    async def wait_lock_once(self, key1: int, key2: int, timeout_s: float) -> bool:
+        return bool(await self._inner.wait_lock_once(key1, key2, timeout_s))
+
     def start_probe(self) -> asyncio.Future[None] | None:
         """The periodic probe as a future: the driver adapter's."""
         probe: asyncio.Future[None] | None = self._inner.start_probe()

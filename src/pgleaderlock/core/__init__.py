@@ -109,6 +109,7 @@ from .service import Service
 from .session import (
     AbortableSession,
     Backend,
+    BoundedWaitSession,
     ConnectOptions,
     FencedSessions,
     FencingSession,
@@ -139,6 +140,7 @@ __all__ = [
     "AbortableSession",
     "Backend",
     "BackendUnavailableError",
+    "BoundedWaitSession",
     "BumpedTerm",
     "Callback",
     "ConfigurationError",
