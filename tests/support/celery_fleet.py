@@ -60,6 +60,7 @@ class Fleet:
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     started: int = 0
+    _spawned_at: dict[str, int] = field(default_factory=dict)  # name -> log offset
     _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
 
     def _query(self, query: Any, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -124,6 +125,7 @@ class Fleet:
         self, name: str, args: list[str], env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         with (self.tmp_path / f"{self.label}-{name}.log").open("ab") as log:
+            self._spawned_at[name] = log.tell()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "beatapp", *args],
                 env={**self.env(), **(env or {})},
@@ -183,6 +185,35 @@ class Fleet:
             if proc.pid == pid and proc.poll() is None:
                 return name
         return None
+
+    def booted(self, name: str) -> bool:
+        """Whether the replica ``name`` runs and its beat has handed the schedule to the
+        ledger's scheduler (its lock is started): it can take over. A replica started
+        again takes seconds to boot on an idle machine, a minute on a loaded one."""
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return False
+        path = self.tmp_path / f"{self.label}-{name}.log"
+        with path.open("rb") as log:
+            log.seek(self._spawned_at.get(name, 0))
+            return b"celery_schedule_updated" in log.read()
+
+    def queued(self) -> int | None:
+        """How many messages wait in the fleet's queue on the broker (not counting one
+        the worker holds unacknowledged), or None if the broker cannot say."""
+        from amqp.exceptions import NotFound
+        from kombu import Connection
+        from kombu.exceptions import ChannelError
+
+        try:
+            with Connection(self.broker, connect_timeout=5) as conn:
+                try:
+                    found = conn.default_channel.queue_declare(self.queue, passive=True)
+                except (ChannelError, NotFound):
+                    return 0  # Redis has no key for an empty queue
+                return int(found.message_count)
+        except Exception:
+            return None
 
     def output(self, name: str) -> str:
         path = self.tmp_path / f"{self.label}-{name}.log"
