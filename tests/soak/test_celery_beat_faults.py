@@ -87,6 +87,7 @@ class Report:
     replicas_started: int = 0
     failover_max_s: float = 0.0
     send_window_s: tuple[float, float] = (0.0, 0.0)
+    lag_s: tuple[float, float] = (0.0, 0.0)
     term_exit_max_s: float = 0.0
     as_stop: int = 0
     backlog_s: float = 0.0
@@ -211,6 +212,7 @@ def run_faults(fleet: Fleet, seed: int, report: Report) -> None:
     time.sleep(1.0)  # anything sent late (a frozen leader's send) has arrived by now
     check(fleet, report)
     report.send_window_s = fleet.send_window_s()
+    report.lag_s = fleet.execution_lag_s()
     report.replicas_started = fleet.started - 1  # the worker is not a replica
 
 
@@ -364,6 +366,8 @@ def test_celery_beat_fleets_under_faults(fleets: list[Fleet], figures: Callable[
         figures(f"{r.label}: longest fail-over", r.failover_max_s)
         figures(f"{r.label}: longest exit after SIGTERM", r.term_exit_max_s)
         figures(f"{r.label}: backlog executed after the stop", r.backlog_s)
+        figures(f"{r.label}: slot to execution, median", r.lag_s[0])
+        figures(f"{r.label}: slot to execution, longest", r.lag_s[1])
         figures(f"{r.label}: claim to recorded hand-over, median", r.send_window_s[0], "ms")
         figures(f"{r.label}: claim to recorded hand-over, longest", r.send_window_s[1], "ms")
         print(f"{r.label}: ledger outcomes {dict(r.outcomes)}")

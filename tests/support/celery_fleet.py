@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as dt
+import importlib
 import os
 import signal
 import subprocess
@@ -201,16 +202,16 @@ class Fleet:
     def queued(self) -> int | None:
         """How many messages wait in the fleet's queue on the broker (not counting one
         the worker holds unacknowledged), or None if the broker cannot say."""
-        from amqp.exceptions import NotFound
-        from kombu import Connection
-        from kombu.exceptions import ChannelError
+        connection: Any = importlib.import_module("kombu").Connection  # untyped
 
         try:
-            with Connection(self.broker, connect_timeout=5) as conn:
+            with connection(self.broker, connect_timeout=5) as conn:
                 try:
                     found = conn.default_channel.queue_declare(self.queue, passive=True)
-                except (ChannelError, NotFound):
-                    return 0  # Redis has no key for an empty queue
+                except Exception as exc:
+                    if getattr(exc, "reply_code", None) == 404 or "404" in str(exc):
+                        return 0  # no such queue (Redis has no key for an empty one)
+                    raise
                 return int(found.message_count)
         except Exception:
             return None
@@ -279,6 +280,19 @@ class Fleet:
             " FROM pgleaderlock_runs WHERE schedule = %s AND attempt = 1"
             " AND outcome IN ('sent', 'executed')) AS sends",
             (self.schedule,),
+        )
+        median, longest = rows[0]
+        return float(median or 0.0), float(longest or 0.0)
+
+    def execution_lag_s(self) -> tuple[float, float]:
+        """The median and the longest time from a slot to its execution by the worker,
+        in s (the broker's queue and the worker's pace: it runs one task at a time)."""
+        rows = self._query(
+            sql.SQL(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), max(d) FROM ("
+                " SELECT extract(epoch FROM at - slot)::float8 AS d FROM {}"
+                " WHERE slot IS NOT NULL) AS lags"
+            ).format(sql.Identifier(self.table))
         )
         median, longest = rows[0]
         return float(median or 0.0), float(longest or 0.0)
