@@ -60,8 +60,8 @@ STOP_S = (3.0, 5.0)  # a SIGSTOPped leader stays frozen this long (beyond its 2 
 BETWEEN_S = (2.0, 5.0)  # the next fault comes this long after the fleet leads again
 BOUND_S = 30.0
 GRACE_S = 10.0  # the misfire grace: above the fail-over bound, with a margin for load
-BOOT_S = 180.0  # a replica started again boots within this (a minute on a loaded machine)
-BACKLOG_S = 180.0  # the worker executes every slot sent within this of the stop
+BOOT_S = 120.0  # a replica started again boots within this (a minute on a loaded machine)
+BACKLOG_S = 120.0  # the worker executes every slot sent within this of the stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.timeout(SOAK_S + 300)]
 
