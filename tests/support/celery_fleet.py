@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as dt
+import importlib
 import os
 import signal
 import subprocess
@@ -60,6 +61,7 @@ class Fleet:
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     started: int = 0
+    _spawned_at: dict[str, int] = field(default_factory=dict)  # name -> log offset
     _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
 
     def _query(self, query: Any, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -124,6 +126,7 @@ class Fleet:
         self, name: str, args: list[str], env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         with (self.tmp_path / f"{self.label}-{name}.log").open("ab") as log:
+            self._spawned_at[name] = log.tell()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "beatapp", *args],
                 env={**self.env(), **(env or {})},
@@ -183,6 +186,35 @@ class Fleet:
             if proc.pid == pid and proc.poll() is None:
                 return name
         return None
+
+    def booted(self, name: str) -> bool:
+        """Whether the replica ``name`` runs and its beat has handed the schedule to the
+        ledger's scheduler (its lock is started): it can take over. A replica started
+        again takes seconds to boot on an idle machine, a minute on a loaded one."""
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return False
+        path = self.tmp_path / f"{self.label}-{name}.log"
+        with path.open("rb") as log:
+            log.seek(self._spawned_at.get(name, 0))
+            return b"celery_schedule_updated" in log.read()
+
+    def queued(self) -> int | None:
+        """How many messages wait in the fleet's queue on the broker (not counting one
+        the worker holds unacknowledged), or None if the broker cannot say."""
+        connection: Any = importlib.import_module("kombu").Connection  # untyped
+
+        try:
+            with connection(self.broker, connect_timeout=5) as conn:
+                try:
+                    found = conn.default_channel.queue_declare(self.queue, passive=True)
+                except Exception as exc:
+                    if getattr(exc, "reply_code", None) == 404 or "404" in str(exc):
+                        return 0  # no such queue (Redis has no key for an empty one)
+                    raise
+                return int(found.message_count)
+        except Exception:
+            return None
 
     def output(self, name: str) -> str:
         path = self.tmp_path / f"{self.label}-{name}.log"
@@ -248,6 +280,19 @@ class Fleet:
             " FROM pgleaderlock_runs WHERE schedule = %s AND attempt = 1"
             " AND outcome IN ('sent', 'executed')) AS sends",
             (self.schedule,),
+        )
+        median, longest = rows[0]
+        return float(median or 0.0), float(longest or 0.0)
+
+    def execution_lag_s(self) -> tuple[float, float]:
+        """The median and the longest time from a slot to its execution by the worker,
+        in s (the broker's queue and the worker's pace: it runs one task at a time)."""
+        rows = self._query(
+            sql.SQL(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), max(d) FROM ("
+                " SELECT extract(epoch FROM at - slot)::float8 AS d FROM {}"
+                " WHERE slot IS NOT NULL) AS lags"
+            ).format(sql.Identifier(self.table))
         )
         median, longest = rows[0]
         return float(median or 0.0), float(longest or 0.0)
