@@ -115,6 +115,8 @@ async def event(
     """One switchover or crash; the figures (seconds)."""
     old = cluster.leader()
     assert old is not None
+    for fleet in fleets:
+        fleet.server_going_down()
     if kind == "crash":
         frozen = await asyncio.to_thread(cluster.freeze_replication)
         await asyncio.sleep(freeze_s)

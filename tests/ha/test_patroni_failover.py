@@ -61,6 +61,8 @@ async def test_a_switchover_and_a_crash_keep_every_slot_once_and_terms_increasin
             await fleet.start()
         await _settled(fleets, 0.0)
 
+        for fleet in fleets:
+            fleet.server_going_down()
         switched_at = time.monotonic()
         new = await asyncio.to_thread(cluster.switchover)
         await _settled(fleets, switched_at)
@@ -68,6 +70,8 @@ async def test_a_switchover_and_a_crash_keep_every_slot_once_and_terms_increasin
 
         frozen = await asyncio.to_thread(cluster.freeze_replication)
         await asyncio.sleep(1.0)  # synchronous: the commits of this second wait
+        for fleet in fleets:
+            fleet.server_going_down()
         crashed_at = time.monotonic()
         old = await asyncio.to_thread(cluster.crash_primary)
         assert old == new

@@ -163,6 +163,15 @@ class Fleet:
             return_exceptions=True,
         )
 
+    def server_going_down(self) -> None:
+        """Note in the belief log that the server is about to end the leader's session
+        (a switchover or a crash): a follower queued there may be granted the lock for
+        the few ms until its own session ends, before the leader can know (a terminate
+        overlap, bounded; see ``BeliefLog``)."""
+        for i, lock in enumerate(self.locks):
+            if lock.is_leader:
+                self.beliefs.fault("terminate", f"{self.kind}-{i}")
+
     def leader(self) -> LeaderLock | None:
         leading = [lock for lock in self.locks if lock.is_leader]
         return leading[0] if leading else None

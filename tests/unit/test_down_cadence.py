@@ -111,9 +111,10 @@ def test_quick_connect_failures_say_how_long_the_server_has_looked_down() -> Non
         (ConnectionError("connect: timed out"), 2.9),  # a black hole: slow
         (ConnectionError("connect: timed out"), 1.5),  # half the connect bound (3 s)
         (busy(), 0.01),  # the server is at max_connections: do not add to it
+        (ConnectionError("connect: FATAL: no more connections allowed (max_client_conn)"), 0.01),
         (ServerRefusedError("password authentication failed"), 0.01),  # permanent
     ],
-    ids=["timeout", "half-the-bound", "too-many-clients", "refused-for-good"],
+    ids=["timeout", "half-the-bound", "too-many-clients", "pooler-full", "refused-for-good"],
 )
 def test_slow_busy_or_permanent_failures_are_not_down(error: Exception, took_s: float) -> None:
     retry = Recording()

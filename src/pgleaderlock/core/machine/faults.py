@@ -21,7 +21,12 @@ host or a proxy that answered at once: a refused or closed connection, a standby
 server starting up or shutting down, a session that died. Repeating such an attempt
 costs next to nothing; a timeout is another matter (a black hole, an overloaded host)."""
 
-_BUSY = ("too many clients", "remaining connection slots", "too many connections")
+_BUSY = (
+    "too many clients",  # PostgreSQL's max_connections (libpq gives no SQLSTATE)
+    "remaining connection slots",  # the slots reserved for superusers
+    "too many connections",  # a role's or a database's CONNECTION LIMIT
+    "no more connections allowed",  # PgBouncer's max_client_conn
+)
 
 NON_RETRYABLE: tuple[type[Exception], ...] = (
     SessionNotDedicatedError,
@@ -51,7 +56,8 @@ def looks_down(error: BaseException, took_s: float, bound_s: float) -> bool:
     """Whether a failed call says "the server is down" rather than "slow" or "busy": a
     connection error that came within `QUICK_FAILURE_S` and half the call's bound
     ``bound_s``, and not a server too busy to take one more connection (SQLSTATE class
-    53, "too many clients"), which a fast retry would only burden."""
+    53, "too many clients", a pooler's "no more connections allowed"), which a fast
+    retry would only burden."""
     if not isinstance(error, ConnectionError) or is_permanent(error):
         return False
     if took_s >= min(QUICK_FAILURE_S, bound_s / 2):
