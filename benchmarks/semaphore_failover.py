@@ -1,23 +1,32 @@
-"""Semaphore failover: how fast a freed slot is taken, next to a LeaderLock's failover.
+"""Semaphore followers: what waiting costs, and how fast a freed slot is taken, next to a
+LeaderLock's in the same run.
 
-In one run, interleaved trial by trial:
+Cost (one process, ``--cost-seconds`` each, one after the other):
+
+- 20 waiting followers of a ``LeaderLock`` (one holder); 20 and 100 waiting followers of
+  a ``Semaphore(slots=N)`` (N holders); library defaults. Printed: the CPU of the
+  followers' server backends (``/proc/<pid>/stat``: the server must run on this machine)
+  and of this process, as a share of one core.
+
+Failover (interleaved trial by trial; SIGKILL and ``pg_terminate_backend`` alternate):
 
 - ``lock``: two candidate processes (``pgleaderlock.testing.candidate``, library
-  defaults, ``follower_mode="wait"``) on one ``LeaderLock``; the leader is SIGKILLed.
-- ``semaphore rescan=R``: N + 1 candidate processes on one ``Semaphore(slots=N)`` with
-  ``rescan_s=R`` (one configuration per ``--rescan``); a random holder is SIGKILLed.
+  defaults, ``follower_mode="wait"``) on one ``LeaderLock``; the leader is hit.
+- ``semaphore, N waiting``: 2N candidate processes on one ``Semaphore(slots=N)``: each
+  slot has a follower that waits for it on the server; a random holder is hit.
+- ``semaphore, 1 waiting rescan=R``: N + 1 processes: the one follower watches every
+  slot and tries them each ``rescan_s`` (one configuration per ``--rescan``).
 
-The time is kill -> the next holder's ``acquired`` event (``on_acquired`` ran), from each
-process's own ``time.monotonic()`` (one machine, one clock). The killed process is
-replaced by a new one, which becomes the next trial's waiter. A semaphore's follower
-cannot wait on the server for "any of N slots"; it tries every slot each ``rescan_s``
-(see ``docs/guides/semaphores.md``), so its failover is about ``rescan_s / 2`` plus a few
-round trips, while a lock's follower is granted the lock by the server at once.
+The time is the hit -> the next holder's ``acquired`` event (``on_acquired`` ran), from
+each process's own ``time.monotonic()`` (one machine, one clock). A SIGKILLed process is
+replaced by a new one, which becomes the next trial's waiter; a terminated one
+reconnects and waits. See ``docs/guides/semaphores.md``.
 
 Usage::
 
     python benchmarks/semaphore_failover.py                       # 20 trials, N=2
     python benchmarks/semaphore_failover.py --trials 40 --slots 3 --rescan 0.05 --rescan 0.01
+    python benchmarks/semaphore_failover.py --cost-seconds 0      # failover only
     python benchmarks/semaphore_failover.py --dsn postgresql://postgres@127.0.0.1:5432/test
 
 Without ``--dsn`` a throwaway PostgreSQL cluster is started (and removed afterwards).
@@ -28,13 +37,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import resource
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from _common import (
     database,
     describe_machine,
@@ -46,6 +58,7 @@ from _common import (
     summarize,
 )
 
+from pgleaderlock import LeaderLock, LockOptions, Semaphore
 from pgleaderlock.core.semaphore import DEFAULT_RESCAN_S
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess, candidate_command
 
@@ -100,19 +113,26 @@ class Setup:
                 raise TimeoutError(f"{self.label}: {len(leading)} lead, {len(waiting)} wait")
             await asyncio.sleep(0.01)
 
-    async def trial(self, rng: random.Random) -> float:
+    async def trial(self, rng: random.Random, terminate: bool) -> float:
         await self.settled()
         waiters = [p for p in self.procs if not p.is_leader]
         victim = rng.choice([p for p in self.procs if p.is_leader])
-        # The time just before the signal: kill() reads the clock after it, and on a busy
+        pid = victim.backend_pid
+        # The time just before the hit: kill() reads the clock after it, and on a busy
         # machine the waiter may have been told it leads before this process runs again.
         killed_at = time.monotonic()
-        await victim.kill()
-        self.procs.remove(victim)
+        if terminate and pid is not None:
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                killed_at = time.monotonic()
+                await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        else:
+            await victim.kill()
+            self.procs.remove(victim)
         event = await _first_acquired(self.label, waiters, killed_at)
         took = event - killed_at
         self.times.append(took)
-        await self.spawn()  # the next trial's waiter
+        if not terminate:
+            await self.spawn()  # the next trial's waiter
         return took
 
     async def close(self) -> None:
@@ -133,26 +153,99 @@ async def _first_acquired(label: str, waiters: list[Candidate], since: float) ->
 
 async def run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     base = CandidateOptions.library_defaults(quiet=True)
-    setups = [Setup("lock", dsn, base, size=2, holders=1)]
+    n = args.slots
+    sem = CandidateOptions.library_defaults(quiet=True, slots=n)
+    setups = [
+        Setup("lock", dsn, base, size=2, holders=1),
+        Setup(f"semaphore, {n} waiting", dsn, sem, size=2 * n, holders=n),
+    ]
     for rescan in args.rescan:
-        options = CandidateOptions.library_defaults(quiet=True, slots=args.slots, rescan_s=rescan)
-        setups.append(
-            Setup(f"semaphore rescan={rescan:g}", dsn, options, args.slots + 1, args.slots)
-        )
+        options = CandidateOptions.library_defaults(quiet=True, slots=n, rescan_s=rescan)
+        setups.append(Setup(f"semaphore, 1 waiting rescan={rescan:g}", dsn, options, n + 1, n))
     rng = random.Random(args.seed)
     try:
         for setup in setups:
             for _ in range(setup.size):
                 await setup.spawn()
         for trial in range(args.trials):
+            terminate = trial % 2 == 1  # SIGKILL and terminate, interleaved
             for setup in setups:  # interleaved: the same noise for each
-                took = await setup.trial(rng)
+                took = await setup.trial(rng, terminate)
                 if args.verbose:
-                    print(f"trial {trial + 1:>3} {setup.label:<24} {fmt_ms(took)}", flush=True)
+                    hit = "terminate" if terminate else "SIGKILL"
+                    print(f"trial {trial + 1:>3} {setup.label:<32} {hit:<9} {fmt_ms(took)}")
     finally:
         for setup in setups:
             await setup.close()
     return {setup.label: setup.times for setup in setups}
+
+
+def _backend_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the server backends ``pids`` have used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / ticks
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def cost(
+    dsn: str, slots: int | None, followers: int, seconds: float, settle_s: float
+) -> tuple[float, float]:
+    """The server's and this process's CPU, as shares of a core, while ``followers``
+    followers of a lock (``slots`` None) or of a semaphore wait for ``seconds``, from
+    ``settle_s`` after they started."""
+    name = f"bench-cost-{uuid.uuid4().hex[:10]}"
+    options = LockOptions(load_plugins=False)
+
+    def make() -> LeaderLock:
+        if slots is None:
+            return LeaderLock.from_name(name, dsn, options=options)
+        return Semaphore(dsn, name, slots=slots, options=options)
+
+    holders = [make() for _ in range(slots or 1)]
+    waiting = [make() for _ in range(followers)]
+    try:
+        for lock in holders:
+            await lock.start()
+            if not await lock.wait_for_leadership(EVENT_TIMEOUT_S):
+                raise TimeoutError(f"{name}: a holder did not lead")
+        for lock in waiting:
+            await lock.start()
+        await asyncio.sleep(settle_s)  # every follower is past its first attempts
+        if any(lock.is_leader for lock in waiting):
+            raise RuntimeError(f"{name}: a follower leads")
+        pids = [pid for lock in waiting if (pid := lock.backend_pid) is not None]
+        server, client, started = _backend_cpu_s(pids), _own_cpu_s(), time.monotonic()
+        await asyncio.sleep(seconds)
+        took = time.monotonic() - started
+        return (_backend_cpu_s(pids) - server) / took, (_own_cpu_s() - client) / took
+    finally:
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(lock.shutdown(10) for lock in (*waiting, *holders)))
+
+
+async def costs(args: argparse.Namespace, dsn: str) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for label, slots, followers in (
+        ("LeaderLock", None, 20),
+        (f"Semaphore(slots={args.slots})", args.slots, 20),
+        (f"Semaphore(slots={args.slots})", args.slots, 100),
+    ):
+        server, client = await cost(dsn, slots, followers, args.cost_seconds, args.settle)
+        rows.append([label, followers, f"{server * 100:.2f}%", f"{client * 100:.2f}%"])
+        print(f"cost: {label} x {followers}: server {server:.2%}, client {client:.2%}")
+    return rows
 
 
 def main() -> int:
@@ -166,6 +259,15 @@ def main() -> int:
         action="append",
         help=f"a semaphore configuration's rescan_s (repeatable; default {DEFAULT_RESCAN_S})",
     )
+    parser.add_argument(
+        "--cost-seconds", type=float, default=15.0, help="each cost measurement (0: none)"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds from the followers' start to the cost measurement",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("-v", "--verbose", action="store_true", help="print every trial")
     args = parser.parse_args()
@@ -173,7 +275,16 @@ def main() -> int:
     interrupt_on_signals()
     with database(args.dsn) as dsn:
         print(describe_machine({**machine_info(), **server_info(dsn)}))
-        results = asyncio.run(run(args, dsn))
+        print(f"Load average (1 min) at the start: {os.getloadavg()[0]:.2f}", flush=True)
+        cost_rows = asyncio.run(costs(args, dsn)) if args.cost_seconds > 0 else []
+        results = asyncio.run(run(args, dsn)) if args.trials > 0 else {"lock": []}
+        print(f"Load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
+    if cost_rows:
+        print()
+        print(f"Waiting followers, {args.cost_seconds:g} s each: CPU as a share of one core")
+        print(markdown_table(["followers of", "followers", "server", "client"], cost_rows))
+    if not results["lock"]:
+        return 0
     lock = summarize(results["lock"])
     rows = []
     for label, times in results.items():
@@ -182,7 +293,10 @@ def main() -> int:
         spread = [fmt_ms(summary.median), fmt_ms(summary.p95), fmt_ms(summary.max)]
         rows.append([label, summary.n, *spread, f"{ratio:.2f}x"])
     print()
-    print(f"Failover after SIGKILL of a holder (N={args.slots}): kill -> next on_acquired")
+    print(
+        f"Failover after SIGKILL or terminate of a holder, interleaved (N={args.slots}): "
+        "hit -> next on_acquired"
+    )
     print(markdown_table(["setup", "trials", "median", "p95", "max", "median / lock"], rows))
     return 0
 

@@ -40,12 +40,15 @@ system_packages() {
         return 1
     fi
     echo "   installing Debian packages ${missing[*]} ($why) with apt-get install --no-install-recommends; set PGLEADERLOCK_TEST_APT=0 to skip those tests instead" >&2
-    if ! apt-get update -qq >/dev/null 2>&1; then
+    # Another apt or dpkg (a second test run, unattended upgrades) may hold the lock: wait
+    # for it up to 5 minutes instead of failing at once.
+    local -a wait_lock=(-o DPkg::Lock::Timeout=300)
+    if ! apt-get "${wait_lock[@]}" update -qq >/dev/null 2>&1; then
         echo "apt-get update failed; ${missing[*]} not installed"
         return 1
     fi
     local plan
-    plan="$(apt-get -s install --no-install-recommends "${missing[@]}" 2>&1)" || {
+    plan="$(apt-get "${wait_lock[@]}" -s install --no-install-recommends "${missing[@]}" 2>&1)" || {
         echo "apt-get cannot install ${missing[*]}: $(printf '%s\n' "$plan" | tail -n 1)"
         return 1
     }
@@ -64,7 +67,7 @@ system_packages() {
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
     fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade \
+    DEBIAN_FRONTEND=noninteractive apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends --no-upgrade \
         "${missing[@]}" >/dev/null 2>&1 || status=$?
     [ -z "$ours" ] || rm -f "$policy"
     if [ "$status" != 0 ]; then

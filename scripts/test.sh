@@ -184,10 +184,12 @@ floors_lane() {
 # Lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
 # fault runs that mostly wait for clock ticks; tests/celerybeat: Celery beat and workers
 # on Redis/RabbitMQ; tests/djangoapp: manage.py; tests/deploy: throwaway clusters,
-# standbys, PgBouncers; tests/ha: a real Patroni cluster, about 2 minutes; tests/docs and
-# the process-tree tests, which keep the two lanes of about the same length), one lane per other Python and the floors. Their reports
-# follow the main suite's.
-SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy tests/ha tests/docs tests/cli/test_cli_exec_tree.py)
+# standbys, PgBouncers; tests/ha: a real Patroni cluster, about a minute; tests/docs and
+# the process-tree tests, which keep the two lanes of about the same length;
+# tests/extras: a fresh venv per extra, each running its guide's example), one lane per
+# other Python and the floors. Their reports follow the main suite's.
+SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy tests/ha tests/docs tests/extras
+    tests/cli/test_cli_exec_tree.py)
 logs="$(mktemp -d)"
 echo "== pytest, lanes: main (here), side (${SIDE[*]}), fast tiers on: ${others[*]:-none}, floors: ${floors:-no}"
 lane side "$logs/side.log" "$VENV/bin/python" "${PYTEST[@]}" --durations=15 "${SIDE[@]}"

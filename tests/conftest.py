@@ -10,19 +10,20 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import pgleaderlock
 from pgleaderlock import LeaderLock, LockState
 from pgleaderlock.testing.postgres import ThrowawayPostgres
-from support.fixture_types import Figures, MakeRecorder
+from support.fixture_types import Figures, MakeLock, MakeRecorded, MakeRecorder
 from support.netns import NetnsLink, NetnsUnavailableError, netns_unavailable_reason
 from support.server import Admin, resolve_test_dsn
 
 # Fixture modules shared by several folders (each documents its fixtures), after
 # psycopg's tests/fix_*.py: every fixture name is defined once.
-pytest_plugins = ["fix_db", "fix_locks", "fix_roles", "support.pgbouncer"]
+pytest_plugins = ["fix_db", "fix_locks", "fix_pgbouncer", "fix_roles"]
 
 _PG_DESCRIPTION = pytest.StashKey[str]()
 _JSON_LOG_RECORDS = pytest.StashKey[list[int]]()  # records checked, records that failed
@@ -286,6 +287,18 @@ class Recorder:
 def recorder() -> MakeRecorder:
     """``recorder(lock)`` records every callback of ``lock`` in order."""
     return Recorder
+
+
+@pytest.fixture
+def recorded(make_lock: MakeLock, recorder: MakeRecorder) -> MakeRecorded:
+    """``recorded(**options)``: a ``make_lock`` lock, and the ``recorder`` of its callbacks
+    (``lock, rec = recorded()``)."""
+
+    def make(**options: Any) -> tuple[LeaderLock, Recorder]:
+        lock = make_lock(**options)
+        return lock, recorder(lock)
+
+    return make
 
 
 # ---------------------------------------------------------------- the shared server

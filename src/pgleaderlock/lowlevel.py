@@ -26,8 +26,9 @@ Names, by theme:
 - **Sessions and backends** (*public*: `Backend`, `ConnectOptions`, `LockSession`). The
   optional capabilities a backend implements: `AbortableSession`, `FencingSession`,
   `KeepAliveSession`, `ProbingSession`, `QuerySession`, `SocketSession`,
-  `TableSession`, `WaitingSession`, `WatchableSession` (ask with `can`, which caches the
-  answer); `SessionInfo` (what a new session learns about itself), `FencedSessions`,
+  `TableSession`, `WaitingSession`, `BoundedWaitSession`, `WatchableSession` (ask with
+  `can`, which caches the answer); `SessionInfo` (what a new session learns about
+  itself), `FencedSessions`,
   `SessionFactory`, `SessionSlot` (where a lock's current session lives),
   `connection_target` (a DSN or ``connect_fn`` checked before any I/O), `Target` and
   `short_session` (a short session for reading).
@@ -37,7 +38,8 @@ Names, by theme:
 - **Calls and bounds**: `bounded` (a call under a timeout that drops the session before
   cancelling it: the only way outside a lock's task), `fetch_row` and `transaction`
   (a statement or a transaction on a connection of the caller's, any driver),
-  `Supervisor` and `check_give_away` (named tasks restarted after a crash).
+  `Supervisor` and `check_give_away` (named tasks restarted after a crash), `Service`
+  (a mixin: ``async with`` calls ``start()`` on the way in, ``shutdown()`` on the way out).
 - **Configuration and validation** (*public*: `LockOptions`, `Timing`, `Fencing`,
   `Participation`, `Session`): `LockConfig` and `lock_config` (a lock's settings,
   checked), `lock_arguments` (a flat mapping, as configuration files give it, into a

@@ -190,6 +190,24 @@ class LeaderTasks:
         returns. Tasks still running when ``drain_s`` ends are cancelled as usual."""
         return self._lock.draining
 
+    async def idle(self, seconds: float) -> None:
+        """Sleep ``seconds`` between units of work, in a task of this object: a graceful
+        stop's drain waits only for the tasks that run a unit of work. A task that sleeps
+        here when the drain starts is ended at once (cancelled: the ``CancelledError``
+        comes out of this call), and one that comes here during the drain ends here; so
+        a stop with nothing running returns at once, whatever ``drain_s`` is. Outside a
+        task of this object it is ``asyncio.sleep``.
+
+        ```python
+        @tasks.task
+        async def refresh() -> None:
+            while True:
+                await rebuild_report()  # a drain lets this finish (up to drain_s)
+                await tasks.idle(60)  # ... and does not wait for this
+        ```
+        """
+        await self._tasks.idle(seconds)
+
     @property
     def paused_until(self) -> float | None:
         """While this replica stays out of the election after giving its leadership

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import os
 import subprocess
 import sys
 from typing import Any
@@ -203,7 +204,8 @@ def test_a_sub_millisecond_interval_is_refused_naming_the_entry() -> None:
 
 
 def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    for variable in ("PGLEADERLOCK_DSN", "PG_DSN"):
+        monkeypatch.delenv(variable, raising=False)
     settings = BeatSettings.from_app(app(pgleaderlock_dsn="postgresql://db/x"))
     assert settings.dsn == "postgresql://db/x"
     assert settings.lock_name == "celery-beat:proj"
@@ -244,7 +246,8 @@ def test_settings_read_from_the_configuration(monkeypatch: pytest.MonkeyPatch) -
 def test_retries_of_a_failed_send_are_read_from_the_configuration(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    for variable in ("PGLEADERLOCK_DSN", "PG_DSN"):
+        monkeypatch.delenv(variable, raising=False)
     plain = BeatSettings.from_app(app(pgleaderlock_dsn="x"))
     assert plain.policy.retry == Retry()  # one attempt: a failed send stays failed
     given = Retry(max_attempts=4, on=(OSError,))
@@ -261,7 +264,8 @@ def test_retries_of_a_failed_send_are_read_from_the_configuration(
 def test_the_worker_guards_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker's SlotTask guard: the ledger's runs table (the lock's fencing_schema and
     trusted roles), through the worker's own DSN when one is set."""
-    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    for variable in ("PGLEADERLOCK_DSN", "PG_DSN"):
+        monkeypatch.delenv(variable, raising=False)
     settings = BeatSettings.from_app(
         app(
             pgleaderlock_dsn="postgresql://beat@db/x",
@@ -281,7 +285,8 @@ def test_the_worker_guards_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    for variable in ("PGLEADERLOCK_DSN", "PG_DSN"):
+        monkeypatch.delenv(variable, raising=False)
 
     class DjangoSettings:
         CELERY_PGLEADERLOCK_DSN = "postgresql://beat:s3cret@db/app"
@@ -297,7 +302,7 @@ def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
-        ({}, r"needs a PostgreSQL DSN: set pgleaderlock_dsn .* PGLEADERLOCK_DSN"),
+        ({}, r"needs a PostgreSQL DSN: set pgleaderlock_dsn .* PGLEADERLOCK_DSN or PG_DSN"),
         ({"pgleaderlock_dsn": "x", "pgleaderlock_catch_up": "some"}, r"pgleaderlock_catch_up"),
         (
             {"pgleaderlock_dsn": "x", "pgleaderlock_interrupted": "maybe"},
@@ -329,7 +334,8 @@ def test_settings_under_djangos_celery_namespace(monkeypatch: pytest.MonkeyPatch
 def test_settings_errors_name_the_setting(
     conf: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    for variable in ("PGLEADERLOCK_DSN", "PG_DSN"):
+        monkeypatch.delenv(variable, raising=False)
     with pytest.raises(ConfigurationError, match=message):
         BeatSettings.from_app(app(**conf))
 
@@ -365,3 +371,46 @@ def test_without_celery_the_import_names_the_extra() -> None:
     )
     assert result.returncode != 0
     assert "pip install 'pgleaderlock[celery]'" in result.stderr.splitlines()[-1]
+
+
+def test_the_dsn_comes_from_the_same_variables_as_the_command_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pgleaderlock_dsn``, else ``PGLEADERLOCK_DSN``, else ``PG_DSN`` (the command
+    line's order)."""
+    monkeypatch.delenv("PGLEADERLOCK_DSN", raising=False)
+    monkeypatch.setenv("PG_DSN", "postgresql://pg-dsn/x")
+    assert BeatSettings.from_app(app()).dsn == "postgresql://pg-dsn/x"
+    monkeypatch.setenv("PGLEADERLOCK_DSN", "postgresql://ours/x")
+    assert BeatSettings.from_app(app()).dsn == "postgresql://ours/x"
+    assert BeatSettings.from_app(app(pgleaderlock_dsn="postgresql://conf/x")).dsn == (
+        "postgresql://conf/x"
+    )
+
+
+_PROJ = """\
+from celery import Celery
+app = Celery("proj", broker="redis://127.0.0.1:6379/0")
+app.conf.beat_schedule = {"tick": {"task": "proj.tick", "schedule": 30.0}}
+"""
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["banner", "quiet"])
+def test_beat_without_a_dsn_says_so_in_one_line(tmp_path: Any, quiet: bool) -> None:
+    """`celery beat` with LeaderScheduler and no DSN anywhere: exit status 1 and a few
+    lines (no traceback), one of them naming the setting."""
+    (tmp_path / "proj.py").write_text(_PROJ)
+    env = {k: v for k, v in os.environ.items() if k not in ("PG_DSN", "PGLEADERLOCK_DSN")}
+    command = [sys.executable, "-m", "celery", "-A", "proj", *(["-q"] if quiet else [])]
+    command += ["beat", "-S", "pgleaderlock.integrations.celery:LeaderScheduler"]
+    command += ["-s", str(tmp_path / "beat-schedule")]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50, check=False
+    )
+    lines = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 1, lines
+    assert len(lines) <= 10, "\n".join(lines)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert any(
+        "set pgleaderlock_dsn" in line and "PGLEADERLOCK_DSN or PG_DSN" in line for line in lines
+    ), lines

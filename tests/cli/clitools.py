@@ -42,7 +42,7 @@ def python_m(
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PG_DSN"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PG_DSN", "PGLEADERLOCK_DSN")}
     env.update(extra)
     return env
 

@@ -124,6 +124,35 @@ async def test_leadership_lost_mid_run_terminates_the_command(
     assert outcomes[match.group(1)] == "lost"
 
 
+async def test_a_deliberate_stop_records_the_running_slot(
+    cli: Start, admin: Admin, lock_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM to `cron` while COMMAND runs (no --drain): COMMAND is stopped as the
+    shutdown says, and its slot is recorded with how it ended (not left ``running``,
+    not logged as a lost leadership); ``status`` shows it failed."""
+    marker = tmp_path / "terminated"
+    script = f"trap 'echo x > {marker}; exit 143' TERM; sleep 30 & wait"
+    proc = await cli(
+        "cron", "--name", lock_name, "--every", "1", "--health-interval", "0.5",
+        "--kill-after", "5", "--", "sh", "-c", script,
+    )  # fmt: skip
+    match = await proc.expect(r"command_started .*slot=(\S+)")
+    proc.send(signal.SIGTERM)
+    assert await proc.wait() == 0, proc.describe()
+    assert marker.read_text().strip() == "x"
+    assert "leadership_lost" not in proc.stderr + proc.stdout, proc.describe()
+    assert re.search(r"command_stopped .*exit_code=143", proc.stderr + proc.stdout)
+    rows = await (await admin.execute(RUNS, (f"{lock_name}:cron",))).fetchall()
+    outcomes = {row[0].isoformat(): (row[1], row[2]) for row in rows}
+    outcome, detail = outcomes[match.group(1)]
+    assert outcome == "failed", outcomes
+    assert "SIGTERM" in str(detail), detail
+    status = await cli("status", "--name", lock_name, "--json")
+    assert await status.wait() == 0, status.describe()
+    runs = json.loads(status.stdout)["schedules"]["items"][0]["last_runs"]
+    assert [run["outcome"] for run in runs if run["outcome"] == "running"] == [], runs
+
+
 @pytest.fixture(scope="module")
 def migrated() -> Iterator[ThrowawayPostgres]:
     """A cluster whose library tables live in schema ``locks``, made and owned by the

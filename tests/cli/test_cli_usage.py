@@ -63,7 +63,7 @@ def test_main_help_lists_commands_examples_and_exit_codes() -> None:
     [
         ("run", ["--key1", "--key2", "--health-interval", "--retry-base", "--retry-max",
                  "--reconnect-grace", "--no-auto-reacquire", "--name", "--backend",
-                 "--follower-mode", "[env var: PG_DSN]", "SIGTERM", "Examples:"]),
+                 "--follower-mode", "PGLEADERLOCK_DSN", "PG_DSN]", "SIGTERM", "Examples:"]),
         ("acquire", ["--wait", "--hold", "exit 0 if acquired, 1", "Examples:"]),
         ("exec", ["COMMAND", "--wait", "--kill-after", "--held-exit-code", "75", "76",
                   "Examples:", "flock"]),
@@ -85,7 +85,15 @@ def test_python_dash_m_works() -> None:
 
 @pytest.mark.parametrize("command", ["run", "acquire", "status"])
 def test_no_dsn(command: str) -> None:
-    assert_one_line_error(run(command, "--name", "x"), "no DSN", "PG_DSN")
+    assert_one_line_error(run(command, "--name", "x"), "no DSN", "PGLEADERLOCK_DSN or PG_DSN")
+
+
+def test_the_dsn_variables_in_their_order() -> None:
+    """``PGLEADERLOCK_DSN`` (as Celery beat reads it), before ``PG_DSN``."""
+    result = run("status", "--name", "x", env={"PGLEADERLOCK_DSN": UNREACHABLE})
+    assert_one_line_error(result, "cannot connect", "127.0.0.1:1")
+    both = {"PGLEADERLOCK_DSN": UNREACHABLE, "PG_DSN": "postgresql://nobody@127.0.0.1:2/x"}
+    assert_one_line_error(run("status", "--name", "x", env=both), "127.0.0.1:1")
 
 
 def test_exec_without_dsn_does_not_run_the_command(tmp_path: Path) -> None:

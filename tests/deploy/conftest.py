@@ -11,18 +11,31 @@ Replication (``support.replication``, ``support.blackhole``):
 - ``blackhole``: a ``BlackHole`` listener that never answers.
 
 ``backend`` runs a test once per driver (psycopg, asyncpg).
+
+A database shared with other roles (``support.shared_database``), for
+tests/deploy/test_shared_database*.py: ``shared_cluster`` (module: a cluster of the
+module's own, with the roles ``attacker``, ``owner``, ``app``, ``worker``), ``shared_db``
+(a fresh database of it, where anyone may create in ``public``), and ``coordinators``
+(Coordinators with fast timings, shut down at teardown).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
+from pgleaderlock import Coordinator
+from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.blackhole import BlackHole
 from support.replication import PrimaryStandby
+from support.server import prepared_cluster
+from support.shared_database import COORD_FAST, Database
+from support.timings import lock_args
 
 
 @pytest.fixture(params=["psycopg", "asyncpg"])
@@ -67,3 +80,45 @@ def blackhole() -> Iterator[BlackHole]:
 def figures_table() -> str:
     """This folder's ``figures`` are listed in the "deployment figures" table."""
     return "deployment figures"
+
+
+# ---------------------------------------------------------------- a database shared with other roles
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[ThrowawayPostgres]:
+    """A cluster of the requesting module's own, with the roles ``attacker``, ``owner``,
+    ``app`` and ``worker`` (tests/deploy/test_shared_database*.py)."""
+    with prepared_cluster(
+        "CREATE ROLE attacker LOGIN",
+        "CREATE ROLE owner LOGIN",
+        "CREATE ROLE app LOGIN",
+        "CREATE ROLE worker LOGIN",
+    ) as pg:
+        yield pg
+
+
+@pytest.fixture
+def shared_db(shared_cluster: ThrowawayPostgres) -> Iterator[Database]:
+    """A database like one upgraded from PostgreSQL 14: anyone may create in public."""
+    try:
+        with Database.fresh(shared_cluster) as database:
+            database.run("GRANT CREATE ON SCHEMA public TO PUBLIC")
+            yield database
+    finally:
+        with psycopg.connect(shared_cluster.dsn, autocommit=True) as conn:
+            conn.execute("ALTER ROLE attacker NOSUPERUSER")
+
+
+@pytest.fixture
+async def coordinators() -> AsyncIterator[Callable[..., Coordinator]]:
+    """``make(dsn, **kwargs)``: a Coordinator with fast timings, shut down at teardown."""
+    made: list[Coordinator] = []
+
+    def make(dsn: str, **kwargs: Any) -> Coordinator:
+        coord = Coordinator(dsn, **lock_args({**COORD_FAST, **kwargs}))
+        made.append(coord)
+        return coord
+
+    yield make
+    await asyncio.gather(*(c.shutdown() for c in made), return_exceptions=True)

@@ -21,6 +21,7 @@ themselves (``benchmarks/_common.py``).
 - :mod:`support.blackhole`: ``BlackHole``, a listener that never answers a byte.
 - :mod:`support.fenced`: ``FencedWorker``, a child process that leads a fencing lock and
   runs fenced transactions (``tests/faults/fenced_worker.py``).
-- :mod:`support.pgbouncer`: ``PgBouncer``, a real PgBouncer in any pool mode, and its
-  fixtures (a ``pytest_plugins`` module of the root ``conftest.py``).
+- :mod:`support.pgbouncer`: ``PgBouncer``, a real PgBouncer in any pool mode (its
+  fixtures: ``tests/fix_pgbouncer.py``, a ``pytest_plugins`` module of the root
+  ``conftest.py``).
 """

@@ -12,12 +12,14 @@ from pgleaderlock import LeaderLock
 if TYPE_CHECKING:
     from conftest import Recorder
 
-__all__ = ["Figures", "LockPids", "MakeLock", "MakeRecorder", "Terminate"]
+__all__ = ["Figures", "LockPids", "MakeLock", "MakeRecorded", "MakeRecorder", "Terminate"]
 
 MakeLock = Callable[..., LeaderLock]
 """``make_lock(**options)``."""
 MakeRecorder = Callable[[LeaderLock], "Recorder"]
 """``recorder(lock)``."""
+MakeRecorded = Callable[..., tuple[LeaderLock, "Recorder"]]
+"""``recorded(**options)``: ``make_lock(**options)`` and its ``recorder``."""
 LockPids = Callable[[int, int], Awaitable[list[int]]]
 """``holders(key1, key2)`` and ``waiters(key1, key2)``: backend pids, from pg_locks."""
 Terminate = Callable[[int | None], Awaitable[None]]

@@ -1,11 +1,10 @@
-"""LeaderLock's lifecycle on the in-memory FakeServer: every path of the machine as a
-user sees it (states, callbacks, sessions), without a database."""
+"""LeaderLock's leadership on the in-memory FakeServer: acquiring, losing it and taking over
+(health probes, grace, flap damping), handing it over (step-down) and following (the
+follower modes), without a database. Start, shutdown and errors: test_lock_lifecycle.py."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,32 +13,20 @@ from pgleaderlock import (
     ConnectionError,
     FixedInterval,
     LeaderLock,
-    LockNotHeldError,
     LockState,
     RetryContext,
     Session,
-    SessionNotDedicatedError,
-    ShutdownError,
 )
 from pgleaderlock.testing import FakeServer
-from support.fixture_types import MakeLock, MakeRecorder
+from support.fixture_types import MakeLock, MakeRecorded, MakeRecorder
 from support.poll import eventually
-from support.timings import lock_args
-
-if TYPE_CHECKING:
-    pass
 
 S = LockState
 pytestmark = pytest.mark.timeout(30)
 
 
-async def test_single_lock_becomes_leader(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+async def test_single_lock_becomes_leader(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded()
     assert lock.state is S.STOPPED
     await lock.start()
     assert lock.state is not S.STOPPED
@@ -103,13 +90,10 @@ async def test_terminated_leader_loses_and_follower_takes_over(
 
 
 async def test_probe_checks_this_session_holds_the_lock(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     """A session that answers but no longer holds the lock is not a leader."""
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+    lock, rec = recorded(auto_reacquire=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     session = server.holder(1, 2)
@@ -120,13 +104,8 @@ async def test_probe_checks_this_session_holds_the_lock(
     assert not session.killed
 
 
-async def test_flap_damping_recovers_silently(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock(reconnect_grace_s=5.0)
-    rec = recorder(lock)
+async def test_flap_damping_recovers_silently(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded(reconnect_grace_s=5.0)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     first = server.holder(1, 2)
@@ -139,12 +118,9 @@ async def test_flap_damping_recovers_silently(
 
 
 async def test_is_leader_false_during_reconnecting(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(reconnect_grace_s=5.0)
-    rec = recorder(lock)
+    lock, rec = recorded(reconnect_grace_s=5.0)
     seen: list[bool] = []
     lock.on_state_change(
         lambda old, new: seen.append(lock.is_leader) if new is S.RECONNECTING else None
@@ -161,12 +137,9 @@ async def test_is_leader_false_during_reconnecting(
 
 
 async def test_grace_reacquire_failed_when_someone_else_got_it(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    a = make_lock(reconnect_grace_s=5.0)
-    rec = recorder(a)
+    a, rec = recorded(reconnect_grace_s=5.0)
     await a.start()
     assert await a.wait_for_leadership(5)
     server.refuse_connections = ConnectionError("down")
@@ -181,13 +154,8 @@ async def test_grace_reacquire_failed_when_someone_else_got_it(
     await rec.wait_event("acquired", count=2)
 
 
-async def test_grace_expires(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock(reconnect_grace_s=0.2)
-    rec = recorder(lock)
+async def test_grace_expires(recorded: MakeRecorded, server: FakeServer) -> None:
+    lock, rec = recorded(reconnect_grace_s=0.2)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     server.refuse_connections = ConnectionError("down")
@@ -200,12 +168,9 @@ async def test_grace_expires(
 
 
 async def test_no_auto_reacquire_stops_after_loss(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+    lock, rec = recorded(auto_reacquire=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     server.terminate()
@@ -230,11 +195,8 @@ async def test_step_down_hands_over(
     await rec_a.wait_event("acquired", count=2)
 
 
-async def test_step_down_without_auto_reacquire_stops(
-    make_lock: MakeLock, recorder: MakeRecorder
-) -> None:
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
+async def test_step_down_without_auto_reacquire_stops(recorded: MakeRecorded) -> None:
+    lock, rec = recorded(auto_reacquire=False)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     await lock.step_down()
@@ -256,12 +218,9 @@ async def test_step_down_when_not_leader_returns_at_once(
 
 
 async def test_step_down_timeout_cycles_the_connection(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(command_timeout_s=30)
-    rec = recorder(lock)
+    lock, rec = recorded(command_timeout_s=30)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     session = server.holder(1, 2)
@@ -276,12 +235,9 @@ async def test_step_down_timeout_cycles_the_connection(
 
 
 async def test_failed_unlock_in_step_down_continues_as_follower(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     await lock.start()
     assert await lock.wait_for_leadership(5)
     server.fail_calls["unlock"] = ConnectionError("boom")
@@ -289,334 +245,6 @@ async def test_failed_unlock_in_step_down_continues_as_follower(
     assert rec.names()[:2] == ["acquired", "error"]
     assert lock.state is not S.STOPPED
     await rec.wait_event("acquired", count=2)
-
-
-async def test_shutdown_is_idempotent_and_releases(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    await lock.shutdown()  # never started: nothing to do
-    await lock.start()
-    await lock.start()  # idempotent
-    assert await lock.wait_for_leadership(5)
-    assert len(server.sessions) == 1
-    await lock.shutdown()
-    await lock.shutdown()
-    assert rec.names().count("stopped") == 1
-    assert server.calls["unlock"] == 1
-    assert server.open_sessions == []
-
-
-async def test_restart_after_shutdown(make_lock: MakeLock, recorder: MakeRecorder) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    for _ in range(2):
-        await lock.start()
-        assert await lock.wait_for_leadership(5)
-        await lock.shutdown()
-    assert rec.names() == ["acquired", "released", "stopped"] * 2
-
-
-async def test_context_manager(make_lock: MakeLock, server: FakeServer) -> None:
-    lock = make_lock()
-    async with lock as entered:
-        assert entered is lock
-        assert await lock.wait_for_leadership(5)
-    assert lock.state is S.STOPPED
-    assert server.holder(1, 2) is None
-
-
-async def test_context_manager_shuts_down_on_exception(
-    make_lock: MakeLock, server: FakeServer
-) -> None:
-    lock = make_lock()
-    with pytest.raises(RuntimeError, match="user code failed"):
-        async with lock:
-            assert await lock.wait_for_leadership(5)
-            raise RuntimeError("user code failed")
-    assert lock.state is S.STOPPED
-    assert server.holder(1, 2) is None
-
-
-async def test_callbacks_order_sync_async_and_errors(
-    make_lock: MakeLock, recorder: MakeRecorder
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    calls: list[str] = []
-
-    @lock.on_acquired
-    def first() -> None:
-        calls.append("first")
-
-    @lock.on_acquired
-    async def second() -> None:
-        await asyncio.sleep(0)  # kept: an async callback that really yields
-        calls.append("second")
-
-    @lock.on_acquired
-    def broken() -> None:
-        raise ValueError("callback bug")
-
-    @lock.on_acquired
-    def fourth() -> None:
-        calls.append("fourth")
-
-    assert first.__name__ == "first"  # decorators return the function unchanged
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    await rec.wait_event("error")
-    assert calls == ["first", "second", "fourth"]
-    errors = rec.errors()
-    assert len(errors) == 1
-    assert isinstance(errors[0], ValueError)
-    assert lock.is_leader  # never fatal
-
-
-async def test_failing_error_callback_is_only_logged(
-    make_lock: MakeLock, caplog: pytest.LogCaptureFixture
-) -> None:
-    lock = make_lock()
-    seen: list[BaseException] = []
-
-    @lock.on_error
-    def bad_handler(exc: Exception) -> None:
-        seen.append(exc)
-        raise RuntimeError("handler bug")
-
-    @lock.on_acquired
-    def boom() -> None:
-        raise ValueError("x")
-
-    with caplog.at_level(logging.ERROR, logger="pgleaderlock"):
-        await lock.start()
-        assert await lock.wait_for_leadership(5)
-    assert len(seen) == 1
-    assert "callback_failed" in caplog.text
-    assert lock.is_leader
-
-
-async def test_connection_refused_is_retried_with_on_error(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    server.refuse_connections = ConnectionError("could not connect")
-    lock = make_lock()
-    rec = recorder(lock)
-    await lock.start()
-    await rec.wait_event("error", count=3)
-    assert lock.state in (S.FOLLOWER,)
-    assert all(isinstance(e, ConnectionError) for e in rec.errors())
-    assert "lost" not in rec.names()
-    server.refuse_connections = None
-    assert await lock.wait_for_leadership(5)
-
-
-async def test_db_error_while_acquiring_reports_error_not_lost(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    server.fail_calls["try_lock"] = ConnectionError("reset by peer")
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    assert rec.names() == ["error", "acquired"]
-    assert len(server.sessions) == 2  # the failed session was closed and replaced
-
-
-async def test_db_error_while_acquiring_without_auto_reacquire_stops(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock(auto_reacquire=False)
-    rec = recorder(lock)
-    server.fail_calls["try_lock"] = ConnectionError("reset by peer")
-    await lock.start()
-    await rec.wait_state(S.STOPPED)
-    assert rec.names() == ["error", "stopped"]
-
-
-async def test_retry_strategy_giving_up_stops(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    class TwoTries:
-        def __init__(self) -> None:
-            self.contexts: list[RetryContext] = []
-
-        def next_delay_s(self, ctx: RetryContext) -> float | None:
-            self.contexts.append(ctx)
-            return 0.01 if ctx.attempt < 2 else None
-
-    strategy = TwoTries()
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
-    lock = make_lock(retry_strategy=strategy)
-    rec = recorder(lock)
-    await lock.start()
-    await rec.wait_state(S.STOPPED)
-    assert [c.attempt for c in strategy.contexts] == [1, 2]
-    assert strategy.contexts[1].elapsed_s >= strategy.contexts[0].elapsed_s
-    assert rec.names() == ["acquire_failed", "acquire_failed", "stopped"]
-    await holder.close()
-
-
-async def test_non_retryable_error_stops(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    server.fail_calls["try_lock"] = SessionNotDedicatedError("pooler")
-    await lock.start()
-    await rec.wait_state(S.STOPPED)
-    assert isinstance(rec.errors()[0], SessionNotDedicatedError)
-
-
-async def test_interrupted_try_lock_closes_the_session(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    """A try_lock whose reply never came may have been granted: never reuse that session."""
-    server.hang("try_lock", grant_first=True)
-    lock = make_lock(command_timeout_s=0.1)
-    rec = recorder(lock)
-    await lock.start()
-    await rec.wait_event("error")
-    first = server.sessions[0]
-    assert first.closed
-    assert server.holder(1, 2) is not first  # closing freed the lock it was granted
-    server.release_hangs()
-    assert await lock.wait_for_leadership(5)
-    assert server.holder(1, 2) is not first
-
-
-async def test_shutdown_interrupts_a_hanging_try_lock(
-    make_lock: MakeLock, server: FakeServer
-) -> None:
-    server.hang("try_lock", grant_first=True)
-    lock = make_lock(command_timeout_s=60)
-    await lock.start()
-    await eventually(lambda: server.calls["try_lock"] > 0, 5, "a try_lock")
-    async with asyncio.timeout(2):
-        await lock.shutdown()
-    assert lock.state is S.STOPPED
-    assert server.holder(1, 2) is None
-    assert server.open_sessions == []
-
-
-async def test_shutdown_interrupts_a_hanging_connect(
-    make_lock: MakeLock, server: FakeServer
-) -> None:
-    server.hang("connect")
-    lock = make_lock(connect_timeout_s=60)
-    await lock.start()
-    await eventually(lambda: server.calls["connect"] > 0, 5, "a connect")
-    async with asyncio.timeout(2):
-        await lock.shutdown()
-    assert lock.state is S.STOPPED
-
-
-async def test_shutdown_timeout_raises_cleans_up_and_reports_the_stop(
-    make_lock: MakeLock,
-    server: FakeServer,
-    recorder: MakeRecorder,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    gate = asyncio.Event()
-
-    @lock.on_released
-    async def stuck() -> None:
-        await gate.wait()
-
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    with pytest.raises(ShutdownError):
-        await lock.shutdown(timeout_s=0.1)
-    assert lock.state is S.STOPPED
-    assert server.open_sessions == []
-    assert rec.names()[-1] == "stopped"  # a forced stop is still reported
-    assert rec.states()[-1] is S.STOPPED
-
-
-async def test_shutdown_from_a_callback_does_not_deadlock(
-    make_lock: MakeLock, recorder: MakeRecorder
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-
-    @lock.on_acquired
-    async def stop_now() -> None:
-        await lock.shutdown()
-
-    await lock.start()
-    await rec.wait_state(S.STOPPED)
-    assert rec.names() == ["acquired", "released", "stopped"]
-
-
-async def test_external_shutdown_event(make_lock: MakeLock, recorder: MakeRecorder) -> None:
-    event = asyncio.Event()
-    lock = make_lock(shutdown_event=event)
-    rec = recorder(lock)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    event.set()
-    await rec.wait_state(S.STOPPED)
-    assert rec.names() == ["acquired", "released", "stopped"]
-
-
-async def test_external_shutdown_event_while_following(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
-    event = asyncio.Event()
-    lock = make_lock(shutdown_event=event, retry_strategy=FixedInterval(30))
-    rec = recorder(lock)
-    await lock.start()
-    await rec.wait_event("acquire_failed")
-    event.set()
-    await rec.wait_state(S.STOPPED, timeout=2)
-    await holder.close()
-
-
-async def test_wait_for_leadership(make_lock: MakeLock, server: FakeServer) -> None:
-    lock = make_lock()
-    assert await lock.wait_for_leadership(0.05) is False  # not started
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
-    await lock.start()
-    assert await lock.wait_for_leadership(0.1) is False
-    await holder.close()
-    assert await lock.wait_for_leadership(5) is True
-
-
-async def test_wait_for_leadership_returns_false_when_stopped(
-    make_lock: MakeLock, server: FakeServer
-) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
-    lock = make_lock()
-    await lock.start()
-    waiter = asyncio.create_task(lock.wait_for_leadership())
-    # the holder's try_lock was the first; the lock's own attempt fails
-    await eventually(lambda: server.calls["try_lock"] >= 2, 5, "the lock's attempt")
-    await lock.shutdown()
-    assert await asyncio.wait_for(waiter, 2) is False
-    await holder.close()
 
 
 async def test_concurrent_start_shutdown_step_down(make_lock: MakeLock, server: FakeServer) -> None:
@@ -664,76 +292,11 @@ async def test_repr_shows_state(make_lock: MakeLock) -> None:
     assert repr(named).startswith("<LeaderLock name='jobs' keys=(")
 
 
-async def test_lock_not_held_error_reported_when_flap_damping_off(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
-    with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
-        session = server.holder(1, 2)
-        assert session is not None
-        server._free(session)
-        await rec.wait_event("lost")
-    assert "health_check_failed" in caplog.text
-    assert LockNotHeldError.__name__ in caplog.text
-
-
-# ---------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"key1": 2**31}, "key1=2147483648 is outside the signed 32-bit range"),
-        ({"key2": -(2**31) - 1}, "key2=.* is outside"),
-        ({"key1": True}, "key1 must be an int"),
-        ({"key1": "1"}, "key1 must be an int"),
-        ({"health_interval_s": 0}, "health_interval_s must be a positive"),
-        ({"health_interval_s": -1}, "health_interval_s"),
-        ({"health_timeout_s": float("nan")}, "health_timeout_s"),
-        ({"reconnect_grace_s": 0}, "reconnect_grace_s"),
-        ({"connect_timeout_s": -5}, "connect_timeout_s"),
-        ({"command_timeout_s": 0}, "command_timeout_s"),
-        ({"tcp_user_timeout_s": 6.0}, "must exceed health_interval_s \\+ health_timeout_s = 7"),
-        ({"auto_reacquire": "yes"}, "auto_reacquire must be a bool"),
-        ({"retry_strategy": object()}, "next_delay_s"),
-        ({"dsn": None}, "a DSN is required"),
-        ({"dsn": "   "}, "a DSN is required"),
-    ],
-)
-def test_bad_input_is_rejected_before_io(kwargs: dict[str, Any], match: str) -> None:
-    args = {"dsn": "postgresql://u@localhost/db", "key1": 1, "key2": 2, **kwargs}
-    with pytest.raises(ConfigurationError, match=match):  # options: from their groups
-        LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **lock_args(args))
-
-
-def test_malformed_dsn_is_rejected_and_masked() -> None:
-    with pytest.raises(ConfigurationError, match="malformed DSN") as info:
-        LeaderLock("host=h password=s3cret port=5432 nonsense", 1, 2)
-    assert "s3cret" not in str(info.value)
-
-
-def test_configuration_error_is_a_value_error() -> None:
-    with pytest.raises(ValueError):
-        LeaderLock("postgresql://h/db", 1, 2**40)
-
-
-# ---------------------------------------------------------------- follower modes
-
-
 async def test_waiting_follower_takes_over_at_once(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, make_lock: MakeLock, server: FakeServer
 ) -> None:
     a = make_lock()
-    b = make_lock(retry_strategy=FixedInterval(30))  # waits on the server for 30 s
-    rec_b = recorder(b)
+    b, rec_b = recorded(retry_strategy=FixedInterval(30))
     await rec_b.follow(a)
     await eventually(lambda: server.calls["wait_lock"] > 0, 5, "b waiting on the server")
     await a.shutdown()
@@ -741,13 +304,10 @@ async def test_waiting_follower_takes_over_at_once(
 
 
 async def test_polling_follower_waits_for_its_next_attempt(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, make_lock: MakeLock, server: FakeServer
 ) -> None:
     a = make_lock()
-    b = make_lock(retry_strategy=FixedInterval(30), follower_mode="poll")
-    rec_b = recorder(b)
+    b, rec_b = recorded(retry_strategy=FixedInterval(30), follower_mode="poll")
     await rec_b.follow(a)
     await a.shutdown()
     assert await b.wait_for_leadership(0.3) is False
@@ -755,9 +315,7 @@ async def test_polling_follower_waits_for_its_next_attempt(
 
 
 async def test_each_wait_without_the_lock_is_a_failed_attempt(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
@@ -768,8 +326,7 @@ async def test_each_wait_without_the_lock_is_a_failed_attempt(
             contexts.append(ctx)
             return 0.02
 
-    lock = make_lock(retry_strategy=Recording())
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=Recording())
     await lock.start()
     await rec.wait_event("acquire_failed", count=4)
     assert server.calls["try_lock"] == 2  # the holder, then our first attempt: no wait
@@ -781,13 +338,10 @@ async def test_each_wait_without_the_lock_is_a_failed_attempt(
 
 
 async def test_connection_failures_sleep_instead_of_waiting(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     server.refuse_connections = ConnectionError("down")
-    lock = make_lock(retry_strategy=FixedInterval(0.05))
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=FixedInterval(0.05))
     await lock.start()
     await rec.wait_event("error", count=3)
     assert server.calls["wait_lock"] == 0
@@ -795,14 +349,11 @@ async def test_connection_failures_sleep_instead_of_waiting(
 
 
 async def test_shutdown_while_waiting_leaves_no_waiter(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
-    lock = make_lock(retry_strategy=FixedInterval(60))
-    rec = recorder(lock)
+    lock, rec = recorded(retry_strategy=FixedInterval(60))
     await lock.start()
     await rec.wait_event("acquire_failed")
     await eventually(lambda: server._waiters.get((1, 2)), 5, "the lock queued on the server")
@@ -814,12 +365,9 @@ async def test_shutdown_while_waiting_leaves_no_waiter(
 
 
 async def test_idle_session_watch_detects_termination_at_once(
-    make_lock: MakeLock,
-    recorder: MakeRecorder,
-    server: FakeServer,
+    recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock = make_lock(health_interval_s=60)  # the periodic probe would come far too late
-    rec = recorder(lock)
+    lock, rec = recorded(health_interval_s=60)
     await lock.start()
     assert await lock.wait_for_leadership(5)
     probes = server.calls["probe"]
@@ -831,20 +379,3 @@ async def test_idle_session_watch_detects_termination_at_once(
 def test_follower_mode_is_validated() -> None:
     with pytest.raises(ConfigurationError, match="follower_mode"):
         Session(follower_mode="block")  # type: ignore[arg-type]
-
-
-def test_restart_on_another_event_loop() -> None:
-    """A lock outlives its event loop: e.g. an app whose lifespan runs twice."""
-    server = FakeServer()
-    lock = LeaderLock(None, 1, 2, connect_fn=server.connect, retry_strategy=FixedInterval(0.01))
-    assert lock.retry_strategy is not None
-
-    async def cycle() -> bool:
-        await lock.start()
-        leader = await lock.wait_for_leadership(5)
-        await lock.shutdown()
-        return leader
-
-    assert asyncio.run(cycle())
-    assert asyncio.run(cycle())
-    assert server.open_sessions == []

@@ -7,6 +7,7 @@ are implementation details:
 - the contract: [`Backend`][pgleaderlock.Backend] (what the entry point names),
   [`ConnectOptions`][pgleaderlock.ConnectOptions], [`LockSession`][pgleaderlock.LockSession]
   and its optional capabilities [`WaitingSession`][pgleaderlock.backends.WaitingSession],
+  [`BoundedWaitSession`][pgleaderlock.backends.BoundedWaitSession],
   [`WatchableSession`][pgleaderlock.backends.WatchableSession],
   [`AbortableSession`][pgleaderlock.backends.AbortableSession],
   [`ProbingSession`][pgleaderlock.backends.ProbingSession],
@@ -38,6 +39,7 @@ from __future__ import annotations
 from ..lowlevel import (
     AbortableSession,
     Backend,
+    BoundedWaitSession,
     ConfigurationError,
     ConnectionError,
     ConnectOptions,
@@ -93,6 +95,7 @@ __all__ = [
     "AbortableSession",
     "Backend",
     "BaseSession",
+    "BoundedWaitSession",
     "ConfigurationError",
     "ConnectOptions",
     "ConnectionError",

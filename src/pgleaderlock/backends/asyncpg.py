@@ -26,7 +26,6 @@ import asyncpg
 import asyncpg.pool
 
 from ..lowlevel import (
-    Backend,
     ConfigurationError,
     ConnectionError,
     ConnectOptions,
@@ -46,6 +45,7 @@ from .base import (
     Statement,
     by_sqlstate,
     check_target_session_attrs,
+    module_backend,
     sqlstate,
     translate,
 )
@@ -87,7 +87,7 @@ def _classify(exc: BaseException, conn: asyncpg.Connection | None = None) -> Err
     return cls
 
 
-def _driver_connect_error(exc: BaseException) -> Exception | None:
+def connect_error(exc: BaseException) -> Exception | None:
     """``_connect_error`` for asyncpg's own errors only (a ``connect_fn``'s)."""
     if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
         return _connect_error(exc)
@@ -428,13 +428,4 @@ def transaction(conn: object) -> AbstractAsyncContextManager[object] | None:
     return cast(AbstractAsyncContextManager[object], conn.transaction())
 
 
-backend = Backend(
-    name="asyncpg",
-    connect=connect,
-    wrap=wrap,
-    check_dsn=check_dsn,
-    connect_budget=connect_budget,
-    fetch_row=fetch_row,
-    connect_error=_driver_connect_error,
-    transaction=transaction,
-)
+backend = module_backend(__name__)

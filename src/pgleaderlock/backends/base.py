@@ -26,12 +26,15 @@ same names from ``pgleaderlock.backends``), or use only the statements and
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from ..lowlevel import (
+    Backend,
     BumpedTerm,
     ConnectionError,
     FencedSessions,
@@ -99,6 +102,19 @@ __all__ = [
     "translate",
 ]
 __all__ += sql.__all__
+
+
+def module_backend(module_name: str) -> Backend:
+    """The [`Backend`][pgleaderlock.Backend] a driver module declares with its own
+    functions, each named as the field it fills: ``connect``, ``wrap``, ``check_dsn``,
+    and those of ``claims``, ``connect_budget``, ``fetch_row``, ``fetch_row_sync``,
+    ``connect_error`` and ``transaction`` it defines; named after the module
+    (``pgleaderlock.backends.asyncpg``: ``"asyncpg"``). The built-in adapters end with
+    ``backend = module_backend(__name__)``."""
+    module = sys.modules[module_name]
+    fields = [field.name for field in dataclasses.fields(Backend) if field.name != "name"]
+    found = {name: getattr(module, name) for name in fields if hasattr(module, name)}
+    return Backend(name=module_name.rpartition(".")[2], **found)
 
 
 class BaseSession(LockingSession):

@@ -166,15 +166,7 @@ class LockingSession(CheckedSession):
         the next waiter.
         """
         if not self._waits_on():
-            try:
-                await self._lock_call_wait(key1, key2, lock_timeout_ms(timeout_s))
-            except PgLeaderLockError as exc:
-                if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
-                    self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
-                    return False  # lock_timeout: the wait ended without the lock
-                raise
-            await self._claim()
-            return True
+            return await self.wait_lock_once(key1, key2, timeout_s)
         wait = self._waiting
         if wait is not None and self._waiting_for != (key1, key2):
             await self._drop_wait("wait_lock")
@@ -196,6 +188,23 @@ class LockingSession(CheckedSession):
             return False  # still waiting on the server
         self._waiting = self._waiting_for = None
         wait.result()  # the wait's error, if it failed (or its claim's)
+        return True
+
+    async def wait_lock_once(self, key1: int, key2: int, timeout_s: float) -> bool:
+        """One wait on the server under a ``lock_timeout`` of ``timeout_s``: True once
+        granted (and claimed), False when the timeout fired; either way the wait has
+        ended on the server. A wait of `wait_lock` in flight drops the session first
+        (``ConnectionError``), as any other statement does."""
+        if self._waiting is not None:
+            await self._drop_wait("wait_lock")
+        try:
+            await self._lock_call_wait(key1, key2, lock_timeout_ms(timeout_s))
+        except PgLeaderLockError as exc:
+            if sqlstate(exc.__cause__) == LOCK_NOT_AVAILABLE and not self._closed():
+                self._unsure = True  # granted as the timeout fired? (see WAIT_LOCK)
+                return False
+            raise
+        await self._claim()
         return True
 
     async def _wait_then_claim(self, key1: int, key2: int) -> None:

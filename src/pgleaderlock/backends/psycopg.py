@@ -25,7 +25,6 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from ..lowlevel import (
-    Backend,
     ConfigurationError,
     ConnectionError,
     ConnectOptions,
@@ -43,6 +42,7 @@ from .base import (
     Statement,
     check_target_session_attrs,
     misconfigured_by_message,
+    module_backend,
     refused_by_message,
     translate,
 )
@@ -423,7 +423,7 @@ async def connect(dsn: str, options: ConnectOptions) -> LockSession:
     return PsycopgSession(conn)
 
 
-def _connect_error(exc: BaseException) -> Exception | None:
+def connect_error(exc: BaseException) -> Exception | None:
     """A psycopg connect error: refused for good, or a connection error."""
     if not isinstance(exc, psycopg.Error):
         return None
@@ -515,14 +515,4 @@ def _with_params(template: str, values: tuple[object, ...]) -> tuple[bytes, dict
     return query, dict(zip(names, values, strict=True))
 
 
-backend = Backend(
-    name="psycopg",
-    connect=connect,
-    wrap=wrap,
-    check_dsn=check_dsn,
-    connect_budget=connect_budget,
-    fetch_row=fetch_row,
-    fetch_row_sync=fetch_row_sync,
-    connect_error=_connect_error,
-    transaction=transaction,
-)
+backend = module_backend(__name__)

@@ -40,7 +40,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 from sqlalchemy.pool import NullPool
 
 from ..lowlevel import (
-    Backend,
     BackendUnavailableError,
     ConfigurationError,
     ConnectionError,
@@ -52,7 +51,7 @@ from ..lowlevel import (
     TermTable,
     mask_dsn,
 )
-from .base import check_target_session_attrs, translate
+from .base import check_target_session_attrs, module_backend, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -197,6 +196,9 @@ class SQLAlchemySession:
 
     async def wait_lock(self, key1: int, key2: int, timeout_s: float) -> bool:
         return bool(await self._inner.wait_lock(key1, key2, timeout_s))
+
+    async def wait_lock_once(self, key1: int, key2: int, timeout_s: float) -> bool:
+        return bool(await self._inner.wait_lock_once(key1, key2, timeout_s))
 
     def start_probe(self) -> asyncio.Future[None] | None:
         """The periodic probe as a future: the driver adapter's."""
@@ -405,12 +407,4 @@ def _autocommit(conn: AsyncConnection) -> bool:
     return bool(getattr(sync.connection.dbapi_connection, "autocommit", False))
 
 
-backend = Backend(
-    name="sqlalchemy",
-    connect=connect,
-    wrap=wrap,
-    check_dsn=check_dsn,
-    claims=claims,
-    fetch_row=fetch_row,
-    transaction=transaction,
-)
+backend = module_backend(__name__)

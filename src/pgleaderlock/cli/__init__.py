@@ -4,7 +4,8 @@ database a safe place for the locks?).
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
 works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleaderlock.lock_keys])
-or given as ``--key1``/``--key2``; the database comes from ``--dsn`` or ``$PG_DSN``.
+or given as ``--key1``/``--key2``; the database comes from ``--dsn``, else
+``$PGLEADERLOCK_DSN``, else ``$PG_DSN``.
 
 The library logs on the stdlib logger ``pgleaderlock``; the CLI routes that logger into
 loguru (`InterceptHandler`) and writes every line to stderr, so that stdout
@@ -103,7 +104,8 @@ def cli() -> None:
 
     Every command works on one lock: name it with --name NAME (the two keys are
     derived from the name, so every process and SQL agree), or give the keys with
-    --key1/--key2. The database comes from --dsn or $PG_DSN.
+    --key1/--key2. The database comes from --dsn, else $PGLEADERLOCK_DSN, else
+    $PG_DSN.
     """
 
 

@@ -10,6 +10,7 @@ is claimed at most once, ever, so a failover neither runs a slot twice nor (per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import shlex
@@ -19,7 +20,7 @@ import signal
 import click
 
 from ..lowlevel import ConfigurationError, ExponentialBackoff, LeaderLock
-from ..proctree.tree import become_subreaper
+from ..proctree.tree import CommandTree, become_subreaper
 from ..schedule import Cron, Every, JobFunction, Policy, Run, RunFailed, Scheduler, Timing
 from .exec import exit_status, start_tree
 from .exits import EXIT_CANNOT_EXECUTE, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_OK, CliError
@@ -56,9 +57,12 @@ COMMAND gets PGLEADERLOCK_SLOT (the slot, ISO 8601 UTC), PGLEADERLOCK_TERM (the 
 term it runs under) and PGLEADERLOCK_SCHEDULE in its environment, and runs in a process
 group of its own. If leadership is lost while it runs, every process of its tree gets
 SIGTERM, then SIGKILL after --kill-after; its slot stays "running" and the next leader
-applies --interrupted. As for exec, no process of COMMAND's tree outlives the lock, a
-SIGKILLed cron included. The tables go in --schema; with tables made by a migration
-role (pgleaderlock sql), name it with --trusted-role.
+applies --interrupted. On SIGTERM/SIGINT to cron, a running COMMAND gets --drain
+seconds to finish, then it is stopped the same way; its slot is recorded with how it
+ended (done for exit 0, failed otherwise), and the lock is released. As for exec, no
+process of COMMAND's tree outlives the lock, a SIGKILLed cron included. The tables go
+in --schema; with tables made by a migration role (pgleaderlock sql), name it with
+--trusted-role.
 
 \b
 Exit codes: 0 after SIGTERM/SIGINT (a running COMMAND is stopped the same way first,
@@ -153,12 +157,15 @@ def cron(
         fencing_schema=tables.schema,
         trusted_roles=tables.trusted_roles,
         health_interval_s=health_interval,
-        drain_s=drain,
+        # The lock's drain bounds the whole deliberate stop: --drain for COMMAND, then
+        # --kill-after for its tree, then the statement that records its slot.
+        drain_s=drain + kill_after + _RECORD_S,
     )
+    stop = _Stop(drain)
     try:
         sched = Scheduler(lock)
         sched.add(
-            _job(list(command), lock, kill_after),
+            _job(list(command), lock, kill_after, stop),
             timing,
             name="cron",
             policy=Policy(
@@ -170,7 +177,21 @@ def cron(
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
     become_subreaper()  # if a keeper dies, what is left of COMMAND's tree comes here
-    return asyncio.run(_serve(common, lock, tracker, sched, timing))
+    return asyncio.run(_serve(common, lock, tracker, sched, timing, stop))
+
+
+_RECORD_S = 10.0
+"""Beyond --drain and --kill-after: the bound on recording the stopped run's slot."""
+
+
+class _Stop:
+    """cron's own stop (SIGTERM/SIGINT), as the running COMMAND sees it: ``requested``
+    is set before the lock drains; COMMAND then has ``drain_s`` to finish."""
+
+    def __init__(self, drain_s: float) -> None:
+        self.drain_s = drain_s
+        self.requested = asyncio.Event()
+        self.signal = "SIGTERM"
 
 
 def _timing(expression: str | None, every: float | None, timezone: str) -> Timing:
@@ -185,8 +206,10 @@ def _timing(expression: str | None, every: float | None, timezone: str) -> Timin
         raise CliError(str(exc)) from None
 
 
-def _job(command: list[str], lock: LeaderLock, kill_after_s: float) -> JobFunction:
-    """The scheduled job: COMMAND for one slot; a non-zero exit fails the run."""
+def _job(command: list[str], lock: LeaderLock, kill_after_s: float, stop: _Stop) -> JobFunction:
+    """The scheduled job: COMMAND for one slot; a non-zero exit fails the run. On cron's
+    own stop, COMMAND gets ``stop.drain_s`` to finish, then is stopped, and the run ends
+    with COMMAND's exit status (its slot recorded as such, not left running)."""
 
     async def run_command(run: Run) -> None:
         env = {
@@ -196,27 +219,70 @@ def _job(command: list[str], lock: LeaderLock, kill_after_s: float) -> JobFuncti
             "PGLEADERLOCK_SCHEDULE": run.schedule,
         }
         tree = await start_tree(lock, command, kill_after_s, env)
-        log("INFO", "command_started", lock=lock.label, pid=tree.pid, slot=run.slot.isoformat(),
+        slot = run.slot.isoformat()
+        log("INFO", "command_started", lock=lock.label, pid=tree.pid, slot=slot,
             term=run.term, command=shlex.join(command))  # fmt: skip
+        stopped = False
         try:
-            code = exit_status(await tree.wait())
+            code, stopped = await _wait_or_stop(tree, stop, lock.label, kill_after_s)
         except asyncio.CancelledError:
-            log("WARNING", "leadership_lost", lock=lock.label, action="terminating COMMAND",
-                pid=tree.pid, kill_after_s=kill_after_s)  # fmt: skip
+            if stop.requested.is_set():  # the lock's bound on the stop passed first
+                log("WARNING", "command_stop_cut_short", lock=lock.label, pid=tree.pid,
+                    slot=slot, action="terminating COMMAND")  # fmt: skip
+            else:
+                log("WARNING", "leadership_lost", lock=lock.label, action="terminating COMMAND",
+                    pid=tree.pid, kill_after_s=kill_after_s)  # fmt: skip
             await asyncio.shield(tree.stop())
             raise
         finally:
             await asyncio.shield(tree.aclose())
+        if stopped:
+            log("INFO", "command_stopped", lock=lock.label, pid=tree.pid, exit_code=code,
+                slot=slot, reason=f"cron got {stop.signal}")  # fmt: skip
+            if code != 0:
+                raise RunFailed(f"exit {code} (stopped: cron got {stop.signal})")
+            return
         log("INFO", "command_exited", lock=lock.label, pid=tree.pid, exit_code=code,
-            slot=run.slot.isoformat())  # fmt: skip
+            slot=slot)  # fmt: skip
         if code != 0:
             raise RunFailed(f"exit {code}")
 
     return run_command
 
 
+async def _wait_or_stop(
+    tree: CommandTree, stop: _Stop, label: str, kill_after_s: float
+) -> tuple[int, bool]:
+    """COMMAND's exit status, and whether cron's stop ended it: COMMAND runs until it
+    exits, or until ``stop`` is requested and ``stop.drain_s`` has passed (then its
+    tree gets SIGTERM, and SIGKILL after ``kill_after_s``)."""
+    exited = asyncio.ensure_future(tree.wait())
+    requested = asyncio.ensure_future(stop.requested.wait())
+    try:
+        await asyncio.wait({exited, requested}, return_when=asyncio.FIRST_COMPLETED)
+        if exited.done():
+            return exit_status(exited.result()), False
+        if stop.drain_s > 0:
+            with contextlib.suppress(TimeoutError):
+                return exit_status(
+                    await asyncio.wait_for(asyncio.shield(exited), stop.drain_s)
+                ), False
+        log("INFO", "command_stopping", lock=label, pid=tree.pid, signal="SIGTERM",
+            kill_after_s=kill_after_s)  # fmt: skip
+        return exit_status(await tree.stop()), True
+    finally:
+        for future in (exited, requested):
+            future.cancel()
+        await asyncio.gather(exited, requested, return_exceptions=True)
+
+
 async def _serve(
-    common: Common, lock: LeaderLock, tracker: Tracker, sched: Scheduler, timing: Timing
+    common: Common,
+    lock: LeaderLock,
+    tracker: Tracker,
+    sched: Scheduler,
+    timing: Timing,
+    stop: _Stop,
 ) -> int:
     await preflight(common, lock)
     # The preflight reached the server: from here on a connection error is transient
@@ -232,6 +298,8 @@ async def _serve(
             if which == "signal":
                 sig = signals.take()[0]
                 log("INFO", "cron_stopping", lock=lock.label, signal=sig.name)
+                stop.signal = sig.name
+                stop.requested.set()  # a running COMMAND: --drain, then stopped
                 await lock.shutdown()  # drains first (--drain)
     if sig is not None:
         return EXIT_OK

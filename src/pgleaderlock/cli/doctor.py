@@ -59,6 +59,7 @@ import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from .._env import DSN_VARIABLES
 from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.workers import CheckpointTable
 from ..lowlevel import (
@@ -402,7 +403,7 @@ Exit codes:
 @click.command("doctor", epilog=_DOCTOR_EPILOG)
 @click.option(
     "--dsn",
-    envvar="PG_DSN",
+    envvar=list(DSN_VARIABLES),
     show_envvar=True,
     metavar="DSN",
     help="PostgreSQL connection string: the one the locks will use (as their role, "

@@ -1,7 +1,7 @@
 """Options the commands share, and turning them into checked values.
 
 - which lock: ``--name`` or ``--key1``/``--key2`` (`target_options`, `Target`);
-- which database: ``--dsn`` or ``$PG_DSN``;
+- which database: ``--dsn``, else ``$PGLEADERLOCK_DSN``, else ``$PG_DSN``;
 - how to reach it: ``--backend``, ``--connect-timeout`` (`lock_options`, `Common` for the
   commands that hold the lock);
 - ``--wait`` (``acquire``, ``exec``) and the log verbosity (`log_options`);
@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 
 import click
 
+from .._env import DSN_VARIABLES
 from ..lowlevel import (
     DEFAULT_SCHEMA,
     ConfigurationError,
@@ -97,7 +98,9 @@ class Tables:
 def resolve_dsn(dsn: str | None) -> str:
     """``dsn``, or a `CliError` when it is missing or blank."""
     if dsn is None or not dsn.strip():
-        raise CliError("no DSN: pass --dsn or set PG_DSN (e.g. postgresql://user@host/db)")
+        raise CliError(
+            "no DSN: pass --dsn or set PGLEADERLOCK_DSN or PG_DSN (e.g. postgresql://user@host/db)"
+        )
     return dsn
 
 
@@ -206,10 +209,10 @@ def _target_option_list(*, many_names: bool) -> list[Any]:
     return [
         click.option(
             "--dsn",
-            envvar="PG_DSN",
+            envvar=list(DSN_VARIABLES),
             show_envvar=True,
             metavar="DSN",
-            help="PostgreSQL connection string (URL or key=value). Prefer $PG_DSN or "
+            help="PostgreSQL connection string (URL or key=value). Prefer the environment or "
             "~/.pgpass to a password on the command line. A postgresql+DRIVER:// "
             "scheme selects the backend.",
         ),

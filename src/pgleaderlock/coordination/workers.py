@@ -3,6 +3,7 @@ name, cancelled and awaited the moment it does not, restarted after a crash."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class WorkerContext:
         self._keys = name_keys(group, name)
         self._stored_as = checkpoint_name(group, name)
         self._draining = False
+        self._supervisor: Supervisor | None = None  # set as the worker starts
         # The name's leadership this worker began under: its fences follow it, not the
         # member's current term of the name (as a lock's leader tasks do).
         self._leadership = None
@@ -88,6 +90,18 @@ class WorkerContext:
         that loops checks it between units and returns. A worker still running after
         ``drain_s`` is cancelled as usual."""
         return self._draining
+
+    async def idle(self, seconds: float) -> None:
+        """Sleep ``seconds`` between units of work: a graceful stop's drain waits only
+        for workers that run a unit of work. A worker that sleeps here when the drain
+        starts is ended at once (cancelled: the ``CancelledError`` comes out of this
+        call), and one that comes here during the drain ends here; so a stop with no
+        work running returns at once, whatever ``drain_s`` is."""
+        supervisor = self._supervisor
+        if supervisor is None:
+            await asyncio.sleep(seconds)
+        else:
+            await supervisor.idle(seconds)
 
     async def fence(self, conn: object) -> int:
         """Fence the caller's transaction on ``conn`` with the term of this worker's
@@ -180,6 +194,7 @@ class Workers:
         if self._tasks.runs(name):
             return
         self._contexts[name] = context
+        context._supervisor = self._tasks
         self._tasks.start(name, functools.partial(fn, context), until=lambda: context.draining)
 
     async def drain(

@@ -105,9 +105,11 @@ from .retry import (
     delay_or_give_up,
 )
 from .semaphore import Semaphore
+from .service import Service
 from .session import (
     AbortableSession,
     Backend,
+    BoundedWaitSession,
     ConnectOptions,
     FencedSessions,
     FencingSession,
@@ -138,6 +140,7 @@ __all__ = [
     "AbortableSession",
     "Backend",
     "BackendUnavailableError",
+    "BoundedWaitSession",
     "BumpedTerm",
     "Callback",
     "ConfigurationError",
@@ -179,6 +182,7 @@ __all__ = [
     "RetryStrategy",
     "Semaphore",
     "ServerRefusedError",
+    "Service",
     "Session",
     "SessionFactory",
     "SessionInfo",

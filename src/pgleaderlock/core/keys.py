@@ -125,9 +125,8 @@ def lock_keys(name: str) -> tuple[int, int]:
 MAX_SLOTS = 1024
 """The most slots a [`Semaphore`][pgleaderlock.Semaphore] may have. Each holder is a
 database session of its own (a server's ``max_connections`` is 100 by default, a few
-thousand at most in practice), and a waiting follower tries every slot each
-``rescan_s`` (1,024 ``pg_try_advisory_lock`` round trips per rescan is already about
-1,000 times a lock's cost). Past it, use a lock per worker, or a Coordinator's names."""
+thousand at most in practice). Past it, use a lock per worker, or a Coordinator's
+names."""
 
 SLOT_SEPARATOR = "\x1f"
 """Between a semaphore's name and a slot's index in the string its slot keys are derived
@@ -161,7 +160,7 @@ def slot_keys(name: str, slots: int) -> list[tuple[int, int]]:
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
         raise ConfigurationError(
             f"slots must be an int from 1 to {MAX_SLOTS} (each holder is a session of its "
-            f"own, and a waiting follower tries every slot at each rescan), got {slots!r}"
+            f"own), got {slots!r}"
         )
     return [_slot_key(name, index) for index in range(slots)]
 

@@ -293,15 +293,18 @@ class ParticipantTable(LibraryTable):
             " RETURNING 1"
         )
 
-    def _waiting(self, identity: str, classid: int, objid: int) -> str:
+    def _waiting(
+        self, identity: str, classid: int, objid: int, keys: tuple[int, int] = (0, 1)
+    ) -> str:
         """A query of a trusted candidate of ``identity`` (an expression) waiting for the
-        lock (its keys as oids in placeholders ``{classid}``, ``{objid}``; ``{0}``
-        ``{1}`` the keys; a ``trusted`` CTE): driven by the waiters in ``pg_locks``,
-        each row found by its key."""
+        lock (its keys as oids in placeholders ``{classid}``, ``{objid}``, the keys in
+        the placeholders ``keys``; a ``trusted`` CTE): driven by the waiters in
+        ``pg_locks``, each row found by its key."""
+        k1, k2 = keys
         return (
             "SELECT 1 FROM pg_catalog.pg_locks l"
             " JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"
-            f" JOIN {self.sql} w ON w.key1 = ({{0}})::int4 AND w.key2 = ({{1}})::int4"
+            f" JOIN {self.sql} w ON w.key1 = ({{{k1}}})::int4 AND w.key2 = ({{{k2}}})::int4"
             f" AND w.pid = l.pid AND w.identity = {identity}"
             f" WHERE NOT l.granted AND {_on_lock(classid, objid)}"
             " AND w.backend_start = a.backend_start AND w.writer = a.usename AND w.eligible"
@@ -324,21 +327,39 @@ class ParticipantTable(LibraryTable):
             f" SELECT (SELECT reserved FROM r), {_LET_GO}"
         )
 
-    def _reserved(self) -> str:
-        # The rows with a reservation, found through their partial index (a role that
-        # wrote many rows for the lock cannot make this slow; only a holder of the lock
-        # can write a reservation). The session that wrote it may have ended: a leader
-        # that steps down may close its session before the next one is granted.
+    def _reserved(
+        self,
+        other_than: str = "({4})::text",
+        seconds: str = "({6})::float8",
+        keys: tuple[int, int] = (0, 1),
+        oids: tuple[int, int] = (2, 3),
+    ) -> str:
+        # The rows with a reservation for a waiting candidate whose identity is not
+        # ``other_than``, counted for ``seconds`` at most after it was written; found
+        # through their partial index (a role that wrote many rows for the lock cannot
+        # make this slow; only a holder of the lock can write a reservation). The session
+        # that wrote it may have ended: a leader that steps down may close its session
+        # before the next one is granted.
+        k1, k2 = keys
         return (
             f"EXISTS (SELECT 1 FROM {self.sql} r"
             " JOIN pg_catalog.pg_roles ro ON ro.rolname = r.writer"
-            " WHERE r.key1 = ({0})::int4 AND r.key2 = ({1})::int4"
-            " AND r.reserved_for IS NOT NULL AND r.reserved_for <> ({4})::text"
+            f" WHERE r.key1 = ({{{k1}}})::int4 AND r.key2 = ({{{k2}}})::int4"
+            f" AND r.reserved_for IS NOT NULL AND r.reserved_for IS DISTINCT FROM {other_than}"
             " AND ro.oid IN (SELECT oid FROM trusted)"
-            " AND LEAST(r.reserved_until, r.reserved_at + ({6})::float8 * interval '1 second')"
+            f" AND LEAST(r.reserved_until, r.reserved_at + {seconds} * interval '1 second')"
             " > pg_catalog.clock_timestamp()"
-            f" AND EXISTS ({self._waiting('r.reserved_for', 2, 3)}))"
+            f" AND EXISTS ({self._waiting('r.reserved_for', *oids, keys=keys)}))"
         )
+
+    def passing_on(self) -> str:
+        """For ``leader_with``: is the holder ``l`` (its published row ``p``) a candidate
+        that was granted the lock while it is reserved for another, waiting candidate,
+        and that lets it go in the statement that saw the grant (``reserved_elsewhere``)?
+        The leader that wrote the reservation still leads until it lets go; any other
+        holder does not lead. Counted for the shortest time a candidate counts one (2 s),
+        so a holder said not to lead is one that lets go."""
+        return self._reserved(other_than="p.identity", seconds="2.0", keys=(2, 3), oids=(0, 1))
 
     def admit(self) -> str:
         """The values of ``reserved_elsewhere``, then ``{7}`` channel, ``{8}``
@@ -431,6 +452,11 @@ def leader_with(table: ParticipantTable) -> str:
         " AND a.usesysid IN (SELECT oid FROM trusted)"
         " ORDER BY p.since DESC NULLS LAST LIMIT 1) p ON true"
         f" WHERE l.granted AND {_on_lock(0, 1)}"
+        # A candidate passing a reserved grant on holds the lock for a moment: not a
+        # leader (it never announces), so not reported as one.
+        f" AND NOT (p.identity IS NOT NULL AND {table.passing_on()}"
+        f" AND NOT EXISTS (SELECT 1 FROM {table.sql} own WHERE own.key1 = ({{2}})::int4"
+        " AND own.key2 = ({3})::int4 AND own.pid = l.pid AND own.reserved_for IS NOT NULL))"
     )
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_CLAIM_S",
     "AbortableSession",
     "Backend",
+    "BoundedWaitSession",
     "ConnectOptions",
     "FencedSessions",
     "FencingSession",
@@ -111,6 +112,25 @@ class WaitingSession(Protocol):
         ``ConnectOptions.claim_s`` (the grant sets a short ``idle_session_timeout``,
         and returning True first replaces it by the lease).
         """
+        ...
+
+
+@runtime_checkable
+class BoundedWaitSession(Protocol):
+    """Optional capability: a wait on the server that never outlives its call.
+
+    [`WaitingSession.wait_lock`][pgleaderlock.backends.WaitingSession.wait_lock] may go
+    on waiting on the server after it returned False (the next call for the same lock
+    waits on). A [`Semaphore`][pgleaderlock.Semaphore]'s follower that queues for a
+    place among the slots' watchers must be free to ask for another lock afterwards:
+    this wait leaves the server's queue when it returns.
+    """
+
+    async def wait_lock_once(self, key1: int, key2: int, timeout_s: float) -> bool:
+        """Wait on the server until the lock is granted (True) or ``timeout_s`` passes
+        (False; the wait has ended on the server too): one ``pg_advisory_lock`` under a
+        ``lock_timeout`` of ``timeout_s``, claimed as ``wait_lock`` claims a grant. A
+        wait of ``wait_lock`` still in flight is dropped first (with the session)."""
         ...
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from ._logging import get_logger
 from .errors import ConfigurationError
@@ -147,6 +148,9 @@ class Supervisor:
         self._stopping: set[asyncio.Task[None]] = set()  # cancelled, not ended yet
         self._cancelled: dict[str, asyncio.Task[None]] = {}  # by `cancel`, not awaited yet
         self._stragglers: dict[str, asyncio.Task[None]] = {}  # outlived cancel_timeout_s
+        self._all: set[asyncio.Task[Any]] = set()  # every task started, until it ends
+        self._idle: set[asyncio.Task[Any]] = set()  # in `idle` now: between units of work
+        self._drained: set[asyncio.Task[Any]] = set()  # a drain waits for them
 
     @property
     def running(self) -> frozenset[str]:
@@ -173,9 +177,11 @@ class Supervisor:
                 reason="its previous run has not ended after cancellation",
             )
             return
-        self._tasks[name] = asyncio.get_running_loop().create_task(
+        task = self._tasks[name] = asyncio.get_running_loop().create_task(
             self._supervise(name, run, until), name=f"pgleaderlock-{self.kind}:{name}"
         )
+        self._all.add(task)
+        task.add_done_callback(self._all.discard)
 
     async def _supervise(self, name: str, run: Run, until: Callable[[], bool] | None) -> None:
         finished = await supervise(
@@ -197,12 +203,36 @@ class Supervisor:
     ) -> None:
         """Wait until the tasks of ``names`` (all when ``None``) have returned by
         themselves, for at most ``timeout_s`` (``None``: until cancelled); logged as
-        ``<kind>s_draining``."""
+        ``<kind>s_draining``. A task that is in `idle` (between units of work) is
+        ended at once, and one that comes to `idle` during the drain ends there: the
+        drain waits only for the work that runs."""
         running = {n: self._tasks[n] for n in self._chosen(names) if not self._tasks[n].done()}
+        for task in running.values():
+            if task not in self._drained:
+                self._drained.add(task)
+                task.add_done_callback(self._drained.discard)
+            if task in self._idle:
+                task.cancel()
         if running and (timeout_s is None or timeout_s > 0):
             log.info(f"{self.kind}s_draining", lock=self.label, tasks=",".join(sorted(running)),
                      timeout_s=timeout_s)  # fmt: skip
             await asyncio.wait(running.values(), timeout=timeout_s)
+
+    async def idle(self, seconds: float) -> None:
+        """Sleep ``seconds`` between units of work, in one of these tasks: a drain does
+        not wait for a task that sleeps here, it ends it (cancels it: the
+        ``CancelledError`` comes out of this call), at once, or as it comes here."""
+        task = asyncio.current_task()
+        if task is None or task not in self._all:
+            await asyncio.sleep(seconds)  # not one of these tasks: a plain sleep
+            return
+        if task in self._drained:
+            task.cancel()  # the drain goes on without it: it ends here
+        self._idle.add(task)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._idle.discard(task)
 
     def cancel(self, names: Iterable[str] | None = None) -> None:
         """Cancel the tasks of ``names`` (all when ``None``) now, without waiting: the

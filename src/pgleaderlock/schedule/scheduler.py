@@ -18,6 +18,7 @@ from ..lowlevel import (
     LeaderLock,
     PgLeaderLockError,
     RetryContext,
+    Service,
     callback_plugin,
     check_identifier,
     delay_or_give_up,
@@ -60,7 +61,7 @@ class RunFailed(PgLeaderLockError):
     library; the scheduler catches it (and any other error of the job) around the job."""
 
 
-class Scheduler:
+class Scheduler(Service):
     """Jobs that run once per slot across every replica that shares ``lock``: only the
     leader runs them, and it claims each slot in the ledger (under its fencing term, on
     the session that holds the lock) before it starts the job. A slot is claimed at most
@@ -328,13 +329,6 @@ class Scheduler:
             if plugin is not None and self._lock.plugins.is_registered(plugin):
                 self._lock.plugins.unregister(plugin)
         await self._tasks.close()
-
-    async def __aenter__(self) -> Scheduler:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     async def remove(self, name: str) -> None:
         """Unschedule the job called ``name``: a run in progress is cancelled (its slot

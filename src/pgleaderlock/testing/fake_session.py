@@ -246,6 +246,10 @@ class FakeSession:
             self._leased = True
         return granted
 
+    async def wait_lock_once(self, key1: int, key2: int, timeout_s: float) -> bool:
+        """`wait_lock` (which here never outlives its call either)."""
+        return await self.wait_lock(key1, key2, timeout_s)
+
     # ------------------------------------------------------------ AbortableSession
 
     def abort(self) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 import datetime as dt
 import functools
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -138,6 +138,31 @@ class _Due:
     rerun: bool = False  # may take over a slot an older term left running
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """How a job's call ended: what it returned, or the error it raised."""
+
+    value: Any
+    error: Exception | None = None
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> _Outcome:
+        try:
+            return cls(fn(*args, **kwargs))
+        except Exception as exc:
+            return cls(None, exc)
+
+    def unwrap(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+_Step = Callable[[], Coroutine[Any, Any, Any]] | contextvars.Context | _Outcome
+"""What `_SlotJob._steps` asks its driver for: a ledger call, the job run in a context,
+or nothing more (the outcome to return)."""
+
+
 class _SlotJob:
     """What a bound scheduler's executor runs in place of ``job``: the same job, each of
     whose run times is first claimed in the ledger. APScheduler's ``run_job`` calls
@@ -207,71 +232,71 @@ class _SlotJob:
         context.run(_RUN.set, run)
         return context
 
-    def _run_sync(self) -> Any:
+    def _steps(self) -> Generator[_Step, Any, None]:
+        """One run time, claimed, run and recorded, as the steps its driver takes
+        (`_run_sync` in a job's thread, `_run_async` in a job's coroutine): a ledger call
+        (the driver sends back its result, or the error that says the lock does not
+        lead), the job in its run's context (the driver sends back its `_Outcome`), and
+        last the `_Outcome` of the executor's call."""
         due, late_s = self._next()
-        try:  # a misfire too: its slot may have run elsewhere (then it is not missed)
-            run = self._ledger.call(self._claim(due))
-        except _NOT_CLAIMED as exc:
-            return self._not_claimed(due, exc)
-        if run is None:
-            return self._taken(due)
-        if late_s is not None:
-            missed, record = self._missed(run, late_s)
-            with contextlib.suppress(*_NOT_CLAIMED):
-                self._ledger.call(record)
-            return missed
-        job = self._job
-        try:
-            result = self._context(run).run(job.func, *job.args, **job.kwargs)
-        except Exception as exc:
-            self._record(run, exc)
-            raise
-        self._record(run, None)
-        return result
+        claimed = yield self._claim(due)  # a misfire too: its slot may have run elsewhere
+        if isinstance(claimed, _NOT_CLAIMED):
+            yield _Outcome(self._not_claimed(due, claimed))
+        elif claimed is None:
+            yield _Outcome(self._taken(due))
+        elif late_s is not None:  # claimed, so missed here (not run by another replica)
+            missed, record = self._missed(claimed, late_s)
+            yield record  # not recorded if the lock no longer leads (see _missed)
+            yield _Outcome(missed)
+        else:
+            ran = yield self._context(claimed)
+            finish = self._ledger.schedule.finish
+            recorded = yield functools.partial(finish, claimed, error=ran.error)
+            if isinstance(recorded, _NOT_CLAIMED):
+                self._unrecorded(recorded)
+            yield ran
+
+    def _run_sync(self) -> Any:
+        steps, job = self._steps(), self._job
+        step = next(steps)
+        while not isinstance(step, _Outcome):
+            if isinstance(step, contextvars.Context):
+                step = steps.send(_Outcome.of(step.run, job.func, *job.args, **job.kwargs))
+                continue
+            try:
+                sent = self._ledger.call(step)
+            except _NOT_CLAIMED as exc:
+                sent = exc
+            step = steps.send(sent)
+        return step.unwrap()
 
     async def _run_async(self) -> Any:
-        due, late_s = self._next()
-        try:
-            run = await self._ledger.acall(self._claim(due))
-        except _NOT_CLAIMED as exc:
-            return self._not_claimed(due, exc)
-        if run is None:
-            return self._taken(due)
-        if late_s is not None:
-            missed, record = self._missed(run, late_s)
-            with contextlib.suppress(*_NOT_CLAIMED):
-                await self._ledger.acall(record)
-            return missed
+        steps = self._steps()
+        step = next(steps)
+        while not isinstance(step, _Outcome):
+            if isinstance(step, contextvars.Context):
+                step = steps.send(await self._run_task(step))
+                continue
+            try:
+                sent = await self._ledger.acall(step)
+            except _NOT_CLAIMED as exc:
+                sent = exc
+            step = steps.send(sent)
+        return step.unwrap()
+
+    async def _run_task(self, context: contextvars.Context) -> _Outcome:
+        """The async job, run as a task in ``context``; cancelled with its caller."""
         job = self._job
         task = asyncio.get_running_loop().create_task(
-            job.func(*job.args, **job.kwargs), context=self._context(run)
+            job.func(*job.args, **job.kwargs), context=context
         )
         try:
-            result = await task
+            return _Outcome(await task)
         except asyncio.CancelledError:
             task.cancel()
             raise  # the slot stays running: the next leader's ``interrupted`` policy
         except Exception as exc:
-            await self._arecord(run, exc)
-            raise
-        await self._arecord(run, None)
-        return result
-
-    def _record(self, run: Run, error: Exception | None) -> None:
-        """Record how the run ended (from a job's thread)."""
-        finish = functools.partial(self._ledger.schedule.finish, run, error=error)
-        try:
-            self._ledger.call(finish)
-        except _NOT_CLAIMED as exc:
-            self._unrecorded(exc)
-
-    async def _arecord(self, run: Run, error: Exception | None) -> None:
-        """Record how the run ended (from a job's coroutine)."""
-        finish = functools.partial(self._ledger.schedule.finish, run, error=error)
-        try:
-            await self._ledger.acall(finish)
-        except _NOT_CLAIMED as exc:
-            self._unrecorded(exc)
+            return _Outcome(None, exc)
 
     def _unrecorded(self, exc: Exception) -> None:
         log.warning("run_unrecorded", job=self.id, lock=self._ledger.lock.label,

@@ -62,11 +62,12 @@ from .headers import SCHEDULE_HEADER as SCHEDULE_HEADER
 from .headers import SLOT_HEADER as SLOT_HEADER
 from .headers import TERM_HEADER as TERM_HEADER
 from .scheduler import LeaderScheduler, LeaderSchedulerMixin, leader_scheduler
-from .settings import BeatSettings
+from .settings import BeatConfigurationError, BeatSettings
 from .tasks import SlotTask
 from .timings import timing_of
 
 __all__ = [
+    "BeatConfigurationError",
     "BeatSettings",
     "LeaderScheduler",
     "LeaderSchedulerMixin",

@@ -19,7 +19,7 @@ from ...lowlevel import ConfigurationError, LeaderLock, LockState, get_logger
 from ...schedule import Policy, Run, Scheduler, Timing
 from ...threaded import ThreadedLeaderLock
 from .headers import send_headers, task_id
-from .settings import BeatSettings
+from .settings import BeatConfigurationError, BeatSettings
 from .timings import timing_of
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin", "leader_scheduler"]
@@ -58,7 +58,12 @@ class LeaderSchedulerMixin:
     max_interval: float
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._pgl_settings = BeatSettings.from_app(kwargs.get("app") or args[0])
+        try:
+            self._pgl_settings = BeatSettings.from_app(kwargs.get("app") or args[0])
+        except BeatConfigurationError:
+            raise
+        except ConfigurationError as exc:  # `celery beat`: one line, not a traceback
+            raise BeatConfigurationError(str(exc)) from None
         self._pgl_mutex = threading.RLock()
         self._pgl_entries: dict[str, Any] = {}  # name -> the entry the sends use
         self._pgl_specs: dict[str, str] = {}  # name -> the timing spec its job has

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import click  # Celery's command line is click's
+
+from ..._env import dsn_from_environment
 from ...lowlevel import (
     DEFAULT_SCHEMA,
     ConfigurationError,
@@ -19,7 +22,30 @@ from ...lowlevel import (
 from ...schedule import Policy, Retry, SlotGuard
 from ...schedule.policy import takes_old_keywords
 
-__all__ = ["BeatSettings"]
+__all__ = ["BeatConfigurationError", "BeatSettings"]
+
+
+class BeatConfigurationError(ConfigurationError, click.ClickException):
+    """A bad or missing setting of the beat integration: a
+    [`ConfigurationError`][pgleaderlock.ConfigurationError] for library callers, and for
+    ``celery beat`` (a click program) one line, ``Error: <message>``, with exit status 1,
+    instead of a traceback."""
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
+def _one_line(record: logging.LogRecord) -> bool:
+    """``celery -q beat`` logs what its scheduler raised with the traceback (as
+    CRITICAL) before click shows it: for a `BeatConfigurationError`, the message is
+    enough."""
+    if record.exc_info and isinstance(record.exc_info[1], BeatConfigurationError):
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
+logging.getLogger("celery.beat").addFilter(_one_line)
 
 
 BEAT_POLICY = Policy(misfire_grace_s=30.0)
@@ -34,7 +60,8 @@ class BeatSettings:
     are ``CELERY_PGLEADERLOCK_DSN`` and so on).
 
     Attributes:
-        dsn: ``pgleaderlock_dsn``, else the ``PGLEADERLOCK_DSN`` environment variable.
+        dsn: ``pgleaderlock_dsn``, else the ``PGLEADERLOCK_DSN`` environment variable,
+            else ``PG_DSN``.
         lock_name: ``pgleaderlock_lock_name``; default ``celery-beat:<app main name>``.
             Every replica of one beat must use the same name; two beats with different
             schedules must not.
@@ -100,11 +127,11 @@ class BeatSettings:
             value = conf.get(f"pgleaderlock_{name}", None)
             return default if value is None else value
 
-        dsn = get("dsn", None) or os.environ.get("PGLEADERLOCK_DSN") or ""
+        dsn = get("dsn", None) or dsn_from_environment() or ""
         if not isinstance(dsn, str) or not dsn:
             raise ConfigurationError(
                 "the Celery beat integration needs a PostgreSQL DSN: set pgleaderlock_dsn "
-                "in the Celery configuration or the PGLEADERLOCK_DSN environment variable"
+                "in the Celery configuration, or PGLEADERLOCK_DSN or PG_DSN in the environment"
             )
         main = getattr(app, "main", None)
         lock_name = get("lock_name", None)
