@@ -91,6 +91,26 @@ else
     echo "   SKIPPING the pooler tests (tests/deploy): $why"
     export PGLEADERLOCK_TEST_PGBOUNCER_MISSING="$why"
 fi
+# Debian's Patroni, etcd and HAProxy for tests/ha (a real Patroni cluster on PostgreSQL
+# 15: switchovers and crashes of the primary under locks, groups and the Scheduler).
+if why="$(system_packages "a real Patroni cluster for tests/ha" patroni:patroni \
+    etcd-server:etcd haproxy:haproxy)"; then
+    echo "   $(command -v patroni || echo /usr/bin/patroni): $(patroni --version 2>&1 | sed -n 1p || true)," \
+        "etcd $(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p' || true)," \
+        "$(haproxy -v 2>/dev/null | sed -n 1p | cut -d' ' -f1-3 || true)"
+    # The fixture (tests/support/patroni.py) runs its own etcd, Patroni nodes and HAProxy
+    # on free ports: stop the packages' services if something started them anyway.
+    for service in patroni etcd haproxy; do
+        if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+            systemctl stop "$service.service" >/dev/null 2>&1 || true
+        elif [ -x "/etc/init.d/$service" ]; then
+            "/etc/init.d/$service" stop >/dev/null 2>&1 || true
+        fi
+    done
+else
+    echo "   SKIPPING the HA tier (tests/ha): $why"
+    export PGLEADERLOCK_TEST_PATRONI_MISSING="$why"
+fi
 # Debian's Chromium for tests/docs, driven by Playwright through its executable path
 # (Playwright's own browser download is never used).
 if why="$(system_packages "a headless browser for tests/docs" chromium:chromium)"; then
@@ -164,11 +184,11 @@ floors_lane() {
 # Lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
 # fault runs that mostly wait for clock ticks; tests/celerybeat: Celery beat and workers
 # on Redis/RabbitMQ; tests/djangoapp: manage.py; tests/deploy: throwaway clusters,
-# standbys, PgBouncers; tests/docs and the process-tree tests, which keep the two lanes
-# of about the same length; tests/extras: a fresh venv per extra, each running its
-# guide's example), one lane per other Python and the floors. Their reports follow the
-# main suite's.
-SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy tests/docs tests/extras
+# standbys, PgBouncers; tests/ha: a real Patroni cluster, about a minute; tests/docs and
+# the process-tree tests, which keep the two lanes of about the same length;
+# tests/extras: a fresh venv per extra, each running its guide's example), one lane per
+# other Python and the floors. Their reports follow the main suite's.
+SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy tests/ha tests/docs tests/extras
     tests/cli/test_cli_exec_tree.py)
 logs="$(mktemp -d)"
 echo "== pytest, lanes: main (here), side (${SIDE[*]}), fast tiers on: ${others[*]:-none}, floors: ${floors:-no}"

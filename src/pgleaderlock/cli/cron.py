@@ -150,8 +150,9 @@ def cron(
         return code
     lock, tracker = build_lock(
         common,
-        # A server that went away is tried again within 2 s, as a lock's default does.
-        ExponentialBackoff(base_s=1.0, max_s=30.0, error_max_s=2.0),
+        # A server that went away is tried again within 2 s, as a lock's default does
+        # (every 0.1 s while it looks down: a failover under way).
+        ExponentialBackoff(base_s=1.0, max_s=30.0, error_max_s=2.0, down_s=0.1),
         fencing=True,
         fencing_schema=tables.schema,
         trusted_roles=tables.trusted_roles,

@@ -84,9 +84,11 @@ class LeaderLock(Fencing, Participating):
         key1: first advisory lock key, a signed 32-bit integer.
         key2: second advisory lock key, a signed 32-bit integer.
         retry_strategy: delay between acquisition attempts and reconnections;
-            default [`ExponentialBackoff(error_max_s=2.0)`][pgleaderlock.ExponentialBackoff]
-            (waits for a taken lock grow to 30 s; after a connection error the next
-            attempt is at most 2 s away, so a promoted primary is found quickly).
+            default `ExponentialBackoff(error_max_s=2.0, down_s=0.1)`
+            ([`ExponentialBackoff`][pgleaderlock.ExponentialBackoff]: waits for a taken
+            lock grow to 30 s; after a connection error the next attempt is at most 2 s
+            away, and 0.1 s while every host refuses or closes the connection at once,
+            so a promoted primary is found quickly).
             Returning `None` stops the lock.
         health_interval_s: seconds between health probes while LEADER.
         reconnect_grace_s: flap damping: how long to silently reconnect and re-acquire

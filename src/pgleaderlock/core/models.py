@@ -127,11 +127,20 @@ class RetryContext:
         elapsed_s: seconds since the first attempt of this cycle.
         last_error: the error of the failed attempt, or ``None`` when the lock was
             simply held by someone else.
+        down_for_s: how long the server has looked *down* rather than slow: seconds
+            since the first of an unbroken run of failures that came at once (a
+            connection refused or closed by every host, a host that is no primary or is
+            starting up or shutting down, a session that died), each within a second
+            and half the call's bound; ``None`` when the last failure was of another
+            kind (a timeout, a server too busy to take the connection) or when nothing
+            failed. Such failures are cheap to repeat, and a promoted primary appears at
+            any moment: see ``ExponentialBackoff(down_s=...)``.
     """
 
     attempt: int
     elapsed_s: float
     last_error: Exception | None
+    down_for_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,18 @@ class ExponentialBackoff:
             set), if lower than ``max_s``; ``None``: ``max_s``. A waiting follower can
             afford long waits, while a server that went away should be tried again soon:
             a promoted primary is then found within ``error_max_s`` (the lock's default
-            strategy is ``ExponentialBackoff(error_max_s=2.0)``).
+            strategy is ``ExponentialBackoff(error_max_s=2.0, down_s=0.1)``).
+        down_s: the delay while the server looks down rather than slow
+            (``ctx.down_for_s`` set: every host refused or closed the connection at
+            once, or was no primary; the session died), if lower than the delay
+            otherwise due, for the first ``down_window_s`` of it; ``None``: no such
+            cadence. Such attempts cost next to nothing (a refused connection never
+            reaches PostgreSQL), and a failed-over primary is found within ``down_s``
+            of accepting connections. Timeouts and a server that is too busy keep the
+            back-off.
+        down_window_s: how long the ``down_s`` cadence lasts (from the first of those
+            failures); then ``error_max_s`` again. The default, 60 s, covers Patroni's
+            default failover (``ttl`` 30 s plus ``loop_wait`` 10 s).
     """
 
     def __init__(
@@ -60,6 +71,8 @@ class ExponentialBackoff:
         multiplier: float = 2.0,
         *,
         error_max_s: float | None = None,
+        down_s: float | None = None,
+        down_window_s: float = 60.0,
     ) -> None:
         self.base_s = positive("base_s", base_s)
         self.max_s = positive("max_s", max_s)
@@ -69,11 +82,16 @@ class ExponentialBackoff:
         if self.max_s < self.base_s:
             raise ConfigurationError(f"max_s ({max_s}) must be >= base_s ({base_s})")
         self.error_max_s = None if error_max_s is None else positive("error_max_s", error_max_s)
+        self.down_s = None if down_s is None else positive("down_s", down_s)
+        self.down_window_s = positive("down_window_s", down_window_s)
 
     def next_delay_s(self, ctx: RetryContext) -> float:
         limit = self.max_s
         if ctx.last_error is not None and self.error_max_s is not None:
             limit = min(limit, self.error_max_s)
+        down = ctx.down_for_s
+        if self.down_s is not None and down is not None and down < self.down_window_s:
+            limit = min(limit, self.down_s)
         exponent = max(ctx.attempt, 1) - 1
         # Compare in log space: multiplier ** exponent overflows floats for large attempts.
         if exponent * math.log(self.multiplier) >= math.log(limit / self.base_s):
@@ -82,6 +100,8 @@ class ExponentialBackoff:
 
     def __repr__(self) -> str:
         error = "" if self.error_max_s is None else f", error_max_s={self.error_max_s}"
+        if self.down_s is not None:
+            error += f", down_s={self.down_s}, down_window_s={self.down_window_s}"
         return (
             f"ExponentialBackoff(base_s={self.base_s}, max_s={self.max_s}, "
             f"multiplier={self.multiplier}{error})"
@@ -126,14 +146,17 @@ def check_retry_strategy(strategy: object) -> None:
 
 
 def default_retry_strategy() -> ExponentialBackoff:
-    """The strategy a lock uses when given none: ``ExponentialBackoff(error_max_s=2.0)``.
+    """The strategy a lock uses when given none:
+    ``ExponentialBackoff(error_max_s=2.0, down_s=0.1)``.
 
     Waits for a lock held elsewhere grow from 1 s to 30 s (a waiting follower is granted
     the lock the instant it is freed anyway); after a connection error the next attempt
-    comes at most 2 s later, so that a failed-over primary is found about 2 s after its
-    promotion.
+    comes at most 2 s later; while the server looks down (every host refuses or closes
+    the connection at once, or is no primary: a failover under way) every 0.1 s for up
+    to a minute, so that a failed-over primary is found within 0.1 s of accepting
+    connections.
     """
-    return ExponentialBackoff(error_max_s=2.0)
+    return ExponentialBackoff(error_max_s=2.0, down_s=0.1)
 
 
 class FixedInterval:

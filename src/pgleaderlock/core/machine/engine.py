@@ -13,7 +13,7 @@ from ..models import Event, LockState
 from ..timeline import timeline_change
 from . import effects as fx  # the results it matches, the effects it asks for: fx.Sleep
 from .effects import Call, Effect, Op, Request, Result
-from .faults import NON_RETRYABLE, describe, is_permanent
+from .faults import NON_RETRYABLE, describe, is_permanent, looks_down
 from .table import IllegalTransitionError, Input
 from .transitions import Transitions
 
@@ -96,8 +96,15 @@ class Machine(Transitions):
             return  # a stop: the next decision sees it
         if isinstance(result, fx.Failed):
             self._last_error = result.error
+            if not looks_down(result.error, self._now - self._call_at, call.timeout_s):
+                self._down_since = None
+            elif self._down_since is None:
+                self._down_since = self._now
+        elif isinstance(result, fx.Answered):
+            self._down_since = None  # the server answered
         if call.op is Op.CONNECT:
             if isinstance(result, fx.Connected):
+                self._down_since = None
                 self._has_session, self._can_wait = True, result.can_wait
             elif isinstance(result, fx.Failed):
                 self._fire(I.RECONNECT_FAILED if self._state is S.RECONNECTING else I.DB_ERROR)

@@ -77,6 +77,9 @@ class MachineState:
         self._has_session = False
         self._can_wait = False
         self._call: Call | None = None  # the call whose outcome is awaited
+        self._call_at = 0.0  # when it began
+        # Since when every failure came at once (the server looks down), or None.
+        self._down_since: float | None = None
         # Retry policy.
         self._attempt = 0
         self._cycle_start: float | None = None
@@ -238,7 +241,7 @@ class MachineState:
         self._blocked = True
         match effect:
             case Call(timeout_s=timeout_s):
-                self._call = effect
+                self._call, self._call_at = effect, self._now
                 self._due = self._now + timeout_s
             case fx.Sleep(until=until):
                 self._due = until
@@ -254,6 +257,7 @@ class MachineState:
         self._release_waiting = self._step_down = False
         self._has_session = self._can_wait = False
         self._attempt, self._cycle_start, self._last_error = 0, None, None
+        self._down_since = None
         self._fatal_error = None
         self._term = self._announce_at = None
         self._probe_pending = False

@@ -130,7 +130,9 @@ class Transitions(MachineState):
                 error = self._last_error
                 self._log("info", "reconnect_failed", error=describe(error),
                           attempt=self._reconnect_attempt)  # fmt: skip
-                ctx = RetryContext(self._reconnect_attempt, now - self._grace_start, error)
+                ctx = RetryContext(
+                    self._reconnect_attempt, now - self._grace_start, error, self._down_for()
+                )
                 delay = self._next_delay(ctx)
                 if delay is None:
                     self._fire(I.GRACE_EXPIRED)
@@ -213,7 +215,8 @@ class Transitions(MachineState):
         if self._gave_up():
             return
         error = self._last_error
-        delay = self._next_delay(RetryContext(self._attempt, now - self._cycle_start, error))
+        down = self._down_for() if error is not None else None
+        delay = self._next_delay(RetryContext(self._attempt, now - self._cycle_start, error, down))
         if delay is None:
             self._give_up("info", "the retry strategy returned None")
             return
@@ -227,6 +230,10 @@ class Transitions(MachineState):
             return
         self._log("debug", "retry_scheduled", delay_s=round(delay, 3), attempt=self._attempt)
         self._attempt_at = now + delay
+
+    def _down_for(self) -> float | None:
+        """``RetryContext.down_for_s``: how long every failure has come at once."""
+        return None if self._down_since is None else self._now - self._down_since
 
     def _gave_up(self) -> bool:
         """Give up after an error that retrying cannot mend (NON_RETRYABLE)."""
