@@ -10,7 +10,9 @@ library's default timings. Faults (``tests/support/chaos_soak.py``): SIGKILL, tw
 SIGKILLs at once, SIGTERM, SIGSTOP for 12-20 s, ``pg_terminate_backend`` of a lock's
 session, fast and immediate restarts of the server. The checker
 (``tests/support/chaos_check.py``) prints the faults, every finding by kind (0 expected),
-the leaderless time per fault, the names re-led after a SIGKILL, the slots.
+the leaderless time per fault, the names re-led after a SIGKILL (all, and by what else
+went on: the kill alone, a frozen replica, a server restart, no other replica running),
+the slots.
 
     .venv/bin/python benchmarks/chaos.py --minutes 20 --replicas 4 --seed 7
 
@@ -73,6 +75,7 @@ def main() -> int:
             "faults": dict(report.faults),
             "leaderless": report.leaderless,
             "releds": report.releds,
+            "releds_by": report.releds_by,
             "never_reled": report.never_reled,
             "slots": report.slots,
             "rows": dict(report.rows),

@@ -60,6 +60,22 @@ AVAILABILITY = (
 )  # fmt: skip
 STUCK_STATES = ("releasing", "reconnecting")
 STOPPING_LOGS = ("coordinator_failed", "leader_task_gave_up")
+RECOVERY_S = 10.0
+"""A SIGKILL this soon after the server came back, or after a frozen replica ran again
+(or with a restart or a freeze before its names were led again), overlaps that fault:
+every session of every replica, or of the thawed one, was reconnecting."""
+RELED_CASES = {
+    "alone": "the kill alone",
+    "frozen": "a replica frozen (or thawed) near",
+    "restart": "a server restart near",
+    "nobody": "no other replica running",
+}
+"""What else was going on when a SIGKILLed replica's names were led again, the first
+that applies from the last: no other replica was running its Coordinator (the others
+were starting, frozen, or killed with it: the names wait for a process to start or
+thaw), a server restart overlapped (``RECOVERY_S``), a replica was frozen or had just
+thawed (a standby granted the name while SIGSTOPped holds it for the claim bound; a
+thawed one reconnects), or nothing (the kill alone)."""
 SINGLE_ROLES = (
     "lock", "sem", "lockwork", "semwork", "coord:util", "coord:listen", "coord:watch",
     "coord:hold",
@@ -88,6 +104,8 @@ class Report:
     """Per fault kind: faults that did not hit the lock's leader."""
     releds: list[float] = field(default_factory=list)
     """After each SIGKILL, for each name the killed replica ran: seconds to a new one."""
+    releds_by: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """The same, by what else was going on (``RELED_CASES``)."""
     never_reled: int = 0
     slots: dict[str, int] = field(default_factory=dict)
     rows: Counter[str] = field(default_factory=Counter)
@@ -125,8 +143,15 @@ class Report:
             ),
             "",
             table(
-                ["names re-led after a SIGKILL", "p50", "p95", "max", "never"],
-                [[len(self.releds), *summary(self.releds), self.never_reled]],
+                ["names re-led after a SIGKILL", "n", "p50", "p95", "max", "never"],
+                [
+                    ["all", len(self.releds), *summary(self.releds), self.never_reled],
+                    *(
+                        [RELED_CASES[case], len(v), *summary(v), ""]
+                        for case in RELED_CASES
+                        if (v := self.releds_by.get(case))
+                    ),
+                ],
             ),
             "",
             table(["slots", *self.slots], [["", *self.slots.values()]]),
@@ -552,7 +577,8 @@ def frozen_before(spans: Sequence[Span], m: float) -> bool:
 
 def reled(ctx: Context) -> None:
     """After each SIGKILL: for each name the killed replica ran, the time until another
-    replica's worker of that name began."""
+    replica's worker of that name began; also by case (``RELED_CASES``)."""
+    ready = {e["c"]: float(e["m"]) for e in ctx.tl.events if e["e"] == "ready"}
     for f in ctx.tl.faults:
         if f["kind"] not in ("kill", "kill2"):
             continue
@@ -564,9 +590,30 @@ def reled(ctx: Context) -> None:
                 continue
             nxt = [i.start for i in intervals if i.start > m]
             if nxt:
-                ctx.report.releds.append(min(nxt) - m)
+                took = min(nxt) - m
+                ctx.report.releds.append(took)
+                ctx.report.releds_by[reled_case(ctx, f, (m, m + took), ready)].append(took)
             else:
                 ctx.report.never_reled += 1
+
+
+def reled_case(ctx: Context, fault: dict[str, object], span: Span, ready: dict[str, float]) -> str:
+    """Which of ``RELED_CASES`` a re-lead over ``span`` after ``fault`` falls in."""
+    tl, (m, end) = ctx.tl, span
+    others = [c for c in tl.cands if c not in fault["targets"]]  # type: ignore[operator]
+    running = [
+        c for c in others
+        if ready.get(c, math.inf) <= m < tl.died.get(c, math.inf)
+        and not leads_at(tl.frozen_spans(c, stalls=False), m)
+    ]  # fmt: skip
+    if not running:
+        return "nobody"
+    near = [(m - RECOVERY_S, end)]
+    if intersect(near, tl.server_down):
+        return "restart"
+    if any(intersect(near, tl.frozen_spans(c, stalls=False)) for c in others):
+        return "frozen"
+    return "alone"
 
 
 def check(data: SoakData, skip: frozenset[str] = frozenset()) -> Report:

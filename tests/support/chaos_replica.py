@@ -133,6 +133,41 @@ class LogToEvents(logging.Handler):
             self.handleError(record)
 
 
+TRACE_ENV = "PGLEADERLOCK_CHAOS_TRACE"
+"""Set (to anything): the Coordinator's inner steps are recorded too (``ntrace``
+events: each name lock's state changes and starts, the member lock's state changes,
+the coordination's INFO records), for finding where a name's re-lead spent its time.
+Off by default: the checker needs none of it."""
+
+
+def trace_coordinator(coord: Coordinator, emit: Events) -> None:
+    """Wrap the dedicated engine's steps to record them (see ``TRACE_ENV``)."""
+    engine: Any = coord._engine
+    on_state, start_lock = engine._on_state, engine._start_lock
+    member_state = engine.membership._on_state
+
+    async def traced_state(key: Any, lock: Any, old: LockState, new: LockState) -> None:
+        emit("ntrace", step="state", name=engine.names.get(key), old=old.value, new=new.value)
+        await on_state(key, lock, old, new)
+
+    async def traced_start(key: Any) -> None:
+        emit("ntrace", step="start", name=engine.names.get(key))
+        await start_lock(key)
+
+    async def traced_member(old: LockState, new: LockState) -> None:
+        emit("ntrace", step="member", old=old.value, new=new.value)
+        await member_state(old, new)
+
+    engine._on_state, engine._start_lock = traced_state, traced_start
+    engine.membership._on_state = traced_member
+    handler = LogToEvents(emit)
+    handler.setLevel(logging.INFO)
+    coordination = logging.getLogger("pgleaderlock.coordination")
+    coordination.addHandler(handler)
+    coordination.setLevel(logging.INFO)
+    coordination.propagate = False  # the WARNINGs once, through this handler
+
+
 class Replica:
     def __init__(self, opts: argparse.Namespace, dsn: str) -> None:
         self.opts, self.dsn, self.cand = opts, dsn, opts.cand
@@ -161,6 +196,8 @@ class Replica:
             self.coord.add(name_of(i), self.worker)
         for what, lock in (("lock", self.lock), ("sem", self.sem)):
             self.follow(what, lock)
+        if os.environ.get(TRACE_ENV):
+            trace_coordinator(self.coord, self.emit)
 
     def follow(self, what: str, lock: LeaderLock) -> None:
         def state(old: LockState, new: LockState) -> None:

@@ -277,3 +277,36 @@ def test_a_worker_started_as_its_replica_runs_again_is_explained() -> None:
     report = check(World("stale_start_late").data())
     assert [f.kind for f in report.findings] == ["late_loss"], report.format()
     assert check(World("stale_start_late").data(), skip=frozenset({"beliefs"})).findings == []
+
+
+def test_each_relead_is_counted_by_what_else_went_on() -> None:
+    """A's kill at 10 s, n00 run by B 0.3 s later: the kill alone; with a server
+    restart ended 7 s before it, "restart"; with C frozen from 9 s to 12 s, "frozen";
+    with neither B nor C ready (their Coordinators starting), "nobody". Every re-lead
+    still counts in the overall figures."""
+
+    def cases(change: Any = None) -> dict[str, list[float]]:
+        data = World().data()
+        if change is not None:
+            change(data.events)
+        report = check(data)
+        assert report.releds == [pytest.approx(0.3)]
+        return dict(report.releds_by)
+
+    def restart(events: list[dict[str, Any]]) -> None:
+        events.append({"e": "fault", "c": "harness", "m": M0 + 2.0, "t": T0 + 2.0,
+                       "kind": "pg_fast", "targets": [A, B, C]})  # fmt: skip
+        events.append({"e": "server_up", "c": "harness", "m": M0 + 3.0, "t": T0 + 3.0})
+
+    def freeze(events: list[dict[str, Any]]) -> None:
+        events.append({"e": "fault", "c": "harness", "m": M0 + 9.0, "t": T0 + 9.0,
+                       "kind": "stop", "targets": [C], "for_s": 3.0})  # fmt: skip
+        events.append({"e": "cont", "c": "harness", "m": M0 + 12.0, "t": T0 + 12.0, "cand": C})
+
+    def starting(events: list[dict[str, Any]]) -> None:
+        events[:] = [e for e in events if not (e["e"] == "ready" and e["c"] in (B, C))]
+
+    assert cases() == {"alone": [pytest.approx(0.3)]}
+    assert cases(restart) == {"restart": [pytest.approx(0.3)]}
+    assert cases(freeze) == {"frozen": [pytest.approx(0.3)]}
+    assert cases(starting) == {"nobody": [pytest.approx(0.3)]}

@@ -46,7 +46,8 @@ competes again as soon as the giver says the hand-off is over."""
 STANDBY_DELAY_S = 0.5
 """How long after its locks last gained a name a member waits before it opens sessions
 for new standbys: a failover in progress (a dead member's names granted to their
-standbys) is not slowed by new connections meanwhile."""
+standbys) is not slowed by new connections meanwhile. Not for a name nobody leads: its
+new session is the failover."""
 STAND_IN_LOOK_S = 3.0
 """A member that waits for a name in place of the chosen standby (none of the chosen
 waits yet: a hand-off is just over, or the chosen one is starting) looks again at the
@@ -85,9 +86,11 @@ class DedicatedEngine(Engine):
         except Exception as exc:  # every name, then: the first tick trims the standbys
             log.warning("group_snapshot_failed", error=repr(exc), **self._fields)
             view = None
-        for key in list(self.names):
-            if view is None or self._stands_by(key, view):
-                await self._compete(key)  # each lock connects (and retries) by itself
+        # Every lock at once, each connecting (and retrying) by itself: a member that
+        # joins a group whose names are free (its other members died, or are starting)
+        # leads them all after one connection's time, not after one per name.
+        keys = [key for key in list(self.names) if view is None or self._stands_by(key, view)]
+        await asyncio.gather(*(self._compete(key) for key in keys))
 
     async def _close(self) -> None:
         self._closing = True  # no lock starts from here on (the listener still runs)
@@ -228,7 +231,9 @@ class DedicatedEngine(Engine):
             waits = lock is not None and lock.state is not LockState.STOPPED
             wanted = self._stands_by(key, view)
             if wanted and not waits:
-                if starting:
+                # A name nobody leads (its leader died with its standby, or its standby
+                # was frozen) is a failover in progress itself: start it now.
+                if starting or key not in view.holders:
                     self._change(key, functools.partial(self._start_lock, key))
                 unsettled = True
             elif waits and not wanted and lock is not None and not lock.is_leader:

@@ -46,6 +46,11 @@ log = get_logger("pgleaderlock.coordination")
 OUTSIDE_TICK_S = 2.0
 """How often a member looks at the group while some of its names are held outside the
 group (a plain lock): their release is announced to nobody."""
+GONE_LOOK_MARGIN_S = 1.0
+"""After a member is gone, a member looks at the group at the balance interval for the
+claim bound (``LockConfig.claim_s``) twice over and this margin: a dead member's name
+granted to a standby that is frozen is freed by the server when that standby does not
+claim it in time, and nobody is told; the next look finds it free and waits for it."""
 
 
 class Engine(abc.ABC):
@@ -85,6 +90,7 @@ class Engine(abc.ABC):
         self._helpers: list[asyncio.Task[None]] = []
         self._stop_event = asyncio.Event()
         self._connecting = False
+        self._look_until = 0.0  # a member is gone: look often until then (monotonic)
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ for the API
@@ -239,6 +245,11 @@ class Engine(abc.ABC):
                             wait = self.settings.balance_interval_s
                         if balancer.outside:  # nothing tells the group when those are freed
                             wait = min(wait, OUTSIDE_TICK_S)
+                        if isinstance(event, MemberGone):
+                            claim = self.settings.config.claim_s
+                            self._look_until = time.monotonic() + 2 * claim + GONE_LOOK_MARGIN_S
+                        if time.monotonic() < self._look_until:  # see GONE_LOOK_MARGIN_S
+                            wait = min(wait, self.settings.balance_interval_s)
                         next_tick = time.monotonic() + wait
                 except Exception as exc:
                     if is_permanent(exc, self.settings.config):
