@@ -61,8 +61,14 @@ async def test_two_hosts_run_each_slot_once_and_the_survivor_goes_on(
     cursor = await admin.execute(RUNS, (f"{lock_name}:cron",))
     rows = await cursor.fetchall()
     ran = {row[0].isoformat() for row in rows if row[1] in ("done", "failed")}
-    assert ran == set(slots)
-    assert {row[2] for row in rows if row[1] == "failed"} == {"exit 1"}
+    # A signal may come as a slot's COMMAND starts (--drain 0): that run is stopped,
+    # maybe before it wrote its line, and recorded failed, saying so.
+    stopped = {row[0].isoformat() for row in rows if "(stopped: cron got SIG" in (row[2] or "")}
+    assert set(slots) <= ran
+    assert ran - set(slots) <= stopped
+    assert {row[2] for row in rows if row[1] == "failed" and row[0].isoformat() not in stopped} == {
+        "exit 1"
+    }
 
     status = await cli("status", "--name", lock_name, "--json")
     assert await status.wait() == 0, status.describe()
