@@ -19,67 +19,37 @@ from pgleaderlock import (
     ExponentialBackoff,
     LockState,
     RetryContext,
+    RetryStrategy,
     ServerRefusedError,
 )
-from pgleaderlock.core.config import LockConfig
-from pgleaderlock.core.machine import (
-    Answered,
-    Connected,
-    Effect,
-    Failed,
-    Machine,
-    Result,
-    Sleep,
-    Started,
-    Woke,
-)
+from pgleaderlock.core.machine import Answered, Connected, Failed, Sleep, Started, Woke
 from pgleaderlock.core.retry import default_retry_strategy
+from support import machine
+from support.machine import Recording
 
 S = LockState
 
 
-def config(**kwargs: Any) -> LockConfig:
-    values: dict[str, Any] = {
-        "health_interval_s": 5.0,
-        "health_timeout_s": 2.0,
-        "reconnect_grace_s": None,
-        "connect_timeout_s": 3.0,
-        "command_timeout_s": 4.0,
-        "tcp_user_timeout_s": 9.0,
-        "auto_reacquire": True,
-        "follower_mode": "wait",
-    }
-    values.update(kwargs)
-    return LockConfig(**values)
+class Driver(machine.Driver):
+    """The shared hand-fed driver (tests/support/machine.py), seeded, with ``slept``."""
 
-
-class Recording:
-    """A retry strategy that records its contexts and asks ``inner`` (or says 1 s)."""
-
-    def __init__(self, inner: Any = None) -> None:
-        self.inner = inner
-        self.contexts: list[RetryContext] = []
-
-    def next_delay_s(self, ctx: RetryContext) -> float | None:
-        self.contexts.append(ctx)
-        return 1.0 if self.inner is None else float(self.inner.next_delay_s(ctx))
-
-
-class Driver:
-    def __init__(self, retry: Any, **kwargs: Any) -> None:
-        self.machine = Machine(config(**kwargs), retry, random.Random(0))
-        self.now = 100.0
-        self.effects: list[Effect] = []
-
-    def feed(self, result: Result, after: float = 0.0) -> list[Effect]:
-        self.now += after
-        self.effects = self.machine.handle(result, self.now)
-        return self.effects
+    def __init__(self, retry: RetryStrategy, **kwargs: Any) -> None:
+        super().__init__(retry, random.Random(0), **kwargs)
 
     def slept(self) -> float:
         last = self.effects[-1]
         assert isinstance(last, Sleep), self.effects
         return last.until - self.now
+
+
+def refused_once(**kwargs: Any) -> tuple[Recording, Driver]:
+    """A driver whose first connect was refused at once, and whose retry sleep is over."""
+    retry = Recording()
+    d = Driver(retry, **kwargs)
+    d.feed(Started())
+    d.feed(Failed(ConnectionError("refused")), after=0.01)
+    d.feed(Woke(), after=1.0)
+    return retry, d
 
 
 class Busy(Exception):
@@ -93,11 +63,7 @@ def busy() -> ConnectionError:
 
 
 def test_quick_connect_failures_say_how_long_the_server_has_looked_down() -> None:
-    retry = Recording()
-    d = Driver(retry)
-    d.feed(Started())
-    d.feed(Failed(ConnectionError("refused")), after=0.01)
-    d.feed(Woke(), after=1.0)
+    retry, d = refused_once()
     d.feed(Failed(ConnectionError("refused")), after=0.02)
     d.feed(Woke(), after=1.0)
     d.feed(Failed(ConnectionError("closed")), after=0.01)
@@ -117,21 +83,13 @@ def test_quick_connect_failures_say_how_long_the_server_has_looked_down() -> Non
     ids=["timeout", "half-the-bound", "too-many-clients", "pooler-full", "refused-for-good"],
 )
 def test_slow_busy_or_permanent_failures_are_not_down(error: Exception, took_s: float) -> None:
-    retry = Recording()
-    d = Driver(retry, retry_permanent_errors=True)
-    d.feed(Started())
-    d.feed(Failed(ConnectionError("refused")), after=0.01)
-    d.feed(Woke(), after=1.0)
+    retry, d = refused_once(retry_permanent_errors=True)
     d.feed(Failed(error), after=took_s)
     assert [c.down_for_s is None for c in retry.contexts] == [False, True]
 
 
 def test_a_held_lock_and_a_connection_reset_the_down_time() -> None:
-    retry = Recording()
-    d = Driver(retry)
-    d.feed(Started())
-    d.feed(Failed(ConnectionError("refused")), after=0.01)
-    d.feed(Woke(), after=1.0)
+    retry, d = refused_once()
     d.feed(Connected(can_wait=True), after=0.01)
     d.feed(Answered(False), after=0.01)  # held elsewhere: not an error, not down
     d.feed(Failed(ConnectionError("the session died")), after=5.0)  # a wait, not quick

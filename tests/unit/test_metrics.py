@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from pgleaderlock import ConnectionError, LeaderLock, LockOptions, LockState
 from pgleaderlock.plugins.metrics import MetricsPlugin
 from pgleaderlock.testing import FakeServer
-from support.fixture_types import MakeLock, MakeRecorder
+from support.fixture_types import MakeLock, MakeRecorded, MakeRecorder
 
 if TYPE_CHECKING:
     pass
@@ -112,15 +112,11 @@ async def test_time_as_leader_is_live_and_accumulates(
 
 
 async def test_attempts_and_failures_under_contention(
-    make_lock: MakeLock,
-    server: FakeServer,
-    registry: CollectorRegistry,
-    recorder: MakeRecorder,
+    server: FakeServer, registry: CollectorRegistry, recorded: MakeRecorded
 ) -> None:
     holder = await server.connect()
     assert await holder.try_lock(1, 2)
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     lock.plugins.register(MetricsPlugin(registry))
     await lock.start()
     await rec.wait_event("acquire_failed", count=3)
@@ -139,13 +135,9 @@ async def test_attempts_and_failures_under_contention(
 
 
 async def test_loss_and_errors_are_counted(
-    make_lock: MakeLock,
-    server: FakeServer,
-    registry: CollectorRegistry,
-    recorder: MakeRecorder,
+    server: FakeServer, registry: CollectorRegistry, recorded: MakeRecorded
 ) -> None:
-    lock = make_lock()
-    rec = recorder(lock)
+    lock, rec = recorded()
     lock.plugins.register(MetricsPlugin(registry))
     await lock.start()
     assert await lock.wait_for_leadership(5)
