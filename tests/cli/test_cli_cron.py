@@ -21,6 +21,7 @@ from support.server import Admin, prepared_cluster
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from cli.clitools import CliProcess
     from cli.conftest import Run, Start
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -100,18 +101,27 @@ async def test_a_command_not_found_or_bad_schedule_fails_at_once(
     assert "bad cron expression" in bad.stderr
 
 
-async def test_leadership_lost_mid_run_terminates_the_command(
-    cli: Start, admin: Admin, lock_name: str, tmp_path: Path
-) -> None:
-    """The leader's session is terminated while COMMAND runs: COMMAND gets SIGTERM, and
-    its slot stays for the next leader's --interrupted policy (here: recorded lost)."""
-    marker = tmp_path / "terminated"
+async def cron_trapping_term(
+    cli: Start, lock_name: str, marker: Path
+) -> tuple[CliProcess, re.Match[str]]:
+    """``cron`` every second with a COMMAND that writes ``marker`` on SIGTERM, once that
+    COMMAND has started (the match's group 1 is its slot)."""
     script = f"trap 'echo x > {marker}; exit 143' TERM; sleep 30 & wait"
     proc = await cli(
         "cron", "--name", lock_name, "--every", "1", "--health-interval", "0.5",
         "--kill-after", "5", "--", "sh", "-c", script,
     )  # fmt: skip
     match = await proc.expect(r"command_started .*slot=(\S+)")
+    return proc, match
+
+
+async def test_leadership_lost_mid_run_terminates_the_command(
+    cli: Start, admin: Admin, lock_name: str, tmp_path: Path
+) -> None:
+    """The leader's session is terminated while COMMAND runs: COMMAND gets SIGTERM, and
+    its slot stays for the next leader's --interrupted policy (here: recorded lost)."""
+    marker = tmp_path / "terminated"
+    proc, match = await cron_trapping_term(cli, lock_name, marker)
     row = await (
         await admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
@@ -137,12 +147,7 @@ async def test_a_deliberate_stop_records_the_running_slot(
     shutdown says, and its slot is recorded with how it ended (not left ``running``,
     not logged as a lost leadership); ``status`` shows it failed."""
     marker = tmp_path / "terminated"
-    script = f"trap 'echo x > {marker}; exit 143' TERM; sleep 30 & wait"
-    proc = await cli(
-        "cron", "--name", lock_name, "--every", "1", "--health-interval", "0.5",
-        "--kill-after", "5", "--", "sh", "-c", script,
-    )  # fmt: skip
-    match = await proc.expect(r"command_started .*slot=(\S+)")
+    proc, match = await cron_trapping_term(cli, lock_name, marker)
     proc.send(signal.SIGTERM)
     assert await proc.wait() == 0, proc.describe()
     assert marker.read_text().strip() == "x"

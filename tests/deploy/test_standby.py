@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(90)]
 
 Holders = Callable[[str], Awaitable[list[int]]]
+MakeLockOn = Callable[..., LeaderLock]
 
 CONNECT_TIMEOUT_S = 2.0
 
@@ -49,14 +50,16 @@ def holders_on(keys: tuple[int, int]) -> Holders:
     return holders_on
 
 
-def _lock(dsn: str, keys: tuple[int, int], backend: str, **kwargs: Any) -> LeaderLock:
-    return LeaderLock(
-        dsn,
-        *keys,
-        **lock_args(
-            kwargs, options=LockOptions(session=Session(backend=backend), load_plugins=False)
-        ),
-    )
+@pytest.fixture
+def lock_on(keys: tuple[int, int], backend: str) -> MakeLockOn:
+    """``lock_on(dsn, **kwargs)``: the test's lock (``keys``, session ``backend``) on
+    ``dsn``."""
+
+    def lock_on(dsn: str, **kwargs: Any) -> LeaderLock:
+        options = LockOptions(session=Session(backend=backend), load_plugins=False)
+        return LeaderLock(dsn, *keys, **lock_args(kwargs, options=options))
+
+    return lock_on
 
 
 # ---------------------------------------------------------------- the standby
@@ -64,13 +67,12 @@ def _lock(dsn: str, keys: tuple[int, int], backend: str, **kwargs: Any) -> Leade
 
 async def test_a_lock_on_the_standby_never_leads(
     replication_pair: PrimaryStandby,
-    keys: tuple[int, int],
-    backend: str,
+    lock_on: MakeLockOn,
     holders_on: Holders,
     recorder: MakeRecorder,
 ) -> None:
     """Default settings: refused at 0 s, then retried after 1 s and 2 s (the backoff)."""
-    lock = _lock(replication_pair.standby_dsn, keys, backend)
+    lock = lock_on(replication_pair.standby_dsn)
     rec = recorder(lock)
     async with lock:
         await rec.wait(lambda: len(rec.errors()) >= 3, timeout=15)
@@ -89,14 +91,13 @@ async def test_a_lock_on_the_standby_never_leads(
 
 async def test_a_multi_host_dsn_listing_the_standby_first_leads_on_the_primary(
     replication_pair: PrimaryStandby,
-    keys: tuple[int, int],
-    backend: str,
+    lock_on: MakeLockOn,
     holders_on: Holders,
     recorder: MakeRecorder,
 ) -> None:
     # No target_session_attrs in the DSN: the drivers alone would settle on the standby.
     dsn = replication_pair.multi_host_dsn(standby_first=True)
-    lock = _lock(dsn, keys, backend)
+    lock = lock_on(dsn)
     rec = recorder(lock)
     async with lock:
         assert await lock.wait_for_leadership(timeout_s=10)
@@ -118,14 +119,14 @@ async def _time_to_lead(lock: LeaderLock) -> float:
 async def test_a_black_hole_first_costs_one_connect_timeout(
     replication_pair: PrimaryStandby,
     blackhole: BlackHole,
-    keys: tuple[int, int],
+    lock_on: MakeLockOn,
     backend: str,
     holders_on: Holders,
     recorder: MakeRecorder,
     figures: Figures,
 ) -> None:
     dsn = multi_host_dsn(blackhole, replication_pair.primary)
-    lock = _lock(dsn, keys, backend, connect_timeout_s=CONNECT_TIMEOUT_S)
+    lock = lock_on(dsn, connect_timeout_s=CONNECT_TIMEOUT_S)
     rec = recorder(lock)
     try:
         took = await _time_to_lead(lock)
@@ -141,14 +142,14 @@ async def test_a_black_hole_first_costs_one_connect_timeout(
 async def test_the_dsn_connect_timeout_is_per_host_and_wins(
     replication_pair: PrimaryStandby,
     blackhole: BlackHole,
-    keys: tuple[int, int],
+    lock_on: MakeLockOn,
     backend: str,
     figures: Figures,
 ) -> None:
     """A DSN's own ``connect_timeout`` is the per-host timeout (asyncpg does not know the
     parameter: the library takes it out of the URL and applies it per host itself)."""
     dsn = multi_host_dsn(blackhole, replication_pair.primary, connect_timeout=2)
-    lock = _lock(dsn, keys, backend, connect_timeout_s=10.0)
+    lock = lock_on(dsn, connect_timeout_s=10.0)
     try:
         took = await _time_to_lead(lock)
         figures(f"{backend}: black hole first, connect_timeout=2 in the DSN -> leader", took)
