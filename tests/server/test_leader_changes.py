@@ -8,6 +8,8 @@ forged one (from the same role or another) changes nothing.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -205,83 +207,89 @@ async def test_a_forged_notify_changes_nothing(
             await r.lock.shutdown()
 
 
-async def test_a_forged_row_is_refused(
+@dataclasses.dataclass
+class Forgery:
+    """A leader for another session to forge rows for: the test server (``admin``), the
+    lock's ``keys``, the participants ``schema``, and ``other_role``'s DSN."""
+
+    pg_dsn: str
+    keys: tuple[int, int]
+    schema: str
+    admin: psycopg.AsyncConnection[Any]
+    other_role: str
+
+    @property
+    def role(self) -> str:
+        return str(psycopg.conninfo.conninfo_to_dict(self.other_role)["user"])
+
+    @property
+    def table(self) -> str:
+        return f"{self.schema}.pgleaderlock_participants"
+
+    @contextlib.asynccontextmanager
+    async def leading(self, dsn: str) -> AsyncIterator[LeaderLock]:
+        """A lock on ``dsn`` that publishes ``identity="real"`` (address ``real``), once
+        it leads; shut down on the way out."""
+        participation = Participation(
+            identity="real", metadata={"address": "real"}, schema=self.schema
+        )
+        lock = participant(dsn, self.keys, LockOptions(participation=participation))
+        try:
+            await lock.start()
+            assert await lock.wait_for_leadership(10)
+            yield lock
+        finally:
+            await lock.shutdown()
+
+
+@pytest.fixture
+def forgery(
     pg_dsn: str,
     keys: tuple[int, int],
     schema: str,
     admin: psycopg.AsyncConnection[Any],
     other_role: str,
-) -> None:
+) -> Forgery:
+    return Forgery(pg_dsn, keys, schema, admin, other_role)
+
+
+async def test_a_forged_row_is_refused(forgery: Forgery) -> None:
     """A role that may write the participants table still cannot write a row for
     another session (row-level security), whether it runs as another role or as the
     leader's own (non-superuser) role."""
-    role = psycopg.conninfo.conninfo_to_dict(other_role)["user"]
-    await admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
-    url = dsn_to_url(pg_dsn)
-    lock = participant(
-        url,
-        keys,
-        LockOptions(
-            participation=Participation(
-                identity="real", metadata={"address": "real"}, schema=schema
-            )
-        ),
-    )
-    table = f"{schema}.pgleaderlock_participants"
-    try:
-        await lock.start()
-        assert await lock.wait_for_leadership(10)
-        await admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}")
+    f = forgery
+    await f.admin.execute(f"GRANT USAGE ON SCHEMA {f.schema} TO {f.role}")
+    async with f.leading(dsn_to_url(f.pg_dsn)) as lock:
+        await f.admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {f.table} TO {f.role}")
         pid = lock.backend_pid
-        await forge(other_role, table, keys, pid, delete=True)
+        await forge(f.other_role, f.table, f.keys, pid, delete=True)
         seen = await lock.leader()
         assert seen is not None
         assert seen.metadata == {"address": "real"}
         # From the other role (who may read the table): the same, and it cannot see
         # the leader's backend_start without pg_read_all_stats, so no metadata.
         watcher = participant(
-            other_role, keys, LockOptions(participation=Participation(schema=schema))
+            f.other_role, f.keys, LockOptions(participation=Participation(schema=f.schema))
         )
         theirs = await watcher.leader()
         assert theirs is not None
         assert theirs.pid == pid
         assert theirs.role == "postgres"
-    finally:
-        await lock.shutdown()
 
 
-async def test_same_role_forgery_is_refused(
-    pg_dsn: str,
-    keys: tuple[int, int],
-    schema: str,
-    admin: psycopg.AsyncConnection[Any],
-    other_role: str,
-) -> None:
+async def test_same_role_forgery_is_refused(forgery: Forgery) -> None:
     """The leader runs as a plain role; another session of the same role tries to
     publish a row for the leader's pid."""
-    role = psycopg.conninfo.conninfo_to_dict(other_role)["user"]
-    table = f"{schema}.pgleaderlock_participants"
-    await admin.execute(f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {role}")
-    lock = participant(
-        other_role,
-        keys,
-        LockOptions(
-            participation=Participation(
-                identity="real", metadata={"address": "real"}, schema=schema
-            )
-        ),
-    )
-    try:
-        await lock.start()  # the role creates the table: it owns it (FORCE row security)
-        assert await lock.wait_for_leadership(10)
+    f = forgery
+    await f.admin.execute(f"GRANT USAGE, CREATE ON SCHEMA {f.schema} TO {f.role}")
+    # The role creates the table as it starts: it owns it (FORCE row security).
+    async with f.leading(f.other_role) as lock:
         pid = lock.backend_pid
-        await forge(other_role, table, keys, pid, delete=False)
+        await forge(f.other_role, f.table, f.keys, pid, delete=False)
         seen = await lock.leader()
         assert seen is not None
         assert seen.pid == pid
         assert seen.metadata == {"address": "real"}
-    finally:
-        await lock.shutdown()
 
 
 @pytest.mark.parametrize(
