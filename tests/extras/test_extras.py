@@ -204,40 +204,38 @@ async def main():
 asyncio.run(main())
 """
 
-_OTEL = """\
+# A plugin's guide: register it, lead, then ``then`` (indented lines of ``main``).
+_PLUGIN = """\
 import asyncio, os
 from pgleaderlock import LeaderLock
-from pgleaderlock.plugins.otel import OpenTelemetryPlugin
-
+from pgleaderlock.plugins.{extra} import {plugin}
+{imports}
 async def main():
-    otel = OpenTelemetryPlugin()
-    lock = LeaderLock.from_name("extras-otel", dsn=os.environ["PG_DSN"])
-    lock.plugins.register(otel)
+    plugin = {plugin}()
+    lock = LeaderLock.from_name("extras-{extra}", dsn=os.environ["PG_DSN"])
+    lock.plugins.register(plugin)
     async with lock:
         assert await lock.wait_for_leadership(30)
-        otel.leadership_span(lock)
-    print("led, with the plugin")
+{then}    print("{says}")
 
 asyncio.run(main())
 """
 
-_METRICS = """\
-import asyncio, os
-from prometheus_client import generate_latest
-from pgleaderlock import LeaderLock
-from pgleaderlock.plugins.metrics import MetricsPlugin
+_OTEL = _PLUGIN.format(
+    extra="otel",
+    plugin="OpenTelemetryPlugin",
+    imports="",
+    then="        plugin.leadership_span(lock)\n",
+    says="led, with the plugin",
+)
 
-async def main():
-    metrics = MetricsPlugin()
-    lock = LeaderLock.from_name("extras-metrics", dsn=os.environ["PG_DSN"])
-    lock.plugins.register(metrics)
-    async with lock:
-        assert await lock.wait_for_leadership(30)
-    assert b"pgleaderlock_" in generate_latest()
-    print("metrics exported")
-
-asyncio.run(main())
-"""
+_METRICS = _PLUGIN.format(
+    extra="metrics",
+    plugin="MetricsPlugin",
+    imports="from prometheus_client import generate_latest\n",
+    then='    assert b"pgleaderlock_" in generate_latest()\n',
+    says="metrics exported",
+)
 
 _CRON = """\
 import datetime as dt, os
