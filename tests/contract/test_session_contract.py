@@ -66,6 +66,19 @@ def _in_slices(session: LockSession) -> None:
         inner._can_wait_on = False
 
 
+async def holder_and_waiter(
+    target: Target, keys: tuple[int, int]
+) -> tuple[LockSession, WaitingSession]:
+    """Two sessions of ``target`` (skipped unless it waits on the server): the first
+    holds ``keys``, the second is free to wait for them."""
+    await target.require(WaitingSession)
+    a = await target.session()
+    b = await target.session()
+    assert isinstance(b, WaitingSession)
+    assert await a.try_lock(*keys)
+    return a, b
+
+
 async def test_builtin_backends_have_every_capability(target: Target) -> None:
     if not _builtin(target):
         pytest.skip("optional for third-party backends (and the fake)")
@@ -156,12 +169,8 @@ async def test_wait_lock_times_out_then_is_granted(
     holders: LockPids,
     waiters: LockPids,
 ) -> None:
-    await target.require(WaitingSession)
-    a = await target.session()
-    b = await target.session()
-    assert isinstance(b, WaitingSession)
+    a, b = await holder_and_waiter(target, keys)
     _in_slices(b)
-    assert await a.try_lock(*keys)
     assert await b.try_lock(*keys) is False  # as the core does: try first, then wait
     started = time.monotonic()
     async with asyncio.timeout(5):
@@ -315,12 +324,8 @@ async def test_a_wait_granted_as_its_timeout_fired_counts_once(
     fails (the wait "timed out") and the session-level lock stays. The session's next
     lock call counts that lock as granted once: not refused, not granted a second time
     (one unlock must free it)."""
-    await target.require(WaitingSession)
-    a = await target.session()
-    b = await target.session()
-    assert isinstance(b, WaitingSession)
+    a, b = await holder_and_waiter(target, keys)
     _in_slices(b)  # a wait that goes on across calls has no timeout to race with
-    assert await a.try_lock(*keys)
     assert await b.wait_lock(*keys, 0.1) is False
     assert await a.unlock(*keys)
     await _lock_on_the_driver_connection(b, keys)  # the grant the timeout hid
@@ -341,11 +346,7 @@ async def test_waits_after_a_timed_out_wait_count_each_grant_once(
     became the session's own: with another session holding it, the session waits again
     (and takes nothing); once it is free, the session is granted it once (one unlock
     frees it), as after any wait."""
-    await target.require(WaitingSession)
-    a = await target.session()
-    b = await target.session()
-    assert isinstance(b, WaitingSession)
-    assert await a.try_lock(*keys)
+    a, b = await holder_and_waiter(target, keys)
     assert await b.wait_lock(*keys, 0.1) is False
     assert await b.wait_lock(*keys, 0.1) is False  # still another's: waited, took nothing
     assert await b.try_lock(*keys) is False
@@ -407,11 +408,7 @@ async def test_terminated_during_wait_raises_connection_error(
     terminate: Terminate,
     waiters: LockPids,
 ) -> None:
-    await target.require(WaitingSession)
-    a = await target.session()
-    b = await target.session()
-    assert isinstance(b, WaitingSession)
-    assert await a.try_lock(*keys)
+    _holder, b = await holder_and_waiter(target, keys)
     assert await b.try_lock(*keys) is False
     wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
     try:
@@ -600,11 +597,7 @@ async def test_cancelled_wait_returns_at_once_and_leaves_no_waiter(
     waiters: LockPids,
     backend_alive: Callable[[int], Awaitable[bool]],
 ) -> None:
-    await target.require(WaitingSession)
-    a = await target.session()
-    b = await target.session()
-    assert isinstance(b, WaitingSession)
-    assert await a.try_lock(*keys)
+    _holder, b = await holder_and_waiter(target, keys)
     assert await b.try_lock(*keys) is False
     pid = b.backend_pid
     assert pid is not None

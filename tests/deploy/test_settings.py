@@ -206,7 +206,8 @@ async def _server_now(hostile_admin: Admin) -> object:
     return row[0]
 
 
-async def _log_of_one_follower(
+@pytest.fixture
+async def follower_log(
     hostile: HostileCluster,
     hostile_admin: Admin,
     keys: tuple[int, int],
@@ -215,7 +216,7 @@ async def _log_of_one_follower(
 ) -> list[tuple[str, str]]:
     """A plain session holds the lock; one follower (``FixedInterval(3)``: 3 s waits)
     makes a try and spends two retry delays waiting, then is granted the lock 1.6 s
-    into the third. Returns the follower backend's log lines."""
+    into the third. The follower backend's log lines."""
     offset = hostile.log_offset()
     lock = LeaderLock(hostile.dsn(backend), *keys, retry_strategy=FixedInterval(3.0), options=LockOptions(load_plugins=False))  # fmt: skip
     rec = recorder(lock)
@@ -235,16 +236,11 @@ async def _log_of_one_follower(
 
 
 async def test_what_the_server_logs_per_follower_wait(
-    hostile: HostileCluster,
-    hostile_admin: Admin,
-    keys: tuple[int, int],
-    backend: str,
-    recorder: MakeRecorder,
-    figures: Figures,
+    follower_log: list[tuple[str, str]], backend: str, figures: Figures
 ) -> None:
     """Issue 10: "a follower does not make the server log a line every 0.5 s"; issue 19:
     no ERROR line for a follower at all."""
-    lines = await _log_of_one_follower(hostile, hostile_admin, keys, backend, recorder)
+    lines = follower_log
     still = [m for level, m in lines if level == "LOG" and "still waiting" in m]
     errors = [m for level, m in lines if level in ("ERROR", "FATAL")]
     acquired = [m for level, m in lines if level == "LOG" and "acquired ExclusiveLock" in m]

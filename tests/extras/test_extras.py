@@ -221,20 +221,20 @@ async def main():
 asyncio.run(main())
 """
 
-_OTEL = _PLUGIN.format(
-    extra="otel",
-    plugin="OpenTelemetryPlugin",
-    imports="",
-    then="        plugin.leadership_span(lock)\n",
-    says="led, with the plugin",
-)
 
-_METRICS = _PLUGIN.format(
-    extra="metrics",
-    plugin="MetricsPlugin",
+def _plugin(extra: str, plugin: str, then: str, says: str, imports: str = "") -> str:
+    return _PLUGIN.format(extra=extra, plugin=plugin, then=then, says=says, imports=imports)
+
+
+_OTEL = _plugin(
+    "otel", "OpenTelemetryPlugin", "        plugin.leadership_span(lock)\n", "led, with the plugin"
+)
+_METRICS = _plugin(
+    "metrics",
+    "MetricsPlugin",
+    '    assert b"pgleaderlock_" in generate_latest()\n',
+    "metrics exported",
     imports="from prometheus_client import generate_latest\n",
-    then='    assert b"pgleaderlock_" in generate_latest()\n',
-    says="metrics exported",
 )
 
 _CRON = """\
