@@ -79,6 +79,15 @@ async def holder_and_waiter(
     return a, b
 
 
+async def watchable_holder(target: Target, keys: tuple[int, int]) -> WatchableSession:
+    """A session of ``target`` (skipped unless it can be watched) that holds ``keys``."""
+    await target.require(WatchableSession)
+    session = await target.session()
+    assert isinstance(session, WatchableSession)
+    assert await session.try_lock(*keys)
+    return session
+
+
 async def test_builtin_backends_have_every_capability(target: Target) -> None:
     if not _builtin(target):
         pytest.skip("optional for third-party backends (and the fake)")
@@ -426,10 +435,7 @@ async def test_terminated_during_wait_raises_connection_error(
 async def test_watch_reports_termination_at_once(
     target: Target, keys: tuple[int, int], terminate: Terminate
 ) -> None:
-    await target.require(WatchableSession)
-    session = await target.session()
-    assert isinstance(session, WatchableSession)
-    assert await session.try_lock(*keys)
+    session = await watchable_holder(target, keys)
     fired = asyncio.Event()
     calls: list[float] = []
 
@@ -501,10 +507,7 @@ async def test_watch_armed_after_termination_fires(
 ) -> None:
     """A watch armed on an idle session that the server already ended still reports it
     (the socket holds the FATAL message and EOF), from the event loop, once."""
-    await target.require(WatchableSession)
-    session = await target.session()
-    assert isinstance(session, WatchableSession)
-    assert await session.try_lock(*keys)
+    session = await watchable_holder(target, keys)
     pid = session.backend_pid
     assert pid is not None
     await terminate(pid)
@@ -568,11 +571,8 @@ async def test_freed_lock_goes_to_the_first_waiter(
 async def test_watch_is_disarmed_by_none_by_calls_and_by_close(
     target: Target, keys: tuple[int, int], terminate: Terminate
 ) -> None:
-    await target.require(WatchableSession)
     calls: list[str] = []
-    session = await target.session()
-    assert isinstance(session, WatchableSession)
-    assert await session.try_lock(*keys)
+    session = await watchable_holder(target, keys)
     session.watch(lambda: calls.append("removed"))
     session.watch(None)
     session.watch(lambda: calls.append("replaced"))
