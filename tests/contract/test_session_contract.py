@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import pytest
 
@@ -66,9 +66,15 @@ def _in_slices(session: LockSession) -> None:
         inner._can_wait_on = False
 
 
-async def holder_and_waiter(
-    target: Target, keys: tuple[int, int]
-) -> tuple[LockSession, WaitingSession]:
+class Waiting(LockSession, WaitingSession, Protocol):
+    """A session that may wait on the server for the lock."""
+
+
+class Watchable(LockSession, WatchableSession, Protocol):
+    """A session that notices at once that the server ended it."""
+
+
+async def holder_and_waiter(target: Target, keys: tuple[int, int]) -> tuple[LockSession, Waiting]:
     """Two sessions of ``target`` (skipped unless it waits on the server): the first
     holds ``keys``, the second is free to wait for them."""
     await target.require(WaitingSession)
@@ -76,16 +82,16 @@ async def holder_and_waiter(
     b = await target.session()
     assert isinstance(b, WaitingSession)
     assert await a.try_lock(*keys)
-    return a, b
+    return a, cast(Waiting, b)
 
 
-async def watchable_holder(target: Target, keys: tuple[int, int]) -> WatchableSession:
+async def watchable_holder(target: Target, keys: tuple[int, int]) -> Watchable:
     """A session of ``target`` (skipped unless it can be watched) that holds ``keys``."""
     await target.require(WatchableSession)
     session = await target.session()
     assert isinstance(session, WatchableSession)
     assert await session.try_lock(*keys)
-    return session
+    return cast(Watchable, session)
 
 
 async def test_builtin_backends_have_every_capability(target: Target) -> None:
