@@ -252,14 +252,25 @@ def test_base_backup_from_starts_a_streaming_standby() -> None:
         assert _scalar(source.dsn, "SELECT count(*) FROM after_backup") == 1
 
 
-def test_failed_base_backup_leaves_nothing_behind() -> None:
-    before = set(glob.glob("/tmp/pgll-*"))
+def test_failed_base_backup_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The directories this start makes (others' runs on this machine make theirs in /tmp
+    # at the same time: a glob of /tmp would see those).
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        path = mkdtemp(*args, **kwargs)
+        made.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
     nowhere = f"postgresql://postgres@127.0.0.1:{_free_port()}/postgres"
     pg = ThrowawayPostgres(base_backup_from=nowhere)
     with pytest.raises(RuntimeError, match="pg_basebackup failed"):
         pg.start()
     assert not pg.is_running
-    assert set(glob.glob("/tmp/pgll-*")) <= before
+    assert made  # it did make one
+    assert [path for path in made if os.path.exists(path)] == []
 
 
 def test_find_pg_bin_honours_pg_bin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
