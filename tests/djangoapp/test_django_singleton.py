@@ -125,7 +125,9 @@ def test_a_custom_held_exit_code_and_a_bounded_wait(
     spawn: Spawn, manage: Manage, lock_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = running(spawn, out, *work(lock_name, out, sleep=8.0))
+    # Long enough for two more manage.py starts (seconds each on a busy machine: at 8 s,
+    # the first had ended before the bounded wait began, once, with three suites running).
+    first = running(spawn, out, *work(lock_name, out, sleep=20.0))
     held = manage(*work(lock_name, out, "--no-wait", "--held-exit-code", "0"))
     assert held.returncode == 0, held.stderr
     assert f"the lock '{lock_name}' is held elsewhere: pgltest_work was not run" in held.stderr
@@ -135,7 +137,7 @@ def test_a_custom_held_exit_code_and_a_bounded_wait(
     assert waited.returncode == EXIT_HELD, waited.stderr
     assert time.monotonic() - started >= 0.5
     assert first.poll() is None  # still running: the wait ran out, it did not end
-    assert first.wait(30) == 0
+    assert first.wait(60) == 0
     assert len(lines(out)) == 2
 
 
