@@ -259,7 +259,7 @@ def test_failed_base_backup_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatc
     mkdtemp = tempfile.mkdtemp
 
     def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
-        path = mkdtemp(*args, **kwargs)
+        path = str(mkdtemp(*args, **kwargs))
         made.append(path)
         return path
 
