@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal, Self, Unpack
+from typing import Any, Literal, Unpack
 
 from ..lowlevel import (
     DEPRECATED_KEYWORDS,
@@ -14,6 +14,7 @@ from ..lowlevel import (
     LockOptions,
     Participation,
     RetryStrategy,
+    Service,
     SessionFactory,
     check_give_away,
     check_options,
@@ -36,7 +37,7 @@ __all__ = ["Coordinator"]
 Sessions = Literal["dedicated", "shared"]
 
 
-class Coordinator:
+class Coordinator(Service):
     """Named workers, run by the replicas of one group: each name by exactly one replica
     at a time, spread evenly over the replicas, taken over when its replica dies.
 
@@ -213,13 +214,6 @@ class Coordinator:
     async def shutdown(self) -> None:
         """Stop every worker, release every name, close the sessions. Idempotent."""
         await self._engine.stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     # ------------------------------------------------------------------ state
 

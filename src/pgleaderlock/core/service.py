@@ -1,23 +1,25 @@
-"""The ``async with`` of the library's long-lived objects (the Scheduler's; a
-Coordinator's alike), written once."""
+"""The ``async with`` of the library's long-lived objects (the Scheduler, a Coordinator),
+written once."""
 
 from __future__ import annotations
 
+import abc
 from typing import Self
 
 __all__ = ["Service"]
 
 
-class Service:
-    """A mixin: ``async with`` an object starts it on the way in and shuts it down on the
-    way out, whatever ended the block (``start()`` and ``shutdown()`` are the
-    subclass's)."""
+class Service(abc.ABC):
+    """A base: ``async with`` an object starts it on the way in and shuts it down on the
+    way out, whatever ended the block. Subclasses define `start` and `shutdown`."""
 
+    @abc.abstractmethod
     async def start(self) -> None:
-        raise NotImplementedError
+        """Start the object's work."""
 
+    @abc.abstractmethod
     async def shutdown(self) -> None:
-        raise NotImplementedError
+        """Stop the object's work and release what it holds; idempotent."""
 
     async def __aenter__(self) -> Self:
         await self.start()
