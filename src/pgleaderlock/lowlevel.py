@@ -39,7 +39,8 @@ Names, by theme:
   cancelling it: the only way outside a lock's task), `fetch_row` and `transaction`
   (a statement or a transaction on a connection of the caller's, any driver),
   `Supervisor` and `check_give_away` (named tasks restarted after a crash), `Service`
-  (a mixin: ``async with`` calls ``start()`` on the way in, ``shutdown()`` on the way out).
+  (an abstract base: ``async with`` calls ``start()`` on the way in, ``shutdown()`` on the way
+  out; the Scheduler and the Coordinator build on it).
 - **Configuration and validation** (*public*: `LockOptions`, `Timing`, `Fencing`,
   `Participation`, `Session`): `LockConfig` and `lock_config` (a lock's settings,
   checked), `lock_arguments` (a flat mapping, as configuration files give it, into a
