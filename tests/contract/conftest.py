@@ -78,6 +78,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "postgres_only(reason): the test needs a real PostgreSQL server for something the "
         "fake cannot model; it does not run on the fake flavour",
     )
+    config.addinivalue_line(
+        "markers",
+        "fake_only(reason): the test reads what only the fake can show (e.g. its call "
+        "counts); it runs on the fake flavour alone",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -85,9 +90,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "target" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("postgres_only")
-    if marker is not None and not (marker.args and str(marker.args[0]).strip()):
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: postgres_only needs a reason")
+    fake_only = metafunc.definition.get_closest_marker("fake_only")
+    for name, mark in (("postgres_only", marker), ("fake_only", fake_only)):
+        if mark is not None and not (mark.args and str(mark.args[0]).strip()):
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: {name} needs a reason")
     chosen = [f for f in FLAVOURS if not (f.fake and marker is not None)]
+    if fake_only is not None:
+        chosen = [f for f in chosen if f.fake]
     metafunc.parametrize("target", chosen, ids=[f.id for f in chosen], indirect=True)
 
 

@@ -92,11 +92,10 @@ async def test_each_slot_has_a_follower_waiting_on_the_server_and_a_freed_slot_g
     assert sum(s.is_leader for s in (*leading, *followers)) == 2
 
 
+@pytest.mark.fake_only("the fake counts every call; PostgreSQL's view is the test above")
 async def test_waiting_followers_run_no_statement_in_the_steady_state(
     target: Target, waiters: LockPids
 ) -> None:
-    if target.fake is None:
-        pytest.skip("the fake counts every call; PostgreSQL's view is the test above")
     name, _, followers = await _start(target, 12)
     watch = watch_keys(name, 2)
 
