@@ -1,0 +1,322 @@
+"""The library through a real PgBouncer 1.18 (``tests/support/pgbouncer.py``) in session
+mode, both drivers.
+
+Session mode with PgBouncer's stock configuration gives each client its own server
+connection for as long as it stays connected: the lock leads there, a second candidate
+follows, the death of the leader's process, the termination of its server backend and a
+shutdown all free the lock, because PgBouncer's ``server_reset_query`` (``DISCARD ALL``)
+releases the advisory locks of a client that goes away. A killed pooler ends the
+leadership and frees the lock.
+
+Every check of the server (``pg_locks``, settings) goes to PostgreSQL directly, never
+through the pooler. Times are printed and recorded as JUnit properties
+(``record_property``); the only bounds are generous ones that catch hangs. Each test runs
+its own PgBouncer (``make_pgbouncer``), so that no other test's clients share its pool.
+The helpers they share: ``support/pooled.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Final
+
+import pytest
+
+from pgleaderlock import LockState
+from pgleaderlock.testing.beliefs import BeliefLog
+from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
+from support.fixture_types import LockPids, MakeRecorder, Terminate
+from support.pgbouncer import PgBouncer
+from support.poll import eventually
+from support.pooled import (
+    BACKENDS,
+    TAKEOVER_BOUND_S,
+    Backend,
+    Record,
+    assert_freed,
+    assert_no_settings_left,
+    bouncer_lock,
+    fetch,
+    lock_dsn,
+    plain_client,
+    show,
+    watched_settings,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+CHILD: Final = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=0.1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_the_lock(
+    backend: Backend,
+    make_pgbouncer: Callable[..., PgBouncer],
+    pg_dsn: str,
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    record_property: Record,
+) -> None:
+    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    beliefs = BeliefLog()
+    first = bouncer_lock(bouncer, keys, backend, "first")
+    second = bouncer_lock(bouncer, keys, backend, "second")
+    beliefs.attach(first, "first")
+    beliefs.attach(second, "second")
+    rec1, rec2 = recorder(first), recorder(second)
+    names = watched_settings(first)
+    try:
+        began = time.monotonic()
+        await first.start()
+        assert await first.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
+        show(
+            record_property, f"session mode: start to leader ({backend})", time.monotonic() - began
+        )
+        assert first.backend_pid is not None
+        assert await holders(*keys) == [first.backend_pid]
+        await second.start()
+        await rec2.wait_event("acquire_failed", timeout=TAKEOVER_BOUND_S)
+        assert second.state in (LockState.FOLLOWER, LockState.ACQUIRING)  # queued
+        assert second.backend_pid not in (None, first.backend_pid)
+        # Still leading after a few health probes (each one runs on its own backend; on
+        # psycopg a bare Sync, which PgBouncer passes to the server and back).
+        probes = first.statistics().probes
+        await asyncio.sleep(1.5)
+        assert first.statistics().probes - probes >= 2
+        assert first.is_leader
+        assert not second.is_leader
+        assert rec1.errors() == []
+        assert rec2.errors() == []
+
+        released = time.monotonic()
+        await first.shutdown(timeout_s=10)
+        assert await second.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
+        [interval] = beliefs.intervals_of("second")
+        show(
+            record_property,
+            f"session mode: hand-off on shutdown ({backend})",
+            interval.start - released,
+        )
+        assert await holders(*keys) == [second.backend_pid]
+    finally:
+        await asyncio.gather(first.shutdown(timeout_s=10), second.shutdown(timeout_s=10))
+    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
+    beliefs.report().assert_safe()
+    # DISCARD ALL reset the lock's settings on the server connections it used.
+    await assert_no_settings_left(bouncer, pg_dsn, names)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_session_mode_a_killed_leader_process_hands_over(
+    backend: Backend,
+    make_pgbouncer: Callable[..., PgBouncer],
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    record_property: Record,
+) -> None:
+    """SIGKILL of the leader's process: its kernel closes the socket to PgBouncer, which
+    resets the server connection (DISCARD ALL frees the lock), and the follower, queued
+    on the server, is granted the lock."""
+    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    beliefs = BeliefLog()
+    follower = bouncer_lock(bouncer, keys, backend, "follower")
+    beliefs.attach(follower, "follower")
+    rec = recorder(follower)
+    takeovers = []
+    try:
+        for round_ in range(3):
+            child = CandidateProcess(
+                f"child{round_}", lock_dsn(bouncer, backend), *keys, options=CHILD, beliefs=beliefs
+            )
+            try:
+                await child.start()
+                if round_ == 0:
+                    await child.wait_event("acquired", timeout_s=TAKEOVER_BOUND_S)
+                    await follower.start()
+                else:  # the follower leads: hand over to the new child first
+                    await child.wait_event("acquire_failed", timeout_s=TAKEOVER_BOUND_S)
+                    await follower.step_down(timeout_s=10)
+                    await child.wait_event("acquired", timeout_s=TAKEOVER_BOUND_S)
+                await rec.wait(lambda: rec.names()[-1:] == ["acquire_failed"], TAKEOVER_BOUND_S)
+                assert await holders(*keys) == [child.backend_pid]
+                killed_at = await child.kill()
+                assert await follower.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
+                started = [i.start for i in beliefs.intervals_of("follower") if i.start > killed_at]
+                takeovers.append(started[0] - killed_at)
+                assert await holders(*keys) == [follower.backend_pid]
+            finally:
+                await child.kill()
+    finally:
+        await follower.shutdown(timeout_s=10)
+    show(record_property, f"session mode: take-over after SIGKILL, median of 3 ({backend})",
+         statistics.median(takeovers))  # fmt: skip
+    assert await holders(*keys) == []
+    assert rec.errors() == []
+    beliefs.report().assert_safe()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_session_mode_a_terminated_leader_backend_is_noticed(
+    backend: Backend,
+    make_pgbouncer: Callable[..., PgBouncer],
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    terminate: Terminate,
+    record_property: Record,
+) -> None:
+    """``pg_terminate_backend`` of the leader's *server* backend: PgBouncer closes the
+    client whose server went away, the leader reports ``on_lost`` and the follower,
+    queued on its own server backend, is granted the lock."""
+    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    beliefs = BeliefLog()
+    leader = bouncer_lock(bouncer, keys, backend, "leader")
+    follower = bouncer_lock(bouncer, keys, backend, "follower")
+    beliefs.attach(leader, "leader")
+    beliefs.attach(follower, "follower")
+    rec_leader, rec_follower = recorder(leader), recorder(follower)
+    try:
+        await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
+        server = leader.backend_pid
+        assert await holders(*keys) == [server]
+        fault = beliefs.fault("terminate", "leader")
+        await terminate(server)
+        await rec_leader.wait_event("lost", timeout=TAKEOVER_BOUND_S)
+        assert await follower.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
+        [lost] = beliefs.intervals_of("leader")
+        [took] = beliefs.intervals_of("follower")
+        assert lost.end_reason in ("lost", "state:follower", "state:acquiring")
+        assert lost.end is not None
+        show(record_property, f"session mode: terminate to on_lost ({backend})", lost.end - fault.t)
+        show(
+            record_property,
+            f"session mode: terminate to new leader ({backend})",
+            took.start - fault.t,
+        )
+        assert await holders(*keys) == [follower.backend_pid]
+        # The old leader lines up again behind the new one, on a new server backend.
+        await rec_leader.wait(
+            lambda: rec_leader.names()[-1:] == ["acquire_failed"], TAKEOVER_BOUND_S
+        )
+        assert leader.backend_pid not in (None, server)
+    finally:
+        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
+    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
+    beliefs.report().assert_safe()
+
+
+async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
+    make_pgbouncer: Callable[..., PgBouncer],
+    keys: tuple[int, int],
+    holders: LockPids,
+    record_property: Record,
+) -> None:
+    """What the session-mode guarantees rest on, with raw SQL and the stock config: a
+    client that disconnects gets its server connection reset with ``server_reset_query``
+    (``DISCARD ALL``), which releases its advisory locks, right away."""
+    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    assert "server_reset_query" not in bouncer.config_path.read_text()  # the default
+    async with plain_client(bouncer.dsn()) as conn:
+        taken, server = await fetch(
+            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+        )
+        assert taken is True
+        assert await holders(*keys) == [server]
+    closed = time.monotonic()
+    while await holders(*keys):
+        assert time.monotonic() - closed < 5, "the lock outlived its client by 5 s"
+        await asyncio.sleep(0.001)
+    show(
+        record_property,
+        "session mode: raw lock freed after client disconnect",
+        time.monotonic() - closed,
+    )
+    # The server connection itself lives on, reset, for the next client.
+    async with plain_client(bouncer.dsn()) as conn:
+        assert (await fetch(conn, "SELECT pg_backend_pid()"))[0] == server
+
+
+async def test_session_mode_a_reset_query_without_discard_keeps_a_disconnected_clients_lock(
+    make_pgbouncer: Callable[..., PgBouncer],
+    keys: tuple[int, int],
+    holders: LockPids,
+    terminate: Terminate,
+) -> None:
+    """Why the docs say to keep ``server_reset_query = DISCARD ALL``: with a lighter reset
+    (``DEALLOCATE ALL``) a client that disconnects leaves its lock on the server
+    connection, and the next client gets that connection, lock included."""
+    bouncer = await asyncio.to_thread(
+        make_pgbouncer, "session", settings={"server_reset_query": "DEALLOCATE ALL"}
+    )
+    async with plain_client(bouncer.dsn()) as conn:
+        taken, server = await fetch(
+            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+        )
+        assert taken is True
+    try:
+        await asyncio.sleep(0.2)
+        assert await holders(*keys) == [server]
+        async with plain_client(bouncer.dsn()) as other:
+            same, held = await fetch(
+                other,
+                "SELECT pg_backend_pid(), count(*) FROM pg_locks"
+                " WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+            )
+            assert (same, held) == (server, 1)
+    finally:
+        await terminate(server)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
+    backend: Backend,
+    make_pgbouncer: Callable[..., PgBouncer],
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    record_property: Record,
+) -> None:
+    """SIGKILL of PgBouncer itself: its sockets close on both sides, so the server ends
+    the leader's backend (freeing the lock) and the leader sees its connection closed.
+    Once the pooler is back, a candidate leads again."""
+    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    beliefs = BeliefLog()
+    leader = bouncer_lock(bouncer, keys, backend, "leader")
+    follower = bouncer_lock(bouncer, keys, backend, "follower")
+    beliefs.attach(leader, "leader")
+    beliefs.attach(follower, "follower")
+    rec_leader, rec_follower = recorder(leader), recorder(follower)
+    try:
+        await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
+        killed = time.monotonic()
+        await asyncio.to_thread(bouncer.kill)
+        await rec_leader.wait_event("lost", timeout=TAKEOVER_BOUND_S)
+        [lost] = beliefs.intervals_of("leader")
+        assert lost.end is not None
+        show(
+            record_property,
+            f"session mode: pooler SIGKILL to on_lost ({backend})",
+            lost.end - killed,
+        )
+        freed = time.monotonic()
+        while await holders(*keys):
+            assert time.monotonic() - freed < TAKEOVER_BOUND_S, "the lock outlived the pooler"
+            await asyncio.sleep(0.005)
+        assert not follower.is_leader  # nobody can reach the server
+        await asyncio.to_thread(bouncer.start)
+        await eventually(
+            lambda: leader.is_leader or follower.is_leader, TAKEOVER_BOUND_S, "a new leader"
+        )
+        assert sorted(await holders(*keys)) == [
+            lock.backend_pid for lock in (leader, follower) if lock.is_leader
+        ]
+    finally:
+        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
+    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
+    beliefs.report().assert_safe()
