@@ -51,7 +51,6 @@ from support.pooled import (
 if TYPE_CHECKING:
     from conftest import Recorder
 
-
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
