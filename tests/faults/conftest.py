@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ import pytest
 from pgleaderlock import LeaderLock
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.fixture_types import LockPids, MakeRecorder
-from support.server import lock_holders
+from support.server import admin_session, lock_holders
 from support.timings import FAULT_TIMINGS
 
 if TYPE_CHECKING:
@@ -139,3 +140,28 @@ def children_log(tmp_path: Path) -> Iterator[IO[str]]:
     print(f"children's stderr: {path}")
     with path.open("w") as log:
         yield log
+
+
+# ---------------------------------------------------------------- Coordinator groups
+# (tests/faults/test_coordinator_*.py, support/coordinator_group.py)
+
+
+@pytest.fixture(scope="module")
+def module_pg() -> Iterator[ThrowawayPostgres]:
+    """One throwaway cluster for the module's tests that do not restart it."""
+    with ThrowawayPostgres(max_connections=300) as pg:
+        yield pg
+
+
+@pytest.fixture
+def stderr() -> Iterator[IO[str]]:
+    """The replicas' stderr (their warnings); its tail goes into failure messages."""
+    with tempfile.TemporaryFile("w+") as f:
+        yield f
+
+
+@pytest.fixture
+async def module_admin(module_pg: ThrowawayPostgres) -> AsyncIterator[Admin]:
+    """An admin session on ``module_pg``."""
+    async with admin_session(module_pg.dsn) as conn:
+        yield conn

@@ -1,5 +1,5 @@
-"""A replica process for tests/faults/test_coordinator_faults.py: one ``Coordinator``
-running named workers, printing what they do as JSON lines.
+"""A replica process for tests/faults/test_coordinator_*.py (``support/coordinator_group.py``
+starts it): one ``Coordinator`` running named workers, printing what they do as JSON lines.
 
 Run by path, with the DSN in ``$PGLEADERLOCK_CANDIDATE_DSN``::
 

@@ -7,7 +7,7 @@ bad input and other databases: test_coordinator_group.py.
 
 Each test uses a group of its own (and its own tables), so the tests share the server
 with everything else. The multi-process faults (kill -9, SIGTERM, terminated backends,
-server restarts, balance of 300 names) are tests/faults/test_coordinator_faults.py.
+server restarts, balance of 300 names) are tests/faults/test_coordinator_*.py.
 """
 
 from __future__ import annotations

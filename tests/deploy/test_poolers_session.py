@@ -1,25 +1,16 @@
-"""The library through a real PgBouncer 1.18 (``tests/support/pgbouncer.py``), both drivers.
-
-Transaction and statement mode hand an idle client's server connection to the next client,
-so a session-level advisory lock taken there belongs to a shared server connection. The
-lock must refuse such a pooler (``SessionNotDedicatedError`` through ``on_error``, then
-STOPPED, and ``wait_for_leadership()`` raises it), never lead through it, and leave nothing
-behind on the pooled server connections: no advisory lock, no setting. Checked with a lone
-candidate (the hard case: its second session is served by the same server backend, as
-with every PgBouncer that nobody else uses) and with candidates started together (the
-case where 2-3 locks led at once before the pooler check existed; the check still misses
-it now and then: that test is an expected failure, its reason says why).
+"""The library through a real PgBouncer 1.18 (``tests/support/pgbouncer.py``) in session
+mode, both drivers.
 
 Session mode with PgBouncer's stock configuration gives each client its own server
 connection for as long as it stays connected: the lock leads there, a second candidate
 follows, the death of the leader's process, the termination of its server backend and a
 shutdown all free the lock, because PgBouncer's ``server_reset_query`` (``DISCARD ALL``)
-releases the advisory locks of a client that goes away.
+releases the advisory locks of a client that goes away. A killed pooler ends the
+leadership and frees the lock. With the leader's link to the pooler cut silently (a
+network namespace, ``netns_link``), the leader demotes itself within D, and the follower
+leads only after that, with PgBouncer's own TCP timeouts and with its stock settings.
 
-Every check of the server (``pg_locks``, settings) goes to PostgreSQL directly, never
-through the pooler. Times are printed and recorded as JUnit properties
-(``record_property``); the only bounds are generous ones that catch hangs. Each test runs
-its own PgBouncer (``make_pgbouncer``), so that no other test's clients share its pool.
+How the server is checked and times are recorded: see test_poolers_refused.py.
 """
 
 from __future__ import annotations
@@ -27,388 +18,39 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal
+from collections.abc import Callable
+from typing import Any, Final
 
-import psycopg
 import pytest
 
-from pgleaderlock import (
-    FixedInterval,
-    LeaderLock,
-    LockOptions,
-    LockState,
-    Session,
-    SessionNotDedicatedError,
-)
-from pgleaderlock.core.session import SetupSession
+from pgleaderlock import FixedInterval, LeaderLock, LockState
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess
 from support.fixture_types import LockPids, MakeRecorder, Terminate
 from support.netns import NetnsLink
-from support.pgbouncer import PgBouncer, PoolMode
+from support.pgbouncer import PgBouncer
 from support.poll import eventually
-from support.timings import FAULT_TIMINGS, lock_args
-
-if TYPE_CHECKING:
-    from conftest import Recorder
+from support.pooled import (
+    BACKENDS,
+    FAST,
+    TAKEOVER_BOUND_S,
+    Backend,
+    Record,
+    assert_freed,
+    assert_no_settings_left,
+    bouncer_lock,
+    fetch,
+    lock_dsn,
+    plain_client,
+    show,
+    watched_settings,
+)
+from support.timings import lock_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-Backend = Literal["psycopg", "asyncpg"]
-Admin = psycopg.AsyncConnection[tuple[Any, ...]]
-PsyConn = psycopg.AsyncConnection[tuple[Any, ...]]
-Record = Callable[[str, object], None]
-
-BACKENDS: Final[tuple[Backend, ...]] = ("psycopg", "asyncpg")
-POOLED: Final[tuple[PoolMode, ...]] = ("transaction", "statement")
-
-FAST: Final[dict[str, Any]] = {**FAULT_TIMINGS, "retry_strategy": FixedInterval(0.1)}
-"""Short timings: a refusal, a loss or a take-over shows within a second or two."""
-
-REFUSAL_BOUND_S: Final = 5.0
-"""``wait_for_leadership()`` must raise within this (it takes milliseconds)."""
-TAKEOVER_BOUND_S: Final = 10.0
-"""A follower must lead within this after the leader is gone (it takes milliseconds)."""
-TOGETHER_ROUNDS: Final = 30
-"""Rounds of candidates started together: a check that misses a pooler now and then
-lets one of them lead in a few rounds out of thirty."""
-QUERY_TIMEOUT_S: Final = 5.0
-FREED_BOUND_S: Final = 5.0
-"""A lock whose holder is gone must be free within this (it takes milliseconds)."""
 
 CHILD: Final = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=0.1)
-
-
-def lock_dsn(bouncer: PgBouncer, backend: Backend) -> str:
-    """The pooler's URL with the backend in its scheme (a candidate process has no
-    ``backend=`` argument)."""
-    return bouncer.dsn().replace("postgresql://", f"postgresql+{backend}://", 1)
-
-
-def bouncer_lock(
-    bouncer: PgBouncer, keys: tuple[int, int], backend: Backend, name: str, **kwargs: Any
-) -> LeaderLock:
-    return LeaderLock(
-        bouncer.dsn(),
-        *keys,
-        **lock_args(
-            {**FAST, **kwargs}, name=name, options=LockOptions(session=Session(backend=backend))
-        ),
-    )
-
-
-def show(record_property: Record, metric: str, seconds: float) -> None:
-    """Print a measured time and record it as a JUnit property (in ms)."""
-    print(f"{metric}: {seconds * 1000:.1f} ms")
-    record_property(metric, round(seconds * 1000, 2))
-
-
-@asynccontextmanager
-async def plain_client(dsn: str, **kwargs: Any) -> AsyncIterator[PsyConn]:
-    """A client as an application has one: autocommit, no prepared statements (a pooled
-    mode would break them), nothing set."""
-    conn = await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, connect_timeout=5, prepare_threshold=None, **kwargs
-    )
-    async with conn:
-        yield conn
-
-
-async def fetch(conn: PsyConn, sql: str, params: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
-    async with asyncio.timeout(QUERY_TIMEOUT_S):
-        cur = await conn.execute(sql, params)
-        row = await cur.fetchone()
-    assert row is not None
-    return row
-
-
-async def assert_freed(holders: LockPids, keys: tuple[int, int]) -> float:
-    """Wait until no server backend holds the lock (bounded); return how long it took.
-
-    Right after two locks shut down *together* the follower's server backend can be
-    granted the lock by the leader's release before the cancellation of its wait
-    arrives; its client is gone by then, and PgBouncer resets (or closes) that server
-    connection within milliseconds, which frees it."""
-    began = time.monotonic()
-    while held := await holders(*keys):
-        assert time.monotonic() - began < FREED_BOUND_S, f"lock still held by {held}"
-        await asyncio.sleep(0.002)
-    return time.monotonic() - began
-
-
-# ---------------------------------------------------------------- settings on the servers
-
-
-def watched_settings(lock: LeaderLock) -> list[str]:
-    """Every setting the lock applies to its own session, and ``statement_timeout``
-    (some may be unknown to this server version: see `direct_defaults`)."""
-    return sorted({"statement_timeout", *lock.connect_options.server_settings})
-
-
-def select_settings(names: Iterable[str]) -> str:
-    """``SELECT current_setting(%s, true), ...``: NULL for a setting the server does
-    not know (the lock skips those too)."""
-    return "SELECT " + ", ".join("current_setting(%s, true)" for _ in names)
-
-
-async def direct_defaults(pg_dsn: str, names: Iterable[str]) -> dict[str, str | None]:
-    """What a fresh direct session of the test server sees for ``names``."""
-    names = list(names)
-    async with plain_client(pg_dsn) as conn:
-        row = await fetch(conn, select_settings(names), tuple(names))
-    return dict(zip(names, row, strict=True))
-
-
-async def pooled_server_settings(
-    bouncer: PgBouncer, names: Iterable[str]
-) -> dict[int, dict[str, str | None]]:
-    """What plain clients through the pooler see for ``names``, on *every* server
-    connection of the pool: as many clients as the pool has servers each hold one for a
-    moment (a short sleep in the same statement), so none is left out.
-
-    Returns:
-        Server backend pid -> setting -> value.
-    """
-    names = list(names)
-    sql = select_settings(names).replace("SELECT", "SELECT pg_backend_pid(),", 1)
-    sql += ", pg_sleep(0.3)::text"
-
-    async def one() -> tuple[Any, ...]:
-        async with plain_client(bouncer.dsn()) as conn:
-            return await fetch(conn, sql, tuple(names))
-
-    servers = {int(str(s["remote_pid"])) for s in await asyncio.to_thread(bouncer.show, "SERVERS")}
-    clients = max(bouncer.default_pool_size, len(servers))
-    rows = await asyncio.gather(*(one() for _ in range(clients)))
-    seen = {int(row[0]): dict(zip(names, row[1:-1], strict=True)) for row in rows}
-    assert servers <= set(seen), f"servers {servers - set(seen)} were not visited"
-    return seen
-
-
-async def assert_no_settings_left(bouncer: PgBouncer, pg_dsn: str, names: Iterable[str]) -> None:
-    names = list(names)
-    defaults = await direct_defaults(pg_dsn, names)
-    seen = await pooled_server_settings(bouncer, names)
-    changed = {
-        pid: {n: v for n, v in values.items() if v != defaults[n]}
-        for pid, values in seen.items()
-        if values != defaults
-    }
-    assert not changed, (
-        f"settings left on pooled server connections: {changed} (defaults {defaults})"
-    )
-
-
-# ---------------------------------------------------------------- transaction and statement
-
-
-def assert_refused(rec: Recorder) -> None:
-    """The lock never led, reported SessionNotDedicatedError and stopped."""
-    lock = rec.lock
-    assert LockState.LEADER not in rec.states(), f"{lock.label} led: {rec.names(states=True)}"
-    assert "acquired" not in rec.names()
-    errors = rec.errors()
-    assert errors, f"{lock.label}: no error reported: {rec.names()}"
-    assert all(isinstance(e, SessionNotDedicatedError) for e in errors), errors
-    assert rec.names()[-1] == "stopped", rec.names()
-    assert lock.state is LockState.STOPPED
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
-async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
-) -> None:
-    """The hard case: nobody else uses the pooler, so the server backend never changes
-    under the lock's session; only the check with a second session can see the pooler."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "lone")
-    rec = recorder(lock)
-    began = time.monotonic()
-    await lock.start()
-    with pytest.raises(SessionNotDedicatedError, match="transaction or statement mode"):
-        await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    show(record_property, f"refused after ({mode}, {backend})", time.monotonic() - began)
-    await lock.shutdown(timeout_s=10)
-    assert_refused(rec)
-    assert len(rec.errors()) == 1  # not retried
-    assert await holders(*keys) == []
-    await assert_no_settings_left(bouncer, pg_dsn, watched_settings(lock))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
-async def test_candidates_started_together_are_all_refused(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-) -> None:
-    """Two candidates started at the same moment, round after round (new keys each
-    time): neither ever leads, both report the pooler, no lock and no setting is left
-    on any pooled server connection."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    names: list[str] = []
-    for round_ in range(TOGETHER_ROUNDS):
-        round_keys = (keys[0], (keys[1] + round_) % 2**31)
-        beliefs = BeliefLog()
-        locks = [bouncer_lock(bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)]
-        recs = [recorder(lock) for lock in locks]
-        for lock in locks:
-            beliefs.attach(lock, lock.label)
-        names = watched_settings(locks[0])
-        try:
-            await asyncio.gather(*(lock.start() for lock in locks))
-            outcomes = await asyncio.gather(
-                *(lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S) for lock in locks),
-                return_exceptions=True,
-            )
-        finally:
-            await asyncio.gather(*(lock.shutdown(timeout_s=10) for lock in locks))
-        held = await holders(*round_keys)
-        assert not beliefs.intervals(), (
-            f"round {round_}: led through a {mode} pooler: {outcomes}; lock held by {held}\n"
-            + beliefs.report().format()
-        )
-        assert all(isinstance(o, SessionNotDedicatedError) for o in outcomes), outcomes
-        for rec in recs:
-            assert_refused(rec)
-        assert held == [], f"round {round_}: lock left on pooled server backend {held}"
-    await assert_no_settings_left(bouncer, pg_dsn, names)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
-async def test_a_refused_lock_changes_nothing_for_the_next_client(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-) -> None:
-    """After the refusal, a plain client through the same pooler gets the very server
-    connection the lock's session used (PgBouncer reuses the most recent one) and sees
-    the server's own ``statement_timeout`` (and every other setting the lock applies on
-    a dedicated session), no advisory lock of its own, no session token of the lock's
-    (taken off as the refused sessions close), no prepared statement (asyncpg prepares
-    its statements unnamed behind a pooler), and can take the lock's key."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "refused")
-    names = watched_settings(lock)
-    defaults = await direct_defaults(pg_dsn, names)
-    async with lock:
-        with pytest.raises(SessionNotDedicatedError):
-            await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    async with plain_client(bouncer.dsn()) as conn:
-        row = await fetch(conn, select_settings(names), tuple(names))
-        assert dict(zip(names, row, strict=True)) == defaults
-        locks_held = await fetch(
-            conn,
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-        )
-        assert locks_held == (0,)
-        token = await fetch(conn, "SELECT current_setting('pgleaderlock.session', true)")
-        assert token in ((None,), ("",)), token  # no session token of the lock's left
-        prepared = await fetch(conn, "SELECT count(*) FROM pg_prepared_statements")
-        assert prepared == (0,)
-        taken = await fetch(conn, "SELECT pg_try_advisory_lock(%s, %s)", keys)
-        assert taken == (True,)
-        await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", keys)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
-async def test_settings_go_only_to_the_sessions_own_backend(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    admin: Admin,
-) -> None:
-    """The step after a missed pooler check, made deterministic: the session's server
-    connection is busy with another client when the session applies its settings, so
-    PgBouncer runs that statement on another server connection. The session is refused
-    (the statement came back from another backend) and that server connection keeps its
-    own settings: ``configure`` changes nothing but the session's own backend, like every
-    lock statement."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "configure")
-    names = watched_settings(lock)
-    assert lock.backend is not None
-    session = await lock.backend.connect(bouncer.dsn(), lock.connect_options)
-    try:
-        assert isinstance(session, SetupSession)
-        own = (await session.identify()).backend_pid
-        async with plain_client(bouncer.dsn()) as other:
-            # PgBouncer gives the other client the server connection just released.
-            busy = asyncio.create_task(fetch(other, "SELECT pg_backend_pid(), pg_sleep(1)"))
-            try:
-
-                async def sleeping() -> bool:
-                    cur = await admin.execute(
-                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state = 'active'"
-                        " AND query LIKE %s",
-                        (own, "%pg_sleep(1)%"),
-                    )
-                    return await cur.fetchone() is not None
-
-                began = time.monotonic()
-                while not await sleeping():
-                    assert time.monotonic() - began < 5, "the other client did not get it"
-                    await asyncio.sleep(0.005)
-                with pytest.raises(SessionNotDedicatedError):
-                    await session.configure(lock.connect_options)
-            finally:
-                assert (await busy)[0] == own
-    finally:
-        await session.close()
-    await assert_no_settings_left(bouncer, pg_dsn, names)
-
-
-@pytest.mark.parametrize("mode", POOLED)
-async def test_a_pooled_server_keeps_a_disconnected_clients_lock(
-    mode: PoolMode,
-    make_pgbouncer: Callable[..., PgBouncer],
-    keys: tuple[int, int],
-    holders: LockPids,
-    terminate: Terminate,
-) -> None:
-    """Why these modes are refused, with raw SQL: a client takes the lock and
-    disconnects; the server connection that ran the statement still holds it, and the
-    next client of the pooler gets that server connection and "holds" it too
-    (advisory locks are re-entrant within one server session)."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    async with plain_client(bouncer.dsn()) as conn:
-        taken, server = await fetch(
-            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
-        )
-        assert taken is True
-    try:
-        await asyncio.sleep(0.2)
-        assert await holders(*keys) == [server]
-        async with plain_client(bouncer.dsn()) as other:
-            again, same = await fetch(
-                other, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
-            )
-            assert (again, same) == (True, server)
-    finally:
-        await terminate(server)  # the only sure way to free it: end that server session
-
-
-# ---------------------------------------------------------------- session mode
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
