@@ -236,6 +236,7 @@ class Coordinator(Service):
 
     @property
     def group(self) -> str:
+        """The group's name (``group=``): the same in every replica of the service."""
         return self._settings.group
 
     @property
@@ -245,6 +246,8 @@ class Coordinator(Service):
 
     @property
     def sessions(self) -> Sessions:
+        """How the names' locks are held (``sessions=``): ``"dedicated"``, a session per
+        name led, or ``"shared"``, one session for every name this replica leads."""
         return self._sessions
 
     @property
