@@ -17,8 +17,10 @@ from pgleaderlock import (
     FixedInterval,
     LeaderLock,
     LockNotHeldError,
+    LockOptions,
     LockState,
     RetryContext,
+    Session,
     SessionNotDedicatedError,
     ShutdownError,
 )
@@ -361,10 +363,30 @@ def test_bad_input_is_rejected_before_io(kwargs: dict[str, Any], match: str) -> 
         LeaderLock(args.pop("dsn"), args.pop("key1"), args.pop("key2"), **lock_args(args))
 
 
-def test_malformed_dsn_is_rejected_and_masked() -> None:
-    with pytest.raises(ConfigurationError, match="malformed DSN") as info:
-        LeaderLock("host=h password=s3cret port=5432 nonsense", 1, 2)
+@pytest.mark.parametrize(
+    ("backend", "dsn", "match"),
+    [
+        (None, "host=h password=s3cret port=5432 nonsense", "malformed DSN"),
+        ("psycopg", "host=h password=s3cret port=notaport", "malformed DSN.*bad port"),
+        ("psycopg", "host=h password=s3cret connect_timeout=x", "bad connect_timeout"),
+        ("psycopg", "host=h password=s3cret target_session_attrs=any", "must live on the primary"),
+        ("asyncpg", "postgresql://u:s3cret@h:99999/db", "malformed DSN.*out of range"),
+        ("asyncpg", "host=h password=s3cret", "malformed DSN.*not the key=value form"),
+        ("asyncpg", "postgresql://u:s3cret@h/db?connect_timeout=x", "bad connect_timeout"),
+        ("asyncpg", "postgresql://u:s3cret@h/db?target_session_attrs=any", "on the primary"),
+        ("sqlalchemy", "mysql+aiomysql://u:s3cret@h/db", "malformed DSN.*needs a URL"),
+        ("sqlalchemy", "postgresql+psycopg://u:s3cret@h:x/db", "malformed DSN"),
+    ],
+)
+def test_malformed_dsn_is_rejected_and_masked(backend: str | None, dsn: str, match: str) -> None:
+    """Each backend's DSN errors, before any I/O, with the password masked."""
+    if backend is not None:
+        pytest.importorskip(backend)
+    options = LockOptions(session=Session(backend=backend))
+    with pytest.raises(ConfigurationError, match=match) as info:
+        LeaderLock(dsn, 1, 2, options=options)
     assert "s3cret" not in str(info.value)
+    assert "***" in str(info.value)
 
 
 def test_configuration_error_is_a_value_error() -> None:

@@ -33,7 +33,6 @@ from ..lowlevel import (
     LockSession,
     PooledConnectionError,
     SessionNotDedicatedError,
-    mask_dsn,
 )
 from .base import (
     CANCEL_TIMEOUT_S,
@@ -45,6 +44,7 @@ from .base import (
     Statement,
     by_sqlstate,
     check_target_session_attrs,
+    malformed_dsn,
     module_backend,
     sqlstate,
     translate,
@@ -282,14 +282,15 @@ def check_dsn(dsn: str) -> None:
                 if port is not None and not 0 < port < 65536:
                     raise ValueError(f"port {port} out of range")
     except ValueError as exc:
-        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {exc}") from None
+        raise malformed_dsn(dsn, exc) from None
     if not scheme_ok:
-        raise ConfigurationError(
-            f"malformed DSN {mask_dsn(dsn)!r}: the asyncpg backend needs a "
-            "postgresql://user@host:port/dbname URL (not the key=value form)"
+        raise malformed_dsn(
+            dsn,
+            "the asyncpg backend needs a postgresql://user@host:port/dbname URL"
+            " (not the key=value form)",
         )
     attrs = parse_qs(parts.query).get("target_session_attrs")
-    check_target_session_attrs(attrs[-1] if attrs else None, mask_dsn(dsn))
+    check_target_session_attrs(attrs[-1] if attrs else None, dsn)
     _per_host_timeout(dsn, 1.0)  # a bad connect_timeout fails here, before any I/O
 
 
@@ -306,7 +307,7 @@ def _per_host_timeout(dsn: str, connect_timeout_s: float) -> tuple[str, float]:
     try:
         timeout = float(given[-1])
     except ValueError:
-        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad connect_timeout") from None
+        raise malformed_dsn(dsn, "bad connect_timeout") from None
     return parts._replace(query=rest).geturl(), timeout if timeout > 0 else connect_timeout_s
 
 

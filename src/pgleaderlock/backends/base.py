@@ -50,20 +50,10 @@ from ..lowlevel import SessionNotDedicatedError as SessionNotDedicatedError
 from ..lowlevel import StandbyError as StandbyError
 from ..lowlevel import UnclaimedGrantError as UnclaimedGrantError
 from ..lowlevel import key_to_oid as key_to_oid
-from . import sql
+from . import errors, sql
 from .checked import CheckedSession
-from .errors import (
-    CONNECTION_SQLSTATE_CLASSES,
-    REFUSED_SQLSTATES,
-    ErrorClass,
-    by_sqlstate,
-    check_pid,
-    check_target_session_attrs,
-    misconfigured_by_message,
-    refused_by_message,
-    sqlstate,
-    translate,
-)
+from .errors import *  # noqa: F403  # re-exported (errors.__all__): backends import them from here
+from .errors import sqlstate, translate
 from .locking import LockingSession
 from .sockets import set_keepalive, tcp_acknowledged
 from .sql import *  # noqa: F403  # re-exported (sql.__all__): backends import them from here
@@ -84,23 +74,8 @@ from .sql import (
 
 T = TypeVar("T")
 
-__all__ = [
-    "CONNECTION_SQLSTATE_CLASSES",
-    "REFUSED_SQLSTATES",
-    "BaseSession",
-    "CheckedSession",
-    "ErrorClass",
-    "LockingSession",
-    "by_sqlstate",
-    "check_pid",
-    "check_target_session_attrs",
-    "misconfigured_by_message",
-    "refused_by_message",
-    "set_keepalive",
-    "sqlstate",
-    "tcp_acknowledged",
-    "translate",
-]
+__all__ = ["BaseSession", "CheckedSession", "LockingSession", "set_keepalive", "tcp_acknowledged"]
+__all__ += errors.__all__
 __all__ += sql.__all__
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "by_sqlstate",
     "check_pid",
     "check_target_session_attrs",
+    "malformed_dsn",
     "misconfigured_by_message",
     "refused_by_message",
     "sqlstate",
@@ -83,19 +84,26 @@ def refused_by_message(message: str) -> bool:
     return _REFUSED.search(message) is not None
 
 
+def malformed_dsn(dsn: str, why: object) -> ConfigurationError:
+    """The error for a DSN the backend cannot use: ``malformed DSN '...': why``, with
+    every password masked, in the DSN and in ``why`` (a driver's message may quote the
+    DSN). Raise it ``from None``: the driver's error would show the DSN unmasked."""
+    return ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {mask_dsn(str(why))}")
+
+
 def check_target_session_attrs(value: object, dsn: str) -> None:
     """Refuse a ``target_session_attrs`` that would let the lock settle on a standby.
 
     Args:
         value: the DSN's ``target_session_attrs``, or ``None``.
-        dsn: the DSN, passwords masked, for the message.
+        dsn: the DSN, for the message (its passwords masked there).
 
     Raises:
         ConfigurationError: anything but ``read-write`` or ``primary``.
     """
     if value is not None and str(value) not in ("read-write", "primary"):
         raise ConfigurationError(
-            f"target_session_attrs={value} in {dsn!r}: a lock must live on the primary "
+            f"target_session_attrs={value} in {mask_dsn(dsn)!r}: a lock must live on the primary "
             "(a standby's advisory locks do not exclude the primary's); use read-write, "
             "or leave it out (it is added for a multi-host DSN)"
         )

@@ -32,7 +32,6 @@ from ..lowlevel import (
     LockSession,
     PooledConnectionError,
     ServerRefusedError,
-    mask_dsn,
 )
 from .base import (
     CANCEL_TIMEOUT_S,
@@ -41,6 +40,7 @@ from .base import (
     ErrorClass,
     Statement,
     check_target_session_attrs,
+    malformed_dsn,
     misconfigured_by_message,
     module_backend,
     refused_by_message,
@@ -367,14 +367,14 @@ def check_dsn(dsn: str) -> None:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {mask_dsn(str(exc))}") from None
+        raise malformed_dsn(dsn, exc) from None
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad port {port!r}")
+            raise malformed_dsn(dsn, f"bad port {port!r}")
     timeout = str(params.get("connect_timeout") or "0")
     if not timeout.lstrip("-").isdigit():
-        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: bad connect_timeout")
-    check_target_session_attrs(params.get("target_session_attrs"), mask_dsn(dsn))
+        raise malformed_dsn(dsn, "bad connect_timeout")
+    check_target_session_attrs(params.get("target_session_attrs"), dsn)
 
 
 def connect_budget(dsn: str, connect_timeout_s: float) -> float:

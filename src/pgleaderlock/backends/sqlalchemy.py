@@ -51,7 +51,7 @@ from ..lowlevel import (
     TermTable,
     mask_dsn,
 )
-from .base import check_target_session_attrs, module_backend, translate
+from .base import check_target_session_attrs, malformed_dsn, module_backend, translate
 from .psycopg import PsycopgSession
 
 __all__ = ["SQLAlchemySession", "backend", "check_dsn", "claims", "connect", "wrap"]
@@ -243,14 +243,15 @@ def _check_dialect(dialect: Dialect) -> None:
 def _url(dsn: str) -> URL:
     """Parse a URL; ``postgres``/``postgresql`` without a driver means psycopg."""
     if not _URL.match(dsn):
-        raise ConfigurationError(
-            f"malformed DSN {mask_dsn(dsn)!r}: the sqlalchemy backend needs a URL such as "
-            "postgresql+asyncpg://user@host/dbname or an AsyncEngine"
+        raise malformed_dsn(
+            dsn,
+            "the sqlalchemy backend needs a URL such as"
+            " postgresql+asyncpg://user@host/dbname or an AsyncEngine",
         )
     try:
         url = make_url(dsn)
     except (ArgumentError, ValueError) as exc:
-        raise ConfigurationError(f"malformed DSN {mask_dsn(dsn)!r}: {mask_dsn(str(exc))}") from None
+        raise malformed_dsn(dsn, exc) from None
     driver = url.get_driver_name() if "+" in url.drivername else _DEFAULT_DRIVER
     if driver not in _DRIVERS:
         raise ConfigurationError(
@@ -258,7 +259,7 @@ def _url(dsn: str) -> URL:
             f"postgresql+psycopg; got postgresql+{driver}"
         )
     attrs = url.query.get("target_session_attrs")
-    check_target_session_attrs(attrs if isinstance(attrs, str) else None, mask_dsn(dsn))
+    check_target_session_attrs(attrs if isinstance(attrs, str) else None, dsn)
     return url.set(drivername=f"postgresql+{driver}")
 
 

@@ -35,13 +35,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .._extras import missing_extra
+from .._extras import needs_extra
 
-try:
+with needs_extra("the pgleaderlock command line", "click and loguru", "cli"):
     import click
     import loguru  # noqa: F401 - checked here, so that a missing extra fails in one place
-except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise missing_extra("the pgleaderlock command line", "click and loguru", "cli", exc) from exc
 
 from .. import __version__
 from ..lowlevel import mask_dsn, printable

@@ -236,6 +236,7 @@ class Coordinator(Service):
 
     @property
     def group(self) -> str:
+        """The group's name (``group=``): the same in every replica of the service."""
         return self._settings.group
 
     @property
@@ -245,6 +246,8 @@ class Coordinator(Service):
 
     @property
     def sessions(self) -> Sessions:
+        """How the names' locks are held (``sessions=``): ``"dedicated"``, a session per
+        name led, or ``"shared"``, one session for every name this replica leads."""
         return self._sessions
 
     @property
@@ -266,12 +269,12 @@ class Coordinator(Service):
     def moves(self) -> int:
         """How many names this replica has handed to other replicas so far, to even
         out the group (the group's moves are the sum over its replicas)."""
-        return self._engine.moves
+        return self._engine.balancer.moves
 
     def view(self) -> GroupView:
         """Who leads what in the group, as of this replica's last look (at most
         ``idle_tick_s`` old; every change it is told of refreshes it)."""
-        return self._engine.view
+        return self._engine.membership.view
 
     def __repr__(self) -> str:
         return (

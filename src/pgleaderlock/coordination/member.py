@@ -100,16 +100,6 @@ class Engine(abc.ABC):
         """The names this member leads now."""
         return frozenset(self.names[k] for k in self.held() if k in self.names)
 
-    @property
-    def view(self) -> GroupView:
-        """Who leads what, as of the last look."""
-        return self.membership.view
-
-    @property
-    def moves(self) -> int:
-        """Names handed to other members so far."""
-        return self.balancer.moves
-
     def register(self, name: str, fn: WorkerFunction) -> None:
         key = name_keys(self.group, name)
         self.functions[name], self.keys[name], self.names[key] = fn, key, name

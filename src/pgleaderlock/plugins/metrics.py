@@ -54,13 +54,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .._extras import missing_extra
+from .._extras import needs_extra
 
-try:
+with needs_extra(__name__, "prometheus_client", "metrics"):
     from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise missing_extra(__name__, "prometheus_client", "metrics", exc) from exc
 
 from ..lowlevel import LockState, hookimpl
 from . import shared_plugin

@@ -92,14 +92,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .._extras import missing_extra
+from .._extras import needs_extra
 
-try:
+with needs_extra(__name__, "opentelemetry-api", "otel"):
     from opentelemetry import metrics, trace
     from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
-    raise missing_extra(__name__, "opentelemetry-api", "otel", exc) from exc
 
 from .. import __version__
 from ..lowlevel import LockState, describe, hookimpl

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..._extras import missing_extra
+from ..._extras import needs_extra
 
-try:
+with needs_extra("pgleaderlock.integrations.apscheduler", "APScheduler 3.x", "apscheduler"):
     from apscheduler.events import (
         EVENT_EXECUTOR_ADDED,
         EVENT_JOB_EXECUTED,
@@ -30,9 +30,6 @@ try:
     from apscheduler.schedulers import SchedulerNotRunningError
     from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
     from apscheduler.util import iscoroutinefunction_partial
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides apscheduler
-    raise missing_extra("pgleaderlock.integrations.apscheduler", "APScheduler 3.x", "apscheduler",
-                        exc) from exc  # fmt: skip
 
 __all__ = [
     "EVENT_EXECUTOR_ADDED",

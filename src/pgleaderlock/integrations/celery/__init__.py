@@ -49,12 +49,10 @@ Settings come from the Celery configuration (see
 ``PGLEADERLOCK_DSN`` environment variable.
 """
 
-from ..._extras import missing_extra
+from ..._extras import needs_extra
 
-try:
+with needs_extra(__name__, "Celery", "celery"):
     import celery as _celery  # noqa: F401  # the extra first: one line naming it
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides celery
-    raise missing_extra(__name__, "Celery", "celery", exc) from exc
 
 from typing import Any
 

@@ -28,12 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._extras import missing_extra
+from ..._extras import needs_extra
 
-try:
+with needs_extra("pgleaderlock.integrations.django", "Django", "django"):
     import django  # noqa: F401
-except ImportError as exc:
-    raise missing_extra("pgleaderlock.integrations.django", "Django", "django", exc) from exc
 
 from ...lowlevel import LeaderLock
 from ...threaded import ThreadedLeaderLock

@@ -50,15 +50,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError
 
-from ..._extras import missing_extra
+from ..._extras import needs_extra
 
-try:
+with needs_extra("manage.py pgleaderlock_singleton", "click and loguru", "django"):
     import click  # noqa: F401 - the singleton reuses the command line's parts (below)
     import loguru  # noqa: F401
-except ImportError as exc:
-    raise missing_extra(
-        "manage.py pgleaderlock_singleton", "click and loguru", "django", exc
-    ) from exc
 
 from ...cli.exits import (
     EXIT_HELD,

@@ -39,13 +39,11 @@ app.include_router(group.router())       # GET /group, GET /group/ready
 
 from __future__ import annotations
 
-from ..._extras import missing_extra
+from ..._extras import needs_extra
 
-try:
+with needs_extra(__name__, "FastAPI", "fastapi"):
     import fastapi  # noqa: F401
     import pydantic  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides fastapi
-    raise missing_extra(__name__, "FastAPI", "fastapi", exc) from exc
 
 from .group import GroupLifespan, GroupTaskFunction
 from .leader import LeaderLifespan
