@@ -177,6 +177,11 @@ class SlotKeyring:
         return self.keys[self.index or 0]
 
     @property
+    def at_gate(self) -> bool:
+        """Does the session hold the gate (it tries locks, it waits for none)?"""
+        return self.role is Role.GATE
+
+    @property
     def waits_on_server(self) -> bool:
         """One slot waits on the server; a follower queued for the gate or watching a
         slot too. The gate's holder runs statements (tries), under which the session is
@@ -250,15 +255,15 @@ class SlotKeyring:
         self._adopt(session)
         deadline = time.monotonic() + wait_s
         while True:
-            if self.role is not Role.GATE:
+            if not self.at_gate:
                 remaining = max(0.0, deadline - time.monotonic())
                 if await self._step(session, remaining):
                     return True
-                if self.role is not Role.GATE:
+                if not self.at_gate:
                     return False  # its wait goes on: the next call waits on
             elif await self._round(locking):
                 return True
-            if self.role is not Role.GATE:
+            if not self.at_gate:
                 continue  # it watches a slot now
             remaining = deadline - time.monotonic()
             if remaining <= 0:
