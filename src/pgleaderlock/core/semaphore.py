@@ -54,7 +54,7 @@ DEFAULT_RESCAN_S = 0.01
 """How often the gate's holder tries the slots that no follower waits for on the server
 (see ``rescan_s``)."""
 
-GATE_POLL_S = 0.1
+GATE_POLL_S = 0.25
 """How often the gate's holder tries the watch locks while every slot has a watcher: it
 looks for a slot whose watcher was just granted it (and left it unwatched)."""
 
