@@ -115,3 +115,46 @@ async def test_waiting_followers_run_no_statement_in_the_steady_state(
     assert after["wait_lock"] == before["wait_lock"]
     assert after["unlock"] == before["unlock"]
     assert after["try_lock"] - before["try_lock"] <= 2 * (1.0 / GATE_POLL_S + 2)
+
+
+@pytest.mark.postgres_only("a watcher is recalled with pg_cancel_backend: the fake has no backends")
+async def test_the_last_follower_at_the_gate_recalls_a_watcher_before_it_takes_a_slot(
+    target: Target, holders: LockPids, waiters: LockPids
+) -> None:
+    """Two holders, two followers: one watches a slot, the other holds the gate and
+    tries the slot nobody watches. That slot's holder leaves: the gate's holder takes
+    it, and nobody would cover it any more (a watcher waits for its own slot only). So
+    it recalls the watcher first, which comes back to the gate: when the slot's new
+    holder leaves too, the recalled follower takes it. Without the recall the follower
+    waits for the other slot for good (this test failed so)."""
+    name = f"semr-{uuid.uuid4().hex[:12]}"
+    fast = {"retry_strategy": FixedInterval(0.2)}
+    sems = [_semaphore(target, name, **fast) for _ in range(4)]
+    for sem in sems:
+        await sem.start()
+    await eventually(lambda: sum(s.is_leader for s in sems) == 2, 10, "two holders")
+    leading = [s for s in sems if s.is_leader]
+    followers = [s for s in sems if not s.is_leader]
+    gate, keys = gate_keys(name), slot_keys(name, 2)
+
+    async def lined_up() -> bool:
+        queued = {pid for k in keys for pid in await waiters(*k)}
+        return len(await holders(*gate)) == 1 and len(queued) == 1
+
+    await eventually(lined_up, 10, "a watcher and a gate holder")
+    (gate_pid,) = await holders(*gate)
+    (at_gate,) = [s for s in followers if s.backend_pid == gate_pid]
+    (watcher,) = [s for s in followers if s is not at_gate]
+    (unwatched,) = [i for i, k in enumerate(keys) if not await waiters(*k)]
+    (leaving,) = [s for s in leading if s.slot == unwatched]
+    await leaving.shutdown()
+    await eventually(lambda: at_gate.is_leader, 10, "the gate's holder takes the slot")
+    assert at_gate.slot == unwatched
+
+    async def recalled() -> bool:
+        return watcher.backend_pid in await holders(*gate)
+
+    await eventually(recalled, 10, "the watcher comes back to the gate")
+    await at_gate.shutdown()
+    await eventually(lambda: watcher.is_leader, 10, "the recalled follower takes the slot")
+    assert watcher.slot == unwatched

@@ -33,10 +33,11 @@ from typing import Any, Self, Unpack, cast
 from .config import positive
 from .errors import ConfigurationError
 from .keyring import Keyring
-from .keys import SLOT_SEPARATOR, lock_keys, oid_to_key, slot_keys
+from .keys import SLOT_SEPARATOR, key_to_oid, lock_keys, oid_to_key, slot_keys
 from .lock import LeaderLock
 from .options import LockArguments, without_deprecated
-from .session import LockSession, WaitingSession
+from .session import LockSession, QuerySession, WaitingSession
+from .slot import can
 
 __all__ = [
     "DEFAULT_RESCAN_S",
@@ -71,6 +72,18 @@ WATCH_MARK = "w"
 
 GATE_MARK = "g"
 """After ``SLOT_SEPARATOR``: where the gate lock's keys come from."""
+
+
+RECALL = (
+    "SELECT pg_catalog.pg_cancel_backend(l.pid) FROM pg_catalog.pg_locks AS l"
+    " JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"
+    " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
+    " AND l.pid <> pg_catalog.pg_backend_pid() AND a.usename = current_user"
+    " AND a.wait_event_type = 'Lock'"
+)
+"""Cancel the wait of the session of this role that holds a watch lock (values: its
+keys as oids) and waits for a lock (its slot): see ``SlotKeyring._recall``."""
 
 
 def _derived(text: str) -> tuple[int, int]:
@@ -212,11 +225,17 @@ class SlotKeyring:
             self._session, self.watching, self.role = session, [], Role.NONE
 
     async def _granted(self, session: LockSession, index: int) -> bool:
-        """Slot ``index`` is the session's: let every watch lock and the gate go."""
+        """Slot ``index`` is the session's: let every watch lock and the gate go. The
+        gate's holder that leaves while others watch slots and nobody is queued behind
+        it recalls a watcher first (`_recall`)."""
+        watched = [i for i in range(len(self.watch)) if i not in self.watching]
         await self._unwatch(session)
         if self.role is Role.GATE:
             assert self.gate is not None
             await session.unlock(*self.gate)
+            if watched and await session.try_lock(*self.gate):  # nobody queued behind
+                await self._recall(session, watched)
+                await session.unlock(*self.gate)
         self.role = Role.NONE
         self.index, self._holding = index, True
         return True
@@ -324,6 +343,23 @@ class SlotKeyring:
         self.watching = kept
         for index in dropped:
             await session.unlock(*self.watch[index])
+
+    async def _recall(self, session: LockSession, watched: list[int]) -> None:
+        """The last follower that watches no slot is about to hold one: the slots it
+        covered would have no watcher, and a watcher waits for its own slot only (its
+        wait ends silently only when granted). So one watcher's wait is cancelled
+        (``pg_cancel_backend``, of this role's sessions only: one ERROR line in the
+        server's log); that follower comes back (it tries every slot, then holds the
+        gate) and covers them. A session that cannot run the library's statements
+        (no ``QuerySession``) recalls nobody."""
+        if not can(session, QuerySession):
+            return
+        querying = cast(QuerySession, session)
+        for index in watched:
+            key1, key2 = self.watch[index]
+            rows = await querying.query(RECALL, (key_to_oid(key1), key_to_oid(key2)))
+            if any(row[0] for row in rows):
+                return
 
     async def _unwatch(self, session: LockSession) -> None:
         """Let go of every watch lock held."""
