@@ -144,7 +144,9 @@ class SlotKeyring:
       follower queued), it keeps one of those watch locks, lets the others go to the
       next gate holder, and becomes that slot's watcher. While every slot has a
       watcher it tries the watch locks every ``GATE_POLL_S`` (a watcher granted its
-      slot lets its watch lock go).
+      slot lets its watch lock go). Before it takes a slot itself, with others
+      watching and nobody queued behind it, it recalls a watcher (`_recall`), so that
+      a follower is left to cover the slots nobody watches.
     - a slot's *watcher*: it holds the slot's watch lock and waits for the slot on the
       server in one piece; once granted, it lets the watch lock go.
 
