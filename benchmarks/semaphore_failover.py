@@ -12,10 +12,13 @@ Failover (interleaved trial by trial; SIGKILL and ``pg_terminate_backend`` alter
 
 - ``lock``: two candidate processes (``pgleaderlock.testing.candidate``, library
   defaults, ``follower_mode="wait"``) on one ``LeaderLock``; the leader is hit.
-- ``semaphore, N waiting``: 2N candidate processes on one ``Semaphore(slots=N)``: each
-  slot has a follower that waits for it on the server; a random holder is hit.
-- ``semaphore, 1 waiting rescan=R``: N + 1 processes: the one follower watches every
-  slot and tries them each ``rescan_s`` (one configuration per ``--rescan``).
+- ``semaphore, N+1 waiting``: 2N + 1 candidate processes on one ``Semaphore(slots=N)``:
+  each slot has a follower that waits for it on the server (its watcher), and one more
+  holds the semaphore's gate; a random holder is hit.
+- ``semaphore, N waiting``: 2N processes: N - 1 slots have a watcher, the gate's holder
+  covers the last one by trying it every ``rescan_s``.
+- ``semaphore, 1 waiting rescan=R``: N + 1 processes: the one follower holds the gate
+  and tries every slot each ``rescan_s`` (one configuration per ``--rescan``).
 
 The time is the hit -> the next holder's ``acquired`` event (``on_acquired`` ran), from
 each process's own ``time.monotonic()`` (one machine, one clock). A SIGKILLed process is
@@ -157,6 +160,7 @@ async def run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     sem = CandidateOptions.library_defaults(quiet=True, slots=n)
     setups = [
         Setup("lock", dsn, base, size=2, holders=1),
+        Setup(f"semaphore, {n + 1} waiting", dsn, sem, size=2 * n + 1, holders=n),
         Setup(f"semaphore, {n} waiting", dsn, sem, size=2 * n, holders=n),
     ]
     for rescan in args.rescan:

@@ -1,10 +1,11 @@
 """A ``Semaphore``'s followers wait on the server (issue 33), on every backend.
 
-Each slot gets a follower that waits for it on the server, as a lock's follower waits,
-so a freed slot goes to it without anyone polling; the other followers queue on the
-server too. Before issue 33 every follower tried every slot each ``rescan_s`` and no
-follower ever waited on the server: these tests fail on that code (no waiter is ever
-seen, and the fake counts hundreds of tries a second).
+With more followers than slots, each slot gets a follower that waits for it on the
+server, as a lock's follower waits, so a freed slot goes to it without anyone polling;
+the other followers queue on the server for the semaphore's gate, and the gate's one
+holder tries the slots' watch locks now and then. Before issue 33 every follower tried
+every slot each ``rescan_s`` and no follower ever waited on the server: these tests fail
+on that code (no waiter is ever seen, and the fake counts hundreds of tries a second).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pgleaderlock import FixedInterval, Semaphore, slot_keys
-from pgleaderlock.core.semaphore import watch_keys
+from pgleaderlock.core.semaphore import GATE_POLL_S, gate_keys
 from support.fixture_types import LockPids, Terminate
 from support.poll import eventually
 from support.timings import lock_args
@@ -74,7 +75,7 @@ async def test_each_slot_has_a_follower_waiting_on_the_server_and_a_freed_slot_g
     holders: LockPids,
     terminate: Terminate,
 ) -> None:
-    name, leading, followers = await _start(target, 4)
+    name, leading, followers = await _start(target, 5)  # three followers
     recs = {id(s): recorder(s) for s in followers}
     await eventually(lambda: _watched(waiters, name, followers), 10, "a waiter on each slot")
     victim = leading[0]
@@ -97,17 +98,63 @@ async def test_waiting_followers_run_no_statement_in_the_steady_state(
     target: Target, waiters: LockPids
 ) -> None:
     name, _, followers = await _start(target, 12)
-    watch = watch_keys(name, 2)
 
     async def settled() -> bool:
-        queued = [await waiters(*keys) for keys in (*slot_keys(name, 2), *watch)]
-        return await _watched(waiters, name, followers) and sum(map(len, queued)) == 10
+        queued = [await waiters(*keys) for keys in (*slot_keys(name, 2), gate_keys(name))]
+        return await _watched(waiters, name, followers) and sum(map(len, queued)) == 9
 
-    await eventually(settled, 10, "every follower waiting on the server")
+    await eventually(settled, 10, "every follower but the gate's holder waiting on the server")
     assert target.fake is not None
     before = {call: target.fake.calls[call] for call in LOCK_CALLS}
     await asyncio.sleep(1.0)
     after = {call: target.fake.calls[call] for call in LOCK_CALLS}
-    # Ten followers of two slots: two wait for a slot, eight queue for a slot's watch.
-    # Before issue 33 they tried both slots every 10 ms: about 2,000 tries here.
-    assert after == before
+    # Ten followers of two slots: two wait for a slot, seven queue for the gate, and the
+    # gate's holder tries the two watch locks every GATE_POLL_S: one poller's calls,
+    # whatever the number of followers. Before issue 33 they tried both slots every
+    # 10 ms: about 2,000 tries here.
+    assert after["wait_lock"] == before["wait_lock"]
+    assert after["unlock"] == before["unlock"]
+    assert after["try_lock"] - before["try_lock"] <= 2 * (1.0 / GATE_POLL_S + 2)
+
+
+@pytest.mark.postgres_only("a watcher is recalled with pg_cancel_backend: the fake has no backends")
+async def test_the_last_follower_at_the_gate_recalls_a_watcher_before_it_takes_a_slot(
+    target: Target, holders: LockPids, waiters: LockPids
+) -> None:
+    """Two holders, two followers: one watches a slot, the other holds the gate and
+    tries the slot nobody watches. That slot's holder leaves: the gate's holder takes
+    it, and nobody would cover it any more (a watcher waits for its own slot only). So
+    it recalls the watcher first, which comes back to the gate: when the slot's new
+    holder leaves too, the recalled follower takes it. Without the recall the follower
+    waits for the other slot for good (this test failed so)."""
+    name = f"semr-{uuid.uuid4().hex[:12]}"
+    fast = {"retry_strategy": FixedInterval(0.2)}
+    sems = [_semaphore(target, name, **fast) for _ in range(4)]
+    for sem in sems:
+        await sem.start()
+    await eventually(lambda: sum(s.is_leader for s in sems) == 2, 10, "two holders")
+    leading = [s for s in sems if s.is_leader]
+    followers = [s for s in sems if not s.is_leader]
+    gate, keys = gate_keys(name), slot_keys(name, 2)
+
+    async def lined_up() -> bool:
+        queued = {pid for k in keys for pid in await waiters(*k)}
+        return len(await holders(*gate)) == 1 and len(queued) == 1
+
+    await eventually(lined_up, 10, "a watcher and a gate holder")
+    (gate_pid,) = await holders(*gate)
+    (at_gate,) = [s for s in followers if s.backend_pid == gate_pid]
+    (watcher,) = [s for s in followers if s is not at_gate]
+    (unwatched,) = [i for i, k in enumerate(keys) if not await waiters(*k)]
+    (leaving,) = [s for s in leading if s.slot == unwatched]
+    await leaving.shutdown()
+    await eventually(lambda: at_gate.is_leader, 10, "the gate's holder takes the slot")
+    assert at_gate.slot == unwatched
+
+    async def recalled() -> bool:
+        return watcher.backend_pid in await holders(*gate)
+
+    await eventually(recalled, 10, "the watcher comes back to the gate")
+    await at_gate.shutdown()
+    await eventually(lambda: watcher.is_leader, 10, "the recalled follower takes the slot")
+    assert watcher.slot == unwatched

@@ -10,6 +10,12 @@ ERROR and the statement), so:
 - ``log_lock_waits = on``: at most one line per follower per leadership change (a
   wait that began logs "still waiting" once, the winner "acquired").
 
+A ``Semaphore(slots=2)`` too (issue 33), on a cluster of its own with default logging: two
+holders and five followers for 60 s, one holder shutting down halfway. Its followers
+queue for the semaphore's gate, or wait for a slot as its watcher, in one piece; the
+gate's holder only tries locks. Before, each follower's wait ended in a ``lock_timeout``
+every retry delay: dozens of ERROR lines in the minute.
+
 The lines written when the locks shut down (a dropped wait's "connection to client
 lost") are not counted: that is not steady state.
 """
@@ -19,17 +25,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from pgleaderlock import LeaderLock, LockOptions
+from pgleaderlock import LeaderLock, LockOptions, Semaphore
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.throwaway, pytest.mark.timeout(180)]
 
 RUN_S = 60.0
 FOLLOWERS = 3
+SLOTS = 2
+SEMAPHORE_FOLLOWERS = 5
 _SEVERE = re.compile(r"\b(ERROR|FATAL|PANIC):")
 _LOCK_WAIT = re.compile(r"LOG:  process (\d+) (?:still waiting for|acquired) \w+ on advisory lock")
 """A ``log_lock_waits`` entry (its ``STATEMENT`` line, the same entry, is not counted)."""
@@ -44,33 +52,54 @@ def clusters() -> Iterator[dict[str, ThrowawayPostgres]]:
         yield {"default": default, "log_lock_waits": lock_waits}
 
 
-async def run_election(pg: ThrowawayPostgres) -> tuple[str, list[int]]:
-    """A leader and FOLLOWERS followers for RUN_S, the leader shutting down halfway.
-    Returns the server log written meanwhile, and the followers' backend pids."""
+@pytest.fixture
+def cluster() -> Iterator[ThrowawayPostgres]:
+    with ThrowawayPostgres() as pg:
+        yield pg
+
+
+async def run_election(
+    pg: ThrowawayPostgres,
+    make: Callable[[str], LeaderLock] | None = None,
+    holders: int = 1,
+    followers: int = FOLLOWERS,
+) -> tuple[str, list[int]]:
+    """``holders`` leaders (``make(dsn)``, default a ``LeaderLock``) and ``followers``
+    followers for RUN_S, one leader shutting down halfway. Returns the server log written
+    meanwhile, and the followers' backend pids."""
+    if make is None:
+        make = _lock
     start = pg.log_path.stat().st_size
-    leader = LeaderLock.from_name("report", pg.dsn, options=LockOptions(load_plugins=False))
-    await leader.start()
-    assert await leader.wait_for_leadership(10)
-    followers = [
-        LeaderLock.from_name("report", pg.dsn, options=LockOptions(load_plugins=False))
-        for _ in range(FOLLOWERS)
-    ]
+    leaders = [make(pg.dsn) for _ in range(holders)]
+    for leader in leaders:
+        await leader.start()
+        assert await leader.wait_for_leadership(10)
+    waiting = [make(pg.dsn) for _ in range(followers)]
     try:
-        for follower in followers:
+        for follower in waiting:
             await follower.start()
         await asyncio.sleep(RUN_S / 2)
-        await leader.shutdown()  # the one leadership change
+        await leaders[0].shutdown()  # the one leadership change
         await asyncio.sleep(RUN_S / 2)
-        assert sum(f.is_leader for f in followers) == 1
-        pids = [f.backend_pid for f in followers]
+        assert sum(f.is_leader for f in waiting) == 1
+        assert all(leader.is_leader for leader in leaders[1:])
+        pids = [f.backend_pid for f in waiting]
         assert None not in pids
         await asyncio.sleep(0.5)  # the server writes its lines
         with pg.log_path.open("rb") as log:
             log.seek(start)
             text = log.read().decode(errors="replace")
     finally:
-        await asyncio.gather(*(f.shutdown() for f in followers), leader.shutdown())
+        await asyncio.gather(*(f.shutdown() for f in (*waiting, *leaders)))
     return text, [int(p) for p in pids if p is not None]
+
+
+def _lock(dsn: str) -> LeaderLock:
+    return LeaderLock.from_name("report", dsn, options=LockOptions(load_plugins=False))
+
+
+def _semaphore(dsn: str) -> LeaderLock:
+    return Semaphore(dsn, "report", slots=SLOTS, options=LockOptions(load_plugins=False))
 
 
 async def test_followers_keep_the_server_log_quiet(
@@ -93,3 +122,10 @@ async def test_followers_keep_the_server_log_quiet(
         assert per_pid[pid] <= changes + 1, (pid, per_pid)  # the first wait, and the change
     assert set(per_pid) <= set(pids), per_pid  # the leader never waited
     assert sum(per_pid.values()) >= FOLLOWERS  # the log is read: every first wait shows
+
+
+async def test_semaphore_followers_keep_the_server_log_quiet(cluster: ThrowawayPostgres) -> None:
+    text, _ = await run_election(cluster, _semaphore, SLOTS, SEMAPHORE_FOLLOWERS)
+    severe = [line for line in text.splitlines() if _SEVERE.search(line)]
+    print(f"semaphore, default logging: {len(severe)} ERROR/FATAL lines in {RUN_S:g} s")
+    assert severe == [], "\n".join(severe[:10])

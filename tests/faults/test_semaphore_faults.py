@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from pgleaderlock import slot_keys
+from pgleaderlock.core.semaphore import gate_keys, watch_keys
 from pgleaderlock.testing.beliefs import BeliefLog
 from pgleaderlock.testing.candidate import CandidateOptions, CandidateProcess, candidate_command
 from pgleaderlock.testing.postgres import ThrowawayPostgres
@@ -178,3 +179,53 @@ async def test_never_more_than_n_believers_across_a_server_restart(
 ) -> None:
     beliefs = BeliefLog(slots=SLOTS)
     await _run("restart", throwaway_pg.dsn, beliefs, children_log, throwaway_pg)
+
+
+async def _pids(dsn: str, keys: tuple[int, int], granted: bool = True) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        return await lock_holders(admin, *keys, granted=granted)
+
+
+async def test_a_frozen_gate_holder_keeps_no_freed_slot_from_the_others(
+    pg_dsn: str, children_log: IO[str]
+) -> None:
+    """Six candidates on two slots: two holders, a watcher on each slot, the gate's
+    holder and one follower queued behind it. The gate's holder is frozen (SIGSTOP);
+    then a holder is killed: its watcher takes the slot, which has no watcher after
+    that. The frozen gate holder's lease ends its session, the gate goes to the queued
+    follower, which covers the slot: when the slot's new holder is killed in turn, it
+    takes it. (A gate that stayed with the frozen process leaves that slot free: with
+    ``lease_s=60`` instead of 1.5 this test fails, the slot free for its 20 s bound.)"""
+    beliefs = BeliefLog(slots=SLOTS)
+    name = f"sema-gate-{uuid.uuid4().hex[:12]}"
+    gate, watch = gate_keys(name), watch_keys(name, SLOTS)
+    async with started(pg_dsn, name, beliefs, children_log, count=6) as children:
+        await settled(pg_dsn, name, beliefs, children)
+
+        async def lined_up() -> bool:
+            watchers = [await _pids(pg_dsn, keys) for keys in watch]
+            gated, queued = await _pids(pg_dsn, gate), await _pids(pg_dsn, gate, False)
+            return all(len(w) == 1 for w in watchers) and len(gated) == 1 and len(queued) == 1
+
+        await eventually(lined_up, 20, "a watcher per slot, a gate holder, one queued")
+        (gate_pid,) = await _pids(pg_dsn, gate)
+        (frozen,) = [c for c in children if c.backend_pid == gate_pid]
+        (queued_pid,) = await _pids(pg_dsn, gate, False)
+        (queued,) = [c for c in children if c.backend_pid == queued_pid]
+        beliefs.fault("freeze", frozen.name)
+        frozen.signal(signal.SIGSTOP)
+        held = await slot_holders(pg_dsn, name)
+        slot = 0
+        for _ in range(2):  # the slot's watcher takes it, then the gate's new holder
+            (holder_pid,) = held[slot]
+            (victim,) = [c for c in children if c.backend_pid == holder_pid]
+            await victim.kill()
+            await settled(pg_dsn, name, beliefs, [c for c in children if c.running])
+            held = await slot_holders(pg_dsn, name)
+        assert queued.name in beliefs.leaders()
+        assert frozen.name not in beliefs.leaders()
+        beliefs.fault("thaw", frozen.name)
+        frozen.signal(signal.SIGCONT)
+    report = beliefs.report()
+    assert report.intervals, report.format()
+    report.assert_safe()

@@ -7,21 +7,24 @@ the slots' keys ([`slot_keys`][pgleaderlock.slot_keys]) in turn, from a random s
 the session then holds that slot's lock until it releases or loses it. PostgreSQL
 guarantees at most one session per slot, so at most N sessions hold one.
 
-A backend waits for one lock, not "any of N". So each slot has a *watcher*: the follower
-that holds the slot's watch lock ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys])
-waits on the server for that slot; the other followers queue on the server for a watch
-lock, and the first in a slot's queue becomes its watcher the instant the last one is
-granted the slot. Each wait lasts one retry delay
-(``BoundedWaitSession.wait_lock_once``: one statement); between two, a follower takes
-the watch lock of any slot nobody watches. A follower that watches several slots (fewer
-followers than slots) tries them every ``rescan_s``. See the
+A backend waits for one lock, not "any of N", and a wait cut short by a
+``lock_timeout`` writes an ERROR into the server's log. So followers wait in one piece,
+each for one lock: those that watch no slot queue for the semaphore's *gate* lock
+([`gate_keys`][pgleaderlock.core.semaphore.gate_keys]); the gate's one holder takes
+the *watch lock* ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys]) of a slot that
+nobody watches and, when a follower is queued behind it, hands the gate on and waits for
+that slot on the server (its *watcher*). Only the gate's holder runs statements while it
+waits: it tries slots without a watcher every ``rescan_s``, and the watch locks every
+``GATE_POLL_S``. See [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the
 [Semaphores guide](../guides/semaphores.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -30,88 +33,136 @@ from typing import Any, Self, Unpack, cast
 from .config import positive
 from .errors import ConfigurationError
 from .keyring import Keyring
-from .keys import SLOT_SEPARATOR, lock_keys, oid_to_key, slot_keys
+from .keys import SLOT_SEPARATOR, key_to_oid, lock_keys, oid_to_key, slot_keys
 from .lock import LeaderLock
 from .options import LockArguments, without_deprecated
-from .session import BoundedWaitSession, LockSession, WaitingSession
+from .session import LockSession, QuerySession, WaitingSession
 from .slot import can
 
 __all__ = [
     "DEFAULT_RESCAN_S",
+    "GATE_POLL_S",
     "HANDOVER_RESCANS",
-    "MIN_WAIT_S",
-    "PASS_ON_ROUNDS",
+    "PASS_ON_S",
+    "Role",
     "Semaphore",
     "SlotKeyring",
+    "gate_keys",
     "watch_keys",
 ]
 
 DEFAULT_RESCAN_S = 0.01
-"""How often a follower that watches several slots tries them again (see ``rescan_s``)."""
+"""How often the gate's holder tries the slots that no follower waits for on the server
+(see ``rescan_s``)."""
+
+GATE_POLL_S = 0.25
+"""How often the gate's holder tries the watch locks while every slot has a watcher: it
+looks for a slot whose watcher was just granted it (and left it unwatched)."""
+
+PASS_ON_S = 0.1
+"""How often the gate's holder that covers slots by trying them offers the gate to a
+follower queued behind it (which would then wait for one of them on the server)."""
 
 HANDOVER_RESCANS = 2
 """When its hold ends (``step_down()``, or a lost session), a semaphore leaves the slot it
 held to the waiting followers for this many ``rescan_s`` before it asks for it again."""
 
-PASS_ON_ROUNDS = 10
-"""A follower that watches several slots offers their watch locks to followers queued for
-them every this many rescans."""
-
-MIN_WAIT_S = 0.001
-"""The shortest wait on the server a follower asks for (a zero ``lock_timeout`` would
-mean "wait forever")."""
-
 WATCH_MARK = "w"
 """After ``SLOT_SEPARATOR``, before a slot's index: where a watch lock's keys come from."""
+
+GATE_MARK = "g"
+"""After ``SLOT_SEPARATOR``: where the gate lock's keys come from."""
+
+
+RECALL = (
+    "SELECT pg_catalog.pg_cancel_backend(l.pid) FROM pg_catalog.pg_locks AS l"
+    " JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"
+    " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
+    " AND l.pid <> pg_catalog.pg_backend_pid() AND a.usename = current_user"
+    " AND a.wait_event_type = 'Lock'"
+)
+"""Cancel the wait of the session of this role that holds a watch lock (values: its
+keys as oids) and waits for a lock (its slot): see ``SlotKeyring._recall``."""
+
+
+def _derived(text: str) -> tuple[int, int]:
+    digest = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+    return oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))
 
 
 def watch_keys(name: str, slots: int) -> list[tuple[int, int]]:
     """The keys of each slot's watch lock: slot ``i``'s are derived as
     [`lock_keys`][pgleaderlock.lock_keys] derives them, from ``name + "\\x1fw" + str(i)``
     (``md5(name || chr(31) || 'w' || i)`` in SQL). The one session that holds it (a
-    follower) waits on the server for slot ``i``; the others queue for it. No slot's or
+    follower, the slot's *watcher*) waits on the server for slot ``i``. No slot's or
     other name's keys are the same (the separator is a control character).
 
     Raises:
         ConfigurationError: a bad name or ``slots`` (as [`slot_keys`][pgleaderlock.slot_keys]).
     """
     slot_keys(name, slots)  # checks the name and the count
-    found = []
-    for index in range(slots):
-        text = f"{name}{SLOT_SEPARATOR}{WATCH_MARK}{index}"
-        digest = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
-        found.append((oid_to_key(int(digest[0:8], 16)), oid_to_key(int(digest[8:16], 16))))
-    return found
+    return [_derived(f"{name}{SLOT_SEPARATOR}{WATCH_MARK}{index}") for index in range(slots)]
+
+
+def gate_keys(name: str) -> tuple[int, int]:
+    """The keys of a semaphore's gate lock, derived from ``name + "\\x1fg"``
+    (``md5(name || chr(31) || 'g')`` in SQL): the followers that watch no slot queue for
+    it on the server; its one holder finds the slots that have no watcher.
+
+    Raises:
+        ConfigurationError: a bad name (as [`lock_keys`][pgleaderlock.lock_keys]).
+    """
+    lock_keys(name)  # checks the name
+    return _derived(f"{name}{SLOT_SEPARATOR}{GATE_MARK}")
+
+
+class Role(enum.Enum):
+    """Where a follower's session stands (see `SlotKeyring`)."""
+
+    NONE = "none"
+    QUEUED = "queued"
+    GATE = "gate"
+    WATCHER = "watcher"
 
 
 class SlotKeyring:
     """Takes one of several locks (a semaphore's slots), and waits for them on the server.
 
-    A follower is, for one session, in one of three places:
+    A backend waits for one lock, not "any of N", and a wait that ends before it is
+    granted (a ``lock_timeout``, a cancel) writes an ERROR into the server's log. So a
+    follower's session is in one of three places, two of them a wait in one piece:
 
-    - a *watcher* of one slot: it holds that slot's watch lock and waits for the slot on
-      the server, one retry delay at a time (one statement each); once granted it lets
-      the watch lock go, and the first follower queued for it becomes the watcher at
-      once;
-    - *queued*: every watch lock is held; it waits for one (a random one) on the server,
-      one retry delay at a time;
-    - a watcher of *several* slots (fewer followers than slots): it cannot wait for more
-      than one lock, so it tries them every ``rescan_s``, and offers their watch locks
-      to followers that queued meanwhile every ``PASS_ON_ROUNDS`` rescans and at the end
-      of each call (taking those still free again).
+    - *queued*: it waits on the server for the gate lock
+      ([`gate_keys`][pgleaderlock.core.semaphore.gate_keys]), as a lock's follower waits
+      for its lock (``WaitingSession.wait_lock``: no ``lock_timeout``; the wait goes on
+      across calls). Followers queue there in order.
+    - the *gate's holder* (one per name): it takes the watch lock
+      ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys]) of each slot that has no
+      watcher, and tries those slots every ``rescan_s``. If a follower is queued behind
+      it (it lets the gate go and tries it again: the server grants it to the first
+      follower queued), it keeps one of those watch locks, lets the others go to the
+      next gate holder, and becomes that slot's watcher. While every slot has a
+      watcher it tries the watch locks every ``GATE_POLL_S`` (a watcher granted its
+      slot lets its watch lock go). Before it takes a slot itself, with others
+      watching and nobody queued behind it, it recalls a watcher (`_recall`), so that
+      a follower is left to cover the slots nobody watches.
+    - a slot's *watcher*: it holds the slot's watch lock and waits for the slot on the
+      server in one piece; once granted, it lets the watch lock go.
 
-    Between two waits every follower takes the watch lock of each slot nobody watches
-    (a watcher granted its slot with nobody queued behind it leaves one): such a slot
-    is watched again within a retry delay.
+    The server grants a freed slot to its watcher at once; a slot without a watcher
+    (while fewer than ``slots + 1`` followers wait, or for up to ``GATE_POLL_S`` after
+    its watcher was granted it) is taken by the gate's holder within ``rescan_s``. The
+    gate frees with its holder's session (a crash; the lease of a frozen process).
 
-    Sessions that cannot wait once (no ``BoundedWaitSession``) try every slot each
-    ``rescan_s``, as every follower did before (issue 33).
+    Sessions that cannot wait (``follower_mode="poll"``) try every slot once per
+    attempt (`try_lock`).
 
     Args:
         keys: each slot's ``(key1, key2)``.
-        rescan_s: how often a follower that watches several slots (or whose session
-            cannot queue) tries them again.
+        rescan_s: how often the gate's holder tries the slots that have no watcher.
         watch: each slot's watch lock's keys (default: none; every follower polls).
+        gate: the gate lock's keys (default: none; every follower polls).
     """
 
     def __init__(
@@ -119,36 +170,45 @@ class SlotKeyring:
         keys: Sequence[tuple[int, int]],
         rescan_s: float,
         watch: Sequence[tuple[int, int]] = (),
+        gate: tuple[int, int] | None = None,
     ) -> None:
         self.keys = tuple(keys)
         self.watch = tuple(watch)
+        self.gate = gate
         self.index: int | None = None
         """The slot the session holds (or last held)."""
         self.rescan_s = rescan_s
         self._rng = random.Random()
         self._holding = False  # granted, and no attempt since (the hold may go on)
         self._released: tuple[int, float] | None = None  # which slot, when (monotonic)
-        self._session: object | None = None  # whose watch locks these are
+        self._session: object | None = None  # whose gate and watch locks these are
+        self.role = Role.NONE
         self.watching: list[int] = []
         """The slots whose watch locks the session holds."""
-        self._queued: int | None = None  # the watch lock the last queued wait was for
+        self._passed_at = -math.inf  # when the gate's holder last offered the gate
 
     @property
     def held(self) -> tuple[int, int]:
         return self.keys[self.index or 0]
 
     @property
+    def at_gate(self) -> bool:
+        """Does the session hold the gate (it tries locks, it waits for none)?"""
+        return self.role is Role.GATE
+
+    @property
     def waits_on_server(self) -> bool:
-        """One slot waits on the server; several also run other statements (tries,
-        unlocks of watch locks), under which the session is dropped before a cut."""
-        return len(self.keys) == 1
+        """One slot waits on the server; a follower queued for the gate or watching a
+        slot too. The gate's holder runs statements (tries), under which the session is
+        dropped before a cut."""
+        return len(self.keys) == 1 or self.role is not Role.GATE
 
     def _handed_over(self) -> int | None:
         """The slot this session held until recently, left to the waiting followers for
         ``HANDOVER_RESCANS`` rescans from the first attempt after the hold ended
         (released, or lost): a semaphore that loses its session (terminated backend)
-        reconnects in milliseconds, and would take its slot straight back before a
-        polling follower's next rescan; a follower that waits on the server gets it first."""
+        reconnects in milliseconds, and would take its slot straight back before the
+        gate's holder tries it; a watcher is granted it by the server first anyway."""
         if self._holding:
             self._holding = False
             if self.index is not None:
@@ -162,130 +222,156 @@ class SlotKeyring:
         return released[0]
 
     def _adopt(self, session: object) -> None:
-        """A new session holds no watch lock (the last one's died with it)."""
+        """A new session holds no gate or watch lock (the last one's died with it)."""
         if session is not self._session:
-            self._session, self.watching, self._queued = session, [], None
+            self._session, self.watching, self.role = session, [], Role.NONE
 
-    def _granted(self, index: int) -> bool:
+    async def _granted(self, session: LockSession, index: int) -> bool:
+        """Slot ``index`` is the session's: let every watch lock and the gate go. The
+        gate's holder that leaves while others watch slots and nobody is queued behind
+        it recalls a watcher first (`_recall`)."""
+        watched = [i for i in range(len(self.watch)) if i not in self.watching]
+        await self._unwatch(session)
+        if self.role is Role.GATE:
+            assert self.gate is not None
+            await session.unlock(*self.gate)
+            if watched and await session.try_lock(*self.gate):  # nobody queued behind
+                await self._recall(session, watched)
+                await session.unlock(*self.gate)
+        self.role = Role.NONE
         self.index, self._holding = index, True
         return True
 
     async def try_lock(self, session: LockSession) -> bool:
-        """Try every slot once, from a random one (so that many candidates spread over
-        the slots, instead of all asking the first); stop at the first granted (and let
-        any watch lock go)."""
+        """One attempt that never waits. A follower queued for the gate or watching a
+        slot looks at its wait in flight (no statement: another would drop it); the
+        gate's holder takes a round (`_round`); any other session tries every slot
+        once, from a random one (so that many candidates spread over the slots)."""
         self._adopt(session)
+        if self.role is Role.QUEUED or self.role is Role.WATCHER:
+            return await self._step(cast(WaitingSession, session), 0.0)
+        if self.role is Role.GATE:
+            return await self._round(session)
         count = len(self.keys)
         first = self._rng.randrange(count)
         skip = self._handed_over()
         for step in range(count):
             index = (first + step) % count
-            if index == skip:
-                continue
-            if await session.try_lock(*self.keys[index]):
-                await self._unwatch(session, keep=0)
-                return self._granted(index)
+            if index != skip and await session.try_lock(*self.keys[index]):
+                return await self._granted(session, index)
         return False
 
     async def wait_lock(self, session: WaitingSession, wait_s: float) -> bool:
-        """One slot: wait on the server. Several: as a watcher, queued, or trying the
-        slots it watches (see the class), until one is granted or ``wait_s`` has
-        passed."""
+        """One slot: wait on the server. Several: queued for the gate, as the gate's
+        holder or as a slot's watcher (see the class), until a slot is granted or
+        ``wait_s`` has passed (a wait in one piece goes on across calls)."""
         if len(self.keys) == 1:
             granted = bool(await session.wait_lock(*self.keys[0], wait_s))
-            return self._granted(0) if granted else False
-        deadline = time.monotonic() + wait_s
+            if granted:
+                self.index, self._holding = 0, True
+            return granted
         locking = cast(LockSession, session)  # a waiting session is both
-        if not self.watch or not can(session, BoundedWaitSession):
-            return await self._poll(locking, deadline)
-        bounded = cast(BoundedWaitSession, session)
+        if self.gate is None or not self.watch:
+            return await self._poll(locking, time.monotonic() + wait_s)
         self._adopt(session)
-        if self.watching:
-            # A watcher whose last wait timed out: its slot first (the wait may have
-            # been granted as it timed out), then every slot nobody watches.
-            for index in list(self.watching):
-                if await locking.try_lock(*self.keys[index]):
-                    await self._unwatch(locking, keep=0)
-                    return self._granted(index)
-        elif self._queued is None and await self.try_lock(locking):
-            # (A follower that queued last time skips the tries: a free slot nobody
-            # watches has a free watch lock, which it takes, and then the slot.)
-            return True
-        await self._claim(locking)
-        rounds = 0
+        deadline = time.monotonic() + wait_s
         while True:
-            if not self.watching:
-                if not await self._queue(bounded, deadline):
-                    return False
-                await self._claim(locking)  # and every other slot nobody watches
-                continue
-            if len(self.watching) == 1:
-                index = self.watching[0]
-                remaining = max(MIN_WAIT_S, deadline - time.monotonic())
-                if not await bounded.wait_lock_once(*self.keys[index], remaining):
-                    return False  # it looks again at the next call
-                await self._unwatch(locking, keep=0)
-                return self._granted(index)
-            # Several slots to watch: try them every rescan_s.
-            skip = self._handed_over()
-            for index in list(self.watching):
-                if index != skip and await locking.try_lock(*self.keys[index]):
-                    await self._unwatch(locking, keep=0)
-                    return self._granted(index)
+            if not self.at_gate:
+                remaining = max(0.0, deadline - time.monotonic())
+                if await self._step(session, remaining):
+                    return True
+                if not self.at_gate:
+                    return False  # its wait goes on: the next call waits on
+            elif await self._round(locking):
+                return True
+            if not self.at_gate:
+                continue  # it watches a slot now
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                # Let the others in (a follower that queued meanwhile gets a slot to
-                # watch); those still free are taken again at the next call.
-                await self._unwatch(locking, keep=0)
+                return False  # it keeps the gate: the next call goes on
+            pause = self.rescan_s if self.watching else GATE_POLL_S
+            await asyncio.sleep(min(pause, remaining))
+
+    async def _step(self, session: WaitingSession, wait_s: float) -> bool:
+        """Not the gate's holder: queue for the gate, or wait for the watched slot, for
+        ``wait_s`` (0: only look at the wait in flight). True: a slot is the session's.
+        Granted the gate, it takes its first round at once."""
+        locking = cast(LockSession, session)
+        if self.role is Role.WATCHER:
+            index = self.watching[0]
+            if not await session.wait_lock(*self.keys[index], wait_s):
                 return False
-            await asyncio.sleep(min(self.rescan_s, remaining))
-            rounds += 1
-            if rounds % PASS_ON_ROUNDS == 0:
-                await self._pass_on(locking)
+            return await self._granted(locking, index)
+        assert self.gate is not None
+        self.role = Role.QUEUED
+        if not await session.wait_lock(*self.gate, wait_s):
+            return False
+        self.role, self._passed_at = Role.GATE, -math.inf
+        return await self._round(locking)
 
-    async def _pass_on(self, session: LockSession) -> None:
-        """Let each watch lock go and take it again: a follower queued for it is granted
-        it as it is let go (and the try fails), and watches that slot from then on."""
-        watching, self.watching = self.watching, []
-        for index in watching:
-            await session.unlock(*self.watch[index])
-            if await session.try_lock(*self.watch[index]):
-                self.watching.append(index)
-
-    async def _claim(self, session: LockSession) -> None:
-        """Take every watch lock nobody holds (but those this session holds), starting
-        with the one it last queued for (its wait may have been granted as it timed
-        out)."""
+    async def _round(self, session: LockSession) -> bool:
+        """The gate's holder: try the slots it covers, take the watch lock of each slot
+        nobody watches (and try that slot), and offer the gate (every ``PASS_ON_S``)
+        while it covers a slot. True: a slot is the session's."""
+        skip = self._handed_over()
+        for index in self.watching:
+            if index != skip and await session.try_lock(*self.keys[index]):
+                return await self._granted(session, index)
         count = len(self.watch)
-        first = self._queued if self._queued is not None else self._rng.randrange(count)
+        first = self._rng.randrange(count)
         for step in range(count):
             index = (first + step) % count
-            if index not in self.watching and await session.try_lock(*self.watch[index]):
-                self.watching.append(index)
-        self._queued = None
+            if index in self.watching or not await session.try_lock(*self.watch[index]):
+                continue
+            self.watching.append(index)
+            if index != skip and await session.try_lock(*self.keys[index]):
+                return await self._granted(session, index)
+        if self.watching and time.monotonic() - self._passed_at >= PASS_ON_S:
+            await self._pass_on(session)
+        return False
 
-    async def _queue(self, session: BoundedWaitSession, deadline: float) -> bool:
-        """Every slot has a watcher: queue for a random one's watch lock on the server,
-        until ``deadline``. True: this session is that slot's watcher now."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        index = self._queued = self._rng.randrange(len(self.watch))
-        if not await session.wait_lock_once(*self.watch[index], max(MIN_WAIT_S, remaining)):
-            return False
-        self._queued, self.watching = None, [index]
-        return True
-
-    async def _unwatch(self, session: LockSession, keep: int) -> None:
-        """Let go of the watch locks held but the first ``keep``."""
-        kept, dropped = self.watching[:keep], self.watching[keep:]
+    async def _pass_on(self, session: LockSession) -> None:
+        """Let the gate go and try it again: a follower queued for it is granted it as
+        it is let go (and the try fails). This session then watches the first slot it
+        covers (it waits for it on the server) and lets the other watch locks go to the
+        new gate holder. Nobody queued: it keeps the gate, and goes on trying."""
+        assert self.gate is not None
+        self._passed_at = time.monotonic()
+        await session.unlock(*self.gate)
+        if await session.try_lock(*self.gate):
+            return
+        self.role = Role.WATCHER
+        kept, dropped = self.watching[:1], self.watching[1:]
         self.watching = kept
+        for index in dropped:
+            await session.unlock(*self.watch[index])
+
+    async def _recall(self, session: LockSession, watched: list[int]) -> None:
+        """The last follower that watches no slot is about to hold one: the slots it
+        covered would have no watcher, and a watcher waits for its own slot only (its
+        wait ends silently only when granted). So one watcher's wait is cancelled
+        (``pg_cancel_backend``, of this role's sessions only: one ERROR line in the
+        server's log); that follower comes back (it tries every slot, then holds the
+        gate) and covers them. A session that cannot run the library's statements
+        (no ``QuerySession``) recalls nobody."""
+        if not can(session, QuerySession):
+            return
+        querying = cast(QuerySession, session)
+        for index in watched:
+            key1, key2 = self.watch[index]
+            rows = await querying.query(RECALL, (key_to_oid(key1), key_to_oid(key2)))
+            if any(row[0] for row in rows):
+                return
+
+    async def _unwatch(self, session: LockSession) -> None:
+        """Let go of every watch lock held."""
+        dropped, self.watching = self.watching, []
         for index in dropped:
             await session.unlock(*self.watch[index])
 
     async def _poll(self, session: LockSession, deadline: float) -> bool:
         """Try every slot every ``rescan_s`` until one is granted or ``deadline`` (a
-        session that cannot queue on the server)."""
+        keyring made without a gate)."""
         while not await self.try_lock(session):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -312,12 +398,14 @@ class Semaphore(LeaderLock):
     [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 
     Followers wait on the server: each slot has one follower (its watcher) that waits
-    for it as a lock's follower waits, and the others queue for a watcher's place (see
-    [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the guide), so waiting
-    costs what a lock's waiting costs, however many followers there are. A holder whose
-    hold ends (``step_down()``, a lost session) leaves its slot to a polling follower
-    for ``HANDOVER_RESCANS`` rescans before it asks for it again (a watcher is granted
-    it by the server first anyway).
+    for it as a lock's follower waits, the others queue on the server for the
+    semaphore's gate, and the gate's one holder finds slots without a watcher (see
+    [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the guide). So waiting
+    costs about what a lock's waiting costs, however many followers there are, and no
+    wait ends in a ``lock_timeout`` (an ERROR in the server's log). A holder whose hold
+    ends (``step_down()``, a lost session) leaves its slot to the gate's holder for
+    ``HANDOVER_RESCANS`` rescans before it asks for it again (a watcher is granted it by
+    the server first anyway).
 
     Every semaphore of a name must give the same ``slots``: one that counts fewer slots
     never takes the others, one that counts more lets more holders in.
@@ -328,11 +416,9 @@ class Semaphore(LeaderLock):
         slots: how many holders at most (N), from 1 to 1,024
             (``pgleaderlock.core.keys.MAX_SLOTS``: each holder is a session
             of its own).
-        rescan_s: only while fewer followers wait than there are slots (one follower
-            then watches several slots, and cannot wait on the server for more than
-            one), or with a session that cannot queue (no ``BoundedWaitSession``): how
-            often such a follower tries its slots again. Unused in the steady state with
-            as many followers as slots or more, with ``slots=1``, and with
+        rescan_s: how often the gate's holder tries the slots that no follower waits
+            for on the server (one slot or more has no watcher while fewer than
+            ``slots + 1`` followers wait). Unused with ``slots=1`` and with
             ``follower_mode="poll"`` (every slot once per retry delay); see the
             [guide](../guides/semaphores.md).
         **arguments: `LeaderLock`'s keyword arguments (``retry_strategy``,
@@ -360,7 +446,9 @@ class Semaphore(LeaderLock):
             if taken in arguments:
                 raise ConfigurationError(f"a Semaphore's {taken} comes from its name")
         arguments = without_deprecated(arguments, owner="Semaphore")
-        self._ring = SlotKeyring(slot_keys(name, slots), rescan_s, watch_keys(name, slots))
+        self._ring = SlotKeyring(
+            slot_keys(name, slots), rescan_s, watch_keys(name, slots), gate_keys(name)
+        )
         super().__init__(dsn, *lock_keys(name), name=name, **arguments)
         self._log_fields["slots"] = slots
 
@@ -405,7 +493,7 @@ class Semaphore(LeaderLock):
 
     @property
     def rescan_s(self) -> float:
-        """How often a follower that watches several slots tries them again."""
+        """How often the gate's holder tries the slots that have no watcher."""
         return self._ring.rescan_s
 
     def __repr__(self) -> str:

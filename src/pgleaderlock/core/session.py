@@ -121,9 +121,10 @@ class BoundedWaitSession(Protocol):
 
     [`WaitingSession.wait_lock`][pgleaderlock.backends.WaitingSession.wait_lock] may go
     on waiting on the server after it returned False (the next call for the same lock
-    waits on). A [`Semaphore`][pgleaderlock.Semaphore]'s follower that queues for a
-    place among the slots' watchers must be free to ask for another lock afterwards:
-    this wait leaves the server's queue when it returns.
+    waits on). This wait leaves the server's queue when it returns, free to ask for
+    another lock afterwards, but ends in a ``lock_timeout`` (an ERROR line in the
+    server's log). The library's own locks no longer use it: a
+    [`Semaphore`][pgleaderlock.Semaphore]'s followers wait in one piece too (issue 33).
     """
 
     async def wait_lock_once(self, key1: int, key2: int, timeout_s: float) -> bool:
