@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import pytest
@@ -30,10 +29,8 @@ from pgleaderlock import LockState, SessionNotDedicatedError
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing.beliefs import BeliefLog
 from support.fixture_types import LockPids, MakeRecorder, Terminate
-from support.pgbouncer import PgBouncer, PoolMode
+from support.pgbouncer import PgBouncer
 from support.pooled import (
-    BACKENDS,
-    POOLED,
     REFUSAL_BOUND_S,
     Admin,
     Backend,
@@ -43,6 +40,7 @@ from support.pooled import (
     direct_defaults,
     fetch,
     plain_client,
+    raw_lock_left_behind,
     select_settings,
     show,
     watched_settings,
@@ -71,12 +69,9 @@ def assert_refused(rec: Recorder) -> None:
     assert lock.state is LockState.STOPPED
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
-    mode: PoolMode,
+    pooled_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
     recorder: MakeRecorder,
@@ -85,27 +80,27 @@ async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
 ) -> None:
     """The hard case: nobody else uses the pooler, so the server backend never changes
     under the lock's session; only the check with a second session can see the pooler."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "lone")
+    lock = bouncer_lock(pooled_bouncer, keys, backend, "lone")
     rec = recorder(lock)
     began = time.monotonic()
     await lock.start()
     with pytest.raises(SessionNotDedicatedError, match="transaction or statement mode"):
         await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    show(record_property, f"refused after ({mode}, {backend})", time.monotonic() - began)
+    show(
+        record_property,
+        f"refused after ({pooled_bouncer.pool_mode}, {backend})",
+        time.monotonic() - began,
+    )
     await lock.shutdown(timeout_s=10)
     assert_refused(rec)
     assert len(rec.errors()) == 1  # not retried
     assert await holders(*keys) == []
-    await assert_no_settings_left(bouncer, pg_dsn, watched_settings(lock))
+    await assert_no_settings_left(pooled_bouncer, pg_dsn, watched_settings(lock))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_candidates_started_together_are_all_refused(
-    mode: PoolMode,
+    pooled_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
     recorder: MakeRecorder,
@@ -114,12 +109,14 @@ async def test_candidates_started_together_are_all_refused(
     """Two candidates started at the same moment, round after round (new keys each
     time): neither ever leads, both report the pooler, no lock and no setting is left
     on any pooled server connection."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
+    mode = pooled_bouncer.pool_mode
     names: list[str] = []
     for round_ in range(TOGETHER_ROUNDS):
         round_keys = (keys[0], (keys[1] + round_) % 2**31)
         beliefs = BeliefLog()
-        locks = [bouncer_lock(bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)]
+        locks = [
+            bouncer_lock(pooled_bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)
+        ]
         recs = [recorder(lock) for lock in locks]
         for lock in locks:
             beliefs.attach(lock, lock.label)
@@ -141,15 +138,12 @@ async def test_candidates_started_together_are_all_refused(
         for rec in recs:
             assert_refused(rec)
         assert held == [], f"round {round_}: lock left on pooled server backend {held}"
-    await assert_no_settings_left(bouncer, pg_dsn, names)
+    await assert_no_settings_left(pooled_bouncer, pg_dsn, names)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_a_refused_lock_changes_nothing_for_the_next_client(
-    mode: PoolMode,
+    pooled_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
 ) -> None:
@@ -159,14 +153,13 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
     a dedicated session), no advisory lock of its own, no session token of the lock's
     (taken off as the refused sessions close), no prepared statement (asyncpg prepares
     its statements unnamed behind a pooler), and can take the lock's key."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "refused")
+    lock = bouncer_lock(pooled_bouncer, keys, backend, "refused")
     names = watched_settings(lock)
     defaults = await direct_defaults(pg_dsn, names)
     async with lock:
         with pytest.raises(SessionNotDedicatedError):
             await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    async with plain_client(bouncer.dsn()) as conn:
+    async with plain_client(pooled_bouncer.dsn()) as conn:
         row = await fetch(conn, select_settings(names), tuple(names))
         assert dict(zip(names, row, strict=True)) == defaults
         locks_held = await fetch(
@@ -183,12 +176,9 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
         await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", keys)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_settings_go_only_to_the_sessions_own_backend(
-    mode: PoolMode,
+    pooled_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
     admin: Admin,
@@ -199,15 +189,14 @@ async def test_settings_go_only_to_the_sessions_own_backend(
     (the statement came back from another backend) and that server connection keeps its
     own settings: ``configure`` changes nothing but the session's own backend, like every
     lock statement."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "configure")
+    lock = bouncer_lock(pooled_bouncer, keys, backend, "configure")
     names = watched_settings(lock)
     assert lock.backend is not None
-    session = await lock.backend.connect(bouncer.dsn(), lock.connect_options)
+    session = await lock.backend.connect(pooled_bouncer.dsn(), lock.connect_options)
     try:
         assert isinstance(session, SetupSession)
         own = (await session.identify()).backend_pid
-        async with plain_client(bouncer.dsn()) as other:
+        async with plain_client(pooled_bouncer.dsn()) as other:
             # PgBouncer gives the other client the server connection just released.
             busy = asyncio.create_task(fetch(other, "SELECT pg_backend_pid(), pg_sleep(1)"))
             try:
@@ -230,13 +219,11 @@ async def test_settings_go_only_to_the_sessions_own_backend(
                 assert (await busy)[0] == own
     finally:
         await session.close()
-    await assert_no_settings_left(bouncer, pg_dsn, names)
+    await assert_no_settings_left(pooled_bouncer, pg_dsn, names)
 
 
-@pytest.mark.parametrize("mode", POOLED)
 async def test_a_pooled_server_keeps_a_disconnected_clients_lock(
-    mode: PoolMode,
-    make_pgbouncer: Callable[..., PgBouncer],
+    pooled_bouncer: PgBouncer,
     keys: tuple[int, int],
     holders: LockPids,
     terminate: Terminate,
@@ -245,19 +232,11 @@ async def test_a_pooled_server_keeps_a_disconnected_clients_lock(
     disconnects; the server connection that ran the statement still holds it, and the
     next client of the pooler gets that server connection and "holds" it too
     (advisory locks are re-entrant within one server session)."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    async with plain_client(bouncer.dsn()) as conn:
-        taken, server = await fetch(
-            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+    async with (
+        raw_lock_left_behind(pooled_bouncer, keys, holders, terminate) as server,
+        plain_client(pooled_bouncer.dsn()) as other,
+    ):
+        again, same = await fetch(
+            other, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
         )
-        assert taken is True
-    try:
-        await asyncio.sleep(0.2)
-        assert await holders(*keys) == [server]
-        async with plain_client(bouncer.dsn()) as other:
-            again, same = await fetch(
-                other, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
-            )
-            assert (again, same) == (True, server)
-    finally:
-        await terminate(server)  # the only sure way to free it: end that server session
+        assert (again, same) == (True, server)

@@ -31,7 +31,6 @@ from support.netns import NetnsLink
 from support.pgbouncer import PgBouncer
 from support.poll import eventually
 from support.pooled import (
-    BACKENDS,
     FAST,
     TAKEOVER_BOUND_S,
     Backend,
@@ -41,7 +40,9 @@ from support.pooled import (
     bouncer_lock,
     fetch,
     lock_dsn,
+    lock_pair,
     plain_client,
+    raw_lock_left_behind,
     show,
     watched_settings,
 )
@@ -53,25 +54,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CHILD: Final = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=0.1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_the_lock(
+    session_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     pg_dsn: str,
     keys: tuple[int, int],
     recorder: MakeRecorder,
     holders: LockPids,
     record_property: Record,
 ) -> None:
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
-    beliefs = BeliefLog()
-    first = bouncer_lock(bouncer, keys, backend, "first")
-    second = bouncer_lock(bouncer, keys, backend, "second")
-    beliefs.attach(first, "first")
-    beliefs.attach(second, "second")
-    rec1, rec2 = recorder(first), recorder(second)
-    names = watched_settings(first)
-    try:
+    pair = lock_pair(
+        session_bouncer, keys, backend, recorder, holders, record_property, ("first", "second")
+    )
+    async with pair as (beliefs, first, second, rec1, rec2):
+        names = watched_settings(first)
         began = time.monotonic()
         await first.start()
         assert await first.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
@@ -104,18 +100,13 @@ async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_
             interval.start - released,
         )
         assert await holders(*keys) == [second.backend_pid]
-    finally:
-        await asyncio.gather(first.shutdown(timeout_s=10), second.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
     # DISCARD ALL reset the lock's settings on the server connections it used.
-    await assert_no_settings_left(bouncer, pg_dsn, names)
+    await assert_no_settings_left(session_bouncer, pg_dsn, names)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_killed_leader_process_hands_over(
+    session_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
     recorder: MakeRecorder,
     holders: LockPids,
@@ -124,7 +115,7 @@ async def test_session_mode_a_killed_leader_process_hands_over(
     """SIGKILL of the leader's process: its kernel closes the socket to PgBouncer, which
     resets the server connection (DISCARD ALL frees the lock), and the follower, queued
     on the server, is granted the lock."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    bouncer = session_bouncer
     beliefs = BeliefLog()
     follower = bouncer_lock(bouncer, keys, backend, "follower")
     beliefs.attach(follower, "follower")
@@ -162,10 +153,9 @@ async def test_session_mode_a_killed_leader_process_hands_over(
     beliefs.report().assert_safe()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_terminated_leader_backend_is_noticed(
+    session_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
     recorder: MakeRecorder,
     holders: LockPids,
@@ -175,14 +165,8 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
     """``pg_terminate_backend`` of the leader's *server* backend: PgBouncer closes the
     client whose server went away, the leader reports ``on_lost`` and the follower,
     queued on its own server backend, is granted the lock."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
-    beliefs = BeliefLog()
-    leader = bouncer_lock(bouncer, keys, backend, "leader")
-    follower = bouncer_lock(bouncer, keys, backend, "follower")
-    beliefs.attach(leader, "leader")
-    beliefs.attach(follower, "follower")
-    rec_leader, rec_follower = recorder(leader), recorder(follower)
-    try:
+    pair = lock_pair(session_bouncer, keys, backend, recorder, holders, record_property)
+    async with pair as (beliefs, leader, follower, rec_leader, rec_follower):
         await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
         server = leader.backend_pid
         assert await holders(*keys) == [server]
@@ -206,14 +190,10 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
             lambda: rec_leader.names()[-1:] == ["acquire_failed"], TAKEOVER_BOUND_S
         )
         assert leader.backend_pid not in (None, server)
-    finally:
-        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
 
 
 async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
-    make_pgbouncer: Callable[..., PgBouncer],
+    session_bouncer: PgBouncer,
     keys: tuple[int, int],
     holders: LockPids,
     record_property: Record,
@@ -221,7 +201,7 @@ async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
     """What the session-mode guarantees rest on, with raw SQL and the stock config: a
     client that disconnects gets its server connection reset with ``server_reset_query``
     (``DISCARD ALL``), which releases its advisory locks, right away."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    bouncer = session_bouncer
     assert "server_reset_query" not in bouncer.config_path.read_text()  # the default
     async with plain_client(bouncer.dsn()) as conn:
         taken, server = await fetch(
@@ -255,29 +235,21 @@ async def test_session_mode_a_reset_query_without_discard_keeps_a_disconnected_c
     bouncer = await asyncio.to_thread(
         make_pgbouncer, "session", settings={"server_reset_query": "DEALLOCATE ALL"}
     )
-    async with plain_client(bouncer.dsn()) as conn:
-        taken, server = await fetch(
-            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+    async with (
+        raw_lock_left_behind(bouncer, keys, holders, terminate) as server,
+        plain_client(bouncer.dsn()) as other,
+    ):
+        same, held = await fetch(
+            other,
+            "SELECT pg_backend_pid(), count(*) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
         )
-        assert taken is True
-    try:
-        await asyncio.sleep(0.2)
-        assert await holders(*keys) == [server]
-        async with plain_client(bouncer.dsn()) as other:
-            same, held = await fetch(
-                other,
-                "SELECT pg_backend_pid(), count(*) FROM pg_locks"
-                " WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-            )
-            assert (same, held) == (server, 1)
-    finally:
-        await terminate(server)
+        assert (same, held) == (server, 1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
+    session_bouncer: PgBouncer,
     backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
     keys: tuple[int, int],
     recorder: MakeRecorder,
     holders: LockPids,
@@ -286,17 +258,11 @@ async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
     """SIGKILL of PgBouncer itself: its sockets close on both sides, so the server ends
     the leader's backend (freeing the lock) and the leader sees its connection closed.
     Once the pooler is back, a candidate leads again."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
-    beliefs = BeliefLog()
-    leader = bouncer_lock(bouncer, keys, backend, "leader")
-    follower = bouncer_lock(bouncer, keys, backend, "follower")
-    beliefs.attach(leader, "leader")
-    beliefs.attach(follower, "follower")
-    rec_leader, rec_follower = recorder(leader), recorder(follower)
-    try:
+    pair = lock_pair(session_bouncer, keys, backend, recorder, holders, record_property)
+    async with pair as (beliefs, leader, follower, rec_leader, rec_follower):
         await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
         killed = time.monotonic()
-        await asyncio.to_thread(bouncer.kill)
+        await asyncio.to_thread(session_bouncer.kill)
         await rec_leader.wait_event("lost", timeout=TAKEOVER_BOUND_S)
         [lost] = beliefs.intervals_of("leader")
         assert lost.end is not None
@@ -310,17 +276,13 @@ async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
             assert time.monotonic() - freed < TAKEOVER_BOUND_S, "the lock outlived the pooler"
             await asyncio.sleep(0.005)
         assert not follower.is_leader  # nobody can reach the server
-        await asyncio.to_thread(bouncer.start)
+        await asyncio.to_thread(session_bouncer.start)
         await eventually(
             lambda: leader.is_leader or follower.is_leader, TAKEOVER_BOUND_S, "a new leader"
         )
         assert sorted(await holders(*keys)) == [
             lock.backend_pid for lock in (leader, follower) if lock.is_leader
         ]
-    finally:
-        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
 
 
 # ---------------------------------------------------------------- session mode: partitions
