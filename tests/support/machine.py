@@ -1,5 +1,6 @@
 """A hand-fed state machine for the machine's tests (tests/unit/test_machine*.py): an
-injected clock, no event loop, the effects kept for assertions."""
+injected clock, no event loop, the effects kept for assertions; and the short names
+those tests write the transitions with."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import Any
 from pgleaderlock import FixedInterval, LockState, RetryContext, RetryStrategy
 from pgleaderlock.core.config import LockConfig
 from pgleaderlock.core.machine import (
+    Action,
     Answered,
     Await,
     Call,
     Connected,
     Effect,
     Emit,
+    Input,
     Log,
     Machine,
     Result,
@@ -22,6 +25,10 @@ from pgleaderlock.core.machine import (
     Started,
 )
 from pgleaderlock.core.models import Event
+
+S, I, A = LockState, Input, Action
+ANY = (True, False)
+"""Either value of a boolean condition of a transition."""
 
 
 def config(**kwargs: Any) -> LockConfig:

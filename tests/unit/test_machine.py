@@ -51,11 +51,7 @@ from pgleaderlock.core.machine import (
     step,
 )
 from pgleaderlock.core.models import Event
-from support.machine import Driver, Recording
-
-S, I, A = LockState, Input, Action
-ANY = (True, False)
-
+from support.machine import ANY, A, Driver, I, Recording, S
 
 CLOSE_STOP = (A.CLOSE_SESSION, A.EMIT_STOPPED)
 
