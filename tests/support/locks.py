@@ -1,5 +1,6 @@
 """Locks made by a test and shut down after it: ``kept`` for any lock, ``fake_locks`` for
-locks on the in-memory server."""
+locks on the in-memory server; ``another_holds``, a session of that server that holds
+the lock first."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ParamSpec
 
 from pgleaderlock import LeaderLock
-from pgleaderlock.testing.fake import FakeServer
+from pgleaderlock.testing.fake import FakeServer, FakeSession
 from support.fixture_types import MakeLock
 from support.timings import lock_args, timings
 
-__all__ = ["FAKE_TIMINGS", "fake_locks", "kept"]
+__all__ = ["FAKE_TIMINGS", "another_holds", "fake_locks", "kept"]
 
 P = ParamSpec("P")
 
@@ -72,3 +73,10 @@ async def fake_locks(
         finally:
             server.release_hangs()
     assert server.open_sessions == [], "a lock left a session open"
+
+
+async def another_holds(server: FakeServer) -> FakeSession:
+    """A session of ``server`` that holds the lock of ``make_lock`` (keys 1, 2)."""
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    return holder

@@ -19,6 +19,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing import FakeServer
 from support.fixture_types import MakeLock, MakeRecorded, MakeRecorder
+from support.locks import another_holds
 from support.poll import eventually
 
 S = LockState
@@ -146,8 +147,7 @@ async def test_grace_reacquire_failed_when_someone_else_got_it(
     server.terminate()
     await rec.wait_state(S.RECONNECTING)
     server.refuse_connections = None
-    intruder = await server.connect()
-    assert await intruder.try_lock(1, 2)
+    intruder = await another_holds(server)
     await rec.wait_event("lost")
     assert a.state in (S.FOLLOWER, S.ACQUIRING)
     await intruder.close()
@@ -317,8 +317,7 @@ async def test_polling_follower_waits_for_its_next_attempt(
 async def test_each_wait_without_the_lock_is_a_failed_attempt(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     contexts: list[RetryContext] = []
 
     class Recording:
@@ -351,8 +350,7 @@ async def test_connection_failures_sleep_instead_of_waiting(
 async def test_shutdown_while_waiting_leaves_no_waiter(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     lock, rec = recorded(retry_strategy=FixedInterval(60))
     await lock.start()
     await rec.wait_event("acquire_failed")
