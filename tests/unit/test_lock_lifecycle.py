@@ -24,7 +24,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing import FakeServer
 from support.fixture_types import MakeLock, MakeRecorded
-from support.locks import another_holds
+from support.locks import another_holds, leading
 from support.poll import eventually
 from support.timings import lock_args
 
@@ -272,9 +272,7 @@ async def test_shutdown_from_a_callback_does_not_deadlock(recorded: MakeRecorded
 
 async def test_external_shutdown_event(recorded: MakeRecorded) -> None:
     event = asyncio.Event()
-    lock, rec = recorded(shutdown_event=event)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded(shutdown_event=event))
     event.set()
     await rec.wait_state(S.STOPPED)
     assert rec.names() == ["acquired", "released", "stopped"]
@@ -320,9 +318,7 @@ async def test_wait_for_leadership_returns_false_when_stopped(
 async def test_lock_not_held_error_reported_when_flap_damping_off(
     recorded: MakeRecorded, server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lock, rec = recorded()
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded())
     with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
         session = server.holder(1, 2)
         assert session is not None
