@@ -15,7 +15,9 @@ Replication (``support.replication``, ``support.blackhole``):
 PgBouncer (``support.pooled``, for tests/deploy/test_poolers_*.py): ``pooled_bouncer``, a
 private instance in each mode that shares server connections (``[transaction]``,
 ``[statement]``); ``session_bouncer``, a private one in session mode. The test may kill or
-restart either; both are closed at teardown.
+restart either; both are closed at teardown. ``through(bouncer)``: locks of the test's
+``backend`` on its ``keys`` through ``bouncer``, with ``holders``, ``recorder`` and
+``record_property`` at hand (``support.pooled.Through``).
 
 A database shared with other roles (``support.shared_database``), for
 tests/deploy/test_shared_database*.py: ``shared_cluster`` (module: a cluster of the
@@ -37,8 +39,9 @@ import pytest
 from pgleaderlock import Coordinator
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.blackhole import BlackHole
+from support.fixture_types import LockPids, MakeRecorder
 from support.pgbouncer import PgBouncer, PoolMode
-from support.pooled import BACKENDS, POOLED
+from support.pooled import BACKENDS, POOLED, Backend, MakeThrough, Record, Through
 from support.replication import PrimaryStandby
 from support.server import prepared_cluster
 from support.shared_database import COORD_FAST, Database
@@ -68,6 +71,18 @@ def pooled_bouncer(
 def session_bouncer(make_pgbouncer: Callable[..., PgBouncer]) -> PgBouncer:
     """A private PgBouncer in session mode, with its stock settings."""
     return make_pgbouncer("session")
+
+
+@pytest.fixture
+def through(
+    backend: Backend,
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    record_property: Record,
+) -> MakeThrough:
+    """``through(bouncer)``: the test's locks through ``bouncer`` (`Through`)."""
+    return lambda bouncer: Through(bouncer, backend, keys, recorder, holders, record_property)
 
 
 # ---------------------------------------------------------------- replication

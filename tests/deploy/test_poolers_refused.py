@@ -28,21 +28,18 @@ import pytest
 from pgleaderlock import LockState, SessionNotDedicatedError
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing.beliefs import BeliefLog
-from support.fixture_types import LockPids, MakeRecorder, Terminate
+from support.fixture_types import LockPids, Terminate
 from support.pgbouncer import PgBouncer
 from support.pooled import (
     REFUSAL_BOUND_S,
     Admin,
-    Backend,
-    Record,
+    MakeThrough,
     assert_no_settings_left,
-    bouncer_lock,
     direct_defaults,
     fetch,
     plain_client,
     raw_lock_left_behind,
     select_settings,
-    show,
     watched_settings,
 )
 
@@ -70,54 +67,40 @@ def assert_refused(rec: Recorder) -> None:
 
 
 async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
-    pooled_bouncer: PgBouncer,
-    backend: Backend,
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
     """The hard case: nobody else uses the pooler, so the server backend never changes
     under the lock's session; only the check with a second session can see the pooler."""
-    lock = bouncer_lock(pooled_bouncer, keys, backend, "lone")
-    rec = recorder(lock)
+    pooler = through(pooled_bouncer)
+    lock = pooler.lock("lone")
+    rec = pooler.recorder(lock)
     began = time.monotonic()
     await lock.start()
     with pytest.raises(SessionNotDedicatedError, match="transaction or statement mode"):
         await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    show(
-        record_property,
-        f"refused after ({pooled_bouncer.pool_mode}, {backend})",
-        time.monotonic() - began,
+    pooler.show(
+        f"refused after ({pooled_bouncer.pool_mode}, {pooler.backend})", time.monotonic() - began
     )
     await lock.shutdown(timeout_s=10)
     assert_refused(rec)
     assert len(rec.errors()) == 1  # not retried
-    assert await holders(*keys) == []
+    assert await pooler.held() == []
     await assert_no_settings_left(pooled_bouncer, pg_dsn, watched_settings(lock))
 
 
 async def test_candidates_started_together_are_all_refused(
-    pooled_bouncer: PgBouncer,
-    backend: Backend,
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
     """Two candidates started at the same moment, round after round (new keys each
     time): neither ever leads, both report the pooler, no lock and no setting is left
     on any pooled server connection."""
-    mode = pooled_bouncer.pool_mode
+    pooler, mode = through(pooled_bouncer), pooled_bouncer.pool_mode
     names: list[str] = []
     for round_ in range(TOGETHER_ROUNDS):
-        round_keys = (keys[0], (keys[1] + round_) % 2**31)
+        round_keys = (pooler.keys[0], (pooler.keys[1] + round_) % 2**31)
         beliefs = BeliefLog()
-        locks = [
-            bouncer_lock(pooled_bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)
-        ]
-        recs = [recorder(lock) for lock in locks]
+        locks = [pooler.lock(f"r{round_}c{i}", round_keys) for i in range(2)]
+        recs = [pooler.recorder(lock) for lock in locks]
         for lock in locks:
             beliefs.attach(lock, lock.label)
         names = watched_settings(locks[0])
@@ -129,7 +112,7 @@ async def test_candidates_started_together_are_all_refused(
             )
         finally:
             await asyncio.gather(*(lock.shutdown(timeout_s=10) for lock in locks))
-        held = await holders(*round_keys)
+        held = await pooler.held(round_keys)
         assert not beliefs.intervals(), (
             f"round {round_}: led through a {mode} pooler: {outcomes}; lock held by {held}\n"
             + beliefs.report().format()
@@ -142,10 +125,7 @@ async def test_candidates_started_together_are_all_refused(
 
 
 async def test_a_refused_lock_changes_nothing_for_the_next_client(
-    pooled_bouncer: PgBouncer,
-    backend: Backend,
-    pg_dsn: str,
-    keys: tuple[int, int],
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
     """After the refusal, a plain client through the same pooler gets the very server
     connection the lock's session used (PgBouncer reuses the most recent one) and sees
@@ -153,7 +133,8 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
     a dedicated session), no advisory lock of its own, no session token of the lock's
     (taken off as the refused sessions close), no prepared statement (asyncpg prepares
     its statements unnamed behind a pooler), and can take the lock's key."""
-    lock = bouncer_lock(pooled_bouncer, keys, backend, "refused")
+    pooler = through(pooled_bouncer)
+    lock = pooler.lock("refused")
     names = watched_settings(lock)
     defaults = await direct_defaults(pg_dsn, names)
     async with lock:
@@ -171,17 +152,13 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
         assert token in ((None,), ("",)), token  # no session token of the lock's left
         prepared = await fetch(conn, "SELECT count(*) FROM pg_prepared_statements")
         assert prepared == (0,)
-        taken = await fetch(conn, "SELECT pg_try_advisory_lock(%s, %s)", keys)
+        taken = await fetch(conn, "SELECT pg_try_advisory_lock(%s, %s)", pooler.keys)
         assert taken == (True,)
-        await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", keys)
+        await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", pooler.keys)
 
 
 async def test_settings_go_only_to_the_sessions_own_backend(
-    pooled_bouncer: PgBouncer,
-    backend: Backend,
-    pg_dsn: str,
-    keys: tuple[int, int],
-    admin: Admin,
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str, admin: Admin
 ) -> None:
     """The step after a missed pooler check, made deterministic: the session's server
     connection is busy with another client when the session applies its settings, so
@@ -189,7 +166,7 @@ async def test_settings_go_only_to_the_sessions_own_backend(
     (the statement came back from another backend) and that server connection keeps its
     own settings: ``configure`` changes nothing but the session's own backend, like every
     lock statement."""
-    lock = bouncer_lock(pooled_bouncer, keys, backend, "configure")
+    lock = through(pooled_bouncer).lock("configure")
     names = watched_settings(lock)
     assert lock.backend is not None
     session = await lock.backend.connect(pooled_bouncer.dsn(), lock.connect_options)

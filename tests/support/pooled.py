@@ -1,7 +1,7 @@
 """Helpers of the tests through a real PgBouncer (tests/deploy/test_poolers_*.py): locks
-(one, or a leader and a follower) and plain clients through the pooler, queries bounded by a timeout, and the settings
-that a lock may leave on the pooled server connections, read directly and through the
-pooler."""
+(one, or a leader and a follower: ``Through``) and plain clients through the pooler,
+queries bounded by a timeout, and the settings that a lock may leave on the pooled server
+connections, read directly and through the pooler."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import psycopg
@@ -70,30 +71,54 @@ class LockPair(NamedTuple):
     rec_follower: Recorder
 
 
-@asynccontextmanager
-async def lock_pair(
-    bouncer: PgBouncer,
-    keys: tuple[int, int],
-    backend: Backend,
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
-    names: tuple[str, str] = ("leader", "follower"),
-) -> AsyncIterator[LockPair]:
-    """Two locks named ``names`` through ``bouncer`` (not started). On the way out both
-    shut down; then, if the body passed, the lock must be freed (the time it took is
-    shown) and the beliefs must be safe."""
-    beliefs = BeliefLog()
-    locks = [bouncer_lock(bouncer, keys, backend, name) for name in names]
-    for lock, name in zip(locks, names, strict=True):
-        beliefs.attach(lock, name)
-    leader, follower = locks
-    try:
-        yield LockPair(beliefs, leader, follower, recorder(leader), recorder(follower))
-    finally:
-        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
+@dataclass(frozen=True)
+class Through:
+    """Locks of the test's driver on the test's keys through one PgBouncer, and the
+    test's fixtures that look at them (``holders``: pg_locks, read on the server
+    directly; ``recorder``; ``record_property``). Made by the fixture ``through``."""
+
+    bouncer: PgBouncer
+    backend: Backend
+    keys: tuple[int, int]
+    recorder: MakeRecorder
+    holders: LockPids
+    record_property: Record
+
+    def lock(self, name: str, keys: tuple[int, int] | None = None) -> LeaderLock:
+        """A lock named ``name`` through the pooler (on ``keys``, by default the test's)."""
+        return bouncer_lock(self.bouncer, keys or self.keys, self.backend, name)
+
+    async def held(self, keys: tuple[int, int] | None = None) -> list[int]:
+        """The server backends that hold ``keys`` (by default the test's)."""
+        return await self.holders(*(keys or self.keys))
+
+    def show(self, metric: str, seconds: float) -> None:
+        show(self.record_property, metric, seconds)
+
+    @asynccontextmanager
+    async def pair(
+        self, names: tuple[str, str] = ("leader", "follower")
+    ) -> AsyncIterator[LockPair]:
+        """Two locks named ``names`` (not started). On the way out both shut down;
+        then, if the body passed, the lock must be freed (the time it took is shown)
+        and the beliefs must be safe."""
+        beliefs = BeliefLog()
+        locks = [self.lock(name) for name in names]
+        for lock, name in zip(locks, names, strict=True):
+            beliefs.attach(lock, name)
+        leader, follower = locks
+        try:
+            yield LockPair(
+                beliefs, leader, follower, self.recorder(leader), self.recorder(follower)
+            )
+        finally:
+            await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
+        self.show("lock free after both shut down", await assert_freed(self.holders, self.keys))
+        beliefs.report().assert_safe()
+
+
+MakeThrough = Callable[[PgBouncer], Through]
+"""The fixture ``through``: ``through(bouncer)``."""
 
 
 def show(record_property: Record, metric: str, seconds: float) -> None:
