@@ -20,9 +20,11 @@ from pgleaderlock.core.machine import (
     Input,
     Log,
     Machine,
+    Request,
     Result,
     Sleep,
     Started,
+    Woke,
 )
 from pgleaderlock.core.models import Event
 
@@ -102,6 +104,12 @@ class Driver:
 
     def logged(self) -> list[str]:
         return [e.message for e in self.effects if isinstance(e, Log)]
+
+    def request(self, request: Request) -> list[Effect]:
+        """``request``, as a caller of the lock makes it: asked of the machine, which is
+        then woken from what it waits for."""
+        self.machine.request(request)
+        return self.feed(Woke())
 
     def lead(self) -> None:
         self.feed(Started())

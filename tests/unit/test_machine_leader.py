@@ -180,8 +180,7 @@ def test_a_stop_during_the_acquire_delay_closes_the_session() -> None:
 
     d = granted_with_fencing(acquire_delay_s=1.0)
     d.feed(TermBumped(7))
-    d.machine.request(Request.STOP)
-    d.feed(Woke())
+    d.request(Request.STOP)
     assert d.machine.state is S.STOPPED
     assert CloseSession() in d.effects
     assert Event.ACQUIRED not in d.emitted()
@@ -254,8 +253,7 @@ def test_ending_fenced_sessions_that_fails_gives_the_lock_back() -> None:
 def test_no_drain_by_default() -> None:
     d = Driver()
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     assert d.machine.state is S.RELEASING
     assert d.call.op is Op.UNLOCK
 
@@ -312,18 +310,15 @@ def test_a_forced_step_down_or_a_loss_ends_the_drain() -> None:
 
     d = Driver(drain_s=30.0)
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
-    d.machine.request(Request.FORCE)  # step_down(timeout_s) ran out
-    d.feed(Woke())
+    d.request(Request.RELEASE)
+    d.request(Request.FORCE)  # step_down(timeout_s) ran out
     assert EndDrain() in d.effects
     assert d.machine.state is S.RELEASING
     assert d.machine.preempted(d.call)  # the unlock is cut short: the session closes
 
     d = Driver(drain_s=30.0)
     d.lead()
-    d.machine.request(Request.STOP)
-    d.feed(Woke())
+    d.request(Request.STOP)
     d.feed(Woke(), after=5.0)
     d.feed(Failed(ConnectionError("gone")))  # the probe fails mid-drain
     first_emit = next(i for i, e in enumerate(d.effects) if isinstance(e, Emit))
@@ -344,8 +339,7 @@ def test_callbacks_keep_the_lease_while_a_session_holds_the_lock() -> None:
     emits = [e for e in d.effects if isinstance(e, Emit)]
     assert emits
     assert {e.keepalive_s for e in emits} == {5.0}
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     assert {e.keepalive_s for e in d.effects if isinstance(e, Emit)} == {5.0}
     d.feed(Answered(True))  # unlocked: the session holds nothing any more
     assert Event.RELEASED in d.emitted()
@@ -464,8 +458,7 @@ def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
     d.feed(Answered(True))  # the work answered: the session lives, idle again
     assert idle_step(d.effects) is not None
     assert d.machine.state is S.LEADER
-    d.machine.request(Request.WORK)
-    d.feed(Woke())
+    d.request(Request.WORK)
     d.feed(Failed(ConnectionError("gone")))  # work that fails loses, as a probe would
     assert d.machine.state is not S.LEADER
     assert idle_step(d.effects) is None
@@ -473,8 +466,7 @@ def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
     assert not d.machine.request(Request.WORK)  # no session to work on now
     d = Driver()
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     assert idle_step(d.effects) is None
     assert d.call.op is Op.UNLOCK
 
@@ -497,11 +489,9 @@ def test_queued_work_fails_before_anything_is_told_when_leader_ends(how: str) ->
             d.feed(Woke(), after=10.0)
             d.feed(Late(acknowledged=True))
         case "step_down":
-            d.machine.request(Request.RELEASE)
-            d.feed(Woke())
+            d.request(Request.RELEASE)
         case "shutdown":
-            d.machine.request(Request.STOP)
-            d.feed(Woke())
+            d.request(Request.STOP)
     assert d.machine.state is not S.LEADER
     first = next(i for i, e in enumerate(d.effects) if not isinstance(e, Log))
     assert d.effects[first] == StopLeaderWork(), d.effects
