@@ -29,7 +29,7 @@ from pgleaderlock.backends import WaitingSession, WatchableSession
 from support.fixture_types import LockPids, MakeRecorder, Terminate
 from support.poll import eventually
 from support.proxy import TcpProxy
-from support.server import Admin
+from support.server import Admin, one_row
 from support.timings import lock_args
 
 if TYPE_CHECKING:
@@ -398,12 +398,9 @@ async def test_connect_fn_may_return_a_raw_driver_connection(
     assert await holders(*keys) == [lock.backend_pid]
     seen = set()
     for _ in range(30):  # across a few probes: autocommit, never idle in a transaction
-        cur = await admin.execute(
-            "SELECT state FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
+        (state,) = await one_row(
+            admin, "SELECT state FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
         )
-        row = await cur.fetchone()
-        assert row is not None
-        (state,) = row
         seen.add(state)
         await asyncio.sleep(0.01)  # kept: the pace of the sampling
     assert seen <= {"idle", "active"}, seen
@@ -426,12 +423,9 @@ async def test_application_name_identifies_the_holder(
     target.locks.append(lock)
     await lock.start()
     assert await lock.wait_for_leadership(10)
-    cur = await admin.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
+    (name,) = await one_row(
+        admin, "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (lock.backend_pid,)
     )
-    row = await cur.fetchone()
-    assert row is not None
-    (name,) = row
     assert name == lock.application_name
     assert name.startswith(f"pgleaderlock:contract-{target.id}-{keys[0]}@")
 

@@ -45,12 +45,25 @@ def url(pg_dsn: str, driver: str, to_url: Callable[..., str]) -> str:
 
 
 @pytest.fixture
-async def engine(url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(url, pool_size=2, max_overflow=0, pool_timeout=5)
+async def make_engine(url: str) -> AsyncIterator[Callable[..., AsyncEngine]]:
+    """``make_engine(**pool)``: an engine on ``url`` with those pool settings; every
+    engine made is disposed of at teardown."""
+    made: list[AsyncEngine] = []
+
+    def make(**pool: Any) -> AsyncEngine:
+        made.append(create_async_engine(url, **pool))
+        return made[-1]
+
     try:
-        yield engine
+        yield make
     finally:
-        await engine.dispose()
+        for engine in made:
+            await engine.dispose()
+
+
+@pytest.fixture
+def engine(make_engine: Callable[..., AsyncEngine]) -> AsyncEngine:
+    return make_engine(pool_size=2, max_overflow=0, pool_timeout=5)
 
 
 async def pool_pids(engine: AsyncEngine, n: int) -> list[tuple[int, int]]:
@@ -95,51 +108,45 @@ async def test_pool_never_holds_the_lock(
 
 
 async def test_pool_recycle_does_not_drop_leadership(
-    url: str, keys: tuple[int, int], holders: LockPids
+    make_engine: Callable[..., AsyncEngine], keys: tuple[int, int], holders: LockPids
 ) -> None:
-    engine = create_async_engine(url, pool_size=1, max_overflow=0, pool_recycle=0.1)
-    try:
-        lock = LeaderLock(engine, *keys, **lock_args(FAST))
-        rec: list[str] = []
-        lock.on_lost(lambda: rec.append("lost"))
-        async with lock:
-            assert await lock.wait_for_leadership(10)
-            pid = lock.backend_pid
-            for _ in range(3):
-                await asyncio.sleep(0.15)
-                await pool_pids(engine, 1)  # the pool recycles its connection each time
-            assert lock.is_leader
-            assert lock.backend_pid == pid
-            assert rec == []
-        assert await holders(*keys) == []
-    finally:
-        await engine.dispose()
+    engine = make_engine(pool_size=1, max_overflow=0, pool_recycle=0.1)
+    lock = LeaderLock(engine, *keys, **lock_args(FAST))
+    rec: list[str] = []
+    lock.on_lost(lambda: rec.append("lost"))
+    async with lock:
+        assert await lock.wait_for_leadership(10)
+        pid = lock.backend_pid
+        for _ in range(3):
+            await asyncio.sleep(0.15)
+            await pool_pids(engine, 1)  # the pool recycles its connection each time
+        assert lock.is_leader
+        assert lock.backend_pid == pid
+        assert rec == []
+    assert await holders(*keys) == []
 
 
 async def test_locks_leaked_on_a_pooled_connection_are_released(
-    url: str, keys: tuple[int, int], holders: LockPids
+    make_engine: Callable[..., AsyncEngine], keys: tuple[int, int], holders: LockPids
 ) -> None:
     """A pooled connection that someone returned still holding advisory locks: when the
     backend takes it over, it releases them. Otherwise the lock's long-lived session
     would pin them for as long as it leads (and our own key would be held twice)."""
     other = (keys[0], keys[1] ^ 1)
-    engine = create_async_engine(url, pool_size=1, max_overflow=0)
-    try:
-        async with engine.connect() as conn:
-            leaker = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-            for k1, k2 in (keys, other):
-                await conn.execute(text("SELECT pg_advisory_lock(:a, :b)"), {"a": k1, "b": k2})
-            await conn.commit()
-        assert await holders(*other) == [leaker]  # the pool kept it, locks and all
-        lock = LeaderLock(engine, *keys, **lock_args(FAST))
-        async with lock:
-            assert await lock.wait_for_leadership(10)
-            assert lock.backend_pid == leaker  # the same (only) pooled connection
-            assert await holders(*other) == []
-            assert await holders(*keys) == [leaker]
-        assert await holders(*keys) == []
-    finally:
-        await engine.dispose()
+    engine = make_engine(pool_size=1, max_overflow=0)
+    async with engine.connect() as conn:
+        leaker = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        for k1, k2 in (keys, other):
+            await conn.execute(text("SELECT pg_advisory_lock(:a, :b)"), {"a": k1, "b": k2})
+        await conn.commit()
+    assert await holders(*other) == [leaker]  # the pool kept it, locks and all
+    lock = LeaderLock(engine, *keys, **lock_args(FAST))
+    async with lock:
+        assert await lock.wait_for_leadership(10)
+        assert lock.backend_pid == leaker  # the same (only) pooled connection
+        assert await holders(*other) == []
+        assert await holders(*keys) == [leaker]
+    assert await holders(*keys) == []
 
 
 async def test_connect_fn_async_connection_is_detached(

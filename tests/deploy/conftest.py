@@ -12,6 +12,13 @@ Replication (``support.replication``, ``support.blackhole``):
 
 ``backend`` runs a test once per driver (psycopg, asyncpg).
 
+PgBouncer (``support.pooled``, for tests/deploy/test_poolers_*.py): ``pooled_bouncer``, a
+private instance in each mode that shares server connections (``[transaction]``,
+``[statement]``); ``session_bouncer``, a private one in session mode. The test may kill or
+restart either; both are closed at teardown. ``through(bouncer)``: locks of the test's
+``backend`` on its ``keys`` through ``bouncer``, with ``holders``, ``recorder`` and
+``record_property`` at hand (``support.pooled.Through``).
+
 A database shared with other roles (``support.shared_database``), for
 tests/deploy/test_shared_database*.py: ``shared_cluster`` (module: a cluster of the
 module's own, with the roles ``attacker``, ``owner``, ``app``, ``worker``), ``shared_db``
@@ -32,17 +39,50 @@ import pytest
 from pgleaderlock import Coordinator
 from pgleaderlock.testing.postgres import ThrowawayPostgres
 from support.blackhole import BlackHole
+from support.fixture_types import LockPids, MakeRecorder
+from support.pgbouncer import PgBouncer, PoolMode
+from support.pooled import BACKENDS, POOLED, Backend, MakeThrough, Record, Through
 from support.replication import PrimaryStandby
 from support.server import prepared_cluster
 from support.shared_database import COORD_FAST, Database
 from support.timings import lock_args
 
 
-@pytest.fixture(params=["psycopg", "asyncpg"])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """The driver under test: each test that asks for it runs once per backend."""
     name: str = request.param
     return name
+
+
+# ---------------------------------------------------------------- PgBouncer
+
+
+@pytest.fixture(params=POOLED)
+def pooled_bouncer(
+    request: pytest.FixtureRequest, make_pgbouncer: Callable[..., PgBouncer]
+) -> PgBouncer:
+    """A private PgBouncer in transaction mode, then in statement mode (``pool_mode``)."""
+    mode: PoolMode = request.param
+    return make_pgbouncer(mode)
+
+
+@pytest.fixture
+def session_bouncer(make_pgbouncer: Callable[..., PgBouncer]) -> PgBouncer:
+    """A private PgBouncer in session mode, with its stock settings."""
+    return make_pgbouncer("session")
+
+
+@pytest.fixture
+def through(
+    backend: Backend,
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    record_property: Record,
+) -> MakeThrough:
+    """``through(bouncer)``: the test's locks through ``bouncer`` (`Through`)."""
+    return lambda bouncer: Through(bouncer, backend, keys, recorder, holders, record_property)
 
 
 # ---------------------------------------------------------------- replication

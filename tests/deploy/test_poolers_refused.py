@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import pytest
@@ -29,22 +28,18 @@ import pytest
 from pgleaderlock import LockState, SessionNotDedicatedError
 from pgleaderlock.core.session import SetupSession
 from pgleaderlock.testing.beliefs import BeliefLog
-from support.fixture_types import LockPids, MakeRecorder, Terminate
-from support.pgbouncer import PgBouncer, PoolMode
+from support.fixture_types import LockPids, Terminate
+from support.pgbouncer import PgBouncer
 from support.pooled import (
-    BACKENDS,
-    POOLED,
     REFUSAL_BOUND_S,
     Admin,
-    Backend,
-    Record,
+    MakeThrough,
     assert_no_settings_left,
-    bouncer_lock,
     direct_defaults,
     fetch,
     plain_client,
+    raw_lock_left_behind,
     select_settings,
-    show,
     watched_settings,
 )
 
@@ -71,56 +66,41 @@ def assert_refused(rec: Recorder) -> None:
     assert lock.state is LockState.STOPPED
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_a_lone_candidate_is_refused_and_leaves_nothing_behind(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
     """The hard case: nobody else uses the pooler, so the server backend never changes
     under the lock's session; only the check with a second session can see the pooler."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "lone")
-    rec = recorder(lock)
+    pooler = through(pooled_bouncer)
+    lock = pooler.lock("lone")
+    rec = pooler.recorder(lock)
     began = time.monotonic()
     await lock.start()
     with pytest.raises(SessionNotDedicatedError, match="transaction or statement mode"):
         await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    show(record_property, f"refused after ({mode}, {backend})", time.monotonic() - began)
+    pooler.show(
+        f"refused after ({pooled_bouncer.pool_mode}, {pooler.backend})", time.monotonic() - began
+    )
     await lock.shutdown(timeout_s=10)
     assert_refused(rec)
     assert len(rec.errors()) == 1  # not retried
-    assert await holders(*keys) == []
-    await assert_no_settings_left(bouncer, pg_dsn, watched_settings(lock))
+    assert await pooler.held() == []
+    await assert_no_settings_left(pooled_bouncer, pg_dsn, watched_settings(lock))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_candidates_started_together_are_all_refused(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
     """Two candidates started at the same moment, round after round (new keys each
     time): neither ever leads, both report the pooler, no lock and no setting is left
     on any pooled server connection."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
+    pooler, mode = through(pooled_bouncer), pooled_bouncer.pool_mode
     names: list[str] = []
     for round_ in range(TOGETHER_ROUNDS):
-        round_keys = (keys[0], (keys[1] + round_) % 2**31)
+        round_keys = (pooler.keys[0], (pooler.keys[1] + round_) % 2**31)
         beliefs = BeliefLog()
-        locks = [bouncer_lock(bouncer, round_keys, backend, f"r{round_}c{i}") for i in range(2)]
-        recs = [recorder(lock) for lock in locks]
+        locks = [pooler.lock(f"r{round_}c{i}", round_keys) for i in range(2)]
+        recs = [pooler.recorder(lock) for lock in locks]
         for lock in locks:
             beliefs.attach(lock, lock.label)
         names = watched_settings(locks[0])
@@ -132,7 +112,7 @@ async def test_candidates_started_together_are_all_refused(
             )
         finally:
             await asyncio.gather(*(lock.shutdown(timeout_s=10) for lock in locks))
-        held = await holders(*round_keys)
+        held = await pooler.held(round_keys)
         assert not beliefs.intervals(), (
             f"round {round_}: led through a {mode} pooler: {outcomes}; lock held by {held}\n"
             + beliefs.report().format()
@@ -141,17 +121,11 @@ async def test_candidates_started_together_are_all_refused(
         for rec in recs:
             assert_refused(rec)
         assert held == [], f"round {round_}: lock left on pooled server backend {held}"
-    await assert_no_settings_left(bouncer, pg_dsn, names)
+    await assert_no_settings_left(pooled_bouncer, pg_dsn, names)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_a_refused_lock_changes_nothing_for_the_next_client(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
     """After the refusal, a plain client through the same pooler gets the very server
     connection the lock's session used (PgBouncer reuses the most recent one) and sees
@@ -159,14 +133,14 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
     a dedicated session), no advisory lock of its own, no session token of the lock's
     (taken off as the refused sessions close), no prepared statement (asyncpg prepares
     its statements unnamed behind a pooler), and can take the lock's key."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "refused")
+    pooler = through(pooled_bouncer)
+    lock = pooler.lock("refused")
     names = watched_settings(lock)
     defaults = await direct_defaults(pg_dsn, names)
     async with lock:
         with pytest.raises(SessionNotDedicatedError):
             await lock.wait_for_leadership(timeout_s=REFUSAL_BOUND_S)
-    async with plain_client(bouncer.dsn()) as conn:
+    async with plain_client(pooled_bouncer.dsn()) as conn:
         row = await fetch(conn, select_settings(names), tuple(names))
         assert dict(zip(names, row, strict=True)) == defaults
         locks_held = await fetch(
@@ -178,20 +152,13 @@ async def test_a_refused_lock_changes_nothing_for_the_next_client(
         assert token in ((None,), ("",)), token  # no session token of the lock's left
         prepared = await fetch(conn, "SELECT count(*) FROM pg_prepared_statements")
         assert prepared == (0,)
-        taken = await fetch(conn, "SELECT pg_try_advisory_lock(%s, %s)", keys)
+        taken = await fetch(conn, "SELECT pg_try_advisory_lock(%s, %s)", pooler.keys)
         assert taken == (True,)
-        await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", keys)
+        await fetch(conn, "SELECT pg_advisory_unlock(%s, %s)", pooler.keys)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", POOLED)
 async def test_settings_go_only_to_the_sessions_own_backend(
-    mode: PoolMode,
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    admin: Admin,
+    pooled_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str, admin: Admin
 ) -> None:
     """The step after a missed pooler check, made deterministic: the session's server
     connection is busy with another client when the session applies its settings, so
@@ -199,15 +166,14 @@ async def test_settings_go_only_to_the_sessions_own_backend(
     (the statement came back from another backend) and that server connection keeps its
     own settings: ``configure`` changes nothing but the session's own backend, like every
     lock statement."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    lock = bouncer_lock(bouncer, keys, backend, "configure")
+    lock = through(pooled_bouncer).lock("configure")
     names = watched_settings(lock)
     assert lock.backend is not None
-    session = await lock.backend.connect(bouncer.dsn(), lock.connect_options)
+    session = await lock.backend.connect(pooled_bouncer.dsn(), lock.connect_options)
     try:
         assert isinstance(session, SetupSession)
         own = (await session.identify()).backend_pid
-        async with plain_client(bouncer.dsn()) as other:
+        async with plain_client(pooled_bouncer.dsn()) as other:
             # PgBouncer gives the other client the server connection just released.
             busy = asyncio.create_task(fetch(other, "SELECT pg_backend_pid(), pg_sleep(1)"))
             try:
@@ -230,13 +196,11 @@ async def test_settings_go_only_to_the_sessions_own_backend(
                 assert (await busy)[0] == own
     finally:
         await session.close()
-    await assert_no_settings_left(bouncer, pg_dsn, names)
+    await assert_no_settings_left(pooled_bouncer, pg_dsn, names)
 
 
-@pytest.mark.parametrize("mode", POOLED)
 async def test_a_pooled_server_keeps_a_disconnected_clients_lock(
-    mode: PoolMode,
-    make_pgbouncer: Callable[..., PgBouncer],
+    pooled_bouncer: PgBouncer,
     keys: tuple[int, int],
     holders: LockPids,
     terminate: Terminate,
@@ -245,19 +209,11 @@ async def test_a_pooled_server_keeps_a_disconnected_clients_lock(
     disconnects; the server connection that ran the statement still holds it, and the
     next client of the pooler gets that server connection and "holds" it too
     (advisory locks are re-entrant within one server session)."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, mode)
-    async with plain_client(bouncer.dsn()) as conn:
-        taken, server = await fetch(
-            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+    async with (
+        raw_lock_left_behind(pooled_bouncer, keys, holders, terminate) as server,
+        plain_client(pooled_bouncer.dsn()) as other,
+    ):
+        again, same = await fetch(
+            other, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
         )
-        assert taken is True
-    try:
-        await asyncio.sleep(0.2)
-        assert await holders(*keys) == [server]
-        async with plain_client(bouncer.dsn()) as other:
-            again, same = await fetch(
-                other, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
-            )
-            assert (again, same) == (True, server)
-    finally:
-        await terminate(server)  # the only sure way to free it: end that server session
+        assert (again, same) == (True, server)

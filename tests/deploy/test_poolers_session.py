@@ -31,17 +31,16 @@ from support.netns import NetnsLink
 from support.pgbouncer import PgBouncer
 from support.poll import eventually
 from support.pooled import (
-    BACKENDS,
     FAST,
     TAKEOVER_BOUND_S,
-    Backend,
+    MakeThrough,
     Record,
     assert_freed,
     assert_no_settings_left,
-    bouncer_lock,
     fetch,
     lock_dsn,
     plain_client,
+    raw_lock_left_behind,
     show,
     watched_settings,
 )
@@ -53,33 +52,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CHILD: Final = CandidateOptions(health_interval_s=0.5, health_timeout_s=0.5, retry_s=0.1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_the_lock(
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    pg_dsn: str,
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
+    session_bouncer: PgBouncer, through: MakeThrough, pg_dsn: str
 ) -> None:
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
-    beliefs = BeliefLog()
-    first = bouncer_lock(bouncer, keys, backend, "first")
-    second = bouncer_lock(bouncer, keys, backend, "second")
-    beliefs.attach(first, "first")
-    beliefs.attach(second, "second")
-    rec1, rec2 = recorder(first), recorder(second)
-    names = watched_settings(first)
-    try:
+    pooler = through(session_bouncer)
+    async with pooler.pair(("first", "second")) as (beliefs, first, second, rec1, rec2):
+        names = watched_settings(first)
         began = time.monotonic()
         await first.start()
         assert await first.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
-        show(
-            record_property, f"session mode: start to leader ({backend})", time.monotonic() - began
-        )
+        pooler.show(f"session mode: start to leader ({pooler.backend})", time.monotonic() - began)
         assert first.backend_pid is not None
-        assert await holders(*keys) == [first.backend_pid]
+        assert await pooler.held() == [first.backend_pid]
         await second.start()
         await rec2.wait_event("acquire_failed", timeout=TAKEOVER_BOUND_S)
         assert second.state in (LockState.FOLLOWER, LockState.ACQUIRING)  # queued
@@ -98,42 +82,34 @@ async def test_session_mode_leads_a_second_candidate_follows_and_shutdown_frees_
         await first.shutdown(timeout_s=10)
         assert await second.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
         [interval] = beliefs.intervals_of("second")
-        show(
-            record_property,
-            f"session mode: hand-off on shutdown ({backend})",
-            interval.start - released,
+        pooler.show(
+            f"session mode: hand-off on shutdown ({pooler.backend})", interval.start - released
         )
-        assert await holders(*keys) == [second.backend_pid]
-    finally:
-        await asyncio.gather(first.shutdown(timeout_s=10), second.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
+        assert await pooler.held() == [second.backend_pid]
     # DISCARD ALL reset the lock's settings on the server connections it used.
-    await assert_no_settings_left(bouncer, pg_dsn, names)
+    await assert_no_settings_left(session_bouncer, pg_dsn, names)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_killed_leader_process_hands_over(
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
+    session_bouncer: PgBouncer, through: MakeThrough
 ) -> None:
     """SIGKILL of the leader's process: its kernel closes the socket to PgBouncer, which
     resets the server connection (DISCARD ALL frees the lock), and the follower, queued
     on the server, is granted the lock."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    pooler = through(session_bouncer)
     beliefs = BeliefLog()
-    follower = bouncer_lock(bouncer, keys, backend, "follower")
+    follower = pooler.lock("follower")
     beliefs.attach(follower, "follower")
-    rec = recorder(follower)
+    rec = pooler.recorder(follower)
     takeovers = []
     try:
         for round_ in range(3):
             child = CandidateProcess(
-                f"child{round_}", lock_dsn(bouncer, backend), *keys, options=CHILD, beliefs=beliefs
+                f"child{round_}",
+                lock_dsn(session_bouncer, pooler.backend),
+                *pooler.keys,
+                options=CHILD,
+                beliefs=beliefs,
             )
             try:
                 await child.start()
@@ -145,47 +121,34 @@ async def test_session_mode_a_killed_leader_process_hands_over(
                     await follower.step_down(timeout_s=10)
                     await child.wait_event("acquired", timeout_s=TAKEOVER_BOUND_S)
                 await rec.wait(lambda: rec.names()[-1:] == ["acquire_failed"], TAKEOVER_BOUND_S)
-                assert await holders(*keys) == [child.backend_pid]
+                assert await pooler.held() == [child.backend_pid]
                 killed_at = await child.kill()
                 assert await follower.wait_for_leadership(timeout_s=TAKEOVER_BOUND_S)
                 started = [i.start for i in beliefs.intervals_of("follower") if i.start > killed_at]
                 takeovers.append(started[0] - killed_at)
-                assert await holders(*keys) == [follower.backend_pid]
+                assert await pooler.held() == [follower.backend_pid]
             finally:
                 await child.kill()
     finally:
         await follower.shutdown(timeout_s=10)
-    show(record_property, f"session mode: take-over after SIGKILL, median of 3 ({backend})",
-         statistics.median(takeovers))  # fmt: skip
-    assert await holders(*keys) == []
+    pooler.show(f"session mode: take-over after SIGKILL, median of 3 ({pooler.backend})",
+                statistics.median(takeovers))  # fmt: skip
+    assert await pooler.held() == []
     assert rec.errors() == []
     beliefs.report().assert_safe()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_terminated_leader_backend_is_noticed(
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    terminate: Terminate,
-    record_property: Record,
+    session_bouncer: PgBouncer, through: MakeThrough, terminate: Terminate
 ) -> None:
     """``pg_terminate_backend`` of the leader's *server* backend: PgBouncer closes the
     client whose server went away, the leader reports ``on_lost`` and the follower,
     queued on its own server backend, is granted the lock."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
-    beliefs = BeliefLog()
-    leader = bouncer_lock(bouncer, keys, backend, "leader")
-    follower = bouncer_lock(bouncer, keys, backend, "follower")
-    beliefs.attach(leader, "leader")
-    beliefs.attach(follower, "follower")
-    rec_leader, rec_follower = recorder(leader), recorder(follower)
-    try:
+    pooler = through(session_bouncer)
+    async with pooler.pair() as (beliefs, leader, follower, rec_leader, rec_follower):
         await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
         server = leader.backend_pid
-        assert await holders(*keys) == [server]
+        assert await pooler.held() == [server]
         fault = beliefs.fault("terminate", "leader")
         await terminate(server)
         await rec_leader.wait_event("lost", timeout=TAKEOVER_BOUND_S)
@@ -194,26 +157,20 @@ async def test_session_mode_a_terminated_leader_backend_is_noticed(
         [took] = beliefs.intervals_of("follower")
         assert lost.end_reason in ("lost", "state:follower", "state:acquiring")
         assert lost.end is not None
-        show(record_property, f"session mode: terminate to on_lost ({backend})", lost.end - fault.t)
-        show(
-            record_property,
-            f"session mode: terminate to new leader ({backend})",
-            took.start - fault.t,
+        pooler.show(f"session mode: terminate to on_lost ({pooler.backend})", lost.end - fault.t)
+        pooler.show(
+            f"session mode: terminate to new leader ({pooler.backend})", took.start - fault.t
         )
-        assert await holders(*keys) == [follower.backend_pid]
+        assert await pooler.held() == [follower.backend_pid]
         # The old leader lines up again behind the new one, on a new server backend.
         await rec_leader.wait(
             lambda: rec_leader.names()[-1:] == ["acquire_failed"], TAKEOVER_BOUND_S
         )
         assert leader.backend_pid not in (None, server)
-    finally:
-        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
 
 
 async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
-    make_pgbouncer: Callable[..., PgBouncer],
+    session_bouncer: PgBouncer,
     keys: tuple[int, int],
     holders: LockPids,
     record_property: Record,
@@ -221,7 +178,7 @@ async def test_session_mode_disconnect_releases_a_raw_advisory_lock(
     """What the session-mode guarantees rest on, with raw SQL and the stock config: a
     client that disconnects gets its server connection reset with ``server_reset_query``
     (``DISCARD ALL``), which releases its advisory locks, right away."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
+    bouncer = session_bouncer
     assert "server_reset_query" not in bouncer.config_path.read_text()  # the default
     async with plain_client(bouncer.dsn()) as conn:
         taken, server = await fetch(
@@ -255,72 +212,47 @@ async def test_session_mode_a_reset_query_without_discard_keeps_a_disconnected_c
     bouncer = await asyncio.to_thread(
         make_pgbouncer, "session", settings={"server_reset_query": "DEALLOCATE ALL"}
     )
-    async with plain_client(bouncer.dsn()) as conn:
-        taken, server = await fetch(
-            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+    async with (
+        raw_lock_left_behind(bouncer, keys, holders, terminate) as server,
+        plain_client(bouncer.dsn()) as other,
+    ):
+        same, held = await fetch(
+            other,
+            "SELECT pg_backend_pid(), count(*) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
         )
-        assert taken is True
-    try:
-        await asyncio.sleep(0.2)
-        assert await holders(*keys) == [server]
-        async with plain_client(bouncer.dsn()) as other:
-            same, held = await fetch(
-                other,
-                "SELECT pg_backend_pid(), count(*) FROM pg_locks"
-                " WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-            )
-            assert (same, held) == (server, 1)
-    finally:
-        await terminate(server)
+        assert (same, held) == (server, 1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 async def test_session_mode_a_killed_pooler_ends_leadership_and_frees_the_lock(
-    backend: Backend,
-    make_pgbouncer: Callable[..., PgBouncer],
-    keys: tuple[int, int],
-    recorder: MakeRecorder,
-    holders: LockPids,
-    record_property: Record,
+    session_bouncer: PgBouncer, through: MakeThrough
 ) -> None:
     """SIGKILL of PgBouncer itself: its sockets close on both sides, so the server ends
     the leader's backend (freeing the lock) and the leader sees its connection closed.
     Once the pooler is back, a candidate leads again."""
-    bouncer = await asyncio.to_thread(make_pgbouncer, "session")
-    beliefs = BeliefLog()
-    leader = bouncer_lock(bouncer, keys, backend, "leader")
-    follower = bouncer_lock(bouncer, keys, backend, "follower")
-    beliefs.attach(leader, "leader")
-    beliefs.attach(follower, "follower")
-    rec_leader, rec_follower = recorder(leader), recorder(follower)
-    try:
+    pooler = through(session_bouncer)
+    async with pooler.pair() as (beliefs, leader, follower, rec_leader, rec_follower):
         await rec_follower.follow(leader, TAKEOVER_BOUND_S, TAKEOVER_BOUND_S)
         killed = time.monotonic()
-        await asyncio.to_thread(bouncer.kill)
+        await asyncio.to_thread(session_bouncer.kill)
         await rec_leader.wait_event("lost", timeout=TAKEOVER_BOUND_S)
         [lost] = beliefs.intervals_of("leader")
         assert lost.end is not None
-        show(
-            record_property,
-            f"session mode: pooler SIGKILL to on_lost ({backend})",
-            lost.end - killed,
+        pooler.show(
+            f"session mode: pooler SIGKILL to on_lost ({pooler.backend})", lost.end - killed
         )
         freed = time.monotonic()
-        while await holders(*keys):
+        while await pooler.held():
             assert time.monotonic() - freed < TAKEOVER_BOUND_S, "the lock outlived the pooler"
             await asyncio.sleep(0.005)
         assert not follower.is_leader  # nobody can reach the server
-        await asyncio.to_thread(bouncer.start)
+        await asyncio.to_thread(session_bouncer.start)
         await eventually(
             lambda: leader.is_leader or follower.is_leader, TAKEOVER_BOUND_S, "a new leader"
         )
-        assert sorted(await holders(*keys)) == [
+        assert sorted(await pooler.held()) == [
             lock.backend_pid for lock in (leader, follower) if lock.is_leader
         ]
-    finally:
-        await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
-    show(record_property, "lock free after both shut down", await assert_freed(holders, keys))
-    beliefs.report().assert_safe()
 
 
 # ---------------------------------------------------------------- session mode: partitions

@@ -4,24 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pgleaderlock.testing.beliefs import BeliefLog, BeliefReport
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def log_with(*spans: tuple[str, float, float | None]) -> BeliefLog:
-    log = BeliefLog(clock=Clock())
-    for name, start, end in spans:
-        log.begin(name, start)
-        if end is not None:
-            log.end(name, "lost", end)
-    return log
+from pgleaderlock.testing.beliefs import BeliefReport
+from support.belief_spans import log_with
 
 
 def test_disjoint_beliefs_are_safe() -> None:

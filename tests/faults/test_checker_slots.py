@@ -6,26 +6,18 @@ from __future__ import annotations
 import pytest
 
 from pgleaderlock.testing.beliefs import BeliefLog
-
-
-def log_with(slots: int, *spans: tuple[str, float, float | None]) -> BeliefLog:
-    log = BeliefLog(clock=lambda: 100.0, slots=slots)
-    for name, start, end in spans:
-        log.begin(name, start)
-        if end is not None:
-            log.end(name, "lost", end)
-    return log
+from support.belief_spans import log_with
 
 
 def test_n_believers_at_once_are_safe() -> None:
-    log = log_with(2, ("a", 100.0, 103.0), ("b", 100.5, 102.0), ("c", 102.0, 104.0))
+    log = log_with(("a", 100.0, 103.0), ("b", 100.5, 102.0), ("c", 102.0, 104.0), slots=2)
     report = log.report(until=105.0)
     report.assert_safe()
     assert report.other_overlaps == ()
 
 
 def test_one_more_than_n_is_an_overlap_sized_until_one_ends() -> None:
-    log = log_with(2, ("a", 100.0, 103.0), ("b", 100.5, 102.0), ("c", 101.5, 104.0))
+    log = log_with(("a", 100.0, 103.0), ("b", 100.5, 102.0), ("c", 101.5, 104.0), slots=2)
     report = log.report(until=105.0)
     (overlap,) = report.other_overlaps
     assert overlap.later.candidate == "c"
@@ -36,12 +28,12 @@ def test_one_more_than_n_is_an_overlap_sized_until_one_ends() -> None:
 
 def test_the_same_log_with_one_slot_finds_every_pair() -> None:
     spans = [("a", 100.0, 103.0), ("b", 100.5, 102.0), ("c", 102.0, 104.0)]
-    assert len(log_with(1, *spans).report(until=105.0).other_overlaps) == 2
-    assert log_with(2, *spans).report(until=105.0).other_overlaps == ()
+    assert len(log_with(*spans, slots=1).report(until=105.0).other_overlaps) == 2
+    assert log_with(*spans, slots=2).report(until=105.0).other_overlaps == ()
 
 
 def test_an_excess_after_a_termination_is_a_terminate_overlap() -> None:
-    log = log_with(2, ("a", 100.0, None), ("b", 100.5, None))
+    log = log_with(("a", 100.0, None), ("b", 100.5, None), slots=2)
     log.fault("terminate", "b", 101.0)
     log.begin("c", 101.001)
     log.end("b", "lost", 101.003)

@@ -15,7 +15,7 @@ from pgleaderlock.testing.beliefs import BeliefLog
 from support.fixture_types import MakeRecorder
 from support.poll import eventually
 from support.proxy import proxied
-from support.server import Admin, backend_gone
+from support.server import Admin, backend_gone, one_row
 
 if TYPE_CHECKING:
     from faults.conftest import Candidates
@@ -37,13 +37,12 @@ async def test_shutdown_event_while_waiting_on_the_server(
     pid = b.backend_pid
 
     async def queued() -> bool:
-        cur = await admin.execute(
+        row = await one_row(
+            admin,
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
             " AND pid = %s",
             (pid,),
         )
-        row = await cur.fetchone()
-        assert row is not None
         n: int = row[0]
         return n == 1
 

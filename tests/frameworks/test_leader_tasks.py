@@ -20,6 +20,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing import FakeServer
 from support.fixture_types import MakeLock, MakeRecorder
+from support.flaky import Flaky
 from support.poll import eventually
 
 if TYPE_CHECKING:
@@ -204,22 +205,12 @@ async def test_crash_is_restarted_and_leadership_untouched(
     lock = make_lock()
     rec = recorder(lock)
     tasks = LeaderTasks(lock, retry_strategy=FixedInterval(0.01))
-    calls = 0
-    running = asyncio.Event()
-
-    async def flaky() -> None:
-        nonlocal calls
-        calls += 1
-        if calls <= 3:
-            raise RuntimeError(f"boom {calls}")
-        running.set()
-        await asyncio.Event().wait()
-
-    tasks.add(flaky)
+    flaky = Flaky(3, "boom")
+    tasks.add(flaky.run, name="flaky")
     await lock.start()
     async with asyncio.timeout(10):
-        await running.wait()
-    assert calls == 4
+        await flaky.running.wait()
+    assert flaky.calls == 4
     assert lock.is_leader
     assert rec.names() == ["acquired"]
     crashes = [r for r in caplog.records if r.getMessage().startswith("leader_task_crashed")]

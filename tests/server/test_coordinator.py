@@ -34,6 +34,7 @@ from support.coordinators import (
     no_sessions_left,
     unique,
 )
+from support.flaky import Flaky
 from support.poll import eventually
 from support.server import Admin
 from support.timings import lock_args
@@ -216,23 +217,13 @@ async def test_a_worker_that_returns_has_finished_for_this_term(
 async def test_a_crashing_worker_is_restarted(
     make_coord: Callable[..., Coordinator], mode: str
 ) -> None:
-    calls = 0
-    running = asyncio.Event()
-
-    async def flaky(ctx: WorkerContext) -> None:
-        nonlocal calls
-        calls += 1
-        if calls <= 2:
-            raise RuntimeError(f"crash {calls}")
-        running.set()
-        await asyncio.Event().wait()
-
+    flaky = Flaky(2, "crash")
     x = unique("x")
     coord = make_coord(sessions=mode)
-    coord.add(x, flaky)
+    coord.add(x, flaky.run)
     await coord.start()
-    await eventually(running.is_set, BOUND_S, "third run")
-    assert calls == 3
+    await eventually(flaky.running.is_set, BOUND_S, "third run")
+    assert flaky.calls == 3
     assert x in coord.owned
     assert x in coord.running
 

@@ -5,14 +5,17 @@ tests import ``support.proxy`` and friends; the benchmarks put ``tests/`` on the
 themselves (``benchmarks/_common.py``).
 
 - :mod:`support.server`: the test-DSN chain (``resolve_test_dsn``), ``probe_server``,
-  ``dsn_to_url``, ``lock_holders``, ``backend_gone``.
+  ``dsn_to_url``, ``one_row``, ``lock_holders``, ``backend_gone``.
 - :mod:`support.proxy`: ``TcpProxy``, a proxy that can stall (black-hole) or cut.
 - :mod:`support.netns`: ``NetnsLink``, a namespace whose link can be cut silently.
 - :mod:`support.poll`: ``eventually`` (async) and ``eventually_sync``, a bounded wait for
   a condition.
 - :mod:`support.timings`: ``timings(...)``, short lock timings, and ``FAULT_TIMINGS``.
-- :mod:`support.locks`: ``kept``, locks shut down after a test, and ``fake_locks``, locks
-  on the in-memory server.
+- :mod:`support.locks`: ``kept``, locks shut down after a test, ``fake_locks``, locks
+  on the in-memory server, ``another_holds`` (a session of that server holding the lock)
+  and ``leading`` (a lock started and leading).
+- :mod:`support.flaky`: ``Flaky``, a job that crashes on its first calls, then runs.
+- :mod:`support.belief_spans`: ``log_with``, a belief log written by hand.
 - :mod:`support.started`: ``Started``, a base for plumbing used in a ``with`` block.
 - :mod:`support.child`: the skeleton of a worker process (``stdin_commands``,
   ``watch_stdin``).

@@ -25,6 +25,7 @@ from pgleaderlock.core.config import default_lease_s
 from pgleaderlock.testing.beliefs import FROZEN_RESUME_LIMIT_S, BeliefLog
 from pgleaderlock.testing.candidate import CandidateEvent, CandidateProcess
 from support.fixture_types import Figures
+from support.server import one_row
 
 WORKER = Path(__file__).parents[1] / "faults" / "coordinator_worker.py"
 
@@ -227,13 +228,12 @@ class Group:
     async def terminate(self, module_admin: Admin, replica: Replica) -> int:
         """``pg_terminate_backend`` of every session of ``replica``'s coordinator."""
         pattern = f"pgl:{self.group}:{replica.member}:%".replace("_", "\\_")
-        cur = await module_admin.execute(
+        row = await one_row(
+            module_admin,
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
             " WHERE application_name LIKE %s",
             (pattern,),
         )
-        row = await cur.fetchone()
-        assert row is not None
         return int(row[0])
 
     async def close(self) -> None:

@@ -1,21 +1,23 @@
 """Locks made by a test and shut down after it: ``kept`` for any lock, ``fake_locks`` for
-locks on the in-memory server."""
+locks on the in-memory server; ``another_holds``, a session of that server that holds
+the lock first; ``leading``, a lock started and leading."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 
 from pgleaderlock import LeaderLock
-from pgleaderlock.testing.fake import FakeServer
+from pgleaderlock.testing.fake import FakeServer, FakeSession
 from support.fixture_types import MakeLock
 from support.timings import lock_args, timings
 
-__all__ = ["FAKE_TIMINGS", "fake_locks", "kept"]
+__all__ = ["FAKE_TIMINGS", "another_holds", "fake_locks", "kept", "leading"]
 
 P = ParamSpec("P")
+R = TypeVar("R")
 
 FAKE_TIMINGS = timings(
     retry_s=0.01,
@@ -72,3 +74,19 @@ async def fake_locks(
         finally:
             server.release_hangs()
     assert server.open_sessions == [], "a lock left a session open"
+
+
+async def another_holds(server: FakeServer) -> FakeSession:
+    """A session of ``server`` that holds the lock of ``make_lock`` (keys 1, 2)."""
+    holder = await server.connect()
+    assert await holder.try_lock(1, 2)
+    return holder
+
+
+async def leading(made: tuple[LeaderLock, R]) -> tuple[LeaderLock, R]:
+    """``made`` (``recorded(...)``: a lock and its recorder), the lock started and leading
+    (within 5 s)."""
+    lock, _ = made
+    await lock.start()
+    assert await lock.wait_for_leadership(5)
+    return made

@@ -1,5 +1,6 @@
 """A hand-fed state machine for the machine's tests (tests/unit/test_machine*.py): an
-injected clock, no event loop, the effects kept for assertions."""
+injected clock, no event loop, the effects kept for assertions; and the short names
+those tests write the transitions with."""
 
 from __future__ import annotations
 
@@ -9,19 +10,27 @@ from typing import Any
 from pgleaderlock import FixedInterval, LockState, RetryContext, RetryStrategy
 from pgleaderlock.core.config import LockConfig
 from pgleaderlock.core.machine import (
+    Action,
     Answered,
     Await,
     Call,
     Connected,
     Effect,
     Emit,
+    Input,
     Log,
     Machine,
+    Request,
     Result,
     Sleep,
     Started,
+    Woke,
 )
 from pgleaderlock.core.models import Event
+
+S, I, A = LockState, Input, Action
+ANY = (True, False)
+"""Either value of a boolean condition of a transition."""
 
 
 def config(**kwargs: Any) -> LockConfig:
@@ -95,6 +104,12 @@ class Driver:
 
     def logged(self) -> list[str]:
         return [e.message for e in self.effects if isinstance(e, Log)]
+
+    def request(self, request: Request) -> list[Effect]:
+        """``request``, as a caller of the lock makes it: asked of the machine, which is
+        then woken from what it waits for."""
+        self.machine.request(request)
+        return self.feed(Woke())
 
     def lead(self) -> None:
         self.feed(Started())

@@ -1,7 +1,7 @@
 """Helpers of the tests through a real PgBouncer (tests/deploy/test_poolers_*.py): locks
-and plain clients through the pooler, queries bounded by a timeout, and the settings
-that a lock may leave on the pooled server connections, read directly and through the
-pooler."""
+(one, or a leader and a follower: ``Through``) and plain clients through the pooler,
+queries bounded by a timeout, and the settings that a lock may leave on the pooled server
+connections, read directly and through the pooler."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import psycopg
 
 from pgleaderlock import FixedInterval, LeaderLock, LockOptions, Session
-from support.fixture_types import LockPids
+from pgleaderlock.testing.beliefs import BeliefLog
+from support.fixture_types import LockPids, MakeRecorder, Terminate
 from support.pgbouncer import PgBouncer, PoolMode
 from support.timings import FAULT_TIMINGS, lock_args
+
+if TYPE_CHECKING:
+    from conftest import Recorder
 
 Backend = Literal["psycopg", "asyncpg"]
 Admin = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -56,6 +61,66 @@ def bouncer_lock(
     )
 
 
+class LockPair(NamedTuple):
+    """Two locks on the same keys through one pooler, in one `BeliefLog`, recorded."""
+
+    beliefs: BeliefLog
+    leader: LeaderLock
+    follower: LeaderLock
+    rec_leader: Recorder
+    rec_follower: Recorder
+
+
+@dataclass(frozen=True)
+class Through:
+    """Locks of the test's driver on the test's keys through one PgBouncer, and the
+    test's fixtures that look at them (``holders``: pg_locks, read on the server
+    directly; ``recorder``; ``record_property``). Made by the fixture ``through``."""
+
+    bouncer: PgBouncer
+    backend: Backend
+    keys: tuple[int, int]
+    recorder: MakeRecorder
+    holders: LockPids
+    record_property: Record
+
+    def lock(self, name: str, keys: tuple[int, int] | None = None) -> LeaderLock:
+        """A lock named ``name`` through the pooler (on ``keys``, by default the test's)."""
+        return bouncer_lock(self.bouncer, keys or self.keys, self.backend, name)
+
+    async def held(self, keys: tuple[int, int] | None = None) -> list[int]:
+        """The server backends that hold ``keys`` (by default the test's)."""
+        return await self.holders(*(keys or self.keys))
+
+    def show(self, metric: str, seconds: float) -> None:
+        show(self.record_property, metric, seconds)
+
+    @asynccontextmanager
+    async def pair(
+        self, names: tuple[str, str] = ("leader", "follower")
+    ) -> AsyncIterator[LockPair]:
+        """Two locks named ``names`` (not started). On the way out both shut down;
+        then, if the body passed, the lock must be freed (the time it took is shown)
+        and the beliefs must be safe."""
+        beliefs = BeliefLog()
+        locks = [self.lock(name) for name in names]
+        for lock, name in zip(locks, names, strict=True):
+            beliefs.attach(lock, name)
+        leader, follower = locks
+        try:
+            yield LockPair(
+                beliefs, leader, follower, self.recorder(leader), self.recorder(follower)
+            )
+        finally:
+            await asyncio.gather(leader.shutdown(timeout_s=10), follower.shutdown(timeout_s=10))
+        self.show("lock free after both shut down", await assert_freed(self.holders, self.keys))
+        beliefs.report().assert_safe()
+
+
+MakeThrough = Callable[[PgBouncer], Through]
+"""The fixture ``through``: ``through(bouncer)``."""
+
+
 def show(record_property: Record, metric: str, seconds: float) -> None:
     """Print a measured time and record it as a JUnit property (in ms)."""
     print(f"{metric}: {seconds * 1000:.1f} ms")
@@ -79,6 +144,27 @@ async def fetch(conn: PsyConn, sql: str, params: tuple[Any, ...] | None = None) 
         row = await cur.fetchone()
     assert row is not None
     return row
+
+
+@asynccontextmanager
+async def raw_lock_left_behind(
+    bouncer: PgBouncer, keys: tuple[int, int], holders: LockPids, terminate: Terminate
+) -> AsyncIterator[int]:
+    """A plain client through ``bouncer`` takes the advisory lock ``keys`` with raw SQL
+    and disconnects; the server connection that ran the statement must still hold it a
+    moment later. Yields that server backend's pid, and terminates it on the way out (the
+    only sure way to free the lock: end that server session)."""
+    async with plain_client(bouncer.dsn()) as conn:
+        taken, server = await fetch(
+            conn, "SELECT pg_try_advisory_lock(%s, %s), pg_backend_pid()", keys
+        )
+        assert taken is True
+    try:
+        await asyncio.sleep(0.2)
+        assert await holders(*keys) == [server]
+        yield server
+    finally:
+        await terminate(server)
 
 
 async def assert_freed(holders: LockPids, keys: tuple[int, int]) -> float:

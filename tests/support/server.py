@@ -222,6 +222,16 @@ def prepared_cluster(*statements: str, **options: Any) -> Iterator[ThrowawayPost
         yield pg
 
 
+async def one_row(
+    conn: psycopg.AsyncConnection[Any], query: str, params: tuple[Any, ...] = ()
+) -> tuple[Any, ...]:
+    """The first row of ``query`` on ``conn`` (there must be one)."""
+    cur = await conn.execute(query, params)
+    row = await cur.fetchone()
+    assert row is not None, query
+    return tuple(row)
+
+
 async def lock_holders(
     conn: psycopg.AsyncConnection[Any], key1: int, key2: int, *, granted: bool = True
 ) -> list[int]:
@@ -241,9 +251,7 @@ async def backend_gone(
     """Wait until the server process ``pid`` has left ``pg_stat_activity`` (bounded)."""
 
     async def gone() -> bool:
-        cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
-        row = await cur.fetchone()
-        assert row is not None
+        row = await one_row(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
         return bool(row[0] == 0)
 
     await eventually(gone, timeout_s, f"the exit of backend {pid}", poll_s=0.01)

@@ -1,12 +1,15 @@
 """Helpers of the ``LockSession`` contract tests (tests/contract/test_session_*.py):
-conditions to poll for, and sessions of a target set up to hold or wait for a lock."""
+conditions to poll for, sessions of a target set up to hold or wait for a lock, and the
+check that a wait was granted once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol, cast
 
 from pgleaderlock.backends import BaseSession, LockSession, WaitingSession, WatchableSession
+from support.fixture_types import LockPids
 
 if TYPE_CHECKING:
     from contract.conftest import Target
@@ -66,3 +69,16 @@ async def watchable_holder(target: Target, keys: tuple[int, int]) -> Watchable:
     assert isinstance(session, WatchableSession)
     assert await session.try_lock(*keys)
     return cast(Watchable, session)
+
+
+async def assert_granted_once(
+    holder: LockSession, waiter: Waiting, keys: tuple[int, int], holders: LockPids
+) -> None:
+    """``waiter``'s next wait is granted ``keys`` (freed by ``holder``) and counted once:
+    one unlock frees the lock, and ``holder`` can take it again."""
+    async with asyncio.timeout(5):
+        assert await waiter.wait_lock(*keys, 1.0) is True
+    assert await holders(*keys) == [waiter.backend_pid]
+    assert await waiter.unlock(*keys)
+    assert await holders(*keys) == []  # one unlock freed it
+    assert await holder.try_lock(*keys)

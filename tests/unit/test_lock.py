@@ -19,6 +19,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing import FakeServer
 from support.fixture_types import MakeLock, MakeRecorded, MakeRecorder
+from support.locks import another_holds, leading
 from support.poll import eventually
 
 S = LockState
@@ -93,9 +94,7 @@ async def test_probe_checks_this_session_holds_the_lock(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
     """A session that answers but no longer holds the lock is not a leader."""
-    lock, rec = recorded(auto_reacquire=False)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    lock, rec = await leading(recorded(auto_reacquire=False))
     session = server.holder(1, 2)
     assert session is not None
     server._free(session)  # the lock vanished; the session itself is fine
@@ -105,9 +104,7 @@ async def test_probe_checks_this_session_holds_the_lock(
 
 
 async def test_flap_damping_recovers_silently(recorded: MakeRecorded, server: FakeServer) -> None:
-    lock, rec = recorded(reconnect_grace_s=5.0)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded(reconnect_grace_s=5.0))
     first = server.holder(1, 2)
     server.terminate()
     await rec.wait(lambda: S.RECONNECTING in rec.states())
@@ -139,15 +136,12 @@ async def test_is_leader_false_during_reconnecting(
 async def test_grace_reacquire_failed_when_someone_else_got_it(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    a, rec = recorded(reconnect_grace_s=5.0)
-    await a.start()
-    assert await a.wait_for_leadership(5)
+    a, rec = await leading(recorded(reconnect_grace_s=5.0))
     server.refuse_connections = ConnectionError("down")
     server.terminate()
     await rec.wait_state(S.RECONNECTING)
     server.refuse_connections = None
-    intruder = await server.connect()
-    assert await intruder.try_lock(1, 2)
+    intruder = await another_holds(server)
     await rec.wait_event("lost")
     assert a.state in (S.FOLLOWER, S.ACQUIRING)
     await intruder.close()
@@ -155,9 +149,7 @@ async def test_grace_reacquire_failed_when_someone_else_got_it(
 
 
 async def test_grace_expires(recorded: MakeRecorded, server: FakeServer) -> None:
-    lock, rec = recorded(reconnect_grace_s=0.2)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded(reconnect_grace_s=0.2))
     server.refuse_connections = ConnectionError("down")
     server.terminate()
     await rec.wait_event("lost")
@@ -170,9 +162,7 @@ async def test_grace_expires(recorded: MakeRecorded, server: FakeServer) -> None
 async def test_no_auto_reacquire_stops_after_loss(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock, rec = recorded(auto_reacquire=False)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded(auto_reacquire=False))
     server.terminate()
     await rec.wait_state(S.STOPPED)
     assert rec.names() == ["acquired", "lost", "stopped"]
@@ -196,9 +186,7 @@ async def test_step_down_hands_over(
 
 
 async def test_step_down_without_auto_reacquire_stops(recorded: MakeRecorded) -> None:
-    lock, rec = recorded(auto_reacquire=False)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    lock, rec = await leading(recorded(auto_reacquire=False))
     await lock.step_down()
     assert lock.state is S.STOPPED
     assert rec.names() == ["acquired", "released", "stopped"]
@@ -220,9 +208,7 @@ async def test_step_down_when_not_leader_returns_at_once(
 async def test_step_down_timeout_cycles_the_connection(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock, rec = recorded(command_timeout_s=30)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    lock, rec = await leading(recorded(command_timeout_s=30))
     session = server.holder(1, 2)
     assert session is not None
     server.hang("unlock")
@@ -237,9 +223,7 @@ async def test_step_down_timeout_cycles_the_connection(
 async def test_failed_unlock_in_step_down_continues_as_follower(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock, rec = recorded()
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    lock, rec = await leading(recorded())
     server.fail_calls["unlock"] = ConnectionError("boom")
     await lock.step_down()
     assert rec.names()[:2] == ["acquired", "error"]
@@ -317,8 +301,7 @@ async def test_polling_follower_waits_for_its_next_attempt(
 async def test_each_wait_without_the_lock_is_a_failed_attempt(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     contexts: list[RetryContext] = []
 
     class Recording:
@@ -351,8 +334,7 @@ async def test_connection_failures_sleep_instead_of_waiting(
 async def test_shutdown_while_waiting_leaves_no_waiter(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     lock, rec = recorded(retry_strategy=FixedInterval(60))
     await lock.start()
     await rec.wait_event("acquire_failed")
@@ -367,9 +349,7 @@ async def test_shutdown_while_waiting_leaves_no_waiter(
 async def test_idle_session_watch_detects_termination_at_once(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    lock, rec = recorded(health_interval_s=60)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded(health_interval_s=60))
     probes = server.calls["probe"]
     server.terminate()
     await rec.wait_event("lost", timeout=2)

@@ -26,6 +26,7 @@ from pgleaderlock import (
 )
 from pgleaderlock.testing import FakeServer
 from support.fixture_types import MakeLock, MakeRecorded
+from support.locks import another_holds, leading
 from support.poll import eventually
 from support.timings import lock_args
 
@@ -179,8 +180,7 @@ async def test_retry_strategy_giving_up_stops(recorded: MakeRecorded, server: Fa
             return 0.01 if ctx.attempt < 2 else None
 
     strategy = TwoTries()
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     lock, rec = recorded(retry_strategy=strategy)
     await lock.start()
     await rec.wait_state(S.STOPPED)
@@ -274,9 +274,7 @@ async def test_shutdown_from_a_callback_does_not_deadlock(recorded: MakeRecorded
 
 async def test_external_shutdown_event(recorded: MakeRecorded) -> None:
     event = asyncio.Event()
-    lock, rec = recorded(shutdown_event=event)
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded(shutdown_event=event))
     event.set()
     await rec.wait_state(S.STOPPED)
     assert rec.names() == ["acquired", "released", "stopped"]
@@ -285,8 +283,7 @@ async def test_external_shutdown_event(recorded: MakeRecorded) -> None:
 async def test_external_shutdown_event_while_following(
     recorded: MakeRecorded, server: FakeServer
 ) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     event = asyncio.Event()
     lock, rec = recorded(shutdown_event=event, retry_strategy=FixedInterval(30))
     await lock.start()
@@ -299,8 +296,7 @@ async def test_external_shutdown_event_while_following(
 async def test_wait_for_leadership(make_lock: MakeLock, server: FakeServer) -> None:
     lock = make_lock()
     assert await lock.wait_for_leadership(0.05) is False  # not started
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     await lock.start()
     assert await lock.wait_for_leadership(0.1) is False
     await holder.close()
@@ -310,8 +306,7 @@ async def test_wait_for_leadership(make_lock: MakeLock, server: FakeServer) -> N
 async def test_wait_for_leadership_returns_false_when_stopped(
     make_lock: MakeLock, server: FakeServer
 ) -> None:
-    holder = await server.connect()
-    assert await holder.try_lock(1, 2)
+    holder = await another_holds(server)
     lock = make_lock()
     await lock.start()
     waiter = asyncio.create_task(lock.wait_for_leadership())
@@ -325,9 +320,7 @@ async def test_wait_for_leadership_returns_false_when_stopped(
 async def test_lock_not_held_error_reported_when_flap_damping_off(
     recorded: MakeRecorded, server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lock, rec = recorded()
-    await lock.start()
-    assert await lock.wait_for_leadership(5)
+    _, rec = await leading(recorded())
     with caplog.at_level(logging.WARNING, logger="pgleaderlock"):
         session = server.holder(1, 2)
         assert session is not None

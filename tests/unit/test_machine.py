@@ -51,11 +51,7 @@ from pgleaderlock.core.machine import (
     step,
 )
 from pgleaderlock.core.models import Event
-from support.machine import Driver, Recording
-
-S, I, A = LockState, Input, Action
-ANY = (True, False)
-
+from support.machine import ANY, A, Driver, I, Recording, S
 
 CLOSE_STOP = (A.CLOSE_SESSION, A.EMIT_STOPPED)
 
@@ -417,8 +413,7 @@ def test_stop_before_the_first_decision_is_kept() -> None:
 def test_stop_while_leader_releases_then_stops() -> None:
     d = Driver()
     d.lead()
-    d.machine.request(Request.STOP)
-    d.feed(Woke())
+    d.request(Request.STOP)
     assert d.machine.state is S.RELEASING
     assert d.blocking == Call(Op.UNLOCK, 4.0, interruptible=Request.FORCE, what="unlock")
     d.feed(Answered(True))
@@ -449,8 +444,7 @@ def test_step_down_when_not_leading_asks_nothing() -> None:
 def test_step_down_timeout_forces_the_release() -> None:
     d = Driver()
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     d.machine.request(Request.FORCE)
     d.feed(CutShort())
     assert d.machine.state is S.FOLLOWER
@@ -464,8 +458,7 @@ def test_probe_schedule_alarm_and_loss() -> None:
     d.lead()
     d.feed(Woke(), after=2.0)  # woken early, nothing due
     assert d.blocking == Sleep(d.now + 3.0)
-    d.machine.request(Request.ALARM)
-    d.feed(Woke())
+    d.request(Request.ALARM)
     assert d.call == Call(Op.PROBE, 9.0, soft_timeout_s=2.0, what="health check")
     # the alarm probes at once; late after health_timeout_s, given up at tcp_user_timeout_s
     d.feed(Answered(True))
@@ -537,8 +530,7 @@ def test_aborted_when_stopped() -> None:
     """A forced stop that cut on_stopped short still reports it, once."""
     d = Driver()
     d.feed(Started())
-    d.machine.request(Request.STOP)
-    d.feed(Woke())
+    d.request(Request.STOP)
     assert d.machine.state is S.STOPPED
     d.feed(Aborted(None, stop_reported=False))
     assert d.emitted() == [Event.STOPPED]

@@ -14,7 +14,6 @@ import pytest
 
 from pgleaderlock import ConnectionError, FixedInterval, LockState
 from pgleaderlock.core.machine import (
-    Action,
     Answered,
     Await,
     Call,
@@ -23,7 +22,6 @@ from pgleaderlock.core.machine import (
     CutShort,
     Emit,
     Failed,
-    Input,
     Late,
     Log,
     Machine,
@@ -38,10 +36,7 @@ from pgleaderlock.core.machine import (
 )
 from pgleaderlock.core.models import Event
 from pgleaderlock.core.session import FencedSessions
-from support.machine import Driver, config
-
-S, I, A = LockState, Input, Action
-ANY = (True, False)
+from support.machine import ANY, Driver, S, config
 
 
 def _outcomes(call: Call, rng: random.Random, requested: set[Request]) -> Sequence[Result]:
@@ -139,19 +134,21 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
     assert m.state in LockState
 
 
-def fencing_driver(**kwargs: Any) -> Driver:
+def granted_with_fencing(**kwargs: Any) -> Driver:
+    """A driver of a fencing lock that the server has just granted: the term is next."""
     from pgleaderlock.core.config import TermTable
 
-    return Driver(term_table=TermTable(), **kwargs)
+    d = Driver(term_table=TermTable(), **kwargs)
+    d.feed(Started())
+    d.feed(Connected(can_wait=True))
+    d.feed(Answered(True))
+    return d
 
 
 def test_fencing_bumps_the_term_before_announcing_leadership() -> None:
     from pgleaderlock.core.machine import TermBumped
 
-    d = fencing_driver()
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing()
     assert d.machine.state is S.ACQUIRING  # not LEADER before the term is known
     assert d.emitted() == []
     bump = d.blocking
@@ -167,10 +164,7 @@ def test_fencing_bumps_the_term_before_announcing_leadership() -> None:
 def test_acquire_delay_holds_on_acquired_back() -> None:
     from pgleaderlock.core.machine import TermBumped
 
-    d = fencing_driver(acquire_delay_s=0.25)
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing(acquire_delay_s=0.25)
     d.feed(TermBumped(7))
     assert d.machine.state is S.ACQUIRING
     assert d.blocking == Sleep(d.now + 0.25)
@@ -184,23 +178,16 @@ def test_acquire_delay_holds_on_acquired_back() -> None:
 def test_a_stop_during_the_acquire_delay_closes_the_session() -> None:
     from pgleaderlock.core.machine import TermBumped
 
-    d = fencing_driver(acquire_delay_s=1.0)
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing(acquire_delay_s=1.0)
     d.feed(TermBumped(7))
-    d.machine.request(Request.STOP)
-    d.feed(Woke())
+    d.request(Request.STOP)
     assert d.machine.state is S.STOPPED
     assert CloseSession() in d.effects
     assert Event.ACQUIRED not in d.emitted()
 
 
 def test_a_failed_term_bump_gives_the_lock_back() -> None:
-    d = fencing_driver()
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing()
     d.feed(Failed(ConnectionError("fencing term timed out")))
     assert d.machine.state is S.FOLLOWER
     assert CloseSession() in d.effects  # closing the session frees the lock
@@ -210,10 +197,7 @@ def test_a_failed_term_bump_gives_the_lock_back() -> None:
 def test_a_silent_recovery_bumps_the_term_too() -> None:
     from pgleaderlock.core.machine import TermBumped
 
-    d = fencing_driver(reconnect_grace_s=4.0)
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing(reconnect_grace_s=4.0)
     d.feed(TermBumped(1))
     d.feed(Woke(), after=5.0)
     d.feed(Failed(ConnectionError("gone")))
@@ -234,10 +218,7 @@ def test_a_blocked_term_bump_ends_the_old_terms_fenced_sessions_then_bumps_again
     as an error, and the bump is tried again every grace."""
     from pgleaderlock.core.machine import FencedEnded, TermBlocked, TermBumped
 
-    d = fencing_driver(fencing_grace_s=1.5)
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing(fencing_grace_s=1.5)
     bump = d.call
     assert (bump.op, bump.wait_s, bump.timeout_s) == (Op.BUMP_TERM, 1.5, 1.5 + 4.0)
     d.feed(TermBlocked(), after=1.5)
@@ -261,10 +242,7 @@ def test_a_blocked_term_bump_ends_the_old_terms_fenced_sessions_then_bumps_again
 def test_ending_fenced_sessions_that_fails_gives_the_lock_back() -> None:
     from pgleaderlock.core.machine import TermBlocked
 
-    d = fencing_driver()
-    d.feed(Started())
-    d.feed(Connected(can_wait=True))
-    d.feed(Answered(True))
+    d = granted_with_fencing()
     d.feed(TermBlocked())
     d.feed(Failed(ConnectionError("end fenced transactions timed out")))
     assert d.machine.state is S.FOLLOWER
@@ -275,8 +253,7 @@ def test_ending_fenced_sessions_that_fails_gives_the_lock_back() -> None:
 def test_no_drain_by_default() -> None:
     d = Driver()
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     assert d.machine.state is S.RELEASING
     assert d.call.op is Op.UNLOCK
 
@@ -333,18 +310,15 @@ def test_a_forced_step_down_or_a_loss_ends_the_drain() -> None:
 
     d = Driver(drain_s=30.0)
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
-    d.machine.request(Request.FORCE)  # step_down(timeout_s) ran out
-    d.feed(Woke())
+    d.request(Request.RELEASE)
+    d.request(Request.FORCE)  # step_down(timeout_s) ran out
     assert EndDrain() in d.effects
     assert d.machine.state is S.RELEASING
     assert d.machine.preempted(d.call)  # the unlock is cut short: the session closes
 
     d = Driver(drain_s=30.0)
     d.lead()
-    d.machine.request(Request.STOP)
-    d.feed(Woke())
+    d.request(Request.STOP)
     d.feed(Woke(), after=5.0)
     d.feed(Failed(ConnectionError("gone")))  # the probe fails mid-drain
     first_emit = next(i for i, e in enumerate(d.effects) if isinstance(e, Emit))
@@ -365,8 +339,7 @@ def test_callbacks_keep_the_lease_while_a_session_holds_the_lock() -> None:
     emits = [e for e in d.effects if isinstance(e, Emit)]
     assert emits
     assert {e.keepalive_s for e in emits} == {5.0}
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     assert {e.keepalive_s for e in d.effects if isinstance(e, Emit)} == {5.0}
     d.feed(Answered(True))  # unlocked: the session holds nothing any more
     assert Event.RELEASED in d.emitted()
@@ -485,8 +458,7 @@ def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
     d.feed(Answered(True))  # the work answered: the session lives, idle again
     assert idle_step(d.effects) is not None
     assert d.machine.state is S.LEADER
-    d.machine.request(Request.WORK)
-    d.feed(Woke())
+    d.request(Request.WORK)
     d.feed(Failed(ConnectionError("gone")))  # work that fails loses, as a probe would
     assert d.machine.state is not S.LEADER
     assert idle_step(d.effects) is None
@@ -494,8 +466,7 @@ def test_an_idle_leader_asks_only_for_idle_steps_until_asked_for_more() -> None:
     assert not d.machine.request(Request.WORK)  # no session to work on now
     d = Driver()
     d.lead()
-    d.machine.request(Request.RELEASE)
-    d.feed(Woke())
+    d.request(Request.RELEASE)
     assert idle_step(d.effects) is None
     assert d.call.op is Op.UNLOCK
 
@@ -518,11 +489,9 @@ def test_queued_work_fails_before_anything_is_told_when_leader_ends(how: str) ->
             d.feed(Woke(), after=10.0)
             d.feed(Late(acknowledged=True))
         case "step_down":
-            d.machine.request(Request.RELEASE)
-            d.feed(Woke())
+            d.request(Request.RELEASE)
         case "shutdown":
-            d.machine.request(Request.STOP)
-            d.feed(Woke())
+            d.request(Request.STOP)
     assert d.machine.state is not S.LEADER
     first = next(i for i, e in enumerate(d.effects) if not isinstance(e, Log))
     assert d.effects[first] == StopLeaderWork(), d.effects
