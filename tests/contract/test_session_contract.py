@@ -135,16 +135,14 @@ async def test_wait_lock_times_out_then_is_granted(
     started = time.monotonic()
     async with asyncio.timeout(5):
         assert await b.wait_lock(*keys, 0.2) is False  # lock_timeout: not an error
-    assert 0.15 < time.monotonic() - started < 2
+    assert time.monotonic() - started > 0.15  # it waited (the bound above is the hang guard)
     assert await waiters(*keys) == []
     wait = asyncio.ensure_future(b.wait_lock(*keys, 30))
     try:
         await eventually(lambda: equals(waiters(*keys), [b.backend_pid]), 5, "b to queue")
-        started = time.monotonic()
         assert await a.unlock(*keys)
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(5):  # granted on the unlock (the bound is the hang guard)
             assert await wait is True
-        assert time.monotonic() - started < 1
     finally:
         wait.cancel()
         await asyncio.gather(wait, return_exceptions=True)
