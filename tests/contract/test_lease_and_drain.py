@@ -12,17 +12,20 @@ watched by a follower in another process) are in ``tests/faults/test_frozen_lead
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import psycopg
 import pytest
 
-from pgleaderlock import FixedInterval, LeaderTasks, LockState
+from pgleaderlock import ConnectionError, FixedInterval, LeaderTasks, LockState
+from pgleaderlock.core import QuerySession, SessionSlot, run_on_session
 from pgleaderlock.core.keys import key_to_oid
 from support.fixture_types import LockPids, MakeRecorder
 from support.poll import eventually
+from support.sessions import equals
 
 if TYPE_CHECKING:
     from contract.conftest import Target
@@ -223,3 +226,47 @@ async def test_no_drain_by_default(
     assert tasks.running == []
     assert lock.state in (S.FOLLOWER, S.ACQUIRING, S.LEADER)
     await tasks.close()
+
+
+@pytest.mark.postgres_only("the fake's sessions run no statement that lasts")
+async def test_a_stop_that_cuts_work_short_releases_without_an_error(
+    target: Target,
+    keys: tuple[int, int],
+    recorder: MakeRecorder,
+    holders: LockPids,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without a drain, a stop cuts short a statement running on the leader's session
+    (a scheduler's ledger statement): the session is dropped, and that frees the lock.
+    The release says so (``on_released``); it does not send an unlock down the dropped
+    session and report the closed connection as an error."""
+    lock = target.lock(keys)
+    rec = recorder(lock)
+    await lock.start()
+    assert await lock.wait_for_leadership(10)
+    pid = lock.backend_pid
+
+    async def statement(slot: SessionSlot) -> object:
+        session = cast(QuerySession, slot.session)
+        return await session.query("SELECT pg_sleep({0}::float8)", (30.0,))
+
+    work = asyncio.ensure_future(run_on_session(lock, statement, 60))
+    async with await psycopg.AsyncConnection.connect(target.pg_dsn, autocommit=True) as admin:
+
+        async def sleeping() -> bool:
+            cur = await admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND state = 'active'"
+                " AND query LIKE '%%pg_sleep%%'",
+                (pid,),
+            )
+            row = await cur.fetchone()
+            return row is not None and row[0] == 1
+
+        await eventually(sleeping, 10, "the statement to run on the leader's session")
+    with caplog.at_level("INFO", logger="pgleaderlock"):
+        await lock.shutdown()
+    with pytest.raises(ConnectionError, match="stopping"):
+        await work
+    assert rec.names() == ["acquired", "released", "stopped"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    await eventually(lambda: equals(holders(*keys), []), 5, "the server to free the lock")

@@ -55,6 +55,10 @@ class CallPerformer:
         self.guard = CallGuard(slot.abort)  # bounds every database call
         self.late: asyncio.Task[Result] | None = None  # a call reported Late, still running
         self.queued: list[Queued] = []  # calls for the leader's session (on_session)
+        # A stop cut short the leader's queued work, which dropped the session: the lock
+        # is released with it (the server frees a closed session's locks), so the
+        # release sends no unlock down the closed connection.
+        self._dropped_by_cut = False
         # Asked right after a lock call granted the lock, before the machine hears of
         # it: False when the lock is reserved for another candidate (a targeted
         # hand-over); it has then released the lock again, and the attempt failed.
@@ -133,6 +137,7 @@ class CallPerformer:
                 await guard(probe, timeout_s, call.interruptible, call.abort_on_interrupt)
                 return Answered(True)
             if call.op is Op.CONNECT:
+                self._dropped_by_cut = False
                 session = await guard(self._slot.open(), *bound)
                 return Connected(can_wait=can(session, WaitingSession))
             assert session is not None, call
@@ -146,6 +151,8 @@ class CallPerformer:
                     value = await guard(self._keys.wait_lock(waiting, call.wait_s), *bound)
                 case Op.PROBE:
                     value = await guard(self._slot.holds(k1, k2), *bound)
+                case Op.UNLOCK if self._dropped_by_cut:
+                    value = True  # released by dropping the session (see __init__)
                 case Op.UNLOCK:
                     value = await guard(session.unlock(k1, k2), *bound)
                 case Op.WORK:
@@ -172,6 +179,7 @@ class CallPerformer:
                 self._slot.granted()  # the next probe asks pg_locks
             return Answered(bool(value))
         except CallInterrupted:
+            self._dropped_by_cut = call.op is Op.WORK  # its cut aborts the session
             return CutShort()
         except Exception as exc:
             if isinstance(exc, UnclaimedGrantError):
