@@ -18,7 +18,14 @@ from .._env import DSN_VARIABLES
 from .._extras import missing_extra
 from ..lowlevel import ConfigurationError
 from .exits import EXIT_OK, CliError
-from .options import log_options, positive, resolve_dsn, schema_option, seconds_option, trusted_role_option
+from .options import (
+    log_options,
+    positive,
+    resolve_dsn,
+    schema_option,
+    seconds_option,
+    trusted_role_option,
+)
 
 __all__ = ["dashboard"]
 
@@ -59,6 +66,14 @@ pages; the DSN is never shown. Needs the dashboard extra: pip install
 )
 @schema_option
 @trusted_role_option
+@click.option(
+    "--group-name",
+    "group_names",
+    metavar="GROUP:NAME",
+    multiple=True,
+    help="A name of a Coordinator group, to show by name (repeatable): a group's "
+    "sessions show only its names' keys (its checkpoint table's rows give names too).",
+)
 @seconds_option(
     "--interval",
     default=1.0,
@@ -81,6 +96,7 @@ def dashboard(
     port: int,
     schema: str,
     trusted_roles: tuple[str, ...],
+    group_names: tuple[str, ...],
     interval: float,
     timeout: float,
     max_pages: int,
@@ -95,23 +111,31 @@ def dashboard(
     the dashboard started. Pages follow server-sent events fed by one refresher.
     """
     try:
-        import uvicorn
-
         from ..dashboard import Dashboard
+        from ..dashboard.server import DashboardServer
     except ImportError as exc:
         raise CliError(str(missing_extra("pgleaderlock dashboard", "Starlette and uvicorn",
                                          "dashboard", exc))) from None  # fmt: skip
     dsn = resolve_dsn(dsn)
     interval = positive("--interval", interval)
     if interval > 1.0:
-        raise CliError(f"--interval must be at most 1 s (a page is live within it), got {interval:g}")
+        raise CliError(
+            f"--interval must be at most 1 s (a page is live within it), got {interval:g}"
+        )
     timeout = positive("--timeout", timeout)
     grace = positive("--grace", grace)
+    names: dict[str, list[str]] = {}
+    for given in group_names:
+        group, colon, name = given.partition(":")
+        if not colon or not group or not name:
+            raise CliError(f"--group-name takes GROUP:NAME, got {given!r}")
+        names.setdefault(group, []).append(name)
     try:
         board = Dashboard(
             dsn,
             schema=schema,
             trusted_roles=trusted_roles,
+            group_names=names,
             period_s=interval,
             timeout_s=timeout,
             max_clients=max_pages,
@@ -127,16 +151,15 @@ def dashboard(
             "reaches it reads who leads what",
             err=True,
         )
-    config = uvicorn.Config(
-        board.app,
+    server = DashboardServer(
+        board,
         log_level="warning",
-        lifespan="on",
         timeout_graceful_shutdown=max(1, round(grace)),
         access_log=False,
         server_header=False,
     )
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         sock.close()
     return EXIT_OK
@@ -172,4 +195,3 @@ def _loopback(host: str) -> bool:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -30,6 +30,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..coordination.protocol import check_group, name_keys
 from ..lowlevel import ConfigurationError, check_identifier, check_roles
 from .hub import TooManyClients
 from .refresher import Refresher
@@ -103,6 +104,9 @@ class Dashboard:
         dsn: the database; never shown on the page or in its JSON.
         schema: the schema of the library's tables.
         trusted_roles: roles trusted besides the reading role and superusers.
+        group_names: names of Coordinator groups to show by name, by group (a
+            group's sessions show its names' keys only; its checkpoint table's rows
+            give names too).
         period_s: the longest time between two refreshes (at most 1 s).
         timeout_s: the bound of a connect and of each statement.
         max_clients: the most pages open at once.
@@ -117,14 +121,20 @@ class Dashboard:
         *,
         schema: str = "public",
         trusted_roles: Sequence[str] = (),
+        group_names: Mapping[str, Sequence[str]] | None = None,
         period_s: float = 1.0,
         timeout_s: float = 5.0,
         max_clients: int = 100,
     ) -> None:
         if not isinstance(max_clients, int) or not 1 <= max_clients <= 10_000:
             raise ConfigurationError(f"max_clients must be 1-10000, got {max_clients!r}")
+        pairs = tuple(
+            (check_group(g), n) for g, names in (group_names or {}).items() for n in names
+        )
+        for group, name in pairs:
+            name_keys(group, name)  # a ConfigurationError for a bad name
         tables = Tables(schema=check_identifier("schema", schema),
-                        trusted_roles=check_roles(trusted_roles))  # fmt: skip
+                        trusted_roles=check_roles(trusted_roles), group_names=pairs)  # fmt: skip
         self.refresher = Refresher(
             dsn, tables, period_s=period_s, timeout_s=timeout_s, max_clients=max_clients
         )
@@ -201,4 +211,3 @@ def create_app(dsn: str, **options: Any) -> ASGIApp:
     """The dashboard's ASGI app, run alone (its lifespan runs the refresher): a
     `Dashboard`'s ``app``, with the same arguments."""
     return Dashboard(dsn, **options).app
-

@@ -15,10 +15,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["KEEPALIVE_S", "Hub", "TooManyClients"]
+__all__ = ["KEEPALIVE_S", "STREAM_MAX_S", "Hub", "TooManyClients"]
 
 KEEPALIVE_S = 15.0
 """A comment line on an otherwise quiet stream this often, so proxies keep it open."""
+STREAM_MAX_S = 300.0
+"""A stream ends after this long (the page's ``EventSource`` reconnects by itself): a
+server that waits for open responses before it stops waits at most this long."""
 
 
 class TooManyClients(Exception):
@@ -43,7 +46,9 @@ class Hub:
         self._fingerprint: str | None = None
         self._changed = asyncio.Event()
 
-    def publish(self, snapshot_json: str | None, fingerprint: str | None, tick: dict[str, Any]) -> None:
+    def publish(
+        self, snapshot_json: str | None, fingerprint: str | None, tick: dict[str, Any]
+    ) -> None:
         """A refresh's result: its snapshot (``None``: the refresh failed, keep the last
         one) and tick; wakes every stream."""
         if snapshot_json is not None and fingerprint != self._fingerprint:
@@ -81,7 +86,9 @@ class Hub:
     async def _events(self) -> AsyncIterator[str]:
         yield "retry: 2000\n\n"
         sent_snapshot, sent_tick = 0, -1
-        while not self.closed:
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + STREAM_MAX_S
+        while not self.closed and loop.time() < ends:
             changed = self._changed
             if self.snapshot_seq != sent_snapshot:
                 sent_snapshot = self.snapshot_seq

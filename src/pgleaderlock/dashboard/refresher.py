@@ -207,7 +207,9 @@ class Refresher:
             loop = asyncio.get_running_loop()
             self._inflight = loop.run_in_executor(self._executor, self._read)
             try:
-                snapshot = await asyncio.wait_for(asyncio.shield(self._inflight), 2 * self.timeout_s)
+                snapshot = await asyncio.wait_for(
+                    asyncio.shield(self._inflight), 2 * self.timeout_s
+                )
                 mark = fingerprint(snapshot)
                 snapshot_json = json.dumps(snapshot, default=json_default)
             except TimeoutError:

@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 
+from ..coordination.protocol import name_keys
 from ..coordination.workers import CheckpointTable
 from ..lowlevel import ParticipantTable, first_line, mask_dsn
 from ..schedule.ledger import RunTable, ScheduleTable
@@ -65,6 +66,13 @@ class Tables:
     trusted_roles: tuple[str, ...] = ()
     checkpoint_table: str = "pgleaderlock_subscriptions"
     last_runs: int = 20
+    group_names: tuple[tuple[str, str], ...] = ()
+    """``(group, name)``: names of Coordinator groups to show by name (a group's
+    sessions show only its names' keys; the checkpoint table's rows give names too)."""
+
+    def names_of(self, group: str) -> dict[tuple[int, int], str]:
+        """The names given for ``group``, by their keys."""
+        return {name_keys(g, n): n for g, n in self.group_names if g == group}
 
     @property
     def participants(self) -> ParticipantTable:
@@ -121,7 +129,9 @@ def safe_error(exc: BaseException) -> str:
     return mask_dsn(" ".join(text.split()))[:500]
 
 
-def build_snapshot(conn: psycopg.Connection[Any], tables: Tables, history: History) -> dict[str, Any]:
+def build_snapshot(
+    conn: psycopg.Connection[Any], tables: Tables, history: History
+) -> dict[str, Any]:
     """The snapshot now, on ``conn`` (inside the caller's bounded, read-only
     transaction: `pgleaderlock.status.bounded`).
 
@@ -140,9 +150,10 @@ def build_snapshot(conn: psycopg.Connection[Any], tables: Tables, history: Histo
         add_participants(conn, report, tables.participants)
         locks.append(_lock_view(report, history.note(name, _leader(report), info.now)))
     group_views = []
-    for group in sorted(groups):
+    for group in sorted(groups | {g for g, _ in tables.group_names}):
         found, skipped = checkpoint_names(conn, tables.checkpoints, group)
-        group_views.append(_group_view(group_report(conn, info, group, found), skipped))
+        in_group = group_report(conn, info, group, {**found, **tables.names_of(group)})
+        group_views.append(_group_view(in_group, skipped))
     return {
         "database": info.database,
         "user": info.user,
@@ -286,9 +297,7 @@ def _group_view(report: Any, checkpoints_not_read: str | None) -> dict[str, Any]
     names: dict[str, list[str]] = {m["member"]: [] for m in report["members"]}
     for leader in report["leaders"]:
         if leader["member"] in names:
-            names[leader["member"]].append(
-                leader["name"] or f"({leader['key1']},{leader['key2']})"
-            )
+            names[leader["member"]].append(leader["name"] or f"({leader['key1']},{leader['key2']})")
     counts = [m["names"] for m in report["members"]]
     view["names_by_member"] = {m: sorted(n) for m, n in names.items()}
     view["balance"] = {
@@ -309,4 +318,3 @@ def _brief(s: Any) -> dict[str, Any]:
 
 def _keys(s: Any) -> dict[str, Any]:
     return {k: s[k] for k in ("kind", "key", "key1", "key2") if k in s}
-
