@@ -216,7 +216,7 @@ class Refresher:
                 error = f"the refresh took longer than {2 * self.timeout_s:g} s"
             except Exception as exc:
                 error = safe_error(exc)
-                log.warning("dashboard_refresh_failed", error=error)
+                log.warning("dashboard_refresh_failed", error=error, lock=APPLICATION_NAME)
         self.refreshes += 1
         tick = {
             "seq": self.refreshes,
@@ -292,7 +292,7 @@ class Refresher:
                     async for _ in notifies:
                         self._poked.set()
             except Exception as exc:
-                log.warning("dashboard_listen_failed", error=safe_error(exc))
+                log.warning("dashboard_listen_failed", error=safe_error(exc), lock=APPLICATION_NAME)
             finally:
                 self.listening = False
                 await self._close_listening()

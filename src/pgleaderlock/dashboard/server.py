@@ -13,7 +13,9 @@ cancels them (uvicorn's ``timeout_graceful_shutdown``) or after at most
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -35,7 +37,21 @@ class DashboardServer(uvicorn.Server):
 
     def __init__(self, board: Dashboard, **config: Any) -> None:
         self.board = board
+        self.stopped_by: list[int] = []
+        """The signals that stopped the server."""
         super().__init__(uvicorn.Config(board.app, **{**config, "lifespan": "on"}))
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's signal handling, without raising the signal again once the server
+        has stopped: SIGINT/SIGTERM is how the dashboard is meant to stop, and the
+        command then exits 0 (as ``pgleaderlock run`` does)."""
+        with super().capture_signals():
+            yield
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                self.stopped_by = list(captured)
+                captured.clear()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.board.refresher.hub.close()
