@@ -46,7 +46,8 @@ def test_a_bad_option_is_one_clear_line(
     assert run_cli(["dashboard", "--dsn", DSN, *args]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert says in err, err
-    assert err.count("\n") == 1 and err.startswith("pgleaderlock dashboard: error:"), err
+    assert err.count("\n") == 1, err
+    assert err.startswith("pgleaderlock dashboard: error:"), err
 
 
 def test_no_dsn(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
