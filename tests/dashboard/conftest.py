@@ -1,7 +1,7 @@
 """Fixtures of the dashboard tests: a dashboard served over HTTP on 127.0.0.1 by uvicorn
 on a thread of the test process (``serve``), server-sent-event clients
-(`support`-free: ``EventClient``), and a headless Chromium (``chromium``) that cannot
-reach anything but loopback.
+(``event_clients``), a database of the test's own (``fresh_db``) and Debian's Chromium
+(``chromium_path``), launched so that it cannot reach anything but loopback.
 
 The browser is Debian's ``chromium`` driven by Playwright through ``executable_path``,
 as in tests/docs (see tests/docs/conftest.py, whose lookup this repeats): when no
@@ -60,27 +60,20 @@ def chromium_unavailable_reason() -> str | None:
     )
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    """Headless Debian Chromium that resolves no host name but 127.0.0.1."""
+@pytest.fixture
+def chromium_path() -> Path:
+    """Debian's Chromium, for Playwright's ``executable_path`` (the test skips, with the
+    reason, where none is installed). Launch it with ``LOOPBACK_ONLY``."""
     reason = chromium_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
+    found = find_chromium()
+    assert found is not None
+    return found
 
-    executable = find_chromium()
-    assert executable is not None
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=executable,
-            headless=True,
-            args=["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],
-            timeout=60_000,
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
+
+LOOPBACK_ONLY: Final = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+"""Chromium's arguments: every host name resolves to "not found" but 127.0.0.1."""
 
 
 @dataclass
