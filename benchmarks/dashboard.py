@@ -296,7 +296,7 @@ async def latency(
             await leader.hand_over(to=target)
             call_ms.append(time.monotonic() - started)
 
-            def leads(snapshot: dict[str, Any] | None) -> bool:
+            def leads(snapshot: dict[str, Any] | None, target: str = target) -> bool:
                 for entry in (snapshot or {}).get("locks", []):
                     if entry["lock"]["name"] == "billing" and entry["leader"]:
                         return bool(entry["leader"].get("identity") == target)

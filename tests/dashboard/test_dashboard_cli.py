@@ -15,7 +15,8 @@ import httpx
 import psycopg
 import pytest
 
-from pgleaderlock.cli import EXIT_OK, EXIT_USAGE, run_cli
+from pgleaderlock._exitcodes import EXIT_OK, EXIT_USAGE
+from pgleaderlock.cli import run_cli
 from pgleaderlock.dashboard.refresher import APPLICATION_NAME
 
 pytestmark = [pytest.mark.timeout(60)]

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
-from conftest import Manage, Spawn
 from psycopg.conninfo import conninfo_to_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+Manage = Callable[..., subprocess.CompletedProcess[str]]
+Spawn = Callable[..., subprocess.Popen[str]]
 
 
 def test_serves_the_projects_database(spawn: Spawn, pg_dsn: str) -> None:

@@ -44,7 +44,8 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
 
         argv = ["dashboard", "--dsn", dsn, "--schema", runs.schema,
                 "--host", options["host"], "--port", str(options["port"]),
-                "--interval", str(options["interval"]), "--timeout", str(options["timeout"])]  # fmt: skip
+                "--interval", str(options["interval"]),
+                "--timeout", str(options["timeout"])]  # fmt: skip
         for role in runs.trusted_roles:
             argv += ["--trusted-role", role]
         for given in options["group_name"]:
