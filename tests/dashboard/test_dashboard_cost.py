@@ -2,18 +2,23 @@
 
 Twenty pages following the events cost exactly the statements one page costs over the
 same number of refreshes (counted by the app, from the ticks its pages receive), and the
-server sees the same two sessions of the dashboard with one page or twenty. Shutting
-the app down ends every stream, cancels and awaits its tasks and closes both sessions.
+server sees the same two sessions of the dashboard with one page or twenty. On a
+database nobody else uses, the server's own count of its transactions
+(``pg_stat_database``, exact once the sessions have ended) is the app's: one per refresh
+and the ``LISTEN``, with one page or twenty. Shutting the app down ends every stream,
+cancels and awaits its tasks and closes both sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgleaderlock import LeaderLock, LockOptions, Participation
 from pgleaderlock.dashboard.refresher import APPLICATION_NAME
@@ -26,14 +31,27 @@ REFRESHES = 5
 
 
 def dashboard_sessions(dsn: str) -> list[int]:
-    """The server pids of the dashboard's sessions in ``dsn``'s database."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    """The server pids of the dashboard's sessions in ``dsn``'s database (read from
+    another database: the test's own reads are not the dashboard's)."""
+    database = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(make_conninfo(dsn, dbname="postgres"), autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
-            " AND datname = current_database()",
-            (APPLICATION_NAME,),
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = %s",
+            (APPLICATION_NAME, database),
         ).fetchall()
     return sorted(int(r[0]) for r in rows)
+
+
+def server_transactions(dsn: str) -> int:
+    """The transactions the server counted in ``dsn``'s database (read from another)."""
+    database = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(make_conninfo(dsn, dbname="postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            (database,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 async def statements_over(clients: list[Any], refreshes: int) -> int:
@@ -79,6 +97,30 @@ async def test_twenty_pages_cost_what_one_page_costs(
     await eventually(lambda: not set(dashboard_sessions(fresh_db)) & set(pids), 10)
     assert not app.refresher.running
     assert app.refresher.hub.closed
+
+
+@pytest.mark.parametrize("pages", [1, 20])
+async def test_the_server_counts_one_transaction_per_refresh(
+    fresh_db: str, serve: Callable[..., Any], event_clients: Callable[..., Any], pages: int
+) -> None:
+    """The server's count, on a database only the dashboard uses: whatever the number
+    of pages, its transactions are the refresher's, and nothing else."""
+    before = server_transactions(fresh_db)
+    with serve(fresh_db, period_s=0.2) as app:
+        async with event_clients(app.url, pages) as clients:
+            await statements_over(clients, REFRESHES)
+    await eventually(lambda: dashboard_sessions(fresh_db) == [], 10, poll_s=0.1)
+    counted = app.refresher.server_transactions
+
+    def settled() -> bool:  # a backend's last counts reach the server as it exits
+        return server_transactions(fresh_db) - before >= counted
+
+    with contextlib.suppress(TimeoutError):
+        await eventually(settled, 5, poll_s=0.1)
+    seen = server_transactions(fresh_db) - before
+    print(f"{pages} page(s): {app.refresher.refreshes} refreshes, server transactions {seen}")
+    assert app.refresher.refreshes >= REFRESHES
+    assert seen == counted
 
 
 async def test_a_shutdown_with_pages_open_closes_everything(

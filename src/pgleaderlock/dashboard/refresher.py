@@ -121,6 +121,10 @@ class Refresher:
         self.min_gap_s = min_gap_s
         self.hub = Hub(max_clients)
         self.refreshes = 0
+        self.transactions = 0
+        """The read transactions begun (a refresh cut short by a stop is one too)."""
+        self.connections = 0
+        """The sessions opened (both kinds; again after an error)."""
         self.listening = False
         self._counted = _Counted()
         self._listen_statements = 0
@@ -134,8 +138,16 @@ class Refresher:
 
     @property
     def statements(self) -> int:
-        """Every statement the app sent to the server so far."""
+        """Every query the app sent to the server so far (each refresh's transaction
+        control, ``BEGIN``/``SAVEPOINT``/``RELEASE``/``COMMIT``, aside)."""
         return self._counted.statements + self._listen_statements
+
+    @property
+    def server_transactions(self) -> int:
+        """The transactions the server counts for the app (``pg_stat_database``): one
+        per refresh, the ``LISTEN`` (autocommit), and one per session it opened (the
+        server's own, as the session starts)."""
+        return self.transactions + self._listen_statements + self.connections
 
     @property
     def running(self) -> bool:
@@ -237,6 +249,7 @@ class Refresher:
             conn = self._conn
             if conn is None or conn.closed:
                 conn = self._conn = self._open()
+            self.transactions += 1
             with bounded(conn, self.timeout_s):
                 return build_snapshot(conn, self.tables, self._history)
         except BaseException:
@@ -257,6 +270,7 @@ class Refresher:
             keepalives_count=3,
             tcp_user_timeout=timeout * 1000,
         )
+        self.connections += 1
         conn.read_only = True  # every transaction: BEGIN READ ONLY
         conn.cursor_factory = self._counted.cursor_class()
         return conn
@@ -283,6 +297,7 @@ class Refresher:
                     self.timeout_s + 1,
                 )
                 self._listen_conn = conn
+                self.connections += 1
                 async with asyncio.timeout(self.timeout_s):
                     self._listen_statements += 1
                     await conn.execute(f"LISTEN {CHANNEL}")
