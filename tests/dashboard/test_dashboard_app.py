@@ -154,7 +154,7 @@ async def test_every_refresh_reads_in_a_read_only_transaction(fresh_db: str) -> 
     conn = board.refresher._open()  # the refresher's own session, as it opens it
     try:
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), bounded(conn, 5.0):
-            conn.execute("CREATE TABLE dashboard_wrote_here ()")
+            conn.execute("CREATE TABLE public.dashboard_wrote_here ()")
     finally:
         conn.close()
 

@@ -9,9 +9,10 @@ the Security page (``pgleaderlock sql`` grants, ``pg_monitor``), trusting ``owne
 - a participants row written by ``attacker`` (another real role) with a terminal escape
   sequence, ``<script>`` and an ``onerror`` in its identity, and an ``attacker``
   session named like pgleaderlock's, are shown as literal text: no element is made of
-  them and no script runs;
+  them and no script runs; the page's theme follows the browser's light or dark;
 - no request leaves loopback (every other one is aborted and recorded, and Chromium
-  resolves no host name but 127.0.0.1).
+  resolves no host name but 127.0.0.1), and the console shows no error (a load the
+  Content-Security-Policy refused, a script error).
 
 With ``PGLEADERLOCK_DASHBOARD_SCREENSHOT=PATH`` the first test saves its screenshot
 there (``docs/assets/dashboard.png`` is made so); it always saves one under its tmp path.
@@ -50,7 +51,7 @@ GROUP_NAMES = ("alpha", "beta", "gamma")
 @contextlib.asynccontextmanager
 async def browser_page(chromium: Path, base_url: str) -> AsyncIterator[tuple[Any, list[str]]]:
     """A Chromium page that may only reach ``base_url``: every other request is aborted
-    and recorded in the list yielded with it."""
+    and recorded in the list yielded with it, as are the console's errors."""
     from playwright.async_api import async_playwright
 
     left: list[str] = []
@@ -72,6 +73,10 @@ async def browser_page(chromium: Path, base_url: str) -> AsyncIterator[tuple[Any
                     await route.abort()
 
             await page.route("**/*", only_loopback)
+            # A refused load (the Content-Security-Policy's doing) or a script error is
+            # a console error: recorded with the requests that left.
+            page.on("console", lambda m: m.type == "error" and left.append(f"console: {m.text}"))
+            page.on("pageerror", lambda e: left.append(f"page error: {e}"))
             yield page, left
         finally:
             await browser.close()
@@ -230,6 +235,12 @@ async def test_another_roles_text_is_shown_as_text(
                     # Nothing of it became an element, and no script ran.
                     assert await page.locator("main script, main img, main b").count() == 0
                     assert await page.evaluate("window.__pwned") is None
+                    # Light and dark themes follow the browser.
+                    background = "getComputedStyle(document.body).backgroundColor"
+                    await page.emulate_media(color_scheme="light")
+                    light = await page.evaluate(background)
+                    await page.emulate_media(color_scheme="dark")
+                    assert await page.evaluate(background) != light
                     assert left == []
         finally:
             await attacker.close()
