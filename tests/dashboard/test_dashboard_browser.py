@@ -73,10 +73,18 @@ async def browser_page(chromium: Path, base_url: str) -> AsyncIterator[tuple[Any
                     await route.abort()
 
             await page.route("**/*", only_loopback)
+
             # A refused load (the Content-Security-Policy's doing) or a script error is
             # a console error: recorded with the requests that left.
-            page.on("console", lambda m: m.type == "error" and left.append(f"console: {m.text}"))
-            page.on("pageerror", lambda e: left.append(f"page error: {e}"))
+            def console(message: Any) -> None:
+                if message.type == "error":
+                    left.append(f"console: {message.text}")
+
+            def page_error(error: Any) -> None:
+                left.append(f"page error: {error}")
+
+            page.on("console", console)
+            page.on("pageerror", page_error)
             yield page, left
         finally:
             await browser.close()

@@ -110,7 +110,7 @@ async def test_the_server_counts_one_transaction_per_refresh(
         async with event_clients(app.url, pages) as clients:
             await statements_over(clients, REFRESHES)
     await eventually(lambda: dashboard_sessions(fresh_db) == [], 10, poll_s=0.1)
-    counted = app.refresher.server_transactions
+    counted = int(app.refresher.server_transactions)
 
     def settled() -> bool:  # a backend's last counts reach the server as it exits
         return server_transactions(fresh_db) - before >= counted
