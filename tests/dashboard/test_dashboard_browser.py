@@ -183,6 +183,9 @@ async def test_the_page_follows_leaders_groups_and_schedules_live(
                     schedule = page.locator('[data-schedule="reports:nightly"]')
                     await schedule.locator('[data-outcome="done"]').first.wait_for(timeout=15_000)
                     await schedule.locator('[data-outcome="failed"]').first.wait_for(timeout=15_000)
+                    # A fenced leader that publishes no row: its term from the terms table.
+                    reports_leader = page.locator('[data-lock="reports"] p', has_text="term ")
+                    await reports_leader.wait_for(timeout=SHOWN_WITHIN_MS)
 
                     await page.evaluate("window.__marker = 42")
                     started = time.monotonic()

@@ -31,7 +31,7 @@ import psycopg
 
 from ..coordination.protocol import name_keys
 from ..coordination.workers import CheckpointTable
-from ..lowlevel import ParticipantTable, first_line, mask_dsn
+from ..lowlevel import ParticipantTable, TermTable, first_line, mask_dsn
 from ..schedule.ledger import RunTable, ScheduleTable
 from ..status import (
     AdvisoryLock,
@@ -42,6 +42,7 @@ from ..status import (
     group_report,
     schedule_report,
     server_info,
+    unreadable,
 )
 
 __all__ = ["HISTORY_MAX", "LOCKS_MAX", "History", "Tables", "build_snapshot", "safe_error"]
@@ -84,6 +85,10 @@ class Tables:
             RunTable(schema=self.schema, trusted_roles=self.trusted_roles),
             ScheduleTable(schema=self.schema, trusted_roles=self.trusted_roles),
         )
+
+    @property
+    def terms(self) -> TermTable:
+        return TermTable(schema=self.schema, trusted_roles=self.trusted_roles)
 
     @property
     def checkpoints(self) -> CheckpointTable:
@@ -145,10 +150,13 @@ def build_snapshot(
     named, semaphores, others, groups = _sort_locks(every)
     impostors = [_brief(s) for s in every if s["impostor"]]
     locks = []
-    for name in sorted(named)[:LOCKS_MAX]:
+    shown = sorted(named)[:LOCKS_MAX]
+    terms, terms_not_read = _terms(conn, tables.terms, [_keys_of(named[n]) for n in shown])
+    for name in shown:
         report = _lock_report(info, name, named[name])
         add_participants(conn, report, tables.participants)
-        locks.append(_lock_view(report, history.note(name, _leader(report), info.now)))
+        leader = _leader(report, terms.get(_keys_of(named[name])))
+        locks.append(_lock_view(report, leader, history.note(name, leader, info.now)))
     group_views = []
     for group in sorted(groups | {g for g, _ in tables.group_names}):
         found, skipped = checkpoint_names(conn, tables.checkpoints, group)
@@ -162,6 +170,7 @@ def build_snapshot(
         "history_since": history.started,
         "locks": locks,
         "locks_left_out": max(0, len(named) - LOCKS_MAX),
+        "terms_table": {"table": tables.terms.shown, "not_read": terms_not_read},
         "semaphores": [_semaphore_view(n, semaphores[n]) for n in sorted(semaphores)],
         "groups": group_views,
         "schedules": schedule_report(conn, *tables.ledger, (), tables.last_runs),
@@ -236,8 +245,45 @@ def _session(lock: AdvisoryLock) -> dict[str, Any]:
     return {k: v for k, v in lock.items() if k not in ("kind", "key", "key1", "key2", "name")}
 
 
-def _leader(report: LockReport) -> dict[str, Any] | None:
-    """The holder, with ``since`` and ``term`` from its own participants row."""
+_TERMS = (
+    "SELECT key1, key2, term, acquired_at FROM {table}"
+    " WHERE (key1, key2) IN"
+    " (SELECT * FROM ROWS FROM (pg_catalog.unnest(%s::int4[]), pg_catalog.unnest(%s::int4[])))"
+)
+
+
+def _keys_of(sessions: Sequence[AdvisoryLock]) -> tuple[int, int]:
+    return sessions[0]["key1"], sessions[0]["key2"]
+
+
+def _terms(
+    conn: psycopg.Connection[Any], table: TermTable, keys: Sequence[tuple[int, int]]
+) -> tuple[dict[tuple[int, int], tuple[int, Any]], str | None]:
+    """The fencing table's term (and when it began) of each of ``keys``, and why the
+    table was not read (``None``: it was, or nothing was asked). The row holds the last
+    fenced leader's term: a lock without fencing has none."""
+    if not keys:
+        return {}, None
+    try:
+        with conn.transaction():  # a savepoint: an error here spares the snapshot
+            reason = unreadable(conn, table)
+            if reason is not None:
+                return {}, reason
+            rows = conn.execute(
+                _TERMS.format(table=table.sql).encode(),
+                ([k[0] for k in keys], [k[1] for k in keys]),
+            ).fetchall()
+    except psycopg.errors.QueryCanceled:
+        raise
+    except psycopg.Error as exc:
+        return {}, first_line(exc)
+    return {(k1, k2): (term, at) for k1, k2, term, at in rows}, None
+
+
+def _leader(report: LockReport, term: tuple[int, Any] | None) -> dict[str, Any] | None:
+    """The holder, with ``since`` and ``term`` from its own participants row, else
+    from the fencing table (a fenced leader that publishes no row; of a trusted role
+    only)."""
     if not report["holders"]:
         return None
     holder: dict[str, Any] = dict(report["holders"][0])
@@ -251,14 +297,19 @@ def _leader(report: LockReport) -> dict[str, Any] | None:
     )
     holder["since"] = row["since"] if row is not None else None
     holder["term"] = row["term"] if row is not None else None
+    if holder["term"] is None and term is not None and holder["trusted"]:
+        holder["term"] = term[0]
+        holder["since"] = holder["since"] or term[1]
     return holder
 
 
-def _lock_view(report: LockReport, history: list[dict[str, Any]]) -> dict[str, Any]:
+def _lock_view(
+    report: LockReport, leader: dict[str, Any] | None, history: list[dict[str, Any]]
+) -> dict[str, Any]:
     view: dict[str, Any] = dict(report)
     for key in ("database", "checked_at", "trust"):
         view.pop(key)
-    view["leader"] = _leader(report)
+    view["leader"] = leader
     view["history"] = history
     view["untrusted_rows"] = [p for p in report.get("participants", []) if not p["trusted"]]
     return view
