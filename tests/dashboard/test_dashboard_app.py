@@ -19,6 +19,7 @@ from psycopg.conninfo import make_conninfo
 from pgleaderlock import LeaderLock, LockOptions, Participation, Semaphore
 from pgleaderlock.core.leader import CHANNEL as CORE_CHANNEL
 from pgleaderlock.dashboard import CSP, Dashboard, History, fingerprint
+from pgleaderlock.dashboard.app import LOOPBACK_HOSTS
 from pgleaderlock.dashboard.refresher import CHANNEL
 from pgleaderlock.dashboard.snapshot import safe_error
 from pgleaderlock.status import bounded
@@ -146,6 +147,25 @@ async def test_safe_by_default_headers_methods_and_no_dsn(
         assert "port 1" in error or "refused" in error.lower()
         assert SECRET not in error
         assert "DSN" not in error
+
+
+async def test_on_loopback_another_host_name_is_refused() -> None:
+    """DNS rebinding: another site's page, its name made to resolve to 127.0.0.1, sends
+    its own name in ``Host``; the dashboard answers none of it (421), page or JSON."""
+    board = Dashboard("postgresql://nowhere.invalid/db", allowed_hosts=LOOPBACK_HOSTS)
+    transport = httpx.ASGITransport(app=board.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8800") as c:
+        assert (await c.get("/")).status_code == 200
+        assert (await c.get("/", headers={"host": "localhost:8800"})).status_code == 200
+        assert (await c.get("/", headers={"host": "[::1]:8800"})).status_code == 200
+        for path in ("/", "/api/snapshot", "/api/events", "/static/dashboard.js"):
+            refused = await c.get(path, headers={"host": "rebound.example:8800"})
+            assert refused.status_code == 421, path
+            assert refused.headers["content-security-policy"] == CSP
+    anyone = Dashboard("postgresql://nowhere.invalid/db")  # mounted: the host app's concern
+    transport = httpx.ASGITransport(app=anyone.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://any.example") as c:
+        assert (await c.get("/")).status_code == 200
 
 
 @pytest.mark.integration

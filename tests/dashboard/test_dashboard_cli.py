@@ -98,6 +98,10 @@ def test_serves_on_loopback_and_stops_on_sigterm(fresh_db: str) -> None:
                 time.sleep(0.1)
         assert page.status_code == 200
         assert page.json()["snapshot"]["locks"] == []
+        rebound = httpx.get(
+            f"http://127.0.0.1:{port}/api/snapshot", headers={"host": "rebound.example"}, timeout=5
+        )
+        assert rebound.status_code == 421  # only loopback's names are answered
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == EXIT_OK
     finally:

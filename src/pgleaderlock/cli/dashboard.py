@@ -58,6 +58,15 @@ pages; the DSN is never shown. Needs the dashboard extra: pip install
     "who leads what (and the sessions' application_name, roles and addresses).",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    metavar="NAME",
+    multiple=True,
+    help="A host name the page may be reached by (repeatable; e.g. behind a proxy). On "
+    "loopback only 127.0.0.1, localhost and ::1 are answered (another site's page that "
+    "made its name resolve to 127.0.0.1 reads nothing); beyond loopback any, unless given.",
+)
+@click.option(
     "--port",
     type=click.IntRange(1, 65535),
     default=8800,
@@ -93,6 +102,7 @@ pages; the DSN is never shown. Needs the dashboard extra: pip install
 def dashboard(
     dsn: str | None,
     host: str,
+    allowed_hosts: tuple[str, ...],
     port: int,
     schema: str,
     trusted_roles: tuple[str, ...],
@@ -139,6 +149,7 @@ def dashboard(
             period_s=interval,
             timeout_s=timeout,
             max_clients=max_pages,
+            allowed_hosts=_allowed(host, allowed_hosts),
         )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
@@ -182,6 +193,16 @@ def _listen(host: str, port: int) -> socket.socket:
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def _allowed(host: str, given: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The host names to answer to: on loopback its names (and ``given``); beyond
+    loopback ``given`` (with the loopback names and ``host``), else any."""
+    from ..dashboard.app import LOOPBACK_HOSTS
+
+    if _loopback(host):
+        return (*LOOPBACK_HOSTS, *given)
+    return (*LOOPBACK_HOSTS, host, *given) if given else None
 
 
 def _loopback(host: str) -> bool:

@@ -36,7 +36,7 @@ from .hub import TooManyClients
 from .refresher import Refresher
 from .snapshot import Tables
 
-__all__ = ["CSP", "Dashboard", "create_app"]
+__all__ = ["CSP", "LOOPBACK_HOSTS", "Dashboard", "create_app"]
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -62,23 +62,49 @@ def _asset(name: str) -> bytes:
     return importlib.resources.files(__package__).joinpath("static", name).read_bytes()
 
 
-class _SecurityHeaders:
-    """Adds the security headers to every response of the wrapped app."""
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+"""The names a page on loopback is reached by (``Dashboard(allowed_hosts=...)``)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class _SecurityHeaders:
+    """Adds the security headers to every response of the wrapped app, and refuses a
+    request whose ``Host`` is not one of ``allowed`` (``None``: any)."""
+
+    def __init__(self, app: ASGIApp, allowed: frozenset[str] | None) -> None:
         self.app = app
+        self.allowed = allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.allowed is not None and _host(scope) not in self.allowed:
+            # A page of another site whose name was made to resolve to 127.0.0.1 (DNS
+            # rebinding) sends its own name: it reads nothing here.
+            refused = PlainTextResponse("this host name is not the dashboard's", 421)
+            await refused(scope, receive, _with_headers(send))
+            return
+        await self.app(scope, receive, _with_headers(send))
 
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
-            await send(message)
 
-        await self.app(scope, receive, with_headers)
+def _with_headers(send: Send) -> Send:
+    async def with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), *_HEADERS]
+        await send(message)
+
+    return with_headers
+
+
+def _host(scope: Scope) -> str:
+    """The request's ``Host``, without its port, lower case ("" when absent)."""
+    for name, value in scope.get("headers", []):
+        if name == b"host":
+            host = str(value.decode("latin-1")).strip().lower()
+            if host.startswith("["):  # [::1]:8800
+                return host[1 : host.find("]")] if "]" in host else host
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return ""
 
 
 class Dashboard:
@@ -110,6 +136,10 @@ class Dashboard:
         period_s: the longest time between two refreshes (at most 1 s).
         timeout_s: the bound of a connect and of each statement.
         max_clients: the most pages open at once.
+        allowed_hosts: the host names (``Host`` header, without the port) the app
+            answers to; ``None``: any (a host app's concern when mounted). Served on
+            loopback, give `LOOPBACK_HOSTS`: another site's page that made its name
+            resolve to 127.0.0.1 (DNS rebinding) is then refused.
 
     Raises:
         ConfigurationError: a bad schema, role name or bound.
@@ -125,6 +155,7 @@ class Dashboard:
         period_s: float = 1.0,
         timeout_s: float = 5.0,
         max_clients: int = 100,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(max_clients, int) or not 1 <= max_clients <= 10_000:
             raise ConfigurationError(f"max_clients must be 1-10000, got {max_clients!r}")
@@ -144,7 +175,10 @@ class Dashboard:
             Route("/api/snapshot", self._snapshot, methods=["GET"]),
             Route("/api/events", self._events, methods=["GET"]),
         ]
-        self.app: ASGIApp = _SecurityHeaders(Starlette(routes=routes, lifespan=self._lifespan))
+        allowed = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+        self.app: ASGIApp = _SecurityHeaders(
+            Starlette(routes=routes, lifespan=self._lifespan), allowed
+        )
 
     async def __aenter__(self) -> Dashboard:
         await self.refresher.start()
