@@ -111,12 +111,12 @@ else
     echo "   SKIPPING the HA tier (tests/ha): $why"
     export PGLEADERLOCK_TEST_PATRONI_MISSING="$why"
 fi
-# Debian's Chromium for tests/docs, driven by Playwright through its executable path
-# (Playwright's own browser download is never used).
-if why="$(system_packages "a headless browser for tests/docs" chromium:chromium)"; then
+# Debian's Chromium for tests/docs and tests/dashboard, driven by Playwright through its
+# executable path (Playwright's own browser download is never used).
+if why="$(system_packages "a headless browser for tests/docs and tests/dashboard" chromium:chromium)"; then
     echo "   $(command -v chromium): $(chromium --version 2>/dev/null | sed -n 1p || true)"
 else
-    echo "   SKIPPING the browser tests (tests/docs): $why"
+    echo "   SKIPPING the browser tests (tests/docs, tests/dashboard): $why"
     export PGLEADERLOCK_TEST_CHROMIUM_MISSING="$why"
 fi
 
@@ -184,12 +184,13 @@ floors_lane() {
 # Lanes side by side: the main suite (here), the side tier (tests/soak: minutes-long
 # fault runs that mostly wait for clock ticks; tests/celerybeat: Celery beat and workers
 # on Redis/RabbitMQ; tests/djangoapp: manage.py; tests/deploy: throwaway clusters,
-# standbys, PgBouncers; tests/ha: a real Patroni cluster, about a minute; tests/docs and
-# the process-tree tests, which keep the two lanes of about the same length;
+# standbys, PgBouncers; tests/ha: a real Patroni cluster, about a minute; tests/docs,
+# tests/dashboard (both in Chromium) and the process-tree tests, which keep the two
+# lanes of about the same length;
 # tests/extras: a fresh venv per extra, each running its guide's example), one lane per
 # other Python and the floors. Their reports follow the main suite's.
-SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy tests/ha tests/docs tests/extras
-    tests/cli/test_cli_exec_tree.py)
+SIDE=(tests/soak tests/celerybeat tests/djangoapp tests/deploy tests/ha tests/docs tests/dashboard
+    tests/extras tests/cli/test_cli_exec_tree.py)
 logs="$(mktemp -d)"
 echo "== pytest, lanes: main (here), side (${SIDE[*]}), fast tiers on: ${others[*]:-none}, floors: ${floors:-no}"
 lane side "$logs/side.log" "$VENV/bin/python" "${PYTEST[@]}" --durations=15 "${SIDE[@]}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -288,6 +289,7 @@ EXAMPLES: dict[str, str | None] = {
     "tui": None,
     "celery": None,
     "django": None,
+    "dashboard": None,
 }
 
 
@@ -314,6 +316,41 @@ def test_the_command_line(install: Install, extra: str) -> None:
     ok(venv.command("pgleaderlock", "status", "--name", name), "status")
     if extra == "tui":
         ok(venv.python("import pgleaderlock.cli.watch, rich\n"), "status --watch's modules")
+
+
+def test_the_dashboard(install: Install) -> None:
+    """docs/guides/dashboard.md: `pgleaderlock dashboard` serves its page, script and
+    snapshot on 127.0.0.1, and stops on SIGTERM (exit 0)."""
+    import httpx
+
+    venv = install("dashboard")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(venv.bin / "pgleaderlock"), "dashboard", "--port", str(port)],
+        env=venv.env, cwd=venv.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+                break
+            except httpx.ConnectError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the dashboard never answered"
+                time.sleep(0.2)
+        assert "static/dashboard.js" in page.text
+        assert httpx.get(f"http://127.0.0.1:{port}/static/dashboard.js", timeout=5).is_success
+        snapshot = httpx.get(f"http://127.0.0.1:{port}/api/snapshot", timeout=5).json()
+        assert snapshot["tick"]["error"] is None, snapshot["tick"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
 
 
 _CELERY_PROJ = """\

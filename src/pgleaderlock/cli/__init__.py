@@ -1,6 +1,7 @@
 """The ``pgleaderlock`` command line: ``run``, ``acquire``, ``exec``, ``cron``,
-``status``, ``sql`` (the tables and grants, for a migration) and ``doctor`` (is this
-database a safe place for the locks?).
+``status``, ``sql`` (the tables and grants, for a migration), ``doctor`` (is this
+database a safe place for the locks?) and ``dashboard`` (a live web page of who leads
+what).
 
 Install it with ``pip install 'pgleaderlock[cli]'`` (click and loguru). Every command
 works on one lock, named with ``--name`` (keys derived by [`lock_keys`][pgleaderlock.lock_keys])
@@ -46,6 +47,7 @@ from ..lowlevel import mask_dsn, printable
 from . import exits
 from .acquire import acquire
 from .cron import cron
+from .dashboard import dashboard
 from .doctor import doctor
 from .exec import exec_
 from .exits import *  # noqa: F403 - its exit codes, EXIT_*, are this package's too
@@ -75,6 +77,7 @@ Examples:
   pgleaderlock status --all --json                   # every advisory lock, for scripts
   pgleaderlock sql --role app > pgleaderlock.sql     # tables and grants, for a migration
   pgleaderlock doctor --locks 30 --replicas 3        # is this database safe for the plan?
+  pgleaderlock dashboard                             # who leads what, live: http://127.0.0.1:8800/
 
 \b
 Exit codes:
@@ -107,7 +110,7 @@ def cli() -> None:
     """
 
 
-for _command in (run, acquire, exec_, cron, status, sql, doctor):
+for _command in (run, acquire, exec_, cron, status, sql, doctor, dashboard):
     cli.add_command(_command)
 
 

@@ -1,0 +1,41 @@
+"""A read-only web page of who leads what: locks, Coordinator groups, semaphores and
+schedules, live.
+
+Install it with ``pip install 'pgleaderlock[dashboard]'`` (Starlette and uvicorn) and
+run ``pgleaderlock dashboard --dsn DSN`` (http://127.0.0.1:8800/), or mount a
+[`Dashboard`][pgleaderlock.dashboard.Dashboard]'s ``app`` in your own ASGI app. See the
+guide "The dashboard".
+
+- `snapshot`: the read model (`pgleaderlock.status`) gathered into one snapshot;
+- `refresher`: the app's one reader (two sessions, whatever the number of pages);
+- `hub`: the snapshot fanned out to the pages as server-sent events;
+- `app`: the ASGI app, its page (``static/``) and its security headers.
+
+*Added in 0.2.0.*
+"""
+
+from __future__ import annotations
+
+from .._extras import missing_extra
+
+try:
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised by tests/extras
+    raise missing_extra("pgleaderlock.dashboard", "Starlette", "dashboard", exc) from exc
+
+from .app import CSP, Dashboard, create_app
+from .hub import Hub
+from .refresher import Refresher, fingerprint
+from .snapshot import History, Tables, build_snapshot
+
+__all__ = [
+    "CSP",
+    "Dashboard",
+    "History",
+    "Hub",
+    "Refresher",
+    "Tables",
+    "build_snapshot",
+    "create_app",
+    "fingerprint",
+]
