@@ -35,18 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import shutil
-import socket
 import statistics
-import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import psycopg
 from _common import database, fmt_ms, interrupt_on_signals, markdown_table, summarize
 from psycopg.conninfo import make_conninfo
@@ -60,8 +54,14 @@ from pgleaderlock import (
     Semaphore,
 )
 from pgleaderlock.dashboard import Dashboard
-from pgleaderlock.dashboard.refresher import APPLICATION_NAME
-from pgleaderlock.dashboard.server import DashboardServer
+from support.chromium import find_chromium, launch_options
+from support.dashboard import (
+    EventClient,
+    dashboard_sessions,
+    event_clients_of,
+    own_database,
+    served,
+)
 
 READER = "dash_reader"
 LOCKS = ("billing", "reports", "mailer")
@@ -77,19 +77,13 @@ def load() -> str:
 @contextlib.contextmanager
 def bench_database(admin_dsn: str) -> Iterator[tuple[str, str]]:
     """A database of its own and the reading role: (admin DSN, reader DSN) on it."""
-    name = f"dashbench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}".encode())
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (READER,)).fetchone()
         if not exists:
             conn.execute(f"CREATE ROLE {READER} LOGIN".encode())
             conn.execute(f"GRANT pg_monitor TO {READER}".encode())
-    admin = make_conninfo(admin_dsn, dbname=name)
-    try:
+    with own_database(admin_dsn, "dashbench") as admin:
         yield admin, make_conninfo(admin, user=READER)
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE {name} WITH (FORCE)".encode())
 
 
 def server_statements(admin: str) -> int | None:
@@ -107,77 +101,17 @@ def server_statements(admin: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def dashboard_sessions(admin: str) -> int:
-    with psycopg.connect(admin, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            " AND datname = current_database()",
-            (APPLICATION_NAME,),
-        ).fetchone()
-    return int(row[0]) if row else -1
-
-
 # ------------------------------------------------------------------ the dashboard
 
 
-@contextlib.contextmanager
-def served(board: Dashboard) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    server = DashboardServer(board, log_level="warning", timeout_graceful_shutdown=1)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the dashboard did not start")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-        sock.close()
-
-
-class Page:
-    """One event-stream client: the latest snapshot and tick, and when each came."""
-
-    def __init__(self) -> None:
-        self.snapshot: dict[str, Any] | None = None
-        self.tick: dict[str, Any] | None = None
-        self.changed = asyncio.Event()
-
-    async def follow(self, client: httpx.AsyncClient, url: str) -> None:
-        async with client.stream("GET", url + "api/events") as response:
-            event = None
-            async for line in response.aiter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event is not None:
-                    data = json.loads(line[6:])
-                    if event == "snapshot":
-                        self.snapshot = data
-                    else:
-                        self.tick = data
-                    self.changed.set()
-
-
 @contextlib.asynccontextmanager
-async def pages(url: str, count: int) -> AsyncIterator[list[Page]]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client:
-        opened = [Page() for _ in range(count)]
-        tasks = [asyncio.create_task(p.follow(client, url)) for p in opened]
-        try:
-            async with asyncio.timeout(20):
-                while not all(p.tick for p in opened):
-                    await asyncio.sleep(0.05)
-            yield opened
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+async def pages(url: str, count: int) -> AsyncIterator[list[EventClient]]:
+    """``count`` pages following the events, each of which got its first tick."""
+    async with event_clients_of(url, count) as opened:
+        async with asyncio.timeout(20):
+            while not all(p.ticks for p in opened):
+                await asyncio.sleep(0.05)
+        yield opened
 
 
 # ------------------------------------------------------------------ the workload
@@ -236,7 +170,7 @@ async def cost(url: str, board: Dashboard, admin: str, rounds: int, window: floa
                 await asyncio.sleep(window)
                 took = time.monotonic() - started
                 s1, f1, v1 = refresher.statements, refresher.refreshes, server_statements(admin)
-                sessions = dashboard_sessions(admin)
+                sessions = len(dashboard_sessions(admin))
             app_rate = (s1 - s0) / took
             per[count].append(app_rate)
             server = "-" if v0 is None or v1 is None else f"{(v1 - v0) / took:.1f}"
@@ -262,17 +196,14 @@ async def latency(
     page_ms: list[float] = []
     event_ms: list[float] = []
     call_ms: list[float] = []
-    chromium = shutil.which("chromium") if browser else None
+    chromium = find_chromium() if browser else None
     async with contextlib.AsyncExitStack() as stack, pages(url, 1) as (client,):
         dom = None
         if chromium:
             from playwright.async_api import async_playwright
 
             playwright = await stack.enter_async_context(async_playwright())
-            b = await playwright.chromium.launch(
-                executable_path=chromium, headless=True,
-                args=["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],
-            )  # fmt: skip
+            b = await playwright.chromium.launch(**launch_options(chromium))
             stack.push_async_callback(b.close)
             dom = await b.new_page()
             await dom.goto(url)
@@ -303,7 +234,7 @@ async def latency(
                 return False
 
             async with asyncio.timeout(10):
-                while not leads(client.snapshot):
+                while not leads(client.snapshots[-1] if client.snapshots else None):
                     client.changed.clear()
                     await client.changed.wait()
             event_ms.append(time.monotonic() - started)
@@ -334,7 +265,8 @@ async def main(args: argparse.Namespace) -> None:
     with database(args.dsn, settings=settings) as dsn, bench_database(dsn) as (admin, reader):
         async with workload(admin) as candidates:
             board = Dashboard(reader, period_s=1.0, group_names={"grp": ["alpha", "beta"]})
-            with served(board) as url:
+            with served(board) as running:
+                url = running.url
                 print(f"\n## Cost: 1 page vs 20 pages ({args.rounds} rounds x {args.window:g} s)\n")
                 await cost(url, board, admin, args.rounds, args.window)
                 print(f"\n## Hand-over to the page ({args.handovers} trials)\n")

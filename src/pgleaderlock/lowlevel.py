@@ -62,7 +62,9 @@ Names, by theme:
   `oid_to_key` (a key as ``pg_locks`` shows it).
 - **Who leads** (*public*: `LeaderInfo`, `Participant`, `current_leader`,
   `current_leader_sync`): `ParticipantTable`, `PUBLISHED_FIELDS`, `published`,
-  `participants_of` (the published rows, as status reads them).
+  `participants_of` (the published rows, as status reads them), `LEADER_CHANNEL` (the
+  ``NOTIFY`` channel a lock that starts to lead announces itself on: a listener looks
+  at ``pg_locks`` again).
 - **Errors** (*public*: `PgLeaderLockError`, `ConfigurationError`, `ConnectionError`,
   `LockError`, `LockNotHeldError`, `FencedError`, `HandOverError`, `ShutdownError`,
   `BackendUnavailableError`, `MissingPrivilegeError`, `UntrustedObjectError`,

@@ -21,7 +21,7 @@ import pyte
 import pytest
 
 from cli.clitools import CLI, clean_env
-from pgleaderlock.cli.watch import fingerprint
+from pgleaderlock.status.render import fingerprint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

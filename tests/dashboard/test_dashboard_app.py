@@ -17,10 +17,8 @@ from fastapi import FastAPI
 from psycopg.conninfo import make_conninfo
 
 from pgleaderlock import LeaderLock, LockOptions, Participation, Semaphore
-from pgleaderlock.core.leader import CHANNEL as CORE_CHANNEL
 from pgleaderlock.dashboard import CSP, Dashboard, History, fingerprint
 from pgleaderlock.dashboard.app import LOOPBACK_HOSTS
-from pgleaderlock.dashboard.refresher import CHANNEL
 from pgleaderlock.dashboard.snapshot import safe_error
 from pgleaderlock.status import bounded
 from support.poll import eventually
@@ -28,10 +26,6 @@ from support.poll import eventually
 pytestmark = [pytest.mark.timeout(90)]
 
 SECRET = "hunter2-not-on-the-page"
-
-
-def test_the_dashboard_listens_on_the_leader_watchs_channel() -> None:
-    assert CHANNEL == CORE_CHANNEL
 
 
 def test_fingerprint_ignores_the_clock() -> None:
@@ -215,6 +209,7 @@ async def test_mounted_in_a_fastapi_app(fresh_db: str) -> None:
             body["snapshot"]["database"] == make_conninfo(fresh_db).split("dbname=")[1].split()[0]
         )
     async with mounted(fresh_db, started=False) as client:
-        refused = await client.get("/leaders/api/snapshot")
-        assert refused.status_code == 503
-        assert "lifespan" in refused.text
+        for path in ("/leaders/api/snapshot", "/leaders/api/events"):
+            refused = await client.get(path)
+            assert refused.status_code == 503, path
+            assert "lifespan" in refused.text

@@ -32,6 +32,7 @@ import pytest
 
 from pgleaderlock import Coordinator, LeaderLock, LockOptions, Participation, Semaphore, lock_keys
 from pgleaderlock.schedule import Run, Scheduler
+from support.chromium import launch_options
 from support.poll import eventually
 from support.shared_roles import FAST, SCHEMA, Database, publish
 from support.timings import lock_args, timings
@@ -56,12 +57,7 @@ async def browser_page(chromium: Path, base_url: str) -> AsyncIterator[tuple[Any
 
     left: list[str] = []
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=chromium,
-            headless=True,
-            args=["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],  # loopback only
-            timeout=60_000,
-        )
+        browser = await playwright.chromium.launch(**launch_options(chromium))
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 900})
 

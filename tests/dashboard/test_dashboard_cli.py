@@ -9,15 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
-import psycopg
 import pytest
 
 from pgleaderlock._exitcodes import EXIT_OK, EXIT_USAGE
 from pgleaderlock.cli import run_cli
-from pgleaderlock.dashboard.refresher import APPLICATION_NAME
+from support.answering import first_answer, free_port
+from support.dashboard import dashboard_sessions
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -68,15 +67,9 @@ def test_a_port_in_use(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in err, err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.integration
 def test_serves_on_loopback_and_stops_on_sigterm(fresh_db: str) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PGLEADERLOCK_DSN": fresh_db}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgleaderlock.cli", "dashboard", "--port", str(port)],
@@ -88,14 +81,7 @@ def test_serves_on_loopback_and_stops_on_sigterm(fresh_db: str) -> None:
         assert proc.stderr is not None
         banner = proc.stderr.readline()
         assert f"http://127.0.0.1:{port}/" in banner, banner
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                page = httpx.get(f"http://127.0.0.1:{port}/api/snapshot", timeout=5)
-                break
-            except httpx.ConnectError:
-                assert time.monotonic() < deadline, "the dashboard never answered"
-                time.sleep(0.1)
+        page = first_answer(f"http://127.0.0.1:{port}/api/snapshot", proc)
         assert page.status_code == 200
         assert page.json()["snapshot"]["locks"] == []
         rebound = httpx.get(
@@ -112,10 +98,4 @@ def test_serves_on_loopback_and_stops_on_sigterm(fresh_db: str) -> None:
         rest = proc.stderr.read()
         proc.stderr.close()
     assert "Traceback" not in rest, rest
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        left = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            " AND datname = current_database()",
-            (APPLICATION_NAME,),
-        ).fetchone()
-    assert left == (0,)
+    assert dashboard_sessions(fresh_db) == []

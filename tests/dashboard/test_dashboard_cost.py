@@ -21,25 +21,13 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgleaderlock import LeaderLock, LockOptions, Participation
-from pgleaderlock.dashboard.refresher import APPLICATION_NAME
+from support.dashboard import dashboard_sessions
 from support.poll import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 REFRESHES = 5
 """The window: this many refreshes, as one page's ticks count them."""
-
-
-def dashboard_sessions(dsn: str) -> list[int]:
-    """The server pids of the dashboard's sessions in ``dsn``'s database (read from
-    another database: the test's own reads are not the dashboard's)."""
-    database = conninfo_to_dict(dsn)["dbname"]
-    with psycopg.connect(make_conninfo(dsn, dbname="postgres"), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = %s",
-            (APPLICATION_NAME, database),
-        ).fetchall()
-    return sorted(int(r[0]) for r in rows)
 
 
 def server_transactions(dsn: str) -> int:

@@ -5,14 +5,13 @@ until SIGTERM; a bad option is one line, exit 2."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Callable
 
-import httpx
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+
+from support.answering import first_answer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -21,21 +20,12 @@ Spawn = Callable[..., subprocess.Popen[str]]
 
 
 def test_serves_the_projects_database(spawn: Spawn, pg_dsn: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = spawn("pgleaderlock_dashboard", "--port", str(port))
     assert proc.stderr is not None
     banner = proc.stderr.readline()
     assert f"http://127.0.0.1:{port}/" in banner, banner
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            body = httpx.get(f"http://127.0.0.1:{port}/api/snapshot", timeout=5).json()
-            break
-        except httpx.ConnectError:
-            assert time.monotonic() < deadline, "the dashboard never answered"
-            time.sleep(0.1)
+    body = first_answer(f"http://127.0.0.1:{port}/api/snapshot", proc).json()
     assert body["snapshot"]["database"] == conninfo_to_dict(pg_dsn).get("dbname", "test")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -323,24 +322,16 @@ def test_the_dashboard(install: Install) -> None:
     snapshot on 127.0.0.1, and stops on SIGTERM (exit 0)."""
     import httpx
 
+    from support.answering import first_answer, free_port
+
     venv = install("dashboard")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [str(venv.bin / "pgleaderlock"), "dashboard", "--port", str(port)],
         env=venv.env, cwd=venv.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                page = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
-                break
-            except httpx.ConnectError:
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "the dashboard never answered"
-                time.sleep(0.2)
+        page = first_answer(f"http://127.0.0.1:{port}/", proc, within_s=60)
         assert "static/dashboard.js" in page.text
         assert httpx.get(f"http://127.0.0.1:{port}/static/dashboard.js", timeout=5).is_success
         snapshot = httpx.get(f"http://127.0.0.1:{port}/api/snapshot", timeout=5).json()

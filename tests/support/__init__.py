@@ -27,4 +27,10 @@ themselves (``benchmarks/_common.py``).
 - :mod:`support.pgbouncer`: ``PgBouncer``, a real PgBouncer in any pool mode (its
   fixtures: ``tests/fix_pgbouncer.py``, a ``pytest_plugins`` module of the root
   ``conftest.py``).
+- :mod:`support.chromium`: Debian's Chromium for Playwright (``require_chromium``,
+  ``launch_options``: headless, loopback only), for tests/docs and tests/dashboard.
+- :mod:`support.dashboard`: a dashboard served on a thread (``served``), pages
+  following its events (``event_clients_of``), ``own_database``, ``dashboard_sessions``.
+- :mod:`support.answering`: ``free_port`` and ``first_answer``, for a server a test
+  starts in a process of its own.
 """

@@ -14,11 +14,12 @@ import socket
 
 import click
 
-from .._env import DSN_VARIABLES
 from .._extras import missing_extra
 from ..lowlevel import ConfigurationError
 from .exits import EXIT_OK, CliError
 from .options import (
+    count_option,
+    dsn_option,
     log_options,
     positive,
     resolve_dsn,
@@ -42,13 +43,7 @@ pages; the DSN is never shown. Needs the dashboard extra: pip install
 
 
 @click.command("dashboard", epilog=_EPILOG)
-@click.option(
-    "--dsn",
-    envvar=list(DSN_VARIABLES),
-    show_envvar=True,
-    metavar="DSN",
-    help="PostgreSQL connection string (URL or key=value); never shown on the page.",
-)
+@dsn_option("PostgreSQL connection string (URL or key=value); never shown on the page.")
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -90,12 +85,12 @@ pages; the DSN is never shown. Needs the dashboard extra: pip install
     "notification refreshes at once.",
 )
 @seconds_option("--timeout", default=5.0, text="Connect timeout and statement timeout.")
-@click.option(
+@count_option(
     "--max-pages",
-    type=click.IntRange(1, 10_000),
+    minimum=1,
+    maximum=10_000,
     default=100,
-    show_default=True,
-    help="The most pages open at once (each costs a socket, never a database session).",
+    text="The most pages open at once (each costs a socket, never a database session).",
 )
 @seconds_option("--grace", default=2.0, text="On SIGINT/SIGTERM: how long open pages may stay.")
 @log_options(cli="INFO", library="WARNING")

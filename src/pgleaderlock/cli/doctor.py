@@ -59,7 +59,6 @@ import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from .._env import DSN_VARIABLES
 from ..backends.sql import TABLE_CHECK, trusted_roles_sql
 from ..coordination.workers import CheckpointTable
 from ..lowlevel import (
@@ -96,6 +95,7 @@ from .options import (
     Tables,
     choice_option,
     count_option,
+    dsn_option,
     log_options,
     positive,
     resolve_dsn,
@@ -401,13 +401,9 @@ Exit codes:
 
 
 @click.command("doctor", epilog=_DOCTOR_EPILOG)
-@click.option(
-    "--dsn",
-    envvar=list(DSN_VARIABLES),
-    show_envvar=True,
-    metavar="DSN",
-    help="PostgreSQL connection string: the one the locks will use (as their role, "
-    "through the same pooler, if any).",
+@dsn_option(
+    "PostgreSQL connection string: the one the locks will use (as their role, "
+    "through the same pooler, if any)."
 )
 @count_option(
     "--locks",

@@ -175,11 +175,21 @@ def choice_option(name: str, choices: list[str], *, default: str, text: str) -> 
     )
 
 
-def count_option(name: str, *, minimum: int, default: int, text: str) -> Callable[[F], F]:
-    """A ``--NAME N`` option: a whole number of at least ``minimum`` (its default shown
-    in ``--help``)."""
+def count_option(
+    name: str, *, minimum: int, default: int, text: str, maximum: int | None = None
+) -> Callable[[F], F]:
+    """A ``--NAME N`` option: a whole number of at least ``minimum`` (and at most
+    ``maximum``, if given; its default shown in ``--help``)."""
     return click.option(
-        name, type=click.IntRange(minimum), default=default, show_default=True, help=text
+        name, type=click.IntRange(minimum, maximum), default=default, show_default=True, help=text
+    )
+
+
+def dsn_option(text: str) -> Callable[[F], F]:
+    """``--dsn DSN``, from ``PGLEADERLOCK_DSN`` or ``PG_DSN`` when omitted (the variables
+    shown in ``--help``); ``text`` says what it connects to."""
+    return click.option(
+        "--dsn", envvar=list(DSN_VARIABLES), show_envvar=True, metavar="DSN", help=text
     )
 
 
@@ -207,14 +217,10 @@ def _target_option_list(*, many_names: bool) -> list[Any]:
     if many_names:
         name_help += " With --group: a name of the group's workers (repeatable)."
     return [
-        click.option(
-            "--dsn",
-            envvar=list(DSN_VARIABLES),
-            show_envvar=True,
-            metavar="DSN",
-            help="PostgreSQL connection string (URL or key=value). Prefer the environment or "
+        dsn_option(
+            "PostgreSQL connection string (URL or key=value). Prefer the environment or "
             "~/.pgpass to a password on the command line. A postgresql+DRIVER:// "
-            "scheme selects the backend.",
+            "scheme selects the backend."
         ),
         click.option("--name", metavar="NAME", multiple=many_names, help=name_help),
         click.option("--key1", type=int, metavar="INT", help="Advisory lock key 1 (int4)."),

@@ -22,7 +22,6 @@ body is a rich ``Text``, never markup, so a ``[bold]`` in a row is shown as writ
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -30,30 +29,10 @@ from typing import Any
 
 from .._extras import missing_extra
 from ..lowlevel import printable
-from ..status.render import json_default
+from ..status.render import fingerprint
 from .exits import EXIT_OK, CliError
 
-__all__ = ["fingerprint", "watch_status"]
-
-_VOLATILE = frozenset({"checked_at", "state", "state_change"})
-
-
-def fingerprint(report: Any) -> str:
-    """What a report says, without its clock fields: two reports with the same
-    fingerprint draw the same leadership picture."""
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {
-                k: strip(v)
-                for k, v in value.items()
-                if k not in _VOLATILE and not k.endswith("_age_s")
-            }
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return json.dumps(strip(report), sort_keys=True, default=json_default)
+__all__ = ["watch_status"]
 
 
 def watch_status(

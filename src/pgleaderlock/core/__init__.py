@@ -48,6 +48,7 @@ from .errors import (
 from .fencing import Leadership, fence_transaction
 from .hooks import callback_plugin, follow_state, hookimpl
 from .keys import check_key, check_name, find_slot, key_to_oid, lock_keys, oid_to_key, slot_keys
+from .leader import CHANNEL as LEADER_CHANNEL
 from .leader import (
     PUBLISHED_FIELDS,
     LeaderInfo,
@@ -134,6 +135,7 @@ __all__ = [
     "CHECK_TABLE",
     "DEFAULT_SCHEMA",
     "DEPRECATED_KEYWORDS",
+    "LEADER_CHANNEL",
     "MAX_SECONDS",
     "PUBLISHED_FIELDS",
     "SAFE_SETTINGS",

@@ -23,9 +23,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by tests/extras
     raise missing_extra("pgleaderlock.dashboard", "Starlette", "dashboard", exc) from exc
 
+from ..status.render import fingerprint
 from .app import CSP, Dashboard, create_app
 from .hub import Hub
-from .refresher import Refresher, fingerprint
+from .refresher import Refresher
 from .snapshot import History, Tables, build_snapshot
 
 __all__ = [

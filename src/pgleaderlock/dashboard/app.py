@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -61,6 +61,8 @@ _HEADERS = [
 def _asset(name: str) -> bytes:
     return importlib.resources.files(__package__).joinpath("static", name).read_bytes()
 
+
+_Endpoint = Callable[[Request], Awaitable[Response]]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """The names a page on loopback is reached by (``Dashboard(allowed_hosts=...)``)."""
@@ -172,8 +174,8 @@ class Dashboard:
         routes = [
             Route("/", self._index, methods=["GET"]),
             Route("/static/{name}", self._static, methods=["GET"]),
-            Route("/api/snapshot", self._snapshot, methods=["GET"]),
-            Route("/api/events", self._events, methods=["GET"]),
+            Route("/api/snapshot", self._when_running(self._snapshot), methods=["GET"]),
+            Route("/api/events", self._when_running(self._events), methods=["GET"]),
         ]
         allowed = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
         self.app: ASGIApp = _SecurityHeaders(
@@ -192,13 +194,20 @@ class Dashboard:
         async with self:
             yield
 
-    def _not_started(self) -> Response | None:
-        if self.refresher.running:
-            return None
-        return PlainTextResponse(
-            "the dashboard is not running: start it in the app's lifespan (async with dashboard)",
-            status_code=503,
-        )
+    def _when_running(self, endpoint: _Endpoint) -> _Endpoint:
+        """``endpoint``, answered only while the refresher runs (503 otherwise: a mounted
+        dashboard that its host app's lifespan did not start has nothing to show)."""
+
+        async def guarded(request: Request) -> Response:
+            if not self.refresher.running:
+                return PlainTextResponse(
+                    "the dashboard is not running: start it in the app's lifespan"
+                    " (async with dashboard)",
+                    status_code=503,
+                )
+            return await endpoint(request)
+
+        return guarded
 
     async def _index(self, request: Request) -> Response:
         return Response(_asset("index.html"), media_type="text/html; charset=utf-8",
@@ -212,18 +221,12 @@ class Dashboard:
                         headers={"cache-control": "no-cache"})  # fmt: skip
 
     async def _snapshot(self, request: Request) -> Response:
-        refused = self._not_started()
-        if refused is not None:
-            return refused
         hub = self.refresher.hub
         body = f'{{"snapshot": {hub.snapshot_json}, "tick": {json.dumps(hub.tick)}}}'
         return Response(body, media_type="application/json",
                         headers={"cache-control": "no-store"})  # fmt: skip
 
     async def _events(self, request: Request) -> Response:
-        refused = self._not_started()
-        if refused is not None:
-            return refused
         hub = self.refresher.hub
         if hub.clients >= hub.max_clients:
             return PlainTextResponse("too many pages follow the dashboard", status_code=503)

@@ -6,8 +6,8 @@ holds two sessions and reads one snapshot per refresh.
   timeout and a safe ``search_path`` (`pgleaderlock.status.bounded`); the session is
   opened again after an error;
 - a *listening* session, ``LISTEN pgleaderlock_leader``: every lock that starts to
-  lead says so on that channel (the leader watch's, `pgleaderlock.core.leader`), and a
-  notification makes a refresh at once.
+  lead says so on that channel (`pgleaderlock.lowlevel.LEADER_CHANNEL`, the leader
+  watch's), and a notification makes a refresh at once.
 
 It refreshes on a notification and at least every ``period_s`` (a leader that died
 with nobody to follow it announces nothing), never more often than every
@@ -26,45 +26,23 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from ..lowlevel import ConfigurationError, get_logger, without_driver
+from ..lowlevel import LEADER_CHANNEL, ConfigurationError, get_logger, without_driver
 from ..status import bounded
-from ..status.render import json_default
+from ..status.render import fingerprint, json_default
 from .hub import Hub
 from .snapshot import History, Tables, build_snapshot, safe_error
 
-__all__ = ["APPLICATION_NAME", "CHANNEL", "Refresher", "fingerprint"]
+__all__ = ["APPLICATION_NAME", "Refresher"]
 
 log = get_logger("pgleaderlock.dashboard")
 
 APPLICATION_NAME = "pgleaderlock-dashboard"
 """The ``application_name`` of the dashboard's sessions."""
-CHANNEL: LiteralString = "pgleaderlock_leader"
-"""The leader watch's channel (``pgleaderlock.core.leader.CHANNEL``; a test keeps them
-equal): a lock that starts to lead notifies it."""
-
-_VOLATILE = frozenset({"checked_at", "state", "state_change"})
-
-
-def fingerprint(snapshot: Any) -> str:
-    """What a snapshot says, without its clock fields (``checked_at``, ages, a
-    session's momentary ``state``): a page is sent a snapshot only when this changes."""
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {
-                k: strip(v)
-                for k, v in value.items()
-                if k not in _VOLATILE and not k.endswith("_age_s")
-            }
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return json.dumps(strip(snapshot), sort_keys=True, default=json_default)
 
 
 class _Counted:
@@ -300,7 +278,7 @@ class Refresher:
                 self.connections += 1
                 async with asyncio.timeout(self.timeout_s):
                     self._listen_statements += 1
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(LEADER_CHANNEL)))
                 self.listening = True
                 self._poked.set()  # what changed while nobody listened
                 async with contextlib.aclosing(conn.notifies()) as notifies:

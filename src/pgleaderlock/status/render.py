@@ -4,7 +4,9 @@
 `render_one` lays out one lock (holder, then waiting sessions) as labelled lines;
 `render_all` lays out every advisory lock as an aligned table; `render_group` a
 coordinator group's members and who leads what, as two tables; `json_default` lets
-``json.dumps`` write the reports' timestamps.
+``json.dumps`` write the reports' timestamps; `fingerprint` is what a report says,
+without its clock fields (``status --watch`` redraws and the dashboard sends a page a
+snapshot only when it changes).
 
 Every string of a report may have been written by another role (an
 ``application_name``, a participant's ``identity`` and metadata, a run's ``holder``,
@@ -23,7 +25,16 @@ from typing import Any
 
 from ..lowlevel import printable_tree
 
-__all__ = ["json_default", "render_all", "render_group", "render_one", "schedule_lines"]
+__all__ = [
+    "fingerprint",
+    "json_default",
+    "render_all",
+    "render_group",
+    "render_one",
+    "schedule_lines",
+]
+
+_VOLATILE = frozenset({"checked_at", "state", "state_change"})
 
 
 def json_default(value: object) -> str:
@@ -31,6 +42,26 @@ def json_default(value: object) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
+
+
+def fingerprint(report: Any) -> str:
+    """What a report (or a dashboard snapshot) says, without its clock fields
+    (``checked_at``, the ``*_age_s`` ages, a session's momentary ``state`` and
+    ``state_change``): two reports with the same fingerprint show the same leadership
+    picture."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                k: strip(v)
+                for k, v in value.items()
+                if k not in _VOLATILE and not k.endswith("_age_s")
+            }
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return json.dumps(strip(report), sort_keys=True, default=json_default)
 
 
 def _when(value: object, age_s: float | None) -> str:
