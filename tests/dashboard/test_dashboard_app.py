@@ -5,7 +5,9 @@ DSN or password anywhere, read-only transactions); mountable in a FastAPI app.""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -213,3 +215,12 @@ async def test_mounted_in_a_fastapi_app(fresh_db: str) -> None:
             refused = await client.get(path)
             assert refused.status_code == 503, path
             assert "lifespan" in refused.text
+
+
+def test_missing_starlette_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Starlette, importing the dashboard says which extra brings it."""
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    for name in [m for m in sys.modules if m.startswith("pgleaderlock.dashboard")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError, match=r"pip install 'pgleaderlock\[dashboard\]'"):
+        importlib.import_module("pgleaderlock.dashboard")

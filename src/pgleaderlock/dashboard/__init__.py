@@ -16,12 +16,10 @@ guide "The dashboard".
 
 from __future__ import annotations
 
-from .._extras import missing_extra
+from .._extras import needs_extra
 
-try:
+with needs_extra(__name__, "Starlette", "dashboard"):
     import starlette  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised by tests/extras
-    raise missing_extra("pgleaderlock.dashboard", "Starlette", "dashboard", exc) from exc
 
 from ..status.render import fingerprint
 from .app import CSP, Dashboard, create_app
