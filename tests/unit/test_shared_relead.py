@@ -11,8 +11,10 @@ session.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -316,3 +318,36 @@ async def test_the_watch_tells_the_group_before_the_loop_hears_of_it(
     await watch._watch_once(Slot(WatchSession()))  # type: ignore[arg-type]
     assert order == ["notify left zz-next", "posted", "unlock"]
     assert posted == [MemberGone("zz-next", seen_here=True, told=True)]
+
+
+async def test_after_a_death_the_look_waits_for_the_takes() -> None:
+    """A shared member looks at the group ``GONE_LOOK_DELAY_S`` after a member is gone,
+    not at once: a look reads the whole lock table while the other survivors are
+    still taking their shares. (The old code looked at once.)"""
+    eng, _ran = engine(3)
+    eng.settings = dataclasses.replace(eng.settings, idle_tick_s=30.0)
+    ticks: list[float] = []
+
+    async def nothing() -> None:
+        return None
+
+    async def tick() -> None:
+        ticks.append(time.monotonic())
+        eng.balancer.unsettled = False
+
+    eng._open = nothing  # type: ignore[method-assign]
+    eng._close = nothing  # type: ignore[method-assign]
+    eng.balancer.tick = tick  # type: ignore[method-assign]
+    await eng.start()
+    try:
+        while not ticks:  # the first look
+            await asyncio.sleep(0.01)
+        gone_at = time.monotonic()
+        eng.events.put_nowait(MemberGone("gone"))
+        async with asyncio.timeout(5.0):
+            while len(ticks) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        await eng.stop()
+    assert eng.error is None
+    assert ticks[1] - gone_at >= SharedEngine.GONE_LOOK_DELAY_S > 0
