@@ -284,11 +284,13 @@ async def test_a_watch_that_told_the_group_is_not_repeated_by_the_loop() -> None
     assert gone == ["dead", "dead"]
 
 
-async def test_the_watch_tells_the_group_before_the_loop_hears_of_it(
+async def test_the_watch_tells_the_group_as_the_loop_takes_the_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """When the watched member's lock is granted, the watch session sends "left" to the
-    group, then the loop is told (``told``), then the lock is given back."""
+    """When the watched member's lock is granted, the loop is told (``told``: it takes
+    its share without telling the group), and the watch session sends "left" to the
+    group meanwhile, then gives the lock back; if that send fails, the loop is told
+    again, to tell the group itself."""
     eng, _ran = engine(1)
     order: list[str] = []
 
@@ -315,9 +317,19 @@ async def test_the_watch_tells_the_group_before_the_loop_hears_of_it(
     watch._post = post
     eng.membership.members = frozenset({eng.member, "zz-next"})
     monkeypatch.setattr(watch_module, "can", lambda session, capability: True)
+    monkeypatch.setattr(watch_module, "AFTER_DEATH_S", 0.0)
     await watch._watch_once(Slot(WatchSession()))  # type: ignore[arg-type]
-    assert order == ["notify left zz-next", "posted", "unlock"]
+    assert order == ["posted", "notify left zz-next", "unlock"]
     assert posted == [MemberGone("zz-next", seen_here=True, told=True)]
+    failing = WatchSession()
+    failing.notify = None  # type: ignore[assignment,method-assign]  # calling it fails
+    posted.clear()
+    eng.membership.members = frozenset({eng.member, "zz-next"})  # it comes back, and dies
+    await watch._watch_once(Slot(failing))  # type: ignore[arg-type]
+    assert posted == [
+        MemberGone("zz-next", seen_here=True, told=True),
+        MemberGone("zz-next", seen_here=True),  # the loop tells the group then
+    ]
 
 
 async def test_after_a_death_the_look_waits_for_the_takes() -> None:
