@@ -37,6 +37,7 @@ class Slot:
     def __init__(self, session: object) -> None:
         self.session = session
         self.grants = 0
+        self.calls = 0
 
     def granted(self) -> None:
         self.grants += 1
@@ -84,6 +85,7 @@ def serve(eng: SharedEngine, session: Session) -> Slot:
     slot = Slot(session)
 
     async def call_slot(fn: Callable[[Any], Awaitable[Any]], timeout_s: float | None = None) -> Any:
+        slot.calls += 1
         return await fn(slot)
 
     eng.membership.call_slot = call_slot  # type: ignore[method-assign,assignment]
@@ -91,12 +93,20 @@ def serve(eng: SharedEngine, session: Session) -> Slot:
 
 
 def test_chunks_start_small_and_double_up_to_the_largest() -> None:
-    keys = [lock_keys(f"k{i}") for i in range(3000)]
+    keys = [lock_keys(f"k{i}") for i in range(6000)]
     parts = shared.chunks(keys)
-    assert [len(p) for p in parts] == [128, 256, 512, 1024, 1024, 56]
+    assert [len(p) for p in parts] == [128, 256, 512, 1024, 1024, 1024, 1024, 1008]
     assert [k for p in parts for k in p] == keys
     assert shared.chunks(keys[:5]) == [keys[:5]]
     assert shared.chunks([]) == []
+    # At most MAX_CALL (2048) names a call of the hold session.
+    grouped = shared.calls(parts)
+    assert [[len(p) for p in c] for c in grouped] == [
+        [128, 256, 512, 1024],
+        [1024, 1024],
+        [1024, 1008],
+    ]
+    assert shared.calls([]) == []
 
 
 async def test_the_first_chunks_workers_run_while_the_next_chunk_is_locked() -> None:
@@ -118,8 +128,40 @@ async def test_the_first_chunks_workers_run_while_the_next_chunk_is_locked() -> 
         assert seen == [(0, 0), (128, 0), (384, 128)]  # the first 128 ran meanwhile
         assert sorted(taken) == keys
         assert slot.grants == 3
+        assert slot.calls == 1
         await asyncio.sleep(0)
         assert sorted(ran) == sorted(eng.names[k] for k in keys)
+    finally:
+        await eng.workers.stop()
+
+
+async def test_a_large_take_spreads_over_calls_of_bounded_size() -> None:
+    """The workers of a call's chunks start within the call's bound (meant for the
+    statements): a take of 5,000 names makes three calls of at most 2,048 names."""
+    eng, ran = engine(5000)
+    sizes: list[int] = []
+
+    async def on_call(i: int, keys: list[Key]) -> None:
+        return None
+
+    session = Session(on_call)
+    slot = serve(eng, session)
+    original = eng.membership.call_slot
+
+    async def call_slot(fn: Callable[[Any], Awaitable[Any]], timeout_s: float | None = None) -> Any:
+        before = len(session.calls)
+        result = await original(fn, timeout_s)
+        sizes.append(sum(len(c) for c in session.calls[before:]))
+        return result
+
+    eng.membership.call_slot = call_slot  # type: ignore[method-assign,assignment]
+    try:
+        taken = await eng.take(sorted(eng.names), handoff=False)
+        assert sizes == [1920, 2048, 1032]
+        assert slot.calls == 3
+        assert sorted(taken) == sorted(eng.names)
+        await asyncio.sleep(0)
+        assert len(ran) == 5000
     finally:
         await eng.workers.stop()
 

@@ -61,6 +61,11 @@ workers of a chunk start as soon as it is granted, while the next one runs on th
 server, so that the first names are led after a small statement, not after all."""
 MAX_CHUNK = 1024
 """The largest chunk of a take (see `FIRST_CHUNK`)."""
+MAX_CALL = 2048
+"""The most names of a take locked on one call of the hold session (in chunks): the
+workers of a call's chunks start, and take their first step, within the call's bound
+(``health_timeout_s``), so that bound holds for the statements only, even for a take of
+tens of thousands of names on a loaded machine."""
 
 
 class SharedEngine(Engine):
@@ -199,10 +204,12 @@ class SharedEngine(Engine):
                 self.start_worker(self.names[key], None)
             taken.extend(granted)
 
-        call = functools.partial(_try_lock_chunks, chunks(keys), granted_now)
         try:
             with gc_deferred():
-                await self.membership.call_slot(call)
+                for parts in calls(chunks(keys)):
+                    await self.membership.call_slot(
+                        functools.partial(_try_lock_chunks, parts, granted_now)
+                    )
         except Exception as exc:  # the hold lock left LEADER (Membership.call): it reconnects
             if is_permanent(exc, self.settings.config):  # ... unless that cannot help
                 raise
@@ -312,11 +319,26 @@ class SharedEngine(Engine):
 def chunks(keys: list[Key]) -> list[list[Key]]:
     """``keys`` in the chunks of a take: `FIRST_CHUNK`, then twice as many each time, up
     to `MAX_CHUNK`."""
-    found, size, start = [], FIRST_CHUNK, 0
+    found: list[list[Key]] = []
+    size, start = FIRST_CHUNK, 0
     while start < len(keys):
         found.append(keys[start : start + size])
         start += size
         size = min(2 * size, MAX_CHUNK)
+    return found
+
+
+def calls(parts: list[list[Key]]) -> list[list[list[Key]]]:
+    """The chunks of a take, grouped into calls of at most `MAX_CALL` names (a chunk
+    larger than that alone)."""
+    found: list[list[list[Key]]] = []
+    count = 0
+    for part in parts:
+        if not found or count + len(part) > MAX_CALL:
+            found.append([])
+            count = 0
+        found[-1].append(part)
+        count += len(part)
     return found
 
 
