@@ -485,4 +485,12 @@ def test_channel_and_member_key() -> None:
 
 
 def test_balance_module_exports() -> None:
-    assert set(balance.__all__) == {"View", "hrw_owner", "hrw_ranked", "requests", "should_grant"}
+    assert set(balance.__all__) == {
+        "View",
+        "Weights",
+        "heirs",
+        "hrw_owner",
+        "hrw_ranked",
+        "requests",
+        "should_grant",
+    }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .protocol import Key
 
-__all__ = ["View", "hrw_owner", "hrw_ranked", "requests", "should_grant"]
+__all__ = ["View", "Weights", "heirs", "hrw_owner", "hrw_ranked", "requests", "should_grant"]
 
 
 def _weight(key: Key, member: str) -> int:
@@ -39,6 +39,49 @@ def hrw_ranked(key: Key, members: Iterable[str]) -> list[str]:
     """``members`` in the order rendezvous hashing ranks them for ``key`` (the owner
     first): every member computes the same order."""
     return sorted(members, key=lambda member: (_weight(key, member), member), reverse=True)
+
+
+class Weights:
+    """The rendezvous weights of names, computed once per (name, member) and kept for
+    the members of the last view: a member that learns of a death decides which of the
+    dead member's names are its own without hashing thousands of names then."""
+
+    def __init__(self) -> None:
+        self._by_member: dict[str, dict[Key, int]] = {}
+
+    def keep_only(self, members: Iterable[str]) -> None:
+        """Forget the weights of members not in ``members`` (gone)."""
+        keep = set(members)
+        for member in [m for m in self._by_member if m not in keep]:
+            del self._by_member[member]
+
+    def owner(self, key: Key, members: Iterable[str]) -> str | None:
+        """As `hrw_owner`, from the kept weights."""
+        best: tuple[int, str] | None = None
+        for member in members:
+            table = self._by_member.get(member)
+            if table is None:
+                table = self._by_member[member] = {}
+            weight = table.get(key)
+            if weight is None:
+                weight = table[key] = _weight(key, member)
+            if best is None or (weight, member) > best:
+                best = (weight, member)
+        return None if best is None else best[1]
+
+
+def heirs(view: View, weights: Weights, dead: Iterable[str] | None = None) -> dict[str, list[Key]]:
+    """For each other live member of ``view`` (or each of ``dead``): its names that this
+    member takes at once when it dies, those whose rendezvous owner among the other
+    live members is this member (`hrw_owner` of the survivors)."""
+    others = view.members if dead is None else dead
+    survivors = {m: view.members - {m} for m in others if m != view.me}
+    found: dict[str, list[Key]] = {member: [] for member in survivors}
+    for key, holder in view.holders.items():
+        rest = survivors.get(holder)
+        if rest is not None and weights.owner(key, rest) == view.me:
+            found[holder].append(key)
+    return found
 
 
 @dataclass(frozen=True)

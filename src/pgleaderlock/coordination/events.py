@@ -37,10 +37,11 @@ class NameEvent:
 @dataclass(frozen=True)
 class MemberGone:
     """A member is gone: its names are free (then a look). ``seen_here``: this
-    member's ring watch saw it die, and tells the group."""
+    member's ring watch saw it die, and tells the group (``told``: it has already)."""
 
     member: str
     seen_here: bool = False
+    told: bool = False
 
 
 @dataclass(frozen=True)

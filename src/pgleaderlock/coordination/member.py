@@ -58,6 +58,9 @@ class Engine(abc.ABC):
 
     MEMBER_ROLE: Role = "util"
     """The role of the member lock's session."""
+    GONE_LOOK_DELAY_S = 0.0
+    """After a member is gone and this one took its share of the names, how long it
+    waits before it looks at the group (0: at once)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -228,7 +231,11 @@ class Engine(abc.ABC):
                     break
                 try:
                     await self._handle(event)
-                    if looks(event):
+                    if isinstance(event, MemberGone) and self.GONE_LOOK_DELAY_S:
+                        claim = self.settings.config.claim_s
+                        self._look_until = time.monotonic() + 2 * claim + GONE_LOOK_MARGIN_S
+                        next_tick = min(next_tick, time.monotonic() + self.GONE_LOOK_DELAY_S)
+                    elif looks(event):
                         await balancer.tick()
                         wait = self.settings.idle_tick_s
                         if balancer.unsettled:
@@ -291,7 +298,7 @@ class Engine(abc.ABC):
                 await self.mailbox.announce(Message("join", self.member))
             case Broken(error=error):
                 raise error
-            case MemberGone(member=member, seen_here=True):  # this member's watch saw it
+            case MemberGone(member=member, seen_here=True, told=False):  # seen here, untold
                 await self.mailbox.announce(Message("left", self.member, to=member))  # tell all
                 await self._on_event(event)
             case _:
@@ -329,8 +336,9 @@ class Engine(abc.ABC):
     def context(self, name: str, term: int | None) -> WorkerContext:
         settings = self.settings
         return WorkerContext(
-            name, term, self.member, settings.terms, settings.checkpoints, self.group
-        )
+            name, term, self.member, settings.terms, settings.checkpoints, self.group,
+            keys=self.keys.get(name),
+        )  # fmt: skip
 
     def start_worker(self, name: str, term: int | None) -> None:
         fn = self.functions.get(name)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from ..lowlevel import (
@@ -45,6 +45,7 @@ from .events import GroupEvent, MemberGone
 from .member import Engine
 from .protocol import Key, Message
 from .session import GroupSession
+from .workers import gc_deferred
 
 __all__ = ["SharedEngine"]
 
@@ -53,12 +54,27 @@ log = get_logger("pgleaderlock.coordination")
 
 FREE_GRACE_S = 1.0
 """How long a name stays free before a member that is not its rendezvous owner takes it."""
+FIRST_CHUNK = 128
+"""A take of many names locks them in chunks, one statement each, on one call of the
+hold session: this many first, then twice as many each time (up to `MAX_CHUNK`); the
+workers of a chunk start as soon as it is granted, while the next one runs on the
+server, so that the first names are led after a small statement, not after all."""
+MAX_CHUNK = 1024
+"""The largest chunk of a take (see `FIRST_CHUNK`)."""
+MAX_CALL = 2048
+"""The most names of a take locked on one call of the hold session (in chunks): the
+workers of a call's chunks start, and take their first step, within the call's bound
+(``health_timeout_s``), so that bound holds for the statements only, even for a take of
+tens of thousands of names on a loaded machine."""
 
 
 class SharedEngine(Engine):
     """A member whose names share one session (``sessions="shared"``)."""
 
     MEMBER_ROLE = "hold"
+    # The other survivors are taking their shares meanwhile: a look reads the whole lock
+    # table, and its rows cost a client thousands of objects; not while they take.
+    GONE_LOOK_DELAY_S = 0.1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +85,9 @@ class SharedEngine(Engine):
         self._losses = 0  # times the hold lock left LEADER
         self._free_since: dict[Key, float] = {}  # free names, since when (monotonic)
         self._seen_terms: dict[Key, int] = {}  # fencing: the last term of each name here
+        self._weights = balance.Weights()
+        # From the last view: each other member's names this member takes when it dies.
+        self._heirs: tuple[balance.View, dict[str, list[Key]]] | None = None
 
     # ------------------------------------------------------------------ sessions
 
@@ -125,10 +144,23 @@ class SharedEngine(Engine):
             take = [k for k in free if now - self._free_since[k] >= FREE_GRACE_S]
         return take
 
+    async def standby(self, view: balance.View) -> bool:
+        """Work out, from each view the tick reads, which names this member takes at once
+        when another member dies (`_take_from`): the rendezvous weights are kept, so
+        that a death costs this member no hashing. Nothing to wait for: False."""
+        self._weights.keep_only(view.members)
+        self._heirs = (view, balance.heirs(view, self._weights))
+        return False
+
     async def take(self, keys: list[Key], *, handoff: bool) -> list[Key]:
         keys = [k for k in keys if k in self.names and k not in self._owned]
         if not keys:
             return []
+        if self.settings.terms is None:
+            granted = await self._take_in_chunks(keys)
+            if granted:
+                log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
+            return granted
         try:
             losses = self._losses
             granted = await self.membership.call_slot(functools.partial(_try_lock_many, keys))
@@ -153,6 +185,35 @@ class SharedEngine(Engine):
         if granted:
             log.info("names_taken", count=len(granted), handoff=handoff, **self._fields)
         return granted
+
+    async def _take_in_chunks(self, keys: list[Key]) -> list[Key]:
+        """Lock ``keys`` in chunks (see `FIRST_CHUNK`) on one call of the hold session,
+        and start the workers of each chunk as it is granted; without fencing (with it,
+        `take` locks them in one statement and bumps their terms before any worker
+        starts). Returns the keys led here now."""
+        losses = self._losses
+        taken: list[Key] = []
+
+        def granted_now(granted: list[Key]) -> None:
+            # In the hold lock's call, between two statements: the lock leads.
+            if self._losses != losses:
+                self._stale.update(granted)  # the hold lock left LEADER since the take began
+                return
+            for key in granted:
+                self._owned[key] = None
+                self.start_worker(self.names[key], None)
+            taken.extend(granted)
+
+        try:
+            with gc_deferred():
+                for parts in calls(chunks(keys)):
+                    await self.membership.call_slot(
+                        functools.partial(_try_lock_chunks, parts, granted_now)
+                    )
+        except Exception as exc:  # the hold lock left LEADER (Membership.call): it reconnects
+            if is_permanent(exc, self.settings.config):  # ... unless that cannot help
+                raise
+        return [k for k in taken if k in self._owned]
 
     def _note_timelines(self, terms: dict[Key, int]) -> None:
         """After a failover: one ``timeline_changed`` warning for the names whose new
@@ -248,15 +309,50 @@ class SharedEngine(Engine):
         view = self.membership.last_view
         if view is None:
             return
-        survivors = view.members - {dead}
-        mine = [
-            key
-            for key, holder in view.holders.items()
-            if holder == dead
-            and key not in self.balancer.excluded
-            and balance.hrw_owner(key, survivors) == self.member
-        ]
-        await self.take(mine, handoff=False)
+        heirs = self._heirs[1] if self._heirs is not None and self._heirs[0] is view else {}
+        if dead not in heirs:  # not worked out from this view: now
+            heirs = balance.heirs(view, self._weights, [dead])
+        excluded = self.balancer.excluded
+        await self.take([k for k in heirs[dead] if k not in excluded], handoff=False)
+
+
+def chunks(keys: list[Key]) -> list[list[Key]]:
+    """``keys`` in the chunks of a take: `FIRST_CHUNK`, then twice as many each time, up
+    to `MAX_CHUNK`."""
+    found: list[list[Key]] = []
+    size, start = FIRST_CHUNK, 0
+    while start < len(keys):
+        found.append(keys[start : start + size])
+        start += size
+        size = min(2 * size, MAX_CHUNK)
+    return found
+
+
+def calls(parts: list[list[Key]]) -> list[list[list[Key]]]:
+    """The chunks of a take, grouped into calls of at most `MAX_CALL` names (a chunk
+    larger than that alone)."""
+    found: list[list[list[Key]]] = []
+    count = 0
+    for part in parts:
+        if not found or count + len(part) > MAX_CALL:
+            found.append([])
+            count = 0
+        found[-1].append(part)
+        count += len(part)
+    return found
+
+
+async def _try_lock_chunks(
+    parts: list[list[Key]], granted_now: Callable[[list[Key]], None], slot: SessionSlot
+) -> None:
+    """``try_lock_many`` of each of ``parts`` in turn; ``granted_now`` is told what each
+    granted before the next is sent."""
+    session = cast(GroupSession, slot.session)
+    for part in parts:
+        granted = await session.try_lock_many(part)
+        if granted:
+            slot.granted()  # the next probe asks pg_locks
+            granted_now(granted)
 
 
 async def _try_lock_many(keys: list[Key], slot: SessionSlot) -> list[Key]:

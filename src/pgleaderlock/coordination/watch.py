@@ -9,7 +9,7 @@ from typing import Any
 from ..lowlevel import SessionSlot, WaitingSession, can, get_logger
 from .events import MemberGone
 from .membership import Wiring
-from .protocol import Key, member_key
+from .protocol import Key, Message, channel, member_key
 
 __all__ = ["RingWatch"]
 
@@ -18,6 +18,11 @@ log = get_logger("pgleaderlock.coordination")
 WATCH_WAIT_S = 0.5
 """How long one wait of the ring watch lasts before it looks at the ring again (a new
 member is watched from then on)."""
+AFTER_DEATH_S = 0.1
+"""After a death, how long the watch waits before it watches the next member: the
+survivors are taking the dead member's names, and the next member's watch opens a
+session (a connection) of its own. A death meanwhile is seen as it resumes (that lock
+is free then)."""
 
 
 class RingWatch:
@@ -32,6 +37,7 @@ class RingWatch:
         self._membership, self._sessions, self._post, self._fields = wiring
         self.group, self.member = wiring.membership.group, wiring.membership.member
         self._watched: Key | None = None  # the member lock the watch session waits for
+        self._channel = channel(self.group)
 
     async def watch_forever(self) -> None:
         """Wait on the server for the next member's lock, around the ring of members;
@@ -65,14 +71,30 @@ class RingWatch:
             wait = _wait(session, key)
             bound = WATCH_WAIT_S + sessions.settings.config.command_timeout_s
             if await sessions.bounded(slot, wait, bound):
-                await sessions.bounded(slot, _unlock(session, key))
-                log.info("member_died", dead=successor, **self._fields)
                 self._membership.gone(successor)
-                self._post(MemberGone(successor, seen_here=True))
+                # The loop takes this member's share while this session tells the others.
+                self._post(MemberGone(successor, seen_here=True, told=True))
+                if not await self._tell(slot, session, successor):
+                    self._post(MemberGone(successor, seen_here=True))  # the loop tells them
+                log.info("member_died", dead=successor, **self._fields)
+                await sessions.bounded(slot, _unlock(session, key))
+                await asyncio.sleep(AFTER_DEATH_S)
         except Exception as exc:
             log.warning("watch_failed", error=repr(exc), **self._fields)
             await slot.close()
             await asyncio.sleep(WATCH_WAIT_S)
+
+    async def _tell(self, slot: SessionSlot, session: Any, dead: str) -> bool:
+        """Tell the group that ``dead`` is gone, from the watch session, which has just
+        seen it: the others take their shares of its names a hop sooner than if the
+        member's loop told them, on its hold session. False if that failed."""
+        try:
+            for payload in Message("left", self.member, dead).payloads():
+                await self._sessions.bounded(slot, session.notify(self._channel, payload))
+        except Exception as exc:
+            log.warning("notify_failed", kind="left", error=repr(exc), **self._fields)
+            return False
+        return True
 
 
 async def _wait(session: Any, key: Key) -> bool:

@@ -4,8 +4,10 @@ name, cancelled and awaited the moment it does not, restarted after a crash."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+import gc
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -15,7 +17,7 @@ from .protocol import checkpoint_name, name_keys
 if TYPE_CHECKING:
     from ..lowlevel import RetryStrategy, TermTable
 
-__all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers"]
+__all__ = ["CheckpointTable", "WorkerContext", "WorkerFunction", "Workers", "gc_deferred"]
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,17 @@ class WorkerContext:
         terms: TermTable | None,
         checkpoints: CheckpointTable,
         group: str,
+        *,
+        keys: tuple[int, int] | None = None,
     ) -> None:
         self.name = name
         self.term = term
         self.member = member
         self.group = group
         self._checkpoints = checkpoints
-        self._keys = name_keys(group, name)
+        # The name's lock (``name_keys``), which its member knows already: hashing the
+        # name again would cost the start of thousands of workers after a failover.
+        self._keys = name_keys(group, name) if keys is None else keys
         self._stored_as = checkpoint_name(group, name)
         self._draining = False
         self._supervisor: Supervisor | None = None  # set as the worker starts
@@ -214,6 +220,23 @@ class Workers:
         for name in chosen:
             self._contexts.pop(name, None)
         await self._tasks.stop(None if names is None else chosen)
+
+
+@contextlib.contextmanager
+def gc_deferred() -> Iterator[None]:
+    """Defer the garbage collector's passes while a member starts many workers at once
+    (after a failover): they allocate objects by the thousand, which would otherwise
+    set off full collections of a process running thousands of workers, tens of
+    milliseconds each, in the middle of the start. The collector runs as usual
+    afterwards (its thresholds are kept); if it was disabled, this does nothing."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _keep(name: str) -> None:
