@@ -60,8 +60,13 @@ GATE_POLL_S = 0.25
 looks for a slot whose watcher was just granted it (and left it unwatched)."""
 
 PASS_ON_S = 0.1
-"""How often the gate's holder that covers slots by trying them offers the gate to a
-follower queued behind it (which would then wait for one of them on the server)."""
+"""How often the gate's holder counts the followers queued behind it (one read of
+``pg_locks``): with two or more it hands the gate on and watches a slot it covers; with
+none, while another follower watches a slot, it recalls that watcher."""
+
+RECALL_S = 1.0
+"""The gate's holder recalls at most one watcher per this many seconds (the recalled
+follower reconnects and queues behind it meanwhile)."""
 
 HANDOVER_RESCANS = 2
 """When its hold ends (``step_down()``, or a lost session), a semaphore leaves the slot it
@@ -74,16 +79,27 @@ GATE_MARK = "g"
 """After ``SLOT_SEPARATOR``: where the gate lock's keys come from."""
 
 
-RECALL = (
-    "SELECT pg_catalog.pg_cancel_backend(l.pid) FROM pg_catalog.pg_locks AS l"
-    " JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid"
-    " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"
+_OF_THIS_ROLE = (
+    " FROM pg_catalog.pg_locks AS l JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2"
+    " AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d"
+    " WHERE d.datname = pg_catalog.current_database())"
     " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
     " AND l.pid <> pg_catalog.pg_backend_pid() AND a.usename = current_user"
-    " AND a.wait_event_type = 'Lock'"
+)
+
+RECALL = (
+    "SELECT pg_catalog.pg_cancel_backend(l.pid)"
+    + _OF_THIS_ROLE
+    + " AND l.granted AND a.wait_event_type = 'Lock'"
 )
 """Cancel the wait of the session of this role that holds a watch lock (values: its
 keys as oids) and waits for a lock (its slot): see ``SlotKeyring._recall``."""
+
+QUEUED = "SELECT count(*)" + _OF_THIS_ROLE + " AND NOT l.granted"
+"""How many other sessions of this role wait for the gate lock (values: its keys as
+oids): see ``SlotKeyring._check``. Sessions of other roles are not trusted (as
+``RECALL`` cancels none of them)."""
 
 
 def _derived(text: str) -> tuple[int, int]:
@@ -185,7 +201,8 @@ class SlotKeyring:
         self.role = Role.NONE
         self.watching: list[int] = []
         """The slots whose watch locks the session holds."""
-        self._passed_at = -math.inf  # when the gate's holder last offered the gate
+        self._checked_at = -math.inf  # when the gate's holder last counted its queue
+        self._recalled_at = -math.inf  # when it last recalled a watcher
 
     @property
     def held(self) -> tuple[int, int]:
@@ -306,7 +323,7 @@ class SlotKeyring:
         self.role = Role.QUEUED
         if not await session.wait_lock(*self.gate, wait_s):
             return False
-        self.role, self._passed_at = Role.GATE, -math.inf
+        self.role, self._checked_at = Role.GATE, -math.inf
         return await self._round(locking)
 
     async def _round(self, session: LockSession) -> bool:
@@ -326,9 +343,39 @@ class SlotKeyring:
             self.watching.append(index)
             if index != skip and await session.try_lock(*self.keys[index]):
                 return await self._granted(session, index)
-        if self.watching and time.monotonic() - self._passed_at >= PASS_ON_S:
-            await self._pass_on(session)
+        if time.monotonic() - self._checked_at >= PASS_ON_S:
+            await self._check(session)
         return False
+
+    async def _check(self, session: LockSession) -> None:
+        """The gate's holder counts the followers queued behind it (`QUEUED`). Two or
+        more: it hands the gate on (`_pass_on`) and watches a slot it covers, and one
+        is still queued behind the new holder. None, while another follower watches a
+        slot: it recalls that watcher (`_recall`), which comes back behind it. So
+        whenever a slot has a watcher, a follower is queued behind the gate's holder,
+        and the gate's holder can leave (a crash, a lease that ends, a shutdown, a
+        slot taken) without leaving the slots it covered to nobody: a watcher waits
+        for its own slot only. A session that cannot count (no ``QuerySession``: the
+        test fake) hands the gate on to any follower queued behind it."""
+        now = self._checked_at = time.monotonic()
+        watched = [i for i in range(len(self.watch)) if i not in self.watching]
+        queued = await self._queued(session)
+        if queued is None or queued >= 2:
+            if self.watching:
+                await self._pass_on(session)
+        elif queued == 0 and watched and now - self._recalled_at >= RECALL_S:
+            self._recalled_at = now
+            await self._recall(session, watched)
+
+    async def _queued(self, session: LockSession) -> int | None:
+        """How many followers wait for the gate (``None``: the session cannot say)."""
+        if self.gate is None or not can(session, QuerySession):
+            return None
+        key1, key2 = self.gate
+        rows = await cast(QuerySession, session).query(
+            QUEUED, (key_to_oid(key1), key_to_oid(key2))
+        )
+        return int(rows[0][0]) if rows else 0
 
     async def _pass_on(self, session: LockSession) -> None:
         """Let the gate go and try it again: a follower queued for it is granted it as
@@ -336,7 +383,6 @@ class SlotKeyring:
         covers (it waits for it on the server) and lets the other watch locks go to the
         new gate holder. Nobody queued: it keeps the gate, and goes on trying."""
         assert self.gate is not None
-        self._passed_at = time.monotonic()
         await session.unlock(*self.gate)
         if await session.try_lock(*self.gate):
             return
