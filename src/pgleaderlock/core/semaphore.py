@@ -12,9 +12,11 @@ A backend waits for one lock, not "any of N", and a wait cut short by a
 each for one lock: those that watch no slot queue for the semaphore's *gate* lock
 ([`gate_keys`][pgleaderlock.core.semaphore.gate_keys]); the gate's one holder takes
 the *watch lock* ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys]) of a slot that
-nobody watches and, when a follower is queued behind it, hands the gate on and waits for
-that slot on the server (its *watcher*). Only the gate's holder runs statements while it
-waits: it tries slots without a watcher every ``rescan_s``, and the watch locks every
+nobody watches and, when two followers or more are queued behind it, hands the gate on
+and waits for that slot on the server (its *watcher*): a follower stays queued behind
+every gate holder while a slot has a watcher, so none leaves slots uncovered. Only the
+gate's holder runs statements while it waits: it tries slots without a watcher every
+``rescan_s``, counts its queue every ``PASS_ON_S``, and tries the watch locks every
 ``GATE_POLL_S``. See [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the
 [Semaphores guide](../guides/semaphores.md).
 """
@@ -44,6 +46,7 @@ __all__ = [
     "GATE_POLL_S",
     "HANDOVER_RESCANS",
     "PASS_ON_S",
+    "RECALL_S",
     "Role",
     "Semaphore",
     "SlotKeyring",
@@ -155,19 +158,21 @@ class SlotKeyring:
       across calls). Followers queue there in order.
     - the *gate's holder* (one per name): it takes the watch lock
       ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys]) of each slot that has no
-      watcher, and tries those slots every ``rescan_s``. If a follower is queued behind
-      it (it lets the gate go and tries it again: the server grants it to the first
-      follower queued), it keeps one of those watch locks, lets the others go to the
-      next gate holder, and becomes that slot's watcher. While every slot has a
-      watcher it tries the watch locks every ``GATE_POLL_S`` (a watcher granted its
-      slot lets its watch lock go). Before it takes a slot itself, with others
-      watching and nobody queued behind it, it recalls a watcher (`_recall`), so that
-      a follower is left to cover the slots nobody watches.
+      watcher, and tries those slots every ``rescan_s``. Every ``PASS_ON_S`` it counts
+      the followers queued behind it (`_check`). Two or more: it lets the gate go (the
+      server grants it to the first follower queued), keeps one of those watch locks,
+      lets the others go to the next gate holder, and becomes that slot's watcher; one
+      follower stays queued behind the new holder. None, while another follower
+      watches a slot: it recalls that watcher (`_recall`). So while a slot has a
+      watcher a follower is queued behind the gate's holder, ready to cover the slots
+      it covered when it leaves (a crash, a lease, a shutdown, a slot taken). While
+      every slot has a watcher it tries the watch locks every ``GATE_POLL_S`` (a
+      watcher granted its slot lets its watch lock go).
     - a slot's *watcher*: it holds the slot's watch lock and waits for the slot on the
       server in one piece; once granted, it lets the watch lock go.
 
     The server grants a freed slot to its watcher at once; a slot without a watcher
-    (while fewer than ``slots + 1`` followers wait, or for up to ``GATE_POLL_S`` after
+    (while fewer than ``slots + 2`` followers wait, or for up to ``GATE_POLL_S`` after
     its watcher was granted it) is taken by the gate's holder within ``rescan_s``. The
     gate frees with its holder's session (a crash; the lease of a frozen process).
 
@@ -372,9 +377,7 @@ class SlotKeyring:
         if self.gate is None or not can(session, QuerySession):
             return None
         key1, key2 = self.gate
-        rows = await cast(QuerySession, session).query(
-            QUEUED, (key_to_oid(key1), key_to_oid(key2))
-        )
+        rows = await cast(QuerySession, session).query(QUEUED, (key_to_oid(key1), key_to_oid(key2)))
         return int(rows[0][0]) if rows else 0
 
     async def _pass_on(self, session: LockSession) -> None:
@@ -393,13 +396,15 @@ class SlotKeyring:
             await session.unlock(*self.watch[index])
 
     async def _recall(self, session: LockSession, watched: list[int]) -> None:
-        """The last follower that watches no slot is about to hold one: the slots it
-        covered would have no watcher, and a watcher waits for its own slot only (its
+        """The gate's holder has nobody queued behind it, or is about to hold a slot with
+        nobody queued behind it, while other followers watch slots: if it left, the slots
+        it covered would have no follower, and a watcher waits for its own slot only (its
         wait ends silently only when granted). So one watcher's wait is cancelled
         (``pg_cancel_backend``, of this role's sessions only: one ERROR line in the
         server's log); that follower comes back (it tries every slot, then holds the
         gate) and covers them. A session that cannot run the library's statements
-        (no ``QuerySession``) recalls nobody."""
+        (no ``QuerySession``) recalls nobody. Only on a change in the fleet (a follower
+        left, or took a slot), never in a steady state."""
         if not can(session, QuerySession):
             return
         querying = cast(QuerySession, session)
@@ -443,9 +448,10 @@ class Semaphore(LeaderLock):
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
     [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 
-    Followers wait on the server: each slot has one follower (its watcher) that waits
+    Followers wait on the server: a slot can have one follower (its watcher) that waits
     for it as a lock's follower waits, the others queue on the server for the
-    semaphore's gate, and the gate's one holder finds slots without a watcher (see
+    semaphore's gate, and the gate's one holder covers slots without a watcher (a
+    slot gets one while a follower stays queued behind the gate's holder; see
     [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the guide). So waiting
     costs about what a lock's waiting costs, however many followers there are, and no
     wait ends in a ``lock_timeout`` (an ERROR in the server's log). A holder whose hold
@@ -464,7 +470,7 @@ class Semaphore(LeaderLock):
             of its own).
         rescan_s: how often the gate's holder tries the slots that no follower waits
             for on the server (one slot or more has no watcher while fewer than
-            ``slots + 1`` followers wait). Unused with ``slots=1`` and with
+            ``slots + 2`` followers wait). Unused with ``slots=1`` and with
             ``follower_mode="poll"`` (every slot once per retry delay); see the
             [guide](../guides/semaphores.md).
         **arguments: `LeaderLock`'s keyword arguments (``retry_strategy``,
