@@ -6,7 +6,10 @@ the gate on and waits for one slot on the server (its watcher). A wait in one pi
 never sees another slot freed, so a design where every follower ends up waiting for a
 slot in one piece leaves a slot unwatched for good once its watcher is granted it and
 nobody else waits (issue 33's first in-one-piece version: the benchmark caught it).
-These tests free such a slot again and ask who takes it.
+These tests free such a slot again and ask who takes it. (The fake cannot count the
+followers queued for the gate in ``pg_locks``: its gate holder hands the gate on to any
+follower queued behind it; the real backends' count is tested in the contract and fault
+suites.)
 """
 
 from __future__ import annotations
