@@ -208,6 +208,7 @@ class SlotKeyring:
         """The slots whose watch locks the session holds."""
         self._checked_at = -math.inf  # when the gate's holder last counted its queue
         self._recalled_at = -math.inf  # when it last recalled a watcher
+        self._alone = False  # nobody was queued behind the gate's holder at its last count
 
     @property
     def held(self) -> tuple[int, int]:
@@ -328,7 +329,7 @@ class SlotKeyring:
         self.role = Role.QUEUED
         if not await session.wait_lock(*self.gate, wait_s):
             return False
-        self.role, self._checked_at = Role.GATE, -math.inf
+        self.role, self._checked_at, self._alone = Role.GATE, -math.inf, False
         return await self._round(locking)
 
     async def _round(self, session: LockSession) -> bool:
@@ -355,8 +356,11 @@ class SlotKeyring:
     async def _check(self, session: LockSession) -> None:
         """The gate's holder counts the followers queued behind it (`QUEUED`). Two or
         more: it hands the gate on (`_pass_on`) and watches a slot it covers, and one
-        is still queued behind the new holder. None, while another follower watches a
-        slot: it recalls that watcher (`_recall`), which comes back behind it. So
+        is still queued behind the new holder. None at two counts in a row, while
+        another follower watches a slot: it recalls that watcher (`_recall`), which
+        comes back behind it (two counts: a follower whose waits end in a
+        ``lock_timeout``, behind a pooler or on an older server, is out of the queue
+        for an instant each retry delay). So
         whenever a slot has a watcher, a follower is queued behind the gate's holder,
         and the gate's holder can leave (a crash, a lease that ends, a shutdown, a
         slot taken) without leaving the slots it covered to nobody: a watcher waits
@@ -365,10 +369,10 @@ class SlotKeyring:
         now = self._checked_at = time.monotonic()
         watched = [i for i in range(len(self.watch)) if i not in self.watching]
         queued = await self._queued(session)
-        if queued is None or queued >= 2:
-            if self.watching:
-                await self._pass_on(session)
-        elif queued == 0 and watched and now - self._recalled_at >= RECALL_S:
+        if (queued is None or queued >= 2) and self.watching:
+            await self._pass_on(session)
+        alone, self._alone = self._alone, queued == 0
+        if alone and queued == 0 and watched and now - self._recalled_at >= RECALL_S:
             self._recalled_at = now
             await self._recall(session, watched)
 
