@@ -67,9 +67,11 @@ PASS_ON_S = 0.1
 ``pg_locks``): with two or more it hands the gate on and watches a slot it covers; with
 none, while another follower watches a slot, it recalls that watcher."""
 
-RECALL_S = 1.0
-"""The gate's holder recalls at most one watcher per this many seconds (the recalled
-follower reconnects and queues behind it meanwhile)."""
+RECALL_S = 5.0
+"""The gate's holder recalls at most one watcher per this many seconds: the recalled
+follower reconnects and queues behind it meanwhile (after its retry delay: at most
+2 s with the default retry strategy), so one recall is enough unless it does not come
+back (it was stopping too)."""
 
 HANDOVER_RESCANS = 2
 """When its hold ends (``step_down()``, or a lost session), a semaphore leaves the slot it
