@@ -374,9 +374,9 @@ class SlotKeyring:
         if (queued is None or queued >= 2) and self.watching:
             await self._pass_on(session)
         alone, self._alone = self._alone, queued == 0
-        if alone and queued == 0 and watched and now - self._recalled_at >= RECALL_S:
+        recall = alone and queued == 0 and bool(watched) and now - self._recalled_at >= RECALL_S
+        if recall and await self._recall(session, watched):
             self._recalled_at = now
-            await self._recall(session, watched)
 
     async def _queued(self, session: LockSession) -> int | None:
         """How many followers wait for the gate (``None``: the session cannot say)."""
@@ -401,7 +401,7 @@ class SlotKeyring:
         for index in dropped:
             await session.unlock(*self.watch[index])
 
-    async def _recall(self, session: LockSession, watched: list[int]) -> None:
+    async def _recall(self, session: LockSession, watched: list[int]) -> bool:
         """The gate's holder has nobody queued behind it, or is about to hold a slot with
         nobody queued behind it, while other followers watch slots: if it left, the slots
         it covered would have no follower, and a watcher waits for its own slot only (its
@@ -410,15 +410,16 @@ class SlotKeyring:
         server's log); that follower comes back (it tries every slot, then holds the
         gate) and covers them. A session that cannot run the library's statements
         (no ``QuerySession``) recalls nobody. Only on a change in the fleet (a follower
-        left, or took a slot), never in a steady state."""
+        left, or took a slot), never in a steady state. True: a wait was cancelled."""
         if not can(session, QuerySession):
-            return
+            return False
         querying = cast(QuerySession, session)
         for index in watched:
             key1, key2 = self.watch[index]
             rows = await querying.query(RECALL, (key_to_oid(key1), key_to_oid(key2)))
             if any(row[0] for row in rows):
-                return
+                return True
+        return False
 
     async def _unwatch(self, session: LockSession) -> None:
         """Let go of every watch lock held."""
