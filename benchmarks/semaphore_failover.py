@@ -12,11 +12,12 @@ Failover (interleaved trial by trial; SIGKILL and ``pg_terminate_backend`` alter
 
 - ``lock``: two candidate processes (``pgleaderlock.testing.candidate``, library
   defaults, ``follower_mode="wait"``) on one ``LeaderLock``; the leader is hit.
-- ``semaphore, N+1 waiting``: 2N + 1 candidate processes on one ``Semaphore(slots=N)``:
-  each slot has a follower that waits for it on the server (its watcher), and one more
-  holds the semaphore's gate; a random holder is hit.
-- ``semaphore, N waiting``: 2N processes: N - 1 slots have a watcher, the gate's holder
-  covers the last one by trying it every ``rescan_s``.
+- ``semaphore, F waiting``: N + F candidate processes on one ``Semaphore(slots=N)``
+  (N holders, F followers), for F = N + 2 down to 2; a random holder is hit. A slot gets
+  a follower that waits for it on the server (its watcher) only while another follower
+  stays queued behind the gate's holder, which covers the other slots by trying them
+  every ``rescan_s``: with N = 2, F = 4 watches both slots, F = 3 one, F = 2 none
+  (the gate's holder tries both, one follower queued behind it).
 - ``semaphore, 1 waiting rescan=R``: N + 1 processes: the one follower holds the gate
   and tries every slot each ``rescan_s`` (one configuration per ``--rescan``).
 
@@ -158,11 +159,10 @@ async def run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     base = CandidateOptions.library_defaults(quiet=True)
     n = args.slots
     sem = CandidateOptions.library_defaults(quiet=True, slots=n)
-    setups = [
-        Setup("lock", dsn, base, size=2, holders=1),
-        Setup(f"semaphore, {n + 1} waiting", dsn, sem, size=2 * n + 1, holders=n),
-        Setup(f"semaphore, {n} waiting", dsn, sem, size=2 * n, holders=n),
-    ]
+    setups = [Setup("lock", dsn, base, size=2, holders=1)]
+    for followers in range(n + 2, 1, -1):
+        label = f"semaphore, {followers} waiting"
+        setups.append(Setup(label, dsn, sem, size=n + followers, holders=n))
     for rescan in args.rescan:
         options = CandidateOptions.library_defaults(quiet=True, slots=n, rescan_s=rescan)
         setups.append(Setup(f"semaphore, 1 waiting rescan={rescan:g}", dsn, options, n + 1, n))

@@ -75,7 +75,9 @@ async def test_each_slot_has_a_follower_waiting_on_the_server_and_a_freed_slot_g
     holders: LockPids,
     terminate: Terminate,
 ) -> None:
-    name, leading, followers = await _start(target, 5)  # three followers
+    # Four followers: one watches each slot, one holds the gate, one is queued behind it
+    # (a slot gets a watcher only while someone stays queued behind the gate's holder).
+    name, leading, followers = await _start(target, 6)
     recs = {id(s): recorder(s) for s in followers}
     await eventually(lambda: _watched(waiters, name, followers), 10, "a waiter on each slot")
     victim = leading[0]
@@ -118,18 +120,20 @@ async def test_waiting_followers_run_no_statement_in_the_steady_state(
 
 
 @pytest.mark.postgres_only("a watcher is recalled with pg_cancel_backend: the fake has no backends")
-async def test_the_last_follower_at_the_gate_recalls_a_watcher_before_it_takes_a_slot(
+async def test_the_gate_holder_left_alone_recalls_a_watcher(
     target: Target, holders: LockPids, waiters: LockPids
 ) -> None:
-    """Two holders, two followers: one watches a slot, the other holds the gate and
-    tries the slot nobody watches. That slot's holder leaves: the gate's holder takes
-    it, and nobody would cover it any more (a watcher waits for its own slot only). So
-    it recalls the watcher first, which comes back to the gate: when the slot's new
-    holder leaves too, the recalled follower takes it. Without the recall the follower
-    waits for the other slot for good (this test failed so)."""
+    """Two holders, three followers: one watches a slot, one holds the gate and tries the
+    slot nobody watches, one is queued behind it. The queued one leaves: nobody would
+    take over from the gate's holder if it left, and the watcher waits for its own slot
+    only. So the gate's holder recalls the watcher (its wait cancelled), which comes
+    back behind it: when the gate's holder leaves in turn, the recalled follower covers
+    both slots and takes the one that frees first. Before, a follower that watched a
+    slot stayed there with nobody left at the gate (the last follower waited for its
+    slot for good); and three followers never lined up so (this test failed so)."""
     name = f"semr-{uuid.uuid4().hex[:12]}"
     fast = {"retry_strategy": FixedInterval(0.2)}
-    sems = [_semaphore(target, name, **fast) for _ in range(4)]
+    sems = [_semaphore(target, name, **fast) for _ in range(5)]
     for sem in sems:
         await sem.start()
     await eventually(lambda: sum(s.is_leader for s in sems) == 2, 10, "two holders")
@@ -138,23 +142,30 @@ async def test_the_last_follower_at_the_gate_recalls_a_watcher_before_it_takes_a
     gate, keys = gate_keys(name), slot_keys(name, 2)
 
     async def lined_up() -> bool:
-        queued = {pid for k in keys for pid in await waiters(*k)}
-        return len(await holders(*gate)) == 1 and len(queued) == 1
+        watching = {pid for k in keys for pid in await waiters(*k)}
+        return (
+            len(await holders(*gate)) == 1 and len(await waiters(*gate)) == 1 and len(watching) == 1
+        )
 
-    await eventually(lined_up, 10, "a watcher and a gate holder")
-    (gate_pid,) = await holders(*gate)
-    (at_gate,) = [s for s in followers if s.backend_pid == gate_pid]
-    (watcher,) = [s for s in followers if s is not at_gate]
-    (unwatched,) = [i for i, k in enumerate(keys) if not await waiters(*k)]
-    (leaving,) = [s for s in leading if s.slot == unwatched]
-    await leaving.shutdown()
-    await eventually(lambda: at_gate.is_leader, 10, "the gate's holder takes the slot")
-    assert at_gate.slot == unwatched
+    await eventually(lined_up, 10, "a watcher, a gate holder and one queued behind it")
+    (at_gate,) = [s for s in followers if s.backend_pid in await holders(*gate)]
+    (queued,) = [s for s in followers if s.backend_pid in await waiters(*gate)]
+    (watcher,) = [s for s in followers if s not in (at_gate, queued)]
+    await queued.shutdown()
 
     async def recalled() -> bool:
+        return watcher.backend_pid in await waiters(*gate)
+
+    await eventually(recalled, 10, "the watcher comes back, queued behind the gate's holder")
+    assert not any([await waiters(*k) for k in keys])  # nobody watches a slot now
+    await at_gate.shutdown()
+
+    async def at_the_gate() -> bool:
         return watcher.backend_pid in await holders(*gate)
 
-    await eventually(recalled, 10, "the watcher comes back to the gate")
-    await at_gate.shutdown()
+    await eventually(at_the_gate, 10, "the recalled follower holds the gate")
+    leaving = leading[0]
+    freed = leaving.slot
+    await leaving.shutdown()
     await eventually(lambda: watcher.is_leader, 10, "the recalled follower takes the slot")
-    assert watcher.slot == unwatched
+    assert watcher.slot == freed

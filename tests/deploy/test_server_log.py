@@ -13,8 +13,8 @@ ERROR and the statement), so:
 A ``Semaphore(slots=2)`` too (issue 33), on a cluster of its own with default logging: two
 holders and five followers for 60 s, one holder shutting down halfway. Its followers
 queue for the semaphore's gate, or wait for a slot as its watcher, in one piece; the
-gate's holder only tries locks. Before, each follower's wait ended in a ``lock_timeout``
-every retry delay: dozens of ERROR lines in the minute.
+gate's holder only tries locks and counts its queue. Before, each follower's wait ended
+in a ``lock_timeout`` every retry delay: dozens of ERROR lines in the minute.
 
 The lines written when the locks shut down (a dropped wait's "connection to client
 lost") are not counted: that is not steady state.

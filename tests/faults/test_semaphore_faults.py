@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 import uuid
@@ -69,7 +70,14 @@ async def started(
     dsn: str, name: str, beliefs: BeliefLog, stderr: IO[str], count: int = SLOTS + 1
 ) -> AsyncIterator[list[SlotCandidate]]:
     children = [
-        SlotCandidate(f"c{i}", dsn, name, options=OPTIONS, beliefs=beliefs, stderr=stderr)
+        SlotCandidate(
+            f"c{i}",
+            dsn,
+            name,
+            options=dataclasses.replace(OPTIONS, application_name=f"{name}-c{i}"),
+            beliefs=beliefs,
+            stderr=stderr,
+        )
         for i in range(count)
     ]
     try:
@@ -83,7 +91,13 @@ async def started(
             await child.kill()
 
 
-async def settled(dsn: str, name: str, beliefs: BeliefLog, children: list[SlotCandidate]) -> None:
+async def settled(
+    dsn: str,
+    name: str,
+    beliefs: BeliefLog,
+    children: list[SlotCandidate],
+    timeout_s: float = 20.0,
+) -> None:
     """N believers, each holding a slot of its own, and the server agrees."""
 
     async def agreed() -> bool:
@@ -96,7 +110,7 @@ async def settled(dsn: str, name: str, beliefs: BeliefLog, children: list[SlotCa
             len(slot) == 1 for slot in held
         )
 
-    await eventually(agreed, 20, f"{SLOTS} holders that the server agrees with")
+    await eventually(agreed, timeout_s, f"{SLOTS} holders that the server agrees with")
 
 
 async def inject(
@@ -226,6 +240,53 @@ async def test_a_frozen_gate_holder_keeps_no_freed_slot_from_the_others(
         assert frozen.name not in beliefs.leaders()
         beliefs.fault("thaw", frozen.name)
         frozen.signal(signal.SIGCONT)
+    report = beliefs.report()
+    assert report.intervals, report.format()
+    report.assert_safe()
+
+
+async def _owner(dsn: str, pid: int, children: list[SlotCandidate]) -> SlotCandidate:
+    """The candidate whose session has backend ``pid`` (by its application name)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        cursor = await admin.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
+        )
+        row = await cursor.fetchone()
+    assert row is not None, f"backend {pid} is gone"
+    (child,) = [c for c in children if row[0].endswith(f"-{c.name}")]
+    return child
+
+
+@pytest.mark.parametrize(("count", "how"), [(4, "kill"), (4, "stop"), (5, "kill")])
+async def test_a_shrinking_fleet_leaves_no_freed_slot_uncovered(
+    count: int, how: str, pg_dsn: str, children_log: IO[str]
+) -> None:
+    """Two holders and ``count - 2`` followers. The fleet shrinks, one process at a
+    time, until two are left: first the gate's holder goes (SIGKILL, or a graceful
+    stop), then the holder of a slot that no follower waits for on the server (else
+    slot 0's). After each departure the followers left must take every freed slot
+    within 10 s. Before the fix a follower that watched one slot waited for it alone:
+    with the gate's holder gone, the other slot, once freed, stayed free (this test
+    failed so, for each case: "2 holders ... did not happen within 10 s")."""
+    beliefs = BeliefLog(slots=SLOTS)
+    name = f"sema-shrink-{uuid.uuid4().hex[:12]}"
+    gate, keys = gate_keys(name), slot_keys(name, SLOTS)
+    async with started(pg_dsn, name, beliefs, children_log, count=count) as children:
+        await settled(pg_dsn, name, beliefs, children)
+        turn = 0
+        while sum(c.running for c in children) > SLOTS:
+            running = [c for c in children if c.running]
+            await asyncio.sleep(1.0)  # the followers line up (gate, watchers, queue)
+            gated = await _pids(pg_dsn, gate) if turn % 2 == 0 else []
+            if gated:
+                leaving = await _owner(pg_dsn, gated[0], running)
+                await (leaving.kill() if how == "kill" else leaving.stop())
+            else:
+                unwatched = [i for i, k in enumerate(keys) if not await _pids(pg_dsn, k, False)]
+                (holder_pid,) = (await slot_holders(pg_dsn, name))[(unwatched or [0])[0]]
+                await (await _owner(pg_dsn, holder_pid, running)).kill()
+            turn += 1
+            await settled(pg_dsn, name, beliefs, [c for c in children if c.running], 10)
     report = beliefs.report()
     assert report.intervals, report.format()
     report.assert_safe()

@@ -12,9 +12,11 @@ A backend waits for one lock, not "any of N", and a wait cut short by a
 each for one lock: those that watch no slot queue for the semaphore's *gate* lock
 ([`gate_keys`][pgleaderlock.core.semaphore.gate_keys]); the gate's one holder takes
 the *watch lock* ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys]) of a slot that
-nobody watches and, when a follower is queued behind it, hands the gate on and waits for
-that slot on the server (its *watcher*). Only the gate's holder runs statements while it
-waits: it tries slots without a watcher every ``rescan_s``, and the watch locks every
+nobody watches and, when two followers or more are queued behind it, hands the gate on
+and waits for that slot on the server (its *watcher*): a follower stays queued behind
+every gate holder while a slot has a watcher, so none leaves slots uncovered. Only the
+gate's holder runs statements while it waits: it tries slots without a watcher every
+``rescan_s``, counts its queue every ``PASS_ON_S``, and tries the watch locks every
 ``GATE_POLL_S``. See [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the
 [Semaphores guide](../guides/semaphores.md).
 """
@@ -44,6 +46,7 @@ __all__ = [
     "GATE_POLL_S",
     "HANDOVER_RESCANS",
     "PASS_ON_S",
+    "RECALL_S",
     "Role",
     "Semaphore",
     "SlotKeyring",
@@ -60,8 +63,15 @@ GATE_POLL_S = 0.25
 looks for a slot whose watcher was just granted it (and left it unwatched)."""
 
 PASS_ON_S = 0.1
-"""How often the gate's holder that covers slots by trying them offers the gate to a
-follower queued behind it (which would then wait for one of them on the server)."""
+"""How often the gate's holder counts the followers queued behind it (one read of
+``pg_locks``): with two or more it hands the gate on and watches a slot it covers; with
+none, while another follower watches a slot, it recalls that watcher."""
+
+RECALL_S = 5.0
+"""The gate's holder recalls at most one watcher per this many seconds: the recalled
+follower reconnects and queues behind it meanwhile (after its retry delay: at most
+2 s with the default retry strategy), so one recall is enough unless it does not come
+back (it was stopping too)."""
 
 HANDOVER_RESCANS = 2
 """When its hold ends (``step_down()``, or a lost session), a semaphore leaves the slot it
@@ -74,16 +84,27 @@ GATE_MARK = "g"
 """After ``SLOT_SEPARATOR``: where the gate lock's keys come from."""
 
 
-RECALL = (
-    "SELECT pg_catalog.pg_cancel_backend(l.pid) FROM pg_catalog.pg_locks AS l"
-    " JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid"
-    " WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted"
+_OF_THIS_ROLE = (
+    " FROM pg_catalog.pg_locks AS l JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.objsubid = 2"
+    " AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d"
+    " WHERE d.datname = pg_catalog.current_database())"
     " AND l.classid = ({0})::int8::oid AND l.objid = ({1})::int8::oid"
     " AND l.pid <> pg_catalog.pg_backend_pid() AND a.usename = current_user"
-    " AND a.wait_event_type = 'Lock'"
+)
+
+RECALL = (
+    "SELECT pg_catalog.pg_cancel_backend(l.pid)"
+    + _OF_THIS_ROLE
+    + " AND l.granted AND a.wait_event_type = 'Lock'"
 )
 """Cancel the wait of the session of this role that holds a watch lock (values: its
 keys as oids) and waits for a lock (its slot): see ``SlotKeyring._recall``."""
+
+QUEUED = "SELECT count(*)" + _OF_THIS_ROLE + " AND NOT l.granted"
+"""How many other sessions of this role wait for the gate lock (values: its keys as
+oids): see ``SlotKeyring._check``. Sessions of other roles are not trusted (as
+``RECALL`` cancels none of them)."""
 
 
 def _derived(text: str) -> tuple[int, int]:
@@ -139,19 +160,21 @@ class SlotKeyring:
       across calls). Followers queue there in order.
     - the *gate's holder* (one per name): it takes the watch lock
       ([`watch_keys`][pgleaderlock.core.semaphore.watch_keys]) of each slot that has no
-      watcher, and tries those slots every ``rescan_s``. If a follower is queued behind
-      it (it lets the gate go and tries it again: the server grants it to the first
-      follower queued), it keeps one of those watch locks, lets the others go to the
-      next gate holder, and becomes that slot's watcher. While every slot has a
-      watcher it tries the watch locks every ``GATE_POLL_S`` (a watcher granted its
-      slot lets its watch lock go). Before it takes a slot itself, with others
-      watching and nobody queued behind it, it recalls a watcher (`_recall`), so that
-      a follower is left to cover the slots nobody watches.
+      watcher, and tries those slots every ``rescan_s``. Every ``PASS_ON_S`` it counts
+      the followers queued behind it (`_check`). Two or more: it lets the gate go (the
+      server grants it to the first follower queued), keeps one of those watch locks,
+      lets the others go to the next gate holder, and becomes that slot's watcher; one
+      follower stays queued behind the new holder. None, while another follower
+      watches a slot: it recalls that watcher (`_recall`). So while a slot has a
+      watcher a follower is queued behind the gate's holder, ready to cover the slots
+      it covered when it leaves (a crash, a lease, a shutdown, a slot taken). While
+      every slot has a watcher it tries the watch locks every ``GATE_POLL_S`` (a
+      watcher granted its slot lets its watch lock go).
     - a slot's *watcher*: it holds the slot's watch lock and waits for the slot on the
       server in one piece; once granted, it lets the watch lock go.
 
     The server grants a freed slot to its watcher at once; a slot without a watcher
-    (while fewer than ``slots + 1`` followers wait, or for up to ``GATE_POLL_S`` after
+    (while fewer than ``slots + 2`` followers wait, or for up to ``GATE_POLL_S`` after
     its watcher was granted it) is taken by the gate's holder within ``rescan_s``. The
     gate frees with its holder's session (a crash; the lease of a frozen process).
 
@@ -185,7 +208,9 @@ class SlotKeyring:
         self.role = Role.NONE
         self.watching: list[int] = []
         """The slots whose watch locks the session holds."""
-        self._passed_at = -math.inf  # when the gate's holder last offered the gate
+        self._checked_at = -math.inf  # when the gate's holder last counted its queue
+        self._recalled_at = -math.inf  # when it last recalled a watcher
+        self._alone = False  # nobody was queued behind the gate's holder at its last count
 
     @property
     def held(self) -> tuple[int, int]:
@@ -306,7 +331,7 @@ class SlotKeyring:
         self.role = Role.QUEUED
         if not await session.wait_lock(*self.gate, wait_s):
             return False
-        self.role, self._passed_at = Role.GATE, -math.inf
+        self.role, self._checked_at, self._alone = Role.GATE, -math.inf, False
         return await self._round(locking)
 
     async def _round(self, session: LockSession) -> bool:
@@ -326,9 +351,40 @@ class SlotKeyring:
             self.watching.append(index)
             if index != skip and await session.try_lock(*self.keys[index]):
                 return await self._granted(session, index)
-        if self.watching and time.monotonic() - self._passed_at >= PASS_ON_S:
-            await self._pass_on(session)
+        if time.monotonic() - self._checked_at >= PASS_ON_S:
+            await self._check(session)
         return False
+
+    async def _check(self, session: LockSession) -> None:
+        """The gate's holder counts the followers queued behind it (`QUEUED`). Two or
+        more: it hands the gate on (`_pass_on`) and watches a slot it covers, and one
+        is still queued behind the new holder. None at two counts in a row, while
+        another follower watches a slot: it recalls that watcher (`_recall`), which
+        comes back behind it (two counts: a follower whose waits end in a
+        ``lock_timeout``, behind a pooler or on an older server, is out of the queue
+        for an instant each retry delay). So
+        whenever a slot has a watcher, a follower is queued behind the gate's holder,
+        and the gate's holder can leave (a crash, a lease that ends, a shutdown, a
+        slot taken) without leaving the slots it covered to nobody: a watcher waits
+        for its own slot only. A session that cannot count (no ``QuerySession``: the
+        test fake) hands the gate on to any follower queued behind it."""
+        now = self._checked_at = time.monotonic()
+        watched = [i for i in range(len(self.watch)) if i not in self.watching]
+        queued = await self._queued(session)
+        if (queued is None or queued >= 2) and self.watching:
+            await self._pass_on(session)
+        alone, self._alone = self._alone, queued == 0
+        recall = alone and queued == 0 and bool(watched) and now - self._recalled_at >= RECALL_S
+        if recall and await self._recall(session, watched):
+            self._recalled_at = now
+
+    async def _queued(self, session: LockSession) -> int | None:
+        """How many followers wait for the gate (``None``: the session cannot say)."""
+        if self.gate is None or not can(session, QuerySession):
+            return None
+        key1, key2 = self.gate
+        rows = await cast(QuerySession, session).query(QUEUED, (key_to_oid(key1), key_to_oid(key2)))
+        return int(rows[0][0]) if rows else 0
 
     async def _pass_on(self, session: LockSession) -> None:
         """Let the gate go and try it again: a follower queued for it is granted it as
@@ -336,7 +392,6 @@ class SlotKeyring:
         covers (it waits for it on the server) and lets the other watch locks go to the
         new gate holder. Nobody queued: it keeps the gate, and goes on trying."""
         assert self.gate is not None
-        self._passed_at = time.monotonic()
         await session.unlock(*self.gate)
         if await session.try_lock(*self.gate):
             return
@@ -346,22 +401,25 @@ class SlotKeyring:
         for index in dropped:
             await session.unlock(*self.watch[index])
 
-    async def _recall(self, session: LockSession, watched: list[int]) -> None:
-        """The last follower that watches no slot is about to hold one: the slots it
-        covered would have no watcher, and a watcher waits for its own slot only (its
+    async def _recall(self, session: LockSession, watched: list[int]) -> bool:
+        """The gate's holder has nobody queued behind it, or is about to hold a slot with
+        nobody queued behind it, while other followers watch slots: if it left, the slots
+        it covered would have no follower, and a watcher waits for its own slot only (its
         wait ends silently only when granted). So one watcher's wait is cancelled
         (``pg_cancel_backend``, of this role's sessions only: one ERROR line in the
         server's log); that follower comes back (it tries every slot, then holds the
         gate) and covers them. A session that cannot run the library's statements
-        (no ``QuerySession``) recalls nobody."""
+        (no ``QuerySession``) recalls nobody. Only on a change in the fleet (a follower
+        left, or took a slot), never in a steady state. True: a wait was cancelled."""
         if not can(session, QuerySession):
-            return
+            return False
         querying = cast(QuerySession, session)
         for index in watched:
             key1, key2 = self.watch[index]
             rows = await querying.query(RECALL, (key_to_oid(key1), key_to_oid(key2)))
             if any(row[0] for row in rows):
-                return
+                return True
+        return False
 
     async def _unwatch(self, session: LockSession) -> None:
         """Let go of every watch lock held."""
@@ -397,9 +455,10 @@ class Semaphore(LeaderLock):
     slot has its own term: [`term`][pgleaderlock.LeaderLock.term] is the held slot's, and
     [`fence`][pgleaderlock.LeaderLock.fence] fences against the holder of that slot only.
 
-    Followers wait on the server: each slot has one follower (its watcher) that waits
+    Followers wait on the server: a slot can have one follower (its watcher) that waits
     for it as a lock's follower waits, the others queue on the server for the
-    semaphore's gate, and the gate's one holder finds slots without a watcher (see
+    semaphore's gate, and the gate's one holder covers slots without a watcher (a
+    slot gets one while a follower stays queued behind the gate's holder; see
     [`SlotKeyring`][pgleaderlock.core.semaphore.SlotKeyring] and the guide). So waiting
     costs about what a lock's waiting costs, however many followers there are, and no
     wait ends in a ``lock_timeout`` (an ERROR in the server's log). A holder whose hold
@@ -418,7 +477,7 @@ class Semaphore(LeaderLock):
             of its own).
         rescan_s: how often the gate's holder tries the slots that no follower waits
             for on the server (one slot or more has no watcher while fewer than
-            ``slots + 1`` followers wait). Unused with ``slots=1`` and with
+            ``slots + 2`` followers wait). Unused with ``slots=1`` and with
             ``follower_mode="poll"`` (every slot once per retry delay); see the
             [guide](../guides/semaphores.md).
         **arguments: `LeaderLock`'s keyword arguments (``retry_strategy``,
