@@ -141,15 +141,17 @@ async def test_the_gate_holder_left_alone_recalls_a_watcher(
     followers = [s for s in sems if not s.is_leader]
     gate, keys = gate_keys(name), slot_keys(name, 2)
 
+    seen: list[int] = []  # the gate's holder and the one queued, as one look saw them
+
     async def lined_up() -> bool:
         watching = {pid for k in keys for pid in await waiters(*k)}
-        return (
-            len(await holders(*gate)) == 1 and len(await waiters(*gate)) == 1 and len(watching) == 1
-        )
+        at, behind = await holders(*gate), await waiters(*gate)
+        seen[:] = [*at, *behind]
+        return len(at) == 1 and len(behind) == 1 and len(watching) == 1
 
     await eventually(lined_up, 10, "a watcher, a gate holder and one queued behind it")
-    (at_gate,) = [s for s in followers if s.backend_pid in await holders(*gate)]
-    (queued,) = [s for s in followers if s.backend_pid in await waiters(*gate)]
+    (at_gate,) = [s for s in followers if s.backend_pid == seen[0]]
+    (queued,) = [s for s in followers if s.backend_pid == seen[1]]
     (watcher,) = [s for s in followers if s not in (at_gate, queued)]
     await queued.shutdown()
 

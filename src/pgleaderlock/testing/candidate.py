@@ -393,13 +393,17 @@ class CandidateProcess:
                 os.kill(self.pid, signum)
 
     async def kill(self) -> float:
-        """SIGKILL the child; return the monotonic time of the kill once it is gone."""
+        """SIGKILL the child; return the monotonic time of the kill once it is gone.
+
+        The time is taken just before the signal is sent: the child may die at any
+        moment of the call, and a survivor may take over (and say so) before the call
+        returns here, so a time taken after it would make the two overlap."""
         proc = self._proc
         at = time.monotonic()
         if proc is not None and proc.returncode is None:
+            at = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
-            at = time.monotonic()
             self._killed_at = at
         await self._finish()
         return at
