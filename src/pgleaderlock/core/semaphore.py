@@ -101,7 +101,7 @@ RECALL = (
 """Cancel the wait of the session of this role that holds a watch lock (values: its
 keys as oids) and waits for a lock (its slot): see ``SlotKeyring._recall``."""
 
-QUEUED = "SELECT count(*)" + _OF_THIS_ROLE + " AND NOT l.granted"
+QUEUED = "SELECT pg_catalog.count(*)" + _OF_THIS_ROLE + " AND NOT l.granted"
 """How many other sessions of this role wait for the gate lock (values: its keys as
 oids): see ``SlotKeyring._check``. Sessions of other roles are not trusted (as
 ``RECALL`` cancels none of them)."""
