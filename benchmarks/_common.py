@@ -12,6 +12,7 @@ ones).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import math
@@ -254,3 +255,31 @@ def exit_with_parent() -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+class Children:
+    """The child processes a benchmark started, killed on every exit path: `kill_all`
+    (idempotent) SIGKILLs and reaps them; `started` records one (from any thread)."""
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen[str]] = []
+        self._lock = threading.Lock()
+        atexit.register(self.kill_all)
+
+    def started(self, proc: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._procs.append(proc)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()

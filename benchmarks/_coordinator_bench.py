@@ -5,7 +5,6 @@ the small statistics the sections share.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import math
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import psycopg
-from _common import fmt_ms
+from _common import Children, fmt_ms
 from _coordinator_replica import DSN_ENV
 
 T = TypeVar("T")
@@ -34,27 +33,9 @@ SCRIPT = Path(__file__).with_name("coordinator.py")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-_PROCS: list[subprocess.Popen[str]] = []
-_PROCS_LOCK = threading.Lock()
-
-
-def kill_all() -> None:
-    """SIGKILL and reap every replica this process started (idempotent)."""
-    with _PROCS_LOCK:
-        procs = list(_PROCS)
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-
-
-atexit.register(kill_all)
+_CHILDREN = Children()
+kill_all = _CHILDREN.kill_all
+"""SIGKILL and reap every replica this process started (idempotent; also at exit)."""
 
 
 class TrialError(Exception):
@@ -238,8 +219,7 @@ class Bench:
             env={**os.environ, DSN_ENV: self.dsn},
             start_new_session=True,  # Ctrl-C reaches the parent only, which kills them
         )
-        with _PROCS_LOCK:
-            _PROCS.append(proc)
+        _CHILDREN.started(proc)
         self.replicas[rid] = replica = Replica(rid, proc)
         threading.Thread(target=self._forward, args=(rid, proc), daemon=True).start()
         return replica

@@ -7,7 +7,6 @@ process started here is killed on every exit path (``kill_all``, also at exit).
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import hashlib
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import psycopg
-from _common import fmt_ms
+from _common import Children, fmt_ms
 from _failover_impls import CANDIDATES, Impl
 
 from pgleaderlock import lock_keys
@@ -36,28 +35,11 @@ SCRIPT = Path(__file__).with_name("failover.py")
 """The script whose ``--worker IMPL`` runs a worker (``_failover_workers.run_worker``)."""
 
 
-_PROCS: list[subprocess.Popen[str]] = []
-_PROCS_LOCK = threading.Lock()
 _PRINT_LOCK = threading.Lock()
 
-
-def kill_all() -> None:
-    """SIGKILL and reap every worker this process started (idempotent)."""
-    with _PROCS_LOCK:
-        procs = list(_PROCS)
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-
-
-atexit.register(kill_all)
+_CHILDREN = Children()
+kill_all = _CHILDREN.kill_all
+"""SIGKILL and reap every worker this process started (idempotent; also at exit)."""
 
 
 def say(text: str) -> None:
@@ -140,8 +122,7 @@ class Experiment:
             env={**os.environ, DSN_ENV: self.dsn},
             start_new_session=True,  # Ctrl-C reaches the parent only, which kills them
         )
-        with _PROCS_LOCK:
-            _PROCS.append(proc)
+        _CHILDREN.started(proc)
         self.candidates[wid] = candidate = Candidate(wid, proc)
         threading.Thread(target=self._forward, args=(wid, proc), daemon=True).start()
         return candidate
