@@ -270,6 +270,22 @@ class Children:
         with self._lock:
             self._procs.append(proc)
 
+    def spawn(self, cmd: list[str], log: Any, env: dict[str, str]) -> subprocess.Popen[str]:
+        """Start a child that reads commands on stdin and writes events on stdout (its
+        stderr to ``log``), in a session of its own (Ctrl-C reaches the parent only,
+        which kills it), and record it."""
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+        self.started(proc)
+        return proc
+
     def kill_all(self) -> None:
         with self._lock:
             procs = list(self._procs)

@@ -210,16 +210,11 @@ class Bench:
 
     def spawn(self, cfg: dict[str, Any]) -> Replica:
         rid = len(self.replicas) + 1
-        proc = subprocess.Popen(
+        proc = _CHILDREN.spawn(
             [sys.executable, str(SCRIPT), "--replica", json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env={**os.environ, DSN_ENV: self.dsn},
-            start_new_session=True,  # Ctrl-C reaches the parent only, which kills them
+            self.log,
+            {DSN_ENV: self.dsn},
         )
-        _CHILDREN.started(proc)
         self.replicas[rid] = replica = Replica(rid, proc)
         threading.Thread(target=self._forward, args=(rid, proc), daemon=True).start()
         return replica

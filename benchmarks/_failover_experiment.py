@@ -113,16 +113,7 @@ class Experiment:
         else:
             cmd = [sys.executable, str(SCRIPT), "--worker", self.impl.key]
             cmd += ["--lock-name", self.lock_name]
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env={**os.environ, DSN_ENV: self.dsn},
-            start_new_session=True,  # Ctrl-C reaches the parent only, which kills them
-        )
-        _CHILDREN.started(proc)
+        proc = _CHILDREN.spawn(cmd, self.log, {DSN_ENV: self.dsn})
         self.candidates[wid] = candidate = Candidate(wid, proc)
         threading.Thread(target=self._forward, args=(wid, proc), daemon=True).start()
         return candidate
